@@ -1,0 +1,323 @@
+"""Post-hoc calibrators behind one small interface: fit / transform / to_dict / from_dict.
+
+Every calibrator maps logits to calibrated probabilities. Logits are (N, K), or (N,) for a
+single-logit binary model (then probabilities come back as (N,) too). For a model that only
+outputs probabilities, pass log-probabilities: softmax(log p) = p.
+Parameters are plain floats, so each calibrator saves to and loads from JSON, and applying
+one needs only numpy (fitting isotonic regression needs scikit-learn).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from scipy import optimize, special
+
+from calibkit import binning
+from calibkit.temperature import apply_temperature, fit_temperature, softmax
+from calibkit.validation import check_logits, check_logits_labels, check_n_bins
+
+
+class Calibrator(ABC):
+    """Base class: shape handling, the fitted check and (de)serialisation."""
+
+    method: ClassVar[str]
+    n_classes: int | None = None
+
+    def fit(self, logits, labels) -> "Calibrator":
+        """Fit on validation logits and labels; returns self."""
+        z, y = check_logits_labels(logits, labels)
+        self.n_classes = 2 if z.ndim == 1 else z.shape[1]
+        self._fit(z, y)
+        return self
+
+    def transform(self, logits) -> np.ndarray:
+        """Calibrated probabilities for new logits of the same width as at fit time."""
+        if self.n_classes is None:
+            raise ValueError(f"{type(self).__name__} is not fitted yet: call fit() or load parameters first")
+        z = check_logits(logits)
+        width = 2 if z.ndim == 1 else z.shape[1]
+        if width != self.n_classes:
+            raise ValueError(f"logits have {width} classes but the calibrator was fitted on {self.n_classes}")
+        return self._transform(z)
+
+    def to_dict(self) -> dict:
+        """``{"method": ..., "n_classes": K, "params": {...}}``, JSON-serialisable."""
+        if self.n_classes is None:
+            raise ValueError(f"{type(self).__name__} is not fitted yet: nothing to save")
+        return {"method": self.method, "n_classes": self.n_classes, "params": self._params()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Calibrator":
+        """Rebuild a fitted calibrator from ``to_dict`` output."""
+        if not isinstance(data, dict) or not {"method", "n_classes", "params"} <= data.keys():
+            raise ValueError("calibrator data must be an object with 'method', 'n_classes' and 'params'")
+        if data["method"] != cls.method:
+            raise ValueError(f"calibrator data is for method {data['method']!r}, not {cls.method!r}")
+        n_classes = data["n_classes"]
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
+            raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
+        obj = cls()
+        obj.n_classes = n_classes
+        try:
+            obj._load(data["params"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{cls.method} params are malformed: {exc!r}") from None
+        return obj
+
+    @abstractmethod
+    def _fit(self, z: np.ndarray, y: np.ndarray) -> None: ...
+
+    @abstractmethod
+    def _transform(self, z: np.ndarray) -> np.ndarray: ...
+
+    @abstractmethod
+    def _params(self) -> dict: ...
+
+    @abstractmethod
+    def _load(self, params: dict) -> None: ...
+
+
+def _two_columns(z: np.ndarray) -> np.ndarray:
+    """A single binary logit z as the logit pair [0, z] (softmax of which is [1 - sigmoid(z), sigmoid(z)])."""
+    return np.stack([np.zeros_like(z), z], axis=1) if z.ndim == 1 else z
+
+
+def _like_input(q: np.ndarray, z: np.ndarray) -> np.ndarray:
+    return q[:, 1] if z.ndim == 1 else q
+
+
+def _finite_vector(name: str, values, length: int) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (length,) or not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be {length} finite numbers")
+    return arr
+
+
+class TemperatureScaling(Calibrator):
+    """q = softmax(z / T) (Guo et al. 2017); see ``calibkit.temperature``."""
+
+    method = "temperature"
+
+    def __init__(self, objective: str = "nll", temperature: float = 1.0):
+        self.objective = objective
+        self.temperature = temperature
+
+    def _fit(self, z, y):
+        self.temperature = fit_temperature(z, y, objective=self.objective)
+
+    def _transform(self, z):
+        return apply_temperature(z, self.temperature)
+
+    def _params(self):
+        return {"temperature": self.temperature}
+
+    def _load(self, params):
+        t = float(params["temperature"])
+        if not np.isfinite(t) or t <= 0:
+            raise ValueError(f"temperature must be a positive finite number, got {t!r}")
+        self.temperature = t
+
+
+def _nll_and_grad(scaled: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean NLL of softmax(scaled) and its gradient with respect to ``scaled``."""
+    log_q = special.log_softmax(scaled, axis=1)
+    grad = np.exp(log_q)
+    grad[np.arange(len(y)), y] -= 1.0
+    return float(-np.mean(log_q[np.arange(len(y)), y])), grad / len(y)
+
+
+class VectorScaling(Calibrator):
+    """q = softmax(w * z + b) with per-class w, b in R^K, fitted by NLL (Guo et al. 2017, Sec. 4.2)."""
+
+    method = "vector"
+
+    def __init__(self):
+        self.w: np.ndarray | None = None
+        self.b: np.ndarray | None = None
+
+    def _fit(self, z, y):
+        z = _two_columns(z)
+        k = z.shape[1]
+
+        def objective(theta):
+            loss, g = _nll_and_grad(theta[:k] * z + theta[k:], y)
+            return loss, np.concatenate([(g * z).sum(axis=0), g.sum(axis=0)])
+
+        theta0 = np.concatenate([np.ones(k), np.zeros(k)])
+        result = optimize.minimize(objective, theta0, jac=True, method="L-BFGS-B")
+        self.w, self.b = result.x[:k], result.x[k:]
+
+    def _transform(self, z):
+        return _like_input(softmax(self.w * _two_columns(z) + self.b), z)
+
+    def _params(self):
+        return {"w": self.w.tolist(), "b": self.b.tolist()}
+
+    def _load(self, params):
+        self.w = _finite_vector("w", params["w"], self.n_classes)
+        self.b = _finite_vector("b", params["b"], self.n_classes)
+
+
+class PlattScaling(Calibrator):
+    """Binary only: q = sigmoid(a * s + b) with s the logit margin z_1 - z_0 (or the single logit),
+    a, b fitted by NLL (Platt 1999, as described in Guo et al. 2017, Sec. 4.1)."""
+
+    method = "platt"
+
+    def __init__(self):
+        self.a: float | None = None
+        self.b: float | None = None
+
+    @staticmethod
+    def _margin(z: np.ndarray) -> np.ndarray:
+        if z.ndim == 2 and z.shape[1] != 2:
+            raise ValueError(
+                f"Platt scaling is for binary problems, got {z.shape[1]} classes; use temperature or vector scaling"
+            )
+        return z if z.ndim == 1 else z[:, 1] - z[:, 0]
+
+    def _fit(self, z, y):
+        s = self._margin(z)
+
+        def objective(theta):
+            loss, g = _nll_and_grad(np.stack([np.zeros_like(s), theta[0] * s + theta[1]], axis=1), y)
+            return loss, np.array([(g[:, 1] * s).sum(), g[:, 1].sum()])
+
+        result = optimize.minimize(objective, np.array([1.0, 0.0]), jac=True, method="L-BFGS-B")
+        self.a, self.b = float(result.x[0]), float(result.x[1])
+
+    def _transform(self, z):
+        q = special.expit(self.a * self._margin(z) + self.b)
+        return q if z.ndim == 1 else np.stack([1.0 - q, q], axis=1)
+
+    def _params(self):
+        return {"a": self.a, "b": self.b}
+
+    def _load(self, params):
+        if self.n_classes != 2:
+            raise ValueError("Platt scaling is for binary problems: n_classes must be 2")
+        self.a, self.b = (float(v) for v in _finite_vector("a, b", [params["a"], params["b"]], 2))
+
+
+def _normalise(q: np.ndarray) -> np.ndarray:
+    """Rows scaled to sum to 1; a row with no mass left becomes uniform."""
+    total = q.sum(axis=1, keepdims=True)
+    return np.where(total > 0, q / np.where(total > 0, total, 1.0), 1.0 / q.shape[1])
+
+
+class HistogramBinning(Calibrator):
+    """One-vs-rest histogram binning (Zadrozny & Elkan 2001; multiclass as in Guo et al. 2017).
+
+    For each class k, p_k = softmax(z)_k falls in one of M equal-width bins, and is replaced by
+    theta_mk, the frequency of class k among validation samples in that bin (the bin midpoint
+    where the bin was empty); rows are then renormalised to sum to 1.
+    """
+
+    method = "histogram"
+
+    def __init__(self, n_bins: int = 15):
+        self.n_bins = check_n_bins(n_bins)
+        self.theta: np.ndarray | None = None
+
+    def _fit(self, z, y):
+        p = softmax(_two_columns(z))
+        edges = binning.equal_width_edges(self.n_bins)
+        sums = binning.classwise_bin_sums(p, y, edges)
+        midpoints = (edges[:-1] + edges[1:]) / 2.0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.theta = np.where(sums.count > 0, sums.outcome_sum / sums.count, midpoints)
+
+    def _transform(self, z):
+        p = softmax(_two_columns(z))
+        idx = binning.bin_index(p, binning.equal_width_edges(self.n_bins))
+        q = np.take_along_axis(self.theta, idx.T, axis=1).T
+        return _like_input(_normalise(q), z)
+
+    def _params(self):
+        return {"n_bins": self.n_bins, "theta": self.theta.tolist()}
+
+    def _load(self, params):
+        self.n_bins = check_n_bins(params["n_bins"])
+        theta = np.asarray(params["theta"], dtype=np.float64)
+        if theta.shape != (self.n_classes, self.n_bins) or not np.all((theta >= 0) & (theta <= 1)):
+            raise ValueError(f"theta must be a {self.n_classes} x {self.n_bins} matrix of values in [0, 1]")
+        self.theta = theta
+
+
+class IsotonicCalibration(Calibrator):
+    """One-vs-rest isotonic regression of 1[y = k] on p_k (Zadrozny & Elkan 2002), renormalised.
+
+    Fitted with scikit-learn's IsotonicRegression; stored as its breakpoints and applied with
+    linear interpolation (np.interp), which is exactly what IsotonicRegression.predict does.
+    """
+
+    method = "isotonic"
+
+    def __init__(self):
+        self.x: list[np.ndarray] | None = None
+        self.y: list[np.ndarray] | None = None
+
+    def _fit(self, z, y):
+        from sklearn.isotonic import IsotonicRegression
+
+        p = softmax(_two_columns(z))
+        self.x, self.y = [], []
+        for k in range(p.shape[1]):
+            iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(p[:, k], (y == k).astype(float))
+            self.x.append(np.asarray(iso.X_thresholds_, dtype=np.float64))
+            self.y.append(np.asarray(iso.y_thresholds_, dtype=np.float64))
+
+    def _transform(self, z):
+        p = softmax(_two_columns(z))
+        q = np.stack([np.interp(p[:, k], self.x[k], self.y[k]) for k in range(p.shape[1])], axis=1)
+        return _like_input(_normalise(q), z)
+
+    def _params(self):
+        return {"x": [a.tolist() for a in self.x], "y": [a.tolist() for a in self.y]}
+
+    def _load(self, params):
+        xs, ys = params["x"], params["y"]
+        if len(xs) != self.n_classes or len(ys) != self.n_classes:
+            raise ValueError(f"isotonic params need one breakpoint list per class ({self.n_classes})")
+        self.x, self.y = [], []
+        for k, (xk, yk) in enumerate(zip(xs, ys)):
+            xk, yk = np.asarray(xk, dtype=np.float64), np.asarray(yk, dtype=np.float64)
+            if xk.ndim != 1 or xk.shape != yk.shape or len(xk) == 0 or np.any(np.diff(xk) < 0):
+                raise ValueError(f"isotonic breakpoints of class {k} must be equal-length, non-empty, sorted")
+            self.x.append(xk)
+            self.y.append(yk)
+
+
+CALIBRATORS: dict[str, type[Calibrator]] = {
+    cls.method: cls for cls in (TemperatureScaling, VectorScaling, PlattScaling, HistogramBinning, IsotonicCalibration)
+}
+
+
+def build_calibrator(method: str, **options) -> Calibrator:
+    """An unfitted calibrator by name: temperature, vector, platt, histogram or isotonic."""
+    if method not in CALIBRATORS:
+        raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
+    return CALIBRATORS[method](**options)
+
+
+def calibrator_from_dict(data: dict) -> Calibrator:
+    """Rebuild any fitted calibrator from its ``to_dict`` output."""
+    method = data.get("method") if isinstance(data, dict) else None
+    if method not in CALIBRATORS:
+        raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
+    return CALIBRATORS[method].from_dict(data)
+
+
+def save_calibrator(calibrator: Calibrator, path: str | Path) -> None:
+    """Write ``calibrator.to_dict()`` as JSON."""
+    Path(path).write_text(json.dumps(calibrator.to_dict(), indent=2))
+
+
+def load_calibrator(path: str | Path) -> Calibrator:
+    """Read a calibrator written by ``save_calibrator``."""
+    return calibrator_from_dict(json.loads(Path(path).read_text()))

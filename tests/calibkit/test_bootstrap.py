@@ -1,0 +1,83 @@
+"""calibkit.bootstrap.confidence_interval."""
+
+import numpy as np
+import pytest
+
+from calibkit import metrics
+from calibkit.bootstrap import confidence_interval
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import softmax
+
+
+def _data(n, seed=0, scale=2.0):
+    z, y = calibrated_logits(n, seed=seed)
+    return softmax(scale * z), y
+
+
+@pytest.mark.parametrize("metric", [metrics.nll, metrics.brier, metrics.accuracy])
+def test_interval_of_a_mean_brackets_the_estimate(metric):
+    probs, labels = _data(500)
+    ci = confidence_interval(metric, probs, labels, n_resamples=200, seed=1)
+    assert ci.estimate == pytest.approx(metric(probs, labels))
+    assert ci.low < ci.estimate < ci.high
+    assert ci.level == 0.9
+
+
+@pytest.mark.parametrize("metric", [metrics.ece, metrics.mce, metrics.adaptive_ece, metrics.classwise_ece])
+def test_binned_error_intervals_are_ordered_and_basic_corrects_the_upward_bias(metric):
+    probs, labels = _data(500)
+    pct = confidence_interval(metric, probs, labels, n_resamples=200, seed=1)
+    basic = confidence_interval(metric, probs, labels, n_resamples=200, seed=1, method="basic")
+    assert 0.0 <= pct.low <= pct.high <= 1.0
+    # resampling inflates binned errors, so the percentile interval sits higher than the basic one
+    assert pct.low + pct.high > 2 * pct.estimate
+    assert basic.low < pct.low and basic.high < pct.high
+    assert basic.high - basic.low == pytest.approx(pct.high - pct.low)
+
+
+def test_deterministic_given_a_seed_and_varies_with_it():
+    probs, labels = _data(300)
+    a = confidence_interval(metrics.ece, probs, labels, n_resamples=100, seed=3)
+    b = confidence_interval(metrics.ece, probs, labels, n_resamples=100, seed=3)
+    c = confidence_interval(metrics.ece, probs, labels, n_resamples=100, seed=4)
+    assert a == b
+    assert a != c
+
+
+def test_interval_narrows_with_more_data_and_covers_the_population_value():
+    small = confidence_interval(metrics.accuracy, *_data(400, seed=1), n_resamples=300)
+    large = confidence_interval(metrics.accuracy, *_data(10_000, seed=2), n_resamples=300)
+    assert (large.high - large.low) < 0.4 * (small.high - small.low)
+    population = metrics.accuracy(*_data(400_000, seed=3))
+    assert large.low <= population <= large.high
+
+
+def test_higher_level_gives_a_wider_interval():
+    probs, labels = _data(500)
+    narrow = confidence_interval(metrics.ece, probs, labels, n_resamples=300, level=0.5)
+    wide = confidence_interval(metrics.ece, probs, labels, n_resamples=300, level=0.99)
+    assert wide.low <= narrow.low and narrow.high <= wide.high
+
+
+def test_binary_vector_input_reaches_the_metric_as_a_vector():
+    rng = np.random.default_rng(0)
+    p, y = rng.random(200), rng.integers(0, 2, 200)
+    seen = []
+    confidence_interval(lambda pp, yy: seen.append(pp.ndim) or metrics.ece(pp, yy), p, y, n_resamples=5)
+    assert set(seen) == {1}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n_resamples": 0}, "n_resamples must be a positive integer"),
+        ({"level": 1.0}, r"level must be in \(0, 1\)"),
+        ({"method": "normal"}, "method must be 'percentile', 'basic' or 'BCa'"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    probs, labels = _data(10)
+    with pytest.raises(ValueError, match=message):
+        confidence_interval(metrics.ece, probs, labels, **kwargs)
+    with pytest.raises(ValueError, match="labels has 9 entries"):
+        confidence_interval(metrics.ece, probs, labels[:9])
