@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test bench clean
+.PHONY: run test bench artifacts study clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,9 +14,18 @@ $(VENV)/.installed-%: pyproject.toml
 	$(PIP) install -q -e '.[$*]'
 	touch $@
 
-## run: install the training extra and run the main job on the embedded default (digits)
+## run: install the training extra and run the main job on the embedded default: train LeNet-5 on
+## digits, fit temperature scaling, evaluate (test, corruptions, OOD) and export the next artifact version
 run: $(VENV)/.installed-training
-	$(PY) examples/sklearn_digits_calibration.py
+	$(PY) -m training run
+
+## artifacts: regenerate the committed default artifact artifacts/digits-lenet5/1
+artifacts: $(VENV)/.installed-training
+	$(PY) -m training run --version 1 --overwrite --run-dir runs/default --no-progress
+
+## study: the loss comparison of Mukhoti et al. (Table 1) on digits, written to docs/study/
+study: $(VENV)/.installed-training
+	$(PY) -m training study --no-progress
 
 ## test: install the dev extra and run the test suite
 test: $(VENV)/.installed-dev

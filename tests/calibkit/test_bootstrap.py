@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from calibkit import metrics
-from calibkit.bootstrap import confidence_interval
+from calibkit.bootstrap import confidence_interval, confidence_intervals
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
@@ -81,3 +81,14 @@ def test_bad_arguments(kwargs, message):
         confidence_interval(metrics.ece, probs, labels, **kwargs)
     with pytest.raises(ValueError, match="labels has 9 entries"):
         confidence_interval(metrics.ece, probs, labels[:9])
+
+
+def test_several_metrics_share_resamples_and_match_single_calls():
+    probs, labels = _data(300)
+    chosen = {"ece": metrics.ece, "nll": metrics.nll, "accuracy": metrics.accuracy}
+    together = confidence_intervals(chosen, probs, labels, n_resamples=150, seed=9)
+    assert list(together) == ["ece", "nll", "accuracy"]
+    for name, metric in chosen.items():
+        assert together[name] == confidence_interval(metric, probs, labels, n_resamples=150, seed=9)
+    with pytest.raises(ValueError, match="at least one metric"):
+        confidence_intervals({}, probs, labels)

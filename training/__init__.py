@@ -1,0 +1,1 @@
+"""Training side of calibrated-serving (torch-only; never imported by the service)."""

@@ -1,0 +1,68 @@
+"""Name -> constructor registry for the image classifiers in :mod:`training.models`.
+
+Every factory takes the keyword-only arguments ``num_classes``, ``in_channels``
+and ``image_size`` and returns an ``nn.Module`` mapping a float tensor
+``(N, in_channels, H, W)`` to logits ``(N, num_classes)`` (no softmax).
+Fully convolutional models (everything except ``lenet5``) end in global average
+pooling and accept any ``H, W >= 8``; ``lenet5`` requires ``H == W == image_size``.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable
+
+from torch import nn
+
+from training.models.densenet import densenet_bc
+from training.models.lenet import lenet5
+from training.models.resnet import resnet20, resnet50, resnet56, resnet110
+from training.models.wide_resnet import wrn16_4, wrn28_10
+
+MIN_IMAGE_SIZE = 8
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "lenet5": lenet5,
+    "resnet20": resnet20,
+    "resnet56": resnet56,
+    "resnet110": resnet110,
+    "resnet50": resnet50,
+    "densenet_bc": densenet_bc,
+    "wrn16_4": wrn16_4,
+    "wrn28_10": wrn28_10,
+}
+
+
+def available_models() -> list[str]:
+    """Registered model names, sorted."""
+    return sorted(MODELS)
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+
+
+def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """Build the registered model ``name`` for square ``image_size`` inputs.
+
+    Raises ``ValueError`` for an unknown name, ``num_classes < 2``,
+    ``in_channels < 1`` or ``image_size < 8``, and ``TypeError`` when one of the
+    sizes is not an integer.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(available_models())}")
+    num_classes = _as_int("num_classes", num_classes)
+    in_channels = _as_int("in_channels", in_channels)
+    image_size = _as_int("image_size", image_size)
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    if in_channels < 1:
+        raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+    if image_size < MIN_IMAGE_SIZE:
+        raise ValueError(f"image_size must be >= {MIN_IMAGE_SIZE}, got {image_size}")
+    return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)

@@ -1,0 +1,186 @@
+"""The training loop: seeded, deterministic on a given machine, best checkpoint by validation.
+
+The network is wrapped with a per-channel ``Normalize`` layer fitted on the training split, so
+the exported model takes raw [0, 1] pixels and clients never need the training statistics.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from calibkit import metrics
+from calibkit.temperature import softmax
+from training.config import RunConfig
+from training.data import DataSplits
+from training.inference import predict_logits
+from training.losses import build_loss
+from training.models import build_model
+
+
+class Normalize(nn.Module):
+    """(x - mean) / std per channel, with the statistics stored as buffers (exported with the model)."""
+
+    def __init__(self, mean: np.ndarray, std: np.ndarray):
+        super().__init__()
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What is needed to rebuild the classifier from a checkpoint."""
+
+    architecture: str
+    num_classes: int
+    in_channels: int
+    image_size: int
+    class_names: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def for_data(cls, architecture: str, splits: DataSplits) -> "ModelSpec":
+        x = splits.train.x
+        return cls(
+            architecture=architecture,
+            num_classes=splits.num_classes,
+            in_channels=splits.in_channels,
+            image_size=splits.image_size,
+            class_names=splits.class_names,
+            mean=tuple(float(v) for v in x.mean(axis=(0, 2, 3))),
+            std=tuple(float(max(v, 1e-3)) for v in x.std(axis=(0, 2, 3))),
+        )
+
+    def build(self) -> nn.Sequential:
+        net = build_model(
+            self.architecture, num_classes=self.num_classes, in_channels=self.in_channels, image_size=self.image_size
+        )
+        return nn.Sequential(Normalize(np.array(self.mean), np.array(self.std)), net)
+
+
+@dataclass
+class TrainResult:
+    """The best model (loaded, eval mode), its spec, the per-epoch history and the best epoch."""
+
+    model: nn.Module
+    spec: ModelSpec
+    history: list[dict] = field(default_factory=list)
+    best_epoch: int = 0
+    seconds: float = 0.0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch and numpy and ask torch for deterministic kernels."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def _scheduler(config: RunConfig, optimizer):
+    if config.schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.epochs)
+    if config.schedule == "step":
+        milestones = [int(config.epochs * 0.5), int(config.epochs * 0.75)]
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+
+def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> TrainResult:
+    """Train ``config.model`` with ``config.loss``; keep the epoch with the best validation
+    accuracy (ties: lower validation NLL)."""
+    seed_everything(config.seed)
+    spec = ModelSpec.for_data(config.model, splits)
+    model = spec.build()
+    loss_fn = build_loss(config.loss, **config.loss_params)
+    optimizer = _optimizer(config, model.parameters())
+    scheduler = _scheduler(config, optimizer)
+    generator = torch.Generator().manual_seed(config.seed)
+    x_train, y_train = torch.from_numpy(splits.train.x), torch.from_numpy(splits.train.y)
+    n = len(y_train)
+
+    result = TrainResult(model=model, spec=spec)
+    best_key, best_state = None, None
+    start = time.perf_counter()
+    bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.model_name}", disable=not progress, unit="epoch",
+               mininterval=1.0)
+    for epoch in bar:
+        model.train()
+        total_loss, total_correct = 0.0, 0
+        for idx in torch.randperm(n, generator=generator).split(config.batch_size):
+            logits = model(x_train[idx])
+            loss = loss_fn(logits, y_train[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item() * len(idx)
+            total_correct += int((logits.argmax(1) == y_train[idx]).sum())
+        scheduler.step()
+        val_probs = softmax(predict_logits(model, splits.val.x))
+        row = {
+            "epoch": epoch,
+            "lr": optimizer.param_groups[0]["lr"],
+            "train_loss": total_loss / n,
+            "train_accuracy": total_correct / n,
+            "val_accuracy": metrics.accuracy(val_probs, splits.val.y),
+            "val_nll": metrics.nll(val_probs, splits.val.y),
+            "val_ece": metrics.ece(val_probs, splits.val.y, config.n_bins),
+        }
+        result.history.append(row)
+        key = (row["val_accuracy"], -row["val_nll"])
+        if best_key is None or key > best_key:
+            best_key, best_state, result.best_epoch = key, copy.deepcopy(model.state_dict()), epoch
+        bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['train_accuracy']:.3f}",
+                        val_acc=f"{row['val_accuracy']:.3f}", val_ece=f"{row['val_ece']:.3f}")
+    model.load_state_dict(best_state)
+    model.eval()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def save_checkpoint(result: TrainResult, config: RunConfig, path: Path) -> None:
+    """Best weights, the model spec, the config and the history in one file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "state_dict": result.model.state_dict(),
+            "spec": result.spec.__dict__,
+            "config": config.model_dump(mode="json"),
+            "history": result.history,
+            "best_epoch": result.best_epoch,
+            "seconds": result.seconds,
+        },
+        path,
+    )
+
+
+def load_checkpoint(path: Path) -> tuple[TrainResult, RunConfig]:
+    """Inverse of ``save_checkpoint``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}: run `python -m training train` first")
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    spec = ModelSpec(**{**data["spec"], "class_names": tuple(data["spec"]["class_names"]),
+                        "mean": tuple(data["spec"]["mean"]), "std": tuple(data["spec"]["std"])})
+    model = spec.build()
+    model.load_state_dict(data["state_dict"])
+    model.eval()
+    result = TrainResult(model, spec, data["history"], data["best_epoch"], data["seconds"])
+    return result, RunConfig.model_validate(data["config"])
