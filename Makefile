@@ -1,16 +1,17 @@
-# Everything installs into ./.venv. torch is installed first and pinned (TORCH_SPEC), because a bare
-# `torch` requirement on a machine without it pulls several GB of CUDA packages.
+# Everything installs into ./.venv. For training and tests torch is installed first and pinned
+# (TORCH_SPEC), because a bare `torch` requirement on a machine without it pulls several GB of CUDA
+# packages; serving never needs torch.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run test bench artifacts study clean
+.PHONY: run serve test bench artifacts study clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q $(TORCH_SPEC)
+	$(if $(filter service,$*),,$(PIP) install -q $(TORCH_SPEC))
 	$(PIP) install -q -e '.[$*]'
 	touch $@
 
@@ -26,6 +27,10 @@ artifacts: $(VENV)/.installed-training
 ## study: the loss comparison of Mukhoti et al. (Table 1) on digits, written to docs/study/
 study: $(VENV)/.installed-training
 	$(PY) -m training study --no-progress
+
+## serve: install the service extra and serve artifacts/ on http://127.0.0.1:8000
+serve: $(VENV)/.installed-service
+	$(PY) -m service
 
 ## test: install the dev extra and run the test suite
 test: $(VENV)/.installed-dev

@@ -38,13 +38,16 @@ class InputSpec(_Strict):
 
 class Preprocessing(_Strict):
     """How to turn an image into the model input: decode to ``color_mode``, resize to
-    ``image_size`` x ``image_size`` (``resample``), scale pixel values by ``scale`` into [0, 1], NCHW.
+    ``image_size`` x ``image_size`` (``resample``), scale pixel values by ``scale`` into [0, 1]
+    and, when ``invert``, take 1 - value (for data stored as ink-is-high, like scikit-learn's
+    digits, while photos and scans have dark ink on light paper); layout NCHW.
     Any normalisation (mean/std) happens inside the ONNX graph."""
 
     color_mode: Literal["L", "RGB"]
     image_size: int = Field(ge=1)
     resample: Literal["bilinear", "nearest", "bicubic"] = "bilinear"
     scale: float = Field(default=1.0 / 255.0, gt=0)
+    invert: bool = False
     layout: Literal["NCHW"] = "NCHW"
     value_range: tuple[float, float] = (0.0, 1.0)
 

@@ -1,1 +1,3 @@
-"""HTTP service that serves calibrated probabilities from ONNX models (built in a later issue)."""
+"""HTTP service that serves calibrated probabilities from ONNX models and reports their calibration."""
+
+__version__ = "0.1.0"

@@ -116,6 +116,7 @@ def write_artifact(
     version: str | None = None,
     overwrite: bool = False,
     extra_files: list[Path] = (),
+    invert: bool = False,
 ) -> tuple[Path, dict]:
     """Export, check parity and write ``root/name/version/`` (model.onnx, manifest.json, extras).
 
@@ -142,7 +143,7 @@ def write_artifact(
         class_names=list(class_names),
         input=InputSpec(name="input", shape=[None, *input_shape]),
         outputs={"logits": "logits", "probabilities": "probabilities"},
-        preprocessing=Preprocessing(color_mode="L" if channels == 1 else "RGB", image_size=size),
+        preprocessing=Preprocessing(color_mode="L" if channels == 1 else "RGB", image_size=size, invert=invert),
         calibration=CalibrationSpec(
             method=calibrator.method,
             params=calibrator.to_dict()["params"],

@@ -23,6 +23,8 @@ from training.report import write_report
 from training.trainer import TrainResult, load_checkpoint, save_checkpoint, train
 
 CHECKPOINT, CALIBRATION, METRICS = "checkpoint.pt", "calibration.json", "metrics.json"
+#: Data sets stored with ink as high values: images sent to the service must be inverted to match.
+INK_IS_HIGH = {"digits": True}
 
 
 def load_splits(config: RunConfig) -> DataSplits:
@@ -98,6 +100,7 @@ def export_step(run_dir: Path, artifacts: Path, version: str | None = None, over
                        "train_seconds": round(result.seconds, 2), "final_epoch": result.history[-1]},
         root=artifacts, name=config.model_name, version=version or config.version, overwrite=overwrite,
         extra_files=[run_dir / name for name in (METRICS, "report.md", "plots", CALIBRATION)],
+        invert=INK_IS_HIGH.get(config.dataset, False),
     )
 
 

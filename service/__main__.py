@@ -1,0 +1,7 @@
+"""Entry point of ``python -m service``."""
+
+import sys
+
+from service.cli import main
+
+sys.exit(main())

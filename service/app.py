@@ -1,0 +1,122 @@
+"""Assembly of the FastAPI app: lifespan, middleware, routes and the one mapping of errors to HTTP.
+
+Errors of the service's own API are ``{"error": {"code", "message", "field"}}``; errors under
+``/v2`` are ``{"error": "..."}`` with status 400 for bad input, as the v2 protocol specifies.
+Nothing a client sends produces a 500: unexpected exceptions are logged and answered as JSON 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service import __version__
+from service.dataplane import DataPlane
+from service.errors import InvalidInput, ServiceError
+from service.metrics import ServiceMetrics
+from service.middleware import ServingMiddleware
+from service.repository import ModelRepository
+from service.rest import router as rest_router
+from service.schemas import V2InferenceRequest
+from service.settings import Settings
+from service.v2 import router as v2_router
+
+log = logging.getLogger("service")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service app for ``settings`` (environment variables when None)."""
+    settings = settings or Settings()
+    metrics = ServiceMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        repository = ModelRepository(settings)
+        await anyio.to_thread.run_sync(repository.load)
+        app.state.dataplane = DataPlane(repository, settings, metrics)
+        await app.state.dataplane.start()
+        app.state.ready = True
+        log.info("ready: %d model version(s), %d refused", len(repository.all()), len(repository.failed))
+        yield
+        app.state.ready = False
+        await app.state.dataplane.stop()
+        log.info("stopped: queued and in-flight batches finished")
+
+    app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan,
+                  description="Calibrated probabilities from ONNX models, with calibration monitoring.")
+    app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
+    app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    app.include_router(rest_router)
+    app.include_router(v2_router)
+    _install_error_handlers(app)
+    app.openapi = lambda: _openapi(app)
+    return app
+
+
+def _is_v2(request: Request) -> bool:
+    return request.url.path.startswith("/v2")
+
+
+def _error(request: Request, status: int, code: str, message: str, field: str | None = None,
+           headers: dict | None = None) -> JSONResponse:
+    if _is_v2(request):
+        status = 400 if status == 422 else status
+        return JSONResponse({"error": f"{field}: {message}" if field else message}, status, headers=headers)
+    error = {"code": code, "message": message} | ({"field": field} if field else {})
+    return JSONResponse({"error": error}, status, headers=headers)
+
+
+def _field(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out or "body"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError):
+        return _error(request, exc.status, exc.code, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":
+            return _error(request, 400, "invalid_json", f"request body is not valid JSON: {first.get('msg')}", "body")
+        problems = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        return _error(request, 422, InvalidInput.code, problems, _field(first["loc"]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if isinstance(exc.__cause__, ServiceError):  # raised while FastAPI read the body (size limit)
+            return await service_error(request, exc.__cause__)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return _error(request, exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail),
+                      headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _error(request, 500, "internal_error", "internal error; see the server log")
+
+
+def _openapi(app: FastAPI) -> dict:
+    """The generated schema plus the v2 infer body, which that route parses itself (JSON or binary)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    infer = V2InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, definition in infer.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["V2InferenceRequest"] = infer
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,43 @@
+"""``python -m service`` (console script ``calibrated-serve``): serve the model repository with uvicorn.
+
+Flags override the ``CALIB_*`` environment variables. One worker per process, by design: scale with
+replicas (each process batches its own traffic and exposes its own /metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.app import create_app
+from service.settings import Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m service", description=__doc__.splitlines()[0])
+    parser.add_argument("--artifacts", type=Path, help="model repository (default ./artifacts, env CALIB_ARTIFACTS)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1, env CALIB_HOST)")
+    parser.add_argument("--port", type=int, help="port (default 8000, env CALIB_PORT)")
+    parser.add_argument("--default-model", help="model served when a request names none")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="execution provider choice")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"error: invalid settings: {exc}")
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, workers=1,
+                log_level=settings.log_level, timeout_graceful_shutdown=settings.graceful_shutdown_seconds,
+                access_log=False)
+    return 0

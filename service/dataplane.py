@@ -1,0 +1,184 @@
+"""What the endpoints do, independent of HTTP: predict, model metadata and v2 inference.
+
+Routes in ``service.rest`` and ``service.v2`` only translate HTTP to these calls and back.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from calibkit.temperature import softmax
+from service import __version__
+from service.batching import DynamicBatcher
+from service.errors import InvalidInput, Overloaded
+from service.metrics import ServiceMetrics
+from service.preprocessing import to_batch
+from service.repository import ModelRepository, ServedModel
+from service.schemas import (
+    ClassProbability,
+    ModelInfo,
+    ModelsResponse,
+    ModelVersionInfo,
+    Prediction,
+    PredictRequest,
+    PredictResponse,
+    V2InferenceRequest,
+    V2ModelMetadata,
+    V2TensorMetadata,
+)
+from service.settings import Settings
+
+V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
+                "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
+
+
+class DataPlane:
+    """The service's behaviour over a model repository."""
+
+    def __init__(self, repository: ModelRepository, settings: Settings, metrics: ServiceMetrics):
+        self.repository = repository
+        self.settings = settings
+        self.metrics = metrics
+
+    async def start(self) -> None:
+        """Start a batcher for every loaded model version."""
+        for model in self.repository.all():
+            label = f"{model.name}:{model.version}"
+            model.batcher = DynamicBatcher(model.runtime.run, model.batching, label, self.settings.retry_after_seconds,
+                                           on_batch=lambda rows, s, label=label: self.metrics.observe_batch(label, rows, s))
+            model.batcher.start()
+            self.metrics.model_info.labels(model.name, model.version, model.runtime.provider,
+                                           model.manifest.calibration.method).set(1)
+            self.metrics.model_ready.labels(model.name, model.version).set(1)
+
+    async def stop(self) -> None:
+        """Finish queued and in-flight batches, then stop every batcher."""
+        for model in self.repository.all():
+            self.metrics.model_ready.labels(model.name, model.version).set(0)
+            if model.batcher is not None:
+                await model.batcher.stop()
+
+    async def infer(self, model: ServedModel, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Run a batch through the model's batcher; record the queue time."""
+        label = f"{model.name}:{model.version}"
+        try:
+            outputs, timing = await model.batcher.submit(x)
+        except Overloaded:
+            self.metrics.rejected.labels(label).inc()
+            raise
+        self.metrics.queue.labels(label).observe(timing.queue_seconds)
+        self.metrics.predictions.labels(model.name, model.version).inc(len(x))
+        return outputs
+
+    async def predict(self, request: PredictRequest) -> PredictResponse:
+        model = self.repository.get(request.model, request.version)
+        x = to_batch(request.inputs, model.shape, model.manifest.preprocessing,
+                     max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
+        outputs = await self.infer(model, x)
+        names = model.manifest.outputs
+        probs = outputs[names["probabilities"]].astype(np.float64)
+        logits = outputs[names["logits"]].astype(np.float64)
+        return PredictResponse(
+            model=model.name, version=model.version, temperature=model.manifest.calibration.temperature,
+            provider=model.runtime.provider,
+            predictions=self._predictions(model, probs, logits, request),
+        )
+
+    @staticmethod
+    def _predictions(model: ServedModel, probs, logits, request: PredictRequest) -> list[Prediction]:
+        classes = model.manifest.class_names
+        predicted = probs.argmax(axis=1)
+        uncalibrated = softmax(logits) if request.return_uncalibrated else None
+        order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k] if request.top_k else None
+        out = []
+        for i, k in enumerate(predicted):
+            row = probs[i]
+            out.append(Prediction(
+                id=uuid.uuid4().hex, label=classes[k], class_index=int(k), confidence=float(row[k]),
+                probabilities=row.tolist(),
+                top_k=None if order is None else [ClassProbability(label=classes[j], class_index=int(j),
+                                                                   probability=float(row[j])) for j in order[i]],
+                logits=logits[i].tolist() if request.return_logits else None,
+                uncalibrated_probabilities=None if uncalibrated is None else uncalibrated[i].tolist(),
+            ))
+        return out
+
+    def models(self) -> ModelsResponse:
+        infos = []
+        for name in sorted(self.repository.models):
+            latest = self.repository.latest_version(name)
+            versions = [self._version_info(m, m.version == latest) for m in self.repository.all() if m.name == name]
+            infos.append(ModelInfo(name=name, versions=versions))
+        return ModelsResponse(default=self.repository.default, models=infos)
+
+    @staticmethod
+    def _version_info(model: ServedModel, latest: bool) -> ModelVersionInfo:
+        m = model.manifest
+        return ModelVersionInfo(
+            version=model.version, latest=latest, classes=m.class_names, input=m.input.model_dump(),
+            preprocessing=m.preprocessing.model_dump(), calibration=m.calibration.model_dump(),
+            temperature=m.calibration.temperature, provider=model.runtime.provider,
+            batching=model.batching.model_dump(), ready=model.ready,
+        )
+
+    def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
+        model = self.repository.get(name, version)
+        k = len(model.manifest.class_names)
+        return V2ModelMetadata(
+            name=model.name, versions=sorted(self.repository.models[model.name], key=int),
+            platform="onnxruntime_onnx",
+            inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
+            outputs=[V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
+                     for o in ("logits", "probabilities")],
+        )
+
+    async def v2_infer(self, name: str, version: str | None, request: V2InferenceRequest,
+                       binary: dict[str, np.ndarray] | None = None) -> tuple[ServedModel, dict[str, np.ndarray]]:
+        """Run a v2 request; ``binary`` holds inputs sent with the binary tensor extension."""
+        model = self.repository.get(name, version)
+        if len(request.inputs) != 1:
+            raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
+        tensor = request.inputs[0]
+        if tensor.name != model.manifest.input.name:
+            raise InvalidInput(f"unknown input {tensor.name!r}; the model's input is {model.manifest.input.name!r}",
+                               field="inputs[0].name")
+        if tensor.datatype not in V2_DATATYPES:
+            raise InvalidInput(f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
+                               field="inputs[0].datatype")
+        if len(tensor.shape) != 4 or tuple(tensor.shape[1:]) != model.shape or tensor.shape[0] < 1:
+            raise InvalidInput(f"shape {tensor.shape} does not match the model input [N, {', '.join(map(str, model.shape))}]",
+                               field="inputs[0].shape")
+        if tensor.shape[0] > self.settings.max_rows_per_request:
+            raise InvalidInput(f"batch of {tensor.shape[0]} rows exceeds the limit of "
+                               f"{self.settings.max_rows_per_request}", field="inputs[0].shape")
+        x = binary[tensor.name] if binary and tensor.name in binary else self._v2_data(tensor)
+        if x.size != int(np.prod(tensor.shape)):
+            raise InvalidInput(f"holds {x.size} values but shape {tensor.shape} needs {int(np.prod(tensor.shape))}",
+                               field="inputs[0].data")
+        x = x.reshape(tensor.shape).astype(np.float32)
+        if not np.isfinite(x).all():
+            raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
+        requested = [o.name for o in request.outputs] if request.outputs else list(model.manifest.outputs.values())
+        unknown = [o for o in requested if o not in model.runtime.output_names]
+        if unknown:
+            raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
+        outputs = await self.infer(model, x)
+        return model, {name: outputs[name] for name in requested}
+
+    @staticmethod
+    def _v2_data(tensor) -> np.ndarray:
+        if tensor.data is None:
+            raise InvalidInput("has no data (send 'data' or use the binary tensor extension)", field="inputs[0].data")
+        try:
+            arr = np.asarray(tensor.data)
+        except ValueError:
+            raise InvalidInput("must be a flat or rectangular nested array of numbers", field="inputs[0].data") from None
+        if arr.dtype == bool or arr.dtype.kind not in "iuf":
+            raise InvalidInput("must hold only numbers", field="inputs[0].data")
+        return arr.ravel()
+
+
+def server_metadata() -> dict:
+    return {"name": "calibrated-serving", "version": __version__, "extensions": ["binary_tensor_data"]}

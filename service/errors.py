@@ -1,0 +1,65 @@
+"""Typed errors of the service, mapped to HTTP responses in one place (``service.app``).
+
+Every error names the field (a JSON path into the request, when there is one) and the problem,
+so a client can fix its request without reading server logs.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base class: an HTTP status, a machine-readable code, a message and an optional field."""
+
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, field: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        """The JSON error body of the service's own API."""
+        error = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            error["field"] = self.field
+        return {"error": error}
+
+
+class InvalidInput(ServiceError):
+    """The request is well-formed JSON but its content cannot be served (shape, dtype, values, image)."""
+
+    status = 422
+    code = "invalid_input"
+
+
+class ModelNotFound(ServiceError):
+    """No such model or version in the repository."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class PayloadTooLarge(ServiceError):
+    """The request body exceeds ``max_body_bytes``."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class Overloaded(ServiceError):
+    """The batching queue is full: retry after the given number of seconds."""
+
+    status = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+class NotReady(ServiceError):
+    """The service or model is not ready (starting, shutting down, or no model loaded)."""
+
+    status = 503
+    code = "not_ready"

@@ -1,0 +1,101 @@
+"""From request rows to the model's float32 (N, C, H, W) batch, with errors that name the row.
+
+Numeric rows must have the model's per-row shape (C, H, W); a single-channel model also takes
+(H, W), and any model a flat vector of C*H*W values. Image rows are base64 PNG/JPEG (data URLs
+allowed), decoded with Pillow and preprocessed exactly as the manifest says.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from calibkit.manifest import Preprocessing
+from service.errors import InvalidInput
+
+IMAGE_FORMATS = {"PNG", "JPEG"}
+_RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "nearest": Image.Resampling.NEAREST,
+             "bicubic": Image.Resampling.BICUBIC}
+
+
+def to_batch(rows: list, shape: tuple[int, int, int], pre: Preprocessing, *, max_rows: int, max_pixels: int,
+             field: str = "inputs") -> np.ndarray:
+    """Validate and convert request rows into one float32 batch."""
+    if not rows:
+        raise InvalidInput("must hold at least one row", field=field)
+    if len(rows) > max_rows:
+        raise InvalidInput(f"holds {len(rows)} rows; at most {max_rows} are allowed per request", field=field)
+    if not any(isinstance(r, str) for r in rows):
+        fast = _numeric_batch(rows, shape)
+        if fast is not None:
+            return fast
+    return np.stack([
+        decode_image(r, pre, max_pixels, f"{field}[{i}]") if isinstance(r, str) else numeric_row(r, shape, f"{field}[{i}]")
+        for i, r in enumerate(rows)
+    ])
+
+
+def _numeric_batch(rows: list, shape: tuple[int, int, int]) -> np.ndarray | None:
+    """The whole batch in one conversion when it is well-formed; None to fall back to per-row errors."""
+    try:
+        arr = np.asarray(rows)
+    except (ValueError, TypeError):
+        return None
+    if arr.dtype.kind not in "iuf":
+        return None
+    arr = arr.astype(np.float32, copy=False)
+    n = len(rows)
+    if arr.shape[1:] == shape or (shape[0] == 1 and arr.shape[1:] == shape[1:]) or arr.shape[1:] == (int(np.prod(shape)),):
+        if np.isfinite(arr).all():
+            return arr.reshape(n, *shape)
+    return None
+
+
+def numeric_row(row, shape: tuple[int, int, int], field: str) -> np.ndarray:
+    """One numeric row as float32 (C, H, W)."""
+    try:
+        arr = np.asarray(row)
+    except ValueError:
+        raise InvalidInput("must be a rectangular nested array of numbers", field=field) from None
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        raise InvalidInput(f"must hold only numbers (got {arr.dtype.kind!r} values)", field=field)
+    accepted = [shape, (int(np.prod(shape)),)] + ([shape[1:]] if shape[0] == 1 else [])
+    if arr.shape not in accepted:
+        raise InvalidInput(f"has shape {list(arr.shape)}; expected {list(shape)}"
+                           + (f" or {list(shape[1:])}" if shape[0] == 1 else "")
+                           + f" or a flat vector of {int(np.prod(shape))} values", field=field)
+    arr = arr.astype(np.float32)
+    if not np.isfinite(arr).all():
+        raise InvalidInput(f"contains {int((~np.isfinite(arr)).sum())} NaN or infinite values", field=field)
+    return arr.reshape(shape)
+
+
+def decode_image(text: str, pre: Preprocessing, max_pixels: int, field: str) -> np.ndarray:
+    """A base64 PNG/JPEG (or data URL) decoded, resized, scaled (and inverted) as the manifest says."""
+    payload = text.split(",", 1)[1] if text.startswith("data:") and "," in text else text
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput("is not valid base64 (a numeric row must be an array, an image a base64 string)",
+                           field=field) from None
+    try:
+        with Image.open(io.BytesIO(raw)) as image:
+            if image.format not in IMAGE_FORMATS:
+                raise InvalidInput(f"is a {image.format} image; send PNG or JPEG", field=field)
+            if image.width * image.height > max_pixels:
+                raise InvalidInput(f"is {image.width}x{image.height} pixels; at most {max_pixels} are allowed",
+                                   field=field)
+            converted = image.convert(pre.color_mode).resize((pre.image_size, pre.image_size), _RESAMPLE[pre.resample])
+            pixels = np.asarray(converted, dtype=np.float32)
+    except InvalidInput:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidInput(f"could not be decoded as an image: {exc}", field=field) from None
+    values = pixels * pre.scale
+    if pre.invert:
+        values = pre.value_range[1] - values
+    return (values[None] if values.ndim == 2 else values.transpose(2, 0, 1)).astype(np.float32)

@@ -1,0 +1,57 @@
+"""The service's own REST API: /predict, /models, /health, /metrics. Thin: it delegates to DataPlane."""
+
+from __future__ import annotations
+
+import onnxruntime as ort
+from fastapi import APIRouter, Request, Response
+
+from service import __version__
+from service.schemas import ErrorResponse, HealthResponse, ModelsResponse, PredictRequest, PredictResponse
+
+router = APIRouter()
+
+ERRORS = {
+    400: {"model": ErrorResponse, "description": "request body is not valid JSON"},
+    404: {"model": ErrorResponse, "description": "unknown model or version"},
+    413: {"model": ErrorResponse, "description": "request body too large"},
+    422: {"model": ErrorResponse, "description": "invalid request: the error names the field"},
+    503: {"model": ErrorResponse, "description": "overloaded (see Retry-After) or not ready"},
+}
+
+
+@router.post("/predict", response_model=PredictResponse, responses=ERRORS, tags=["inference"])
+async def predict(body: PredictRequest, request: Request) -> PredictResponse:
+    """Calibrated probabilities for a batch of rows (arrays or base64 PNG/JPEG images)."""
+    return await request.app.state.dataplane.predict(body)
+
+
+@router.get("/models", response_model=ModelsResponse, tags=["models"])
+async def models(request: Request) -> ModelsResponse:
+    """Every loaded model and version: classes, calibration, temperature, provider, batching."""
+    return request.app.state.dataplane.models()
+
+
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}}, tags=["health"])
+async def health(request: Request, response: Response) -> HealthResponse:
+    """Readiness with details: loaded models and their providers, refused artifacts."""
+    state = request.app.state
+    repository = state.dataplane.repository
+    models = [{"name": m.name, "version": m.version, "ready": m.ready, "provider": m.runtime.provider,
+               "requested_providers": m.runtime.requested, "queued_rows": m.batcher.queued_rows if m.batcher else 0}
+              for m in repository.all()]
+    ready = state.ready and any(m["ready"] for m in models)
+    status = "not_ready" if not ready else ("degraded" if repository.failed else "ok")
+    if not ready:
+        response.status_code = 503
+    return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=repository.failed,
+                          device=state.settings.device, available_providers=ort.get_available_providers(),
+                          onnxruntime=ort.__version__, version=__version__)
+
+
+@router.get("/metrics", tags=["health"], response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

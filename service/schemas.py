@@ -1,0 +1,166 @@
+"""Request and response models: the HTTP contract that applications and dashboards rely on.
+
+``/predict``, ``/models`` and ``/health`` are this service's own API; the ``V2*`` models are the
+Open Inference Protocol (KServe v2, as spoken by Triton and MLServer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Row = str | list[Any]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PredictRequest(_Request):
+    """A batch of rows: nested arrays of the model's input shape (C, H, W) -- (H, W) or a flat
+    C*H*W vector also work -- or base64-encoded PNG/JPEG images (optionally as data URLs)."""
+
+    model: str | None = Field(default=None, description="model name; the default model when omitted")
+    version: str | None = Field(default=None, description="model version; the latest when omitted")
+    inputs: list[Row] = Field(description="one entry per row: a nested numeric array or a base64 image")
+    top_k: int | None = Field(default=None, ge=1, description="also list the k most probable classes")
+    return_logits: bool = False
+    return_uncalibrated: bool = Field(default=False, description="also return softmax(logits) without calibration")
+
+
+class ClassProbability(BaseModel):
+    label: str
+    class_index: int
+    probability: float
+
+
+class Prediction(BaseModel):
+    id: str = Field(description="unique prediction id; POST /feedback refers to it")
+    label: str
+    class_index: int
+    confidence: float = Field(description="calibrated probability of the predicted class")
+    probabilities: list[float] = Field(description="calibrated probabilities, one per class")
+    top_k: list[ClassProbability] | None = None
+    logits: list[float] | None = None
+    uncalibrated_probabilities: list[float] | None = None
+
+
+class PredictResponse(BaseModel):
+    model: str
+    version: str
+    temperature: float | None = Field(description="temperature of the calibration (null for other methods)")
+    provider: str = Field(description="onnxruntime execution provider that computed the result")
+    predictions: list[Prediction]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class ModelVersionInfo(BaseModel):
+    version: str
+    latest: bool
+    classes: list[str]
+    input: dict[str, Any]
+    preprocessing: dict[str, Any]
+    calibration: dict[str, Any]
+    temperature: float | None
+    provider: str
+    batching: dict[str, Any]
+    ready: bool
+
+
+class ModelInfo(BaseModel):
+    name: str
+    versions: list[ModelVersionInfo]
+
+
+class ModelsResponse(BaseModel):
+    default: str | None
+    models: list[ModelInfo]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "degraded", "not_ready"]
+    ready: bool
+    models: list[dict[str, Any]]
+    failed_artifacts: list[dict[str, str]]
+    device: str
+    available_providers: list[str]
+    onnxruntime: str
+    version: str
+
+
+class V2Tensor(BaseModel):
+    """An input tensor of the v2 protocol; ``data`` is flat or nested, in row-major order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class V2RequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class V2InferenceRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[V2Tensor]
+    outputs: list[V2RequestedOutput] | None = None
+
+
+class V2OutputTensor(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+class V2InferenceResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    outputs: list[V2OutputTensor]
+
+
+class V2TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class V2ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[V2TensorMetadata]
+    outputs: list[V2TensorMetadata]
+
+
+class V2ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class V2Error(BaseModel):
+    error: str

@@ -1,0 +1,130 @@
+"""Fixtures for the service tests: small ONNX artifacts built with the onnx helper API (no torch)
+and real uvicorn servers on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import uvicorn
+from onnx import TensorProto, helper, numpy_helper
+
+from calibkit.manifest import CalibrationSpec, InputSpec, Manifest, Preprocessing, ReferenceDistribution, write_manifest
+from service.app import create_app
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"
+
+
+def build_linear_onnx(path: Path, weights: np.ndarray, bias: np.ndarray, temperature: float, shape=(1, 2, 2)) -> None:
+    """A linear classifier logits = flatten(x) @ W + b with probabilities = softmax(logits / T)."""
+    features = int(np.prod(shape))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["input", "flat_shape"], ["flat"]),
+            helper.make_node("MatMul", ["flat", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["logits"]),
+            helper.make_node("Div", ["logits", "T"], ["scaled"]),
+            helper.make_node("Softmax", ["scaled"], ["probabilities"], axis=1),
+        ],
+        "linear",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *shape])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", weights.shape[1]]),
+         helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", weights.shape[1]])],
+        [numpy_helper.from_array(np.array([-1, features], dtype=np.int64), "flat_shape"),
+         numpy_helper.from_array(weights.astype(np.float32), "W"),
+         numpy_helper.from_array(bias.astype(np.float32), "b"),
+         numpy_helper.from_array(np.array(temperature, dtype=np.float32), "T")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def write_linear_artifact(root: Path, name: str = "toy", version: str = "1", classes=("a", "b", "c"),
+                          temperature: float = 2.0, seed: int = 0) -> Path:
+    """A complete artifact ``root/name/version`` around ``build_linear_onnx``."""
+    directory = root / name / version
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    build_linear_onnx(directory / "model.onnx", rng.normal(0, 3, (4, len(classes))), rng.normal(0, 1, len(classes)),
+                      temperature)
+    manifest = Manifest(
+        name=name, version=version, created_at="2026-11-22T00:00:00+00:00",
+        model_sha256=hashlib.sha256((directory / "model.onnx").read_bytes()).hexdigest(),
+        class_names=list(classes), input=InputSpec(name="input", shape=[None, 1, 2, 2]),
+        outputs={"logits": "logits", "probabilities": "probabilities"},
+        preprocessing=Preprocessing(color_mode="L", image_size=2),
+        calibration=CalibrationSpec(method="temperature", params={"temperature": temperature}, n_samples=100,
+                                    in_graph=True),
+        reference=ReferenceDistribution(confidences=[0.5, 0.7, 0.9], accuracy=0.7, ece=0.05),
+    )
+    write_manifest(manifest, directory)
+    return directory
+
+
+@contextmanager
+def running_server(settings: Settings):
+    """A real uvicorn server for ``settings`` on a free loopback port; yields its base URL."""
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def repository_dir(tmp_path_factory) -> Path:
+    """The committed default artifact plus a toy model with two versions."""
+    root = tmp_path_factory.mktemp("artifacts")
+    shutil.copytree(DEFAULT_ARTIFACT, root / "digits-lenet5" / "1")
+    write_linear_artifact(root, "toy", "1", temperature=2.0, seed=1)
+    write_linear_artifact(root, "toy", "2", temperature=1.5, seed=2)
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(repository_dir):
+    """(base_url, app) of a server over ``repository_dir`` with the default model digits-lenet5."""
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", max_rows_per_request=64,
+                        max_body_bytes=256 * 1024)
+    with running_server(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def base_url(server) -> str:
+    return server[0]
+
+
+
+
+@pytest.fixture(scope="session")
+def linear_artifact():
+    """``write_linear_artifact(root, name, version, classes, temperature, seed)``."""
+    return write_linear_artifact
+
+
+@pytest.fixture(scope="session")
+def server_for():
+    """``running_server(settings)`` as a context manager yielding (base_url, app)."""
+    return running_server

@@ -1,0 +1,174 @@
+"""Dynamic batching: fewer onnxruntime calls, identical results, a bounded queue, draining on stop."""
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from service.batching import DynamicBatcher
+from service.errors import NotReady, Overloaded
+from service.settings import BatchingConfig, Settings
+
+
+class CountingModel:
+    """A deterministic 'model' (row sums and squares) that records every batch it is called with."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls: list[int] = []
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        with self.lock:
+            self.calls.append(len(x))
+        time.sleep(self.delay)
+        flat = x.reshape(len(x), -1)
+        return {"sum": flat.sum(axis=1, keepdims=True), "square": flat**2}
+
+
+async def _submit_all(batcher, inputs):
+    return await asyncio.gather(*(batcher.submit(x) for x in inputs))
+
+
+def test_concurrent_requests_share_calls_and_get_their_own_rows():
+    async def scenario():
+        model = CountingModel(delay=0.005)
+        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=16, max_queue_delay_ms=5), "m")
+        batcher.start()
+        rng = np.random.default_rng(0)
+        inputs = [rng.random((int(rng.integers(1, 4)), 2, 2)).astype(np.float32) for _ in range(40)]
+        results = await _submit_all(batcher, inputs)
+        await batcher.stop()
+        return model, inputs, results
+
+    model, inputs, results = asyncio.run(scenario())
+    assert sum(model.calls) == sum(len(x) for x in inputs)
+    assert len(model.calls) < len(inputs) / 3
+    assert max(model.calls) <= 16
+    for x, (outputs, timing) in zip(inputs, results):
+        unbatched = CountingModel()(x)
+        for name in unbatched:
+            np.testing.assert_array_equal(outputs[name], unbatched[name])
+        assert timing.batch_rows >= len(x) and timing.queue_seconds >= 0
+
+
+def test_a_request_larger_than_the_batch_runs_alone():
+    async def scenario():
+        model = CountingModel()
+        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=4, max_queue_delay_ms=1), "m")
+        batcher.start()
+        (outputs, _), = await _submit_all(batcher, [np.ones((10, 1, 1), np.float32)])
+        await batcher.stop()
+        return model, outputs
+
+    model, outputs = asyncio.run(scenario())
+    assert model.calls == [10] and outputs["sum"].shape == (10, 1)
+
+
+def test_full_queue_refuses_with_overloaded():
+    async def scenario():
+        model = CountingModel(delay=0.05)
+        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=2, max_queue_delay_ms=0, max_queue_rows=4), "m",
+                                 retry_after=3)
+        batcher.start()
+        outcomes = await asyncio.gather(*(batcher.submit(np.ones((2, 1, 1), np.float32)) for _ in range(6)),
+                                        return_exceptions=True)
+        await batcher.stop()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    refused = [o for o in outcomes if isinstance(o, Overloaded)]
+    assert 1 <= len(refused) < 6 and all(not isinstance(o, Exception) or isinstance(o, Overloaded) for o in outcomes)
+    assert refused[0].headers == {"Retry-After": "3"} and "rows queued (limit 4)" in refused[0].message
+
+
+def test_stop_finishes_queued_work_then_refuses():
+    async def scenario():
+        model = CountingModel(delay=0.01)
+        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=2, max_queue_delay_ms=50), "m")
+        batcher.start()
+        pending = [asyncio.ensure_future(batcher.submit(np.ones((1, 1, 1), np.float32))) for _ in range(7)]
+        await asyncio.sleep(0)
+        await batcher.stop()
+        done = [p.result() for p in pending]
+        with pytest.raises(NotReady):
+            await batcher.submit(np.ones((1, 1, 1), np.float32))
+        return done
+
+    assert len(asyncio.run(scenario())) == 7
+
+
+def test_an_inference_failure_answers_every_waiting_request():
+    def broken(x):
+        raise RuntimeError("boom")
+
+    async def scenario():
+        batcher = DynamicBatcher(broken, BatchingConfig(max_batch_size=8, max_queue_delay_ms=5), "m")
+        batcher.start()
+        outcomes = await asyncio.gather(*(batcher.submit(np.ones((1, 1), np.float32)) for _ in range(3)),
+                                        return_exceptions=True)
+        await batcher.stop()
+        return outcomes
+
+    assert all(isinstance(o, RuntimeError) for o in asyncio.run(scenario()))
+
+
+def _batch_metrics(base_url: str) -> tuple[float, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    count = total = 0.0
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text):
+        if family.name == "calib_batch_size_rows":
+            for sample in family.samples:
+                if sample.labels.get("model") == "toy:2" and sample.name.endswith("_count"):
+                    count = sample.value
+                if sample.labels.get("model") == "toy:2" and sample.name.endswith("_sum"):
+                    total = sample.value
+    return count, total
+
+
+def test_concurrent_http_requests_are_batched_with_identical_results(repository_dir, server_for, tmp_path):
+    settings = Settings(artifacts=repository_dir, batching=BatchingConfig(max_batch_size=64, max_queue_delay_ms=20))
+    rng = np.random.default_rng(1)
+    rows = rng.random((48, 1, 2, 2)).tolist()
+    with server_for(settings) as (base_url, _):
+        sequential = [httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": [r]}).json() for r in rows[:8]]
+        calls_before, rows_before = _batch_metrics(base_url)
+
+        async def concurrent():
+            async with httpx.AsyncClient(base_url=base_url) as client:
+                return await asyncio.gather(*(client.post("/predict", json={"model": "toy", "inputs": [r]})
+                                              for r in rows))
+
+        responses = asyncio.run(concurrent())
+        calls_after, rows_after = _batch_metrics(base_url)
+    assert all(r.status_code == 200 for r in responses)
+    assert rows_after - rows_before == 48
+    assert calls_after - calls_before < 48 / 2, "48 concurrent single-row requests should share onnxruntime calls"
+    for seq, conc in zip(sequential, responses[:8]):
+        assert conc.json()["predictions"][0]["probabilities"] == pytest.approx(seq["predictions"][0]["probabilities"],
+                                                                              abs=1e-7)
+
+
+def test_http_503_with_retry_after_when_the_queue_is_full(linear_artifact, server_for, tmp_path):
+    linear_artifact(tmp_path, "toy", "1")
+    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 1, "max_queue_delay_ms": 0,
+                                                               "max_queue_rows": 1}))
+    settings = Settings(artifacts=tmp_path, retry_after_seconds=2)
+    with server_for(settings) as (base_url, _):
+        async def burst():
+            async with httpx.AsyncClient(base_url=base_url) as client:
+                return await asyncio.gather(*(client.post("/predict", json={"inputs": [[0.1] * 4] * 1})
+                                              for _ in range(30)))
+
+        responses = asyncio.run(burst())
+        models = httpx.get(f"{base_url}/models").json()
+    statuses = {r.status_code for r in responses}
+    assert statuses <= {200, 503} and 503 in statuses and 200 in statuses
+    refused = next(r for r in responses if r.status_code == 503)
+    assert refused.headers["retry-after"] == "2" and refused.json()["error"]["code"] == "overloaded"
+    assert models["models"][0]["versions"][0]["batching"]["max_queue_rows"] == 1

@@ -1,0 +1,133 @@
+"""The model repository: broken artifacts are refused without stopping the others; providers reported."""
+
+import json
+import logging
+import shutil
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.repository import ModelRepository
+from service.runtime import CPU, requested_providers
+from service.settings import Settings
+
+
+def _broken_repository(root, linear_artifact):
+    linear_artifact(root, "good", "1")
+    bad_sha = linear_artifact(root, "badsha", "1")
+    (bad_sha / "model.onnx").write_bytes((bad_sha / "model.onnx").read_bytes() + b"tampered")
+    missing = linear_artifact(root, "missing", "1")
+    (missing / "model.onnx").unlink()
+    bad_manifest = linear_artifact(root, "badmanifest", "1")
+    data = json.loads((bad_manifest / "manifest.json").read_text())
+    data["class_names"] = ["only-one"]
+    (bad_manifest / "manifest.json").write_text(json.dumps(data))
+    wrong_input = linear_artifact(root, "wronginput", "1")
+    data = json.loads((wrong_input / "manifest.json").read_text())
+    data["input"]["name"] = "pixels"
+    (wrong_input / "manifest.json").write_text(json.dumps(data))
+    misplaced = linear_artifact(root, "misplaced", "1")
+    shutil.move(misplaced, root / "misplaced" / "3")
+    not_onnx = linear_artifact(root, "notonnx", "1")
+    (not_onnx / "model.onnx").write_bytes(b"not an onnx file")
+    data = json.loads((not_onnx / "manifest.json").read_text())
+    import hashlib
+
+    data["model_sha256"] = hashlib.sha256(b"not an onnx file").hexdigest()
+    (not_onnx / "manifest.json").write_text(json.dumps(data))
+    (root / "good" / "latest").mkdir()
+    (root / "badserving").mkdir()
+    (root / "badserving" / "serving.json").write_text('{"max_batch_size": 0}')
+
+
+def test_broken_artifacts_are_refused_and_the_good_one_serves(tmp_path, linear_artifact, server_for, caplog):
+    _broken_repository(tmp_path, linear_artifact)
+    with caplog.at_level(logging.ERROR, logger="service.repository"):
+        with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
+            health = httpx.get(f"{base_url}/health").json()
+            served = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]})
+            refused = httpx.post(f"{base_url}/predict", json={"model": "badsha", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
+    assert health["status"] == "degraded" and health["ready"]
+    assert [m["name"] for m in health["models"]] == ["good"]
+    errors = {f["path"].split(str(tmp_path))[1]: f["error"] for f in health["failed_artifacts"]}
+    assert "does not match the manifest's sha256" in errors["/badsha/1"]
+    assert "model file" in errors["/missing/1"] and "is missing" in errors["/missing/1"]
+    assert "class_names" in errors["/badmanifest/1"]
+    assert "do not match the manifest input 'pixels'" in errors["/wronginput/1"]
+    assert "manifest says misplaced/1 but it lies in misplaced/3" in errors["/misplaced/3"]
+    assert "/notonnx/1" in errors
+    assert "version directories must be numbers" in errors["/good/latest"]
+    assert "invalid serving configuration" in errors["/badserving"]
+    assert served.status_code == 200 and served.json()["model"] == "good"
+    assert refused.status_code == 404
+    assert any("refused artifact" in r.message for r in caplog.records)
+
+
+def test_no_loadable_model_means_not_ready(tmp_path, server_for):
+    with server_for(Settings(artifacts=tmp_path / "nothing-here")) as (base_url, _):
+        health = httpx.get(f"{base_url}/health")
+        ready = httpx.get(f"{base_url}/v2/health/ready")
+        predict = httpx.post(f"{base_url}/predict", json={"inputs": [[0.0]]})
+    assert health.status_code == 503 and health.json()["status"] == "not_ready"
+    assert "artifacts directory does not exist" in health.json()["failed_artifacts"][0]["error"]
+    assert ready.status_code == 503
+    assert predict.status_code == 503 and predict.json()["error"]["code"] == "not_ready"
+
+
+def test_asking_for_cuda_without_a_gpu_warns_and_reports_cpu(tmp_path, linear_artifact, caplog):
+    linear_artifact(tmp_path, "toy", "1")
+    repository = ModelRepository(Settings(artifacts=tmp_path, device="cuda"))
+    with caplog.at_level(logging.WARNING):
+        repository.load()
+    served = repository.get("toy")
+    assert served.runtime.provider == CPU
+    assert any("CUDA" in r.message and "CPUExecutionProvider" in r.message for r in caplog.records)
+
+
+def test_auto_and_cpu_ask_for_cpu_on_a_machine_without_a_gpu():
+    assert requested_providers("cpu") == [CPU]
+    assert requested_providers("auto") == [CPU]  # no NVIDIA device node here
+
+
+def test_default_model_setting(tmp_path, linear_artifact):
+    linear_artifact(tmp_path, "alpha", "1")
+    linear_artifact(tmp_path, "beta", "1")
+    repository = ModelRepository(Settings(artifacts=tmp_path, default_model="beta"))
+    repository.load()
+    assert repository.get().name == "beta"
+    missing = ModelRepository(Settings(artifacts=tmp_path, default_model="gamma"))
+    missing.load()
+    assert missing.default is None
+
+
+def test_metrics_exposition_parses_and_counts_by_route_template(base_url):
+    httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
+    httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": [[0.1]]})
+    httpx.get(f"{base_url}/v2/models/toy/versions/1")
+    text = httpx.get(f"{base_url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    requests = {(s.labels["route"], s.labels["status"]): s.value for s in families["calib_http_requests"].samples
+                if s.name == "calib_http_requests_total"}
+    assert requests[("/predict", "200")] >= 1 and requests[("/predict", "422")] >= 1
+    assert requests[("/v2/models/{name}/versions/{version}", "200")] >= 1
+    for name in ("calib_http_request_duration_seconds", "calib_queue_duration_seconds",
+                 "calib_inference_duration_seconds", "calib_batch_size_rows"):
+        assert families[name].type == "histogram"
+    assert families["calib_http_requests_in_flight"].type == "gauge"
+    info = {(s.labels["model"], s.labels["version"], s.labels["provider"]) for s in families["calib_model_info"].samples}
+    assert ("toy", "2", "CPUExecutionProvider") in info and ("digits-lenet5", "1", "CPUExecutionProvider") in info
+    inference = [s for s in families["calib_inference_duration_seconds"].samples
+                 if s.name.endswith("_count") and s.labels["model"] == "toy:2"]
+    assert inference and inference[0].value >= 1
+
+
+def test_settings_from_environment(monkeypatch):
+    monkeypatch.setenv("CALIB_BATCHING__MAX_BATCH_SIZE", "32")
+    monkeypatch.setenv("CALIB_BATCHING__MAX_QUEUE_DELAY_MS", "0.5")
+    monkeypatch.setenv("CALIB_DEVICE", "cpu")
+    settings = Settings()
+    assert (settings.batching.max_batch_size, settings.batching.max_queue_delay_ms, settings.device) == (32, 0.5, "cpu")
+    monkeypatch.setenv("CALIB_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="device"):
+        Settings()
