@@ -1,0 +1,49 @@
+"""Label-free signals that calibration may be about to break.
+
+- ``confidence_shift``: two-sample Kolmogorov-Smirnov test (scipy) of recent calibrated
+  confidences against the reference confidences of the validation split. Under dataset shift the
+  distribution of confidences moves (Ovadia et al. 2019) before any label arrives.
+- ``accuracy_gap``: the accuracy a calibrated model expects (its mean confidence) against the
+  accuracy observed on labelled traffic, with a normal-approximation z statistic.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+
+class ShiftTest(NamedTuple):
+    statistic: float
+    p_value: float
+    n_recent: int
+    n_reference: int
+    recent_mean: float
+    reference_mean: float
+
+
+def confidence_shift(recent, reference) -> ShiftTest:
+    """KS two-sample test of recent against reference confidences."""
+    recent, reference = np.asarray(recent, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if len(recent) == 0 or len(reference) == 0:
+        raise ValueError("both samples need at least one confidence")
+    result = stats.ks_2samp(recent, reference)
+    return ShiftTest(float(result.statistic), float(result.pvalue), len(recent), len(reference),
+                     float(recent.mean()), float(reference.mean()))
+
+
+class AccuracyGap(NamedTuple):
+    expected: float
+    observed: float
+    z: float
+
+
+def accuracy_gap(n: int, confidence_sum: float, correct_sum: float) -> AccuracyGap:
+    """Expected (mean confidence) vs observed accuracy; z = (observed - expected) / sqrt(e (1 - e) / n)."""
+    if n <= 0:
+        raise ValueError("accuracy gap needs at least one labelled prediction")
+    expected, observed = confidence_sum / n, correct_sum / n
+    spread = np.sqrt(max(expected * (1.0 - expected), 1e-12) / n)
+    return AccuracyGap(float(expected), float(observed), float((observed - expected) / spread))
