@@ -19,12 +19,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     CALIB_HOST=0.0.0.0 \
     CALIB_PORT=8000 \
-    CALIB_ARTIFACTS=/app/artifacts
+    CALIB_ARTIFACTS=/app/artifacts \
+    CALIB_DATABASE_URL=sqlite:////app/data/monitoring.db
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels "calibrated-serving[service]==${VERSION}" && rm -rf /wheels
 WORKDIR /app
 COPY --chown=app:app artifacts ./artifacts
+RUN mkdir -p /app/data && chown 10001:10001 /app/data
+VOLUME ["/app/data"]
 USER 10001
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

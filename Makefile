@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run serve test bench artifacts study clean
+.PHONY: run serve test bench artifacts study simulate clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(VENV)/.installed-dev
 ## bench: run the benchmarks (each prints a table and writes bench/results/*.json)
 bench: $(VENV)/.installed-dev
 	$(PY) bench/fit_temperature.py
+
+## simulate: alarm false-alarm rate and detection delay through the real HTTP API (about 5 minutes)
+simulate: $(VENV)/.installed-dev
+	$(PY) scripts/simulate_shift.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

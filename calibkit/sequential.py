@@ -8,6 +8,12 @@ martingale under the null, so by Doob's maximal inequality P(max_{t <= n} R_t >=
 with A = 10^6 the chance of any false alarm in 10,000 in-distribution labels is at most 1%, no
 matter how often the statistic is looked at. The detector averages R over a grid of bets in both
 directions (over- and under-confidence); an average of such detectors keeps the guarantee.
+
+A deployed model is rarely perfectly calibrated; what matters is calibration worse than its
+reference. With the reference's expected residual ``center`` c (accuracy - mean confidence on the
+validation split) and a ``tolerance`` m, the null becomes |E[r_t | past] - c| <= m, and the bet
+e_t = 1 + lambda (r_t - c) - |lambda| m has E[e_t | past] <= 1 under it, so R_t - t is a
+supermartingale and the same bound n / A holds.
 """
 
 from __future__ import annotations
@@ -33,12 +39,17 @@ class ShiryaevRoberts:
     """
 
     bets: tuple[float, ...] = DEFAULT_BETS
+    center: float = 0.0
+    tolerance: float = 0.0
     values: np.ndarray = field(default=None)
     n: int = 0
 
     def __post_init__(self) -> None:
         if any(not 0.0 < b < 1.0 for b in self.bets):
             raise ValueError(f"bets must lie in (0, 1), got {self.bets}")
+        if self.tolerance < 0 or abs(self.center) + self.tolerance > 0.3:
+            raise ValueError(f"need tolerance >= 0 and |center| + tolerance <= 0.3 (bets stay positive), "
+                             f"got center {self.center}, tolerance {self.tolerance}")
         signed = np.array([*self.bets, *(-b for b in self.bets)])
         self._lambdas = signed
         self.values = np.zeros(len(signed)) if self.values is None else np.asarray(self.values, dtype=np.float64)
@@ -59,15 +70,18 @@ class ShiryaevRoberts:
         if np.any((confidence < 0) | (confidence > 1)) or not np.all(np.isfinite(confidence)):
             raise ValueError("confidence must lie in [0, 1]")
         values = self.values
+        slack = np.abs(self._lambdas) * self.tolerance
         for r in correct - confidence:
-            values = (values + 1.0) * (1.0 + self._lambdas * r)
+            values = (values + 1.0) * (1.0 + self._lambdas * (r - self.center) - slack)
         self.values = values
         self.n += len(correct)
         return self.statistic
 
     def to_dict(self) -> dict:
-        return {"bets": list(self.bets), "values": self.values.tolist(), "n": self.n}
+        return {"bets": list(self.bets), "center": self.center, "tolerance": self.tolerance,
+                "values": self.values.tolist(), "n": self.n}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ShiryaevRoberts":
-        return cls(bets=tuple(data["bets"]), values=np.asarray(data["values"]), n=int(data["n"]))
+        return cls(bets=tuple(data["bets"]), center=float(data["center"]), tolerance=float(data["tolerance"]),
+                   values=np.asarray(data["values"]), n=int(data["n"]))

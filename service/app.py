@@ -7,7 +7,10 @@ Nothing a client sends produces a 500: unexpected exceptions are logged and answ
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+import time
 from contextlib import asynccontextmanager
 
 import anyio
@@ -22,10 +25,14 @@ from service.dataplane import DataPlane
 from service.errors import InvalidInput, ServiceError
 from service.metrics import ServiceMetrics
 from service.middleware import ServingMiddleware
+from service.monitoring import Monitor
+from service.monitoring_routes import router as monitoring_router
+from service.prediction_log import PredictionLog
 from service.repository import ModelRepository
 from service.rest import router as rest_router
 from service.schemas import V2InferenceRequest
 from service.settings import Settings
+from service.storage import Storage, StorageUnavailable
 from service.v2 import router as v2_router
 
 log = logging.getLogger("service")
@@ -40,13 +47,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         repository = ModelRepository(settings)
         await anyio.to_thread.run_sync(repository.load)
-        app.state.dataplane = DataPlane(repository, settings, metrics)
+        storage = Storage(settings.database_url, settings.retry_after_seconds)
+        monitor = Monitor(storage, repository, metrics, n_bins=settings.n_bins,
+                          policy=settings.alarm, alarm_window=settings.alarm_window,
+                          detail_rows=settings.detail_rows, drift_rows=settings.drift_rows,
+                          n_resamples=settings.bootstrap_resamples)
+        prediction_log = PredictionLog(storage, metrics, max_pending=settings.prediction_log_queue)
+        app.state.storage, app.state.monitor, app.state.prediction_log = storage, monitor, prediction_log
+        app.state.background = set()
+        app.state.dataplane = DataPlane(repository, settings, metrics, monitor, prediction_log)
+        await _sync_store(app)
         await app.state.dataplane.start()
+        prediction_log.start()
+        housekeeping = asyncio.get_running_loop().create_task(_housekeeping(app))
         app.state.ready = True
-        log.info("ready: %d model version(s), %d refused", len(repository.all()), len(repository.failed))
+        log.info("ready: %d model version(s), %d refused; store %s", len(repository.all()), len(repository.failed),
+                 "up" if storage.last_error is None else f"unavailable ({storage.last_error})")
         yield
         app.state.ready = False
+        housekeeping.cancel()
         await app.state.dataplane.stop()
+        await prediction_log.stop()
+        for task in list(app.state.background):
+            await task
+        storage.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")
 
     app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan,
@@ -54,10 +78,39 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     app.include_router(rest_router)
+    app.include_router(monitoring_router)
     app.include_router(v2_router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)
     return app
+
+
+async def _sync_store(app: FastAPI) -> None:
+    """Create/migrate the schema and load the active calibrations; a down store is logged, not fatal."""
+    try:
+        await anyio.to_thread.run_sync(app.state.monitor.sync_calibrations)
+        app.state.metrics.storage_up.set(1)
+    except StorageUnavailable:
+        app.state.metrics.storage_up.set(0)
+        log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
+
+
+async def _housekeeping(app: FastAPI) -> None:
+    """Refresh active calibrations (replicas see each other's recalibrations) and apply retention."""
+    settings = app.state.settings
+    last_purge = 0.0
+    while True:
+        await asyncio.sleep(settings.calibration_refresh_seconds)
+        await _sync_store(app)
+        if time.time() - last_purge > 3600 and app.state.storage.last_error is None:
+            cutoff = time.time() - settings.retention_days * 86400
+            try:
+                purged = await anyio.to_thread.run_sync(app.state.storage.purge, cutoff)
+                last_purge = time.time()
+                if purged:
+                    log.info("retention: deleted %d predictions older than %.1f days", purged, settings.retention_days)
+            except StorageUnavailable:
+                pass
 
 
 def _is_v2(request: Request) -> bool:
@@ -73,8 +126,12 @@ def _error(request: Request, status: int, code: str, message: str, field: str | 
     return JSONResponse({"error": error}, status, headers=headers)
 
 
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|[a-z-]+\[.*\])$")
+
+
 def _field(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    """A JSON path like ``items[0].label`` from a pydantic location (union-member tags dropped)."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path") and not _TYPE_TAG.match(str(p))]
     out = ""
     for part in parts:
         out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
@@ -91,7 +148,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0]
         if first.get("type") == "json_invalid":
             return _error(request, 400, "invalid_json", f"request body is not valid JSON: {first.get('msg')}", "body")
-        problems = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        problems = "; ".join(dict.fromkeys(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors()[:5]))
         return _error(request, 422, InvalidInput.code, problems, _field(first["loc"]))
 
     @app.exception_handler(StarletteHTTPException)

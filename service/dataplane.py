@@ -5,11 +5,12 @@ Routes in ``service.rest`` and ``service.v2`` only translate HTTP to these calls
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
 
-from calibkit.temperature import softmax
+from calibkit.temperature import apply_temperature, softmax
 from service import __version__
 from service.batching import DynamicBatcher
 from service.errors import InvalidInput, Overloaded
@@ -29,6 +30,7 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.settings import Settings
+from service.storage import PredictionRow, encode
 
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
                 "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
@@ -37,10 +39,13 @@ V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT
 class DataPlane:
     """The service's behaviour over a model repository."""
 
-    def __init__(self, repository: ModelRepository, settings: Settings, metrics: ServiceMetrics):
+    def __init__(self, repository: ModelRepository, settings: Settings, metrics: ServiceMetrics,
+                 monitor=None, prediction_log=None):
         self.repository = repository
         self.settings = settings
         self.metrics = metrics
+        self.monitor = monitor
+        self.prediction_log = prediction_log
 
     async def start(self) -> None:
         """Start a batcher for every loaded model version."""
@@ -78,30 +83,37 @@ class DataPlane:
                      max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
         outputs = await self.infer(model, x)
         names = model.manifest.outputs
-        probs = outputs[names["probabilities"]].astype(np.float64)
         logits = outputs[names["logits"]].astype(np.float64)
+        calibration_version, temperature = (self.monitor.active(model) if self.monitor is not None
+                                            else (0, model.manifest.calibration.temperature))
+        # version 0 is baked into the ONNX graph; a refitted temperature is applied to the logits here
+        probs = (outputs[names["probabilities"]].astype(np.float64) if calibration_version == 0
+                 else apply_temperature(logits, temperature))
+        ids = [uuid.uuid4().hex for _ in range(len(x))]
+        uncalibrated = softmax(logits)
+        if self.prediction_log is not None:
+            self.prediction_log.enqueue(prediction_rows(ids, model, calibration_version, probs, logits, uncalibrated))
         return PredictResponse(
-            model=model.name, version=model.version, temperature=model.manifest.calibration.temperature,
+            model=model.name, version=model.version, calibration_version=calibration_version, temperature=temperature,
             provider=model.runtime.provider,
-            predictions=self._predictions(model, probs, logits, request),
+            predictions=self._predictions(model, ids, probs, logits, uncalibrated, request),
         )
 
     @staticmethod
-    def _predictions(model: ServedModel, probs, logits, request: PredictRequest) -> list[Prediction]:
+    def _predictions(model: ServedModel, ids, probs, logits, uncalibrated, request: PredictRequest) -> list[Prediction]:
         classes = model.manifest.class_names
         predicted = probs.argmax(axis=1)
-        uncalibrated = softmax(logits) if request.return_uncalibrated else None
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k] if request.top_k else None
         out = []
         for i, k in enumerate(predicted):
             row = probs[i]
             out.append(Prediction(
-                id=uuid.uuid4().hex, label=classes[k], class_index=int(k), confidence=float(row[k]),
+                id=ids[i], label=classes[k], class_index=int(k), confidence=float(row[k]),
                 probabilities=row.tolist(),
                 top_k=None if order is None else [ClassProbability(label=classes[j], class_index=int(j),
                                                                    probability=float(row[j])) for j in order[i]],
                 logits=logits[i].tolist() if request.return_logits else None,
-                uncalibrated_probabilities=None if uncalibrated is None else uncalibrated[i].tolist(),
+                uncalibrated_probabilities=uncalibrated[i].tolist() if request.return_uncalibrated else None,
             ))
         return out
 
@@ -178,6 +190,15 @@ class DataPlane:
         if arr.dtype == bool or arr.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return arr.ravel()
+
+
+def prediction_rows(ids, model: ServedModel, calibration_version: int, probs, logits, uncalibrated) -> list[PredictionRow]:
+    """Rows of the prediction log for one batch."""
+    now = time.time()
+    predicted = probs.argmax(axis=1)
+    return [PredictionRow(ids[i], model.name, model.version, calibration_version, now, int(k), float(probs[i, k]),
+                          float(uncalibrated[i].max()), encode(probs[i]), encode(logits[i]))
+            for i, k in enumerate(predicted)]
 
 
 def server_metadata() -> dict:

@@ -39,6 +39,33 @@ class ServiceMetrics:
         self.model_ready = Gauge("calib_model_ready", "1 when the model version is ready", ["model", "version"],
                                  registry=r)
 
+        self.log_written = Counter("calib_prediction_log_written_total", "Prediction rows written to the store",
+                                   registry=r)
+        self.log_dropped = Counter("calib_prediction_log_dropped_total", "Prediction rows not logged, by reason",
+                                   ["reason"], registry=r)
+        self.storage_up = Gauge("calib_storage_up", "1 when the feedback store answered the last operation",
+                                registry=r)
+        self.feedback_items = Counter("calib_feedback_items_total", "Feedback items by result", ["result"],
+                                      registry=r)
+        by_bin = ["model", "version", "bin"]
+        self.labeled = Counter("calib_labeled_total", "Labelled predictions per confidence bin", by_bin, registry=r)
+        self.confidence_sum = Counter("calib_confidence_sum_total", "Sum of confidences of labelled predictions per bin",
+                                      by_bin, registry=r)
+        self.correct = Counter("calib_correct_total", "Correct labelled predictions per confidence bin", by_bin,
+                               registry=r)
+        mv = ["model", "version"]
+        self.alarm_state = Gauge("calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv, registry=r)
+        self.window_ece = Gauge("calib_window_ece", "ECE of the alarm window", mv, registry=r)
+        self.window_ece_low = Gauge("calib_window_ece_lower", "Lower bound of the alarm window's ECE interval", mv,
+                                    registry=r)
+        self.window_ece_high = Gauge("calib_window_ece_upper", "Upper bound of the alarm window's ECE interval", mv,
+                                     registry=r)
+        self.window_labels = Gauge("calib_window_labels", "Labels in the alarm window", mv, registry=r)
+        self.e_detector = Gauge("calib_e_detector", "Shiryaev-Roberts e-detector statistic", mv, registry=r)
+        self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
+        self.webhook_failures = Counter("calib_webhook_failures_total", "Alarm webhooks that could not be delivered",
+                                        registry=r)
+
     def observe_batch(self, model: str, rows: int, seconds: float) -> None:
         self.batch_size.labels(model).observe(rows)
         self.inference.labels(model).observe(seconds)

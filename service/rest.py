@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import onnxruntime as ort
 from fastapi import APIRouter, Request, Response
 
@@ -40,10 +41,15 @@ async def health(request: Request, response: Response) -> HealthResponse:
                "requested_providers": m.runtime.requested, "queued_rows": m.batcher.queued_rows if m.batcher else 0}
               for m in repository.all()]
     ready = state.ready and any(m["ready"] for m in models)
-    status = "not_ready" if not ready else ("degraded" if repository.failed else "ok")
+    storage = state.storage
+    store_up = await anyio.to_thread.run_sync(storage.ping)
+    state.metrics.storage_up.set(int(store_up))
+    store = {"backend": storage.engine.dialect.name, "up": store_up, "error": storage.last_error,
+             "prediction_log_pending": state.prediction_log.pending}
+    status = "not_ready" if not ready else ("degraded" if repository.failed or not store_up else "ok")
     if not ready:
         response.status_code = 503
-    return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=repository.failed,
+    return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=repository.failed, storage=store,
                           device=state.settings.device, available_providers=ort.get_available_providers(),
                           onnxruntime=ort.__version__, version=__version__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 Row = str | list[Any]
 
@@ -49,6 +49,7 @@ class Prediction(BaseModel):
 class PredictResponse(BaseModel):
     model: str
     version: str
+    calibration_version: int = Field(description="0 = the manifest's calibration; higher = refitted in service")
     temperature: float | None = Field(description="temperature of the calibration (null for other methods)")
     provider: str = Field(description="onnxruntime execution provider that computed the result")
     predictions: list[Prediction]
@@ -92,6 +93,7 @@ class HealthResponse(BaseModel):
     ready: bool
     models: list[dict[str, Any]]
     failed_artifacts: list[dict[str, str]]
+    storage: dict[str, Any]
     device: str
     available_providers: list[str]
     onnxruntime: str
@@ -164,3 +166,93 @@ class V2ServerMetadata(BaseModel):
 
 class V2Error(BaseModel):
     error: str
+
+
+class FeedbackItem(_Request):
+    """A true label for an earlier prediction (``prediction_id``), or for probabilities scored elsewhere."""
+
+    prediction_id: str | None = Field(default=None, max_length=64)
+    label: StrictStr | StrictInt = Field(description="class name or class index")
+    probabilities: list[float] | None = Field(default=None, max_length=100_000)
+    model: str | None = None
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.prediction_id is None) == (self.probabilities is None):
+            raise ValueError("give either prediction_id or probabilities (with model)")
+        return self
+
+
+class FeedbackRequest(_Request):
+    items: list[FeedbackItem] = Field(min_length=1)
+
+
+class RejectedItem(BaseModel):
+    index: int
+    prediction_id: str | None
+    reason: str
+
+
+class FeedbackResponse(BaseModel):
+    accepted: int
+    rejected: list[RejectedItem]
+
+
+class ReliabilityBin(BaseModel):
+    lo: float
+    hi: float
+    count: int
+    mean_confidence: float | None
+    accuracy: float | None
+
+
+class AlarmInfo(BaseModel):
+    state: Literal["ok", "warning", "alarm"]
+    reasons: list[str]
+    since: float | None
+
+
+class CalibrationReport(BaseModel):
+    """Rolling calibration of one model version over one label window."""
+
+    model: str
+    version: str
+    calibration_version: int
+    temperature: float | None
+    window: dict[str, Any]
+    n: int
+    first_labelled_at: float | None
+    last_labelled_at: float | None
+    accuracy: float | None
+    mean_confidence: float | None
+    ece: float | None
+    ece_ci: list[float] | None = Field(description="bias-corrected binomial bootstrap interval")
+    ece_ci_level: float | None
+    mce: float | None
+    debiased_ece: float | None
+    adaptive_ece: float | None
+    classwise_ece: float | None
+    brier: float | None
+    nll: float | None
+    calibration_test_p_value: float | None
+    bins: list[ReliabilityBin]
+    detail_rows: int
+    recalibration: dict[str, Any] | None
+    reference: dict[str, Any]
+    drift: dict[str, Any]
+    alarm: AlarmInfo
+    e_detector: dict[str, Any]
+    thresholds: dict[str, Any]
+
+
+class RecalibrateRequest(_Request):
+    model: str | None = None
+    version: str | None = None
+    window: str | None = None
+
+
+class ActivateRequest(_Request):
+    model: str | None = None
+    version: str | None = None
+    calibration_version: int = Field(ge=0)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from calibkit.alarms import AlarmPolicy
 
 
 class BatchingConfig(BaseModel):
@@ -45,3 +47,17 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(default=1, ge=1)
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    database_url: str = Field(default="sqlite:///monitoring.db",
+                              description="SQLAlchemy URL of the feedback store; postgresql+psycopg://... for replicas")
+    n_bins: int = Field(default=15, ge=2, le=100)
+    alarm_window: str = Field(default="500", description="window the alarm is assessed on: a label count or a duration")
+    alarm: AlarmPolicy = AlarmPolicy()
+    bootstrap_resamples: int = Field(default=1000, ge=100)
+    detail_rows: int = Field(default=20000, ge=100, description="most recent labels used for AdaECE, classwise ECE, refits")
+    drift_rows: int = Field(default=500, ge=10, description="recent predictions compared with the reference confidences")
+    max_feedback_items: int = Field(default=10000, ge=1)
+    prediction_log_queue: int = Field(default=100000, ge=100)
+    retention_days: float = Field(default=30.0, gt=0)
+    calibration_refresh_seconds: float = Field(default=5.0, gt=0)
+    admin_token: SecretStr | None = Field(default=None, description="bearer token of the /admin endpoints; unset = off")
+    webhook_url: str | None = Field(default=None, description="alarm transitions are POSTed here as JSON")

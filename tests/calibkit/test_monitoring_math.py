@@ -107,15 +107,15 @@ def test_alarm_needs_window_test_and_e_detector():
 
 
 def test_threshold_uses_the_reference_plus_margin():
-    assert POLICY.threshold(0.01) == 0.05 and POLICY.threshold(0.04) == pytest.approx(0.07)
-    evidence = Evidence(n=500, ece=EceInterval(0.09, 0.06, 0.12, 0.9), p_value=0.001, e_statistic=2e6,
+    assert POLICY.threshold(0.01) == 0.025 and POLICY.threshold(0.04) == pytest.approx(0.05)
+    evidence = Evidence(n=500, ece=EceInterval(0.07, 0.045, 0.1, 0.9), p_value=0.001, e_statistic=2e6,
                         reference_ece=0.04)
     assert assess(AlarmStatus(), evidence, POLICY, now=1.0).state != ALARM
 
 
 def test_hysteresis_holds_until_the_upper_bound_is_low():
     alarmed = AlarmStatus(ALARM, ("x",), since=5.0)
-    middling = Evidence(n=500, ece=EceInterval(0.04, 0.01, 0.06, 0.9), p_value=0.2, e_statistic=10.0, reference_ece=0.0)
+    middling = Evidence(n=500, ece=EceInterval(0.03, 0.01, 0.05, 0.9), p_value=0.2, e_statistic=10.0, reference_ece=0.0)
     held = assess(alarmed, middling, POLICY, now=9.0)
     assert held.state == ALARM and held.since == 5.0 and held.reasons[-1].startswith("holding")
     good = Evidence(n=500, ece=EceInterval(0.01, 0.0, 0.02, 0.9), p_value=0.6, e_statistic=10.0, reference_ece=0.0)
@@ -134,3 +134,29 @@ def test_label_free_warnings():
     gap = AccuracyGap(0.97, 0.90, -6.0)
     status = assess(AlarmStatus(), Evidence(n=300, gap=gap), POLICY, now=1.0)
     assert status.state == WARNING and "observed accuracy 0.900" in status.reasons[0]
+
+
+def test_reference_band_keeps_the_guarantee_and_speeds_up_opposite_shifts():
+    # a stable model whose confidences run 0.015 high everywhere: known from its reference, not a shift
+    peaks_strict, peaks_band = [], []
+    for seed in range(6):
+        conf, correct = _stream(10_000, seed=seed)
+        conf = np.clip(conf + 0.015, 0, 1)
+        strict, band = ShiryaevRoberts(), ShiryaevRoberts(center=-0.015, tolerance=0.01)
+        peak_s = peak_b = 0.0
+        for start in range(0, 10_000, 250):
+            peak_s = max(peak_s, strict.update(correct[start:start + 250], conf[start:start + 250]))
+            peak_b = max(peak_b, band.update(correct[start:start + 250], conf[start:start + 250]))
+        peaks_strict.append(peak_s)
+        peaks_band.append(peak_b)
+    assert np.median(peaks_strict) > 1e4  # perfect calibration is (rightly) doubted
+    # calibration as good as the reference is not: under the null E[R_t] <= t, far below A = 1e6
+    assert max(peaks_band) < 1e5 and np.median(peaks_strict) > 10 * np.median(peaks_band)
+    # an under-confident reference (expected residual +0.02): over-confidence is caught sooner than strict
+    conf, correct = _stream(2000, scale=2.5, seed=7)
+    needed = {}
+    for name, detector in {"strict": ShiryaevRoberts(), "band": ShiryaevRoberts(center=0.02, tolerance=0.01)}.items():
+        needed[name] = next(t for t in range(1, 2001) if detector.update(correct[t - 1:t], conf[t - 1:t]) >= 1e6)
+    assert needed["band"] <= needed["strict"]
+    with pytest.raises(ValueError, match="tolerance"):
+        ShiryaevRoberts(center=0.25, tolerance=0.1)

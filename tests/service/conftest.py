@@ -72,6 +72,20 @@ def write_linear_artifact(root: Path, name: str = "toy", version: str = "1", cla
     return directory
 
 
+def postgres_url() -> str:
+    """The machine's PostgreSQL (database test), emptied of this service's tables."""
+    import sqlalchemy as sa
+
+    from service.storage import metadata
+
+    url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        metadata.drop_all(connection)
+    engine.dispose()
+    return url
+
+
 @contextmanager
 def running_server(settings: Settings):
     """A real uvicorn server for ``settings`` on a free loopback port; yields its base URL."""
@@ -106,7 +120,7 @@ def repository_dir(tmp_path_factory) -> Path:
 def server(repository_dir):
     """(base_url, app) of a server over ``repository_dir`` with the default model digits-lenet5."""
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", max_rows_per_request=64,
-                        max_body_bytes=256 * 1024)
+                        max_body_bytes=256 * 1024, database_url=f"sqlite:///{repository_dir.parent / 'shared.db'}")
     with running_server(settings) as running:
         yield running
 
@@ -128,3 +142,15 @@ def linear_artifact():
 def server_for():
     """``running_server(settings)`` as a context manager yielding (base_url, app)."""
     return running_server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> str:
+    """Each monitoring test runs on an SQLite file and on the real PostgreSQL."""
+    return f"sqlite:///{tmp_path / 'monitoring.db'}" if request.param == "sqlite" else postgres_url()
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """The real PostgreSQL, emptied of this service's tables."""
+    return postgres_url()

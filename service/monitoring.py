@@ -1,0 +1,433 @@
+"""Calibration monitoring: labelled feedback, rolling windows, alarms and recalibration.
+
+Everything a report shows is computed from the shared store (windows aggregated in SQL, the
+e-detector and alarm status persisted per model version and calibration version), so replicas
+sharing one PostgreSQL report the same numbers; bootstrap seeds derive from the data, not the
+process. All methods here are blocking and run in worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import sqlalchemy as sa
+
+from calibkit import binning, metrics
+from calibkit.alarms import ALARM, LEVELS, OK, AlarmPolicy, AlarmStatus, Evidence, assess
+from calibkit.drift import accuracy_gap, confidence_shift
+from calibkit.plotting import figure_png, reliability_figure
+from calibkit.sequential import ShiryaevRoberts
+from calibkit.significance import consistency_test, ece_interval
+from calibkit.temperature import apply_temperature, fit_temperature
+from calibkit.validation import check_probs
+from service.errors import InvalidInput, ModelNotFound
+from service.metrics import ServiceMetrics
+from service.repository import ModelRepository, ServedModel
+from service.storage import LabelRow, PredictionRow, Storage, alarm_events, decode, encode, monitor_state
+
+log = logging.getLogger("service.monitoring")
+
+_WINDOW = re.compile(r"^(?:(?P<count>\d+)|(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]))$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Window:
+    """A label window: the last ``count`` labels, or the labels of the last ``seconds``."""
+
+    spec: str
+    count: int | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> "Window":
+        match = _WINDOW.match(spec.strip()) if isinstance(spec, str) else None
+        if match is None:
+            raise InvalidInput(f"window {spec!r} is neither a label count (e.g. 1000) nor a duration (e.g. 1h, 30m)",
+                               field="window")
+        if match["count"]:
+            count = int(match["count"])
+            if count < 1:
+                raise InvalidInput("a count window needs at least 1 label", field="window")
+            return cls(spec, count=count)
+        return cls(spec, seconds=float(match["amount"]) * _UNIT_SECONDS[match["unit"]])
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec, "kind": "count" if self.count else "time",
+                "labels": self.count, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A feedback item turned into rows, or the reason it was rejected."""
+
+    label: LabelRow | None = None
+    prediction: PredictionRow | None = None
+    reason: str | None = None
+
+
+class Monitor:
+    def __init__(self, storage: Storage, repository: ModelRepository, metrics_: ServiceMetrics, *,
+                 n_bins: int, policy: AlarmPolicy, alarm_window: str, detail_rows: int, drift_rows: int,
+                 n_resamples: int):
+        self.storage = storage
+        self.repository = repository
+        self.metrics = metrics_
+        self.n_bins = n_bins
+        self.edges = binning.equal_width_edges(n_bins)
+        self.policy = policy
+        self.alarm_window = Window.parse(alarm_window)
+        self.detail_rows = detail_rows
+        self.drift_rows = drift_rows
+        self.n_resamples = n_resamples
+        self._active: dict[tuple[str, str], tuple[int, float | None]] = {}
+
+    # calibration versions --------------------------------------------------------------------
+
+    def sync_calibrations(self) -> None:
+        """Record every model's manifest calibration (version 0) and cache the active versions."""
+        for model in self.repository.all():
+            cal = model.manifest.calibration
+            self.storage.ensure_manifest_calibration(model.name, model.version, cal.method, cal.temperature)
+        self.refresh_active()
+
+    def refresh_active(self) -> None:
+        self._active = {(r.model, r.version): (r.calibration_version, r.temperature)
+                        for r in self.storage.active_calibrations()}
+
+    def active(self, model: ServedModel) -> tuple[int, float | None]:
+        """(calibration version, temperature) in force; version 0 is the manifest's, baked into ONNX."""
+        return self._active.get((model.name, model.version), (0, model.manifest.calibration.temperature))
+
+    # feedback --------------------------------------------------------------------------------
+
+    def record_feedback(self, items: list) -> tuple[dict, list[dict]]:
+        """Validate, join and store feedback (committed before returning), then re-assess the alarms
+        of the models it touched. Returns the response body and the alarm transitions."""
+        known = self.storage.fetch_predictions(i.prediction_id for i in items if i.prediction_id is not None)
+        resolved, seen = [], set()
+        for index, item in enumerate(items):
+            if item.prediction_id is not None and item.prediction_id in seen:
+                resolved.append(Resolved(reason="duplicate feedback for this prediction id in this request"))
+                continue
+            outcome = self._resolve(item, known)
+            if outcome.label is not None:
+                seen.add(item.prediction_id)
+            resolved.append(outcome)
+        new_predictions = [r.prediction for r in resolved if r.prediction is not None and r.label is not None]
+        rows = [r.label for r in resolved if r.label is not None]
+        duplicates = self.storage.insert_labels(rows, new_predictions)
+        rejected, accepted = [], []
+        for index, (item, r) in enumerate(zip(items, resolved)):
+            reason = r.reason or ("duplicate feedback: this prediction already has a label"
+                                  if r.label.prediction_id in duplicates else None)
+            if reason:
+                rejected.append({"index": index, "prediction_id": item.prediction_id, "reason": reason})
+            else:
+                accepted.append(r.label)
+        self._count(accepted)
+        self.metrics.feedback_items.labels("accepted").inc(len(accepted))
+        self.metrics.feedback_items.labels("rejected").inc(len(rejected))
+        transitions = []
+        for name, version in sorted({(r.model, r.version) for r in accepted}):
+            _, transition = self.update(name, version)
+            if transition is not None:
+                transitions.append(transition)
+        return {"accepted": len(accepted), "rejected": rejected}, transitions
+
+    def _resolve(self, item, known: dict) -> Resolved:
+        now = time.time()
+        if item.prediction_id is not None:
+            row = known.get(item.prediction_id)
+            if row is None:
+                return Resolved(reason=f"unknown prediction id {item.prediction_id!r}")
+            try:
+                served = self.repository.get(row.model, row.version)
+            except ModelNotFound:
+                return Resolved(reason=f"model {row.model} version {row.version} is no longer served")
+            probs = decode(row.probabilities)
+            label = self._label_index(item.label, served)
+            if isinstance(label, str):
+                return Resolved(reason=label)
+            return Resolved(label=self._label_row(row.id, served, row.calibration_version, probs, label, now))
+        try:
+            served = self.repository.get(item.model, item.version)
+        except ModelNotFound as exc:
+            return Resolved(reason=exc.message)
+        k = len(served.manifest.class_names)
+        if len(item.probabilities) != k:
+            return Resolved(reason=f"probabilities has {len(item.probabilities)} values; model {served.name} has {k} classes")
+        try:
+            probs = check_probs(np.asarray(item.probabilities, dtype=np.float64)[None])[0]
+        except ValueError as exc:
+            return Resolved(reason=str(exc))
+        label = self._label_index(item.label, served)
+        if isinstance(label, str):
+            return Resolved(reason=label)
+        calibration_version, _ = self.active(served)
+        prediction = PredictionRow(uuid.uuid4().hex, served.name, served.version, calibration_version, now,
+                                   int(probs.argmax()), float(probs.max()), None, encode(probs), None, "offline")
+        return Resolved(label=self._label_row(prediction.id, served, calibration_version, probs, label, now),
+                        prediction=prediction)
+
+    @staticmethod
+    def _label_index(label, served: ServedModel) -> int | str:
+        classes = served.manifest.class_names
+        if isinstance(label, bool):
+            return f"label {label!r} is not a class of model {served.name}"
+        if isinstance(label, str):
+            return classes.index(label) if label in classes else (
+                f"label {label!r} is not a class of model {served.name} (classes: {', '.join(classes[:20])})")
+        if isinstance(label, int) and 0 <= label < len(classes):
+            return label
+        return f"label {label!r} is not a class index of model {served.name} (0..{len(classes) - 1})"
+
+    def _label_row(self, prediction_id, served, calibration_version, probs, label, now) -> LabelRow:
+        predicted = int(probs.argmax())
+        confidence = float(probs[predicted])
+        return LabelRow(
+            prediction_id=prediction_id, model=served.name, version=served.version,
+            calibration_version=calibration_version, label=label, correct=int(predicted == label),
+            confidence=confidence, conf_bin=int(binning.bin_index(np.array([confidence]), self.edges)[0]),
+            nll=metrics.nll(probs[None], [label]), brier=metrics.brier(probs[None], [label]), labelled_at=now,
+        )
+
+    def _count(self, rows: list[LabelRow]) -> None:
+        for r in rows:
+            labels = (r.model, r.version, str(r.conf_bin))
+            self.metrics.labeled.labels(*labels).inc()
+            self.metrics.confidence_sum.labels(*labels).inc(r.confidence)
+            self.metrics.correct.labels(*labels).inc(r.correct)
+
+    # alarm state -----------------------------------------------------------------------------
+
+    def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
+        """Fold new labels into the e-detector and re-assess the alarm, under a row lock shared by
+        all replicas; a transition is recorded, logged, counted and returned."""
+        served = self.repository.get(name, version)
+        calibration_version, _ = self.active(served)
+        key = {"model": name, "version": version, "calibration_version": calibration_version}
+
+        def work(c):
+            self._lock_state_row(c, key, self.new_detector(served))
+            row = c.execute(sa.select(monitor_state).where(*(monitor_state.c[k] == v for k, v in key.items()))
+                            .with_for_update()).one()
+            detector = ShiryaevRoberts.from_dict(json.loads(row.detector))
+            new = self.storage.labels_after(c, name, version, calibration_version, row.last_seq)
+            last_seq = row.last_seq
+            if new:
+                detector.update([r.correct for r in new], [r.confidence for r in new])
+                last_seq = new[-1].seq
+            previous = AlarmStatus(row.state, tuple(json.loads(row.reasons)), row.since)
+            evidence = self._evidence(served, calibration_version, detector, c)
+            status = assess(previous, evidence, self.policy, time.time())
+            if previous.state == ALARM and status.state != ALARM:
+                detector = self.new_detector(served)  # the evidence that raised the alarm is spent
+            c.execute(monitor_state.update().where(*(monitor_state.c[k] == v for k, v in key.items())).values(
+                last_seq=last_seq, detector=json.dumps(detector.to_dict()), state=status.state, since=status.since,
+                reasons=json.dumps(list(status.reasons)), updated_at=time.time()))
+            if status.state != previous.state:
+                c.execute(alarm_events.insert().values(**key, at=time.time(), from_state=previous.state,
+                                                       to_state=status.state, reasons=json.dumps(list(status.reasons))))
+            return previous, status, evidence, detector
+
+        previous, status, evidence, detector = self.storage.transaction(work)
+        self._export(name, version, status, evidence, detector)
+        if status.state == previous.state:
+            return status, None
+        self.metrics.transitions.labels(name, version, status.state).inc()
+        log.warning("calibration of %s version %s: %s -> %s: %s", name, version, previous.state, status.state,
+                    "; ".join(status.reasons) or "no reasons")
+        return status, {"model": name, "version": version, "calibration_version": calibration_version,
+                        "from": previous.state, "to": status.state, "reasons": list(status.reasons),
+                        "since": status.since}
+
+    def new_detector(self, served: ServedModel) -> ShiryaevRoberts:
+        """An e-detector whose null is 'calibrated as well as on the validation split'."""
+        reference = served.manifest.reference
+        expected_residual = reference.accuracy - float(np.mean(reference.confidences))
+        return ShiryaevRoberts(center=float(np.clip(expected_residual, -0.2, 0.2)), tolerance=self.policy.reference_margin)
+
+    def _lock_state_row(self, c, key: dict, detector: ShiryaevRoberts) -> None:
+        """Take the write lock on the state row first (an UPDATE: a row lock on PostgreSQL, the
+        database write lock on SQLite), creating the row if this is the first update."""
+        match = [monitor_state.c[k] == v for k, v in key.items()]
+        if c.execute(monitor_state.update().where(*match).values(updated_at=time.time())).rowcount:
+            return
+        try:
+            with c.begin_nested():
+                c.execute(monitor_state.insert().values(**key, last_seq=0, detector=json.dumps(detector.to_dict()),
+                                                        state=OK, since=None, reasons="[]", updated_at=time.time()))
+        except sa.exc.IntegrityError:
+            c.execute(monitor_state.update().where(*match).values(updated_at=time.time()))
+
+    def _evidence(self, served: ServedModel, calibration_version: int, detector: ShiryaevRoberts, c=None) -> Evidence:
+        agg = self.storage.window(served.name, served.version, calibration_version, self.n_bins,
+                                  last=self.alarm_window.count, seconds=self.alarm_window.seconds, connection=c)
+        ece = p_value = gap = None
+        if agg.n > 0:
+            seed = self._seed(served, calibration_version, agg.last_seq)
+            ece = ece_interval(agg.sums, n_resamples=self.n_resamples, seed=seed)
+            p_value = consistency_test(agg.sums, n_resamples=self.n_resamples, seed=seed + 1)
+            gap = accuracy_gap(agg.n, agg.sums.confidence_sum.sum(), agg.sums.outcome_sum.sum())
+        recent = self.storage.recent_confidences(served.name, served.version, calibration_version, self.drift_rows,
+                                                 connection=c)
+        shift = confidence_shift(recent, served.manifest.reference.confidences) if len(recent) else None
+        return Evidence(n=agg.n, ece=ece, p_value=p_value, e_statistic=detector.statistic, shift=shift, gap=gap,
+                        reference_ece=served.manifest.reference.ece)
+
+    @staticmethod
+    def _seed(served: ServedModel, calibration_version: int, last_seq: int) -> int:
+        return zlib.crc32(f"{served.name}/{served.version}/{calibration_version}/{last_seq}".encode())
+
+    def _export(self, name, version, status: AlarmStatus, evidence: Evidence, detector) -> None:
+        self.metrics.alarm_state.labels(name, version).set(LEVELS[status.state])
+        self.metrics.e_detector.labels(name, version).set(detector.statistic)
+        self.metrics.window_labels.labels(name, version).set(evidence.n)
+        if evidence.ece is not None:
+            self.metrics.window_ece.labels(name, version).set(evidence.ece.ece)
+            self.metrics.window_ece_low.labels(name, version).set(evidence.ece.low)
+            self.metrics.window_ece_high.labels(name, version).set(evidence.ece.high)
+
+    # reports ---------------------------------------------------------------------------------
+
+    def _resolve_window(self, name: str | None, version: str | None, window: str | None):
+        """(model, window, active calibration version, the window's SQL aggregate)."""
+        served = self.repository.get(name, version)
+        win = Window.parse(window) if window is not None else self.alarm_window
+        calibration_version, _ = self.active(served)
+        agg = self.storage.window(served.name, served.version, calibration_version, self.n_bins,
+                                  last=win.count, seconds=win.seconds)
+        return served, win, calibration_version, agg
+
+    def report(self, name: str | None, version: str | None, window: str | None) -> dict:
+        """The body of GET /calibration."""
+        served, win, calibration_version, agg = self._resolve_window(name, version, window)
+        _, temperature = self.active(served)
+        state_row = self.storage.monitor_row(served.name, served.version, calibration_version)
+        status = (AlarmStatus(state_row.state, tuple(json.loads(state_row.reasons)), state_row.since)
+                  if state_row else AlarmStatus())
+        detector = (ShiryaevRoberts.from_dict(json.loads(state_row.detector)) if state_row
+                    else self.new_detector(served))
+        manifest = served.manifest
+        body = {
+            "model": served.name, "version": served.version, "calibration_version": calibration_version,
+            "temperature": temperature, "window": win.to_dict(), "n": agg.n,
+            "first_labelled_at": agg.first_labelled_at, "last_labelled_at": agg.last_labelled_at,
+            "reference": {"split": manifest.reference.split, "n": len(manifest.reference.confidences),
+                          "ece": manifest.reference.ece, "accuracy": manifest.reference.accuracy,
+                          "mean_confidence": float(np.mean(manifest.reference.confidences))},
+            "alarm": status.to_dict(),
+            "e_detector": {"statistic": detector.statistic, "labels_seen": detector.n,
+                           "threshold": self.policy.e_threshold, "residual_center": detector.center,
+                           "residual_tolerance": detector.tolerance},
+            "thresholds": {"ece_alarm": self.policy.threshold(manifest.reference.ece),
+                           "ece_clear": self.policy.clear_fraction * self.policy.threshold(manifest.reference.ece),
+                           "min_labels": self.policy.min_labels, "test_level": self.policy.test_level},
+        }
+        body.update(self._window_metrics(served, calibration_version, agg, win))
+        body["drift"] = self._drift(served, calibration_version, agg)
+        return body
+
+    def _window_metrics(self, served, calibration_version, agg, win: Window) -> dict:
+        empty = {k: None for k in ("accuracy", "mean_confidence", "ece", "ece_ci", "ece_ci_level", "mce",
+                                   "debiased_ece", "adaptive_ece", "classwise_ece", "brier", "nll",
+                                   "calibration_test_p_value", "recalibration")}
+        if agg.n == 0:
+            return empty | {"bins": binning.reliability(agg.sums, self.edges).to_records(), "detail_rows": 0}
+        seed = self._seed(served, calibration_version, agg.last_seq)
+        ci = ece_interval(agg.sums, n_resamples=self.n_resamples, seed=seed)
+        y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
+                                                    min(self.detail_rows, agg.n), seconds=win.seconds)
+        out = {
+            "accuracy": float(agg.sums.outcome_sum.sum() / agg.n),
+            "mean_confidence": float(agg.sums.confidence_sum.sum() / agg.n),
+            "ece": ci.ece, "ece_ci": [ci.low, ci.high], "ece_ci_level": ci.level,
+            "mce": binning.calibration_error(agg.sums, "max"),
+            "debiased_ece": binning.debiased_l2_error(agg.sums),
+            "adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
+            "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
+            "brier": agg.brier_sum / agg.n, "nll": agg.nll_sum / agg.n,
+            "calibration_test_p_value": consistency_test(agg.sums, n_resamples=self.n_resamples, seed=seed + 1),
+            "bins": binning.reliability(agg.sums, self.edges).to_records(),
+            "detail_rows": len(y),
+            "recalibration": self._refit(logits, y, probs),
+        }
+        return out
+
+    def _refit(self, logits, y, probs) -> dict | None:
+        """The temperature refitted on the window's labelled logits and what it would do (in-sample)."""
+        if logits is None or len(y) < 50:
+            return None
+        t = fit_temperature(logits, y)
+        refit = apply_temperature(logits, t)
+        return {"temperature": t, "n": len(y), "ece_current": metrics.ece(probs, y, self.n_bins),
+                "ece_after": metrics.ece(refit, y, self.n_bins), "nll_current": metrics.nll(probs, y),
+                "nll_after": metrics.nll(refit, y)}
+
+    def _drift(self, served, calibration_version, agg) -> dict:
+        recent = self.storage.recent_confidences(served.name, served.version, calibration_version, self.drift_rows)
+        out = {"recent_predictions": len(recent)}
+        if len(recent):
+            shift = confidence_shift(recent, served.manifest.reference.confidences)
+            out.update({"ks_statistic": shift.statistic, "ks_p_value": shift.p_value,
+                        "recent_mean_confidence": shift.recent_mean, "reference_mean_confidence": shift.reference_mean,
+                        "estimated_accuracy": shift.recent_mean})
+        if agg.n:
+            gap = accuracy_gap(agg.n, agg.sums.confidence_sum.sum(), agg.sums.outcome_sum.sum())
+            out.update({"observed_accuracy": gap.observed, "expected_accuracy": gap.expected, "accuracy_gap_z": gap.z})
+        return out
+
+    def reliability_png(self, name: str | None, version: str | None, window: str | None) -> bytes:
+        """The window's reliability diagram with confidence histogram, as PNG."""
+        served, win, calibration_version, agg = self._resolve_window(name, version, window)
+        title = f"{served.name} v{served.version} (calibration {calibration_version}), window {win.spec}"
+        return figure_png(reliability_figure({"live traffic": binning.reliability(agg.sums, self.edges)}, title=title))
+
+    # recalibration ---------------------------------------------------------------------------
+
+    def recalibrate(self, name: str | None, version: str | None, window: str | None) -> dict:
+        """Refit the temperature on the window's labelled logits and make it the active calibration."""
+        served, win, calibration_version, agg = self._resolve_window(name, version, window)
+        y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
+                                                    min(self.detail_rows, max(agg.n, 1)), seconds=win.seconds)
+        refit = self._refit(logits, y, probs)
+        if refit is None:
+            raise InvalidInput(f"need at least 50 labelled online predictions with logits in window {win.spec} "
+                               f"(have {len(y)})", field="window")
+        new_version = self.storage.add_calibration(served.name, served.version, refit["temperature"],
+                                                   {"window": win.spec, "fitted_from_calibration_version":
+                                                    calibration_version} | refit)
+        self.refresh_active()
+        return {"model": served.name, "version": served.version, "calibration_version": new_version, **refit}
+
+    def activate(self, name: str | None, version: str | None, calibration_version: int) -> dict:
+        served = self.repository.get(name, version)
+        if not self.storage.activate_calibration(served.name, served.version, calibration_version):
+            raise ModelNotFound(f"model {served.name} version {served.version} has no calibration version "
+                                f"{calibration_version}", field="calibration_version")
+        self.refresh_active()
+        active, temperature = self.active(served)
+        return {"model": served.name, "version": served.version, "calibration_version": active,
+                "temperature": temperature}
+
+    def history(self, name: str | None, version: str | None) -> dict:
+        served = self.repository.get(name, version)
+        active, _ = self.active(served)
+        return {
+            "model": served.name, "version": served.version, "active_calibration_version": active,
+            "calibrations": [{"calibration_version": r.calibration_version, "method": r.method,
+                              "temperature": r.temperature, "source": r.source, "active": r.active,
+                              "created_at": r.created_at, "details": json.loads(r.details or "{}")}
+                             for r in self.storage.calibrations_of(served.name, served.version)],
+            "alarm_events": [{"at": r.at, "calibration_version": r.calibration_version, "from": r.from_state,
+                              "to": r.to_state, "reasons": json.loads(r.reasons)}
+                             for r in self.storage.alarm_history(served.name, served.version)],
+        }

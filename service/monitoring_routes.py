@@ -1,0 +1,119 @@
+"""HTTP side of monitoring: /feedback, /calibration (+ reliability diagram, history) and /admin."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import anyio
+import httpx
+from fastapi import APIRouter, Query, Request, Response
+
+from service.errors import InvalidInput, ServiceError
+from service.schemas import (
+    ActivateRequest,
+    CalibrationReport,
+    ErrorResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    RecalibrateRequest,
+)
+
+log = logging.getLogger("service.monitoring")
+router = APIRouter(tags=["monitoring"])
+
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}
+ADMIN_ERRORS = ERRORS | {401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}}
+
+
+class Unauthorized(ServiceError):
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str):
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ServiceError):
+    status = 403
+    code = "admin_disabled"
+
+
+def _monitor(request: Request):
+    return request.app.state.monitor
+
+
+@router.post("/feedback", response_model=FeedbackResponse, responses=ERRORS)
+async def feedback(body: FeedbackRequest, request: Request) -> FeedbackResponse:
+    """True labels for earlier predictions (by id) or for probabilities scored elsewhere.
+    Committed before the response: a 2xx means the labels are stored."""
+    limit = request.app.state.settings.max_feedback_items
+    if len(body.items) > limit:
+        raise InvalidInput(f"holds {len(body.items)} items; at most {limit} are allowed per request", field="items")
+    await request.app.state.prediction_log.flush()
+    result, transitions = await anyio.to_thread.run_sync(_monitor(request).record_feedback, body.items)
+    for transition in transitions:
+        _notify(request, transition)
+    return FeedbackResponse(**result)
+
+
+def _notify(request: Request, transition: dict) -> None:
+    url = request.app.state.settings.webhook_url
+    if url:
+        request.app.state.background.add(asyncio.get_running_loop().create_task(_post_webhook(request, url, transition)))
+
+
+async def _post_webhook(request: Request, url: str, transition: dict) -> None:
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            (await client.post(url, json={"event": "calibration_alarm_transition", **transition})).raise_for_status()
+    except httpx.HTTPError as exc:
+        request.app.state.metrics.webhook_failures.inc()
+        log.error("alarm webhook to %s failed: %s", url, exc)
+
+
+@router.get("/calibration", response_model=CalibrationReport, responses=ERRORS)
+async def calibration(request: Request, model: str | None = None, version: str | None = None,
+                      window: str | None = Query(default=None, description="label count (1000) or duration (1h)")):
+    """Rolling calibration with intervals, reliability bins, reference values, drift and the alarm."""
+    return await anyio.to_thread.run_sync(_monitor(request).report, model, version, window)
+
+
+@router.get("/calibration/reliability.png", responses=ERRORS | {200: {"content": {"image/png": {}}}},
+            response_class=Response)
+async def reliability_png(request: Request, model: str | None = None, version: str | None = None,
+                          window: str | None = None) -> Response:
+    """The current reliability diagram with its confidence histogram."""
+    png = await anyio.to_thread.run_sync(_monitor(request).reliability_png, model, version, window)
+    return Response(png, media_type="image/png")
+
+
+@router.get("/calibration/history", responses=ERRORS)
+async def history(request: Request, model: str | None = None, version: str | None = None) -> dict:
+    """Calibration versions (manifest and refits) and alarm transitions."""
+    return await anyio.to_thread.run_sync(_monitor(request).history, model, version)
+
+
+def _authorize(request: Request) -> None:
+    token = request.app.state.settings.admin_token
+    if token is None:
+        raise Forbidden("admin endpoints are disabled: set CALIB_ADMIN_TOKEN")
+    given = request.headers.get("authorization", "")
+    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), token.get_secret_value().encode()):
+        raise Unauthorized("a valid 'Authorization: Bearer <admin token>' header is required")
+
+
+@router.post("/admin/recalibrate", responses=ADMIN_ERRORS, tags=["admin"])
+async def recalibrate(body: RecalibrateRequest, request: Request) -> dict:
+    """Refit the temperature on the window's labelled data and serve it as a new calibration version."""
+    _authorize(request)
+    return await anyio.to_thread.run_sync(_monitor(request).recalibrate, body.model, body.version, body.window)
+
+
+@router.post("/admin/calibration/activate", responses=ADMIN_ERRORS, tags=["admin"])
+async def activate(body: ActivateRequest, request: Request) -> dict:
+    """Serve a recorded calibration version again (0 = the manifest's): recalibration is reversible."""
+    _authorize(request)
+    return await anyio.to_thread.run_sync(_monitor(request).activate, body.model, body.version,
+                                          body.calibration_version)

@@ -1,0 +1,97 @@
+"""Write-behind logging of predictions: /predict only appends to a bounded in-memory queue; a
+background task writes batches to the store. A full queue drops rows (counted, never blocks
+/predict); a failed write keeps the batch for the next attempt while there is room, so a short
+database outage loses nothing and a long one degrades to counted drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+import anyio
+
+from service.metrics import ServiceMetrics
+from service.storage import PredictionRow, Storage, StorageUnavailable
+
+log = logging.getLogger("service.prediction_log")
+
+
+class PredictionLog:
+    def __init__(self, storage: Storage, metrics: ServiceMetrics, max_pending: int = 100_000,
+                 batch_size: int = 2000, interval: float = 0.1):
+        self.storage = storage
+        self.metrics = metrics
+        self.max_pending = max_pending
+        self.batch_size = batch_size
+        self.interval = interval
+        self._pending: deque[PredictionRow] = deque()
+        self._lock = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._running = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def enqueue(self, rows: list[PredictionRow]) -> None:
+        """Queue rows for writing; drops (and counts) them when the queue is full."""
+        room = self.max_pending - len(self._pending)
+        if room < len(rows):
+            self.metrics.log_dropped.labels("queue_full").inc(len(rows) - max(room, 0))
+            rows = rows[:max(room, 0)]
+        self._pending.extend(rows)
+        if len(self._pending) >= self.batch_size:
+            self._wakeup.set()
+
+    def start(self) -> None:
+        self._running = True
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="prediction-log")
+
+    async def stop(self) -> None:
+        self._running = False
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        try:
+            await self.flush()
+        except StorageUnavailable:
+            self.metrics.log_dropped.labels("storage_unavailable").inc(len(self._pending))
+            log.error("dropped %d prediction log rows at shutdown: the store is unavailable", len(self._pending))
+
+    async def flush(self) -> None:
+        """Write everything queued now; raises ``StorageUnavailable`` when the store is down."""
+        while self._pending:
+            await self._write_batch()
+
+    async def _loop(self) -> None:
+        backoff = self.interval
+        while self._running:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=backoff)
+            except asyncio.TimeoutError:
+                pass
+            self._wakeup.clear()
+            try:
+                await self.flush()
+                backoff = self.interval
+            except StorageUnavailable:
+                backoff = min(backoff * 2, 5.0)
+
+    async def _write_batch(self) -> None:
+        async with self._lock:
+            batch = [self._pending.popleft() for _ in range(min(self.batch_size, len(self._pending)))]
+            if not batch:
+                return
+            try:
+                await anyio.to_thread.run_sync(self.storage.insert_predictions, batch)
+            except StorageUnavailable:
+                room = self.max_pending - len(self._pending)
+                kept = batch[:max(room, 0)]
+                self._pending.extendleft(reversed(kept))
+                if len(kept) < len(batch):
+                    self.metrics.log_dropped.labels("storage_unavailable").inc(len(batch) - len(kept))
+                raise
+            self.metrics.log_written.inc(len(batch))

@@ -1,0 +1,185 @@
+"""Feedback, rolling calibration and alarms, on SQLite and on the real PostgreSQL."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+import numpy as np
+import pytest
+
+from calibkit import metrics
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import apply_temperature, softmax
+from calibkit.alarms import AlarmPolicy
+from service.settings import Settings
+from training.data import load_digits_splits
+
+DIGITS = load_digits_splits()
+
+
+@pytest.fixture
+def monitored(repository_dir, server_for, database_url):
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
+                        admin_token="s3cret", bootstrap_resamples=300)
+    with server_for(settings) as (base_url, app):
+        yield base_url, app
+
+
+def _predict(base_url, x, **extra):
+    r = httpx.post(f"{base_url}/predict", json={"inputs": x.tolist(), **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_feedback_joins_predictions_and_calibration_equals_the_core(monitored):
+    base_url, _ = monitored
+    x, y = DIGITS.test.x[:120], DIGITS.test.y[:120]
+    body = _predict(base_url, x)
+    ids = [p["id"] for p in body["predictions"]]
+    items = [{"prediction_id": i, "label": int(label) if k % 2 else str(label)} for k, (i, label) in enumerate(zip(ids, y))]
+    r = httpx.post(f"{base_url}/feedback", json={"items": items})
+    assert r.status_code == 200 and r.json() == {"accepted": 120, "rejected": []}
+    report = httpx.get(f"{base_url}/calibration", params={"window": "1000"}).json()
+    probs = np.array([p["probabilities"] for p in body["predictions"]])
+    assert report["n"] == 120 and report["calibration_version"] == 0
+    assert report["ece"] == pytest.approx(metrics.ece(probs, y), abs=1e-6)
+    assert report["mce"] == pytest.approx(metrics.mce(probs, y), abs=1e-6)
+    assert report["adaptive_ece"] == pytest.approx(metrics.adaptive_ece(probs, y), abs=1e-6)
+    assert report["classwise_ece"] == pytest.approx(metrics.classwise_ece(probs, y), abs=1e-6)
+    assert report["accuracy"] == pytest.approx(metrics.accuracy(probs, y))
+    assert report["nll"] == pytest.approx(metrics.nll(probs, y), abs=1e-5)
+    assert report["brier"] == pytest.approx(metrics.brier(probs, y), abs=1e-5)
+    assert report["mean_confidence"] == pytest.approx(probs.max(1).mean(), abs=1e-6)
+    lo, hi = report["ece_ci"]
+    assert 0 <= lo <= hi and report["ece_ci_level"] == 0.9
+    assert [b["count"] for b in report["bins"]] == list(metrics.reliability_bins(probs, y).count)
+    assert report["reference"]["n"] == 359 and report["alarm"]["state"] in {"ok", "warning"}
+    assert report["recalibration"]["temperature"] > 0 and report["drift"]["recent_predictions"] == 120
+    assert httpx.get(f"{base_url}/calibration", params={"window": "10"}).json()["n"] == 10
+    assert httpx.get(f"{base_url}/calibration", params={"window": "1h"}).json()["n"] == 120
+    assert httpx.get(f"{base_url}/calibration", params={"window": "1s", "model": "toy"}).json()["n"] == 0
+
+
+def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
+    base_url, _ = monitored
+    ids = [p["id"] for p in _predict(base_url, DIGITS.test.x[:3])["predictions"]]
+    items = [
+        {"prediction_id": ids[0], "label": 3},
+        {"prediction_id": "f" * 32, "label": 1},
+        {"prediction_id": ids[1], "label": "eleven"},
+        {"prediction_id": ids[1], "label": 10},
+        {"prediction_id": ids[0], "label": 4},
+        {"probabilities": [0.1] * 10, "label": 2},
+        {"probabilities": [0.5, 0.5], "label": 0},
+        {"probabilities": [0.2, 0.3, 0.5], "label": "c", "model": "toy"},
+    ]
+    r = httpx.post(f"{base_url}/feedback", json={"items": items})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["accepted"] == 3
+    reasons = {item["index"]: item["reason"] for item in body["rejected"]}
+    assert "unknown prediction id" in reasons[1]
+    assert "'eleven' is not a class" in reasons[2]
+    assert "not a class index" in reasons[3] and "0..9" in reasons[3]
+    assert "duplicate feedback for this prediction id in this request" in reasons[4]
+    assert "has 2 values; model digits-lenet5 has 10 classes" in reasons[6]
+    again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 3}]}).json()
+    assert again["accepted"] == 0 and "already has a label" in again["rejected"][0]["reason"]
+    assert httpx.get(f"{base_url}/calibration").json()["n"] == 2  # the offline item went to 'toy'
+    for payload, status, field in [
+        ({"items": []}, 422, "items"),
+        ({"items": [{"label": 1}]}, 422, "items[0]"),
+        ({"items": [{"prediction_id": ids[2], "label": True}]}, 422, "items[0].label"),
+        ({"items": [{"prediction_id": ids[2], "probabilities": [1.0], "label": 1}]}, 422, "items[0]"),
+        ({"items": [{"prediction_id": ids[2], "label": 1}] * 10001}, 422, "items"),
+    ]:
+        r = httpx.post(f"{base_url}/feedback", json=payload)
+        assert r.status_code == status and r.json()["error"]["field"] == field, r.text
+    r = httpx.post(f"{base_url}/feedback", content=b"{nope", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert httpx.get(f"{base_url}/calibration").json()["n"] == 2
+    assert httpx.get(f"{base_url}/calibration", params={"window": "soon"}).status_code == 422
+
+
+def _offline(z, y, scale):
+    return [{"probabilities": p.tolist(), "label": int(label), "model": "digits-lenet5"}
+            for p, label in zip(softmax(scale * z), y)]
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repository_dir, server_for, database_url):
+    hook = HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
+                        admin_token="s3cret", bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
+                        alarm=AlarmPolicy(min_labels=200))
+    z, y = calibrated_logits(1400, n_classes=10, logit_scale=8.0, seed=5)
+    try:
+        with server_for(settings) as (base_url, _):
+            calm = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
+            assert calm["accepted"] == 600
+            assert httpx.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
+            states = []
+            for start in range(600, 1400, 100):
+                httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], 2.5)})
+                states.append(httpx.get(f"{base_url}/calibration").json()["alarm"]["state"])
+            report = httpx.get(f"{base_url}/calibration").json()
+            assert report["alarm"]["state"] == "alarm" and states.index("alarm") <= 4, states
+            assert any("e-detector" in r for r in report["alarm"]["reasons"])
+            text = httpx.get(f"{base_url}/metrics").text
+            assert 'calib_alarm_state{model="digits-lenet5",version="1"} 2.0' in text
+            assert 'calib_labeled_total{bin="14",model="digits-lenet5",version="1"}' in text
+            history = httpx.get(f"{base_url}/calibration/history").json()
+            assert history["alarm_events"][0]["to"] == "alarm"
+            png = httpx.get(f"{base_url}/calibration/reliability.png")
+            assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
+
+            # admin: refused without the token, then a refit from online predictions with logits
+            assert httpx.post(f"{base_url}/admin/recalibrate", json={}).status_code == 401
+            assert httpx.post(f"{base_url}/admin/recalibrate", json={},
+                              headers={"Authorization": "Bearer nope"}).status_code == 401
+            auth = {"Authorization": "Bearer s3cret"}
+            too_few = httpx.post(f"{base_url}/admin/recalibrate", json={}, headers=auth)
+            assert too_few.status_code == 422 and "need at least 50" in too_few.json()["error"]["message"]
+            x, labels = DIGITS.test.x[:200], DIGITS.test.y[:200]
+            hot = httpx.post(f"{base_url}/predict", json={"inputs": (x * 1.0).tolist()}).json()
+            httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": p["id"], "label": int(t)}
+                                                             for p, t in zip(hot["predictions"], labels)]})
+            refit = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
+            assert refit.status_code == 200, refit.text
+            new_t = refit.json()["temperature"]
+            assert refit.json()["calibration_version"] == 1
+            after = _predict(base_url, x[:5], return_logits=True)
+            assert after["calibration_version"] == 1 and after["temperature"] == pytest.approx(new_t)
+            logits = np.array([p["logits"] for p in after["predictions"]])
+            probs = np.array([p["probabilities"] for p in after["predictions"]])
+            np.testing.assert_allclose(probs, apply_temperature(logits, new_t), atol=1e-6)
+            assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
+            back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
+            assert back.json()["calibration_version"] == 0
+            assert _predict(base_url, x[:1])["calibration_version"] == 0
+            versions = httpx.get(f"{base_url}/calibration/history").json()["calibrations"]
+            assert [(v["calibration_version"], v["source"], v["active"]) for v in versions] == [
+                (0, "manifest", True), (1, "refit", False)]
+            missing = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
+            assert missing.status_code == 404
+    finally:
+        hook.shutdown()
+    assert any(event["to"] == "alarm" and event["model"] == "digits-lenet5" for event in _Hook.received)
+
+
+def test_admin_is_off_without_a_token(base_url):
+    r = httpx.post(f"{base_url}/admin/recalibrate", json={})
+    assert r.status_code == 403 and "CALIB_ADMIN_TOKEN" in r.json()["error"]["message"]
