@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run serve test bench artifacts study simulate clean
+.PHONY: run serve demo tools test bench artifacts study simulate clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,8 +32,17 @@ study: $(VENV)/.installed-training
 serve: $(VENV)/.installed-service
 	$(PY) -m service
 
-## test: install the dev extra and run the test suite
-test: $(VENV)/.installed-dev
+## demo: serve the default artifact, stream in-distribution then corrupted digits with labels, watch
+## the alarm fire, recalibrate, and watch ECE come back down (plot in runs/demo/)
+demo: $(VENV)/.installed-dev
+	$(PY) scripts/demo.py
+
+## tools: the Debian tools the tests use (docker-compose, prometheus/promtool, chromium), when missing
+tools:
+	scripts/install-tools.sh
+
+## test: install the dev extra and the tools, and run the test suite
+test: $(VENV)/.installed-dev tools
 	$(PY) -m pytest -q --doctest-modules calibkit tests
 
 ## bench: run the benchmarks (each prints a table and writes bench/results/*.json)

@@ -44,7 +44,8 @@ def _draw(ax, ax_hist, rel: Reliability, name: str) -> None:
            width=width[filled], align="edge", color="#e36b5c", alpha=0.45, edgecolor="#c23b2b",
            hatch="//", linewidth=0.5, label="gap to confidence")
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="perfect calibration")
-    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", title=f"{name}: ECE {ece:.4f}, n = {n}")
+    title = f"{name}: ECE {ece:.4f}, n = {n}" if n else f"{name}: no labels yet"
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", title=title)
     ax.legend(loc="upper left", fontsize=8)
     ax_hist.bar(rel.lower, rel.count / max(n, 1), width=width, align="edge", color="#7f7f7f", edgecolor="black",
                 linewidth=0.5)

@@ -54,11 +54,13 @@ def prepare_repository(root: Path, versions: int) -> None:
 
 
 class Service:
-    def __init__(self, artifacts: Path, database: Path):
+    """``python -m service`` on a free loopback port, with an httpx client to it."""
+
+    def __init__(self, artifacts: Path, database: Path, **env: str):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning")
+        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning", **env)
         self.process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(artifacts),
                                          "--port", str(self.port)], env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import __version__
+from service.dashboard import router as dashboard_router
 from service.dataplane import DataPlane
 from service.errors import InvalidInput, ServiceError
 from service.metrics import ServiceMetrics
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     app.include_router(rest_router)
     app.include_router(monitoring_router)
+    app.include_router(dashboard_router)
     app.include_router(v2_router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)

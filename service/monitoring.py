@@ -99,8 +99,15 @@ class Monitor:
         self.refresh_active()
 
     def refresh_active(self) -> None:
+        """Reload the active calibration versions and the alarm gauges from the shared store, so a
+        replica reports recalibrations and alarms raised through the others."""
         self._active = {(r.model, r.version): (r.calibration_version, r.temperature)
                         for r in self.storage.active_calibrations()}
+        for row in self.storage.monitor_rows():
+            if self._active.get((row.model, row.version), (0, None))[0] == row.calibration_version:
+                self.metrics.alarm_state.labels(row.model, row.version).set(LEVELS[row.state])
+                self.metrics.e_detector.labels(row.model, row.version).set(
+                    ShiryaevRoberts.from_dict(json.loads(row.detector)).statistic)
 
     def active(self, model: ServedModel) -> tuple[int, float | None]:
         """(calibration version, temperature) in force; version 0 is the manifest's, baked into ONNX."""
@@ -384,6 +391,27 @@ class Monitor:
             gap = accuracy_gap(agg.n, agg.sums.confidence_sum.sum(), agg.sums.outcome_sum.sum())
             out.update({"observed_accuracy": gap.observed, "expected_accuracy": gap.expected, "accuracy_gap_z": gap.z})
         return out
+
+    def timeline(self, name: str | None, version: str | None, window: int, step: int, points: int) -> dict:
+        """Rolling ECE over time: the ECE of the last ``window`` labels after every ``step`` labels,
+        for the most recent ``points`` steps (the data of the dashboard's chart)."""
+        served = self.repository.get(name, version)
+        calibration_version, _ = self.active(served)
+        rows = self.storage.recent_labels(served.name, served.version, calibration_version, window + step * points)
+        out = []
+        if rows:
+            conf = np.array([r.confidence for r in rows])
+            correct = np.array([r.correct for r in rows], dtype=np.float64)
+            for end in range(len(rows), 0, -step):
+                start = max(0, end - window)
+                sums = binning.bin_sums(conf[start:end], correct[start:end], self.edges)
+                ci = ece_interval(sums, n_resamples=200, seed=int(rows[end - 1].seq))
+                out.append({"seq": int(rows[end - 1].seq), "labelled_at": float(rows[end - 1].labelled_at),
+                            "n": end - start, "ece": ci.ece, "ece_ci": [ci.low, ci.high]})
+                if len(out) == points:
+                    break
+        return {"model": served.name, "version": served.version, "calibration_version": calibration_version,
+                "window": window, "step": step, "points": out[::-1]}
 
     def reliability_png(self, name: str | None, version: str | None, window: str | None) -> bytes:
         """The window's reliability diagram with confidence histogram, as PNG."""

@@ -89,6 +89,15 @@ async def reliability_png(request: Request, model: str | None = None, version: s
     return Response(png, media_type="image/png")
 
 
+@router.get("/calibration/timeline", responses=ERRORS)
+async def timeline(request: Request, model: str | None = None, version: str | None = None,
+                   window: int = Query(default=500, ge=10, le=100_000),
+                   step: int = Query(default=50, ge=1, le=10_000),
+                   points: int = Query(default=60, ge=1, le=500)) -> dict:
+    """Rolling ECE with its interval after every ``step`` labels (window of ``window`` labels)."""
+    return await anyio.to_thread.run_sync(_monitor(request).timeline, model, version, window, step, points)
+
+
 @router.get("/calibration/history", responses=ERRORS)
 async def history(request: Request, model: str | None = None, version: str | None = None) -> dict:
     """Calibration versions (manifest and refits) and alarm transitions."""

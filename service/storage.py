@@ -336,6 +336,14 @@ class Storage:
 
         return self._run(work, write=False)
 
+    def recent_labels(self, model: str, version: str, calibration_version: int, limit: int) -> list[sa.Row]:
+        """(seq, labelled_at, conf_bin, confidence, correct) of the most recent labels, oldest first."""
+        query = (sa.select(labels.c.seq, labels.c.labelled_at, labels.c.conf_bin, labels.c.confidence, labels.c.correct)
+                 .where(labels.c.model == model, labels.c.version == version,
+                        labels.c.calibration_version == calibration_version)
+                 .order_by(labels.c.seq.desc()).limit(limit))
+        return self._run(lambda c: c.execute(query).all()[::-1], write=False)
+
     def labels_after(self, connection, model: str, version: str, calibration_version: int, seq: int):
         query = (sa.select(labels.c.seq, labels.c.correct, labels.c.confidence)
                  .where(labels.c.model == model, labels.c.version == version,
@@ -401,6 +409,9 @@ class Storage:
     def transaction(self, work):
         """Run ``work(connection)`` in one write transaction (used by the monitor's locked update)."""
         return self._run(work)
+
+    def monitor_rows(self) -> list[sa.Row]:
+        return self._run(lambda c: c.execute(sa.select(monitor_state)).all(), write=False)
 
     def monitor_row(self, model: str, version: str, calibration_version: int) -> sa.Row | None:
         query = sa.select(monitor_state).where(monitor_state.c.model == model, monitor_state.c.version == version,

@@ -154,3 +154,9 @@ def database_url(request, tmp_path) -> str:
 def pg_url() -> str:
     """The real PostgreSQL, emptied of this service's tables."""
     return postgres_url()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """``postgres_url()``: the real PostgreSQL, emptied of this service's tables, for module fixtures."""
+    return postgres_url

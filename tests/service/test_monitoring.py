@@ -183,3 +183,16 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
 def test_admin_is_off_without_a_token(base_url):
     r = httpx.post(f"{base_url}/admin/recalibrate", json={})
     assert r.status_code == 403 and "CALIB_ADMIN_TOKEN" in r.json()["error"]["message"]
+
+
+def test_timeline_is_the_rolling_window_ece(monitored):
+    base_url, _ = monitored
+    z, y = calibrated_logits(300, n_classes=10, logit_scale=8.0, seed=9)
+    httpx.post(f"{base_url}/feedback", json={"items": _offline(z, y, 1.0)})
+    body = httpx.get(f"{base_url}/calibration/timeline", params={"window": 100, "step": 50, "points": 4}).json()
+    points = body["points"]
+    assert [p["n"] for p in points] == [100, 100, 100, 100] and len(points) == 4
+    assert points[-1]["ece"] == pytest.approx(metrics.ece(softmax(z[-100:]), y[-100:]), abs=1e-9)
+    assert points[0]["ece"] == pytest.approx(metrics.ece(softmax(z[50:150]), y[50:150]), abs=1e-9)
+    assert all(p["ece_ci"][0] <= p["ece_ci"][1] for p in points)
+    assert httpx.get(f"{base_url}/calibration/timeline", params={"window": 5}).status_code == 422

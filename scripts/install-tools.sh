@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Debian tools the tests use for real, installed only when missing: docker-compose (checks the compose
+# file), prometheus + promtool (alert rules, end-to-end scraping), chromium (the dashboard page).
+set -euo pipefail
+missing=()
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+{ command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing+=(prometheus)
+command -v chromium >/dev/null || missing+=(chromium)
+if ((${#missing[@]})); then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,137 @@
+"""End-to-end: the stack as docker-compose runs it, checked through /calibration and Prometheus.
+
+Parameterised by URLs: with ``E2E_BASE_URLS`` (comma-separated replica URLs) and
+``E2E_PROMETHEUS_URL`` it runs against a stack started with ``docker-compose up``. Without them
+(CI here, where there is no Docker engine) it starts the same thing from the compose file itself:
+two replicas with the service's ``command`` and ``environment`` from docker-compose.yml -- only the
+host, ports, artifact path and the database host are replaced by local ones -- sharing the local
+PostgreSQL, and a real Prometheus scraping both with deploy/prometheus/alerts.yml.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import softmax
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, timeout: float = 40) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def stack(postgres):
+    if os.environ.get("E2E_BASE_URLS"):
+        yield os.environ["E2E_BASE_URLS"].split(","), os.environ["E2E_PROMETHEUS_URL"]
+        return
+    spec = COMPOSE["services"]["service"]
+    processes, urls, workdir = [], [], Path(tempfile.mkdtemp(prefix="calib-e2e-"))
+    database = postgres()
+    try:
+        for _ in range(2):
+            port = _free_port()
+            env = dict(os.environ, **{k: str(v) for k, v in spec["environment"].items()})
+            env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_ARTIFACTS=str(ROOT / "artifacts"),
+                       CALIB_DATABASE_URL=database, CALIB_CALIBRATION_REFRESH_SECONDS="1")
+            assert spec["command"][0] == "python"
+            processes.append(subprocess.Popen([sys.executable, *spec["command"][1:]], env=env,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            _wait(f"{url}/v2/health/ready")
+        prometheus_port = _free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(ROOT / "deploy" / "prometheus" / "alerts.yml")],
+            "scrape_configs": [{"job_name": "calibrated-serving",
+                                "static_configs": [{"targets": [u.removeprefix("http://") for u in urls]}]}],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        processes.append(subprocess.Popen(
+            ["prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{prometheus_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        prometheus = f"http://127.0.0.1:{prometheus_port}"
+        _wait(f"{prometheus}/-/ready")
+        yield urls, prometheus
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _query(prometheus: str, expr: str) -> list:
+    return httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}).json()["data"]["result"]
+
+
+def _eventually(check, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack):
+    urls, prometheus = stack
+    a, b = urls[0], urls[-1]
+    _eventually(lambda: len(_query(prometheus, 'up{job="calibrated-serving"} == 1')) == len(urls))
+    from training.data import load_digits_splits
+
+    test = load_digits_splits().test
+    served = httpx.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}).json()
+    time.sleep(0.5)
+    items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served["predictions"], test.y[:50])]
+    assert httpx.post(f"{b}/feedback", json={"items": items}).json()["accepted"] == 50
+
+    z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=42)
+    for k, start in enumerate(range(0, 1200, 100)):
+        scale = 1.0 if start < 400 else 2.5
+        items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"}
+                 for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
+        assert httpx.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}).status_code == 200
+
+    reports = [httpx.get(f"{u}/calibration").json() for u in urls]
+    assert all(r["alarm"]["state"] == "alarm" for r in reports)
+    assert len({r["ece"] for r in reports}) == 1 and reports[0]["ece"] > 0.05
+
+    def every_replica_alarmed():
+        alarmed = _query(prometheus, 'calib_alarm_state{model="digits-lenet5"} == 2')
+        return alarmed if len(alarmed) == len(urls) else None
+
+    state = _eventually(every_replica_alarmed)
+    assert {s["metric"]["instance"] for s in state} == {u.removeprefix("http://") for u in urls}
+    alert = _eventually(lambda: _query(prometheus, 'ALERTS{alertname="ModelMiscalibrated"}'))
+    assert alert[0]["metric"]["alertstate"] in {"pending", "firing"} and alert[0]["metric"]["model"] == "digits-lenet5"
+    ece = _eventually(lambda: _query(prometheus, 'calib:ece_from_bins:1h{model="digits-lenet5"}'))
+    assert float(ece[0]["value"][1]) > 0.05
