@@ -62,9 +62,14 @@ class PredictionLog:
             log.error("dropped %d prediction log rows at shutdown: the store is unavailable", len(self._pending))
 
     async def flush(self) -> None:
-        """Write everything queued now; raises ``StorageUnavailable`` when the store is down."""
-        while self._pending:
-            await self._write_batch()
+        """Write everything queued now, including a batch another task is writing at this moment
+        (the lock is taken before the queue is looked at); raises ``StorageUnavailable`` when the
+        store is down. Feedback awaits this so every prediction it refers to is stored."""
+        while True:
+            async with self._lock:
+                if not self._pending:
+                    return
+                await self._write_batch()
 
     async def _loop(self) -> None:
         backoff = self.interval
@@ -81,17 +86,15 @@ class PredictionLog:
                 backoff = min(backoff * 2, 5.0)
 
     async def _write_batch(self) -> None:
-        async with self._lock:
-            batch = [self._pending.popleft() for _ in range(min(self.batch_size, len(self._pending)))]
-            if not batch:
-                return
-            try:
-                await anyio.to_thread.run_sync(self.storage.insert_predictions, batch)
-            except StorageUnavailable:
-                room = self.max_pending - len(self._pending)
-                kept = batch[:max(room, 0)]
-                self._pending.extendleft(reversed(kept))
-                if len(kept) < len(batch):
-                    self.metrics.log_dropped.labels("storage_unavailable").inc(len(batch) - len(kept))
-                raise
-            self.metrics.log_written.inc(len(batch))
+        """Write one batch (called with the lock held); a failed batch goes back to the front."""
+        batch = [self._pending.popleft() for _ in range(min(self.batch_size, len(self._pending)))]
+        try:
+            await anyio.to_thread.run_sync(self.storage.insert_predictions, batch)
+        except StorageUnavailable:
+            room = self.max_pending - len(self._pending)
+            kept = batch[:max(room, 0)]
+            self._pending.extendleft(reversed(kept))
+            if len(kept) < len(batch):
+                self.metrics.log_dropped.labels("storage_unavailable").inc(len(batch) - len(kept))
+            raise
+        self.metrics.log_written.inc(len(batch))

@@ -193,7 +193,8 @@ def test_database_outage_degrades_and_recovers(repository_dir, pg_url):
             time.sleep(0.2)
         # predictions made during the outage were kept and written: their feedback is accepted now
         items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(during.json()["predictions"], DIGITS.y[:3])]
-        assert httpx.post(f"{replica.url}/feedback", json={"items": items}).json()["accepted"] == 3
+        recovered = httpx.post(f"{replica.url}/feedback", json={"items": items}).json()
+        assert recovered["accepted"] == 3, recovered
         assert httpx.get(f"{replica.url}/calibration").json()["n"] == 8
         assert httpx.get(f"{replica.url}/health").json()["status"] == "ok"
     finally:

@@ -1,0 +1,66 @@
+"""The write-behind prediction log: flush waits for a batch in flight; full queues and outages are counted."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from service.metrics import ServiceMetrics
+from service.prediction_log import PredictionLog
+from service.storage import PredictionRow, StorageUnavailable
+
+
+class SlowStore:
+    """Records inserted ids; each insert takes a while; can be made to fail."""
+
+    def __init__(self):
+        self.stored: list[str] = []
+        self.down = False
+        self.lock = threading.Lock()
+
+    def insert_predictions(self, rows):
+        time.sleep(0.05)
+        if self.down:
+            raise StorageUnavailable("down")
+        with self.lock:
+            self.stored += [r.id for r in rows]
+
+
+def _rows(n, start=0):
+    return [PredictionRow(f"{i:032x}", "m", "1", 0, 0.0, 0, 0.9, 0.9, b"", None) for i in range(start, start + n)]
+
+
+def test_flush_waits_for_the_batch_another_task_is_writing():
+    async def scenario():
+        store = SlowStore()
+        log = PredictionLog(store, ServiceMetrics(), batch_size=10)
+        log.enqueue(_rows(5))
+        writer = asyncio.ensure_future(log.flush())   # takes the rows out of the queue and writes them
+        await asyncio.sleep(0.01)                     # the queue is empty now, the insert still running
+        assert log.pending == 0 and store.stored == []
+        await log.flush()
+        stored_when_flush_returned = list(store.stored)
+        await writer
+        return stored_when_flush_returned
+
+    assert len(asyncio.run(scenario())) == 5
+
+
+def test_outage_keeps_rows_until_the_queue_is_full_then_counts_drops():
+    async def scenario():
+        store, metrics = SlowStore(), ServiceMetrics()
+        log = PredictionLog(store, metrics, max_pending=100, batch_size=50)
+        store.down = True
+        log.enqueue(_rows(80))
+        with pytest.raises(StorageUnavailable):
+            await log.flush()
+        assert log.pending == 80 and store.stored == []
+        log.enqueue(_rows(30, start=80))
+        store.down = False
+        await log.flush()
+        dropped = metrics.log_dropped.labels("queue_full")._value.get()
+        return store.stored, dropped
+
+    stored, dropped = asyncio.run(scenario())
+    assert len(stored) == 100 and dropped == 10
