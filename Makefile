@@ -45,9 +45,9 @@ tools:
 test: $(VENV)/.installed-dev tools
 	$(PY) -m pytest -q --doctest-modules calibkit tests
 
-## bench: run the benchmarks (each prints a table and writes bench/results/*.json)
-bench: $(VENV)/.installed-dev
-	$(PY) bench/fit_temperature.py
+## bench: run every benchmark (tables on stdout, bench/results/*.json, docs/benchmarks.md); about 15 minutes
+bench: $(VENV)/.installed-dev tools
+	$(PY) -m bench.run_all
 
 ## simulate: alarm false-alarm rate and detection delay through the real HTTP API (about 5 minutes)
 simulate: $(VENV)/.installed-dev

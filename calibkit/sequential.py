@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import special
 
 DEFAULT_BETS = (0.05, 0.1, 0.2, 0.4, 0.7)
 
@@ -69,11 +70,18 @@ class ShiryaevRoberts:
             raise ValueError("correct and confidence must have the same length")
         if np.any((confidence < 0) | (confidence > 1)) or not np.all(np.isfinite(confidence)):
             raise ValueError("confidence must lie in [0, 1]")
-        values = self.values
-        slack = np.abs(self._lambdas) * self.tolerance
-        for r in correct - confidence:
-            values = (values + 1.0) * (1.0 + self._lambdas * (r - self.center) - slack)
-        self.values = values
+        if len(correct):
+            # R_t = (R_{t-1} + 1) e_t unrolled: with L = cumsum(log e),
+            # log R_t = L_t + log(R_0 + sum_{s=1..t} exp(-L_{s-1})), evaluated with logsumexp.
+            slack = np.abs(self._lambdas) * self.tolerance
+            e = 1.0 + np.outer(correct - confidence - self.center, self._lambdas) - slack
+            log_e = np.log(e)
+            cumulative = np.cumsum(log_e, axis=0)
+            before = np.vstack([np.zeros((1, len(self._lambdas))), cumulative[:-1]])
+            with np.errstate(divide="ignore"):
+                log_start = np.log(self.values)
+            log_sum = np.logaddexp(log_start, special.logsumexp(-before, axis=0))
+            self.values = np.exp(np.minimum(cumulative[-1] + log_sum, 700.0))
         self.n += len(correct)
         return self.statistic
 

@@ -56,7 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         prediction_log = PredictionLog(storage, metrics, max_pending=settings.prediction_log_queue)
         app.state.storage, app.state.monitor, app.state.prediction_log = storage, monitor, prediction_log
         app.state.background = set()
-        app.state.dataplane = DataPlane(repository, settings, metrics, monitor, prediction_log)
+        app.state.dataplane = DataPlane(repository, settings, metrics, monitor,
+                                        prediction_log if settings.prediction_log else None)
         await _sync_store(app)
         await app.state.dataplane.start()
         prediction_log.start()

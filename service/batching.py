@@ -1,10 +1,11 @@
 """Dynamic batching: concurrent requests to one model coalesce into one onnxruntime call.
 
-As Triton's ``dynamic_batching``: a batch is run as soon as it holds ``max_batch_size`` rows, or
-when its oldest request has waited ``max_queue_delay_ms``, whichever comes first. Whole requests
-are batched (a request is never split); a request larger than ``max_batch_size`` runs alone.
-Inference runs on one worker thread per model, off the event loop, and while it runs the next
-batch fills. The queue is bounded in rows: past ``max_queue_rows`` a request is refused with
+Inference runs on one worker thread per model, off the event loop. When the worker is free the
+queued requests run at once (up to ``max_batch_size`` rows), and requests arriving while a batch
+runs form the next batch: batches grow with load and a lone request waits for nothing. With
+``max_queue_delay_ms`` > 0 a batch additionally waits up to that long for more rows, as Triton's
+``dynamic_batching`` does (useful when inference is much cheaper per row in larger batches).
+Whole requests are batched (never split); a request larger than ``max_batch_size`` runs alone. The queue is bounded in rows: past ``max_queue_rows`` a request is refused with
 ``Overloaded`` (HTTP 503 + Retry-After) instead of growing memory without bound.
 """
 
@@ -111,6 +112,8 @@ class DynamicBatcher:
 
     async def _fill(self) -> None:
         """Wait until the batch is full or the oldest request has waited ``max_queue_delay_ms``."""
+        if self.config.max_queue_delay_ms <= 0:
+            return
         deadline = self._queue[0].enqueued + self.config.max_queue_delay_ms / 1000.0
         while self._queued_rows < self.config.max_batch_size and self._accepting:
             remaining = deadline - time.perf_counter()

@@ -20,7 +20,7 @@ log = logging.getLogger("service.prediction_log")
 
 class PredictionLog:
     def __init__(self, storage: Storage, metrics: ServiceMetrics, max_pending: int = 100_000,
-                 batch_size: int = 2000, interval: float = 0.1):
+                 batch_size: int = 2000, interval: float = 0.5):
         self.storage = storage
         self.metrics = metrics
         self.max_pending = max_pending

@@ -66,6 +66,10 @@ def create_runtime(path: Path, settings: Settings) -> ModelRuntime:
     options.inter_op_num_threads = settings.inter_op_threads
     options.graph_optimization_level = _OPTIMIZATION[settings.graph_optimization]
     options.log_severity_level = 3
+    # No busy-waiting between calls: spinning intra-op threads would take the cores the event loop,
+    # HTTP parsing and the batcher need between onnxruntime calls.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     requested = requested_providers(settings.device)
     session = ort.InferenceSession(str(path), options, providers=requested)
     provider = session.get_providers()[0]

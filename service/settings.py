@@ -16,12 +16,12 @@ from calibkit.alarms import AlarmPolicy
 
 
 class BatchingConfig(BaseModel):
-    """Dynamic batching of one model: at most ``max_batch_size`` rows per onnxruntime call, waiting
-    at most ``max_queue_delay_ms`` for a batch to fill, and at most ``max_queue_rows`` rows queued
-    (past that, requests get 503 with Retry-After)."""
+    """Dynamic batching of one model: at most ``max_batch_size`` rows per onnxruntime call, an
+    optional extra wait of ``max_queue_delay_ms`` for a batch to fill (0: run as soon as the worker
+    is free), and at most ``max_queue_rows`` rows queued (past that, 503 with Retry-After)."""
 
     max_batch_size: int = Field(default=64, ge=1)
-    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    max_queue_delay_ms: float = Field(default=0.0, ge=0)
     max_queue_rows: int = Field(default=4096, ge=1)
 
 
@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     detail_rows: int = Field(default=20000, ge=100, description="most recent labels used for AdaECE, classwise ECE, refits")
     drift_rows: int = Field(default=500, ge=10, description="recent predictions compared with the reference confidences")
     max_feedback_items: int = Field(default=10000, ge=1)
+    prediction_log: bool = Field(default=True, description="log every prediction for monitoring (write-behind)")
     prediction_log_queue: int = Field(default=100000, ge=100)
     retention_days: float = Field(default=30.0, gt=0)
     calibration_refresh_seconds: float = Field(default=5.0, gt=0)

@@ -1,6 +1,8 @@
 """Persistence of predictions, labels, calibration versions and alarm state (SQLAlchemy Core).
 
-SQLite file by default (WAL, synchronous=FULL: a committed label survives a crash), PostgreSQL by
+SQLite file by default (WAL with synchronous=NORMAL: a committed label is in the write-ahead log
+before the commit returns, so it survives a crash of the process; only a power loss can take the
+last commits, which synchronous=FULL would prevent at the price of an fsync per commit), PostgreSQL by
 URL when several replicas share one store. The schema is created and migrated at start. All
 window statistics are aggregated in SQL (GROUP BY confidence bin) so no request scans every row.
 Any database failure surfaces as ``StorageUnavailable`` (HTTP 503 + Retry-After) and the engine
@@ -44,7 +46,7 @@ predictions = sa.Table(
     sa.Column("probabilities", sa.LargeBinary, nullable=False),
     sa.Column("logits", sa.LargeBinary),
     sa.Column("source", sa.String(16), nullable=False),
-    sa.Index("ix_predictions_model_time", "model", "version", "created_at"),
+    sa.Index("ix_predictions_model_time", "model", "version", "calibration_version", "created_at"),
 )
 
 labels = sa.Table(
@@ -178,7 +180,7 @@ def _engine(url: str) -> sa.Engine:
         def _pragmas(dbapi_connection, _record):
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 

@@ -160,3 +160,16 @@ def test_reference_band_keeps_the_guarantee_and_speeds_up_opposite_shifts():
     assert needed["band"] <= needed["strict"]
     with pytest.raises(ValueError, match="tolerance"):
         ShiryaevRoberts(center=0.25, tolerance=0.1)
+
+
+def test_vectorised_update_equals_the_recursion_label_by_label():
+    conf, correct = _stream(3000, scale=1.6, seed=3)
+    batched, stepwise = ShiryaevRoberts(center=0.01, tolerance=0.01), ShiryaevRoberts(center=0.01, tolerance=0.01)
+    for start in range(0, 3000, 700):
+        batched.update(correct[start:start + 700], conf[start:start + 700])
+    lambdas = stepwise._lambdas
+    values = np.zeros(len(lambdas))
+    for r in correct - conf:
+        values = (values + 1.0) * (1.0 + lambdas * (r - 0.01) - np.abs(lambdas) * 0.01)
+    np.testing.assert_allclose(batched.values, values, rtol=1e-9)
+    assert batched.n == 3000

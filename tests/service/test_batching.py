@@ -172,3 +172,19 @@ def test_http_503_with_retry_after_when_the_queue_is_full(linear_artifact, serve
     refused = next(r for r in responses if r.status_code == 503)
     assert refused.headers["retry-after"] == "2" and refused.json()["error"]["code"] == "overloaded"
     assert models["models"][0]["versions"][0]["batching"]["max_queue_rows"] == 1
+
+
+def test_without_a_queue_delay_a_lone_request_runs_at_once_and_load_still_batches():
+    async def scenario():
+        model = CountingModel(delay=0.02)
+        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=64, max_queue_delay_ms=0), "m")
+        batcher.start()
+        _, timing = await batcher.submit(np.ones((1, 1, 1), np.float32))
+        lone_queue = timing.queue_seconds
+        await _submit_all(batcher, [np.ones((1, 1, 1), np.float32) for _ in range(20)])
+        await batcher.stop()
+        return lone_queue, model.calls
+
+    lone_queue, calls = asyncio.run(scenario())
+    assert lone_queue < 0.005  # no waiting for a batch that cannot fill
+    assert calls[0] == 1 and len(calls) - 1 < 20 / 2  # the 20 concurrent requests shared calls

@@ -59,7 +59,7 @@ def test_two_replicas_sharing_postgresql_report_the_same_calibration(repository_
     a, b = Replica(repository_dir, pg_url), Replica(repository_dir, pg_url)
     try:
         body = httpx.post(f"{a.url}/predict", json={"inputs": DIGITS.x[:60].tolist()}).json()
-        time.sleep(0.5)  # write-behind logging flushes every 0.1 s
+        time.sleep(1.5)  # replica a writes its prediction log every 0.5 s
         items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(body["predictions"], DIGITS.y[:60])]
         assert httpx.post(f"{b.url}/feedback", json={"items": items}).json()["accepted"] == 60
         assert httpx.post(f"{a.url}/feedback", json={"items": _offline_items(300, 1)}).json()["accepted"] == 300

@@ -110,7 +110,7 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
 
     test = load_digits_splits().test
     served = httpx.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}).json()
-    time.sleep(0.5)
+    time.sleep(1.5)  # the replica that served the predictions writes its log every 0.5 s
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served["predictions"], test.y[:50])]
     assert httpx.post(f"{b}/feedback", json={"items": items}).json()["accepted"] == 50
 

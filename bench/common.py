@@ -1,0 +1,132 @@
+"""Shared pieces of the benchmarks: machine description, processes, wrk runs and result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def machine() -> dict:
+    """What the numbers were measured on, and at which commit."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
+            * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "python": platform.python_version(),
+            "numpy": np.__version__, "commit": commit.strip() or None}
+
+
+def write_result(name: str, data: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    return path
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A markdown table of ``rows`` with the given columns."""
+    def cell(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process (``argv`` gets ``--port``) with a readiness URL."""
+
+    def __init__(self, argv: list[str], ready_path: str, env: dict | None = None, cwd: Path = ROOT):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([*argv, "--port", str(self.port)], env=dict(os.environ, **(env or {})),
+                                        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + ready_path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{argv} did not become ready")
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
+    """Closed-loop load with ``connections`` concurrent clients for ``seconds`` (wrk, one thread)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "body.json"
+        body_file.write_text(body)
+        script = Path(tmp) / "post.lua"
+        script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                          f'wrk.body = io.open("{body_file}"):read("*a")\n')
+        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
+                              "--latency", "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+
+    def latency(pct: str) -> float:
+        found = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)$", out, re.MULTILINE)
+        if found is None:
+            return float("nan")
+        value, unit = found.groups()
+        return float(value) * (_UNITS[unit] if unit != "m" else 60_000.0)
+
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    return {"requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_ms": latency("50"), "p99_ms": latency("99"),
+            "non_2xx": int(errors.group(1)) if errors else 0,
+            "socket_errors": socket_errors.group(1).strip() if socket_errors else ""}
+
+
+def server_histogram_means(url: str) -> dict:
+    """Mean seconds per request of the service's own histograms (queue, inference, total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")) and (
+                    family.name in ("calib_queue_duration_seconds", "calib_inference_duration_seconds")
+                    or (family.name == "calib_http_request_duration_seconds" and sample.labels.get("route") == "/predict")):
+                entry = sums.setdefault(family.name, [0.0, 0.0])
+                entry[0 if sample.name.endswith("_sum") else 1] += sample.value
+    return {name.removeprefix("calib_").removesuffix("_duration_seconds"): s / c if c else None
+            for name, (s, c) in sums.items()}
+
+
+PYTHON = sys.executable

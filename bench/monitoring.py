@@ -1,0 +1,122 @@
+"""Monitoring benchmark: sustained POST /feedback throughput and GET /calibration latency with many
+labelled rows stored.
+
+Feedback: offline items (probabilities + label) in batches of ``--batch`` through HTTP for a fixed
+time, after one warm-up request (which also folds the directly written rows into the e-detector):
+labels/s. Calibration: ``--rows`` labelled predictions are written straight into the store
+(the same Storage calls the service makes), then GET /calibration is timed for windows of 10^3,
+10^5 and 10^6 labels (p50, p99). Prints a table and writes JSON.
+
+    python -m bench.monitoring [--rows 1000000] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.common import PYTHON, ROOT, Server, table, write_result
+from calibkit import binning
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import softmax
+
+MODEL = "digits-lenet5"
+
+
+def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
+    """Write ``rows`` labelled predictions of the default model directly; returns seconds taken."""
+    from service.storage import LabelRow, PredictionRow, Storage, encode
+
+    storage = Storage(url)
+    storage.migrate()
+    edges = binning.equal_width_edges(15)
+    start = time.perf_counter()
+    for offset in range(0, rows, chunk):
+        n = min(chunk, rows - offset)
+        z, y = calibrated_logits(n, logit_scale=8.0, seed=offset)
+        p = softmax(z)
+        conf, pred = p.max(1), p.argmax(1)
+        bins = binning.bin_index(conf, edges)
+        now = time.time()
+        ids = [uuid.uuid4().hex for _ in range(n)]
+        predictions = [PredictionRow(ids[i], MODEL, "1", 0, now, int(pred[i]), float(conf[i]), float(conf[i]),
+                                     encode(p[i]), encode(z[i])) for i in range(n)]
+        labels = [LabelRow(ids[i], MODEL, "1", 0, int(y[i]), int(pred[i] == y[i]), float(conf[i]), int(bins[i]),
+                           float(-np.log(max(p[i, y[i]], 1e-15))), float(((p[i] - np.eye(10)[y[i]]) ** 2).sum()), now)
+                  for i in range(n)]
+        storage.insert_labels(labels, predictions)
+    storage.engine.dispose()
+    return time.perf_counter() - start
+
+
+def feedback_throughput(base: str, seconds: float, batch: int) -> dict:
+    z, y = calibrated_logits(batch, logit_scale=8.0, seed=1)
+    payload = json.dumps({"items": [{"probabilities": q.round(6).tolist(), "label": int(t), "model": MODEL}
+                                    for q, t in zip(softmax(z), y)]})
+    with httpx.Client(base_url=base, timeout=600) as client:
+        client.post("/feedback", content=payload, headers={"content-type": "application/json"}).raise_for_status()
+    sent, start = 0, time.perf_counter()
+    with httpx.Client(base_url=base, timeout=60) as client:
+        while time.perf_counter() - start < seconds:
+            r = client.post("/feedback", content=payload, headers={"content-type": "application/json"})
+            r.raise_for_status()
+            sent += r.json()["accepted"]
+    return {"batch": batch, "labels_per_s": sent / (time.perf_counter() - start), "labels": sent}
+
+
+def calibration_latency(base: str, windows: list[int], repeats: int) -> list[dict]:
+    rows = []
+    with httpx.Client(base_url=base, timeout=120) as client:
+        for window in windows:
+            client.get("/calibration", params={"window": str(window)}).raise_for_status()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                client.get("/calibration", params={"window": str(window)}).raise_for_status()
+                times.append(1000 * (time.perf_counter() - start))
+            rows.append({"window": window, "p50_ms": float(np.percentile(times, 50)),
+                         "p99_ms": float(np.percentile(times, 99)), "requests": repeats})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    rows, seconds, repeats = (5_000, 2.0, 3) if args.smoke else (args.rows, args.seconds, args.repeats)
+    windows = [w for w in (1_000, 100_000, 1_000_000) if w <= rows]
+    work = Path(tempfile.mkdtemp(prefix="calib-bench-mon-"))
+    url = f"sqlite:///{work / 'store.db'}"
+    result = {}
+    try:
+        result["fill_seconds"] = fill_store(url, rows)
+        env = {"CALIB_DATABASE_URL": url, "CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_LOG_LEVEL": "warning"}
+        server = Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
+        try:
+            result["calibration"] = calibration_latency(server.url, windows, repeats)
+            result["feedback"] = feedback_throughput(server.url, seconds, args.batch)
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["rows"] = rows
+    print(f"stored {rows} labelled predictions in {result['fill_seconds']:.1f} s")
+    print("\nGET /calibration\n" + table(result["calibration"], ["window", "p50_ms", "p99_ms", "requests"]))
+    print("\nPOST /feedback\n" + table([result["feedback"]], ["batch", "labels_per_s", "labels"]))
+    write_result("monitoring", result)
+
+
+if __name__ == "__main__":
+    main()
