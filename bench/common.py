@@ -30,9 +30,10 @@ def machine() -> dict:
             "numpy": np.__version__, "commit": commit.strip() or None}
 
 
-def write_result(name: str, data: dict) -> Path:
+def write_result(name: str, data: dict, smoke: bool = False) -> Path:
+    """bench/results/<name>.json (smoke runs write <name>-smoke.json and never replace real results)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = RESULTS / f"{name}{'-smoke' if smoke else ''}.json"
     path.write_text(json.dumps({"machine": machine(), **data}, indent=2))
     return path
 

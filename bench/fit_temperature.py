@@ -34,7 +34,7 @@ def main() -> None:
         rows.append({"objective": objective, "n": n, "classes": args.classes, "fitted_T": round(t, 4), "true_T": 2.5,
                      "best_s": min(times), "median_s": float(np.median(times))})
     print(table(rows, ["objective", "n", "classes", "fitted_T", "true_T", "best_s", "median_s"]))
-    write_result("fit_temperature", {"results": rows})
+    write_result("fit_temperature", {"results": rows}, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def main() -> None:
     print(f"stored {rows} labelled predictions in {result['fill_seconds']:.1f} s")
     print("\nGET /calibration\n" + table(result["calibration"], ["window", "p50_ms", "p99_ms", "requests"]))
     print("\nPOST /feedback\n" + table([result["feedback"]], ["batch", "labels_per_s", "labels"]))
-    write_result("monitoring", result)
+    write_result("monitoring", result, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def main() -> None:
                                                                           "requests_per_s", "rows_per_s", "p50_ms", "p99_ms", "non_2xx"]))
     print("\nprediction logging\n" + table(result["logging"], ["logging", "model", "clients", "rows_per_s", "p50_ms", "p99_ms"]))
     print("\ngoals (ratios within this run)\n" + table(result["goals"], ["goal", "measured", "target", "met"]))
-    write_result("serving", result)
+    write_result("serving", result, smoke=args.smoke)
 
 
 def _find(records, **match):

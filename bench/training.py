@@ -31,7 +31,7 @@ def main() -> None:
     row = {"job": "training run (digits, LeNet-5, CE + temperature)" + (" smoke" if args.smoke else ""),
            "seconds": seconds, "peak_rss_mib": peak_mib}
     print(table([row], ["job", "seconds", "peak_rss_mib"]))
-    write_result("training", row)
+    write_result("training", row, smoke=args.smoke)
 
 
 if __name__ == "__main__":

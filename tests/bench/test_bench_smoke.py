@@ -15,5 +15,5 @@ def test_benchmark_script_runs_and_writes_its_result(name):
     result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    data = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
+    data = json.loads((ROOT / "bench" / "results" / f"{name}-smoke.json").read_text())
     assert data["machine"]["cores"] >= 1 and "|" in result.stdout
