@@ -80,14 +80,14 @@ class Service:
         self.process.wait(timeout=30)
 
 
-def _alarmed(client: httpx.Client, version: str) -> bool:
-    events = client.get("/calibration/history", params={"model": MODEL, "version": version}).json()["alarm_events"]
-    return any(e["to"] == "alarm" for e in events)
-
-
 def _states(client: httpx.Client, version: str) -> list[str]:
+    """The states the model version's alarm moved to, from GET /calibration/history."""
     events = client.get("/calibration/history", params={"model": MODEL, "version": version}).json()["alarm_events"]
     return [e["to"] for e in events]
+
+
+def _alarmed(client: httpx.Client, version: str) -> bool:
+    return "alarm" in _states(client, version)
 
 
 def send_images(client, version: str, x: np.ndarray, y: np.ndarray) -> None:

@@ -214,9 +214,7 @@ class Storage:
                 result = work(connection)
             self.last_error = None
             return result
-        except (OperationalError, DBAPIError) as exc:
-            raise self._fail(exc) from exc
-        except SQLAlchemyError as exc:
+        except SQLAlchemyError as exc:  # OperationalError, DBAPIError and every other driver failure
             raise self._fail(exc) from exc
 
     def migrate(self) -> None:

@@ -9,7 +9,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 
 def _free_port() -> int:

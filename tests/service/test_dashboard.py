@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
