@@ -37,7 +37,7 @@ serve: $(VENV)/.installed-service
 demo: $(VENV)/.installed-dev
 	$(PY) scripts/demo.py
 
-## tools: the Debian tools the tests use (docker-compose, prometheus/promtool, chromium), when missing
+## tools: the Debian tools the tests and benchmarks use (docker-compose, prometheus/promtool, chromium, wrk), when missing
 tools:
 	scripts/install-tools.sh
 

@@ -72,10 +72,7 @@ class Server:
         raise RuntimeError(f"{argv} did not become ready")
 
     def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+        return rss_mib(self.process.pid)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -114,20 +111,45 @@ def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
             "socket_errors": socket_errors.group(1).strip() if socket_errors else ""}
 
 
-def server_histogram_means(url: str) -> dict:
-    """Mean seconds per request of the service's own histograms (queue, inference, total)."""
+def histogram_totals(url: str) -> dict[str, list[float]]:
+    """(sum, count) of the service's own histograms: the /predict phases, queue and inference time
+    and batch size per model, and the total /predict request time."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    sums: dict[str, list[float]] = {}
+    totals: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")) and (
-                    family.name in ("calib_queue_duration_seconds", "calib_inference_duration_seconds")
-                    or (family.name == "calib_http_request_duration_seconds" and sample.labels.get("route") == "/predict")):
-                entry = sums.setdefault(family.name, [0.0, 0.0])
-                entry[0 if sample.name.endswith("_sum") else 1] += sample.value
-    return {name.removeprefix("calib_").removesuffix("_duration_seconds"): s / c if c else None
-            for name, (s, c) in sums.items()}
+            if not sample.name.endswith(("_sum", "_count")):
+                continue
+            labels = sample.labels
+            if family.name == "calib_request_phase_duration_seconds" and labels.get("route") == "/predict":
+                key = labels["phase"]
+            elif family.name in ("calib_queue_duration_seconds", "calib_inference_duration_seconds",
+                                 "calib_batch_size_rows"):
+                key = f"{family.name.removeprefix('calib_').split('_')[0]}:{labels['model'].split(':')[0]}"
+            elif family.name == "calib_http_request_duration_seconds" and labels.get("route") == "/predict":
+                key = "total"
+            else:
+                continue
+            totals.setdefault(key, [0.0, 0.0])[0 if sample.name.endswith("_sum") else 1] += sample.value
+    return totals
+
+
+def histogram_means(before: dict, after: dict, keys: list[str]) -> dict:
+    """Mean per observation of each histogram between two ``histogram_totals`` snapshots."""
+    out = {}
+    for key in keys:
+        s0, c0 = before.get(key, [0.0, 0.0])
+        s1, c1 = after.get(key, [0.0, 0.0])
+        out[key] = (s1 - s0) / (c1 - c0) if c1 > c0 else None
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 PYTHON = sys.executable

@@ -29,6 +29,7 @@ from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 MODEL = "digits-lenet5"
+CALIBRATION_COLUMNS = ["window", "labels_arriving", "p50_ms", "p99_ms", "requests"]
 
 
 def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
@@ -57,10 +58,14 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
     return time.perf_counter() - start
 
 
+def offline_items(n: int, seed: int) -> list[dict]:
+    """``n`` feedback items with probabilities scored elsewhere (each stores a prediction and a label)."""
+    z, y = calibrated_logits(n, logit_scale=8.0, seed=seed)
+    return [{"probabilities": q.round(6).tolist(), "label": int(t), "model": MODEL} for q, t in zip(softmax(z), y)]
+
+
 def feedback_throughput(base: str, seconds: float, batch: int) -> dict:
-    z, y = calibrated_logits(batch, logit_scale=8.0, seed=1)
-    payload = json.dumps({"items": [{"probabilities": q.round(6).tolist(), "label": int(t), "model": MODEL}
-                                    for q, t in zip(softmax(z), y)]})
+    payload = json.dumps({"items": offline_items(batch, seed=1)})
     with httpx.Client(base_url=base, timeout=600) as client:
         client.post("/feedback", content=payload, headers={"content-type": "application/json"}).raise_for_status()
     sent, start = 0, time.perf_counter()
@@ -73,17 +78,23 @@ def feedback_throughput(base: str, seconds: float, batch: int) -> dict:
 
 
 def calibration_latency(base: str, windows: list[int], repeats: int) -> list[dict]:
+    """GET /calibration latency per window, on a quiet store (repeated reports of the same labels) and
+    while labels arrive (one new label before every request, so nothing computed before is reused)."""
+    items = offline_items(repeats, seed=2)
     rows = []
     with httpx.Client(base_url=base, timeout=120) as client:
         for window in windows:
-            client.get("/calibration", params={"window": str(window)}).raise_for_status()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
+            for arriving in (False, True):
                 client.get("/calibration", params={"window": str(window)}).raise_for_status()
-                times.append(1000 * (time.perf_counter() - start))
-            rows.append({"window": window, "p50_ms": float(np.percentile(times, 50)),
-                         "p99_ms": float(np.percentile(times, 99)), "requests": repeats})
+                times = []
+                for item in items:
+                    if arriving:
+                        client.post("/feedback", json={"items": [item]}).raise_for_status()
+                    start = time.perf_counter()
+                    client.get("/calibration", params={"window": str(window)}).raise_for_status()
+                    times.append(1000 * (time.perf_counter() - start))
+                rows.append({"window": window, "labels_arriving": arriving, "p50_ms": float(np.percentile(times, 50)),
+                             "p99_ms": float(np.percentile(times, 99)), "requests": repeats})
     return rows
 
 
@@ -113,7 +124,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result["rows"] = rows
     print(f"stored {rows} labelled predictions in {result['fill_seconds']:.1f} s")
-    print("\nGET /calibration\n" + table(result["calibration"], ["window", "p50_ms", "p99_ms", "requests"]))
+    print("\nGET /calibration\n" + table(result["calibration"], CALIBRATION_COLUMNS))
     print("\nPOST /feedback\n" + table([result["feedback"]], ["batch", "labels_per_s", "labels"]))
     write_result("monitoring", result, smoke=args.smoke)
 

@@ -11,8 +11,12 @@ import subprocess
 import sys
 
 from bench.common import RESULTS, ROOT, machine, table
+from bench.monitoring import CALIBRATION_COLUMNS
+from bench.serving import LOAD_COLUMNS, PHASES
 
-BENCHMARKS = ("fit_temperature", "training", "serving", "monitoring")
+SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
+
+BENCHMARKS = ("fit_temperature", "training", "serving")  # serving also measures monitoring and memory
 
 
 def main() -> None:
@@ -51,21 +55,38 @@ def render() -> str:
     serving = _load("serving")
     if serving:
         out += ["## Serving", "", f"{serving['seconds_per_point']} s per load point after a warm-up, wrk with one "
-                "thread on loopback. `service`: this service (dynamic batching, prediction logging to SQLite); "
-                "`baseline`: a plain FastAPI endpoint calling onnxruntime once per request.", ""]
+                "thread on loopback. `service`: this service (dynamic batching, prediction logging to SQLite, "
+                "a store holding the monitoring benchmark's labelled predictions); `baseline`: a plain FastAPI "
+                "endpoint calling onnxruntime once per request (bench/baseline_app.py). `mean_batch_rows`: "
+                "rows per onnxruntime call the batcher formed at that point.", ""]
         for model, rows in serving["raw"].items():
-            out += [f"onnxruntime alone, {model}:", "", table(rows, ["batch", "rows_per_s", "ms_per_call"]), ""]
-        out += [table(serving["load"], ["server", "model", "rows", "clients", "requests_per_s", "rows_per_s",
-                                        "p50_ms", "p99_ms", "non_2xx"]), "", "Prediction logging:", "",
+            out += [f"onnxruntime alone, {model} (the service's thread settings):", "",
+                    table(rows, ["batch", "rows_per_s", "ms_per_call"]), ""]
+        raw = serving["raw_at_formed_batch"]
+        out += [f"onnxruntime alone at the batch size the batcher formed for the heavy model at 64 clients "
+                f"({raw['batch']} rows): {raw['rows_per_s']:.0f} rows/s.", "",
+                table(serving["load"], LOAD_COLUMNS), "", "Prediction logging:", "",
                 table(serving["logging"], ["logging", "model", "clients", "rows_per_s", "p50_ms", "p99_ms"]), "",
-                "Mean seconds per request from the service's own histograms (total /predict, queue, inference):", "",
-                "```", json.dumps(serving["split"], indent=1), "```", "", "### Goals", "",
-                table(serving["goals"], ["goal", "measured", "target", "met"]), ""]
+                "Time split of /predict from the service's own histograms (mean ms per request over the model's "
+                "sweep; `batch` = queue + inference + hand-back, `total` = the whole request):", "",
+                table([{"model": m} | v for m, v in serving["split"].items()], ["model", *SPLIT_COLUMNS]), "",
+                "Queue time with a configured max queue delay (Server-Timing header of every response):", "",
+                table([serving["queue_delay"]], ["max_queue_delay_ms", "clients", "requests", "p50_ms", "p99_ms",
+                                                 "max_ms"]), ""]
     monitoring = _load("monitoring")
     if monitoring:
-        out += ["## Monitoring", "", f"{monitoring['rows']} labelled predictions stored (SQLite).", "",
-                "GET /calibration:", "", table(monitoring["calibration"], ["window", "p50_ms", "p99_ms", "requests"]),
-                "", "POST /feedback:", "", table([monitoring["feedback"]], ["batch", "labels_per_s", "labels"]), ""]
+        out += ["## Monitoring", "", f"{monitoring['rows']} labelled predictions stored (SQLite) before the "
+                f"service started; measured on {monitoring.get('server', 'a service')}.", "",
+                "GET /calibration (quiet: the same labels reported again; labels arriving: one new label before "
+                "every request):", "", table(monitoring["calibration"], CALIBRATION_COLUMNS), "",
+                "POST /feedback:", "", table([monitoring["feedback"]], ["batch", "labels_per_s", "labels"]), ""]
+    soak = _load("soak")
+    if soak:
+        out += ["## Memory", "", f"RSS of the service: {soak['warm_rss_mib']:.1f} MiB after the warm-up, "
+                f"{soak['end_rss_mib']:.1f} MiB after {soak['minutes']:.1f} minutes of mixed load "
+                f"({100 * soak['growth']:+.1f}%).", "", table(soak["samples"], ["minutes", "rss_mib"]), ""]
+    if serving:
+        out += ["## Goals", "", table(serving["goals"], ["goal", "measured", "target", "met", "note"]), ""]
     return "\n".join(out) + "\n"
 
 

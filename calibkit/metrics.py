@@ -118,9 +118,13 @@ def nll(probs, labels) -> float:
     Probabilities are clipped below at machine epsilon (as scikit-learn's log_loss does), so a
     confident mistake costs at most -log(eps) ~ 36 instead of an infinite score.
     """
+    return float(np.mean(nll_terms(probs, labels)))
+
+
+def nll_terms(probs, labels) -> np.ndarray:
+    """Per-sample terms -log p_{i, y_i} of :func:`nll` (clipped the same way), e.g. to store with each label."""
     p, y = check_probs_labels(probs, labels)
-    p_true = p[np.arange(len(y)), y]
-    return float(-np.mean(np.log(np.clip(p_true, np.finfo(np.float64).eps, 1.0))))
+    return -np.log(np.clip(p[np.arange(len(y)), y], np.finfo(np.float64).eps, 1.0))
 
 
 def brier(probs, labels) -> float:
@@ -129,6 +133,11 @@ def brier(probs, labels) -> float:
     A binary (N,) input is the two columns [1 - p, p] like everywhere in calibkit, so its score is
     twice the one-column (p - y)^2 that scikit-learn's ``brier_score_loss`` reports.
     """
+    return float(np.mean(brier_terms(probs, labels)))
+
+
+def brier_terms(probs, labels) -> np.ndarray:
+    """Per-sample terms sum_k (p_ik - 1[y_i = k])^2 of :func:`brier`."""
     p, y = check_probs_labels(probs, labels)
     p[np.arange(len(y)), y] -= 1.0
-    return float(np.mean(np.sum(p**2, axis=1)))
+    return np.sum(p**2, axis=1)

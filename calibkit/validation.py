@@ -74,6 +74,26 @@ def check_probs(probs) -> np.ndarray:
     return np.clip(p, 0.0, 1.0)
 
 
+def row_problems(probs: np.ndarray) -> list[str | None]:
+    """Per row of a float (N, K) matrix, why it is not a probability vector (the checks of
+    :func:`check_probs`, vectorised), or None when it is one."""
+    p = np.asarray(probs, dtype=np.float64)
+    finite = np.isfinite(p).all(axis=1)
+    safe = np.where(np.isfinite(p), p, 0.5)
+    in_range = (safe.min(axis=1) >= -PROB_SUM_ATOL) & (safe.max(axis=1) <= 1.0 + PROB_SUM_ATOL)
+    sums = safe.sum(axis=1)
+    sums_to_one = np.abs(sums - 1.0) <= PROB_SUM_ATOL
+    out: list[str | None] = [None] * len(p)
+    for i in np.flatnonzero(~(finite & in_range & sums_to_one)):
+        if not finite[i]:
+            out[i] = "probs contain NaN or infinite values"
+        elif not in_range[i]:
+            out[i] = f"probs must lie in [0, 1], got values in [{p[i].min():.6g}, {p[i].max():.6g}]"
+        else:
+            out[i] = f"probs must sum to 1 (tolerance {PROB_SUM_ATOL}); this row sums to {sums[i]:.6g}"
+    return out
+
+
 def check_probs_labels(probs, labels) -> tuple[np.ndarray, np.ndarray]:
     """Validate a (probabilities, labels) pair; see :func:`check_probs` and :func:`check_labels`."""
     p = check_probs(probs)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian tools the tests use for real, installed only when missing: docker-compose (checks the compose
-# file), prometheus + promtool (alert rules, end-to-end scraping), chromium (the dashboard page).
+# file), prometheus + promtool (alert rules, end-to-end scraping), chromium (the dashboard page), wrk
+# (the load generator of `make bench`).
 set -euo pipefail
 missing=()
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing+=(prometheus)
 command -v chromium >/dev/null || missing+=(chromium)
+command -v wrk >/dev/null || missing+=(wrk)
 if ((${#missing[@]})); then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"

@@ -30,6 +30,7 @@ from service.monitoring import Monitor
 from service.monitoring_routes import router as monitoring_router
 from service.prediction_log import PredictionLog
 from service.repository import ModelRepository
+from service.rest import PREDICT_CONTRACT, PREDICT_ROUTES
 from service.rest import router as rest_router
 from service.schemas import V2InferenceRequest
 from service.settings import Settings
@@ -75,11 +76,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         storage.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")
 
-    app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan,
+    telemetry = {} if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
+    app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan, telemetry=telemetry,
                   description="Calibrated probabilities from ONNX models, with calibration monitoring.")
     app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     app.include_router(rest_router)
+    app.router.routes[:0] = PREDICT_ROUTES  # first: the hottest route is matched before all others
     app.include_router(monitoring_router)
     app.include_router(dashboard_router)
     app.include_router(v2_router)
@@ -172,7 +175,7 @@ def _openapi(app: FastAPI) -> dict:
     """The generated schema plus the v2 infer body, which that route parses itself (JSON or binary)."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=[*app.routes, PREDICT_CONTRACT])
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     infer = V2InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     for name, definition in infer.pop("$defs", {}).items():

@@ -1,22 +1,25 @@
 """Dynamic batching: concurrent requests to one model coalesce into one onnxruntime call.
 
-Inference runs on one worker thread per model, off the event loop. When the worker is free the
-queued requests run at once (up to ``max_batch_size`` rows), and requests arriving while a batch
-runs form the next batch: batches grow with load and a lone request waits for nothing. With
-``max_queue_delay_ms`` > 0 a batch additionally waits up to that long for more rows, as Triton's
-``dynamic_batching`` does (useful when inference is much cheaper per row in larger batches).
-Whole requests are batched (never split); a request larger than ``max_batch_size`` runs alone. The queue is bounded in rows: past ``max_queue_rows`` a request is refused with
-``Overloaded`` (HTTP 503 + Retry-After) instead of growing memory without bound.
+Each model has one inference thread that loops on its own: it takes everything queued (up to
+``max_batch_size`` rows), runs it, hands the results back to the event loop in one callback, and
+immediately takes the next batch, so onnxruntime never waits for the event loop to be scheduled.
+Requests arriving while a batch runs form the next batch: batches grow with load and a lone
+request waits for nothing. With ``max_queue_delay_ms`` > 0 a batch additionally waits up to that
+long for more rows, as Triton's ``dynamic_batching`` does; the wait is timed on the inference
+thread, so a busy event loop does not stretch it. Whole requests are batched (never split); a
+request larger than ``max_batch_size`` runs alone. The queue is bounded in rows: past
+``max_queue_rows`` a request is refused with ``Overloaded`` (HTTP 503 + Retry-After) instead of
+growing memory without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,9 +63,9 @@ class DynamicBatcher:
         self._on_batch = on_batch
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
-        self._task: asyncio.Task | None = None
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         self.batches_run = 0
 
@@ -72,46 +75,52 @@ class DynamicBatcher:
         return self._queued_rows
 
     def start(self) -> None:
-        """Start the batching loop on the running event loop."""
+        """Start the inference thread; results are delivered to the running event loop."""
+        self._loop = asyncio.get_running_loop()
         self._accepting = True
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+        self._thread = threading.Thread(target=self._work, name=f"infer-{self.name}", daemon=True)
+        self._thread.start()
 
     async def stop(self) -> None:
-        """Refuse new work, finish everything queued and in flight, then stop the worker thread."""
-        self._accepting = False
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
-        self._executor.shutdown(wait=True)
+        """Refuse new work, finish everything queued and in flight, then stop the inference thread."""
+        with self._ready:
+            self._accepting = False
+            self._ready.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
 
     async def submit(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], Timing]:
         """Queue a (rows, ...) batch and wait for its rows of every output."""
-        if not self._accepting:
-            raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
         rows = len(x)
-        if self._queued_rows + rows > self.config.max_queue_rows:
-            raise Overloaded(
-                f"model {self.name} has {self._queued_rows} rows queued (limit {self.config.max_queue_rows}); "
-                f"retry in {self._retry_after} s",
-                retry_after=self._retry_after,
-            )
-        pending = _Pending(x, asyncio.get_running_loop().create_future())
-        self._queue.append(pending)
-        self._queued_rows += rows
-        self._wakeup.set()
+        pending = _Pending(x, self._loop.create_future() if self._loop else None)
+        with self._ready:
+            if not self._accepting:
+                raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
+            if self._queued_rows + rows > self.config.max_queue_rows:
+                raise Overloaded(
+                    f"model {self.name} has {self._queued_rows} rows queued (limit {self.config.max_queue_rows}); "
+                    f"retry in {self._retry_after} s",
+                    retry_after=self._retry_after,
+                )
+            self._queue.append(pending)
+            self._queued_rows += rows
+            self._ready.notify()
         return await pending.future
 
-    async def _loop(self) -> None:
-        while self._accepting or self._queue:
-            if not self._queue:
-                await self._wakeup.wait()
-                self._wakeup.clear()
-                continue
-            await self._fill()
-            await self._run_batch(self._take())
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and self._accepting:
+                    self._ready.wait()
+                if not self._queue:
+                    return
+                self._fill()
+                batch = self._take()
+            self._run_batch(batch)
 
-    async def _fill(self) -> None:
-        """Wait until the batch is full or the oldest request has waited ``max_queue_delay_ms``."""
+    def _fill(self) -> None:
+        """Wait (lock held, released while waiting) until the batch is full or the oldest request has
+        waited ``max_queue_delay_ms``."""
         if self.config.max_queue_delay_ms <= 0:
             return
         deadline = self._queue[0].enqueued + self.config.max_queue_delay_ms / 1000.0
@@ -119,11 +128,7 @@ class DynamicBatcher:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 return
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            except asyncio.TimeoutError:
-                return
+            self._ready.wait(remaining)
 
     def _take(self) -> list[_Pending]:
         batch = [self._queue.popleft()]
@@ -135,25 +140,35 @@ class DynamicBatcher:
         self._queued_rows -= rows
         return batch
 
-    async def _run_batch(self, batch: list[_Pending]) -> None:
+    def _run_batch(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()
-        x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, x)
+            x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
+            outputs = self._run(x)
         except Exception as exc:  # noqa: BLE001 - every waiting request must get an answer
-            log.exception("inference failed for model %s on a batch of %d rows", self.name, len(x))
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+            log.exception("inference failed for model %s on a batch of %d requests", self.name, len(batch))
+            self._loop.call_soon_threadsafe(self._fail, batch, exc)
             return
         elapsed = time.perf_counter() - started
         self.batches_run += 1
         if self._on_batch is not None:
             self._on_batch(len(x), elapsed)
+        self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x))
+
+    @staticmethod
+    def _deliver(batch: list[_Pending], outputs: dict[str, np.ndarray], started: float, elapsed: float,
+                 rows: int) -> None:
+        """On the event loop: give every request its rows of every output."""
         offset = 0
         for p in batch:
             n = len(p.x)
             if not p.future.done():
                 part = {name: value[offset:offset + n] for name, value in outputs.items()}
-                p.future.set_result((part, Timing(started - p.enqueued, elapsed, len(x))))
+                p.future.set_result((part, Timing(started - p.enqueued, elapsed, rows)))
             offset += n
+
+    @staticmethod
+    def _fail(batch: list[_Pending], exc: Exception) -> None:
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(exc)

@@ -5,32 +5,29 @@ Routes in ``service.rest`` and ``service.v2`` only translate HTTP to these calls
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 
 import numpy as np
 
 from calibkit.temperature import apply_temperature, softmax
 from service import __version__
-from service.batching import DynamicBatcher
+from service.batching import DynamicBatcher, Timing
 from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
 from service.preprocessing import to_batch
 from service.repository import ModelRepository, ServedModel
 from service.schemas import (
-    ClassProbability,
     ModelInfo,
     ModelsResponse,
     ModelVersionInfo,
-    Prediction,
     PredictRequest,
-    PredictResponse,
     V2InferenceRequest,
     V2ModelMetadata,
     V2TensorMetadata,
 )
 from service.settings import Settings
-from service.storage import PredictionRow, encode
+from service.storage import PredictionRow
 
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
                 "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
@@ -46,6 +43,7 @@ class DataPlane:
         self.metrics = metrics
         self.monitor = monitor
         self.prediction_log = prediction_log
+        self._metric_children: dict[tuple[str, str], tuple] = {}
 
     async def start(self) -> None:
         """Start a batcher for every loaded model version."""
@@ -65,23 +63,38 @@ class DataPlane:
             if model.batcher is not None:
                 await model.batcher.stop()
 
-    async def infer(self, model: ServedModel, x: np.ndarray) -> dict[str, np.ndarray]:
+    async def infer(self, model: ServedModel, x: np.ndarray) -> tuple[dict[str, np.ndarray], Timing]:
         """Run a batch through the model's batcher; record the queue time."""
-        label = f"{model.name}:{model.version}"
+        queue, predictions, rejected = self._children(model)
         try:
             outputs, timing = await model.batcher.submit(x)
         except Overloaded:
-            self.metrics.rejected.labels(label).inc()
+            rejected.inc()
             raise
-        self.metrics.queue.labels(label).observe(timing.queue_seconds)
-        self.metrics.predictions.labels(model.name, model.version).inc(len(x))
-        return outputs
+        queue.observe(timing.queue_seconds)
+        predictions.inc(len(x))
+        return outputs, timing
 
-    async def predict(self, request: PredictRequest) -> PredictResponse:
+    def _children(self, model: ServedModel) -> tuple:
+        """The model's queue histogram and prediction and rejection counters (label lookups done once)."""
+        found = self._metric_children.get((model.name, model.version))
+        if found is None:
+            label = f"{model.name}:{model.version}"
+            found = self._metric_children[(model.name, model.version)] = (
+                self.metrics.queue.labels(label), self.metrics.predictions.labels(model.name, model.version),
+                self.metrics.rejected.labels(label))
+        return found
+
+    def prepare(self, request: PredictRequest) -> tuple[ServedModel, np.ndarray]:
+        """The model a /predict request names and its rows as one float32 batch (422 naming the row)."""
         model = self.repository.get(request.model, request.version)
         x = to_batch(request.inputs, model.shape, model.manifest.preprocessing,
                      max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
-        outputs = await self.infer(model, x)
+        return model, x
+
+    def respond(self, model: ServedModel, request: PredictRequest, outputs: dict[str, np.ndarray]) -> dict:
+        """The /predict body (a ``PredictResponse`` as plain data) for the model's outputs; queues the
+        rows for the prediction log."""
         names = model.manifest.outputs
         logits = outputs[names["logits"]].astype(np.float64)
         calibration_version, temperature = (self.monitor.active(model) if self.monitor is not None
@@ -89,32 +102,30 @@ class DataPlane:
         # version 0 is baked into the ONNX graph; a refitted temperature is applied to the logits here
         probs = (outputs[names["probabilities"]].astype(np.float64) if calibration_version == 0
                  else apply_temperature(logits, temperature))
-        ids = [uuid.uuid4().hex for _ in range(len(x))]
+        ids = new_ids(len(probs))
         uncalibrated = softmax(logits)
         if self.prediction_log is not None:
             self.prediction_log.enqueue(prediction_rows(ids, model, calibration_version, probs, logits, uncalibrated))
-        return PredictResponse(
-            model=model.name, version=model.version, calibration_version=calibration_version, temperature=temperature,
-            provider=model.runtime.provider,
-            predictions=self._predictions(model, ids, probs, logits, uncalibrated, request),
-        )
+        return {"model": model.name, "version": model.version, "calibration_version": calibration_version,
+                "temperature": temperature, "provider": model.runtime.provider,
+                "predictions": self._predictions(model, ids, probs, logits, uncalibrated, request)}
 
     @staticmethod
-    def _predictions(model: ServedModel, ids, probs, logits, uncalibrated, request: PredictRequest) -> list[Prediction]:
+    def _predictions(model: ServedModel, ids, probs, logits, uncalibrated, request: PredictRequest) -> list[dict]:
         classes = model.manifest.class_names
-        predicted = probs.argmax(axis=1)
-        order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k] if request.top_k else None
+        predicted = probs.argmax(axis=1).tolist()
+        confidence = probs.max(axis=1).tolist()
+        order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
         out = []
         for i, k in enumerate(predicted):
-            row = probs[i]
-            out.append(Prediction(
-                id=ids[i], label=classes[k], class_index=int(k), confidence=float(row[k]),
-                probabilities=row.tolist(),
-                top_k=None if order is None else [ClassProbability(label=classes[j], class_index=int(j),
-                                                                   probability=float(row[j])) for j in order[i]],
-                logits=logits[i].tolist() if request.return_logits else None,
-                uncalibrated_probabilities=uncalibrated[i].tolist() if request.return_uncalibrated else None,
-            ))
+            out.append({
+                "id": ids[i], "label": classes[k], "class_index": k, "confidence": confidence[i],
+                "probabilities": probs[i],
+                "top_k": None if order is None else [{"label": classes[j], "class_index": j,
+                                                      "probability": float(probs[i, j])} for j in order[i]],
+                "logits": logits[i] if request.return_logits else None,
+                "uncalibrated_probabilities": uncalibrated[i] if request.return_uncalibrated else None,
+            })
         return out
 
     def models(self) -> ModelsResponse:
@@ -176,7 +187,7 @@ class DataPlane:
         unknown = [o for o in requested if o not in model.runtime.output_names]
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
-        outputs = await self.infer(model, x)
+        outputs, _ = await self.infer(model, x)
         return model, {name: outputs[name] for name in requested}
 
     @staticmethod
@@ -192,12 +203,21 @@ class DataPlane:
         return arr.ravel()
 
 
+def new_ids(n: int) -> list[str]:
+    """``n`` random 128-bit prediction ids as 32 hex digits (one system call for the whole batch)."""
+    digits = os.urandom(16 * n).hex()
+    return [digits[32 * i:32 * (i + 1)] for i in range(n)]
+
+
 def prediction_rows(ids, model: ServedModel, calibration_version: int, probs, logits, uncalibrated) -> list[PredictionRow]:
     """Rows of the prediction log for one batch."""
     now = time.time()
-    predicted = probs.argmax(axis=1)
-    return [PredictionRow(ids[i], model.name, model.version, calibration_version, now, int(k), float(probs[i, k]),
-                          float(uncalibrated[i].max()), encode(probs[i]), encode(logits[i]))
+    predicted = probs.argmax(axis=1).tolist()
+    confidence = probs.max(axis=1).tolist()
+    raw_confidence = uncalibrated.max(axis=1).tolist()
+    probs32, logits32 = probs.astype(np.float32), logits.astype(np.float32)
+    return [PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
+                          raw_confidence[i], probs32[i].tobytes(), logits32[i].tobytes())
             for i, k in enumerate(predicted)]
 
 

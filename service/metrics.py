@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0)
+PHASES = ("parse", "validate", "batch", "encode")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -19,11 +20,16 @@ class ServiceMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._phases: dict[str, dict] = {}
         r = self.registry
         self.requests = Counter("calib_http_requests_total", "HTTP requests by route template, method and status",
                                 ["route", "method", "status"], registry=r)
         self.latency = Histogram("calib_http_request_duration_seconds", "Total request latency by route template",
                                  ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.phase = Histogram("calib_request_phase_duration_seconds",
+                               "Request time by phase: parse (read + decode JSON), validate, batch (queue + "
+                               "inference, see the two histograms below), encode (build + encode the response)",
+                               ["route", "phase"], buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("calib_http_requests_in_flight", "Requests being served", registry=r)
         self.queue = Histogram("calib_queue_duration_seconds", "Time a request waited for its batch",
                                ["model"], buckets=LATENCY_BUCKETS, registry=r)
@@ -65,6 +71,13 @@ class ServiceMetrics:
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
         self.webhook_failures = Counter("calib_webhook_failures_total", "Alarm webhooks that could not be delivered",
                                         registry=r)
+
+    def phases(self, route: str) -> dict:
+        """The phase histograms of ``route`` by phase name (resolved once: label lookups cost per request)."""
+        found = self._phases.get(route)
+        if found is None:
+            found = self._phases[route] = {p: self.phase.labels(route, p) for p in PHASES}
+        return found
 
     def observe_batch(self, model: str, rows: int, seconds: float) -> None:
         self.batch_size.labels(model).observe(rows)

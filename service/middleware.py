@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
+import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,7 +35,7 @@ class ServingMiddleware:
             return
         headers = dict(scope["headers"])
         given = headers.get(REQUEST_ID.encode(), b"").decode("latin-1")
-        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        request_id = given if _SAFE_ID.match(given) else os.urandom(16).hex()
         scope.setdefault("state", {})["request_id"] = request_id
         declared = headers.get(b"content-length")
         limit = self.max_body_bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 import zlib
@@ -26,16 +27,17 @@ from calibkit.plotting import figure_png, reliability_figure
 from calibkit.sequential import ShiryaevRoberts
 from calibkit.significance import consistency_test, ece_interval
 from calibkit.temperature import apply_temperature, fit_temperature
-from calibkit.validation import check_probs
+from calibkit.validation import row_problems
 from service.errors import InvalidInput, ModelNotFound
 from service.metrics import ServiceMetrics
 from service.repository import ModelRepository, ServedModel
-from service.storage import LabelRow, PredictionRow, Storage, alarm_events, decode, encode, monitor_state
+from service.storage import LabelRow, PredictionRow, Storage, alarm_events, decode_rows, encode, monitor_state
 
 log = logging.getLogger("service.monitoring")
 
 _WINDOW = re.compile(r"^(?:(?P<count>\d+)|(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]))$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DETAIL_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,17 @@ class Window:
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """A feedback item turned into rows, or the reason it was rejected."""
+class _Candidate:
+    """A feedback item joined with what it labels: a logged prediction (its probabilities blob) or
+    probabilities scored elsewhere (offline, a list still to be checked)."""
 
-    label: LabelRow | None = None
-    prediction: PredictionRow | None = None
-    reason: str | None = None
+    index: int
+    served: ServedModel
+    calibration_version: int
+    prediction_id: str
+    probs: bytes | list
+    label: int
+    offline: bool
 
 
 class Monitor:
@@ -88,6 +95,8 @@ class Monitor:
         self.drift_rows = drift_rows
         self.n_resamples = n_resamples
         self._active: dict[tuple[str, str], tuple[int, float | None]] = {}
+        self._detail_cache: dict[tuple, dict] = {}
+        self._detail_lock = threading.Lock()
 
     # calibration versions --------------------------------------------------------------------
 
@@ -119,26 +128,29 @@ class Monitor:
         """Validate, join and store feedback (committed before returning), then re-assess the alarms
         of the models it touched. Returns the response body and the alarm transitions."""
         known = self.storage.fetch_predictions(i.prediction_id for i in items if i.prediction_id is not None)
-        resolved, seen = [], set()
+        reasons: list[str | None] = [None] * len(items)
+        candidates, seen = [], set()
         for index, item in enumerate(items):
             if item.prediction_id is not None and item.prediction_id in seen:
-                resolved.append(Resolved(reason="duplicate feedback for this prediction id in this request"))
+                reasons[index] = "duplicate feedback for this prediction id in this request"
                 continue
-            outcome = self._resolve(item, known)
-            if outcome.label is not None:
+            outcome = self._resolve(index, item, known)
+            if isinstance(outcome, str):
+                reasons[index] = outcome
+            else:
                 seen.add(item.prediction_id)
-            resolved.append(outcome)
-        new_predictions = [r.prediction for r in resolved if r.prediction is not None and r.label is not None]
-        rows = [r.label for r in resolved if r.label is not None]
-        duplicates = self.storage.insert_labels(rows, new_predictions)
+                candidates.append(outcome)
+        label_rows, new_predictions = self._label_rows(candidates, reasons)
+        duplicates = self.storage.insert_labels(list(label_rows.values()), new_predictions)
         rejected, accepted = [], []
-        for index, (item, r) in enumerate(zip(items, resolved)):
-            reason = r.reason or ("duplicate feedback: this prediction already has a label"
-                                  if r.label.prediction_id in duplicates else None)
+        for index, item in enumerate(items):
+            row = label_rows.get(index)
+            reason = reasons[index] or ("duplicate feedback: this prediction already has a label"
+                                        if row.prediction_id in duplicates else None)
             if reason:
                 rejected.append({"index": index, "prediction_id": item.prediction_id, "reason": reason})
             else:
-                accepted.append(r.label)
+                accepted.append(row)
         self._count(accepted)
         self.metrics.feedback_items.labels("accepted").inc(len(accepted))
         self.metrics.feedback_items.labels("rejected").inc(len(rejected))
@@ -149,40 +161,69 @@ class Monitor:
                 transitions.append(transition)
         return {"accepted": len(accepted), "rejected": rejected}, transitions
 
-    def _resolve(self, item, known: dict) -> Resolved:
-        now = time.time()
+    def _resolve(self, index: int, item, known: dict) -> _Candidate | str:
+        """The item joined with its prediction (or its own probabilities), or why it is rejected.
+        Offline probabilities are checked later, all rows of a model at once."""
         if item.prediction_id is not None:
             row = known.get(item.prediction_id)
             if row is None:
-                return Resolved(reason=f"unknown prediction id {item.prediction_id!r}")
+                return f"unknown prediction id {item.prediction_id!r}"
             try:
                 served = self.repository.get(row.model, row.version)
             except ModelNotFound:
-                return Resolved(reason=f"model {row.model} version {row.version} is no longer served")
-            probs = decode(row.probabilities)
+                return f"model {row.model} version {row.version} is no longer served"
             label = self._label_index(item.label, served)
             if isinstance(label, str):
-                return Resolved(reason=label)
-            return Resolved(label=self._label_row(row.id, served, row.calibration_version, probs, label, now))
+                return label
+            return _Candidate(index, served, row.calibration_version, row.id, row.probabilities, label, False)
         try:
             served = self.repository.get(item.model, item.version)
         except ModelNotFound as exc:
-            return Resolved(reason=exc.message)
+            return exc.message
         k = len(served.manifest.class_names)
         if len(item.probabilities) != k:
-            return Resolved(reason=f"probabilities has {len(item.probabilities)} values; model {served.name} has {k} classes")
-        try:
-            probs = check_probs(np.asarray(item.probabilities, dtype=np.float64)[None])[0]
-        except ValueError as exc:
-            return Resolved(reason=str(exc))
+            return f"probabilities has {len(item.probabilities)} values; model {served.name} has {k} classes"
         label = self._label_index(item.label, served)
         if isinstance(label, str):
-            return Resolved(reason=label)
+            return label
         calibration_version, _ = self.active(served)
-        prediction = PredictionRow(uuid.uuid4().hex, served.name, served.version, calibration_version, now,
-                                   int(probs.argmax()), float(probs.max()), None, encode(probs), None, "offline")
-        return Resolved(label=self._label_row(prediction.id, served, calibration_version, probs, label, now),
-                        prediction=prediction)
+        return _Candidate(index, served, calibration_version, uuid.uuid4().hex, item.probabilities, label, True)
+
+    def _label_rows(self, candidates: list[_Candidate], reasons: list) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
+        """Label rows (by item index) and offline prediction rows, computed per model in a few array
+        operations; offline probability rows that are not probability vectors get their reason."""
+        now = time.time()
+        label_rows, new_predictions = {}, []
+        groups: dict[tuple, list[_Candidate]] = {}
+        for c in candidates:
+            groups.setdefault((c.served.name, c.served.version, c.offline), []).append(c)
+        for (_, _, offline), group in groups.items():
+            if offline:
+                probs = np.array([c.probs for c in group], dtype=np.float64)
+                problems = row_problems(probs)
+                for c, problem in zip(group, problems):
+                    reasons[c.index] = problem
+                keep = [i for i, problem in enumerate(problems) if problem is None]
+                group, probs = [group[i] for i in keep], np.clip(probs[keep], 0.0, 1.0)
+            else:
+                probs = decode_rows([c.probs for c in group])
+            if not group:
+                continue
+            y = np.array([c.label for c in group])
+            predicted = probs.argmax(axis=1)
+            confidence = probs[np.arange(len(y)), predicted]
+            bins = binning.bin_index(confidence, self.edges).tolist()
+            nll, brier = metrics.nll_terms(probs, y).tolist(), metrics.brier_terms(probs, y).tolist()
+            correct = (predicted == y).astype(int).tolist()
+            predicted, confidence = predicted.tolist(), confidence.tolist()
+            for i, c in enumerate(group):
+                label_rows[c.index] = LabelRow(c.prediction_id, c.served.name, c.served.version, c.calibration_version,
+                                               c.label, correct[i], confidence[i], bins[i], nll[i], brier[i], now)
+                if offline:
+                    new_predictions.append(PredictionRow(c.prediction_id, c.served.name, c.served.version,
+                                                         c.calibration_version, now, predicted[i], confidence[i], None,
+                                                         encode(probs[i]), None, "offline"))
+        return dict(sorted(label_rows.items())), new_predictions
 
     @staticmethod
     def _label_index(label, served: ServedModel) -> int | str:
@@ -195,16 +236,6 @@ class Monitor:
         if isinstance(label, int) and 0 <= label < len(classes):
             return label
         return f"label {label!r} is not a class index of model {served.name} (0..{len(classes) - 1})"
-
-    def _label_row(self, prediction_id, served, calibration_version, probs, label, now) -> LabelRow:
-        predicted = int(probs.argmax())
-        confidence = float(probs[predicted])
-        return LabelRow(
-            prediction_id=prediction_id, model=served.name, version=served.version,
-            calibration_version=calibration_version, label=label, correct=int(predicted == label),
-            confidence=confidence, conf_bin=int(binning.bin_index(np.array([confidence]), self.edges)[0]),
-            nll=metrics.nll(probs[None], [label]), brier=metrics.brier(probs[None], [label]), labelled_at=now,
-        )
 
     def _count(self, rows: list[LabelRow]) -> None:
         for r in rows:
@@ -351,23 +382,37 @@ class Monitor:
             return empty | {"bins": binning.reliability(agg.sums, self.edges).to_records(), "detail_rows": 0}
         seed = self._seed(served, calibration_version, agg.last_seq)
         ci = ece_interval(agg.sums, n_resamples=self.n_resamples, seed=seed)
-        y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
-                                                    min(self.detail_rows, agg.n), seconds=win.seconds)
-        out = {
+        return {
             "accuracy": float(agg.sums.outcome_sum.sum() / agg.n),
             "mean_confidence": float(agg.sums.confidence_sum.sum() / agg.n),
             "ece": ci.ece, "ece_ci": [ci.low, ci.high], "ece_ci_level": ci.level,
             "mce": binning.calibration_error(agg.sums, "max"),
             "debiased_ece": binning.debiased_l2_error(agg.sums),
-            "adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
-            "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
             "brier": agg.brier_sum / agg.n, "nll": agg.nll_sum / agg.n,
             "calibration_test_p_value": consistency_test(agg.sums, n_resamples=self.n_resamples, seed=seed + 1),
             "bins": binning.reliability(agg.sums, self.edges).to_records(),
-            "detail_rows": len(y),
-            "recalibration": self._refit(logits, y, probs),
-        }
-        return out
+        } | self._details(served, calibration_version, agg, win)
+
+    def _details(self, served, calibration_version, agg, win: Window) -> dict:
+        """AdaECE, classwise ECE and the refit on the window's most recent ``detail_rows`` labels. Cached
+        by (model version, calibration version, last label, label count): the same pair is the same
+        label set, for count and time windows alike, so a dashboard polling a quiet window costs no
+        row fetch."""
+        key = (served.name, served.version, calibration_version, agg.last_seq, agg.n)
+        with self._detail_lock:
+            found = self._detail_cache.get(key)
+        if found is not None:
+            return found
+        y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
+                                                    min(self.detail_rows, agg.n), seconds=win.seconds)
+        found = {"adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
+                 "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
+                 "detail_rows": len(y), "recalibration": self._refit(logits, y, probs)}
+        with self._detail_lock:
+            self._detail_cache[key] = found
+            while len(self._detail_cache) > DETAIL_CACHE_SIZE:
+                self._detail_cache.pop(next(iter(self._detail_cache)))
+        return found
 
     def _refit(self, logits, y, probs) -> dict | None:
         """The temperature refitted on the window's labelled logits and what it would do (in-sample)."""

@@ -5,8 +5,11 @@ from __future__ import annotations
 import anyio
 import onnxruntime as ort
 from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
 from service import __version__
+from service.codec import Phases, PlainRoute, decode, respond, validate
 from service.schemas import ErrorResponse, HealthResponse, ModelsResponse, PredictRequest, PredictResponse
 
 router = APIRouter()
@@ -20,10 +23,35 @@ ERRORS = {
 }
 
 
-@router.post("/predict", response_model=PredictResponse, responses=ERRORS, tags=["inference"])
-async def predict(body: PredictRequest, request: Request) -> PredictResponse:
+class PredictEndpoint:
+    """POST /predict as a plain ASGI endpoint (see ``service.codec``): calibrated probabilities for a
+    batch of rows (arrays or base64 PNG/JPEG images). Times its phases in the server's histograms and
+    tells the client its queue and inference time in a ``Server-Timing`` header (W3C Server Timing)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        dataplane = scope["app"].state.dataplane
+        phases = Phases(dataplane.metrics.phases("/predict"))
+        payload = decode(await Request(scope, receive).body())
+        phases.mark("parse")
+        body = validate(PredictRequest, payload)
+        model, x = dataplane.prepare(body)
+        phases.mark("validate")
+        outputs, timing = await dataplane.infer(model, x)
+        phases.mark("batch")
+        response = respond(dataplane.respond(model, body, outputs), headers={"Server-Timing": (
+            f"queue;dur={1000 * timing.queue_seconds:.3f}, infer;dur={1000 * timing.inference_seconds:.3f}")})
+        phases.mark("encode")
+        await response(scope, receive, send)
+
+
+def predict_contract(body: PredictRequest) -> PredictResponse:
     """Calibrated probabilities for a batch of rows (arrays or base64 PNG/JPEG images)."""
-    return await request.app.state.dataplane.predict(body)
+    raise NotImplementedError("documentation only: PredictEndpoint serves POST /predict")
+
+
+PREDICT_ROUTES = [PlainRoute("/predict", PredictEndpoint(), methods=["POST"])]
+PREDICT_CONTRACT = APIRoute("/predict", predict_contract, methods=["POST"], response_model=PredictResponse,
+                            responses=ERRORS, tags=["inference"], name="predict")
 
 
 @router.get("/models", response_model=ModelsResponse, tags=["models"])

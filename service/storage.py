@@ -3,8 +3,13 @@
 SQLite file by default (WAL with synchronous=NORMAL: a committed label is in the write-ahead log
 before the commit returns, so it survives a crash of the process; only a power loss can take the
 last commits, which synchronous=FULL would prevent at the price of an fsync per commit), PostgreSQL by
-URL when several replicas share one store. The schema is created and migrated at start. All
-window statistics are aggregated in SQL (GROUP BY confidence bin) so no request scans every row.
+URL when several replicas share one store. The schema is created and migrated at start.
+
+Window statistics never scan all labels: every label is also added, in the transaction that stores
+it, to the mergeable per-bin sums of its *block* (``label_bins``: one row per model version,
+calibration version, block of ``BLOCK_LABELS`` consecutive label sequence numbers and confidence bin).
+A window is the sum of the blocks it covers entirely plus an SQL aggregate of the labels of at most
+a few boundary blocks, so its cost depends on the number of blocks, not on the number of labels.
 Any database failure surfaces as ``StorageUnavailable`` (HTTP 503 + Retry-After) and the engine
 reconnects by itself (pool_pre_ping) when the database is back.
 """
@@ -16,6 +21,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
@@ -26,7 +32,8 @@ from service.errors import ServiceError
 
 log = logging.getLogger("service.storage")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+BLOCK_LABELS = 1024
 BigId = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 
 metadata = sa.MetaData()
@@ -66,6 +73,23 @@ labels = sa.Table(
     sa.Column("labelled_at", sa.Float, nullable=False),
     sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
+)
+
+label_bins = sa.Table(
+    "label_bins", metadata,
+    sa.Column("model", sa.String(128), primary_key=True),
+    sa.Column("version", sa.String(32), primary_key=True),
+    sa.Column("calibration_version", sa.Integer, primary_key=True),
+    sa.Column("block", BigId, primary_key=True),
+    sa.Column("conf_bin", sa.Integer, primary_key=True),
+    sa.Column("count", BigId, nullable=False),
+    sa.Column("confidence_sum", sa.Float, nullable=False),
+    sa.Column("correct_sum", sa.Float, nullable=False),
+    sa.Column("nll_sum", sa.Float, nullable=False),
+    sa.Column("brier_sum", sa.Float, nullable=False),
+    sa.Column("first_at", sa.Float, nullable=False),
+    sa.Column("last_at", sa.Float, nullable=False),
+    sa.Column("last_seq", BigId, nullable=False),
 )
 
 calibrations = sa.Table(
@@ -117,8 +141,10 @@ class StorageUnavailable(ServiceError):
         super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
-@dataclass(frozen=True)
-class PredictionRow:
+class PredictionRow(NamedTuple):
+    """One logged prediction, its fields in the column order of ``predictions`` (bulk inserts pass
+    these tuples straight to the driver)."""
+
     id: str
     model: str
     version: str
@@ -130,6 +156,12 @@ class PredictionRow:
     probabilities: bytes
     logits: bytes | None
     source: str = "online"
+
+
+_PREDICTION_COLUMNS = ", ".join(PredictionRow._fields)
+_INSERT_PREDICTIONS = (f"INSERT INTO predictions ({_PREDICTION_COLUMNS}) "
+                       f"VALUES ({', '.join('?' * len(PredictionRow._fields))})")
+_COPY_PREDICTIONS = f"COPY predictions ({_PREDICTION_COLUMNS}) FROM STDIN"
 
 
 @dataclass(frozen=True)
@@ -170,6 +202,11 @@ def encode(values: np.ndarray) -> bytes:
 
 def decode(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype=np.float32).astype(np.float64)
+
+
+def decode_rows(blobs: list[bytes]) -> np.ndarray:
+    """(rows, k) float64 from equal-length ``encode`` blobs, in one conversion."""
+    return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1).astype(np.float64)
 
 
 def _engine(url: str) -> sa.Engine:
@@ -218,7 +255,8 @@ class Storage:
             raise self._fail(exc) from exc
 
     def migrate(self) -> None:
-        """Create the schema (idempotent) and record its version; refuse a newer schema."""
+        """Create the schema (idempotent) and record its version; migrate version 1 (no block sums)
+        by building ``label_bins`` from the labels; refuse a newer schema."""
         with self.engine.begin() as connection:
             metadata.create_all(connection)
             found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
@@ -226,6 +264,10 @@ class Storage:
                 connection.execute(schema_info.insert().values(version=SCHEMA_VERSION))
             elif found > SCHEMA_VERSION:
                 raise RuntimeError(f"database schema version {found} is newer than this service ({SCHEMA_VERSION})")
+            elif found == 1 and connection.execute(
+                    schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
+                connection.execute(label_bins.delete())  # only the replica that moved the version builds the sums
+                _add_to_blocks(connection, _block_sums(sa.true()))
         self.schema_ready = True
 
     def ping(self) -> bool:
@@ -241,8 +283,21 @@ class Storage:
     # predictions -----------------------------------------------------------------------------
 
     def insert_predictions(self, rows: Sequence[PredictionRow]) -> None:
+        """Bulk insert in one transaction by the driver's fastest path: COPY on PostgreSQL, a prepared
+        executemany of plain tuples on SQLite (SQLAlchemy's per-row bind processing costs 2-4x more)."""
         if rows:
-            self._run(lambda c: c.execute(predictions.insert(), [r.__dict__ for r in rows]))
+            self._run(lambda c: self._bulk_insert_predictions(c, rows))
+
+    def _bulk_insert_predictions(self, c: sa.Connection, rows: Sequence[PredictionRow]) -> None:
+        dialect = c.dialect.name
+        if dialect == "postgresql" and c.dialect.driver == "psycopg":
+            with c.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY_PREDICTIONS) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        elif dialect == "sqlite":
+            c.exec_driver_sql(_INSERT_PREDICTIONS, list(rows))
+        else:
+            c.execute(predictions.insert(), [r._asdict() for r in rows])
 
     def fetch_predictions(self, ids: Iterable[str]) -> dict[str, sa.Row]:
         ids = list(ids)
@@ -272,46 +327,57 @@ class Storage:
         already had a label (duplicates, not inserted). Committed before returning."""
         def work(c):
             if new_predictions:
-                c.execute(predictions.insert(), [r.__dict__ for r in new_predictions])
+                self._bulk_insert_predictions(c, new_predictions)
             ids = [r.prediction_id for r in rows]
             existing = {r[0] for r in c.execute(sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(ids)))}
             fresh = [r.__dict__ for r in rows if r.prediction_id not in existing]
             if fresh:
                 c.execute(labels.insert(), fresh)
+                _add_to_blocks(c, _block_sums(labels.c.prediction_id.in_([r["prediction_id"] for r in fresh])))
             return existing
 
         return self._run(work) if rows else set()
 
     def window(self, model: str, version: str, calibration_version: int, n_bins: int, *, last: int | None = None,
                seconds: float | None = None, now: float | None = None, connection=None) -> WindowAggregate:
-        """Bin sums of the last ``last`` labels, or of the labels of the last ``seconds``."""
-        scope = [labels.c.model == model, labels.c.version == version, labels.c.calibration_version == calibration_version]
-        if seconds is not None:
-            scope.append(labels.c.labelled_at >= (now or time.time()) - seconds)
-        inner = sa.select(labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll,
-                          labels.c.brier, labels.c.labelled_at).where(*scope)
-        if last is not None:
-            inner = inner.order_by(labels.c.seq.desc()).limit(last)
-        inner = inner.subquery()
-        query = (sa.select(inner.c.conf_bin, sa.func.count(), sa.func.sum(inner.c.confidence),
-                           sa.func.sum(inner.c.correct), sa.func.sum(inner.c.nll), sa.func.sum(inner.c.brier),
-                           sa.func.min(inner.c.labelled_at), sa.func.max(inner.c.labelled_at),
-                           sa.func.max(inner.c.seq))
-                 .group_by(inner.c.conf_bin))
+        """Bin sums of the last ``last`` labels, or of the labels of the last ``seconds`` (all labels
+        when neither is given): whole blocks from ``label_bins`` plus the labels of the boundary blocks."""
+        if last is not None and seconds is not None:
+            raise ValueError("a window is a label count or a duration, not both")
+        key_blocks = _scope(label_bins, model, version, calibration_version)
+        key_labels = _scope(labels, model, version, calibration_version)
 
         def work(c):
-            count, conf, correct = np.zeros(n_bins), np.zeros(n_bins), np.zeros(n_bins)
-            nll = brier = 0.0
-            first, last_at, last_seq = [], [], 0
-            for b, n, s_conf, s_correct, s_nll, s_brier, t0, t1, seq in c.execute(query):
-                count[b], conf[b], correct[b] = n, s_conf, s_correct
-                nll += s_nll
-                brier += s_brier
-                first.append(t0)
-                last_at.append(t1)
-                last_seq = max(last_seq, seq)
-            return WindowAggregate(BinSums(count, conf, correct), nll, brier, min(first, default=None),
-                                   max(last_at, default=None), last_seq)
+            window = _Accumulator(n_bins)
+            if seconds is not None:
+                cutoff = (now or time.time()) - seconds
+                spans = (sa.select(label_bins.c.block).where(*key_blocks).group_by(label_bins.c.block))
+                inside = spans.having(sa.func.min(label_bins.c.first_at) >= cutoff)
+                straddling = [b for (b,) in c.execute(spans.having(sa.func.min(label_bins.c.first_at) < cutoff,
+                                                                   sa.func.max(label_bins.c.last_at) >= cutoff))]
+                window.add(c.execute(_bin_totals(*key_blocks, label_bins.c.block.in_(inside))))
+                if straddling:
+                    rows = sa.select(*_ROW_COLUMNS).where(*key_labels, labels.c.labelled_at >= cutoff,
+                                                          sa.or_(*(_in_block(b) for b in straddling)))
+                    window.add(c.execute(_row_totals(rows.subquery())))
+                return window.result()
+            boundary = None
+            if last is not None:
+                counts = sa.select(label_bins.c.block, sa.func.sum(label_bins.c.count)).where(*key_blocks).group_by(
+                    label_bins.c.block).order_by(label_bins.c.block.desc())
+                total = 0
+                for block, n in c.execute(counts):
+                    if total + n > last:
+                        boundary = (block, last - total)
+                        break
+                    total += n
+            newer = [label_bins.c.block > boundary[0]] if boundary else []
+            window.add(c.execute(_bin_totals(*key_blocks, *newer)))
+            if boundary and boundary[1] > 0:
+                rows = (sa.select(*_ROW_COLUMNS).where(*key_labels, _in_block(boundary[0]))
+                        .order_by(labels.c.seq.desc()).limit(boundary[1]))
+                window.add(c.execute(_row_totals(rows.subquery())))
+            return window.result()
 
         return work(connection) if connection is not None else self._run(work, write=False)
 
@@ -330,8 +396,8 @@ class Storage:
             if not rows:
                 return np.zeros(0, dtype=np.int64), np.zeros((0, 0)), None
             y = np.array([r[0] for r in rows], dtype=np.int64)
-            probs = np.stack([decode(r[1]) for r in rows])
-            logits = np.stack([decode(r[2]) for r in rows]) if all(r[2] is not None for r in rows) else None
+            probs = decode_rows([r[1] for r in rows])
+            logits = decode_rows([r[2] for r in rows]) if all(r[2] is not None for r in rows) else None
             return y, probs, logits
 
         return self._run(work, write=False)
@@ -427,7 +493,103 @@ class Storage:
         """Delete predictions (and their labels) created before ``older_than``; returns the count."""
         def work(c):
             old = sa.select(predictions.c.id).where(predictions.c.created_at < older_than)
+            touched = c.execute(sa.select(labels.c.model, labels.c.version, labels.c.calibration_version,
+                                          _BLOCK).where(labels.c.prediction_id.in_(old)).distinct()).all()
             c.execute(labels.delete().where(labels.c.prediction_id.in_(old)))
+            for model, version, calibration_version, block in touched:  # rebuild the sums of the touched blocks
+                c.execute(label_bins.delete().where(*_scope(label_bins, model, version, calibration_version),
+                                                    label_bins.c.block == block))
+                _add_to_blocks(c, _block_sums(*_scope(labels, model, version, calibration_version), _in_block(block)))
             return c.execute(predictions.delete().where(predictions.c.created_at < older_than)).rowcount
 
         return self._run(work)
+
+
+# block sums ----------------------------------------------------------------------------------
+
+_BLOCK = (labels.c.seq // BLOCK_LABELS).label("block")
+_ROW_COLUMNS = (labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll, labels.c.brier,
+                labels.c.labelled_at)
+_SUM_COLUMNS = ("count", "confidence_sum", "correct_sum", "nll_sum", "brier_sum", "first_at", "last_at", "last_seq")
+
+
+def _scope(table: sa.Table, model: str, version: str, calibration_version: int) -> list:
+    return [table.c.model == model, table.c.version == version, table.c.calibration_version == calibration_version]
+
+
+def _in_block(block: int):
+    return labels.c.seq.between(block * BLOCK_LABELS, (block + 1) * BLOCK_LABELS - 1)
+
+
+def _block_sums(*where) -> sa.Select:
+    """The ``label_bins`` rows of the labels matching ``where``: sums per model version, calibration
+    version, block and confidence bin."""
+    keys = (labels.c.model, labels.c.version, labels.c.calibration_version, _BLOCK, labels.c.conf_bin)
+    return (sa.select(*keys, sa.func.count(), sa.func.sum(labels.c.confidence), sa.func.sum(labels.c.correct),
+                      sa.func.sum(labels.c.nll), sa.func.sum(labels.c.brier), sa.func.min(labels.c.labelled_at),
+                      sa.func.max(labels.c.labelled_at), sa.func.max(labels.c.seq))
+            .where(*where).group_by(*keys))
+
+
+def _add_to_blocks(c: sa.Connection, sums: sa.Select) -> None:
+    """Add ``sums`` into ``label_bins`` (an upsert: concurrent writers add, never overwrite)."""
+    if c.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+        least, greatest = sa.func.min, sa.func.max
+    elif c.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+        least, greatest = sa.func.least, sa.func.greatest
+    else:
+        raise RuntimeError(f"the feedback store supports SQLite and PostgreSQL, not {c.dialect.name}")
+    keys = ("model", "version", "calibration_version", "block", "conf_bin")
+    statement = insert(label_bins).from_select([*keys, *_SUM_COLUMNS], sums)
+    old, new = label_bins.c, statement.excluded
+    c.execute(statement.on_conflict_do_update(index_elements=list(keys), set_={
+        **{name: old[name] + new[name] for name in _SUM_COLUMNS[:5]},
+        "first_at": least(old.first_at, new.first_at), "last_at": greatest(old.last_at, new.last_at),
+        "last_seq": greatest(old.last_seq, new.last_seq),
+    }))
+
+
+def _bin_totals(*where) -> sa.Select:
+    """Per-bin totals of the ``label_bins`` rows matching ``where``."""
+    b = label_bins.c
+    return (sa.select(b.conf_bin, sa.func.sum(b.count), sa.func.sum(b.confidence_sum), sa.func.sum(b.correct_sum),
+                      sa.func.sum(b.nll_sum), sa.func.sum(b.brier_sum), sa.func.min(b.first_at), sa.func.max(b.last_at),
+                      sa.func.max(b.last_seq))
+            .where(*where).group_by(b.conf_bin))
+
+
+def _row_totals(rows: sa.Subquery) -> sa.Select:
+    """Per-bin totals of individual label rows (a subquery of ``_ROW_COLUMNS``)."""
+    r = rows.c
+    return (sa.select(r.conf_bin, sa.func.count(), sa.func.sum(r.confidence), sa.func.sum(r.correct),
+                      sa.func.sum(r.nll), sa.func.sum(r.brier), sa.func.min(r.labelled_at), sa.func.max(r.labelled_at),
+                      sa.func.max(r.seq))
+            .group_by(r.conf_bin))
+
+
+class _Accumulator:
+    """Merges per-bin totals (from blocks and from rows) into one ``WindowAggregate``."""
+
+    def __init__(self, n_bins: int):
+        self.count, self.conf, self.correct = np.zeros(n_bins), np.zeros(n_bins), np.zeros(n_bins)
+        self.nll = self.brier = 0.0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.last_seq = 0
+
+    def add(self, totals) -> None:
+        for b, n, s_conf, s_correct, s_nll, s_brier, t0, t1, seq in totals:  # PostgreSQL sums are Decimal
+            self.count[b] += float(n)
+            self.conf[b] += float(s_conf)
+            self.correct[b] += float(s_correct)
+            self.nll += float(s_nll)
+            self.brier += float(s_brier)
+            self.first = t0 if self.first is None else min(self.first, t0)
+            self.last = t1 if self.last is None else max(self.last, t1)
+            self.last_seq = max(self.last_seq, int(seq))
+
+    def result(self) -> WindowAggregate:
+        return WindowAggregate(BinSums(self.count, self.conf, self.correct), self.nll, self.brier, self.first,
+                               self.last, self.last_seq)

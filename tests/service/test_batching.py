@@ -156,7 +156,8 @@ def test_concurrent_http_requests_are_batched_with_identical_results(repository_
 
 def test_http_503_with_retry_after_when_the_queue_is_full(linear_artifact, server_for, tmp_path):
     linear_artifact(tmp_path, "toy", "1")
-    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 1, "max_queue_delay_ms": 0,
+    # the first request waits 200 ms for its batch to fill, holding the only queue slot meanwhile
+    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 64, "max_queue_delay_ms": 200,
                                                                "max_queue_rows": 1}))
     settings = Settings(artifacts=tmp_path, retry_after_seconds=2)
     with server_for(settings) as (base_url, _):
@@ -188,3 +189,35 @@ def test_without_a_queue_delay_a_lone_request_runs_at_once_and_load_still_batche
     lone_queue, calls = asyncio.run(scenario())
     assert lone_queue < 0.005  # no waiting for a batch that cannot fill
     assert calls[0] == 1 and len(calls) - 1 < 20 / 2  # the 20 concurrent requests shared calls
+
+
+def test_a_lone_request_waits_the_configured_queue_delay_and_no_longer():
+    """The delay is timed on the inference thread: a busy event loop does not stretch it."""
+    async def scenario():
+        batcher = DynamicBatcher(CountingModel(), BatchingConfig(max_batch_size=64, max_queue_delay_ms=20), "m")
+        batcher.start()
+        waits = []
+        for _ in range(5):
+            _, timing = await batcher.submit(np.ones((1, 1, 1), np.float32))
+            waits.append(timing.queue_seconds)
+        blocker = asyncio.ensure_future(batcher.submit(np.ones((1, 1, 1), np.float32)))
+        await asyncio.sleep(0)
+        time.sleep(0.05)  # the event loop is blocked for longer than the delay
+        _, blocked_timing = await blocker
+        await batcher.stop()
+        return waits, blocked_timing
+
+    waits, blocked = asyncio.run(scenario())
+    assert all(0.019 <= w < 0.030 for w in waits), waits
+    assert blocked.queue_seconds < 0.030 and blocked.inference_seconds < 0.03
+
+
+def test_predict_tells_its_queue_and_inference_time(linear_artifact, server_for, tmp_path):
+    linear_artifact(tmp_path, "toy", "1")
+    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_queue_delay_ms": 15}))
+    with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
+        r = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1] * 4]})
+    assert r.status_code == 200
+    timing = dict(part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))
+    assert set(timing) == {"queue", "infer"}
+    assert 14.0 <= float(timing["queue"]) < 40.0 and 0.0 <= float(timing["infer"]) < 100.0

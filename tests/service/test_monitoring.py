@@ -73,6 +73,8 @@ def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
         {"probabilities": [0.1] * 10, "label": 2},
         {"probabilities": [0.5, 0.5], "label": 0},
         {"probabilities": [0.2, 0.3, 0.5], "label": "c", "model": "toy"},
+        {"probabilities": [0.2] * 10, "label": 1},
+        {"probabilities": [-0.5, 1.5] + [0.0] * 8, "label": 1},
     ]
     r = httpx.post(f"{base_url}/feedback", json={"items": items})
     assert r.status_code == 200
@@ -84,6 +86,8 @@ def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
     assert "not a class index" in reasons[3] and "0..9" in reasons[3]
     assert "duplicate feedback for this prediction id in this request" in reasons[4]
     assert "has 2 values; model digits-lenet5 has 10 classes" in reasons[6]
+    assert "must sum to 1" in reasons[8] and "sums to 2" in reasons[8]
+    assert "must lie in [0, 1]" in reasons[9]
     again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 3}]}).json()
     assert again["accepted"] == 0 and "already has a label" in again["rejected"][0]["reason"]
     assert httpx.get(f"{base_url}/calibration").json()["n"] == 2  # the offline item went to 'toy'

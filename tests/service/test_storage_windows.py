@@ -1,0 +1,108 @@
+"""Window statistics from block sums equal the same statistics aggregated over every label row, for
+count and time windows across block boundaries, after retention purges and after migrating a
+version-1 store (no block sums) -- on SQLite and on the real PostgreSQL."""
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from calibkit import binning
+from service.storage import BLOCK_LABELS, LabelRow, PredictionRow, Storage, label_bins, labels, schema_info
+
+N_BINS = 15
+EDGES = binning.equal_width_edges(N_BINS)
+
+
+def _fill(storage: Storage, n: int, *, start: int = 0, model: str = "m", t0: float = 1000.0, seed: int = 0) -> None:
+    """``n`` labelled predictions, one second apart, stored in requests of up to 700 labels."""
+    rng = np.random.default_rng(seed)
+    for offset in range(0, n, 700):
+        k = min(700, n - offset)
+        conf = rng.uniform(0.1, 1.0, k)
+        correct = (rng.random(k) < conf).astype(int)
+        at = t0 + start + offset + np.arange(k)
+        ids = [f"{model[:5]}{start + offset + i:027d}" for i in range(k)]
+        preds = [PredictionRow(ids[i], model, "1", 0, float(at[i]), 0, float(conf[i]), None, b"", None, "offline")
+                 for i in range(k)]
+        rows = [LabelRow(ids[i], model, "1", 0, 0, int(correct[i]), float(conf[i]),
+                         int(binning.bin_index(conf[i:i + 1], EDGES)[0]), float(conf[i]), float(1 - conf[i]),
+                         float(at[i])) for i in range(k)]
+        storage.insert_labels(rows, preds)
+
+
+def _brute_force(storage: Storage, model: str = "m", *, last: int | None = None, cutoff: float | None = None):
+    query = sa.select(labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll,
+                      labels.c.labelled_at).where(labels.c.model == model).order_by(labels.c.seq.desc())
+    if cutoff is not None:
+        query = query.where(labels.c.labelled_at >= cutoff)
+    if last is not None:
+        query = query.limit(last)
+    with storage.engine.connect() as c:
+        rows = c.execute(query).all()
+    conf = np.array([r.confidence for r in rows])
+    correct = np.array([r.correct for r in rows], dtype=float)
+    sums = binning.bin_sums(conf, correct, EDGES)
+    return sums, sum(r.nll for r in rows), max((r.seq for r in rows), default=0), len(rows)
+
+
+def _assert_same(agg, expected) -> None:
+    sums, nll, last_seq, n = expected
+    assert agg.n == n
+    np.testing.assert_allclose(agg.sums.count, sums.count)
+    np.testing.assert_allclose(agg.sums.confidence_sum, sums.confidence_sum, rtol=1e-9)
+    np.testing.assert_allclose(agg.sums.outcome_sum, sums.outcome_sum)
+    assert agg.nll_sum == pytest.approx(nll, rel=1e-9)
+    assert agg.last_seq == last_seq
+
+
+@pytest.fixture
+def filled(database_url):
+    storage = Storage(database_url)
+    storage.migrate()
+    _fill(storage, 3 * BLOCK_LABELS + 300)
+    _fill(storage, 500, model="other", seed=1)  # interleaved in the sequence, never counted for "m"
+    _fill(storage, 400, start=3 * BLOCK_LABELS + 300, seed=2)
+    yield storage
+    storage.engine.dispose()
+
+
+def test_count_windows_equal_a_scan_of_every_row(filled):
+    total = 3 * BLOCK_LABELS + 700
+    for last in (1, 17, 399, 400, 401, BLOCK_LABELS, BLOCK_LABELS + 1, 2500, total - 1, total, total + 10):
+        _assert_same(filled.window("m", "1", 0, N_BINS, last=last), _brute_force(filled, last=last))
+    _assert_same(filled.window("m", "1", 0, N_BINS), _brute_force(filled))
+    with filled.engine.connect() as c:  # the block sums really are the source: far fewer rows than labels
+        assert c.execute(sa.select(sa.func.count()).select_from(label_bins)).scalar() < total / 10
+
+
+def test_time_windows_equal_a_scan_of_every_row(filled):
+    now = 1000.0 + 3 * BLOCK_LABELS + 700
+    for seconds in (0.5, 10, 399.5, 1000, 2047, 2048.5, 5000, 10**6):
+        _assert_same(filled.window("m", "1", 0, N_BINS, seconds=seconds, now=now),
+                     _brute_force(filled, cutoff=now - seconds))
+
+
+def test_purge_rebuilds_the_block_sums_it_touches(filled):
+    purged = filled.purge(older_than=1000.0 + 1500)
+    assert purged > 1500  # labels of both models
+    for last in (100, 2000, 10**6):
+        _assert_same(filled.window("m", "1", 0, N_BINS, last=last), _brute_force(filled, last=last))
+    _assert_same(filled.window("other", "1", 0, N_BINS), _brute_force(filled, "other"))
+
+
+def test_a_version_1_store_gets_its_block_sums_when_migrated(database_url):
+    storage = Storage(database_url)
+    storage.migrate()
+    _fill(storage, 2 * BLOCK_LABELS + 5)
+    with storage.engine.begin() as c:  # what a version-1 service left behind: labels without block sums
+        c.execute(label_bins.delete())
+        c.execute(schema_info.update().values(version=1))
+    fresh = Storage(database_url)
+    fresh.migrate()
+    fresh.migrate()  # idempotent: a second replica starting does not add the sums twice
+    with fresh.engine.connect() as c:
+        assert c.execute(sa.select(schema_info.c.version)).scalar() == 2
+    for last in (10, 1500, None):
+        _assert_same(fresh.window("m", "1", 0, N_BINS, last=last), _brute_force(fresh, last=last))
+    fresh.engine.dispose()
+    storage.engine.dispose()
