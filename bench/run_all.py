@@ -12,7 +12,7 @@ import sys
 
 from bench.common import RESULTS, ROOT, machine, table
 from bench.monitoring import CALIBRATION_COLUMNS
-from bench.serving import LOAD_COLUMNS, PHASES
+from bench.serving import LOAD_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
@@ -60,8 +60,8 @@ def render() -> str:
                 "endpoint calling onnxruntime once per request (bench/baseline_app.py). `mean_batch_rows`: "
                 "rows per onnxruntime call the batcher formed at that point.", ""]
         for model, rows in serving["raw"].items():
-            out += [f"onnxruntime alone, {model} (the service's thread settings):", "",
-                    table(rows, ["batch", "rows_per_s", "ms_per_call"]), ""]
+            out += [f"onnxruntime alone, {model} (the service's sessions and thread settings, all sessions "
+                    "busy at once):", "", table(rows, RAW_COLUMNS), ""]
         raw = serving["raw_at_formed_batch"]
         out += [f"onnxruntime alone at the batch size the batcher formed for the heavy model at 64 clients "
                 f"({raw['batch']} rows): {raw['rows_per_s']:.0f} rows/s.", "",

@@ -4,7 +4,7 @@ monitoring latency and a memory soak on the same long-lived service process.
 Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) and a heavy one
 (an untrained CIFAR ResNet-56 on 32x32x3, where inference dominates).
 
-1. onnxruntime alone (the service's providers and thread settings) at batch sizes 1..512.
+1. onnxruntime alone (the service's providers, sessions and thread settings) at batch sizes 1..512.
 2. One service process ("soak server": both models, prediction logging to SQLite, a store
    pre-filled with ``--rows`` labelled predictions) is warmed up, then measured: closed-loop wrk
    load (1, 4, 16, 64 clients; single-row and 32-row requests), the batch sizes it formed and its
@@ -26,6 +26,7 @@ import json
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -64,21 +65,33 @@ def heavy_artifact(root: Path) -> None:
 
 
 def raw_onnxruntime(path: Path, shape: tuple, seconds: float, batches=BATCH_SIZES) -> list[dict]:
-    """rows/s of onnxruntime alone, with the providers and thread settings the service uses."""
+    """rows/s of onnxruntime alone with the service's providers, sessions and thread settings: each of
+    the model's sessions called back to back from its own thread, all at once."""
     from service.runtime import create_runtime
-    from service.settings import Settings
+    from service.settings import BatchingConfig, Settings
 
-    runtime = create_runtime(path, Settings())
+    settings = Settings()
+    sessions = BatchingConfig().sessions()
+    runtimes = [create_runtime(path, settings, sessions) for _ in range(sessions)]
     rows = []
     for batch in batches:
         x = np.random.default_rng(0).random((batch, *shape), dtype=np.float32)
-        runtime.run(x)
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        for runtime in runtimes:
             runtime.run(x)
-            n += 1
+        start = time.perf_counter()
+
+        def calls(runtime) -> int:
+            n = 0
+            while time.perf_counter() - start < seconds:
+                runtime.run(x)
+                n += 1
+            return n
+
+        with ThreadPoolExecutor(len(runtimes)) as pool:
+            n = sum(pool.map(calls, runtimes))
         elapsed = time.perf_counter() - start
-        rows.append({"batch": batch, "rows_per_s": n * batch / elapsed, "ms_per_call": 1000 * elapsed / n})
+        rows.append({"batch": batch, "sessions": sessions, "rows_per_s": n * batch / elapsed,
+                     "ms_per_call": 1000 * elapsed * sessions / n})
     return rows
 
 
@@ -185,7 +198,7 @@ def main() -> None:
         for model, shape in SHAPES.items():
             result["raw"][model] = raw_onnxruntime(artifacts / model / "1" / "model.onnx", shape,
                                                    0.3 if smoke else 2.0)
-            print(f"\nonnxruntime alone, {model}\n" + table(result["raw"][model], ["batch", "rows_per_s", "ms_per_call"]))
+            print(f"\nonnxruntime alone, {model}\n" + table(result["raw"][model], RAW_COLUMNS))
 
         sqlite_url = f"sqlite:///{work / 'bench.db'}"
         fill_seconds = monitoring.fill_store(sqlite_url, stored_rows)
@@ -248,6 +261,7 @@ def main() -> None:
     write_result("serving", result, smoke=smoke)
 
 
+RAW_COLUMNS = ["batch", "sessions", "rows_per_s", "ms_per_call"]
 LOAD_COLUMNS = ["server", "model", "rows", "clients", "requests_per_s", "rows_per_s", "p50_ms", "p99_ms",
                 "mean_batch_rows", "non_2xx"]
 

@@ -1,15 +1,12 @@
-"""Assembly of the FastAPI app: lifespan, middleware, routes and the one mapping of errors to HTTP.
-
-Errors of the service's own API are ``{"error": {"code", "message", "field"}}``; errors under
-``/v2`` are ``{"error": "..."}`` with status 400 for bad input, as the v2 protocol specifies.
-Nothing a client sends produces a 500: unexpected exceptions are logged and answered as JSON 500.
+"""Assembly of the FastAPI app: lifespan, middleware, routes and the exception handlers (which
+answer through the one mapping in ``service.http_errors``). Nothing a client sends produces a 500:
+unexpected exceptions are logged and answered as JSON 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from contextlib import asynccontextmanager
 
@@ -17,13 +14,13 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import __version__
 from service.dashboard import router as dashboard_router
 from service.dataplane import DataPlane
-from service.errors import InvalidInput, ServiceError
+from service.errors import ServiceError
+from service.http_errors import error_response
 from service.metrics import ServiceMetrics
 from service.middleware import ServingMiddleware
 from service.monitoring import Monitor
@@ -80,7 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan, telemetry=telemetry,
                   description="Calibrated probabilities from ONNX models, with calibration monitoring.")
     app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
-    app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
+                       direct=PREDICT_ROUTES)
     app.include_router(rest_router)
     app.router.routes[:0] = PREDICT_ROUTES  # first: the hottest route is matched before all others
     app.include_router(monitoring_router)
@@ -119,56 +117,17 @@ async def _housekeeping(app: FastAPI) -> None:
                 pass
 
 
-def _is_v2(request: Request) -> bool:
-    return request.url.path.startswith("/v2")
-
-
-def _error(request: Request, status: int, code: str, message: str, field: str | None = None,
-           headers: dict | None = None) -> JSONResponse:
-    if _is_v2(request):
-        status = 400 if status == 422 else status
-        return JSONResponse({"error": f"{field}: {message}" if field else message}, status, headers=headers)
-    error = {"code": code, "message": message} | ({"field": field} if field else {})
-    return JSONResponse({"error": error}, status, headers=headers)
-
-
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|[a-z-]+\[.*\])$")
-
-
-def _field(loc: tuple) -> str:
-    """A JSON path like ``items[0].label`` from a pydantic location (union-member tags dropped)."""
-    parts = [str(p) for p in loc if p not in ("body", "query", "path") and not _TYPE_TAG.match(str(p))]
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
-    return out or "body"
-
-
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError):
-        return _error(request, exc.status, exc.code, exc.message, exc.field, exc.headers)
+    async def mapped(request: Request, exc: Exception):
+        return error_response(request.url.path, exc)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0]
-        if first.get("type") == "json_invalid":
-            return _error(request, 400, "invalid_json", f"request body is not valid JSON: {first.get('msg')}", "body")
-        problems = "; ".join(dict.fromkeys(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors()[:5]))
-        return _error(request, 422, InvalidInput.code, problems, _field(first["loc"]))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        if isinstance(exc.__cause__, ServiceError):  # raised while FastAPI read the body (size limit)
-            return await service_error(request, exc.__cause__)
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        return _error(request, exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail),
-                      headers=getattr(exc, "headers", None))
+    for kind in (ServiceError, RequestValidationError, StarletteHTTPException):
+        app.add_exception_handler(kind, mapped)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return _error(request, 500, "internal_error", "internal error; see the server log")
+        return error_response(request.url.path, exc)
 
 
 def _openapi(app: FastAPI) -> dict:

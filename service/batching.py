@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +29,14 @@ from service.settings import BatchingConfig
 
 log = logging.getLogger("service.batching")
 
-RunFn = Callable[[np.ndarray], dict[str, np.ndarray]]
+RunFn = Callable[[np.ndarray], dict]
+"""Runs a batch; every value it returns (arrays, lists, nested dicts of them) has one entry per row."""
+
+
+def _rows(outputs: dict, start: int, stop: int) -> dict:
+    """Rows ``start:stop`` of every value of a batch's outputs (nested dicts sliced alike)."""
+    return {name: _rows(value, start, stop) if isinstance(value, dict) else value[start:stop]
+            for name, value in outputs.items()}
 
 
 @dataclass
@@ -54,9 +61,9 @@ BatchObserver = Callable[[int, float], None]
 class DynamicBatcher:
     """Coalesces ``submit`` calls into batched ``run`` calls; see the module docstring."""
 
-    def __init__(self, run: RunFn, config: BatchingConfig, name: str, retry_after: int = 1,
+    def __init__(self, run: RunFn | Sequence[RunFn], config: BatchingConfig, name: str, retry_after: int = 1,
                  on_batch: BatchObserver | None = None):
-        self._run = run
+        self._runs = list(run) if isinstance(run, Sequence) else [run]
         self.config = config
         self.name = name
         self._retry_after = retry_after
@@ -64,7 +71,7 @@ class DynamicBatcher:
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._ready = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         self.batches_run = 0
@@ -75,19 +82,22 @@ class DynamicBatcher:
         return self._queued_rows
 
     def start(self) -> None:
-        """Start the inference thread; results are delivered to the running event loop."""
+        """Start the inference threads (one per run function); results are delivered to the running
+        event loop."""
         self._loop = asyncio.get_running_loop()
         self._accepting = True
-        self._thread = threading.Thread(target=self._work, name=f"infer-{self.name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._work, args=(run,), name=f"infer-{self.name}-{i}", daemon=True)
+                         for i, run in enumerate(self._runs)]
+        for thread in self._threads:
+            thread.start()
 
     async def stop(self) -> None:
-        """Refuse new work, finish everything queued and in flight, then stop the inference thread."""
+        """Refuse new work, finish everything queued and in flight, then stop the inference threads."""
         with self._ready:
             self._accepting = False
-            self._ready.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+            self._ready.notify_all()
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
 
     async def submit(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], Timing]:
         """Queue a (rows, ...) batch and wait for its rows of every output."""
@@ -107,7 +117,7 @@ class DynamicBatcher:
             self._ready.notify()
         return await pending.future
 
-    def _work(self) -> None:
+    def _work(self, run: RunFn) -> None:
         while True:
             with self._ready:
                 while not self._queue and self._accepting:
@@ -115,8 +125,10 @@ class DynamicBatcher:
                 if not self._queue:
                     return
                 self._fill()
+                if not self._queue:  # another inference thread took the rows while this one waited
+                    continue
                 batch = self._take()
-            self._run_batch(batch)
+            self._run_batch(run, batch)
 
     def _fill(self) -> None:
         """Wait (lock held, released while waiting) until the batch is full or the oldest request has
@@ -140,17 +152,18 @@ class DynamicBatcher:
         self._queued_rows -= rows
         return batch
 
-    def _run_batch(self, batch: list[_Pending]) -> None:
+    def _run_batch(self, run: RunFn, batch: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
             x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
-            outputs = self._run(x)
+            outputs = run(x)
         except Exception as exc:  # noqa: BLE001 - every waiting request must get an answer
             log.exception("inference failed for model %s on a batch of %d requests", self.name, len(batch))
             self._loop.call_soon_threadsafe(self._fail, batch, exc)
             return
         elapsed = time.perf_counter() - started
-        self.batches_run += 1
+        with self._ready:
+            self.batches_run += 1
         if self._on_batch is not None:
             self._on_batch(len(x), elapsed)
         self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x))
@@ -163,7 +176,7 @@ class DynamicBatcher:
         for p in batch:
             n = len(p.x)
             if not p.future.done():
-                part = {name: value[offset:offset + n] for name, value in outputs.items()}
+                part = _rows(outputs, offset, offset + n)
                 p.future.set_result((part, Timing(started - p.enqueued, elapsed, rows)))
             offset += n
 

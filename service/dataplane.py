@@ -5,6 +5,7 @@ Routes in ``service.rest`` and ``service.v2`` only translate HTTP to these calls
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -17,6 +18,7 @@ from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
 from service.preprocessing import to_batch
 from service.repository import ModelRepository, ServedModel
+from service.runtime import ModelRuntime
 from service.schemas import (
     ModelInfo,
     ModelsResponse,
@@ -29,6 +31,7 @@ from service.schemas import (
 from service.settings import Settings
 from service.storage import PredictionRow
 
+SCORES = "_scores"  # key of the per-row /predict values among a batch's outputs (not an ONNX output name)
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
                 "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
 
@@ -49,7 +52,9 @@ class DataPlane:
         """Start a batcher for every loaded model version."""
         for model in self.repository.all():
             label = f"{model.name}:{model.version}"
-            model.batcher = DynamicBatcher(model.runtime.run, model.batching, label, self.settings.retry_after_seconds,
+            runs = [functools.partial(self.run_batch, model, runtime) for runtime in model.runtimes]
+            model.batcher = DynamicBatcher(runs, model.batching, label,
+                                           self.settings.retry_after_seconds,
                                            on_batch=lambda rows, s, label=label: self.metrics.observe_batch(label, rows, s))
             model.batcher.start()
             self.metrics.model_info.labels(model.name, model.version, model.runtime.provider,
@@ -92,9 +97,10 @@ class DataPlane:
                      max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
         return model, x
 
-    def respond(self, model: ServedModel, request: PredictRequest, outputs: dict[str, np.ndarray]) -> dict:
-        """The /predict body (a ``PredictResponse`` as plain data) for the model's outputs; queues the
-        rows for the prediction log."""
+    def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> dict:
+        """On an inference thread: the outputs of one of the model's sessions plus everything /predict
+        needs per row (``SCORES``), computed once per batch, so each request's share is plain slicing."""
+        outputs = runtime.run(x)
         names = model.manifest.outputs
         logits = outputs[names["logits"]].astype(np.float64)
         calibration_version, temperature = (self.monitor.active(model) if self.monitor is not None
@@ -102,31 +108,41 @@ class DataPlane:
         # version 0 is baked into the ONNX graph; a refitted temperature is applied to the logits here
         probs = (outputs[names["probabilities"]].astype(np.float64) if calibration_version == 0
                  else apply_temperature(logits, temperature))
-        ids = new_ids(len(probs))
         uncalibrated = softmax(logits)
-        if self.prediction_log is not None:
-            self.prediction_log.enqueue(prediction_rows(ids, model, calibration_version, probs, logits, uncalibrated))
-        return {"model": model.name, "version": model.version, "calibration_version": calibration_version,
-                "temperature": temperature, "provider": model.runtime.provider,
-                "predictions": self._predictions(model, ids, probs, logits, uncalibrated, request)}
+        n = len(probs)
+        predicted = probs.argmax(axis=1)
+        return outputs | {SCORES: {
+            "id": new_ids(n), "predicted": predicted.tolist(), "confidence": probs[np.arange(n), predicted].tolist(),
+            "probabilities": probs, "logits": logits, "uncalibrated": uncalibrated,
+            "raw_confidence": uncalibrated.max(axis=1).tolist(),
+            "calibration": [(calibration_version, temperature)] * n,
+        }}
 
-    @staticmethod
-    def _predictions(model: ServedModel, ids, probs, logits, uncalibrated, request: PredictRequest) -> list[dict]:
-        classes = model.manifest.class_names
-        predicted = probs.argmax(axis=1).tolist()
-        confidence = probs.max(axis=1).tolist()
+    def respond(self, model: ServedModel, request: PredictRequest, outputs: dict) -> dict:
+        """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch;
+        queues the rows for the prediction log."""
+        s = outputs[SCORES]
+        ids, predicted, confidence = s["id"], s["predicted"], s["confidence"]
+        calibration_version, temperature = s["calibration"][0]
+        if self.prediction_log is not None:
+            now = time.time()
+            probs32, logits32 = s["probabilities"].astype(np.float32), s["logits"].astype(np.float32)
+            self.prediction_log.enqueue([
+                PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
+                              s["raw_confidence"][i], probs32[i].tobytes(), logits32[i].tobytes())
+                for i, k in enumerate(predicted)])
+        classes, probs = model.manifest.class_names, s["probabilities"]
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
-        out = []
-        for i, k in enumerate(predicted):
-            out.append({
-                "id": ids[i], "label": classes[k], "class_index": k, "confidence": confidence[i],
-                "probabilities": probs[i],
-                "top_k": None if order is None else [{"label": classes[j], "class_index": j,
-                                                      "probability": float(probs[i, j])} for j in order[i]],
-                "logits": logits[i] if request.return_logits else None,
-                "uncalibrated_probabilities": uncalibrated[i] if request.return_uncalibrated else None,
-            })
-        return out
+        predictions = [{
+            "id": ids[i], "label": classes[k], "class_index": k, "confidence": confidence[i],
+            "probabilities": probs[i],
+            "top_k": None if order is None else [{"label": classes[j], "class_index": j,
+                                                  "probability": float(probs[i, j])} for j in order[i]],
+            "logits": s["logits"][i] if request.return_logits else None,
+            "uncalibrated_probabilities": s["uncalibrated"][i] if request.return_uncalibrated else None,
+        } for i, k in enumerate(predicted)]
+        return {"model": model.name, "version": model.version, "calibration_version": calibration_version,
+                "temperature": temperature, "provider": model.runtime.provider, "predictions": predictions}
 
     def models(self) -> ModelsResponse:
         infos = []
@@ -207,18 +223,6 @@ def new_ids(n: int) -> list[str]:
     """``n`` random 128-bit prediction ids as 32 hex digits (one system call for the whole batch)."""
     digits = os.urandom(16 * n).hex()
     return [digits[32 * i:32 * (i + 1)] for i in range(n)]
-
-
-def prediction_rows(ids, model: ServedModel, calibration_version: int, probs, logits, uncalibrated) -> list[PredictionRow]:
-    """Rows of the prediction log for one batch."""
-    now = time.time()
-    predicted = probs.argmax(axis=1).tolist()
-    confidence = probs.max(axis=1).tolist()
-    raw_confidence = uncalibrated.max(axis=1).tolist()
-    probs32, logits32 = probs.astype(np.float32), logits.astype(np.float32)
-    return [PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
-                          raw_confidence[i], probs32[i].tobytes(), logits32[i].tobytes())
-            for i, k in enumerate(predicted)]
 
 
 def server_metadata() -> dict:

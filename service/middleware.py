@@ -7,37 +7,51 @@ is enforced on the bytes actually received, chunked uploads included.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
-import os
+from collections.abc import Sequence
 
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import PayloadTooLarge
+from service.http_errors import error_response
 from service.metrics import ServiceMetrics
 
 REQUEST_ID = "x-request-id"
+_REQUEST_ID_HEADER = REQUEST_ID.encode()
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class ServingMiddleware:
     """Echo or assign ``X-Request-ID``, refuse bodies over ``max_body_bytes`` with 413, and count
-    requests and latency by route template (not raw path, which would explode label cardinality)."""
+    requests and latency by route template (not raw path, which would explode label cardinality).
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, max_body_bytes: int):
+    ``direct`` routes (plain ASGI endpoints, e.g. POST /predict) are dispatched from here, past the
+    framework's routing and exception layers, with their errors answered by the same mapping
+    (``service.http_errors``); an unexpected exception still propagates to the app's 500 handler.
+    The router keeps these routes too, for the 405 of other methods."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, max_body_bytes: int, direct: Sequence[Route] = ()):
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.direct = {(method, route.path): route for route in direct for method in route.methods or ()}
+        self._metric_children: dict[tuple, tuple] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        given = headers.get(REQUEST_ID.encode(), b"").decode("latin-1")
-        request_id = given if _SAFE_ID.match(given) else os.urandom(16).hex()
+        given = declared = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value
+            elif name == _REQUEST_ID_HEADER:
+                given = value.decode("latin-1")
+        request_id = given if given and _SAFE_ID.match(given) else os.urandom(16).hex()
         scope.setdefault("state", {})["request_id"] = request_id
-        declared = headers.get(b"content-length")
         limit = self.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject_too_large(scope, send, request_id, int(declared))
@@ -54,31 +68,57 @@ class ServingMiddleware:
                     raise PayloadTooLarge(f"request body exceeds {limit} bytes")
             return message
 
-        status = 500
+        status = None  # until the response starts
 
         async def tagged_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (REQUEST_ID.encode(), request_id.encode())]
+                message["headers"] = [*message.get("headers", []), (_REQUEST_ID_HEADER, request_id.encode())]
             await send(message)
 
         start = time.perf_counter()
         self.metrics.in_flight.inc()
+        direct = self.direct.get((scope["method"], scope["path"]))
         try:
-            await self.app(scope, limited_receive, tagged_send)
+            if direct is None:
+                await self.app(scope, limited_receive, tagged_send)
+            else:
+                scope["route"] = direct
+                await self._dispatch(direct.endpoint, scope, limited_receive, tagged_send, lambda: status is not None)
         finally:
             self.metrics.in_flight.dec()
             route = scope.get("route")
             template = getattr(route, "path", None) or "<unmatched>"
-            self.metrics.requests.labels(template, scope["method"], str(status)).inc()
-            self.metrics.latency.labels(template).observe(time.perf_counter() - start)
+            counter, histogram = self._children(template, scope["method"], status or 500)
+            counter.inc()
+            histogram.observe(time.perf_counter() - start)
+
+    @staticmethod
+    async def _dispatch(endpoint: ASGIApp, scope: Scope, receive: Receive, send: Send, started) -> None:
+        """Serve a direct route; a mapped error answers, unless the response has already started."""
+        try:
+            await endpoint(scope, receive, send)
+        except Exception as exc:
+            response = error_response(scope["path"], exc)
+            if started() or response.status_code == 500:
+                raise
+            await response(scope, receive, send)
+
+    def _children(self, template: str, method: str, status: int) -> tuple:
+        """The request counter and latency histogram of one route, method and status (looked up once)."""
+        key = (template, method, status)
+        found = self._metric_children.get(key)
+        if found is None:
+            found = self._metric_children[key] = (self.metrics.requests.labels(template, method, str(status)),
+                                                  self.metrics.latency.labels(template))
+        return found
 
     async def _reject_too_large(self, scope: Scope, send: Send, request_id: str, size: int) -> None:
         error = PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes")
         body = json.dumps(error.body()).encode()
         await send({"type": "http.response.start", "status": error.status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (REQUEST_ID.encode(), request_id.encode()), (b"connection", b"close")]})
+                                (_REQUEST_ID_HEADER, request_id.encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels("<rejected>", scope["method"], str(error.status)).inc()

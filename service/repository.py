@@ -35,9 +35,14 @@ class ServedModel:
     version: str
     directory: Path
     manifest: Manifest
-    runtime: ModelRuntime
+    runtimes: list[ModelRuntime]
     batching: BatchingConfig
     batcher: DynamicBatcher | None = None
+
+    @property
+    def runtime(self) -> ModelRuntime:
+        """The first session (all of them have the same signature and provider)."""
+        return self.runtimes[0]
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -149,10 +154,12 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
     if digest != manifest.model_sha256:
         raise ValueError(f"{model_path} does not match the manifest's sha256 (file {digest[:12]}..., "
                          f"manifest {manifest.model_sha256[:12]}...)")
-    runtime = create_runtime(model_path, settings)
+    sessions = batching.sessions()
+    runtime = create_runtime(model_path, settings, sessions)
     _check_signature(runtime, manifest)
     _warm_up(runtime, manifest, batching)
-    return ServedModel(manifest.name, manifest.version, directory, manifest, runtime, batching)
+    extra = [create_runtime(model_path, settings, sessions) for _ in range(sessions - 1)]
+    return ServedModel(manifest.name, manifest.version, directory, manifest, [runtime, *extra], batching)
 
 
 def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:

@@ -8,6 +8,7 @@ asked for is not what runs. Asking for CUDA where it cannot run logs a clear war
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +60,11 @@ class ModelRuntime:
         return dict(zip(self.output_names, values))
 
 
-def create_runtime(path: Path, settings: Settings) -> ModelRuntime:
-    """A session for ``path`` with the configured providers, threads and optimisation level."""
+def create_runtime(path: Path, settings: Settings, sessions: int = 1) -> ModelRuntime:
+    """One of ``sessions`` sessions for ``path``, with the configured providers, threads and optimisation
+    level; unless set, the intra-op threads are the machine's cores divided among the sessions."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = settings.intra_op_threads
+    options.intra_op_num_threads = settings.intra_op_threads or max(1, (os.cpu_count() or 1) // sessions)
     options.inter_op_num_threads = settings.inter_op_threads
     options.graph_optimization_level = _OPTIMIZATION[settings.graph_optimization]
     options.log_severity_level = 3

@@ -6,6 +6,7 @@ Per-model dynamic batching can be overridden in ``artifacts/<model>/serving.json
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +24,13 @@ class BatchingConfig(BaseModel):
     max_batch_size: int = Field(default=64, ge=1)
     max_queue_delay_ms: float = Field(default=0.0, ge=0)
     max_queue_rows: int = Field(default=4096, ge=1)
+    instances: int = Field(default=0, ge=0, le=64, description="onnxruntime sessions of the model, each on its own "
+                           "inference thread taking batches from the one queue (Triton's instance_group count); "
+                           "0 = 2 on machines with 2 or more cores, else 1")
+
+    def sessions(self) -> int:
+        """The number of sessions ``instances`` asks for on this machine."""
+        return self.instances or min(2, os.cpu_count() or 1)
 
 
 class Settings(BaseSettings):
@@ -37,7 +45,9 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when onnxruntime can use a GPU, else CPU; cuda: warn and fall back"
     )
-    intra_op_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads; 0 = one per core")
+    intra_op_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = the "
+                                  "cores shared among the model's sessions (a session with its own core never "
+                                  "waits for a sibling thread that the event loop has pre-empted)")
     inter_op_threads: int = Field(default=1, ge=1)
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     batching: BatchingConfig = BatchingConfig()

@@ -221,3 +221,35 @@ def test_predict_tells_its_queue_and_inference_time(linear_artifact, server_for,
     timing = dict(part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))
     assert set(timing) == {"queue", "infer"}
     assert 14.0 <= float(timing["queue"]) < 40.0 and 0.0 <= float(timing["infer"]) < 100.0
+
+
+def test_several_sessions_take_batches_from_one_queue():
+    async def scenario():
+        first, second = CountingModel(delay=0.01), CountingModel(delay=0.01)
+        batcher = DynamicBatcher([first, second], BatchingConfig(max_batch_size=4, max_queue_delay_ms=2), "m")
+        batcher.start()
+        inputs = [np.full((1, 1, 1), i, np.float32) for i in range(40)]
+        results = await _submit_all(batcher, inputs)
+        await batcher.stop()
+        return first, second, inputs, results
+
+    first, second, inputs, results = asyncio.run(scenario())
+    assert first.calls and second.calls and sum(first.calls) + sum(second.calls) == 40
+    for x, (outputs, _) in zip(inputs, results):
+        np.testing.assert_array_equal(outputs["sum"], x.reshape(1, 1))
+
+
+def test_a_model_is_served_by_the_configured_number_of_sessions(linear_artifact, server_for, tmp_path):
+    linear_artifact(tmp_path, "toy", "1")
+    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"instances": 3}))
+    with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
+        health = httpx.get(f"{base_url}/health").json()
+        rows = np.random.default_rng(0).random((20, 4)).tolist()
+
+        async def burst():
+            async with httpx.AsyncClient(base_url=base_url) as client:
+                return await asyncio.gather(*(client.post("/predict", json={"inputs": [r]}) for r in rows))
+
+        responses = asyncio.run(burst())
+    assert health["models"][0]["sessions"] == 3
+    assert all(r.status_code == 200 for r in responses)
