@@ -51,7 +51,8 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         predictions = [PredictionRow(ids[i], MODEL, "1", 0, now, int(pred[i]), float(conf[i]), float(conf[i]),
                                      encode(p[i]), encode(z[i])) for i in range(n)]
         labels = [LabelRow(ids[i], MODEL, "1", 0, int(y[i]), int(pred[i] == y[i]), float(conf[i]), int(bins[i]),
-                           float(-np.log(max(p[i, y[i]], 1e-15))), float(((p[i] - np.eye(10)[y[i]]) ** 2).sum()), now)
+                           float(-np.log(max(p[i, y[i]], 1e-15))), float(((p[i] - np.eye(10)[y[i]]) ** 2).sum()), now,
+                           predictions[i].probabilities, predictions[i].logits)
                   for i in range(n)]
         storage.insert_labels(labels, predictions)
     storage.engine.dispose()

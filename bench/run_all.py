@@ -65,8 +65,9 @@ def render() -> str:
         raw = serving["raw_at_formed_batch"]
         out += [f"onnxruntime alone at the batch size the batcher formed for the heavy model at 64 clients "
                 f"({raw['batch']} rows): {raw['rows_per_s']:.0f} rows/s.", "",
-                table(serving["load"], LOAD_COLUMNS), "", "Prediction logging:", "",
-                table(serving["logging"], ["logging", "model", "clients", "rows_per_s", "p50_ms", "p99_ms"]), "",
+                table(serving["load"], LOAD_COLUMNS), "", "Prediction logging (three servers on empty stores, visited in turn; the median round):", "",
+                table(serving["logging"], ["logging", "model", "clients", "rounds", "rows_per_s", "p50_ms", "p99_ms"]),
+                "",
                 "Time split of /predict from the service's own histograms (mean ms per request over the model's "
                 "sweep; `batch` = queue + inference + hand-back, `total` = the whole request):", "",
                 table([{"model": m} | v for m, v in serving["split"].items()], ["model", *SPLIT_COLUMNS]), "",
@@ -82,8 +83,11 @@ def render() -> str:
                 "POST /feedback:", "", table([monitoring["feedback"]], ["batch", "labels_per_s", "labels"]), ""]
     soak = _load("soak")
     if soak:
-        out += ["## Memory", "", f"RSS of the service: {soak['warm_rss_mib']:.1f} MiB after the warm-up, "
-                f"{soak['end_rss_mib']:.1f} MiB after {soak['minutes']:.1f} minutes of mixed load "
+        out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep once; then the sweep, "
+                "the monitoring measurements and steady mixed load (predictions of both models, feedback, "
+                "reports) follow on the same process.", "",
+                f"RSS: {soak['warm_rss_mib']:.1f} MiB after the warm-up, "
+                f"{soak['end_rss_mib']:.1f} MiB after {soak['minutes']:.1f} minutes of load "
                 f"({100 * soak['growth']:+.1f}%).", "", table(soak["samples"], ["minutes", "rss_mib"]), ""]
     if serving:
         out += ["## Goals", "", table(serving["goals"], ["goal", "measured", "target", "met", "note"]), ""]

@@ -9,10 +9,11 @@ Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) 
    pre-filled with ``--rows`` labelled predictions) is warmed up, then measured: closed-loop wrk
    load (1, 4, 16, 64 clients; single-row and 32-row requests), the batch sizes it formed and its
    own phase histograms; GET /calibration latency and POST /feedback throughput (bench.monitoring);
-   then steady mixed load until ``--soak-minutes`` after the warm-up, sampling its RSS.
+   then steady mixed load until ``--soak-minutes`` of load, sampling its RSS.
 3. The no-batching baseline (bench/baseline_app.py) under the same load; the service with
-   prediction logging off and to PostgreSQL at 64 clients; the configured max queue delay checked
-   from the Server-Timing header at a load that does not saturate the machine.
+   prediction logging off, to SQLite and to PostgreSQL at 64 clients, in interleaved rounds; the
+   configured max queue delay checked from the Server-Timing header at a load that does not
+   saturate the machine.
 Goals are ratios within this one run. Prints tables; writes serving.json, monitoring.json, soak.json.
 
     python -m bench.serving [--seconds 4] [--soak-minutes 10] [--rows 1000000] [--smoke]
@@ -127,11 +128,42 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
         result["split"][model] = {k.split(":")[0]: None if v is None else 1000 * v for k, v in means.items()}
 
 
-def soak(svc: Server, minutes_after_warmup: float, warm_rss: float, started: float, payloads: dict) -> dict:
-    """Steady mixed load (single-row predictions of both models, feedback, reports) until
-    ``minutes_after_warmup`` have passed since the warm-up; RSS sampled after every round."""
+def logging_cost(artifacts: Path, work: Path, clients: int, seconds: float, rounds: int, payloads: dict,
+                 smoke: bool) -> list[dict]:
+    """Prediction logging off / to SQLite / to PostgreSQL, one server each on an empty store, all running;
+    the load visits them in turn for ``rounds`` rounds, so a drift of the machine's speed hits all
+    three alike. Per server and model: the median round."""
+    stores = {"off": (f"sqlite:///{work / 'off.db'}", False), "sqlite": (f"sqlite:///{work / 'log.db'}", True)}
+    if not smoke:
+        stores["postgresql"] = ("postgresql+psycopg://postgres@127.0.0.1:5432/test", True)
+    servers = {}
+    try:
+        for store, (url, log) in stores.items():
+            servers[store] = service(artifacts, url, log)
+        points: dict[tuple, list[dict]] = {}
+        for model in SHAPES:
+            for store, svc in servers.items():
+                wrk(f"{svc.url}/predict", payloads[model], clients, 1.0)
+            for _ in range(rounds):
+                for store, svc in servers.items():
+                    points.setdefault((store, model), []).append(wrk(f"{svc.url}/predict", payloads[model], clients,
+                                                                     seconds))
+    finally:
+        for svc in servers.values():
+            svc.stop()
+    out = []
+    for (store, model), runs in points.items():
+        median = sorted(runs, key=lambda r: r["requests_per_s"])[len(runs) // 2]
+        out.append({"logging": store, "model": model, "clients": clients, "rounds": len(runs),
+                    "rows_per_s": median["requests_per_s"]} | {k: median[k] for k in ("p50_ms", "p99_ms")})
+    return out
+
+
+def soak(svc: Server, minutes: float, warm_rss: float, started: float, payloads: dict) -> dict:
+    """Steady mixed load (single-row predictions of both models, feedback, reports) until ``minutes``
+    of load have passed since ``started`` (the start of the warm-up); RSS sampled after every round."""
     samples = [{"minutes": 0.0, "rss_mib": warm_rss}]
-    deadline = started + 60 * minutes_after_warmup
+    deadline = started + 60 * minutes
     feedback = monitoring.offline_items(1000, seed=3)
     with httpx.Client(base_url=svc.url, timeout=120) as client:
         while not samples[1:] or time.monotonic() < deadline:
@@ -177,8 +209,8 @@ def queue_delay_check(artifacts: Path, database_url: str, seconds: float) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per load point")
-    parser.add_argument("--soak-minutes", type=float, default=10.0, help="load after the warm-up, for the RSS check")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per load point")
+    parser.add_argument("--soak-minutes", type=float, default=10.0, help="minutes of load on one process, for the RSS check")
     parser.add_argument("--rows", type=int, default=1_000_000, help="labelled predictions stored before the start")
     parser.add_argument("--smoke", action="store_true", help="one short point per case (CI: the script runs)")
     args = parser.parse_args()
@@ -186,7 +218,7 @@ def main() -> None:
     seconds = 1.0 if smoke else args.seconds
     concurrency = (4,) if smoke else (1, 4, 16, 64)
     request_rows = (1,) if smoke else (1, 32)
-    stored_rows, soak_minutes, warmup = (5_000, 0.1, 1.0) if smoke else (args.rows, args.soak_minutes, 20.0)
+    stored_rows, soak_minutes = (5_000, 0.1) if smoke else (args.rows, args.soak_minutes)
     top = concurrency[-1]
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     artifacts = work / "artifacts"
@@ -204,9 +236,11 @@ def main() -> None:
         fill_seconds = monitoring.fill_store(sqlite_url, stored_rows)
         svc = service(artifacts, sqlite_url, log=True)
         try:
-            for model in SHAPES:
-                wrk(f"{svc.url}/predict", payloads[model], 16, warmup / 2)
-            warm_rss, warm_at = svc.rss_mib(), time.monotonic()
+            load_started = time.monotonic()
+            for model, shape in SHAPES.items():  # warm-up: every request shape of the sweep at its top concurrency
+                for rows in request_rows:
+                    wrk(f"{svc.url}/predict", body(model, shape, rows), top, 1.0 if smoke else 3.0)
+            warm_rss = svc.rss_mib()
             sweep(svc, concurrency, request_rows, seconds, result)
             windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             calibration = monitoring.calibration_latency(svc.url, windows, 5 if smoke else 20)
@@ -214,7 +248,7 @@ def main() -> None:
             write_result("monitoring", {"rows": stored_rows, "fill_seconds": fill_seconds, "calibration": calibration,
                                         "feedback": feedback, "server": "the soak server (prediction logging on)"},
                          smoke=smoke)
-            memory = soak(svc, soak_minutes, warm_rss, warm_at, payloads)
+            memory = soak(svc, soak_minutes, warm_rss, load_started, payloads)
             write_result("soak", memory, smoke=smoke)
         finally:
             svc.stop()
@@ -234,26 +268,14 @@ def main() -> None:
             finally:
                 baseline.stop()
 
-        for model in SHAPES:
-            point = _find(result["load"], server="service", model=model, rows=1, clients=top)
-            result["logging"].append({"logging": "sqlite", "model": model, "clients": top} | point)
-        stores = {"off": (sqlite_url, False)} | ({} if smoke else {
-            "postgresql": ("postgresql+psycopg://postgres@127.0.0.1:5432/test", True)})
-        for store, (url, log) in stores.items():
-            svc = service(artifacts, url, log)
-            try:
-                for model in SHAPES:
-                    point = run_load(f"{svc.url}/predict", payloads[model], top, seconds, 1)
-                    result["logging"].append({"logging": store, "model": model, "clients": top} | point)
-            finally:
-                svc.stop()
+        result["logging"] = logging_cost(artifacts, work, top, seconds, 1 if smoke else 3, payloads, smoke)
         result["queue_delay"] = queue_delay_check(artifacts, sqlite_url, 2.0 if smoke else 8.0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["goals"] = goals(result, top, calibration, feedback, memory)
     print("\nclosed-loop load (wrk, loopback)\n" + table(result["load"], LOAD_COLUMNS))
-    print("\nprediction logging\n" + table(result["logging"], ["logging", "model", "clients", "rows_per_s", "p50_ms",
-                                                                "p99_ms"]))
+    print("\nprediction logging\n" + table(result["logging"], ["logging", "model", "clients", "rounds", "rows_per_s",
+                                                                "p50_ms", "p99_ms"]))
     print("\nGET /calibration\n" + table(calibration, monitoring.CALIBRATION_COLUMNS))
     print(f"\nmemory: {memory['warm_rss_mib']:.1f} MiB after the warm-up, {memory['end_rss_mib']:.1f} MiB after "
           f"{memory['minutes']:.1f} minutes of load")

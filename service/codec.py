@@ -4,9 +4,9 @@ FastAPI decodes bodies with the standard library, validates the response a secon
 ``response_model`` and encodes it through ``jsonable_encoder``; on a small-model ``/predict`` that is
 most of the request's CPU. Here bodies are decoded with orjson and validated once by pydantic, and
 responses are plain dicts encoded by orjson. Errors are re-raised as FastAPI's own
-``RequestValidationError`` so the one error mapping in ``service.app`` answers them exactly as before
-(400 for a body that is not JSON, 422 naming the field). Such endpoints are declared to the OpenAPI
-document by a separate contract route, so the document is unchanged.
+``RequestValidationError`` so the one error mapping (``service.http_errors``) answers them exactly as
+before (400 for a body that is not JSON, 422 naming the field). Such endpoints are declared to the
+OpenAPI document by a separate contract route, so the document is unchanged.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 class PlainRoute(Route):
-    """A Starlette route to a plain ASGI endpoint: it skips FastAPI's per-request machinery (dependency
-    solving, response re-validation), about 50 us a request; middleware and the exception handlers
-    still apply. Like FastAPI's routes it records itself in the scope for per-route metrics."""
+    """A Starlette route to a plain ASGI endpoint, without FastAPI's per-request machinery (dependency
+    solving, response re-validation: about 50 us a request). ``ServingMiddleware`` dispatches its
+    method directly; through the router it answers the 405 of other methods. Like FastAPI's routes it
+    records itself in the scope for per-route metrics."""
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         match, child = super().matches(scope)

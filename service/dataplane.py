@@ -111,7 +111,10 @@ class DataPlane:
         uncalibrated = softmax(logits)
         n = len(probs)
         predicted = probs.argmax(axis=1)
+        logged = self.prediction_log is not None
         return outputs | {SCORES: {
+            "probability_bytes": [row.tobytes() for row in probs.astype(np.float32)] if logged else [None] * n,
+            "logit_bytes": [row.tobytes() for row in logits.astype(np.float32)] if logged else [None] * n,
             "id": new_ids(n), "predicted": predicted.tolist(), "confidence": probs[np.arange(n), predicted].tolist(),
             "probabilities": probs, "logits": logits, "uncalibrated": uncalibrated,
             "raw_confidence": uncalibrated.max(axis=1).tolist(),
@@ -126,10 +129,9 @@ class DataPlane:
         calibration_version, temperature = s["calibration"][0]
         if self.prediction_log is not None:
             now = time.time()
-            probs32, logits32 = s["probabilities"].astype(np.float32), s["logits"].astype(np.float32)
             self.prediction_log.enqueue([
                 PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
-                              s["raw_confidence"][i], probs32[i].tobytes(), logits32[i].tobytes())
+                              s["raw_confidence"][i], s["probability_bytes"][i], s["logit_bytes"][i])
                 for i, k in enumerate(predicted)])
         classes, probs = model.manifest.class_names, s["probabilities"]
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None

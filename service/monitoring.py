@@ -1,6 +1,6 @@
 """Calibration monitoring: labelled feedback, rolling windows, alarms and recalibration.
 
-Everything a report shows is computed from the shared store (windows aggregated in SQL, the
+Everything a report shows is computed from the shared store (windows summed from per-block bin sums, the
 e-detector and alarm status persisted per model version and calibration version), so replicas
 sharing one PostgreSQL report the same numbers; bootstrap seeds derive from the data, not the
 process. All methods here are blocking and run in worker threads.
@@ -78,6 +78,7 @@ class _Candidate:
     probs: bytes | list
     label: int
     offline: bool
+    logits: bytes | None = None
 
 
 class Monitor:
@@ -175,7 +176,8 @@ class Monitor:
             label = self._label_index(item.label, served)
             if isinstance(label, str):
                 return label
-            return _Candidate(index, served, row.calibration_version, row.id, row.probabilities, label, False)
+            return _Candidate(index, served, row.calibration_version, row.id, row.probabilities, label, False,
+                              row.logits)
         try:
             served = self.repository.get(item.model, item.version)
         except ModelNotFound as exc:
@@ -217,12 +219,14 @@ class Monitor:
             correct = (predicted == y).astype(int).tolist()
             predicted, confidence = predicted.tolist(), confidence.tolist()
             for i, c in enumerate(group):
+                blob = encode(probs[i]) if offline else c.probs
                 label_rows[c.index] = LabelRow(c.prediction_id, c.served.name, c.served.version, c.calibration_version,
-                                               c.label, correct[i], confidence[i], bins[i], nll[i], brier[i], now)
+                                               c.label, correct[i], confidence[i], bins[i], nll[i], brier[i], now,
+                                               blob, c.logits)
                 if offline:
                     new_predictions.append(PredictionRow(c.prediction_id, c.served.name, c.served.version,
                                                          c.calibration_version, now, predicted[i], confidence[i], None,
-                                                         encode(probs[i]), None, "offline"))
+                                                         blob, None, "offline"))
         return dict(sorted(label_rows.items())), new_predictions
 
     @staticmethod

@@ -66,7 +66,8 @@ async def health(request: Request, response: Response) -> HealthResponse:
     state = request.app.state
     repository = state.dataplane.repository
     models = [{"name": m.name, "version": m.version, "ready": m.ready, "provider": m.runtime.provider,
-               "requested_providers": m.runtime.requested, "sessions": len(m.runtimes), "queued_rows": m.batcher.queued_rows if m.batcher else 0}
+               "requested_providers": m.runtime.requested, "sessions": len(m.runtimes),
+               "queued_rows": m.batcher.queued_rows if m.batcher else 0}
               for m in repository.all()]
     ready = state.ready and any(m["ready"] for m in models)
     storage = state.storage

@@ -33,7 +33,7 @@ from service.errors import ServiceError
 log = logging.getLogger("service.storage")
 
 SCHEMA_VERSION = 2
-BLOCK_LABELS = 1024
+BLOCK_LABELS = 4096
 BigId = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 
 metadata = sa.MetaData()
@@ -71,6 +71,8 @@ labels = sa.Table(
     sa.Column("nll", sa.Float, nullable=False),
     sa.Column("brier", sa.Float, nullable=False),
     sa.Column("labelled_at", sa.Float, nullable=False),
+    sa.Column("probabilities", sa.LargeBinary),  # as served (copied from the prediction): detail metrics
+    sa.Column("logits", sa.LargeBinary),  # read one index range of labels, never a join
     sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
 )
@@ -159,8 +161,8 @@ class PredictionRow(NamedTuple):
 
 
 _PREDICTION_COLUMNS = ", ".join(PredictionRow._fields)
-_INSERT_PREDICTIONS = (f"INSERT INTO predictions ({_PREDICTION_COLUMNS}) "
-                       f"VALUES ({', '.join('?' * len(PredictionRow._fields))})")
+_ROW_PLACEHOLDERS = f"({', '.join('?' * len(PredictionRow._fields))})"
+_SQLITE_ROWS_PER_INSERT = 32766 // len(PredictionRow._fields)  # SQLite's limit on bound parameters (3.32+)
 _COPY_PREDICTIONS = f"COPY predictions ({_PREDICTION_COLUMNS}) FROM STDIN"
 
 
@@ -177,11 +179,13 @@ class LabelRow:
     nll: float
     brier: float
     labelled_at: float
+    probabilities: bytes | None = None
+    logits: bytes | None = None
 
 
 @dataclass(frozen=True)
 class WindowAggregate:
-    """SQL-aggregated sums of a label window: bin sums plus totals of NLL and Brier."""
+    """Sums of a label window: bin sums plus totals of NLL and Brier, first and last label."""
 
     sums: BinSums
     nll_sum: float
@@ -255,8 +259,9 @@ class Storage:
             raise self._fail(exc) from exc
 
     def migrate(self) -> None:
-        """Create the schema (idempotent) and record its version; migrate version 1 (no block sums)
-        by building ``label_bins`` from the labels; refuse a newer schema."""
+        """Create the schema (idempotent) and record its version; refuse a newer schema. Version 1
+        had neither block sums nor the served probabilities on labels: the replica that moves the
+        version to 2 adds the columns, copies them from the predictions and builds ``label_bins``."""
         with self.engine.begin() as connection:
             metadata.create_all(connection)
             found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
@@ -266,8 +271,7 @@ class Storage:
                 raise RuntimeError(f"database schema version {found} is newer than this service ({SCHEMA_VERSION})")
             elif found == 1 and connection.execute(
                     schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
-                connection.execute(label_bins.delete())  # only the replica that moved the version builds the sums
-                _add_to_blocks(connection, _block_sums(sa.true()))
+                _migrate_labels_to_v2(connection)
         self.schema_ready = True
 
     def ping(self) -> bool:
@@ -283,8 +287,10 @@ class Storage:
     # predictions -----------------------------------------------------------------------------
 
     def insert_predictions(self, rows: Sequence[PredictionRow]) -> None:
-        """Bulk insert in one transaction by the driver's fastest path: COPY on PostgreSQL, a prepared
-        executemany of plain tuples on SQLite (SQLAlchemy's per-row bind processing costs 2-4x more)."""
+        """Bulk insert in one transaction by the driver's fastest path: COPY on PostgreSQL; on SQLite,
+        multi-row INSERT statements of plain tuples. (SQLAlchemy's per-row bind processing costs 2-4x
+        more, and an executemany steps SQLite once per row, handing the GIL back and forth with the
+        event loop each time.)"""
         if rows:
             self._run(lambda c: self._bulk_insert_predictions(c, rows))
 
@@ -295,7 +301,11 @@ class Storage:
                 for row in rows:
                     copy.write_row(row)
         elif dialect == "sqlite":
-            c.exec_driver_sql(_INSERT_PREDICTIONS, list(rows))
+            for start in range(0, len(rows), _SQLITE_ROWS_PER_INSERT):
+                chunk = rows[start:start + _SQLITE_ROWS_PER_INSERT]
+                c.exec_driver_sql(f"INSERT INTO predictions ({_PREDICTION_COLUMNS}) VALUES "
+                                  + ", ".join([_ROW_PLACEHOLDERS] * len(chunk)),
+                                  tuple(value for row in chunk for value in row))
         else:
             c.execute(predictions.insert(), [r._asdict() for r in rows])
 
@@ -387,8 +397,7 @@ class Storage:
         scope = [labels.c.model == model, labels.c.version == version, labels.c.calibration_version == calibration_version]
         if seconds is not None:
             scope.append(labels.c.labelled_at >= (now or time.time()) - seconds)
-        query = (sa.select(labels.c.label, predictions.c.probabilities, predictions.c.logits)
-                 .join(predictions, predictions.c.id == labels.c.prediction_id)
+        query = (sa.select(labels.c.label, labels.c.probabilities, labels.c.logits)
                  .where(*scope).order_by(labels.c.seq.desc()).limit(limit))
 
         def work(c):
@@ -593,3 +602,18 @@ class _Accumulator:
     def result(self) -> WindowAggregate:
         return WindowAggregate(BinSums(self.count, self.conf, self.correct), self.nll, self.brier, self.first,
                                self.last, self.last_seq)
+
+
+def _migrate_labels_to_v2(c: sa.Connection) -> None:
+    """Schema version 1 -> 2 (under the schema_info row lock): the served probabilities and logits on
+    every label, and the block sums."""
+    present = {column["name"] for column in sa.inspect(c).get_columns("labels")}
+    binary = sa.LargeBinary().compile(dialect=c.dialect)
+    for name in ("probabilities", "logits"):
+        if name not in present:
+            c.exec_driver_sql(f"ALTER TABLE labels ADD COLUMN {name} {binary}")
+    served = {name: sa.select(predictions.c[name]).where(predictions.c.id == labels.c.prediction_id).scalar_subquery()
+              for name in ("probabilities", "logits")}
+    c.execute(labels.update().values(**served))
+    c.execute(label_bins.delete())
+    _add_to_blocks(c, _block_sums(sa.true()))

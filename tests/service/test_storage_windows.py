@@ -22,11 +22,12 @@ def _fill(storage: Storage, n: int, *, start: int = 0, model: str = "m", t0: flo
         correct = (rng.random(k) < conf).astype(int)
         at = t0 + start + offset + np.arange(k)
         ids = [f"{model[:5]}{start + offset + i:027d}" for i in range(k)]
-        preds = [PredictionRow(ids[i], model, "1", 0, float(at[i]), 0, float(conf[i]), None, b"", None, "offline")
+        blobs = [np.array([conf[i], 1 - conf[i]], np.float32).tobytes() for i in range(k)]
+        preds = [PredictionRow(ids[i], model, "1", 0, float(at[i]), 0, float(conf[i]), None, blobs[i], None, "offline")
                  for i in range(k)]
         rows = [LabelRow(ids[i], model, "1", 0, 0, int(correct[i]), float(conf[i]),
                          int(binning.bin_index(conf[i:i + 1], EDGES)[0]), float(conf[i]), float(1 - conf[i]),
-                         float(at[i])) for i in range(k)]
+                         float(at[i]), blobs[i]) for i in range(k)]
         storage.insert_labels(rows, preds)
 
 
@@ -90,12 +91,14 @@ def test_purge_rebuilds_the_block_sums_it_touches(filled):
     _assert_same(filled.window("other", "1", 0, N_BINS), _brute_force(filled, "other"))
 
 
-def test_a_version_1_store_gets_its_block_sums_when_migrated(database_url):
+def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrated(database_url):
     storage = Storage(database_url)
     storage.migrate()
     _fill(storage, 2 * BLOCK_LABELS + 5)
-    with storage.engine.begin() as c:  # what a version-1 service left behind: labels without block sums
+    with storage.engine.begin() as c:  # what a version-1 service left behind: no block sums, no blobs on labels
         c.execute(label_bins.delete())
+        c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
+        c.exec_driver_sql("ALTER TABLE labels DROP COLUMN logits")
         c.execute(schema_info.update().values(version=1))
     fresh = Storage(database_url)
     fresh.migrate()
@@ -104,5 +107,8 @@ def test_a_version_1_store_gets_its_block_sums_when_migrated(database_url):
         assert c.execute(sa.select(schema_info.c.version)).scalar() == 2
     for last in (10, 1500, None):
         _assert_same(fresh.window("m", "1", 0, N_BINS, last=last), _brute_force(fresh, last=last))
+    y, probs, logits = fresh.window_rows("m", "1", 0, 50)
+    assert len(y) == 50 and logits is None
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)  # copied from the predictions
     fresh.engine.dispose()
     storage.engine.dispose()
