@@ -17,7 +17,6 @@ import json
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -34,7 +33,7 @@ CALIBRATION_COLUMNS = ["window", "labels_arriving", "p50_ms", "p99_ms", "request
 
 def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
     """Write ``rows`` labelled predictions of the default model directly; returns seconds taken."""
-    from service.storage import LabelRow, PredictionRow, Storage, encode
+    from service.storage import LabelRow, PredictionRow, Storage, encode, prediction_ids
 
     storage = Storage(url)
     storage.migrate()
@@ -47,7 +46,7 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         conf, pred = p.max(1), p.argmax(1)
         bins = binning.bin_index(conf, edges)
         now = time.time()
-        ids = [uuid.uuid4().hex for _ in range(n)]
+        ids = prediction_ids(n)
         predictions = [PredictionRow(ids[i], MODEL, "1", 0, now, int(pred[i]), float(conf[i]), float(conf[i]),
                                      encode(p[i]), encode(z[i])) for i in range(n)]
         labels = [LabelRow(ids[i], MODEL, "1", 0, int(y[i]), int(pred[i] == y[i]), float(conf[i]), int(bins[i]),

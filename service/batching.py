@@ -1,8 +1,9 @@
 """Dynamic batching: concurrent requests to one model coalesce into one onnxruntime call.
 
-Each model has one inference thread that loops on its own: it takes everything queued (up to
-``max_batch_size`` rows), runs it, hands the results back to the event loop in one callback, and
-immediately takes the next batch, so onnxruntime never waits for the event loop to be scheduled.
+Each of a model's onnxruntime sessions has an inference thread that loops on its own: it takes
+everything queued (up to ``max_batch_size`` rows), runs it, hands the results back to the event loop
+in one callback, and immediately takes the next batch, so onnxruntime never waits for the event
+loop to be scheduled; several sessions take batches from the one queue.
 Requests arriving while a batch runs form the next batch: batches grow with load and a lone
 request waits for nothing. With ``max_queue_delay_ms`` > 0 a batch additionally waits up to that
 long for more rows, as Triton's ``dynamic_batching`` does; the wait is timed on the inference

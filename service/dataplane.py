@@ -6,7 +6,6 @@ Routes in ``service.rest`` and ``service.v2`` only translate HTTP to these calls
 from __future__ import annotations
 
 import functools
-import os
 import time
 
 import numpy as np
@@ -29,7 +28,7 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.settings import Settings
-from service.storage import PredictionRow
+from service.storage import PredictionRow, prediction_ids
 
 SCORES = "_scores"  # key of the per-row /predict values among a batch's outputs (not an ONNX output name)
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
@@ -115,7 +114,7 @@ class DataPlane:
         return outputs | {SCORES: {
             "probability_bytes": [row.tobytes() for row in probs.astype(np.float32)] if logged else [None] * n,
             "logit_bytes": [row.tobytes() for row in logits.astype(np.float32)] if logged else [None] * n,
-            "id": new_ids(n), "predicted": predicted.tolist(), "confidence": probs[np.arange(n), predicted].tolist(),
+            "id": prediction_ids(n), "predicted": predicted.tolist(), "confidence": probs[np.arange(n), predicted].tolist(),
             "probabilities": probs, "logits": logits, "uncalibrated": uncalibrated,
             "raw_confidence": uncalibrated.max(axis=1).tolist(),
             "calibration": [(calibration_version, temperature)] * n,
@@ -219,12 +218,6 @@ class DataPlane:
         if arr.dtype == bool or arr.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return arr.ravel()
-
-
-def new_ids(n: int) -> list[str]:
-    """``n`` random 128-bit prediction ids as 32 hex digits (one system call for the whole batch)."""
-    digits = os.urandom(16 * n).hex()
-    return [digits[32 * i:32 * (i + 1)] for i in range(n)]
 
 
 def server_metadata() -> dict:

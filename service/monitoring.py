@@ -13,7 +13,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -21,7 +20,15 @@ import numpy as np
 import sqlalchemy as sa
 
 from calibkit import binning, metrics
-from calibkit.alarms import ALARM, LEVELS, OK, AlarmPolicy, AlarmStatus, Evidence, assess
+from calibkit.alarms import (
+    ALARM,
+    LEVELS,
+    OK,
+    AlarmPolicy,
+    AlarmStatus,
+    Evidence,
+    assess,
+)
 from calibkit.drift import accuracy_gap, confidence_shift
 from calibkit.plotting import figure_png, reliability_figure
 from calibkit.sequential import ShiryaevRoberts
@@ -31,7 +38,16 @@ from calibkit.validation import row_problems
 from service.errors import InvalidInput, ModelNotFound
 from service.metrics import ServiceMetrics
 from service.repository import ModelRepository, ServedModel
-from service.storage import LabelRow, PredictionRow, Storage, alarm_events, decode_rows, encode, monitor_state
+from service.storage import (
+    LabelRow,
+    PredictionRow,
+    Storage,
+    alarm_events,
+    decode_rows,
+    encode,
+    monitor_state,
+    prediction_ids,
+)
 
 log = logging.getLogger("service.monitoring")
 
@@ -66,7 +82,7 @@ class Window:
                 "labels": self.count, "seconds": self.seconds}
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Candidate:
     """A feedback item joined with what it labels: a logged prediction (its probabilities blob) or
     probabilities scored elsewhere (offline, a list still to be checked)."""
@@ -189,7 +205,7 @@ class Monitor:
         if isinstance(label, str):
             return label
         calibration_version, _ = self.active(served)
-        return _Candidate(index, served, calibration_version, uuid.uuid4().hex, item.probabilities, label, True)
+        return _Candidate(index, served, calibration_version, "", item.probabilities, label, True)
 
     def _label_rows(self, candidates: list[_Candidate], reasons: list) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
         """Label rows (by item index) and offline prediction rows, computed per model in a few array
@@ -201,6 +217,8 @@ class Monitor:
             groups.setdefault((c.served.name, c.served.version, c.offline), []).append(c)
         for (_, _, offline), group in groups.items():
             if offline:
+                for c, new_id in zip(group, prediction_ids(len(group))):
+                    c.prediction_id = new_id
                 probs = np.array([c.probs for c in group], dtype=np.float64)
                 problems = row_problems(probs)
                 for c, problem in zip(group, problems):

@@ -64,3 +64,25 @@ def test_outage_keeps_rows_until_the_queue_is_full_then_counts_drops():
 
     stored, dropped = asyncio.run(scenario())
     assert len(stored) == 100 and dropped == 10
+
+
+def test_sqlite_bulk_inserts_use_two_statement_texts_whatever_the_batch_lengths(tmp_path):
+    """The driver caches prepared statements by text: one text per batch length would fill its cache
+    with statements of thousands of parameters, hundreds of MiB that never come back."""
+    import sqlalchemy as sa
+
+    from service.storage import Storage
+
+    storage = Storage(f"sqlite:///{tmp_path / 'log.db'}")
+    storage.migrate()
+    texts = set()
+    sa.event.listen(storage.engine, "before_cursor_execute",
+                    lambda conn, cursor, statement, *args: texts.add(statement) if "INSERT" in statement else None)
+    start = 0
+    for n in (1, 7, 255, 256, 257, 600, 1999):
+        storage.insert_predictions(_rows(n, start))
+        start += n
+    with storage.engine.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM predictions")).scalar() == start
+    assert len(texts) == 2
+    storage.engine.dispose()
