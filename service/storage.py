@@ -78,11 +78,15 @@ labels = sa.Table(
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
 )
 
+def _calibration_key() -> list[sa.Column]:
+    """The primary-key columns of a table with a row per model version and calibration version."""
+    return [sa.Column("model", sa.String(128), primary_key=True), sa.Column("version", sa.String(32), primary_key=True),
+            sa.Column("calibration_version", sa.Integer, primary_key=True)]
+
+
 label_bins = sa.Table(
     "label_bins", metadata,
-    sa.Column("model", sa.String(128), primary_key=True),
-    sa.Column("version", sa.String(32), primary_key=True),
-    sa.Column("calibration_version", sa.Integer, primary_key=True),
+    *_calibration_key(),
     sa.Column("block", BigId, primary_key=True),
     sa.Column("conf_bin", sa.Integer, primary_key=True),
     sa.Column("count", BigId, nullable=False),
@@ -97,9 +101,7 @@ label_bins = sa.Table(
 
 calibrations = sa.Table(
     "calibrations", metadata,
-    sa.Column("model", sa.String(128), primary_key=True),
-    sa.Column("version", sa.String(32), primary_key=True),
-    sa.Column("calibration_version", sa.Integer, primary_key=True),
+    *_calibration_key(),
     sa.Column("method", sa.String(32), nullable=False),
     sa.Column("temperature", sa.Float),
     sa.Column("source", sa.String(32), nullable=False),
@@ -110,9 +112,7 @@ calibrations = sa.Table(
 
 monitor_state = sa.Table(
     "monitor_state", metadata,
-    sa.Column("model", sa.String(128), primary_key=True),
-    sa.Column("version", sa.String(32), primary_key=True),
-    sa.Column("calibration_version", sa.Integer, primary_key=True),
+    *_calibration_key(),
     sa.Column("last_seq", BigId, nullable=False),
     sa.Column("detector", sa.Text, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
