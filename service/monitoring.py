@@ -17,13 +17,11 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-import sqlalchemy as sa
 
 from calibkit import binning, metrics
 from calibkit.alarms import (
     ALARM,
     LEVELS,
-    OK,
     AlarmPolicy,
     AlarmStatus,
     Evidence,
@@ -42,10 +40,8 @@ from service.storage import (
     LabelRow,
     PredictionRow,
     Storage,
-    alarm_events,
     decode_rows,
     encode,
-    monitor_state,
     prediction_ids,
 )
 
@@ -207,7 +203,8 @@ class Monitor:
         calibration_version, _ = self.active(served)
         return _Candidate(index, served, calibration_version, "", item.probabilities, label, True)
 
-    def _label_rows(self, candidates: list[_Candidate], reasons: list) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
+    def _label_rows(self, candidates: list[_Candidate],
+                    reasons: list) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
         """Label rows (by item index) and offline prediction rows, computed per model in a few array
         operations; offline probability rows that are not probability vectors get their reason."""
         now = time.time()
@@ -273,12 +270,10 @@ class Monitor:
         all replicas; a transition is recorded, logged, counted and returned."""
         served = self.repository.get(name, version)
         calibration_version, _ = self.active(served)
-        key = {"model": name, "version": version, "calibration_version": calibration_version}
+        key = (name, version, calibration_version)
 
         def work(c):
-            self._lock_state_row(c, key, self.new_detector(served))
-            row = c.execute(sa.select(monitor_state).where(*(monitor_state.c[k] == v for k, v in key.items()))
-                            .with_for_update()).one()
+            row = self.storage.locked_monitor_row(c, *key, json.dumps(self.new_detector(served).to_dict()))
             detector = ShiryaevRoberts.from_dict(json.loads(row.detector))
             new = self.storage.labels_after(c, name, version, calibration_version, row.last_seq)
             last_seq = row.last_seq
@@ -290,12 +285,9 @@ class Monitor:
             status = assess(previous, evidence, self.policy, time.time())
             if previous.state == ALARM and status.state != ALARM:
                 detector = self.new_detector(served)  # the evidence that raised the alarm is spent
-            c.execute(monitor_state.update().where(*(monitor_state.c[k] == v for k, v in key.items())).values(
-                last_seq=last_seq, detector=json.dumps(detector.to_dict()), state=status.state, since=status.since,
-                reasons=json.dumps(list(status.reasons)), updated_at=time.time()))
-            if status.state != previous.state:
-                c.execute(alarm_events.insert().values(**key, at=time.time(), from_state=previous.state,
-                                                       to_state=status.state, reasons=json.dumps(list(status.reasons))))
+            self.storage.save_monitor_state(c, *key, last_seq=last_seq, detector=json.dumps(detector.to_dict()),
+                                            state=status.state, since=status.since,
+                                            reasons=json.dumps(list(status.reasons)), previous_state=previous.state)
             return previous, status, evidence, detector
 
         previous, status, evidence, detector = self.storage.transaction(work)
@@ -313,20 +305,8 @@ class Monitor:
         """An e-detector whose null is 'calibrated as well as on the validation split'."""
         reference = served.manifest.reference
         expected_residual = reference.accuracy - float(np.mean(reference.confidences))
-        return ShiryaevRoberts(center=float(np.clip(expected_residual, -0.2, 0.2)), tolerance=self.policy.reference_margin)
-
-    def _lock_state_row(self, c, key: dict, detector: ShiryaevRoberts) -> None:
-        """Take the write lock on the state row first (an UPDATE: a row lock on PostgreSQL, the
-        database write lock on SQLite), creating the row if this is the first update."""
-        match = [monitor_state.c[k] == v for k, v in key.items()]
-        if c.execute(monitor_state.update().where(*match).values(updated_at=time.time())).rowcount:
-            return
-        try:
-            with c.begin_nested():
-                c.execute(monitor_state.insert().values(**key, last_seq=0, detector=json.dumps(detector.to_dict()),
-                                                        state=OK, since=None, reasons="[]", updated_at=time.time()))
-        except sa.exc.IntegrityError:
-            c.execute(monitor_state.update().where(*match).values(updated_at=time.time()))
+        return ShiryaevRoberts(center=float(np.clip(expected_residual, -0.2, 0.2)),
+                               tolerance=self.policy.reference_margin)
 
     def _evidence(self, served: ServedModel, calibration_version: int, detector: ShiryaevRoberts, c=None) -> Evidence:
         agg = self.storage.window(served.name, served.version, calibration_version, self.n_bins,
@@ -359,7 +339,7 @@ class Monitor:
     # reports ---------------------------------------------------------------------------------
 
     def _resolve_window(self, name: str | None, version: str | None, window: str | None):
-        """(model, window, active calibration version, the window's SQL aggregate)."""
+        """(model, window, active calibration version, the window's sums)."""
         served = self.repository.get(name, version)
         win = Window.parse(window) if window is not None else self.alarm_window
         calibration_version, _ = self.active(served)

@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
+from calibkit.alarms import OK
 from calibkit.binning import BinSums
 from service.errors import ServiceError
 
@@ -39,14 +40,21 @@ BigId = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 
 metadata = sa.MetaData()
 
+
+def _calibration_key(primary_key: bool = False) -> list[sa.Column]:
+    """The (model, version, calibration_version) columns every table is scoped by; part of the
+    primary key for tables with one row per model version and calibration version."""
+    return [sa.Column("model", sa.String(128), primary_key=primary_key, nullable=False),
+            sa.Column("version", sa.String(32), primary_key=primary_key, nullable=False),
+            sa.Column("calibration_version", sa.Integer, primary_key=primary_key, nullable=False)]
+
+
 schema_info = sa.Table("schema_info", metadata, sa.Column("version", sa.Integer, primary_key=True))
 
 predictions = sa.Table(
     "predictions", metadata,
     sa.Column("id", sa.String(32), primary_key=True),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("version", sa.String(32), nullable=False),
-    sa.Column("calibration_version", sa.Integer, nullable=False),
+    *_calibration_key(),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("predicted", sa.Integer, nullable=False),
     sa.Column("confidence", sa.Float, nullable=False),
@@ -62,9 +70,7 @@ labels = sa.Table(
     sa.Column("seq", BigId, primary_key=True, autoincrement=True),
     sa.Column("prediction_id", sa.String(32), sa.ForeignKey("predictions.id", ondelete="CASCADE"), nullable=False,
               unique=True),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("version", sa.String(32), nullable=False),
-    sa.Column("calibration_version", sa.Integer, nullable=False),
+    *_calibration_key(),
     sa.Column("label", sa.Integer, nullable=False),
     sa.Column("correct", sa.Integer, nullable=False),
     sa.Column("confidence", sa.Float, nullable=False),
@@ -78,15 +84,9 @@ labels = sa.Table(
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
 )
 
-def _calibration_key() -> list[sa.Column]:
-    """The primary-key columns of a table with a row per model version and calibration version."""
-    return [sa.Column("model", sa.String(128), primary_key=True), sa.Column("version", sa.String(32), primary_key=True),
-            sa.Column("calibration_version", sa.Integer, primary_key=True)]
-
-
 label_bins = sa.Table(
     "label_bins", metadata,
-    *_calibration_key(),
+    *_calibration_key(primary_key=True),
     sa.Column("block", BigId, primary_key=True),
     sa.Column("conf_bin", sa.Integer, primary_key=True),
     sa.Column("count", BigId, nullable=False),
@@ -101,7 +101,7 @@ label_bins = sa.Table(
 
 calibrations = sa.Table(
     "calibrations", metadata,
-    *_calibration_key(),
+    *_calibration_key(primary_key=True),
     sa.Column("method", sa.String(32), nullable=False),
     sa.Column("temperature", sa.Float),
     sa.Column("source", sa.String(32), nullable=False),
@@ -112,7 +112,7 @@ calibrations = sa.Table(
 
 monitor_state = sa.Table(
     "monitor_state", metadata,
-    *_calibration_key(),
+    *_calibration_key(primary_key=True),
     sa.Column("last_seq", BigId, nullable=False),
     sa.Column("detector", sa.Text, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
@@ -124,9 +124,7 @@ monitor_state = sa.Table(
 alarm_events = sa.Table(
     "alarm_events", metadata,
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("version", sa.String(32), nullable=False),
-    sa.Column("calibration_version", sa.Integer, nullable=False),
+    *_calibration_key(),
     sa.Column("at", sa.Float, nullable=False),
     sa.Column("from_state", sa.String(16), nullable=False),
     sa.Column("to_state", sa.String(16), nullable=False),
@@ -261,7 +259,8 @@ class Storage:
     def _fail(self, exc: Exception) -> StorageUnavailable:
         self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         log.warning("database unavailable: %s", self.last_error)
-        return StorageUnavailable(f"the feedback store is unavailable ({self.last_error}); retry later", self.retry_after)
+        return StorageUnavailable(f"the feedback store is unavailable ({self.last_error}); retry later",
+                                  self.retry_after)
 
     def _run(self, work, write: bool = True):
         """Run ``work(connection)`` in a transaction, creating the schema first if needed."""
@@ -340,8 +339,7 @@ class Storage:
         """Calibrated confidences of the most recent predictions (labelled or not)."""
         def work(c):
             query = (sa.select(predictions.c.confidence)
-                     .where(predictions.c.model == model, predictions.c.version == version,
-                            predictions.c.calibration_version == calibration_version)
+                     .where(*_scope(predictions, model, version, calibration_version))
                      .order_by(predictions.c.created_at.desc()).limit(limit))
             return np.array([r[0] for r in c.execute(query)], dtype=np.float64)
 
@@ -356,7 +354,8 @@ class Storage:
             if new_predictions:
                 self._bulk_insert_predictions(c, new_predictions)
             ids = [r.prediction_id for r in rows]
-            existing = {r[0] for r in c.execute(sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(ids)))}
+            query = sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(ids))
+            existing = {r[0] for r in c.execute(query)}
             fresh = [r.__dict__ for r in rows if r.prediction_id not in existing]
             if fresh:
                 c.execute(labels.insert(), fresh)
@@ -409,9 +408,10 @@ class Storage:
         return work(connection) if connection is not None else self._run(work, write=False)
 
     def window_rows(self, model: str, version: str, calibration_version: int, limit: int, *,
-                    seconds: float | None = None, now: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                    seconds: float | None = None,
+                    now: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(labels, calibrated probabilities, raw logits or None) of the most recent labelled rows."""
-        scope = [labels.c.model == model, labels.c.version == version, labels.c.calibration_version == calibration_version]
+        scope = _scope(labels, model, version, calibration_version)
         if seconds is not None:
             scope.append(labels.c.labelled_at >= (now or time.time()) - seconds)
         query = (sa.select(labels.c.label, labels.c.probabilities, labels.c.logits)
@@ -431,15 +431,13 @@ class Storage:
     def recent_labels(self, model: str, version: str, calibration_version: int, limit: int) -> list[sa.Row]:
         """(seq, labelled_at, conf_bin, confidence, correct) of the most recent labels, oldest first."""
         query = (sa.select(labels.c.seq, labels.c.labelled_at, labels.c.conf_bin, labels.c.confidence, labels.c.correct)
-                 .where(labels.c.model == model, labels.c.version == version,
-                        labels.c.calibration_version == calibration_version)
+                 .where(*_scope(labels, model, version, calibration_version))
                  .order_by(labels.c.seq.desc()).limit(limit))
         return self._run(lambda c: c.execute(query).all()[::-1], write=False)
 
     def labels_after(self, connection, model: str, version: str, calibration_version: int, seq: int):
         query = (sa.select(labels.c.seq, labels.c.correct, labels.c.confidence)
-                 .where(labels.c.model == model, labels.c.version == version,
-                        labels.c.calibration_version == calibration_version, labels.c.seq > seq)
+                 .where(*_scope(labels, model, version, calibration_version), labels.c.seq > seq)
                  .order_by(labels.c.seq))
         return connection.execute(query).all()
 
@@ -502,12 +500,39 @@ class Storage:
         """Run ``work(connection)`` in one write transaction (used by the monitor's locked update)."""
         return self._run(work)
 
+    def locked_monitor_row(self, c: sa.Connection, model: str, version: str, calibration_version: int,
+                           new_detector: str) -> sa.Row:
+        """The monitor state row, write-locked until ``c`` commits: the lock is taken first by an
+        UPDATE (a row lock on PostgreSQL, the database write lock on SQLite), and the row is created
+        with ``new_detector`` on first use."""
+        scope = _scope(monitor_state, model, version, calibration_version)
+        if not c.execute(monitor_state.update().where(*scope).values(updated_at=time.time())).rowcount:
+            try:
+                with c.begin_nested():
+                    c.execute(monitor_state.insert().values(
+                        model=model, version=version, calibration_version=calibration_version, last_seq=0,
+                        detector=new_detector, state=OK, since=None, reasons="[]", updated_at=time.time()))
+            except IntegrityError:  # another replica created it meanwhile
+                c.execute(monitor_state.update().where(*scope).values(updated_at=time.time()))
+        return c.execute(sa.select(monitor_state).where(*scope).with_for_update()).one()
+
+    def save_monitor_state(self, c: sa.Connection, model: str, version: str, calibration_version: int, *,
+                           last_seq: int, detector: str, state: str, since: float | None, reasons: str,
+                           previous_state: str) -> None:
+        """Store the assessed state (in the transaction of ``locked_monitor_row``); a change of state is
+        also recorded in ``alarm_events``."""
+        c.execute(monitor_state.update().where(*_scope(monitor_state, model, version, calibration_version)).values(
+            last_seq=last_seq, detector=detector, state=state, since=since, reasons=reasons, updated_at=time.time()))
+        if state != previous_state:
+            c.execute(alarm_events.insert().values(model=model, version=version,
+                                                   calibration_version=calibration_version, at=time.time(),
+                                                   from_state=previous_state, to_state=state, reasons=reasons))
+
     def monitor_rows(self) -> list[sa.Row]:
         return self._run(lambda c: c.execute(sa.select(monitor_state)).all(), write=False)
 
     def monitor_row(self, model: str, version: str, calibration_version: int) -> sa.Row | None:
-        query = sa.select(monitor_state).where(monitor_state.c.model == model, monitor_state.c.version == version,
-                                               monitor_state.c.calibration_version == calibration_version)
+        query = sa.select(monitor_state).where(*_scope(monitor_state, model, version, calibration_version))
         return self._run(lambda c: c.execute(query).first(), write=False)
 
     def alarm_history(self, model: str, version: str, limit: int = 50) -> list[sa.Row]:
@@ -547,14 +572,17 @@ def _in_block(block: int):
     return labels.c.seq.between(block * BLOCK_LABELS, (block + 1) * BLOCK_LABELS - 1)
 
 
+def _row_sums(r) -> tuple:
+    """The sums ``_SUM_COLUMNS`` over label rows ``r`` (the columns of ``labels`` or of a subquery of it)."""
+    return (sa.func.count(), sa.func.sum(r.confidence), sa.func.sum(r.correct), sa.func.sum(r.nll),
+            sa.func.sum(r.brier), sa.func.min(r.labelled_at), sa.func.max(r.labelled_at), sa.func.max(r.seq))
+
+
 def _block_sums(*where) -> sa.Select:
     """The ``label_bins`` rows of the labels matching ``where``: sums per model version, calibration
     version, block and confidence bin."""
     keys = (labels.c.model, labels.c.version, labels.c.calibration_version, _BLOCK, labels.c.conf_bin)
-    return (sa.select(*keys, sa.func.count(), sa.func.sum(labels.c.confidence), sa.func.sum(labels.c.correct),
-                      sa.func.sum(labels.c.nll), sa.func.sum(labels.c.brier), sa.func.min(labels.c.labelled_at),
-                      sa.func.max(labels.c.labelled_at), sa.func.max(labels.c.seq))
-            .where(*where).group_by(*keys))
+    return sa.select(*keys, *_row_sums(labels.c)).where(*where).group_by(*keys)
 
 
 def _add_to_blocks(c: sa.Connection, sums: sa.Select) -> None:
@@ -588,11 +616,7 @@ def _bin_totals(*where) -> sa.Select:
 
 def _row_totals(rows: sa.Subquery) -> sa.Select:
     """Per-bin totals of individual label rows (a subquery of ``_ROW_COLUMNS``)."""
-    r = rows.c
-    return (sa.select(r.conf_bin, sa.func.count(), sa.func.sum(r.confidence), sa.func.sum(r.correct),
-                      sa.func.sum(r.nll), sa.func.sum(r.brier), sa.func.min(r.labelled_at), sa.func.max(r.labelled_at),
-                      sa.func.max(r.seq))
-            .group_by(r.conf_bin))
+    return sa.select(rows.c.conf_bin, *_row_sums(rows.c)).group_by(rows.c.conf_bin)
 
 
 class _Accumulator:
