@@ -12,7 +12,7 @@ import sys
 
 from bench.common import RESULTS, ROOT, machine, table
 from bench.monitoring import CALIBRATION_COLUMNS
-from bench.serving import LOAD_COLUMNS, PHASES, RAW_COLUMNS
+from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
@@ -62,10 +62,13 @@ def render() -> str:
         for model, rows in serving["raw"].items():
             out += [f"onnxruntime alone, {model} (the service's sessions and thread settings, all sessions "
                     "busy at once):", "", table(rows, RAW_COLUMNS), ""]
-        raw = serving["raw_at_formed_batch"]
-        out += [f"onnxruntime alone at the batch size the batcher formed for the heavy model at 64 clients "
-                f"({raw['batch']} rows): {raw['rows_per_s']:.0f} rows/s.", "",
-                table(serving["load"], LOAD_COLUMNS), "", "Prediction logging (three servers on empty stores, visited in turn; the median round):", "",
+        heavy = serving["heavy_rounds"]
+        out += [table(serving["load"], LOAD_COLUMNS), "",
+                f"The heavy model's goals, measured in rounds on the soak server after the sweep: the service at "
+                f"{heavy['clients']} single-row clients, onnxruntime alone at the batch size the service formed "
+                f"in that round, and the baseline at {heavy['clients']} clients, each in turn while the others "
+                "idle (rows/s):", "", table(heavy["rounds"], HEAVY_COLUMNS), "",
+                "Prediction logging (three servers on empty stores, visited in turn; the median round):", "",
                 table(serving["logging"], ["logging", "model", "clients", "rounds", "rows_per_s", "p50_ms", "p99_ms"]),
                 "",
                 "Time split of /predict from the service's own histograms (mean ms per request over the model's "
@@ -83,10 +86,12 @@ def render() -> str:
                 "POST /feedback:", "", table([monitoring["feedback"]], ["batch", "labels_per_s", "labels"]), ""]
     soak = _load("soak")
     if soak:
-        out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep once; then the sweep, "
-                "the monitoring measurements and steady mixed load (predictions of both models, feedback, "
-                "reports) follow on the same process.", "",
-                f"RSS: {soak['warm_rss_mib']:.1f} MiB after the warm-up, "
+        out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep at its top "
+                "concurrency, then one 20-second round of the steady mixed load (single-row predictions of both "
+                "models, a batch of labels, a report); the sweep, the monitoring measurements and rounds of that "
+                "mixed load follow on the same process until the minutes of load are up.", "",
+                f"RSS: {soak['after_shapes_rss_mib']:.1f} MiB right after the largest requests (64 clients of "
+                f"32-row requests), {soak['warm_rss_mib']:.1f} MiB after the warm-up, "
                 f"{soak['end_rss_mib']:.1f} MiB after {soak['minutes']:.1f} minutes of load "
                 f"({100 * soak['growth']:+.1f}%).", "", table(soak["samples"], ["minutes", "rss_mib"]), ""]
     if serving:

