@@ -33,7 +33,7 @@ CALIBRATION_COLUMNS = ["window", "labels_arriving", "p50_ms", "p99_ms", "request
 
 def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
     """Write ``rows`` labelled predictions of the default model directly; returns seconds taken."""
-    from service.storage import LabelRow, PredictionRow, Storage, encode, prediction_ids
+    from service.storage import LabelRow, PredictionRow, Storage, prediction_ids
 
     storage = Storage(url)
     storage.migrate()
@@ -43,16 +43,20 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         n = min(chunk, rows - offset)
         z, y = calibrated_logits(n, logit_scale=8.0, seed=offset)
         p = softmax(z)
-        conf, pred = p.max(1), p.argmax(1)
-        bins = binning.bin_index(conf, edges)
+        pred = p.argmax(1)
+        conf = p[np.arange(n), pred]
+        nll = -np.log(np.maximum(p[np.arange(n), y], 1e-15))
+        brier = ((p - np.eye(p.shape[1])[y]) ** 2).sum(1)
+        blobs = [p.astype(np.float32), z.astype(np.float32)]
+        probs, logits = ([row.tobytes() for row in b] for b in blobs)
         now = time.time()
         ids = prediction_ids(n)
-        predictions = [PredictionRow(ids[i], MODEL, "1", 0, now, int(pred[i]), float(conf[i]), float(conf[i]),
-                                     encode(p[i]), encode(z[i])) for i in range(n)]
-        labels = [LabelRow(ids[i], MODEL, "1", 0, int(y[i]), int(pred[i] == y[i]), float(conf[i]), int(bins[i]),
-                           float(-np.log(max(p[i, y[i]], 1e-15))), float(((p[i] - np.eye(10)[y[i]]) ** 2).sum()), now,
-                           predictions[i].probabilities, predictions[i].logits)
-                  for i in range(n)]
+        columns = zip(ids, pred.tolist(), conf.tolist(), y.tolist(), binning.bin_index(conf, edges).tolist(),
+                      nll.tolist(), brier.tolist(), probs, logits)
+        predictions, labels = [], []
+        for id_, k, c, t, b, nl, br, pb, lb in columns:
+            predictions.append(PredictionRow(id_, MODEL, "1", 0, now, k, c, c, pb, lb))
+            labels.append(LabelRow(id_, MODEL, "1", 0, t, int(k == t), c, b, nl, br, now, pb, lb))
         storage.insert_labels(labels, predictions)
     storage.engine.dispose()
     return time.perf_counter() - start

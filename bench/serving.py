@@ -101,8 +101,11 @@ def body(model: str | None, shape: tuple, rows: int) -> str:
     return json.dumps({"inputs": x} | ({"model": model} if model else {}))
 
 
-def run_load(url: str, payload: str, connections: int, seconds: float, rows: int) -> dict:
-    wrk(url, payload, connections, 1.0)  # warm-up, discarded
+def run_load(url: str, payload: str, connections: int, seconds: float, rows: int, warm_up: bool) -> dict:
+    """One closed-loop load point; with ``warm_up`` (the first point of a server and request shape) a
+    second of the same load is run first and discarded."""
+    if warm_up:
+        wrk(url, payload, connections, 1.0)
     result = wrk(url, payload, connections, seconds)
     return result | {"rows_per_s": result["requests_per_s"] * rows}
 
@@ -120,7 +123,7 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
         for rows in request_rows:
             for c in concurrency:
                 before = histogram_totals(svc.url)
-                point = run_load(f"{svc.url}/predict", body(model, shape, rows), c, seconds, rows)
+                point = run_load(f"{svc.url}/predict", body(model, shape, rows), c, seconds, rows, c == concurrency[0])
                 formed = histogram_means(before, histogram_totals(svc.url), [f"batch:{model}"])[f"batch:{model}"]
                 result["load"].append({"server": "service", "model": model, "rows": rows, "clients": c,
                                        "mean_batch_rows": formed} | point)
@@ -268,19 +271,22 @@ def main() -> None:
         svc = service(artifacts, sqlite_url, log=True)
         try:
             load_started = time.monotonic()
-            # warm-up: every request shape of the sweep at its top concurrency, then one round of the
-            # soak's steady load, so the reference RSS is taken in that steady regime, not at the
-            # transient peak of the largest requests (also recorded)
+            # warm-up: every request shape of the sweep at its top concurrency, every report window and
+            # feedback batches, then one round of the soak's steady load, so the reference RSS is taken
+            # in that steady regime, not at the transient peak of the largest requests (also recorded)
             for model, shape in SHAPES.items():
                 for rows in request_rows:
                     wrk(f"{svc.url}/predict", body(model, shape, rows), top, 1.0 if smoke else 3.0)
             shapes_rss = svc.rss_mib()
+            windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             with httpx.Client(base_url=svc.url, timeout=120) as client:
+                for window in windows:
+                    client.get("/calibration", params={"window": str(window)}).raise_for_status()
+                monitoring.feedback_throughput(svc.url, 1.0 if smoke else 3.0, 1000)
                 mixed_load(svc, payloads, 1.0 if smoke else 20.0, client)
             warm_rss = svc.rss_mib()
             sweep(svc, concurrency, request_rows, seconds, result)
             result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3)
-            windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             calibration = monitoring.calibration_latency(svc.url, windows, 5 if smoke else 20)
             feedback = monitoring.feedback_throughput(svc.url, 2.0 if smoke else 5.0, 1000)
             write_result("monitoring", {"rows": stored_rows, "fill_seconds": fill_seconds, "calibration": calibration,
@@ -296,7 +302,8 @@ def main() -> None:
             try:
                 for rows in request_rows:
                     for c in concurrency:
-                        point = run_load(f"{baseline.url}/predict", body(None, shape, rows), c, seconds, rows)
+                        point = run_load(f"{baseline.url}/predict", body(None, shape, rows), c, seconds, rows,
+                                         c == concurrency[0])
                         result["load"].append({"server": "baseline", "model": model, "rows": rows, "clients": c} | point)
             finally:
                 baseline.stop()

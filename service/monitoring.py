@@ -38,6 +38,7 @@ from service.metrics import ServiceMetrics
 from service.repository import ModelRepository, ServedModel
 from service.storage import (
     LabelRow,
+    NewestRows,
     PredictionRow,
     Storage,
     decode_rows,
@@ -50,6 +51,7 @@ log = logging.getLogger("service.monitoring")
 _WINDOW = re.compile(r"^(?:(?P<count>\d+)|(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]))$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DETAIL_CACHE_SIZE = 64
+NEWEST_CACHE_SIZE = 16  # (model, version, calibration version) whose newest labelled rows are held
 
 
 @dataclass(frozen=True)
@@ -109,15 +111,22 @@ class Monitor:
         self.n_resamples = n_resamples
         self._active: dict[tuple[str, str], tuple[int, float | None]] = {}
         self._detail_cache: dict[tuple, dict] = {}
+        self._newest: dict[tuple[str, str, int], NewestRows] = {}
         self._detail_lock = threading.Lock()
 
     # calibration versions --------------------------------------------------------------------
 
     def sync_calibrations(self) -> None:
-        """Record every model's manifest calibration (version 0) and cache the active versions."""
+        """Record every model's manifest calibration (version 0) and cache the active versions. Exports
+        every model's per-bin label counters at 0: Prometheus' ``increase()`` counts from a series'
+        first scrape, so labels counted before a bin's series first appeared would be missing from
+        the ECE that the recording rules compute from these counters."""
         for model in self.repository.all():
             cal = model.manifest.calibration
             self.storage.ensure_manifest_calibration(model.name, model.version, cal.method, cal.temperature)
+            for b in range(self.n_bins):
+                for counter in (self.metrics.labeled, self.metrics.confidence_sum, self.metrics.correct):
+                    counter.labels(model.name, model.version, str(b))
         self.refresh_active()
 
     def refresh_active(self) -> None:
@@ -405,8 +414,13 @@ class Monitor:
             found = self._detail_cache.get(key)
         if found is not None:
             return found
-        y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
-                                                    min(self.detail_rows, agg.n), seconds=win.seconds)
+        if win.seconds is None:
+            rows = self._newest_rows(served, calibration_version).head(min(self.detail_rows, agg.n))
+            y, probs = rows.y, rows.probs
+            logits = None if np.isnan(rows.logits).any() else rows.logits
+        else:
+            y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
+                                                        min(self.detail_rows, agg.n), seconds=win.seconds)
         found = {"adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
                  "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
                  "detail_rows": len(y), "recalibration": self._refit(logits, y, probs)}
@@ -415,6 +429,30 @@ class Monitor:
             while len(self._detail_cache) > DETAIL_CACHE_SIZE:
                 self._detail_cache.pop(next(iter(self._detail_cache)))
         return found
+
+    def _newest_rows(self, served, calibration_version: int) -> NewestRows:
+        """The ``detail_rows`` most recent labelled rows, kept in memory: after the first fetch only the
+        labels that arrived since are read (one index range of a few rows instead of thousands). The
+        rows held are refetched whole when the store no longer has exactly them (a retention purge, a
+        label committed late by another replica)."""
+        key = (served.name, served.version, calibration_version)
+        with self._detail_lock:
+            held = self._newest.get(key)
+        limit = self.detail_rows
+        if held is None or not len(held.seq):
+            rows, _ = self.storage.newest_rows(*key, limit)
+        else:
+            new, count = self.storage.newest_rows(*key, limit, after_seq=int(held.seq[0]),
+                                                  count_from=int(held.seq[-1]))
+            if len(new.seq) < limit and count != len(held.seq) + len(new.seq):
+                rows, _ = self.storage.newest_rows(*key, limit)
+            else:
+                rows = new.then(held, limit)
+        with self._detail_lock:
+            self._newest[key] = rows
+            while len(self._newest) > NEWEST_CACHE_SIZE:
+                self._newest.pop(next(iter(self._newest)))
+        return rows
 
     def _refit(self, logits, y, probs) -> dict | None:
         """The temperature refitted on the window's labelled logits and what it would do (in-sample)."""

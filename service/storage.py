@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
@@ -159,19 +159,73 @@ class PredictionRow(NamedTuple):
     source: str = "online"
 
 
-_PREDICTION_COLUMNS = ", ".join(PredictionRow._fields)
-_ROW_PLACEHOLDERS = f"({', '.join('?' * len(PredictionRow._fields))})"
 # SQLite inserts: full chunks of _SQLITE_CHUNK rows by one multi-row statement, the rest row by row. Two
-# statement texts only: the driver caches prepared statements by text, and a text per batch length
-# would fill that cache with statements of thousands of parameters (hundreds of MiB).
+# statement texts per table only: the driver caches prepared statements by text, and a text per batch
+# length would fill that cache with statements of thousands of parameters (hundreds of MiB).
 _SQLITE_CHUNK = 256
-_INSERT_ROW = f"INSERT INTO predictions ({_PREDICTION_COLUMNS}) VALUES {_ROW_PLACEHOLDERS}"
-_INSERT_CHUNK = _INSERT_ROW + ", " + ", ".join([_ROW_PLACEHOLDERS] * (_SQLITE_CHUNK - 1))
-# PostgreSQL: binary COPY (no text formatting in the driver nor parsing in the server: a quarter less
-# CPU per row in all than text COPY); binary COPY needs each column's exact wire type.
-_COPY_PREDICTIONS = f"COPY predictions ({_PREDICTION_COLUMNS}) FROM STDIN (FORMAT BINARY)"
-_COPY_TYPES = [{sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea"}[
-    type(predictions.c[name].type)] for name in PredictionRow._fields]
+# binary COPY needs each column's exact wire type
+_BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea"}
+
+
+class _BulkInsert:
+    """Bulk insert of plain tuples (``columns`` of ``table``, in order) by the driver's fastest path:
+    binary COPY on PostgreSQL (no text formatting in the driver nor parsing in the server: a quarter
+    less CPU per row in all than text COPY); on SQLite, multi-row INSERT statements. SQLAlchemy's
+    per-row bind processing costs 2-4x more, and an executemany steps SQLite once per row, handing the
+    GIL back and forth with the event loop each time."""
+
+    def __init__(self, table: sa.Table, columns: Sequence[str]):
+        names, placeholders = ", ".join(columns), f"({', '.join('?' * len(columns))})"
+        self.table, self.columns = table, list(columns)
+        self.insert_row = f"INSERT INTO {table.name} ({names}) VALUES {placeholders}"
+        self.insert_chunk = self.insert_row + ", " + ", ".join([placeholders] * (_SQLITE_CHUNK - 1))
+        self.copy = f"COPY {table.name} ({names}) FROM STDIN (FORMAT BINARY)"
+        self.copy_types = [_BINARY_TYPES[type(table.c[name].type)] for name in columns]
+
+    def __call__(self, c: sa.Connection, rows: Sequence[tuple]) -> None:
+        dialect = c.dialect.name
+        if dialect == "postgresql" and c.dialect.driver == "psycopg":
+            with c.connection.driver_connection.cursor() as cursor, cursor.copy(self.copy) as copy:
+                copy.set_types(self.copy_types)
+                for row in rows:
+                    copy.write_row(row)
+        elif dialect == "sqlite":
+            full = len(rows) - len(rows) % _SQLITE_CHUNK
+            for start in range(0, full, _SQLITE_CHUNK):
+                c.exec_driver_sql(self.insert_chunk, tuple(v for row in rows[start:start + _SQLITE_CHUNK] for v in row))
+            if full < len(rows):
+                c.exec_driver_sql(self.insert_row, list(rows[full:]))
+        else:
+            c.execute(self.table.insert(), [dict(zip(self.columns, row)) for row in rows])
+
+
+_insert_predictions = _BulkInsert(predictions, PredictionRow._fields)
+
+
+class NewestRows(NamedTuple):
+    """Labelled rows, newest first: sequence numbers, labels, calibrated probabilities as served and raw
+    logits (NaN rows where none were stored)."""
+
+    seq: np.ndarray
+    y: np.ndarray
+    probs: np.ndarray
+    logits: np.ndarray
+
+    @classmethod
+    def empty(cls) -> NewestRows:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros((0, 0)))
+
+    def head(self, n: int) -> NewestRows:
+        """The ``n`` newest rows."""
+        return NewestRows(*(a[:n] for a in self))
+
+    def then(self, older: NewestRows, limit: int) -> NewestRows:
+        """These rows followed by ``older`` ones, at most ``limit`` in all."""
+        if not len(self.seq):
+            return older.head(limit)
+        if not len(older.seq):
+            return self.head(limit)
+        return NewestRows(*(np.concatenate([a, b])[:limit] for a, b in zip(self, older)))
 
 
 @dataclass(frozen=True)
@@ -189,6 +243,9 @@ class LabelRow:
     labelled_at: float
     probabilities: bytes | None = None
     logits: bytes | None = None
+
+
+_insert_labels = _BulkInsert(labels, [f.name for f in fields(LabelRow)])
 
 
 @dataclass(frozen=True)
@@ -307,28 +364,9 @@ class Storage:
     # predictions -----------------------------------------------------------------------------
 
     def insert_predictions(self, rows: Sequence[PredictionRow]) -> None:
-        """Bulk insert in one transaction by the driver's fastest path: binary COPY on PostgreSQL; on SQLite,
-        multi-row INSERT statements of plain tuples. (SQLAlchemy's per-row bind processing costs 2-4x
-        more, and an executemany steps SQLite once per row, handing the GIL back and forth with the
-        event loop each time.)"""
+        """Bulk insert in one transaction (see ``_BulkInsert``)."""
         if rows:
-            self._run(lambda c: self._bulk_insert_predictions(c, rows))
-
-    def _bulk_insert_predictions(self, c: sa.Connection, rows: Sequence[PredictionRow]) -> None:
-        dialect = c.dialect.name
-        if dialect == "postgresql" and c.dialect.driver == "psycopg":
-            with c.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY_PREDICTIONS) as copy:
-                copy.set_types(_COPY_TYPES)
-                for row in rows:
-                    copy.write_row(row)
-        elif dialect == "sqlite":
-            full = len(rows) - len(rows) % _SQLITE_CHUNK
-            for start in range(0, full, _SQLITE_CHUNK):
-                c.exec_driver_sql(_INSERT_CHUNK, tuple(v for row in rows[start:start + _SQLITE_CHUNK] for v in row))
-            if full < len(rows):
-                c.exec_driver_sql(_INSERT_ROW, list(rows[full:]))
-        else:
-            c.execute(predictions.insert(), [r._asdict() for r in rows])
+            self._run(lambda c: _insert_predictions(c, rows))
 
     def fetch_predictions(self, ids: Iterable[str]) -> dict[str, sa.Row]:
         ids = list(ids)
@@ -357,14 +395,14 @@ class Storage:
         already had a label (duplicates, not inserted). Committed before returning."""
         def work(c):
             if new_predictions:
-                self._bulk_insert_predictions(c, new_predictions)
+                _insert_predictions(c, new_predictions)
             ids = [r.prediction_id for r in rows]
             query = sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(ids))
             existing = {r[0] for r in c.execute(query)}
-            fresh = [r.__dict__ for r in rows if r.prediction_id not in existing]
+            fresh = [r for r in rows if r.prediction_id not in existing]
             if fresh:
-                c.execute(labels.insert(), fresh)
-                _add_to_blocks(c, _block_sums(labels.c.prediction_id.in_([r["prediction_id"] for r in fresh])))
+                _insert_labels(c, [tuple(vars(r).values()) for r in fresh])
+                _add_to_blocks(c, _block_sums(labels.c.prediction_id.in_([r.prediction_id for r in fresh])))
             return existing
 
         return self._run(work) if rows else set()
@@ -430,6 +468,32 @@ class Storage:
             probs = decode_rows([r[1] for r in rows])
             logits = decode_rows([r[2] for r in rows]) if all(r[2] is not None for r in rows) else None
             return y, probs, logits
+
+        return self._run(work, write=False)
+
+    def newest_rows(self, model: str, version: str, calibration_version: int, limit: int, *, after_seq: int = 0,
+                    count_from: int | None = None) -> tuple[NewestRows, int | None]:
+        """The most recent labelled rows with ``seq > after_seq`` (at most ``limit``, newest first), and
+        in the same transaction the number of labels with ``seq >= count_from`` (None unless asked): a
+        caller holding earlier rows checks with it that none of them was deleted since and no label
+        committed late in between."""
+        scope = _scope(labels, model, version, calibration_version)
+        query = (sa.select(labels.c.seq, labels.c.label, labels.c.probabilities, labels.c.logits)
+                 .where(*scope, labels.c.seq > after_seq).order_by(labels.c.seq.desc()).limit(limit))
+        counted = sa.select(sa.func.count()).select_from(labels).where(*scope, labels.c.seq >= (count_from or 0))
+
+        def work(c):
+            rows = c.execute(query).all()
+            count = c.execute(counted).scalar_one() if count_from is not None else None
+            if not rows:
+                return NewestRows.empty(), count
+            probs = decode_rows([r.probabilities for r in rows])
+            logits = np.full_like(probs, np.nan)
+            present = [i for i, r in enumerate(rows) if r.logits is not None]
+            if present:
+                logits[present] = decode_rows([rows[i].logits for i in present])
+            return NewestRows(np.array([r.seq for r in rows], dtype=np.int64),
+                              np.array([r.label for r in rows], dtype=np.int64), probs, logits), count
 
         return self._run(work, write=False)
 

@@ -200,3 +200,16 @@ def test_timeline_is_the_rolling_window_ece(monitored):
     assert points[0]["ece"] == pytest.approx(metrics.ece(softmax(z[50:150]), y[50:150]), abs=1e-9)
     assert all(p["ece_ci"][0] <= p["ece_ci"][1] for p in points)
     assert httpx.get(f"{base_url}/calibration/timeline", params={"window": 5}).status_code == 422
+
+
+def test_bin_counters_are_exported_at_zero_before_any_label(monitored):
+    """Prometheus' increase() counts from a series' first scrape: every bin's series exists from the start."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base_url, _ = monitored
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    for name in ("calib_labeled", "calib_confidence_sum", "calib_correct"):
+        samples = [s for s in families[name].samples if s.name.endswith("_total")
+                   and s.labels["model"] == "digits-lenet5" and s.labels["version"] == "1"]
+        assert sorted(int(s.labels["bin"]) for s in samples) == list(range(15))
+        assert all(s.value == 0 for s in samples)

@@ -112,3 +112,49 @@ def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrate
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)  # copied from the predictions
     fresh.engine.dispose()
     storage.engine.dispose()
+
+
+def test_newest_rows_held_by_the_monitor_equal_a_fresh_fetch(database_url):
+    """The monitor holds the newest labelled rows and then reads only the labels that arrived since;
+    what it holds equals a fetch of the newest rows from scratch after new labels, after a deletion
+    among the rows it holds (a purge), and after more new labels than it holds."""
+    from types import SimpleNamespace
+
+    from calibkit.alarms import AlarmPolicy
+    from service.monitoring import Monitor
+
+    storage = Storage(database_url)
+    storage.migrate()
+    monitor = Monitor(storage, None, None, n_bins=N_BINS, policy=AlarmPolicy(), alarm_window="1000", detail_rows=300,
+                      drift_rows=100, n_resamples=10)
+    served = SimpleNamespace(name="m", version="1")
+    reads, fetch = [], storage.newest_rows
+
+    def recorded(*args, **kwargs):
+        out = fetch(*args, **kwargs)
+        reads.append((kwargs.get("after_seq", 0), len(out[0].seq)))
+        return out
+
+    storage.newest_rows = recorded
+
+    def assert_fresh():
+        held, (expected, _) = monitor._newest_rows(served, 0), fetch("m", "1", 0, 300)
+        for a, b in zip(held, expected):
+            np.testing.assert_array_equal(a, b)
+        return held
+
+    _fill(storage, 500)
+    assert len(assert_fresh().seq) == 300
+    _fill(storage, 40, start=500, seed=1)
+    reads.clear()
+    assert_fresh()
+    assert reads == [(reads[0][0], 40)] and reads[0][0] > 0  # only the 40 new labels were read
+    with storage.engine.begin() as c:  # a purge deletes some of the rows held
+        held_seq = monitor._newest_rows(served, 0).seq
+        c.execute(labels.delete().where(labels.c.seq.in_([int(s) for s in held_seq[100:110]])))
+    reads.clear()
+    assert_fresh()
+    assert len(reads) == 2 and reads[1] == (0, 300)  # noticed, and refetched whole
+    _fill(storage, 700, start=540, seed=2)
+    assert_fresh()
+    storage.engine.dispose()
