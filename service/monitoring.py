@@ -414,13 +414,7 @@ class Monitor:
             found = self._detail_cache.get(key)
         if found is not None:
             return found
-        if win.seconds is None:
-            rows = self._newest_rows(served, calibration_version).head(min(self.detail_rows, agg.n))
-            y, probs = rows.y, rows.probs
-            logits = None if np.isnan(rows.logits).any() else rows.logits
-        else:
-            y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
-                                                        min(self.detail_rows, agg.n), seconds=win.seconds)
+        y, probs, logits = self._detail_rows(served, calibration_version, win, agg.n)
         found = {"adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
                  "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
                  "detail_rows": len(y), "recalibration": self._refit(logits, y, probs)}
@@ -429,6 +423,17 @@ class Monitor:
             while len(self._detail_cache) > DETAIL_CACHE_SIZE:
                 self._detail_cache.pop(next(iter(self._detail_cache)))
         return found
+
+    def _detail_rows(self, served, calibration_version: int, win: Window, n: int):
+        """(labels, calibrated probabilities, logits or None when some row has none) of the window's
+        ``min(detail_rows, n)`` most recent labels."""
+        if win.seconds is None:
+            rows = self._newest_rows(served, calibration_version)
+        else:
+            rows, _ = self.storage.newest_rows(served.name, served.version, calibration_version, self.detail_rows,
+                                               seconds=win.seconds)
+        rows = rows.head(min(self.detail_rows, n))
+        return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
 
     def _newest_rows(self, served, calibration_version: int) -> NewestRows:
         """The ``detail_rows`` most recent labelled rows, kept in memory: after the first fetch only the
@@ -509,8 +514,7 @@ class Monitor:
     def recalibrate(self, name: str | None, version: str | None, window: str | None) -> dict:
         """Refit the temperature on the window's labelled logits and make it the active calibration."""
         served, win, calibration_version, agg = self._resolve_window(name, version, window)
-        y, probs, logits = self.storage.window_rows(served.name, served.version, calibration_version,
-                                                    min(self.detail_rows, max(agg.n, 1)), seconds=win.seconds)
+        y, probs, logits = self._detail_rows(served, calibration_version, win, agg.n)
         refit = self._refit(logits, y, probs)
         if refit is None:
             raise InvalidInput(f"need at least 50 labelled online predictions with logits in window {win.spec} "

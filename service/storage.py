@@ -450,34 +450,16 @@ class Storage:
 
         return work(connection) if connection is not None else self._run(work, write=False)
 
-    def window_rows(self, model: str, version: str, calibration_version: int, limit: int, *,
-                    seconds: float | None = None,
-                    now: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(labels, calibrated probabilities, raw logits or None) of the most recent labelled rows."""
+    def newest_rows(self, model: str, version: str, calibration_version: int, limit: int, *, after_seq: int = 0,
+                    count_from: int | None = None, seconds: float | None = None,
+                    now: float | None = None) -> tuple[NewestRows, int | None]:
+        """The most recent labelled rows with ``seq > after_seq`` (at most ``limit``, newest first; only
+        those labelled in the last ``seconds`` if given), and in the same transaction the number of
+        such labels with ``seq >= count_from`` (None unless asked): a caller holding earlier rows
+        checks with it that none of them was deleted since and no label committed late in between."""
         scope = _scope(labels, model, version, calibration_version)
         if seconds is not None:
             scope.append(labels.c.labelled_at >= (now or time.time()) - seconds)
-        query = (sa.select(labels.c.label, labels.c.probabilities, labels.c.logits)
-                 .where(*scope).order_by(labels.c.seq.desc()).limit(limit))
-
-        def work(c):
-            rows = c.execute(query).all()
-            if not rows:
-                return np.zeros(0, dtype=np.int64), np.zeros((0, 0)), None
-            y = np.array([r[0] for r in rows], dtype=np.int64)
-            probs = decode_rows([r[1] for r in rows])
-            logits = decode_rows([r[2] for r in rows]) if all(r[2] is not None for r in rows) else None
-            return y, probs, logits
-
-        return self._run(work, write=False)
-
-    def newest_rows(self, model: str, version: str, calibration_version: int, limit: int, *, after_seq: int = 0,
-                    count_from: int | None = None) -> tuple[NewestRows, int | None]:
-        """The most recent labelled rows with ``seq > after_seq`` (at most ``limit``, newest first), and
-        in the same transaction the number of labels with ``seq >= count_from`` (None unless asked): a
-        caller holding earlier rows checks with it that none of them was deleted since and no label
-        committed late in between."""
-        scope = _scope(labels, model, version, calibration_version)
         query = (sa.select(labels.c.seq, labels.c.label, labels.c.probabilities, labels.c.logits)
                  .where(*scope, labels.c.seq > after_seq).order_by(labels.c.seq.desc()).limit(limit))
         counted = sa.select(sa.func.count()).select_from(labels).where(*scope, labels.c.seq >= (count_from or 0))

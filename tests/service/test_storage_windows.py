@@ -107,8 +107,9 @@ def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrate
         assert c.execute(sa.select(schema_info.c.version)).scalar() == 2
     for last in (10, 1500, None):
         _assert_same(fresh.window("m", "1", 0, N_BINS, last=last), _brute_force(fresh, last=last))
-    y, probs, logits = fresh.window_rows("m", "1", 0, 50)
-    assert len(y) == 50 and logits is None
+    rows, _ = fresh.newest_rows("m", "1", 0, 50)
+    y, probs = rows.y, rows.probs
+    assert len(y) == 50 and np.isnan(rows.logits).all()
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)  # copied from the predictions
     fresh.engine.dispose()
     storage.engine.dispose()
