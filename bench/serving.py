@@ -198,10 +198,11 @@ def mixed_load(svc: Server, payloads: dict, seconds: float, client: httpx.Client
     client.get("/calibration", params={"window": "100000"}).raise_for_status()
 
 
-def soak(svc: Server, minutes: float, warm_rss: float, started: float, payloads: dict) -> dict:
+def soak(svc: Server, minutes: float, warm: dict, started: float, payloads: dict) -> dict:
     """Steady mixed load until ``minutes`` of load have passed since ``started`` (the start of the
-    warm-up); RSS sampled after every round."""
-    samples = [{"minutes": (time.monotonic() - started) / 60, "rss_mib": warm_rss}]
+    warm-up); RSS sampled after every round. ``warm``: the sample taken at the end of the warm-up."""
+    warm_rss = warm["rss_mib"]
+    samples = [warm]
     deadline = started + 60 * minutes
     with httpx.Client(base_url=svc.url, timeout=120) as client:
         while not samples[1:] or time.monotonic() < deadline:
@@ -284,7 +285,7 @@ def main() -> None:
                     client.get("/calibration", params={"window": str(window)}).raise_for_status()
                 monitoring.feedback_throughput(svc.url, 1.0 if smoke else 3.0, 1000)
                 mixed_load(svc, payloads, 1.0 if smoke else 20.0, client)
-            warm_rss = svc.rss_mib()
+            warm = {"minutes": (time.monotonic() - load_started) / 60, "rss_mib": svc.rss_mib()}
             sweep(svc, concurrency, request_rows, seconds, result)
             result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3)
             calibration = monitoring.calibration_latency(svc.url, windows, 5 if smoke else 20)
@@ -292,7 +293,7 @@ def main() -> None:
             write_result("monitoring", {"rows": stored_rows, "fill_seconds": fill_seconds, "calibration": calibration,
                                         "feedback": feedback, "server": "the soak server (prediction logging on)"},
                          smoke=smoke)
-            memory = soak(svc, soak_minutes, warm_rss, load_started, payloads) | {"after_shapes_rss_mib": shapes_rss}
+            memory = soak(svc, soak_minutes, warm, load_started, payloads) | {"after_shapes_rss_mib": shapes_rss}
             write_result("soak", memory, smoke=smoke)
         finally:
             svc.stop()
