@@ -133,5 +133,10 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     assert {s["metric"]["instance"] for s in state} == {u.removeprefix("http://") for u in urls}
     alert = _eventually(lambda: _query(prometheus, 'ALERTS{alertname="ModelMiscalibrated"}'))
     assert alert[0]["metric"]["alertstate"] in {"pending", "firing"} and alert[0]["metric"]["model"] == "digits-lenet5"
-    ece = _eventually(lambda: _query(prometheus, 'calib:ece_from_bins:1h{model="digits-lenet5"}'))
-    assert float(ece[0]["value"][1]) > 0.05
+    # The bin counters exist from start-up (at 0, so increase() misses no label): the rule reads NaN
+    # (0/0) until the labels' counts are scraped, then the shifted traffic's ECE once every replica's are.
+    def rule_sees_the_shift():
+        ece = _query(prometheus, 'calib:ece_from_bins:1h{model="digits-lenet5"}')
+        return ece if ece and float(ece[0]["value"][1]) > 0.05 else None
+
+    assert float(_eventually(rule_sees_the_shift)[0]["value"][1]) > 0.05
