@@ -8,8 +8,10 @@ Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) 
 2. One service process ("soak server": both models, prediction logging to SQLite, a store
    pre-filled with ``--rows`` labelled predictions) is warmed up, then measured: closed-loop wrk
    load (1, 4, 16, 64 clients; single-row and 32-row requests), the batch sizes it formed and its
-   own phase histograms; GET /calibration latency and POST /feedback throughput (bench.monitoring);
-   then steady mixed load until ``--soak-minutes`` of load, sampling its RSS.
+   own phase histograms; the heavy model's goals in rounds (the service, onnxruntime alone at the
+   batch size formed and the baseline, in turn); GET /calibration latency and POST /feedback
+   throughput (bench.monitoring); then steady mixed load until ``--soak-minutes`` of load, sampling
+   its RSS.
 3. The no-batching baseline (bench/baseline_app.py) under the same load; the service with
    prediction logging off, to SQLite and to PostgreSQL at 64 clients, in interleaved rounds; the
    configured max queue delay checked from the Server-Timing header at a load that does not
