@@ -76,7 +76,7 @@ class PredictionLog:
         """Write full batches as soon as they fill, and whatever is queued after ``interval`` without a
         full batch. Never the remainder right after a full batch: under load, the rows queued while a
         batch was written would otherwise go out as a stream of small batches, each paying the store's
-        round trips and commit (on PostgreSQL that cost a fifth of the light model's throughput)."""
+        round trips and commit (on PostgreSQL that cost up to a quarter of the light model's throughput)."""
         backoff = self.interval
         while self._running:
             try:
