@@ -33,7 +33,7 @@ CALIBRATION_COLUMNS = ["window", "labels_arriving", "p50_ms", "p99_ms", "request
 
 def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
     """Write ``rows`` labelled predictions of the default model directly; returns seconds taken."""
-    from service.storage import LabelRow, PredictionRow, Storage, prediction_ids
+    from service.storage import LabelRow, PredictionRow, Storage, encode_rows, prediction_ids
 
     storage = Storage(url)
     storage.migrate()
@@ -47,8 +47,7 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         conf = p[np.arange(n), pred]
         nll = -np.log(np.maximum(p[np.arange(n), y], 1e-15))
         brier = ((p - np.eye(p.shape[1])[y]) ** 2).sum(1)
-        blobs = [p.astype(np.float32), z.astype(np.float32)]
-        probs, logits = ([row.tobytes() for row in b] for b in blobs)
+        probs, logits = encode_rows(p), encode_rows(z)
         now = time.time()
         ids = prediction_ids(n)
         columns = zip(ids, pred.tolist(), conf.tolist(), y.tolist(), binning.bin_index(conf, edges).tolist(),

@@ -28,7 +28,7 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.settings import Settings
-from service.storage import PredictionRow, prediction_ids
+from service.storage import PredictionRow, encode_rows, prediction_ids
 
 SCORES = "_scores"  # key of the per-row /predict values among a batch's outputs (not an ONNX output name)
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
@@ -112,8 +112,8 @@ class DataPlane:
         predicted = probs.argmax(axis=1)
         logged = self.prediction_log is not None
         return outputs | {SCORES: {
-            "probability_bytes": [row.tobytes() for row in probs.astype(np.float32)] if logged else [None] * n,
-            "logit_bytes": [row.tobytes() for row in logits.astype(np.float32)] if logged else [None] * n,
+            "probability_bytes": encode_rows(probs) if logged else [None] * n,
+            "logit_bytes": encode_rows(logits) if logged else [None] * n,
             "id": prediction_ids(n), "predicted": predicted.tolist(), "confidence": probs[np.arange(n), predicted].tolist(),
             "probabilities": probs, "logits": logits, "uncalibrated": uncalibrated,
             "raw_confidence": uncalibrated.max(axis=1).tolist(),

@@ -42,7 +42,7 @@ from service.storage import (
     PredictionRow,
     Storage,
     decode_rows,
-    encode,
+    encode_rows,
     prediction_ids,
 )
 
@@ -242,8 +242,8 @@ class Monitor:
             nll, brier = metrics.nll_terms(probs, y).tolist(), metrics.brier_terms(probs, y).tolist()
             correct = (predicted == y).astype(int).tolist()
             predicted, confidence = predicted.tolist(), confidence.tolist()
-            for i, c in enumerate(group):
-                blob = encode(probs[i]) if offline else c.probs
+            blobs = encode_rows(probs) if offline else [c.probs for c in group]
+            for i, (c, blob) in enumerate(zip(group, blobs)):
                 label_rows[c.index] = LabelRow(c.prediction_id, c.served.name, c.served.version, c.calibration_version,
                                                c.label, correct[i], confidence[i], bins[i], nll[i], brier[i], now,
                                                blob, c.logits)

@@ -273,17 +273,13 @@ def prediction_ids(n: int) -> list[str]:
     return [stamp + digits[20 * i:20 * (i + 1)] for i in range(n)]
 
 
-def encode(values: np.ndarray) -> bytes:
-    """float32 bytes of a vector (compact storage of probabilities and logits)."""
-    return np.ascontiguousarray(values, dtype=np.float32).tobytes()
-
-
-def decode(blob: bytes) -> np.ndarray:
-    return np.frombuffer(blob, dtype=np.float32).astype(np.float64)
+def encode_rows(matrix: np.ndarray) -> list[bytes]:
+    """float32 bytes of every row of a (rows, k) array (compact storage of probabilities and logits)."""
+    return [row.tobytes() for row in np.ascontiguousarray(matrix, dtype=np.float32)]
 
 
 def decode_rows(blobs: list[bytes]) -> np.ndarray:
-    """(rows, k) float64 from equal-length ``encode`` blobs, in one conversion."""
+    """(rows, k) float64 from equal-length ``encode_rows`` blobs, in one conversion."""
     return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1).astype(np.float64)
 
 
