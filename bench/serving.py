@@ -118,6 +118,16 @@ def service(artifacts: Path, database_url: str, log: bool, **env) -> Server:
     return Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
 
 
+def baseline_server(model_path: Path) -> Server:
+    """The no-batching baseline (bench/baseline_app.py) serving ``model_path``."""
+    return Server([PYTHON, str(ROOT / "bench" / "baseline_app.py"), "--model", str(model_path)], "/health")
+
+
+def formed_batch(svc: Server, before: dict, model: str) -> float | None:
+    """Mean rows per onnxruntime call of ``model`` since the ``histogram_totals`` snapshot ``before``."""
+    return histogram_means(before, histogram_totals(svc.url), [f"batch:{model}"])[f"batch:{model}"]
+
+
 def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) -> None:
     """The service's load points, its time split per model and the batch size it formed at each point."""
     for model, shape in SHAPES.items():
@@ -126,7 +136,7 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
             for c in concurrency:
                 before = histogram_totals(svc.url)
                 point = run_load(f"{svc.url}/predict", body(model, shape, rows), c, seconds, rows, c == concurrency[0])
-                formed = histogram_means(before, histogram_totals(svc.url), [f"batch:{model}"])[f"batch:{model}"]
+                formed = formed_batch(svc, before, model)
                 result["load"].append({"server": "service", "model": model, "rows": rows, "clients": c,
                                        "mean_batch_rows": formed} | point)
         means = histogram_means(start, histogram_totals(svc.url), [*PHASES, f"queue:{model}", f"inference:{model}"])
@@ -141,14 +151,14 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     model_path = artifacts / HEAVY / "1" / "model.onnx"
     payload, baseline_payload = body(HEAVY, SHAPES[HEAVY], 1), body(None, SHAPES[HEAVY], 1)
     measured = []
-    baseline = Server([PYTHON, str(ROOT / "bench" / "baseline_app.py"), "--model", str(model_path)], "/health")
+    baseline = baseline_server(model_path)
     try:
         wrk(f"{svc.url}/predict", payload, clients, 1.0)  # warm-ups, discarded
         wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
         for _ in range(rounds):
             before = histogram_totals(svc.url)
             service_rps = wrk(f"{svc.url}/predict", payload, clients, seconds)["requests_per_s"]
-            formed = histogram_means(before, histogram_totals(svc.url), [f"batch:{HEAVY}"])[f"batch:{HEAVY}"] or 1.0
+            formed = formed_batch(svc, before, HEAVY) or 1.0
             raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),))[0]
             baseline_rps = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)["requests_per_s"]
             measured.append({"service_rows_per_s": service_rps, "mean_batch_rows": formed, "raw_batch": raw["batch"],
@@ -300,8 +310,7 @@ def main() -> None:
         finally:
             svc.stop()
         for model, shape in SHAPES.items():
-            baseline = Server([PYTHON, str(ROOT / "bench" / "baseline_app.py"), "--model",
-                               str(artifacts / model / "1" / "model.onnx")], "/health")
+            baseline = baseline_server(artifacts / model / "1" / "model.onnx")
             try:
                 for rows in request_rows:
                     for c in concurrency:
