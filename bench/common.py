@@ -59,7 +59,10 @@ class Server:
     def __init__(self, argv: list[str], ready_path: str, env: dict | None = None, cwd: Path = ROOT):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen([*argv, "--port", str(self.port)], env=dict(os.environ, **(env or {})),
+        # one string-hash seed for every server, so that processes compared differ only in what is compared
+        # (dict and set layouts, hence their speed, otherwise differ from process to process)
+        self.process = subprocess.Popen([*argv, "--port", str(self.port)],
+                                        env=dict(os.environ, PYTHONHASHSEED="0", **(env or {})),
                                         cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ import sys
 
 from bench.common import RESULTS, ROOT, machine, table
 from bench.monitoring import CALIBRATION_COLUMNS
-from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, PHASES, RAW_COLUMNS
+from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
@@ -68,8 +68,11 @@ def render() -> str:
                 f"{heavy['clients']} single-row clients, onnxruntime alone at the batch size the service formed "
                 f"in that round, and the baseline at {heavy['clients']} clients, each in turn while the others "
                 "idle (rows/s):", "", table(heavy["rounds"], HEAVY_COLUMNS), "",
-                "Prediction logging (three servers on empty stores, visited in turn; the median round):", "",
-                table(serving["logging"], ["logging", "model", "clients", "rounds", "rows_per_s", "p50_ms", "p99_ms"]),
+                "Prediction logging (two server processes per setting on empty stores, all visited in turn, in "
+                "reverse order every other round; `rows_per_s`: the mean of the processes' median rounds, "
+                "`per_process`: those medians. Two identical processes differ in speed here, so the two "
+                "without logging show the noise floor of this comparison):", "",
+                table(serving["logging"], LOGGING_COLUMNS),
                 "",
                 "Time split of /predict from the service's own histograms (mean ms per request over the model's "
                 "sweep; `batch` = queue + inference + hand-back, `total` = the whole request):", "",

@@ -40,9 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     # Everything imported so far lives as long as the process: keep it out of the cyclic garbage
-    # collector's full passes, which otherwise stall a request for tens of milliseconds now and then.
+    # collector's full passes, which otherwise stall a request for tens of milliseconds now and then,
+    # and run its young passes less often (see ``Settings.gc_threshold``).
     gc.collect()
     gc.freeze()
+    gc.set_threshold(settings.gc_threshold, *gc.get_threshold()[1:])
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1,
                 log_level=settings.log_level, timeout_graceful_shutdown=settings.graceful_shutdown_seconds,
                 access_log=False)

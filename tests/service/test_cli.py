@@ -74,3 +74,22 @@ def test_serves_the_committed_default_artifact_with_env_settings(tmp_path):
 def test_bad_flags_fail_fast():
     result = subprocess.run([sys.executable, "-m", "service", "--port", "99999"], capture_output=True, text=True)
     assert result.returncode == 2 and "port" in result.stdout + result.stderr
+
+
+def test_main_freezes_the_startup_heap_and_sets_the_gc_threshold(monkeypatch):
+    import gc
+
+    from service import cli
+
+    served = {}
+    monkeypatch.setenv("CALIB_GC_THRESHOLD", "12345")
+    monkeypatch.setattr(cli.uvicorn, "run", lambda app, **kwargs: served.update(
+        app=app, threshold=gc.get_threshold(), frozen=gc.get_freeze_count(), **kwargs))
+    before = gc.get_threshold()
+    try:
+        assert cli.main(["--port", "8123"]) == 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert served["threshold"] == (12345, *before[1:])
+    assert served["frozen"] > 0 and served["port"] == 8123 and served["workers"] == 1
