@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.background = set()
         app.state.dataplane = DataPlane(repository, settings, metrics, monitor,
                                         prediction_log if settings.prediction_log else None)
+        monitor.export_bin_counters()
         await _sync_store(app)
         await app.state.dataplane.start()
         prediction_log.start()

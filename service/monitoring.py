@@ -116,17 +116,21 @@ class Monitor:
 
     # calibration versions --------------------------------------------------------------------
 
-    def sync_calibrations(self) -> None:
-        """Record every model's manifest calibration (version 0) and cache the active versions. Exports
-        every model's per-bin label counters at 0: Prometheus' ``increase()`` counts from a series'
-        first scrape, so labels counted before a bin's series first appeared would be missing from
-        the ECE that the recording rules compute from these counters."""
+    def export_bin_counters(self) -> None:
+        """Export every model's per-bin label counters at 0 (once, at start-up, whether or not the store
+        is up): Prometheus' ``increase()`` counts from a series' first scrape, so labels counted before
+        a bin's series first appeared would be missing from the ECE that the recording rules compute
+        from these counters."""
         for model in self.repository.all():
-            cal = model.manifest.calibration
-            self.storage.ensure_manifest_calibration(model.name, model.version, cal.method, cal.temperature)
             for b in range(self.n_bins):
                 for counter in (self.metrics.labeled, self.metrics.confidence_sum, self.metrics.correct):
                     counter.labels(model.name, model.version, str(b))
+
+    def sync_calibrations(self) -> None:
+        """Record every model's manifest calibration (version 0) and cache the active versions."""
+        for model in self.repository.all():
+            cal = model.manifest.calibration
+            self.storage.ensure_manifest_calibration(model.name, model.version, cal.method, cal.temperature)
         self.refresh_active()
 
     def refresh_active(self) -> None:

@@ -202,14 +202,32 @@ def test_timeline_is_the_rolling_window_ece(monitored):
     assert httpx.get(f"{base_url}/calibration/timeline", params={"window": 5}).status_code == 422
 
 
-def test_bin_counters_are_exported_at_zero_before_any_label(monitored):
-    """Prometheus' increase() counts from a series' first scrape: every bin's series exists from the start."""
+def _assert_bin_counters_at_zero(base_url):
     from prometheus_client.parser import text_string_to_metric_families
 
-    base_url, _ = monitored
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
     for name in ("calib_labeled", "calib_confidence_sum", "calib_correct"):
         samples = [s for s in families[name].samples if s.name.endswith("_total")
                    and s.labels["model"] == "digits-lenet5" and s.labels["version"] == "1"]
         assert sorted(int(s.labels["bin"]) for s in samples) == list(range(15))
         assert all(s.value == 0 for s in samples)
+
+
+def test_bin_counters_are_exported_at_zero_before_any_label(monitored):
+    """Prometheus' increase() counts from a series' first scrape: every bin's series exists from the start."""
+    base_url, _ = monitored
+    _assert_bin_counters_at_zero(base_url)
+
+
+def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(repository_dir, server_for):
+    """The counters live in the process: a store that cannot be reached at start-up does not hold them back."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5",
+                        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    with server_for(settings) as (base_url, _):
+        assert httpx.get(f"{base_url}/health").json()["storage"]["up"] is False
+        _assert_bin_counters_at_zero(base_url)
