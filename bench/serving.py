@@ -174,11 +174,11 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
 def logging_cost(artifacts: Path, work: Path, clients: int, seconds: float, rounds: int, payloads: dict,
                  smoke: bool) -> list[dict]:
     """Prediction logging off / to SQLite / to PostgreSQL, on empty stores, each in ``PROCESSES``
-    server processes: two identical processes differed in speed here by up to 14%, more than the cost
-    to be measured, so each setting is the mean of its processes, and the
-    two processes without logging show the comparison's noise floor. All servers run; the load visits
-    them in turn, in reverse order every other round, for ``rounds`` rounds, so a drift of the
-    machine's speed hits all alike. Per process: the median round."""
+    server processes: two identical processes differed in speed here by up to 17%, more than the cost
+    to be measured, so each setting is the mean of its processes, and the two processes without
+    logging show the comparison's noise floor. All servers run; the load visits them in turn, in
+    reverse order every other round, for ``rounds`` rounds, so a drift of the machine's speed hits
+    all alike. Per process: the median round."""
     stores = {"off": False, "sqlite": True} | ({} if smoke else {"postgresql": True})
     servers = {}
     try:

@@ -458,11 +458,12 @@ class Storage:
             scope.append(labels.c.labelled_at >= (now or time.time()) - seconds)
         query = (sa.select(labels.c.seq, labels.c.label, labels.c.probabilities, labels.c.logits)
                  .where(*scope, labels.c.seq > after_seq).order_by(labels.c.seq.desc()).limit(limit))
-        counted = sa.select(sa.func.count()).select_from(labels).where(*scope, labels.c.seq >= (count_from or 0))
+        counted = (None if count_from is None
+                   else sa.select(sa.func.count()).select_from(labels).where(*scope, labels.c.seq >= count_from))
 
         def work(c):
             rows = c.execute(query).all()
-            count = c.execute(counted).scalar_one() if count_from is not None else None
+            count = None if counted is None else c.execute(counted).scalar_one()
             if not rows:
                 return NewestRows.empty(), count
             probs = decode_rows([r.probabilities for r in rows])
