@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run serve demo tools test bench artifacts study simulate clean
+.PHONY: run serve demo tools test bench bench-alarm artifacts study simulate clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ test: $(VENV)/.installed-dev tools
 ## bench: run every benchmark (tables on stdout, bench/results/*.json, docs/benchmarks.md); about 15 minutes
 bench: $(VENV)/.installed-dev tools
 	$(PY) -m bench.run_all
+
+## bench-alarm: the alarm's false alarms, detection and clearing delays on simulated streams, covariate
+## shift through /predict, and single-label feedback throughput (docs/alarm_benchmark.md)
+bench-alarm: $(VENV)/.installed-dev tools
+	$(PY) -m bench.alarm
 
 ## simulate: alarm false-alarm rate and detection delay through the real HTTP API (about 5 minutes)
 simulate: $(VENV)/.installed-dev

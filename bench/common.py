@@ -88,19 +88,22 @@ class Server:
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
-    """Closed-loop load with ``connections`` concurrent clients for ``seconds`` (wrk, one thread)."""
+def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str | None = None) -> dict:
+    """Closed-loop load with ``connections`` concurrent clients for ``seconds`` (wrk, one thread): POST
+    ``body`` with every request, or run the wrk Lua script ``lua`` (which builds each request itself)."""
     with tempfile.TemporaryDirectory() as tmp:
-        body_file = Path(tmp) / "body.json"
-        body_file.write_text(body)
         script = Path(tmp) / "post.lua"
-        script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                          f'wrk.body = io.open("{body_file}"):read("*a")\n')
+        if lua is None:
+            body_file = Path(tmp) / "body.json"
+            body_file.write_text(body)
+            lua = (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                   f'wrk.body = io.open("{body_file}"):read("*a")\n')
+        script.write_text(lua)
         out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
                               "--latency", "-s", str(script), url], capture_output=True, text=True, check=True).stdout
 
     def latency(pct: str) -> float:
-        found = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)$", out, re.MULTILINE)
+        found = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)
         if found is None:
             return float("nan")
         value, unit = found.groups()
@@ -109,6 +112,7 @@ def wrk(url: str, body: str, connections: int, seconds: float) -> dict:
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
     return {"requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "requests": int(re.search(r"(\d+) requests in", out).group(1)),
             "p50_ms": latency("50"), "p99_ms": latency("99"),
             "non_2xx": int(errors.group(1)) if errors else 0,
             "socket_errors": socket_errors.group(1).strip() if socket_errors else ""}

@@ -11,12 +11,14 @@ import subprocess
 import sys
 
 from bench.common import RESULTS, ROOT, machine, table
+from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
+from bench.feedback_load import goals as feedback_load_goals
 from bench.monitoring import CALIBRATION_COLUMNS
 from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
-BENCHMARKS = ("fit_temperature", "training", "serving")  # serving also measures monitoring and memory
+BENCHMARKS = ("fit_temperature", "training", "serving", "feedback_load")  # serving also measures monitoring, memory
 
 
 def main() -> None:
@@ -87,6 +89,13 @@ def render() -> str:
                 "GET /calibration (quiet: the same labels reported again; labels arriving: one new label before "
                 "every request):", "", table(monitoring["calibration"], CALIBRATION_COLUMNS), "",
                 "POST /feedback:", "", table([monitoring["feedback"]], ["batch", "labels_per_s", "labels"]), ""]
+    feedback_load = _load("feedback_load")
+    if feedback_load:
+        out += ["## Feedback load", "", "Single-row POST /predict, then single-label POST /feedback (each request "
+                "labelling a distinct logged prediction), wrk at 32 connections on one service process per store "
+                "(bench/feedback_load.py); `stored`: labels found in the store for the `acknowledged` 2xx "
+                "responses.", "", table(feedback_load["runs"], FEEDBACK_LOAD_COLUMNS), "",
+                *[f"- {line}" for line in feedback_load_goals(feedback_load["runs"])], ""]
     soak = _load("soak")
     if soak:
         out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep at its top "

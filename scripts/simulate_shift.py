@@ -41,6 +41,9 @@ ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"
 MODEL = "digits-lenet5"
 #: Logit spread of the synthetic source: 10 classes, about 87% accuracy, calibrated by construction.
 SYNTHETIC_SCALE = 8.0
+#: Alarm evaluation cadence of the simulated service, short so that every request's labels are assessed
+#: before the next request (see ``evaluated``), as a service whose cadence is longer than a batch would not.
+EVALUATE_SECONDS = "0.05"
 
 
 def prepare_repository(root: Path, versions: int) -> None:
@@ -60,7 +63,8 @@ class Service:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning", **env)
+        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning",
+                   CALIB_EVALUATE_SECONDS=EVALUATE_SECONDS, **env)
         self.process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(artifacts),
                                          "--port", str(self.port)], env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
@@ -80,6 +84,22 @@ class Service:
         self.process.wait(timeout=30)
 
 
+def _evaluation_passes(client: httpx.Client) -> float:
+    return next(float(line.split()[1]) for line in client.get("/metrics").text.splitlines()
+                if line.startswith("calib_evaluation_duration_seconds_count"))
+
+
+def evaluated(client: httpx.Client, timeout: float = 120.0) -> None:
+    """Wait until the service has completed two more alarm evaluation passes: the second began after the
+    feedback acknowledged so far was stored, so the alarm has seen it."""
+    target = _evaluation_passes(client) + 2
+    deadline = time.monotonic() + timeout
+    while _evaluation_passes(client) < target:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the service evaluated no alarm")
+        time.sleep(0.01)
+
+
 def _states(client: httpx.Client, version: str) -> list[str]:
     """The states the model version's alarm moved to, from GET /calibration/history."""
     events = client.get("/calibration/history", params={"model": MODEL, "version": version}).json()["alarm_events"]
@@ -94,11 +114,13 @@ def send_images(client, version: str, x: np.ndarray, y: np.ndarray) -> None:
     body = client.post("/predict", json={"model": MODEL, "version": version, "inputs": x.tolist()}).json()
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(body["predictions"], y)]
     client.post("/feedback", json={"items": items}).raise_for_status()
+    evaluated(client)
 
 
 def send_offline(client, version: str, probs: np.ndarray, y: np.ndarray) -> None:
     items = [{"probabilities": p.tolist(), "label": int(t), "model": MODEL, "version": version} for p, t in zip(probs, y)]
     client.post("/feedback", json={"items": items}).raise_for_status()
+    evaluated(client)
 
 
 def run(args) -> dict:

@@ -20,10 +20,13 @@ from service import __version__
 from service.dashboard import router as dashboard_router
 from service.dataplane import DataPlane
 from service.errors import ServiceError
+from service.evaluator import Evaluator
+from service.feedback_writer import FeedbackWriter
 from service.http_errors import error_response
 from service.metrics import ServiceMetrics
 from service.middleware import ServingMiddleware
 from service.monitoring import Monitor
+from service.monitoring_routes import FEEDBACK_CONTRACT, FEEDBACK_ROUTES
 from service.monitoring_routes import router as monitoring_router
 from service.prediction_log import PredictionLog
 from service.repository import ModelRepository
@@ -33,6 +36,7 @@ from service.schemas import V2InferenceRequest
 from service.settings import Settings
 from service.storage import Storage, StorageUnavailable
 from service.v2 import router as v2_router
+from service.webhook import AlarmWebhook
 
 log = logging.getLogger("service")
 
@@ -53,13 +57,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                           n_resamples=settings.bootstrap_resamples)
         prediction_log = PredictionLog(storage, metrics, max_pending=settings.prediction_log_queue)
         app.state.storage, app.state.monitor, app.state.prediction_log = storage, monitor, prediction_log
-        app.state.background = set()
+        webhook = AlarmWebhook(settings.webhook_url, metrics)
+        app.state.feedback_writer = FeedbackWriter(monitor, prediction_log)
+        app.state.evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
+                                        seconds=settings.evaluate_seconds)
         app.state.dataplane = DataPlane(repository, settings, metrics, monitor,
                                         prediction_log if settings.prediction_log else None)
         monitor.export_bin_counters()
         await _sync_store(app)
         await app.state.dataplane.start()
         prediction_log.start()
+        app.state.feedback_writer.start()
+        app.state.evaluator.start()
         housekeeping = asyncio.get_running_loop().create_task(_housekeeping(app))
         app.state.ready = True
         log.info("ready: %d model version(s), %d refused; store %s", len(repository.all()), len(repository.failed),
@@ -68,9 +77,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ready = False
         housekeeping.cancel()
         await app.state.dataplane.stop()
+        await app.state.feedback_writer.stop()
+        await app.state.evaluator.stop()
         await prediction_log.stop()
-        for task in list(app.state.background):
-            await task
+        await webhook.aclose()
         storage.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")
 
@@ -79,9 +89,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Calibrated probabilities from ONNX models, with calibration monitoring.")
     app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
-                       direct=PREDICT_ROUTES)
+                       direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES])
     app.include_router(rest_router)
-    app.router.routes[:0] = PREDICT_ROUTES  # first: the hottest route is matched before all others
+    app.router.routes[:0] = [*PREDICT_ROUTES, *FEEDBACK_ROUTES]  # first: the hottest routes are matched first
     app.include_router(monitoring_router)
     app.include_router(dashboard_router)
     app.include_router(v2_router)
@@ -132,10 +142,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict:
-    """The generated schema plus the v2 infer body, which that route parses itself (JSON or binary)."""
+    """The generated schema (with the contracts of the plain routes) plus the v2 infer body, which that
+    route parses itself (JSON or binary)."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=[*app.routes, PREDICT_CONTRACT])
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=[*app.routes, PREDICT_CONTRACT, FEEDBACK_CONTRACT])
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     infer = V2InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     for name, definition in infer.pop("$defs", {}).items():

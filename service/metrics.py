@@ -71,6 +71,9 @@ class ServiceMetrics:
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
         self.webhook_failures = Counter("calib_webhook_failures_total", "Alarm webhooks that could not be delivered",
                                         registry=r)
+        self.evaluation = Histogram("calib_evaluation_duration_seconds", "Alarm evaluation passes over every served "
+                                    "model version (its count: the passes completed)", buckets=LATENCY_BUCKETS,
+                                    registry=r)
 
     def phases(self, route: str) -> dict:
         """The phase histograms of ``route`` by phase name (resolved once: label lookups cost per request)."""

@@ -19,17 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibkit import binning, metrics
-from calibkit.alarms import (
-    ALARM,
-    LEVELS,
-    AlarmPolicy,
-    AlarmStatus,
-    Evidence,
-    assess,
-)
+from calibkit.alarms import LEVELS, AlarmPolicy, AlarmStatus, Evidence, assess
+from calibkit.detector import DetectorState
 from calibkit.drift import accuracy_gap, confidence_shift
 from calibkit.plotting import figure_png, reliability_figure
-from calibkit.sequential import ShiryaevRoberts
 from calibkit.significance import consistency_test, ece_interval
 from calibkit.temperature import apply_temperature, fit_temperature
 from calibkit.validation import row_problems
@@ -51,7 +44,9 @@ log = logging.getLogger("service.monitoring")
 _WINDOW = re.compile(r"^(?:(?P<count>\d+)|(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]))$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DETAIL_CACHE_SIZE = 64
+REPLAY_LABELS = 5000  # label sequence numbers replayed into a detector restarted by an upgrade or new settings
 NEWEST_CACHE_SIZE = 16  # (model, version, calibration version) whose newest labelled rows are held
+ALREADY_LABELLED = "duplicate feedback: this prediction already has a label"
 
 
 @dataclass(frozen=True)
@@ -141,8 +136,7 @@ class Monitor:
         for row in self.storage.monitor_rows():
             if self._active.get((row.model, row.version), (0, None))[0] == row.calibration_version:
                 self.metrics.alarm_state.labels(row.model, row.version).set(LEVELS[row.state])
-                self.metrics.e_detector.labels(row.model, row.version).set(
-                    ShiryaevRoberts.from_dict(json.loads(row.detector)).statistic)
+                self.metrics.e_detector.labels(row.model, row.version).set(self._detector(row.detector).statistic[0])
 
     def active(self, model: ServedModel) -> tuple[int, float | None]:
         """(calibration version, temperature) in force; version 0 is the manifest's, baked into ONNX."""
@@ -150,42 +144,56 @@ class Monitor:
 
     # feedback --------------------------------------------------------------------------------
 
-    def record_feedback(self, items: list) -> tuple[dict, list[dict]]:
-        """Validate, join and store feedback (committed before returning), then re-assess the alarms
-        of the models it touched. Returns the response body and the alarm transitions."""
-        known = self.storage.fetch_predictions(i.prediction_id for i in items if i.prediction_id is not None)
-        reasons: list[str | None] = [None] * len(items)
-        candidates, seen = [], set()
-        for index, item in enumerate(items):
-            if item.prediction_id is not None and item.prediction_id in seen:
-                reasons[index] = "duplicate feedback for this prediction id in this request"
-                continue
-            outcome = self._resolve(index, item, known)
-            if isinstance(outcome, str):
-                reasons[index] = outcome
-            else:
-                seen.add(item.prediction_id)
-                candidates.append(outcome)
+    def record_feedback(self, items: list) -> dict:
+        """Validate, join and store one request's feedback (committed before returning); its response body."""
+        return self.record_feedback_group([items])[0]
+
+    def record_feedback_group(self, requests: list[list]) -> list[dict]:
+        """Validate, join and store the feedback of several requests in one transaction (committed
+        before returning); one response body per request, with item indexes relative to it. The
+        requests count in order, as if stored one after the other: an id labelled by an earlier
+        request of the group is already labelled for the later ones. Alarms are assessed elsewhere
+        (``service.evaluator``), never here."""
+        flat = [item for items in requests for item in items]
+        known = self.storage.fetch_predictions({i.prediction_id for i in flat if i.prediction_id is not None})
+        reasons: list[str | None] = [None] * len(flat)
+        candidates, earlier, index = [], set(), 0
+        for items in requests:
+            seen = set()
+            for item in items:
+                if item.prediction_id is not None and item.prediction_id in seen:
+                    reasons[index] = "duplicate feedback for this prediction id in this request"
+                else:
+                    outcome = self._resolve(index, item, known)
+                    if isinstance(outcome, str):
+                        reasons[index] = outcome
+                    else:
+                        seen.add(item.prediction_id)
+                        if item.prediction_id is not None and item.prediction_id in earlier:
+                            reasons[index] = ALREADY_LABELLED
+                        else:
+                            candidates.append(outcome)
+                index += 1
+            earlier |= seen
         label_rows, new_predictions = self._label_rows(candidates, reasons)
         duplicates = self.storage.insert_labels(list(label_rows.values()), new_predictions)
-        rejected, accepted = [], []
-        for index, item in enumerate(items):
-            row = label_rows.get(index)
-            reason = reasons[index] or ("duplicate feedback: this prediction already has a label"
-                                        if row.prediction_id in duplicates else None)
-            if reason:
-                rejected.append({"index": index, "prediction_id": item.prediction_id, "reason": reason})
-            else:
-                accepted.append(row)
+        bodies, accepted, index = [], [], 0
+        for items in requests:
+            rejected, taken = [], 0
+            for position, item in enumerate(items):
+                row = label_rows.get(index)
+                reason = reasons[index] or (ALREADY_LABELLED if row.prediction_id in duplicates else None)
+                if reason:
+                    rejected.append({"index": position, "prediction_id": item.prediction_id, "reason": reason})
+                else:
+                    accepted.append(row)
+                    taken += 1
+                index += 1
+            bodies.append({"accepted": taken, "rejected": rejected})
         self._count(accepted)
         self.metrics.feedback_items.labels("accepted").inc(len(accepted))
-        self.metrics.feedback_items.labels("rejected").inc(len(rejected))
-        transitions = []
-        for name, version in sorted({(r.model, r.version) for r in accepted}):
-            _, transition = self.update(name, version)
-            if transition is not None:
-                transitions.append(transition)
-        return {"accepted": len(accepted), "rejected": rejected}, transitions
+        self.metrics.feedback_items.labels("rejected").inc(len(flat) - len(accepted))
+        return bodies
 
     def _resolve(self, index: int, item, known: dict) -> _Candidate | str:
         """The item joined with its prediction (or its own probabilities), or why it is rejected.
@@ -279,32 +287,36 @@ class Monitor:
     # alarm state -----------------------------------------------------------------------------
 
     def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
-        """Fold new labels into the e-detector and re-assess the alarm, under a row lock shared by
-        all replicas; a transition is recorded, logged, counted and returned."""
+        """Fold new labels, in label order, into the detector and re-assess the alarm, under a row lock
+        shared by all replicas: the decision is a function of the label sequence alone, so replicas and
+        restarts reach the same one. A transition is recorded, logged, counted and returned."""
         served = self.repository.get(name, version)
         calibration_version, _ = self.active(served)
         key = (name, version, calibration_version)
 
         def work(c):
-            row = self.storage.locked_monitor_row(c, *key, json.dumps(self.new_detector(served).to_dict()))
-            detector = ShiryaevRoberts.from_dict(json.loads(row.detector))
-            new = self.storage.labels_after(c, name, version, calibration_version, row.last_seq)
-            last_seq = row.last_seq
-            if new:
-                detector.update([r.correct for r in new], [r.confidence for r in new])
-                last_seq = new[-1].seq
+            row = self.storage.locked_monitor_row(c, *key, json.dumps(self._detector(None).to_dict()))
+            detector, last_seq = self._detector(row.detector), row.last_seq
+            if detector.n[0] == 0 and last_seq > 0:  # saved by an older service or under other settings
+                last_seq = max(0, last_seq - REPLAY_LABELS)
+                log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
+            new = self.storage.labels_after(c, name, version, calibration_version, last_seq)
+            for label in new:
+                detector.step([label.confidence], [label.correct])
+            last_seq = new[-1].seq if new else last_seq
             previous = AlarmStatus(row.state, tuple(json.loads(row.reasons)), row.since)
             evidence = self._evidence(served, calibration_version, detector, c)
             status = assess(previous, evidence, self.policy, time.time())
-            if previous.state == ALARM and status.state != ALARM:
-                detector = self.new_detector(served)  # the evidence that raised the alarm is spent
-            self.storage.save_monitor_state(c, *key, last_seq=last_seq, detector=json.dumps(detector.to_dict()),
-                                            state=status.state, since=status.since,
-                                            reasons=json.dumps(list(status.reasons)), previous_state=previous.state)
-            return previous, status, evidence, detector
+            self.storage.save_monitor_state(c, *key, last_seq=max(last_seq, row.last_seq),
+                                            detector=json.dumps(detector.to_dict()), state=status.state,
+                                            since=status.since, reasons=json.dumps(list(status.reasons)),
+                                            previous_state=previous.state)
+            return previous, status, detector, bool(new)
 
-        previous, status, evidence, detector = self.storage.transaction(work)
-        self._export(name, version, status, evidence, detector)
+        previous, status, detector, folded = self.storage.transaction(work)
+        self._export(name, version, status, detector)
+        if folded:
+            self._export_window(served, calibration_version)
         if status.state == previous.state:
             return status, None
         self.metrics.transitions.labels(name, version, status.state).inc()
@@ -314,40 +326,38 @@ class Monitor:
                         "from": previous.state, "to": status.state, "reasons": list(status.reasons),
                         "since": status.since}
 
-    def new_detector(self, served: ServedModel) -> ShiryaevRoberts:
-        """An e-detector whose null is 'calibrated as well as on the validation split'."""
-        reference = served.manifest.reference
-        expected_residual = reference.accuracy - float(np.mean(reference.confidences))
-        return ShiryaevRoberts(center=float(np.clip(expected_residual, -0.2, 0.2)),
-                               tolerance=self.policy.reference_margin)
+    def _detector(self, saved: str | None) -> DetectorState:
+        """The detector saved as JSON; a fresh one for None or state saved under other settings."""
+        config = self.policy.detector()
+        return DetectorState(config) if saved is None else DetectorState.from_dict(json.loads(saved), config)
 
-    def _evidence(self, served: ServedModel, calibration_version: int, detector: ShiryaevRoberts, c=None) -> Evidence:
-        agg = self.storage.window(served.name, served.version, calibration_version, self.n_bins,
-                                  last=self.alarm_window.count, seconds=self.alarm_window.seconds, connection=c)
-        ece = p_value = gap = None
-        if agg.n > 0:
-            seed = self._seed(served, calibration_version, agg.last_seq)
-            ece = ece_interval(agg.sums, n_resamples=self.n_resamples, seed=seed)
-            p_value = consistency_test(agg.sums, n_resamples=self.n_resamples, seed=seed + 1)
-            gap = accuracy_gap(agg.n, agg.sums.confidence_sum.sum(), agg.sums.outcome_sum.sum())
+    def _evidence(self, served: ServedModel, calibration_version: int, detector: DetectorState, c=None) -> Evidence:
         recent = self.storage.recent_confidences(served.name, served.version, calibration_version, self.drift_rows,
                                                  connection=c)
         shift = confidence_shift(recent, served.manifest.reference.confidences) if len(recent) else None
-        return Evidence(n=agg.n, ece=ece, p_value=p_value, e_statistic=detector.statistic, shift=shift, gap=gap,
-                        reference_ece=served.manifest.reference.ece)
+        gap, region = detector.worst_region()
+        return Evidence(n=int(detector.n[0]), alarmed=bool(detector.alarmed[0]), statistic=float(detector.statistic[0]),
+                        clear_statistic=float(detector.clear_statistic[0]), worst_gap=gap, worst_confidence=region,
+                        shift=shift)
 
     @staticmethod
     def _seed(served: ServedModel, calibration_version: int, last_seq: int) -> int:
         return zlib.crc32(f"{served.name}/{served.version}/{calibration_version}/{last_seq}".encode())
 
-    def _export(self, name, version, status: AlarmStatus, evidence: Evidence, detector) -> None:
+    def _export(self, name, version, status: AlarmStatus, detector: DetectorState) -> None:
         self.metrics.alarm_state.labels(name, version).set(LEVELS[status.state])
-        self.metrics.e_detector.labels(name, version).set(detector.statistic)
-        self.metrics.window_labels.labels(name, version).set(evidence.n)
-        if evidence.ece is not None:
-            self.metrics.window_ece.labels(name, version).set(evidence.ece.ece)
-            self.metrics.window_ece_low.labels(name, version).set(evidence.ece.low)
-            self.metrics.window_ece_high.labels(name, version).set(evidence.ece.high)
+        self.metrics.e_detector.labels(name, version).set(detector.statistic[0])
+
+    def _export_window(self, served: ServedModel, calibration_version: int) -> None:
+        """The default window's ECE and interval as gauges (dashboards), after new labels were folded."""
+        _, _, _, agg = self._resolve_window(served.name, served.version, None)
+        self.metrics.window_labels.labels(served.name, served.version).set(agg.n)
+        if agg.n:
+            ci = ece_interval(agg.sums, n_resamples=self.n_resamples,
+                              seed=self._seed(served, calibration_version, agg.last_seq))
+            self.metrics.window_ece.labels(served.name, served.version).set(ci.ece)
+            self.metrics.window_ece_low.labels(served.name, served.version).set(ci.low)
+            self.metrics.window_ece_high.labels(served.name, served.version).set(ci.high)
 
     # reports ---------------------------------------------------------------------------------
 
@@ -367,8 +377,7 @@ class Monitor:
         state_row = self.storage.monitor_row(served.name, served.version, calibration_version)
         status = (AlarmStatus(state_row.state, tuple(json.loads(state_row.reasons)), state_row.since)
                   if state_row else AlarmStatus())
-        detector = (ShiryaevRoberts.from_dict(json.loads(state_row.detector)) if state_row
-                    else self.new_detector(served))
+        detector = self._detector(state_row.detector if state_row else None)
         manifest = served.manifest
         body = {
             "model": served.name, "version": served.version, "calibration_version": calibration_version,
@@ -378,12 +387,13 @@ class Monitor:
                           "ece": manifest.reference.ece, "accuracy": manifest.reference.accuracy,
                           "mean_confidence": float(np.mean(manifest.reference.confidences))},
             "alarm": status.to_dict(),
-            "e_detector": {"statistic": detector.statistic, "labels_seen": detector.n,
-                           "threshold": self.policy.e_threshold, "residual_center": detector.center,
-                           "residual_tolerance": detector.tolerance},
-            "thresholds": {"ece_alarm": self.policy.threshold(manifest.reference.ece),
-                           "ece_clear": self.policy.clear_fraction * self.policy.threshold(manifest.reference.ece),
-                           "min_labels": self.policy.min_labels, "test_level": self.policy.test_level},
+            "e_detector": {"statistic": float(detector.statistic[0]), "threshold": self.policy.threshold,
+                           "clear_statistic": float(detector.clear_statistic[0]),
+                           "clear_threshold": self.policy.clear_threshold, "labels_seen": int(detector.n[0]),
+                           "tolerance": self.policy.tolerance, "regions": detector.regions()},
+            "thresholds": {"tolerance": self.policy.tolerance, "e_detector": self.policy.threshold,
+                           "clear": self.policy.clear_threshold, "warning": self.policy.warn_threshold,
+                           "min_labels": self.policy.min_labels},
         }
         body.update(self._window_metrics(served, calibration_version, agg, win))
         body["drift"] = self._drift(served, calibration_version, agg)

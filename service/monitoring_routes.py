@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 
 import anyio
-import httpx
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
+from service.codec import PlainRoute, decode, respond, validate
 from service.errors import InvalidInput, ServiceError
 from service.schemas import (
     ActivateRequest,
@@ -44,33 +45,32 @@ def _monitor(request: Request):
     return request.app.state.monitor
 
 
-@router.post("/feedback", response_model=FeedbackResponse, responses=ERRORS)
-async def feedback(body: FeedbackRequest, request: Request) -> FeedbackResponse:
+class FeedbackEndpoint:
+    """POST /feedback as a plain ASGI endpoint (see ``service.codec``): the items join the feedback
+    writer's next group commit, and the request is answered once they are stored."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope["app"].state
+        body = validate(FeedbackRequest, decode(await Request(scope, receive).body()))
+        limit = state.settings.max_feedback_items
+        if len(body.items) > limit:
+            raise InvalidInput(f"holds {len(body.items)} items; at most {limit} are allowed per request",
+                               field="items")
+        result = await state.feedback_writer.submit(body.items)
+        state.evaluator.labels_arrived(result["accepted"])
+        await respond(result)(scope, receive, send)
+
+
+def feedback_contract(body: FeedbackRequest) -> FeedbackResponse:
     """True labels for earlier predictions (by id) or for probabilities scored elsewhere.
-    Committed before the response: a 2xx means the labels are stored."""
-    limit = request.app.state.settings.max_feedback_items
-    if len(body.items) > limit:
-        raise InvalidInput(f"holds {len(body.items)} items; at most {limit} are allowed per request", field="items")
-    await request.app.state.prediction_log.flush()
-    result, transitions = await anyio.to_thread.run_sync(_monitor(request).record_feedback, body.items)
-    for transition in transitions:
-        _notify(request, transition)
-    return FeedbackResponse(**result)
+    Committed before the response: a 2xx means the labels are stored. Alarms are assessed in the
+    background (every ``CALIB_EVALUATE_SECONDS``), not in this request."""
+    raise NotImplementedError("documentation only: FeedbackEndpoint serves POST /feedback")
 
 
-def _notify(request: Request, transition: dict) -> None:
-    url = request.app.state.settings.webhook_url
-    if url:
-        request.app.state.background.add(asyncio.get_running_loop().create_task(_post_webhook(request, url, transition)))
-
-
-async def _post_webhook(request: Request, url: str, transition: dict) -> None:
-    try:
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            (await client.post(url, json={"event": "calibration_alarm_transition", **transition})).raise_for_status()
-    except httpx.HTTPError as exc:
-        request.app.state.metrics.webhook_failures.inc()
-        log.error("alarm webhook to %s failed: %s", url, exc)
+FEEDBACK_ROUTES = [PlainRoute("/feedback", FeedbackEndpoint(), methods=["POST"])]
+FEEDBACK_CONTRACT = APIRoute("/feedback", feedback_contract, methods=["POST"], response_model=FeedbackResponse,
+                             responses=ERRORS, tags=["monitoring"], name="feedback")
 
 
 @router.get("/calibration", response_model=CalibrationReport, responses=ERRORS)

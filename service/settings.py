@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     database_url: str = Field(default="sqlite:///monitoring.db",
                               description="SQLAlchemy URL of the feedback store; postgresql+psycopg://... for replicas")
     n_bins: int = Field(default=15, ge=2, le=100)
-    alarm_window: str = Field(default="500", description="window the alarm is assessed on: a label count or a duration")
+    alarm_window: str = Field(default="500", description="default window of GET /calibration: a label count or a duration")
     alarm: AlarmPolicy = AlarmPolicy()
     bootstrap_resamples: int = Field(default=1000, ge=100)
     detail_rows: int = Field(default=5000, ge=100, description="most recent labels used for AdaECE, classwise ECE and "
@@ -76,6 +76,10 @@ class Settings(BaseSettings):
                              "statistics (ECE, interval, MCE, bins) always use the whole window")
     drift_rows: int = Field(default=500, ge=10, description="recent predictions compared with the reference confidences")
     max_feedback_items: int = Field(default=10000, ge=1)
+    evaluate_every_labels: int = Field(default=1000, ge=1, description="labels stored by this replica that start an "
+                                       "alarm evaluation at once (otherwise one runs every evaluate_seconds)")
+    evaluate_seconds: float = Field(default=1.0, gt=0, description="seconds between alarm evaluations of every "
+                                    "served model version (they also fold in labels stored by other replicas)")
     prediction_log: bool = Field(default=True, description="log every prediction for monitoring (write-behind)")
     prediction_log_queue: int = Field(default=100000, ge=100)
     retention_days: float = Field(default=30.0, gt=0)

@@ -16,6 +16,7 @@ reconnects by itself (pool_pre_ping) when the database is back.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -368,8 +369,7 @@ class Storage:
         ids = list(ids)
 
         def work(c):
-            query = sa.select(predictions).where(predictions.c.id.in_(ids))
-            return {row.id: row for row in c.execute(query)}
+            return {row.id: row for row in c.execute(_PREDICTIONS_OF, {"ids": ids})}
 
         return self._run(work, write=False) if ids else {}
 
@@ -392,13 +392,11 @@ class Storage:
         def work(c):
             if new_predictions:
                 _insert_predictions(c, new_predictions)
-            ids = [r.prediction_id for r in rows]
-            query = sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(ids))
-            existing = {r[0] for r in c.execute(query)}
+            existing = {r[0] for r in c.execute(_LABELLED_AMONG, {"ids": [r.prediction_id for r in rows]})}
             fresh = [r for r in rows if r.prediction_id not in existing]
             if fresh:
                 _insert_labels(c, [tuple(vars(r).values()) for r in fresh])
-                _add_to_blocks(c, _block_sums(labels.c.prediction_id.in_([r.prediction_id for r in fresh])))
+                c.execute(_labels_to_blocks(c.dialect.name), {"ids": [r.prediction_id for r in fresh]})
             return existing
 
         return self._run(work) if rows else set()
@@ -635,22 +633,40 @@ def _block_sums(*where) -> sa.Select:
 
 def _add_to_blocks(c: sa.Connection, sums: sa.Select) -> None:
     """Add ``sums`` into ``label_bins`` (an upsert: concurrent writers add, never overwrite)."""
-    if c.dialect.name == "sqlite":
+    c.execute(_block_upsert(c.dialect.name, sums))
+
+
+def _block_upsert(dialect: str, sums: sa.Select):
+    """The statement adding ``sums`` into ``label_bins`` on ``dialect``."""
+    if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
         least, greatest = sa.func.min, sa.func.max
-    elif c.dialect.name == "postgresql":
+    elif dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
         least, greatest = sa.func.least, sa.func.greatest
     else:
-        raise RuntimeError(f"the feedback store supports SQLite and PostgreSQL, not {c.dialect.name}")
+        raise RuntimeError(f"the feedback store supports SQLite and PostgreSQL, not {dialect}")
     keys = ("model", "version", "calibration_version", "block", "conf_bin")
     statement = insert(label_bins).from_select([*keys, *_SUM_COLUMNS], sums)
     old, new = label_bins.c, statement.excluded
-    c.execute(statement.on_conflict_do_update(index_elements=list(keys), set_={
+    return statement.on_conflict_do_update(index_elements=list(keys), set_={
         **{name: old[name] + new[name] for name in _SUM_COLUMNS[:5]},
         "first_at": least(old.first_at, new.first_at), "last_at": greatest(old.last_at, new.last_at),
         "last_seq": greatest(old.last_seq, new.last_seq),
-    }))
+    })
+
+
+# The statements of the feedback path, built once (building and hashing a statement costs more CPU than
+# running it on a group of a few labels); ``ids`` is a list of prediction ids given at execution.
+_IDS = sa.bindparam("ids", expanding=True)
+_PREDICTIONS_OF = sa.select(predictions).where(predictions.c.id.in_(_IDS))
+_LABELLED_AMONG = sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(_IDS))
+
+
+@functools.cache
+def _labels_to_blocks(dialect: str):
+    """The upsert adding the labels of the prediction ids ``ids`` to their blocks."""
+    return _block_upsert(dialect, _block_sums(labels.c.prediction_id.in_(_IDS)))
 
 
 def _bin_totals(*where) -> sa.Select:

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["fit_temperature", "training", "monitoring", "serving"])
+@pytest.mark.parametrize("name", ["fit_temperature", "training", "monitoring", "serving", "feedback_load"])
 def test_benchmark_script_runs_and_writes_its_result(name):
     result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600)

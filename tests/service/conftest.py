@@ -3,8 +3,10 @@ and real uvicorn servers on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import shutil
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -130,8 +132,6 @@ def base_url(server) -> str:
     return server[0]
 
 
-
-
 @pytest.fixture(scope="session")
 def linear_artifact():
     """``write_linear_artifact(root, name, version, classes, temperature, seed)``."""
@@ -160,3 +160,78 @@ def pg_url() -> str:
 def postgres():
     """``postgres_url()``: the real PostgreSQL, emptied of this service's tables, for module fixtures."""
     return postgres_url
+
+
+@pytest.fixture
+def evaluate_now():
+    """``evaluate_now(app)``: one alarm evaluation pass of a ``running_server`` app now, from the test's
+    thread (the evaluator runs on the server's event loop); returns the transitions."""
+    def run(app, timeout: float = 120.0) -> list[dict]:
+        evaluator = app.state.evaluator
+        return asyncio.run_coroutine_threadsafe(evaluator.run_once(), evaluator.loop).result(timeout)
+
+    return run
+
+
+class CuttableProxy:
+    """A TCP forwarder to PostgreSQL whose link can be cut and restored, to simulate an outage."""
+
+    def __init__(self, target=("127.0.0.1", 5432)):
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.up = True
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def cut(self):
+        self.up = False
+        for s in self.sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.sockets.clear()
+
+    def restore(self):
+        self.up = True
+
+    def close(self):
+        self.cut()
+        self.listener.close()
+
+
+@pytest.fixture
+def cuttable_proxy():
+    """A ``CuttableProxy`` to the real PostgreSQL, closed after the test."""
+    proxy = CuttableProxy()
+    yield proxy
+    proxy.close()

@@ -26,21 +26,23 @@ MODEL = "digits-lenet5"
 
 def _settings(repository_dir: Path, tmp_path: Path) -> Settings:
     return Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
-                    bootstrap_resamples=300)
+                    bootstrap_resamples=300, evaluate_seconds=3600, evaluate_every_labels=10**9)
 
 
 def _offline(z, y, scale: float) -> list[dict]:
     return [{"probabilities": p.tolist(), "label": int(label), "model": MODEL} for p, label in zip(softmax(scale * z), y)]
 
 
-def _drive_into_alarm(base_url: str) -> dict:
-    """400 calibrated labels, then 600 over-confident ones (logits x 2.5), in batches of 100."""
+def _drive_into_alarm(base_url: str, app, evaluate_now) -> dict:
+    """400 calibrated labels, then 600 over-confident ones (logits x 2.5), in batches of 100, each
+    followed by an alarm evaluation."""
     z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
     for start in range(0, 1000, 100):
         scale = 1.0 if start < 400 else 2.5
         r = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], scale)},
                        timeout=30)
         assert r.status_code == 200 and r.json()["accepted"] == 100, r.text
+        evaluate_now(app)
     report = httpx.get(f"{base_url}/calibration", timeout=30).json()
     assert report["alarm"]["state"] == "alarm", report["alarm"]
     return report
@@ -64,14 +66,14 @@ def test_dashboard_is_served_as_one_html_page(repository_dir, server_for, tmp_pa
         assert "text/html" in operation["responses"]["200"]["content"] and operation["tags"] == ["dashboard"]
 
 
-def test_dashboard_shows_the_alarm_in_a_real_browser(repository_dir, server_for, tmp_path):
+def test_dashboard_shows_the_alarm_in_a_real_browser(repository_dir, server_for, tmp_path, evaluate_now):
     from PIL import Image as image_module
     from playwright import sync_api
 
     assert CHROMIUM.exists(), "the system Chromium is missing: run `make tools` (scripts/install-tools.sh)"
 
-    with server_for(_settings(repository_dir, tmp_path)) as (base_url, _):
-        report = _drive_into_alarm(base_url)
+    with server_for(_settings(repository_dir, tmp_path)) as (base_url, app):
+        report = _drive_into_alarm(base_url, app, evaluate_now)
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
             try:

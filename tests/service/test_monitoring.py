@@ -123,21 +123,25 @@ class _Hook(BaseHTTPRequestHandler):
         pass
 
 
-def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repository_dir, server_for, database_url):
+def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repository_dir, server_for, database_url,
+                                                                            evaluate_now):
     hook = HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
+    # the alarm is evaluated after every batch, here by the test, as the old per-request evaluation did
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
                         admin_token="s3cret", bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
-                        alarm=AlarmPolicy(min_labels=200))
+                        alarm=AlarmPolicy(min_labels=200), evaluate_seconds=3600, evaluate_every_labels=10**9)
     z, y = calibrated_logits(1400, n_classes=10, logit_scale=8.0, seed=5)
     try:
-        with server_for(settings) as (base_url, _):
+        with server_for(settings) as (base_url, app):
             calm = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
             assert calm["accepted"] == 600
+            evaluate_now(app)
             assert httpx.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
             states = []
             for start in range(600, 1400, 100):
                 httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], 2.5)})
+                evaluate_now(app)
                 states.append(httpx.get(f"{base_url}/calibration").json()["alarm"]["state"])
             report = httpx.get(f"{base_url}/calibration").json()
             assert report["alarm"]["state"] == "alarm" and states.index("alarm") <= 4, states

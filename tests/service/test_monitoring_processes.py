@@ -1,8 +1,10 @@
 """Monitoring across processes: shared PostgreSQL, restarts, SIGKILL, and a database outage."""
 
+import itertools
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -10,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import numpy as np
 
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
@@ -31,7 +34,8 @@ class Replica:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         environment = dict(os.environ, CALIB_DATABASE_URL=database_url, CALIB_DEFAULT_MODEL="digits-lenet5",
-                           CALIB_BOOTSTRAP_RESAMPLES="300", **env)
+                           CALIB_BOOTSTRAP_RESAMPLES="300", CALIB_EVALUATE_SECONDS="0.2")
+        environment.update(env)
         self.process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(artifacts),
                                          "--port", str(self.port)], env=environment,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -50,6 +54,23 @@ class Replica:
         return self.process.communicate(timeout=30)[0]
 
 
+def _evaluation_passes(url) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("calib_evaluation_duration_seconds_count"))
+
+
+def _evaluated(*replicas, timeout=60.0) -> None:
+    """Wait until every replica has completed two more alarm evaluation passes: the second began after
+    everything acknowledged so far was committed (the first may have begun before)."""
+    targets = [(r, _evaluation_passes(r.url) + 2) for r in replicas]
+    deadline = time.monotonic() + timeout
+    for replica, target in targets:
+        while _evaluation_passes(replica.url) < target:
+            assert time.monotonic() < deadline, "no alarm evaluation"
+            time.sleep(0.05)
+
+
 def _offline_items(n, seed, scale=1.0):
     z, y = calibrated_logits(n, n_classes=10, logit_scale=8.0, seed=seed)
     return [{"probabilities": p.tolist(), "label": int(t)} for p, t in zip(softmax(scale * z), y)]
@@ -64,6 +85,7 @@ def test_two_replicas_sharing_postgresql_report_the_same_calibration(repository_
         assert httpx.post(f"{b.url}/feedback", json={"items": items}).json()["accepted"] == 60
         assert httpx.post(f"{a.url}/feedback", json={"items": _offline_items(300, 1)}).json()["accepted"] == 300
         assert httpx.post(f"{b.url}/feedback", json={"items": _offline_items(300, 2, 2.5)}).json()["accepted"] == 300
+        _evaluated(a, b)
         for window in ("500", "1000", "1h"):
             report_a = httpx.get(f"{a.url}/calibration", params={"window": window}).json()
             report_b = httpx.get(f"{b.url}/calibration", params={"window": window}).json()
@@ -80,13 +102,21 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
     body = httpx.post(f"{first.url}/predict", json={"inputs": DIGITS.x[:40].tolist()}).json()
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(body["predictions"], DIGITS.y[:40])]
     assert httpx.post(f"{first.url}/feedback", json={"items": items}).json()["accepted"] == 40
+    _evaluated(first)
     before = httpx.get(f"{first.url}/calibration", params={"window": "1000"}).json()
     first.stop()
     second = Replica(repository_dir, url)
     after = httpx.get(f"{second.url}/calibration", params={"window": "1000"}).json()
     assert after == before and after["n"] == 40
 
-    acknowledged, sent = [], []
+    # single-label requests from 32 clients at once (they are group-committed) next to batches of 25
+    # offline items, until the process is killed mid-load
+    rows = np.resize(DIGITS.x, (4000, *DIGITS.x.shape[1:]))
+    ids = [p["id"] for start in range(0, 4000, 1000) for p in httpx.post(
+        f"{second.url}/predict", json={"inputs": rows[start:start + 1000].tolist()}, timeout=60).json()["predictions"]]
+    unlabelled = iter(ids)
+    acknowledged, sent, acknowledged_ids, sent_ids = [], [], [], []
+    lock = threading.Lock()
 
     def send(seed):
         batch = _offline_items(25, 100 + seed)
@@ -98,80 +128,46 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
         except httpx.TransportError:
             pass
 
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(send, s) for s in range(40)]
-        while not acknowledged:
+    def label_one_at_a_time():
+        with httpx.Client(base_url=second.url, timeout=10) as client:
+            while True:
+                with lock:
+                    prediction_id = next(unlabelled, None)
+                if prediction_id is None:
+                    return
+                sent_ids.append(prediction_id)
+                try:
+                    r = client.post("/feedback", json={"items": [{"prediction_id": prediction_id, "label": 1}]})
+                except httpx.TransportError:
+                    return
+                if r.status_code == 200 and r.json()["accepted"] == 1:
+                    acknowledged_ids.append(prediction_id)
+
+    with ThreadPoolExecutor(36) as pool:
+        singles = [pool.submit(label_one_at_a_time) for _ in range(32)]
+        futures = [pool.submit(send, s) for s in range(400)]
+        deadline = time.monotonic() + 60
+        while not acknowledged or len(acknowledged_ids) < 200:
+            assert time.monotonic() < deadline, (len(acknowledged), len(acknowledged_ids))
             time.sleep(0.01)
         second.stop(signal.SIGKILL)
-        for f in futures:
+        for f in itertools.chain(singles, futures):
             f.result()
-    assert second.process.returncode == -signal.SIGKILL and 0 < len(acknowledged) < 40
+    assert second.process.returncode == -signal.SIGKILL and 0 < len(acknowledged) < 400
+    assert 200 <= len(acknowledged_ids) < len(ids)
     third = Replica(repository_dir, url)
     try:
         stored = httpx.get(f"{third.url}/calibration", params={"window": "100000"}).json()["n"]
     finally:
         third.stop()
-    assert 40 + sum(acknowledged) <= stored <= 40 + sum(sent)
+    assert 40 + sum(acknowledged) + len(acknowledged_ids) <= stored <= 40 + sum(sent) + len(sent_ids)
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        labelled = {prediction_id for (prediction_id,) in db.execute("SELECT prediction_id FROM labels")}
+    assert set(acknowledged_ids) <= labelled
 
 
-class CuttableProxy:
-    """A TCP forwarder to PostgreSQL whose link can be cut and restored, to simulate an outage."""
-
-    def __init__(self, target=("127.0.0.1", 5432)):
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.up = True
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self.up:
-                client.close()
-                continue
-            upstream = socket.create_connection(self.target)
-            self.sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def cut(self):
-        self.up = False
-        for s in self.sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.sockets.clear()
-
-    def restore(self):
-        self.up = True
-
-    def close(self):
-        self.cut()
-        self.listener.close()
-
-
-def test_database_outage_degrades_and_recovers(repository_dir, pg_url):
-    proxy = CuttableProxy()
+def test_database_outage_degrades_and_recovers(repository_dir, pg_url, cuttable_proxy):
+    proxy = cuttable_proxy
     replica = Replica(repository_dir, pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"))
     try:
         assert httpx.post(f"{replica.url}/feedback", json={"items": _offline_items(5, 1)}).json()["accepted"] == 5
@@ -199,4 +195,3 @@ def test_database_outage_degrades_and_recovers(repository_dir, pg_url):
         assert httpx.get(f"{replica.url}/health").json()["status"] == "ok"
     finally:
         replica.stop()
-        proxy.close()

@@ -1,0 +1,190 @@
+"""Feedback load benchmark: single-label POST /feedback next to single-row POST /predict, on SQLite and
+on PostgreSQL.
+
+For each store, one ``python -m service`` process (default artifact digits-lenet5, prediction logging
+on) is measured with wrk at 32 connections: (a) single-row /predict; (b) single-label /feedback, each
+request labelling a distinct prediction obtained beforehand from /predict (a wrk Lua script walks a
+file of ids, each used once). Reports requests/s, p50 and p99, the ratio feedback/predict, and
+checks that every acknowledged label is stored: the labels found in the store afterwards against the
+2xx responses (more stored than acknowledged only when wrk cut requests at the end of its run).
+PostgreSQL runs in a fresh database on 127.0.0.1:5432, dropped afterwards.
+
+    python -m bench.feedback_load [--seconds 10] [--stores sqlite postgresql] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import sqlalchemy as sa
+
+from bench.common import PYTHON, ROOT, Server, table, write_result, wrk
+
+MODEL = "digits-lenet5"
+CONNECTIONS = 32
+GOAL_RATIO = 0.25
+GOAL_P99_MS = 100.0
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+WARMUP_SECONDS = 1.0
+COLUMNS = ["store", "predict_rps", "feedback_rps", "ratio", "feedback_p50_ms", "feedback_p99_ms", "predict_p99_ms",
+           "acknowledged", "stored", "non_2xx"]
+
+_FEEDBACK_LUA = """wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local bodies, i = {{}}, 0
+for line in io.lines("{ids}") do
+  local id, label = line:match("(%S+) (%S+)")
+  bodies[#bodies + 1] = '{{"items":[{{"prediction_id":"' .. id .. '","label":' .. label .. '}}]}}'
+end
+request = function()
+  i = i + 1
+  if i > #bodies then
+    wrk.thread:stop()
+    i = #bodies
+  end
+  return wrk.format(nil, nil, nil, bodies[i])
+end
+"""
+
+
+@contextmanager
+def store_url(store: str, work: Path):
+    """The service's database URL: an SQLite file in ``work``, or a fresh PostgreSQL database."""
+    if store == "sqlite":
+        yield f"sqlite:///{work / 'store.db'}"
+        return
+    if store != "postgresql":
+        raise ValueError(f"store is sqlite or postgresql, not {store!r}")
+    name = f"calib_bench_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.exec_driver_sql(f"CREATE DATABASE {name}")
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as c:
+            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+def count_labels(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.exec_driver_sql("SELECT count(*) FROM labels").scalar_one()
+    finally:
+        engine.dispose()
+
+
+def predicted_ids(base: str, n: int) -> list[tuple[str, int]]:
+    """``n`` (prediction id, true label) pairs from /predict on the digits test split, once the
+    prediction log has written them to the store."""
+    from training.data import load_digits_splits
+
+    test = load_digits_splits().test
+    out: list[tuple[str, int]] = []
+    with httpx.Client(base_url=base, timeout=120) as client:
+        while len(out) < n:
+            idx = np.arange(len(out), len(out) + min(1024, n - len(out))) % len(test.y)
+            body = client.post("/predict", json={"inputs": test.x[idx].tolist()})
+            body.raise_for_status()
+            out += [(p["id"], int(test.y[i])) for p, i in zip(body.json()["predictions"], idx)]
+        deadline = time.monotonic() + 60
+        while client.get("/health").json()["storage"]["prediction_log_pending"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the prediction log was not written within 60 s")
+            time.sleep(0.1)
+    return out
+
+
+def settle(base: str, timeout: float = 30.0) -> None:
+    """Wait until the service has answered everything wrk left in flight."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{base}/metrics").text
+        in_flight = next(float(line.split()[1]) for line in text.splitlines()
+                         if line.startswith("calib_http_requests_in_flight "))
+        if in_flight <= 1:  # this request
+            return
+        time.sleep(0.1)
+
+
+def feedback_run(base: str, ids: list[tuple[str, int]], seconds: float, tmp: Path) -> dict:
+    path = tmp / f"ids-{uuid.uuid4().hex[:8]}.txt"
+    path.write_text("".join(f"{i} {label}\n" for i, label in ids))
+    return wrk(f"{base}/feedback", None, CONNECTIONS, seconds, lua=_FEEDBACK_LUA.format(ids=path))
+
+
+def measure(store: str, seconds: float, smoke: bool) -> dict:
+    """Single-row /predict and single-label /feedback at 32 connections on one service process."""
+    from training.data import load_digits_splits
+
+    work = Path(tempfile.mkdtemp(prefix="calib-bench-feedback-"))
+    try:
+        with store_url(store, work) as url:
+            env = {"CALIB_DATABASE_URL": url, "CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_DEFAULT_MODEL": MODEL,
+                   "CALIB_LOG_LEVEL": "warning"}
+            server = Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
+            try:
+                predict_body = json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()})
+                wrk(f"{server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
+                predict = wrk(f"{server.url}/predict", predict_body, CONNECTIONS, seconds)
+                # enough distinct ids for feedback as fast as /predict, twice over, and the warm-up
+                warmup_n = int(max(predict["requests_per_s"], 1000) * WARMUP_SECONDS * 2)
+                main_n = int(max(predict["requests_per_s"], 1000) * (seconds + 1) * 2)
+                ids = predicted_ids(server.url, warmup_n + main_n)
+                feedback_run(server.url, ids[:warmup_n], WARMUP_SECONDS, work)
+                settle(server.url)
+                before = count_labels(url)
+                feedback = feedback_run(server.url, ids[warmup_n:], seconds, work)
+                settle(server.url)
+                stored = count_labels(url) - before
+            finally:
+                server.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    acknowledged = feedback["requests"] - feedback["non_2xx"]
+    return {"store": store, "seconds": seconds, "smoke": smoke, "connections": CONNECTIONS, "predict": predict, "feedback": feedback,
+            "predict_rps": predict["requests_per_s"], "feedback_rps": feedback["requests_per_s"],
+            "ratio": feedback["requests_per_s"] / predict["requests_per_s"],
+            "feedback_p50_ms": feedback["p50_ms"], "feedback_p99_ms": feedback["p99_ms"],
+            "predict_p99_ms": predict["p99_ms"], "acknowledged": acknowledged, "stored": stored,
+            "non_2xx": feedback["non_2xx"], "ids_prepared": main_n,
+            "every_acknowledged_label_stored": stored >= acknowledged}
+
+
+def goals(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        lines.append(f"{r['store']}: feedback/predict {r['ratio']:.2f} (goal >= {GOAL_RATIO}): "
+                     f"{'met' if r['ratio'] >= GOAL_RATIO else 'NOT met'}; feedback p99 {r['feedback_p99_ms']:.1f} ms "
+                     f"(goal <= {GOAL_P99_MS:.0f} ms): {'met' if r['feedback_p99_ms'] <= GOAL_P99_MS else 'NOT met'}; "
+                     f"{r['stored']} labels stored for {r['acknowledged']} acknowledged: "
+                     f"{'ok' if r['every_acknowledged_label_stored'] else 'LABELS MISSING'}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--stores", nargs="*", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    seconds = 1.0 if args.smoke else args.seconds
+    rows = [measure(store, seconds, args.smoke) for store in args.stores]
+    print(table(rows, COLUMNS))
+    print("\n".join(goals(rows)))
+    write_result("feedback_load", {"runs": rows}, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Seeded simulation of the alarm on many streams at once: calibrated labels, then (optionally) a
+miscalibration, then calibrated labels again; what the detector did in each phase of each stream.
+
+    >>> from calibkit.synthetic import TrafficShape, Miscalibration
+    >>> out = simulate(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5),
+    ...                streams=20, before=500, during=1500, after=1500, seed=0)
+    >>> bool(out.false_alarm.any()), bool((out.delay >= 0).all()), bool(out.latched.any())
+    (False, True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calibkit.detector import DetectorConfig, DetectorState
+from calibkit.synthetic import Miscalibration, TrafficShape
+
+
+@dataclass(frozen=True)
+class StreamOutcomes:
+    """Per stream: an alarm before the shift (a false alarm), labels from the shift to the first alarm
+    (-1: none), clears while the shift lasted (flaps), labels from the end of the shift to the first
+    clear (-1: none) and whether the alarm was still on at the end (latched)."""
+
+    false_alarm: np.ndarray
+    delay: np.ndarray
+    flaps: np.ndarray
+    clear_delay: np.ndarray
+    latched: np.ndarray
+
+
+def draw(shape: TrafficShape, miscalibration: Miscalibration | None, streams: int, before: int, during: int = 0,
+         after: int = 0, seed: int = 0, ramp: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence, correct), each (streams, before + during + after): ``before`` calibrated labels,
+    ``during`` labels of ``miscalibration`` (reached linearly over the first ``ramp``), ``after`` calibrated."""
+    rng = np.random.default_rng(seed)
+    total = before + during + after
+    strength = np.zeros(total)
+    strength[before:before + during] = 1.0
+    if ramp:
+        strength[before:before + ramp] = np.linspace(0.0, 1.0, ramp)
+    mis = miscalibration or Miscalibration("calibrated")
+    confidence, correct, _ = mis.sample(shape, rng, (streams, total), strength[None, :])
+    return confidence, correct
+
+
+def run_detector(confidence: np.ndarray, correct: np.ndarray, before: int, during: int = 0,
+                 config: DetectorConfig | None = None) -> StreamOutcomes:
+    """The detector on every stream (row) of ``draw``'s arrays, phases as there."""
+    streams, total = confidence.shape
+    state = DetectorState(config or DetectorConfig(), streams)
+    false_alarm = np.zeros(streams, bool)
+    delay = np.full(streams, -1)
+    flaps = np.zeros(streams, np.int64)
+    clear_delay = np.full(streams, -1)
+    for t in range(total):
+        step = state.step(confidence[:, t], correct[:, t])
+        if t < before:
+            false_alarm |= step.raised
+        elif t < before + during:
+            delay = np.where(step.raised & (delay < 0), t - before, delay)
+            flaps += step.cleared
+        else:
+            clear_delay = np.where(step.cleared & (clear_delay < 0), t - before - during, clear_delay)
+    return StreamOutcomes(false_alarm, delay, flaps, clear_delay, state.alarmed.copy())
+
+
+def simulate(shape: TrafficShape, miscalibration: Miscalibration | None, streams: int, before: int,
+             during: int = 0, after: int = 0, config: DetectorConfig | None = None, seed: int = 0,
+             ramp: int = 0) -> StreamOutcomes:
+    """``draw`` then ``run_detector``."""
+    confidence, correct = draw(shape, miscalibration, streams, before, during, after, seed, ramp)
+    return run_detector(confidence, correct, before, during, config)

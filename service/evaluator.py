@@ -1,0 +1,115 @@
+"""Alarm evaluation off the request path.
+
+A background task calls ``Monitor.update`` for every served model version every
+``evaluate_seconds``, and at once when this replica has stored ``evaluate_every_labels`` new labels
+since the last pass. The periodic pass also folds in labels committed by other replicas sharing the
+store (an update without new labels is cheap). Transitions go to the webhook. A store outage is
+logged once, retried with backoff, and never ends the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import anyio
+
+from service.metrics import ServiceMetrics
+from service.monitoring import Monitor
+from service.storage import StorageUnavailable
+from service.webhook import AlarmWebhook
+
+log = logging.getLogger("service.evaluator")
+
+MAX_BACKOFF_SECONDS = 5.0
+
+
+class Evaluator:
+    def __init__(self, monitor: Monitor, metrics: ServiceMetrics, webhook: AlarmWebhook, *, every_labels: int,
+                 seconds: float):
+        self.monitor = monitor
+        self.metrics = metrics
+        self.webhook = webhook
+        self.every_labels = every_labels
+        self.seconds = seconds
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._new_labels = 0
+        self._lock = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._running = False
+        self._down = False
+
+    def labels_arrived(self, n: int) -> None:
+        """Count labels this replica stored; enough of them start a pass now."""
+        self._new_labels += n
+        if self._new_labels >= self.every_labels:
+            self._wakeup.set()
+
+    def start(self) -> None:
+        self._running = True
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._loop(), name="evaluator")
+
+    async def stop(self) -> None:
+        """Stop after the pass under way, if any."""
+        self._running = False
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    async def run_once(self) -> list[dict]:
+        """One pass over every served model version now (after the pass under way, if any); returns
+        the transitions, which are also sent to the webhook. Raises ``StorageUnavailable`` after
+        notifying the transitions of the versions evaluated before the store failed."""
+        async with self._lock:
+            self._new_labels = 0
+            start = time.perf_counter()
+            transitions, error = await anyio.to_thread.run_sync(self._evaluate_all)
+            self.metrics.evaluation.observe(time.perf_counter() - start)
+        for transition in transitions:
+            self.webhook.notify(transition)
+        if error is not None:
+            raise error
+        return transitions
+
+    def _evaluate_all(self) -> tuple[list[dict], StorageUnavailable | None]:
+        """Update every served model version (in a worker thread); stops at the first store failure."""
+        transitions = []
+        for served in self.monitor.repository.all():
+            try:
+                _, transition = self.monitor.update(served.name, served.version)
+            except StorageUnavailable as exc:
+                return transitions, exc
+            except Exception:  # one version's failure must not stop the others' evaluation
+                log.exception("evaluation of %s version %s failed", served.name, served.version)
+                continue
+            if transition is not None:
+                transitions.append(transition)
+        return transitions, None
+
+    async def _loop(self) -> None:
+        wait = self.seconds
+        while self._running:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
+            except asyncio.TimeoutError:
+                pass
+            self._wakeup.clear()
+            if not self._running:
+                return
+            try:
+                await self.run_once()
+            except StorageUnavailable as exc:
+                if not self._down:
+                    log.error("alarm evaluation paused: %s", exc.message)
+                self._down = True
+                wait = max(self.seconds, min(wait * 2, MAX_BACKOFF_SECONDS))
+                continue
+            except Exception:
+                log.exception("alarm evaluation pass failed")
+            if self._down:
+                log.info("alarm evaluation resumed: the store is back")
+                self._down = False
+            wait = self.seconds

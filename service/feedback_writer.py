@@ -1,0 +1,95 @@
+"""Group commit of POST /feedback.
+
+Requests queue their items here; one task writes them. The requests that arrive while a write is in
+progress form the next group (up to ``max_group_items`` items, and always at least one request):
+the prediction log is flushed once (the predictions they label are then stored), and all their
+items are joined, checked and stored in one transaction in a worker thread
+(``Monitor.record_feedback_group``). Each request is answered with its own result only after that
+commit; a failed write fails every request of its group, so nothing of it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+import anyio
+
+from service.errors import NotReady
+from service.monitoring import Monitor
+from service.prediction_log import PredictionLog
+
+log = logging.getLogger("service.feedback")
+
+
+class FeedbackWriter:
+    def __init__(self, monitor: Monitor, prediction_log: PredictionLog, max_group_items: int = 4096):
+        self.monitor = monitor
+        self.prediction_log = prediction_log
+        self.max_group_items = max_group_items
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._pending: deque[tuple[list, asyncio.Future]] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._running = False
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a write."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._running = True
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._loop(), name="feedback-writer")
+
+    async def stop(self) -> None:
+        """Write every request queued so far, then stop."""
+        self._running = False
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    async def submit(self, items: list) -> dict:
+        """Store ``items`` with the group they join; the response body once they are committed.
+        Raises what the write raised (``StorageUnavailable`` when the store is down)."""
+        if not self._running:
+            raise NotReady("the service is shutting down")
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((items, future))
+        self._wakeup.set()
+        return await future
+
+    async def _loop(self) -> None:
+        while self._pending or self._running:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            await self._write(self._take())
+
+    def _take(self) -> list[tuple[list, asyncio.Future]]:
+        """The next group: queued requests in arrival order, up to ``max_group_items`` items."""
+        group, size = [], 0
+        while self._pending and (not group or size + len(self._pending[0][0]) <= self.max_group_items):
+            items, future = self._pending.popleft()
+            if not future.done():  # a request cancelled while it waited is not written
+                group.append((items, future))
+                size += len(items)
+        return group
+
+    async def _write(self, group: list[tuple[list, asyncio.Future]]) -> None:
+        if not group:
+            return
+        try:
+            await self.prediction_log.flush()
+            bodies = await anyio.to_thread.run_sync(self.monitor.record_feedback_group, [items for items, _ in group])
+        except Exception as exc:  # noqa: BLE001 - StorageUnavailable, or a bug (500): nothing is acknowledged
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), body in zip(group, bodies):
+            if not future.done():
+                future.set_result(body)

@@ -1,0 +1,99 @@
+"""calibkit.detector and calibkit.alarms: validity under the tolerance, detection, clearing, persistence."""
+
+import numpy as np
+import pytest
+
+from calibkit.alarms import ALARM, OK, WARNING, AlarmPolicy, AlarmStatus, Evidence, assess
+from calibkit.detector import DetectorConfig, DetectorState
+from calibkit.drift import ShiftTest
+from calibkit.simulation import simulate
+from calibkit.synthetic import Miscalibration, TrafficShape
+
+CIFAR = TrafficShape("cifar-like", 10, 2.5)
+DIGITS = TrafficShape("digits-like", 10, 20.0)
+BINARY = TrafficShape("binary", 2, 3.0)
+
+
+@pytest.mark.parametrize("shape", [CIFAR, DIGITS, BINARY], ids=lambda s: s.name)
+@pytest.mark.parametrize("mean_preserving", [False, True])
+def test_false_alarms_stay_under_n_over_a_at_the_edge_of_the_tolerance(shape, mean_preserving):
+    # the hardest null: accuracy exactly `tolerance` away from confidence at every level. With A = 2,000
+    # the bound n / A is 15% over 300 labels, so a detector whose e-values were not e-values would break it.
+    config = DetectorConfig(threshold=2_000.0)
+    edge = Miscalibration("edge", gap=config.tolerance, mean_preserving=mean_preserving, pivot=0.8)
+    out = simulate(shape, edge, streams=400, before=0, during=300, config=config, seed=11)
+    rate = np.mean(out.delay >= 0)
+    assert rate <= 300 / 2_000
+
+
+def test_e_values_have_mean_at_most_one_under_the_null():
+    state = DetectorState(DetectorConfig(), streams=500)
+    rng = np.random.default_rng(5)
+    edge = Miscalibration("edge", gap=0.01)
+    confidence, correct, _ = edge.sample(CIFAR, rng, (500, 400))
+    e = np.array([state.step(confidence[:, t], correct[:, t]).e_value for t in range(400)])
+    assert e.min() >= 0.5 - 1e-12  # max_bet: no single label can cost more than half
+    assert e.mean() <= 1.0 + 3 * e.std() / np.sqrt(e.size)
+
+
+def test_calibrated_streams_raise_nothing_and_shifts_are_caught_then_cleared():
+    calibrated = simulate(CIFAR, None, streams=100, before=5_000, seed=1)
+    assert not calibrated.false_alarm.any()
+    over = simulate(CIFAR, Miscalibration("x2.5", logit_scale=2.5), streams=100, before=2_000, during=1_500,
+                    after=3_000, seed=2)
+    assert np.mean((over.delay >= 0) & (over.delay <= 400)) >= 0.95  # population ECE 0.22
+    assert np.mean(over.clear_delay >= 0) >= 0.95 and np.median(over.clear_delay) <= 1_000
+
+
+def test_mean_preserving_miscalibration_is_caught():
+    # over-confident above the median confidence, under-confident below: the mean residual is about 0
+    shift = Miscalibration("mean-preserving", gap=0.1, mean_preserving=True, pivot=0.946)
+    confidence, _, accuracy = shift.sample(BINARY, np.random.default_rng(0), (100_000,))
+    assert abs(np.mean(accuracy - confidence)) < 0.01
+    out = simulate(BINARY, shift, streams=100, before=1_000, during=3_000, after=2_000, seed=3)
+    assert np.mean(out.delay >= 0) >= 0.95 and np.median(out.delay[out.delay >= 0]) < 1_500
+    assert np.mean(out.latched) <= 0.05
+
+
+def test_streams_are_independent_and_persistence_round_trips():
+    rng = np.random.default_rng(4)
+    confidence, correct = CIFAR.sample(rng, (3, 500))
+    together = DetectorState(DetectorConfig(), streams=3)
+    alone = DetectorState(DetectorConfig())
+    for t in range(500):
+        together.step(confidence[:, t], correct[:, t])
+        alone.step(confidence[1:2, t], correct[1:2, t])
+    assert together.statistic[1] == pytest.approx(alone.statistic[0], rel=1e-12)
+    restored = DetectorState.from_dict(alone.to_dict(), DetectorConfig())
+    for name in ("gap_sum", "weight", "log_statistic", "alternative", "n"):
+        np.testing.assert_array_equal(getattr(restored, name), getattr(alone, name))
+    fresh = DetectorState.from_dict(alone.to_dict(), DetectorConfig(tolerance=0.02))
+    assert fresh.n[0] == 0  # evidence gathered under another tolerance is not carried over
+    assert DetectorState.from_dict({"bets": [0.1], "values": [1.0]}, DetectorConfig()).n[0] == 0
+    with pytest.raises(ValueError, match="tolerance"):
+        DetectorConfig(tolerance=-0.1)
+
+
+POLICY = AlarmPolicy()
+
+
+def test_alarm_is_the_detector_state_with_its_reasons():
+    alarmed = Evidence(n=900, alarmed=True, statistic=2e6, clear_statistic=3.0, worst_gap=-0.12,
+                       worst_confidence=(0.6, 0.7))
+    status = assess(AlarmStatus(), alarmed, POLICY, now=10.0)
+    assert status.state == ALARM and status.since == 10.0
+    assert "-0.120 at confidence 0.600-0.700" in status.reasons[1] and "now 3" in status.reasons[2]
+    held = assess(status, alarmed, POLICY, now=20.0)
+    assert held.since == 10.0
+    cleared = assess(held, Evidence(n=1500, statistic=1.0), POLICY, now=30.0)
+    assert cleared.state == OK and cleared.since == 30.0
+
+
+def test_warnings_need_no_guarantee():
+    building = assess(AlarmStatus(), Evidence(n=400, statistic=5e3), POLICY, now=1.0)
+    assert building.state == WARNING and "building" in building.reasons[0]
+    shifted = ShiftTest(0.4, 1e-9, 500, 359, 0.8, 0.97)
+    status = assess(AlarmStatus(), Evidence(n=0, shift=shifted), POLICY, now=1.0)
+    assert status.state == WARNING and "KS D = 0.400" in status.reasons[0]
+    few = ShiftTest(0.4, 1e-9, 20, 359, 0.8, 0.97)
+    assert assess(AlarmStatus(), Evidence(n=0, shift=few), POLICY, now=1.0).state == OK

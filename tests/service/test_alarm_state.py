@@ -1,0 +1,94 @@
+"""The alarm state in the store: the decision is a function of the label sequence (evaluation cadence,
+restarts and replicas do not change it), and a store written by an older service keeps its data and
+gets a working detector -- on SQLite and on the real PostgreSQL."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import sqlalchemy as sa
+
+from calibkit import binning
+from calibkit.alarms import AlarmPolicy
+from calibkit.simulation import draw
+from calibkit.synthetic import Miscalibration, TrafficShape
+from service.metrics import ServiceMetrics
+from service.monitoring import Monitor
+from service.storage import LabelRow, PredictionRow, Storage, labels, monitor_state
+
+EDGES = binning.equal_width_edges(15)
+# calibrated labels, then over-confidence (population ECE 0.22): the alarm is raised within a few hundred
+CONFIDENCE, CORRECT = draw(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5), streams=1,
+                           before=400, during=800, seed=3)
+OLD_DETECTOR = json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900})
+
+
+class _Repository:
+    def get(self, name, version):
+        manifest = SimpleNamespace(calibration=SimpleNamespace(temperature=1.0),
+                                   reference=SimpleNamespace(confidences=list(np.linspace(0.2, 1.0, 50))))
+        return SimpleNamespace(name=name, version=version, manifest=manifest)
+
+
+def _store(storage: Storage, model: str, start: int, stop: int) -> None:
+    conf, correct = CONFIDENCE[0, start:stop], CORRECT[0, start:stop]
+    ids = [f"{model:>5}{i:027d}" for i in range(start, stop)]
+    blobs = [np.array([c, 1 - c], np.float32).tobytes() for c in conf]
+    storage.insert_labels(
+        [LabelRow(i, model, "1", 0, 0, int(y), float(c), int(binning.bin_index(np.array([c]), EDGES)[0]), 0.1, 0.1,
+                  1000.0, b) for i, c, y, b in zip(ids, conf, correct, blobs)],
+        [PredictionRow(i, model, "1", 0, 1000.0, 0, float(c), None, b, None, "offline")
+         for i, c, b in zip(ids, conf, blobs)])
+
+
+def _monitor(storage: Storage) -> Monitor:
+    return Monitor(storage, _Repository(), ServiceMetrics(), n_bins=15, policy=AlarmPolicy(), alarm_window="500",
+                   detail_rows=300, drift_rows=100, n_resamples=10)
+
+
+def _saved(storage: Storage, model: str):
+    with storage.engine.connect() as c:
+        return c.execute(sa.select(monitor_state).where(monitor_state.c.model == model)).one()
+
+
+def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evaluated(database_url):
+    storage = Storage(database_url)
+    storage.migrate()
+    often = _monitor(storage)
+    for start in range(0, 1200, 50):  # evaluated every 50 labels by one process
+        _store(storage, "a", start, start + 50)
+        often.update("a", "1")
+    _store(storage, "b", 0, 700)
+    _monitor(storage).update("b", "1")  # evaluated by a process that is then restarted ...
+    _store(storage, "b", 700, 1200)
+    status, _ = _monitor(storage).update("b", "1")  # ... and by another replica, once
+    a, b = _saved(storage, "a"), _saved(storage, "b")
+    assert a.state == b.state == status.state == "alarm"
+    detector_a, detector_b = json.loads(a.detector), json.loads(b.detector)
+    assert detector_a["n"] == detector_b["n"] == [1200]
+    np.testing.assert_allclose(detector_a["log_statistic"], detector_b["log_statistic"], rtol=1e-9)
+    storage.engine.dispose()
+
+
+def test_a_store_written_by_the_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url):
+    storage = Storage(database_url)
+    storage.migrate()
+    _store(storage, "old", 0, 1200)
+    last_seq = _saved_seq(storage)
+    with storage.engine.begin() as c:  # the monitor row as the Shiryaev-Roberts service left it
+        c.execute(monitor_state.insert().values(model="old", version="1", calibration_version=0, last_seq=last_seq,
+                                                detector=OLD_DETECTOR, state="warning", since=5.0,
+                                                reasons='["e-detector not yet"]', updated_at=5.0))
+    status, _ = _monitor(storage).update("old", "1")
+    row = _saved(storage, "old")
+    detector = json.loads(row.detector)
+    assert detector["format"] == 2 and detector["n"] == [1200]  # the recent labels were replayed
+    assert status.state == row.state == "alarm" and row.last_seq == last_seq
+    with storage.engine.connect() as c:
+        assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar_one() == 1200
+    storage.engine.dispose()
+
+
+def _saved_seq(storage: Storage) -> int:
+    with storage.engine.connect() as c:
+        return c.execute(sa.select(sa.func.max(labels.c.seq))).scalar_one()

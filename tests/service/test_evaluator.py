@@ -1,0 +1,170 @@
+"""Alarm evaluation off the request path: on a cadence, after enough labels, for labels stored by other
+replicas, and through a store outage."""
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+import numpy as np
+
+from calibkit import binning, metrics
+from calibkit.alarms import AlarmPolicy
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import softmax
+from service.settings import Settings
+from service.storage import LabelRow, PredictionRow, Storage, encode_rows, prediction_ids
+
+MODEL = "digits-lenet5"
+SERVED = {(MODEL, "1"), ("toy", "1"), ("toy", "2")}
+
+
+def _offline(n, seed, scale=1.0):
+    z, y = calibrated_logits(n, n_classes=10, logit_scale=8.0, seed=seed)
+    return [{"probabilities": p.tolist(), "label": int(t), "model": MODEL} for p, t in zip(softmax(scale * z), y)]
+
+
+def _count_updates(app) -> list:
+    """Record every ``Monitor.update`` call of ``app`` (model, version)."""
+    monitor, calls = app.state.monitor, []
+    update = monitor.update
+
+    def counted(name, version):
+        calls.append((name, version))
+        return update(name, version)
+
+    monitor.update = counted
+    return calls
+
+
+def _wait(condition, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(repository_dir, server_for, tmp_path,
+                                                                          evaluate_now):
+    settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'e.db'}",
+                        bootstrap_resamples=300, evaluate_seconds=3600, evaluate_every_labels=100)
+    with server_for(settings) as (base_url, app):
+        calls = _count_updates(app)
+        items = _offline(100, seed=1)
+        assert httpx.post(f"{base_url}/feedback", json={"items": items[:99]}).json()["accepted"] == 99
+        for window in (None, "1000", "1h"):
+            assert httpx.get(f"{base_url}/calibration", params={"window": window} if window else {}).status_code == 200
+        time.sleep(0.3)
+        assert calls == []
+        assert httpx.post(f"{base_url}/feedback", json={"items": items[99:]}).json()["accepted"] == 1
+        _wait(lambda: len(calls) >= len(SERVED), what="the evaluation that 100 new labels start")
+        assert set(calls) == SERVED
+        done = len(calls)
+        evaluate_now(app)
+        assert len(calls) == done + len(SERVED)
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _store_labels(url: str, probs: np.ndarray, y: np.ndarray) -> None:
+    """Store labelled offline predictions of the default model the way another replica's feedback does."""
+    storage = Storage(url)
+    n = len(y)
+    predicted = probs.argmax(1)
+    confidence = probs[np.arange(n), predicted]
+    bins = binning.bin_index(confidence, binning.equal_width_edges(15)).tolist()
+    nll, brier = metrics.nll_terms(probs, y).tolist(), metrics.brier_terms(probs, y).tolist()
+    blobs, now = encode_rows(probs), time.time()
+    predictions, rows = [], []
+    for i, (id_, blob) in enumerate(zip(prediction_ids(n), blobs)):
+        predictions.append(PredictionRow(id_, MODEL, "1", 0, now, int(predicted[i]), float(confidence[i]), None, blob,
+                                         None, "offline"))
+        rows.append(LabelRow(id_, MODEL, "1", 0, int(y[i]), int(predicted[i] == y[i]), float(confidence[i]), bins[i],
+                             nll[i], brier[i], now, blob))
+    storage.insert_labels(rows, predictions)
+    storage.engine.dispose()
+
+
+def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach_the_webhook(
+        repository_dir, server_for, database_url):
+    hook = HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    _Hook.received = []
+    settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=database_url,
+                        bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
+                        alarm=AlarmPolicy(min_labels=200), evaluate_seconds=0.2, evaluate_every_labels=10**9)
+    z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=5)
+    try:
+        with server_for(settings) as (base_url, _):
+            _store_labels(database_url, softmax(z[:400]), y[:400])
+            _store_labels(database_url, softmax(2.5 * z[400:]), y[400:])
+            _wait(lambda: _Hook.received, timeout=30, what="an alarm transition at the webhook")  # no request sent
+            assert all(e["event"] == "calibration_alarm_transition" and (e["model"], e["version"]) == (MODEL, "1")
+                       for e in _Hook.received)
+            assert _Hook.received[0]["from"] == "ok" and _Hook.received[0]["to"] in {"warning", "alarm"}
+
+            def report_agrees():
+                state = httpx.get(f"{base_url}/calibration").json()["alarm"]["state"]
+                return state == _Hook.received[-1]["to"]
+
+            _wait(report_agrees, what="the report to show the last transition")
+    finally:
+        hook.shutdown()
+
+
+def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, server_for, pg_url, cuttable_proxy,
+                                                              caplog):
+    settings = Settings(artifacts=repository_dir, default_model=MODEL, bootstrap_resamples=300,
+                        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
+                        evaluate_seconds=0.05)
+    with caplog.at_level(logging.INFO, logger="service.evaluator"), server_for(settings) as (base_url, app):
+        def completed() -> float:
+            return next(s.value for s in app.state.metrics.evaluation.collect()[0].samples if s.name.endswith("_count"))
+
+        _wait(lambda: completed() >= 2, what="evaluation passes")
+        cuttable_proxy.cut()
+        time.sleep(2.0)
+        messages = [r.getMessage() for r in caplog.records if r.name == "service.evaluator"]
+        assert sum("alarm evaluation paused" in m for m in messages) == 1, messages
+        stalled = completed()
+        cuttable_proxy.restore()
+        _wait(lambda: any("alarm evaluation resumed" in r.getMessage() for r in caplog.records), timeout=30,
+              what="the evaluator to resume")
+        _wait(lambda: completed() >= stalled + 3, what="passes after the outage")
+        assert httpx.post(f"{base_url}/feedback", json={"items": _offline(5, seed=2)}).json()["accepted"] == 5
+
+
+def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_for, tmp_path, evaluate_now):
+    hook = HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    _Hook.received = []
+    settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'r.db'}",
+                        bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
+                        alarm=AlarmPolicy(min_labels=200), evaluate_seconds=3600, evaluate_every_labels=10**9)
+    z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
+    try:
+        with server_for(settings) as (base_url, app):
+            transitions = []
+            for start in range(0, 1000, 100):
+                scale = 1.0 if start < 400 else 2.5
+                items = [{"probabilities": p.tolist(), "label": int(t), "model": MODEL}
+                         for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
+                assert httpx.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
+                transitions += evaluate_now(app)
+            assert transitions and all((t["model"], t["version"]) == (MODEL, "1") for t in transitions)
+            _wait(lambda: len(_Hook.received) == len(transitions), what="the webhooks")
+            assert [e["to"] for e in _Hook.received] == [t["to"] for t in transitions]
+    finally:
+        hook.shutdown()
