@@ -6,7 +6,8 @@ on) is measured with wrk at 32 connections: (a) single-row /predict; (b) single-
 request labelling a distinct prediction obtained beforehand from /predict (a wrk Lua script walks a
 file of ids, each used once). Reports requests/s, p50 and p99, the ratio feedback/predict, and
 checks that every acknowledged label is stored: the labels found in the store afterwards against the
-2xx responses (more stored than acknowledged only when wrk cut requests at the end of its run).
+2xx responses wrk received (more are stored: the requests in flight when wrk stops are committed
+and answered, but not read) and exactly the 2xx responses the service counted sending.
 PostgreSQL runs in a fresh database on 127.0.0.1:5432, dropped afterwards.
 
     python -m bench.feedback_load [--seconds 10] [--stores sqlite postgresql] [--smoke]
@@ -36,7 +37,7 @@ GOAL_P99_MS = 100.0
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WARMUP_SECONDS = 1.0
 COLUMNS = ["store", "predict_rps", "feedback_rps", "ratio", "feedback_p50_ms", "feedback_p99_ms", "predict_p99_ms",
-           "acknowledged", "stored", "non_2xx"]
+           "acknowledged", "answered_2xx", "stored", "non_2xx"]
 
 _FEEDBACK_LUA = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -106,6 +107,16 @@ def predicted_ids(base: str, n: int) -> list[tuple[str, int]]:
     return out
 
 
+def answered(base: str) -> int:
+    """2xx responses the service has sent to POST /feedback (its own counter)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return int(sum(sample.value for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
+                   if family.name == "calib_http_requests"
+                   for sample in family.samples if sample.name == "calib_http_requests_total"
+                   and sample.labels["route"] == "/feedback" and sample.labels["status"].startswith("2")))
+
+
 def settle(base: str, timeout: float = 30.0) -> None:
     """Wait until the service has answered everything wrk left in flight."""
     deadline = time.monotonic() + timeout
@@ -144,10 +155,10 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
                 ids = predicted_ids(server.url, warmup_n + main_n)
                 feedback_run(server.url, ids[:warmup_n], WARMUP_SECONDS, work)
                 settle(server.url)
-                before = count_labels(url)
+                before, answered_before = count_labels(url), answered(server.url)
                 feedback = feedback_run(server.url, ids[warmup_n:], seconds, work)
                 settle(server.url)
-                stored = count_labels(url) - before
+                stored, served = count_labels(url) - before, answered(server.url) - answered_before
             finally:
                 server.stop()
     finally:
@@ -157,9 +168,10 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
             "predict_rps": predict["requests_per_s"], "feedback_rps": feedback["requests_per_s"],
             "ratio": feedback["requests_per_s"] / predict["requests_per_s"],
             "feedback_p50_ms": feedback["p50_ms"], "feedback_p99_ms": feedback["p99_ms"],
-            "predict_p99_ms": predict["p99_ms"], "acknowledged": acknowledged, "stored": stored,
-            "non_2xx": feedback["non_2xx"], "ids_prepared": main_n,
-            "every_acknowledged_label_stored": stored >= acknowledged}
+            "predict_p99_ms": predict["p99_ms"], "acknowledged": acknowledged, "answered_2xx": served,
+            "stored": stored, "non_2xx": feedback["non_2xx"], "ids_prepared": main_n,
+            "ids_ran_out": feedback["requests"] + CONNECTIONS >= main_n,
+            "every_acknowledged_label_stored": stored >= acknowledged and stored == served}
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -168,8 +180,11 @@ def goals(rows: list[dict]) -> list[str]:
         lines.append(f"{r['store']}: feedback/predict {r['ratio']:.2f} (goal >= {GOAL_RATIO}): "
                      f"{'met' if r['ratio'] >= GOAL_RATIO else 'NOT met'}; feedback p99 {r['feedback_p99_ms']:.1f} ms "
                      f"(goal <= {GOAL_P99_MS:.0f} ms): {'met' if r['feedback_p99_ms'] <= GOAL_P99_MS else 'NOT met'}; "
-                     f"{r['stored']} labels stored for {r['acknowledged']} acknowledged: "
-                     f"{'ok' if r['every_acknowledged_label_stored'] else 'LABELS MISSING'}")
+                     f"{r['stored']} labels stored for {r['acknowledged']} 2xx received by wrk and "
+                     f"{r['answered_2xx']} sent by the service: "
+                     f"{'ok' if r['every_acknowledged_label_stored'] else 'LABELS MISSING'}"
+                     + ("; the ids ran out before the end (wrk stopped early: requests/s is too low)"
+                        if r["ids_ran_out"] else ""))
     return lines
 
 

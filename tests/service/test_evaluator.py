@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -67,7 +68,7 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(reposi
 
 
 class _Hook(BaseHTTPRequestHandler):
-    received: list = []
+    received: ClassVar[list] = []
 
     def do_POST(self):
         _Hook.received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
