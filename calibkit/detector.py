@@ -55,6 +55,7 @@ stream per model version and calibration version) and the simulations of ``bench
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -101,6 +102,16 @@ class DetectorConfig:
     @property
     def n_bins(self) -> int:
         return len(self.edges) + 1
+
+    @cached_property
+    def decay(self) -> np.ndarray:
+        """Per memory, the weight a bin's sums keep at each label of that bin: 0.5 ** (1 / half-life)."""
+        return 0.5 ** (1.0 / np.asarray(self.half_lives))
+
+    @cached_property
+    def log_raise(self) -> float:
+        """log(M A): the level at which one of the M detectors raises the alarm."""
+        return float(np.log(self.threshold * len(self.half_lives)))
 
 
 @dataclass(frozen=True)
@@ -184,7 +195,7 @@ class DetectorState:
         e_value = 1.0 + bet * (y - c)[:, None] - np.abs(bet) * cfg.tolerance
 
         self.log_statistic = np.maximum(self.log_statistic, 0.0) + np.log(e_value)
-        crossed = self.log_statistic >= np.log(cfg.threshold * len(cfg.half_lives))
+        crossed = self.log_statistic >= cfg.log_raise
         raised = ~self.alarmed & crossed.any(axis=1)
 
         alternative = np.clip(c + cfg.clear_shrink * self.alternative[rows, b], 1e-3, 1 - 1e-3)
@@ -195,7 +206,7 @@ class DetectorState:
         cleared = (self.alarmed & (self.log_clear >= np.log(cfg.clear_threshold))
                    & (self.since_alarm >= cfg.min_clear_labels))
 
-        decay = 0.5 ** (1.0 / np.asarray(cfg.half_lives))
+        decay = cfg.decay
         residual = (y - c)[:, None]
         self.gap_sum[rows, :, b] = self.gap_sum[rows, :, b] * decay + residual
         self.weight[rows, :, b] = self.weight[rows, :, b] * decay + 1.0

@@ -287,23 +287,25 @@ class Monitor:
     # alarm state -----------------------------------------------------------------------------
 
     def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
-        """Fold new labels, in label order, into the detector and re-assess the alarm, under a row lock
-        shared by all replicas: the decision is a function of the label sequence alone, so replicas and
-        restarts reach the same one. A transition is recorded, logged, counted and returned."""
+        """Fold new labels, in label order, into the detector and re-assess the alarm. The decision is a
+        function of the label sequence alone, so replicas and restarts reach the same one. The labels
+        are folded before the row lock shared by all replicas is taken (on SQLite it is the database
+        write lock, which feedback needs too); under the lock the fold is kept when the row is still
+        the one it started from, and redone otherwise. A transition is recorded, logged, counted and
+        returned."""
         served = self.repository.get(name, version)
         calibration_version, _ = self.active(served)
         key = (name, version, calibration_version)
+        seen = self.storage.monitor_row(*key)
+        fresh = json.dumps(self._detector(None).to_dict())
+        base = (seen.last_seq, seen.detector) if seen else (0, fresh)
+        prefolded = self._fold(key, *base, lambda seq: self.storage.labels_after(*key, seq))
 
         def work(c):
-            row = self.storage.locked_monitor_row(c, *key, json.dumps(self._detector(None).to_dict()))
-            detector, last_seq = self._detector(row.detector), row.last_seq
-            if detector.n[0] == 0 and last_seq > 0:  # saved by an older service or under other settings
-                last_seq = max(0, last_seq - REPLAY_LABELS)
-                log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
-            new = self.storage.labels_after(c, name, version, calibration_version, last_seq)
-            for label in new:
-                detector.step([label.confidence], [label.correct])
-            last_seq = new[-1].seq if new else last_seq
+            row = self.storage.locked_monitor_row(c, *key, fresh)
+            detector, last_seq, folded = (prefolded if (row.last_seq, row.detector) == base else
+                                          self._fold(key, row.last_seq, row.detector,
+                                                     lambda seq: self.storage.labels_after(*key, seq, connection=c)))
             previous = AlarmStatus(row.state, tuple(json.loads(row.reasons)), row.since)
             evidence = self._evidence(served, calibration_version, detector, c)
             status = assess(previous, evidence, self.policy, time.time())
@@ -311,7 +313,7 @@ class Monitor:
                                             detector=json.dumps(detector.to_dict()), state=status.state,
                                             since=status.since, reasons=json.dumps(list(status.reasons)),
                                             previous_state=previous.state)
-            return previous, status, detector, bool(new)
+            return previous, status, detector, folded
 
         previous, status, detector, folded = self.storage.transaction(work)
         self._export(name, version, status, detector)
@@ -325,6 +327,18 @@ class Monitor:
         return status, {"model": name, "version": version, "calibration_version": calibration_version,
                         "from": previous.state, "to": status.state, "reasons": list(status.reasons),
                         "since": status.since}
+
+    def _fold(self, key: tuple, last_seq: int, saved: str, labels_after) -> tuple[DetectorState, int, bool]:
+        """(detector, last label folded, whether any was) after folding ``labels_after(last_seq)`` into the
+        saved detector; a detector restarted by an upgrade or new settings replays the recent labels."""
+        detector = self._detector(saved)
+        if detector.n[0] == 0 and last_seq > 0:
+            last_seq = max(0, last_seq - REPLAY_LABELS)
+            log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
+        new = labels_after(last_seq)
+        for label in new:
+            detector.step([label.confidence], [label.correct])
+        return detector, new[-1].seq if new else last_seq, bool(new)
 
     def _detector(self, saved: str | None) -> DetectorState:
         """The detector saved as JSON; a fresh one for None or state saved under other settings."""

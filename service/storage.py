@@ -481,11 +481,13 @@ class Storage:
                  .order_by(labels.c.seq.desc()).limit(limit))
         return self._run(lambda c: c.execute(query).all()[::-1], write=False)
 
-    def labels_after(self, connection, model: str, version: str, calibration_version: int, seq: int):
+    def labels_after(self, model: str, version: str, calibration_version: int, seq: int, connection=None):
+        """(seq, correct, confidence) of the labels after ``seq``, in label order."""
         query = (sa.select(labels.c.seq, labels.c.correct, labels.c.confidence)
                  .where(*_scope(labels, model, version, calibration_version), labels.c.seq > seq)
                  .order_by(labels.c.seq))
-        return connection.execute(query).all()
+        return (connection.execute(query).all() if connection is not None
+                else self._run(lambda c: c.execute(query).all(), write=False))
 
     # calibration versions --------------------------------------------------------------------
 
