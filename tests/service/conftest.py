@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import shutil
 import socket
 import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -160,6 +163,26 @@ def pg_url() -> str:
 def postgres():
     """``postgres_url()``: the real PostgreSQL, emptied of this service's tables, for module fixtures."""
     return postgres_url
+
+
+@pytest.fixture
+def webhook():
+    """A webhook receiver on loopback: ``.url`` to configure, ``.received`` the JSON bodies POSTed to it."""
+    received: list = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}/", received=received)
+    server.shutdown()
 
 
 @pytest.fixture

@@ -1,12 +1,8 @@
 """Alarm evaluation off the request path: on a cadence, after enough labels, for labels stored by other
 replicas, and through a store outage."""
 
-import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import ClassVar
 
 import httpx
 import numpy as np
@@ -67,18 +63,6 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(reposi
         assert len(calls) == done + len(SERVED)
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: ClassVar[list] = []
-
-    def do_POST(self):
-        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def _store_labels(url: str, probs: np.ndarray, y: np.ndarray) -> None:
     """Store labelled offline predictions of the default model the way another replica's feedback does."""
     storage = Storage(url)
@@ -99,30 +83,24 @@ def _store_labels(url: str, probs: np.ndarray, y: np.ndarray) -> None:
 
 
 def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach_the_webhook(
-        repository_dir, server_for, database_url):
-    hook = HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-    _Hook.received = []
+        repository_dir, server_for, database_url, webhook):
     settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=database_url,
-                        bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
+                        bootstrap_resamples=300, webhook_url=webhook.url,
                         alarm=AlarmPolicy(min_labels=200), evaluate_seconds=0.2, evaluate_every_labels=10**9)
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=5)
-    try:
-        with server_for(settings) as (base_url, _):
-            _store_labels(database_url, softmax(z[:400]), y[:400])
-            _store_labels(database_url, softmax(2.5 * z[400:]), y[400:])
-            _wait(lambda: _Hook.received, timeout=30, what="an alarm transition at the webhook")  # no request sent
-            assert all(e["event"] == "calibration_alarm_transition" and (e["model"], e["version"]) == (MODEL, "1")
-                       for e in _Hook.received)
-            assert _Hook.received[0]["from"] == "ok" and _Hook.received[0]["to"] in {"warning", "alarm"}
+    with server_for(settings) as (base_url, _):
+        _store_labels(database_url, softmax(z[:400]), y[:400])
+        _store_labels(database_url, softmax(2.5 * z[400:]), y[400:])
+        _wait(lambda: webhook.received, timeout=30, what="an alarm transition at the webhook")  # no request sent
+        assert all(e["event"] == "calibration_alarm_transition" and (e["model"], e["version"]) == (MODEL, "1")
+                   for e in webhook.received)
+        assert webhook.received[0]["from"] == "ok" and webhook.received[0]["to"] in {"warning", "alarm"}
 
-            def report_agrees():
-                state = httpx.get(f"{base_url}/calibration").json()["alarm"]["state"]
-                return state == _Hook.received[-1]["to"]
+        def report_agrees():
+            state = httpx.get(f"{base_url}/calibration").json()["alarm"]["state"]
+            return state == webhook.received[-1]["to"]
 
-            _wait(report_agrees, what="the report to show the last transition")
-    finally:
-        hook.shutdown()
+        _wait(report_agrees, what="the report to show the last transition")
 
 
 def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, server_for, pg_url, cuttable_proxy,
@@ -147,25 +125,20 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, se
         assert httpx.post(f"{base_url}/feedback", json={"items": _offline(5, seed=2)}).json()["accepted"] == 5
 
 
-def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_for, tmp_path, evaluate_now):
-    hook = HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-    _Hook.received = []
+def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_for, tmp_path, evaluate_now,
+                                                           webhook):
     settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'r.db'}",
-                        bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
+                        bootstrap_resamples=300, webhook_url=webhook.url,
                         alarm=AlarmPolicy(min_labels=200), evaluate_seconds=3600, evaluate_every_labels=10**9)
     z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
-    try:
-        with server_for(settings) as (base_url, app):
-            transitions = []
-            for start in range(0, 1000, 100):
-                scale = 1.0 if start < 400 else 2.5
-                items = [{"probabilities": p.tolist(), "label": int(t), "model": MODEL}
-                         for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
-                assert httpx.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
-                transitions += evaluate_now(app)
-            assert transitions and all((t["model"], t["version"]) == (MODEL, "1") for t in transitions)
-            _wait(lambda: len(_Hook.received) == len(transitions), what="the webhooks")
-            assert [e["to"] for e in _Hook.received] == [t["to"] for t in transitions]
-    finally:
-        hook.shutdown()
+    with server_for(settings) as (base_url, app):
+        transitions = []
+        for start in range(0, 1000, 100):
+            scale = 1.0 if start < 400 else 2.5
+            items = [{"probabilities": p.tolist(), "label": int(t), "model": MODEL}
+                     for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
+            assert httpx.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
+            transitions += evaluate_now(app)
+        assert transitions and all((t["model"], t["version"]) == (MODEL, "1") for t in transitions)
+        _wait(lambda: len(webhook.received) == len(transitions), what="the webhooks")
+        assert [e["to"] for e in webhook.received] == [t["to"] for t in transitions]

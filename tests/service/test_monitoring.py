@@ -1,8 +1,5 @@
 """Feedback, rolling calibration and alarms, on SQLite and on the real PostgreSQL."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import numpy as np
@@ -111,81 +108,64 @@ def _offline(z, y, scale):
             for p, label in zip(softmax(scale * z), y)]
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):
-        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repository_dir, server_for, database_url,
-                                                                            evaluate_now):
-    hook = HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
+                                                                            evaluate_now, webhook):
     # the alarm is evaluated after every batch, here by the test, as the old per-request evaluation did
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
-                        admin_token="s3cret", bootstrap_resamples=300, webhook_url=f"http://127.0.0.1:{hook.server_port}/",
+                        admin_token="s3cret", bootstrap_resamples=300, webhook_url=webhook.url,
                         alarm=AlarmPolicy(min_labels=200), evaluate_seconds=3600, evaluate_every_labels=10**9)
     z, y = calibrated_logits(1400, n_classes=10, logit_scale=8.0, seed=5)
-    try:
-        with server_for(settings) as (base_url, app):
-            calm = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
-            assert calm["accepted"] == 600
+    with server_for(settings) as (base_url, app):
+        calm = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
+        assert calm["accepted"] == 600
+        evaluate_now(app)
+        assert httpx.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
+        states = []
+        for start in range(600, 1400, 100):
+            httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], 2.5)})
             evaluate_now(app)
-            assert httpx.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
-            states = []
-            for start in range(600, 1400, 100):
-                httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], 2.5)})
-                evaluate_now(app)
-                states.append(httpx.get(f"{base_url}/calibration").json()["alarm"]["state"])
-            report = httpx.get(f"{base_url}/calibration").json()
-            assert report["alarm"]["state"] == "alarm" and states.index("alarm") <= 4, states
-            assert any("e-detector" in r for r in report["alarm"]["reasons"])
-            text = httpx.get(f"{base_url}/metrics").text
-            assert 'calib_alarm_state{model="digits-lenet5",version="1"} 2.0' in text
-            assert 'calib_labeled_total{bin="14",model="digits-lenet5",version="1"}' in text
-            history = httpx.get(f"{base_url}/calibration/history").json()
-            assert history["alarm_events"][0]["to"] == "alarm"
-            png = httpx.get(f"{base_url}/calibration/reliability.png")
-            assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
+            states.append(httpx.get(f"{base_url}/calibration").json()["alarm"]["state"])
+        report = httpx.get(f"{base_url}/calibration").json()
+        assert report["alarm"]["state"] == "alarm" and states.index("alarm") <= 4, states
+        assert any("e-detector" in r for r in report["alarm"]["reasons"])
+        text = httpx.get(f"{base_url}/metrics").text
+        assert 'calib_alarm_state{model="digits-lenet5",version="1"} 2.0' in text
+        assert 'calib_labeled_total{bin="14",model="digits-lenet5",version="1"}' in text
+        history = httpx.get(f"{base_url}/calibration/history").json()
+        assert history["alarm_events"][0]["to"] == "alarm"
+        png = httpx.get(f"{base_url}/calibration/reliability.png")
+        assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
 
-            # admin: refused without the token, then a refit from online predictions with logits
-            assert httpx.post(f"{base_url}/admin/recalibrate", json={}).status_code == 401
-            assert httpx.post(f"{base_url}/admin/recalibrate", json={},
-                              headers={"Authorization": "Bearer nope"}).status_code == 401
-            auth = {"Authorization": "Bearer s3cret"}
-            too_few = httpx.post(f"{base_url}/admin/recalibrate", json={}, headers=auth)
-            assert too_few.status_code == 422 and "need at least 50" in too_few.json()["error"]["message"]
-            x, labels = DIGITS.test.x[:200], DIGITS.test.y[:200]
-            hot = httpx.post(f"{base_url}/predict", json={"inputs": (x * 1.0).tolist()}).json()
-            httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": p["id"], "label": int(t)}
-                                                             for p, t in zip(hot["predictions"], labels)]})
-            refit = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
-            assert refit.status_code == 200, refit.text
-            new_t = refit.json()["temperature"]
-            assert refit.json()["calibration_version"] == 1
-            after = _predict(base_url, x[:5], return_logits=True)
-            assert after["calibration_version"] == 1 and after["temperature"] == pytest.approx(new_t)
-            logits = np.array([p["logits"] for p in after["predictions"]])
-            probs = np.array([p["probabilities"] for p in after["predictions"]])
-            np.testing.assert_allclose(probs, apply_temperature(logits, new_t), atol=1e-6)
-            assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
-            back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
-            assert back.json()["calibration_version"] == 0
-            assert _predict(base_url, x[:1])["calibration_version"] == 0
-            versions = httpx.get(f"{base_url}/calibration/history").json()["calibrations"]
-            assert [(v["calibration_version"], v["source"], v["active"]) for v in versions] == [
-                (0, "manifest", True), (1, "refit", False)]
-            missing = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
-            assert missing.status_code == 404
-    finally:
-        hook.shutdown()
-    assert any(event["to"] == "alarm" and event["model"] == "digits-lenet5" for event in _Hook.received)
+        # admin: refused without the token, then a refit from online predictions with logits
+        assert httpx.post(f"{base_url}/admin/recalibrate", json={}).status_code == 401
+        assert httpx.post(f"{base_url}/admin/recalibrate", json={},
+                          headers={"Authorization": "Bearer nope"}).status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        too_few = httpx.post(f"{base_url}/admin/recalibrate", json={}, headers=auth)
+        assert too_few.status_code == 422 and "need at least 50" in too_few.json()["error"]["message"]
+        x, labels = DIGITS.test.x[:200], DIGITS.test.y[:200]
+        hot = httpx.post(f"{base_url}/predict", json={"inputs": (x * 1.0).tolist()}).json()
+        httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": p["id"], "label": int(t)}
+                                                         for p, t in zip(hot["predictions"], labels)]})
+        refit = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
+        assert refit.status_code == 200, refit.text
+        new_t = refit.json()["temperature"]
+        assert refit.json()["calibration_version"] == 1
+        after = _predict(base_url, x[:5], return_logits=True)
+        assert after["calibration_version"] == 1 and after["temperature"] == pytest.approx(new_t)
+        logits = np.array([p["logits"] for p in after["predictions"]])
+        probs = np.array([p["probabilities"] for p in after["predictions"]])
+        np.testing.assert_allclose(probs, apply_temperature(logits, new_t), atol=1e-6)
+        assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
+        back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
+        assert back.json()["calibration_version"] == 0
+        assert _predict(base_url, x[:1])["calibration_version"] == 0
+        versions = httpx.get(f"{base_url}/calibration/history").json()["calibrations"]
+        assert [(v["calibration_version"], v["source"], v["active"]) for v in versions] == [
+            (0, "manifest", True), (1, "refit", False)]
+        missing = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
+        assert missing.status_code == 404
+    assert any(event["to"] == "alarm" and event["model"] == "digits-lenet5" for event in webhook.received)
 
 
 def test_admin_is_off_without_a_token(base_url):
