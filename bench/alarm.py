@@ -139,10 +139,10 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
             naive = naive_outcomes(confidence, correct, max(thresholds.values()), before, during)
             c, _, a = mis.sample(shape, np.random.default_rng(3), (100_000,))
             detected, cleared = out.delay >= 0, out.clear_delay >= 0
+            oracle = oracle_delay(shape, mis, config)
             row = {"shape": shape.name, "shift": mis.name, "ece": population_ece(c, a),
                    "detected": float(detected.mean()), "delay_p50": _percentile(out.delay[detected], 50),
-                   "delay_p90": _percentile(out.delay[detected], 90), "oracle_delay": int(oracle_delay(shape, mis, config))
-                   if np.isfinite(oracle_delay(shape, mis, config)) else None,
+                   "delay_p90": _percentile(out.delay[detected], 90), "oracle_delay": int(oracle) if np.isfinite(oracle) else None,
                    "flaps": float(np.mean(out.flaps[detected] > 0)) if detected.any() else 0.0,
                    "clear_p50": _percentile(out.clear_delay[cleared], 50),
                    "clear_p90": _percentile(out.clear_delay[cleared], 90), "latched": float(out.latched.mean()),
