@@ -26,9 +26,9 @@ class AlarmPolicy:
     guarantee; ``min_labels`` only marks window figures of fewer labels as provisional in reports."""
 
     tolerance: float = 0.01
-    threshold: float = 1e6
+    threshold: float = 1e4
     clear_threshold: float = 300.0
-    warn_threshold: float = 1e3
+    warn_threshold: float = 100.0
     min_labels: int = 200
     shift_p_value: float = 0.001
     min_unlabelled: int = 200

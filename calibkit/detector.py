@@ -19,25 +19,31 @@ edge of the null, lambda = (a - b) / (b (1 - b)), whose growth rate is KL(Bern(a
 C_t plus the recent gap accuracy - confidence around C_t (exponentially weighted sums in bins of
 width 0.5 on the log-odds scale, smoothed over neighbouring bins by a Gaussian kernel and shrunk
 towards the all-bin gap), so over- and under-confidence in different regions (mean-preserving
-miscalibration) both pay. The CUSUM e-detector of Shin, Ramdas & Rinaldo (2023, "E-detectors: a
-nonparametric framework for sequential change detection")
+miscalibration) both pay. The gap estimates are refreshed every ``block`` labels (counted from the
+stream's first label), so a bet depends only on labels of earlier blocks: it stays predictable, and
+the work of a block is a few array operations. The CUSUM e-detector of Shin, Ramdas & Rinaldo (2023,
+"E-detectors: a nonparametric framework for sequential change detection")
 
     log S_t = max(log S_{t-1}, 0) + log e_t
 
 is at most the Shiryaev-Roberts statistic R_t = (R_{t-1} + 1) e_t, and R_t - t is a supermartingale
-under H0(eps), so by optional stopping P(S_t >= A for some t <= n) <= n / A, however often it is
-looked at. M detectors run side by side, one per memory of the gap estimate (short memories adapt
-to large shifts within tens of labels, long ones estimate small gaps precisely); the alarm is
-raised when one reaches M A, so by the union bound
+under H0(eps). M detectors run side by side, one per memory of the gap estimate (short memories adapt
+to large shifts within tens of labels, long ones estimate small gaps precisely), plus one adaptive
+detector whose gap estimates use only the labels since its CUSUM run began (the nonanticipating
+estimation of Lorden & Pollak 2005, "Nonanticipating estimation applied to sequential analysis and
+changepoint detection"): after a change its bets are learned from post-change labels alone, without
+the pre-change labels a decayed memory still holds. A bet that depends on when a run began is still
+predictable, so each run's product of e-values is an e-process and the tracked run is at most the
+Shiryaev-Roberts statistic built from them. The alarm is raised when one of the M + 1 detectors
+reaches (M + 1) A. By optional stopping and the union bound, for every traffic shape of H0(eps),
 
-    P(false alarm within n labels) <= n / A         for every traffic shape of H0(eps):
+    E[labels to the first false alarm] >= A     and     P(false alarm within n labels) <= n / A.
 
-A = 10^6 bounds the chance of any false alarm within 10,000 labels by 1%. Sequentially valid tests
-of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially valid tests for
-forecast calibration").
+Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
+valid tests for forecast calibration").
 
-**Clearing (hysteresis).** When the alarm is raised, the estimated gaps beyond the tolerance,
-g(C) = sign(gap) max(|gap| - eps, 0), are frozen as the alternative "the miscalibration persists".
+**Clearing (hysteresis).** When the alarm is raised, the estimated gaps beyond the tolerance (mean
+over the detectors' estimates: the adaptive one alone, selected for being large, overstates them), g(C) = sign(gap) max(|gap| - eps, 0), are frozen as the alternative "the miscalibration persists".
 The alarm clears when the CUSUM of the likelihood ratio of calibrated outcomes against it,
 
     log K_t = max(log K_{t-1}, 0) + log[ Bern(Y_t; C_t) / Bern(Y_t; C_t + kappa g(C_t)) ],
@@ -49,7 +55,9 @@ again needs fresh evidence of size A: the alarm neither latches nor flaps on noi
 
 The state is a set of arrays with a leading axis of independent streams, so the service (one
 stream per model version and calibration version) and the simulations of ``bench/alarm.py``
-(thousands of streams at once) run the same code.
+(thousands of streams at once) run the same code. Folding labels in one call or in many gives the
+same state, bit for bit: block boundaries are fixed by the label count, and the labels of an
+unfinished block are kept as sums that are added in label order.
 """
 
 from __future__ import annotations
@@ -59,9 +67,10 @@ from functools import cached_property
 
 import numpy as np
 
-FORMAT = 2
-_FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "log_statistic", "alarmed", "alternative",
-           "log_clear", "since_alarm", "n")
+FORMAT = 3
+_FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
+           "run_count", "table", "log_statistic", "alarmed", "alternative", "log_clear", "since_alarm", "n")
+_EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm or a Kelly bet needs it
 
 
 @dataclass(frozen=True)
@@ -69,22 +78,27 @@ class DetectorConfig:
     """Parameters of the detector; only ``tolerance`` and ``threshold`` enter the guarantee.
 
     - ``tolerance`` eps: a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
-    - ``threshold`` A: raise when the e-detector reaches A; P(false alarm within n labels) <= n / A.
+    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A, and
+      P(false alarm within n labels) <= n / A.
     - ``edges``: bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
     - ``bandwidth``: standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
     - ``half_lives``: one detector per memory: labels of a bin after which an old label weighs half.
-    - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap.
+    - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the
+      adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
     - ``max_bet``: the most an e-value may lose (e_t >= 1 - max_bet).
+    - ``block``: labels between refreshes of the gap estimates that the bets use.
     - ``clear_threshold`` B, ``clear_shrink`` kappa, ``min_clear_labels``: the clearing rule.
     """
 
     tolerance: float = 0.01
-    threshold: float = 1e6
+    threshold: float = 1e4
     edges: tuple[float, ...] = tuple(float(1 / (1 + np.exp(-x / 2))) for x in range(-5, 14))
     bandwidth: float = 0.75
     half_lives: tuple[float, ...] = (10.0, 50.0, 250.0)
     prior_labels: float = 10.0
+    adaptive_prior: int = 1
     max_bet: float = 0.5
+    block: int = 16
     clear_threshold: float = 300.0
     clear_shrink: float = 1.0
     min_clear_labels: int = 100
@@ -98,6 +112,13 @@ class DetectorConfig:
             raise ValueError("edges must be increasing and inside (0, 1)")
         if min(self.half_lives) <= 0 or self.prior_labels <= 0 or not 0 < self.max_bet < 1 or not 0 < self.clear_shrink <= 1:
             raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
+        if self.block < 1 or self.min_clear_labels < 0 or not 0 <= self.adaptive_prior < len(self.half_lives):
+            raise ValueError("need block >= 1, min_clear_labels >= 0 and adaptive_prior an index of half_lives")
+
+    @property
+    def detectors(self) -> int:
+        """M + 1: one detector per memory and the adaptive one."""
+        return len(self.half_lives) + 1
 
     @property
     def n_bins(self) -> int:
@@ -109,14 +130,29 @@ class DetectorConfig:
         return 0.5 ** (1.0 / np.asarray(self.half_lives))
 
     @cached_property
+    def block_decay(self) -> np.ndarray:
+        """Per memory, the weight the all-bin sums keep over one block (each label decays them by
+        ``decay`` ** (1 / bins), so the all-bin memory spans about as many labels as all bins' memories)."""
+        return self.decay ** (self.block / self.n_bins)
+
+    @cached_property
     def log_raise(self) -> float:
-        """log(M A): the level at which one of the M detectors raises the alarm."""
-        return float(np.log(self.threshold * len(self.half_lives)))
+        """log((M + 1) A): the level at which one of the M + 1 detectors raises the alarm."""
+        return float(np.log(self.threshold * self.detectors))
+
+    @cached_property
+    def kernel(self) -> np.ndarray:
+        """(bins, bins) Gaussian weights between bin centres on the log-odds scale."""
+        logits = np.log(np.asarray(self.edges) / (1 - np.asarray(self.edges)))
+        step = np.diff(logits).mean() if len(logits) > 1 else 1.0
+        centres = np.concatenate([[logits[0] - step / 2], (logits[1:] + logits[:-1]) / 2, [logits[-1] + step / 2]])
+        return np.exp(-0.5 * ((centres[:, None] - centres[None, :]) / self.bandwidth) ** 2)
 
 
 @dataclass(frozen=True)
-class Step:
-    """What one label did to each stream: the e-value, and whether the alarm was raised or cleared."""
+class Fold:
+    """What each label did to each stream, (streams, labels): whether it raised or cleared the alarm;
+    ``e_value`` is (streams, detectors, labels)."""
 
     e_value: np.ndarray
     raised: np.ndarray
@@ -133,6 +169,11 @@ class DetectorState:
     weight: np.ndarray = None
     global_gap_sum: np.ndarray = None
     global_weight: np.ndarray = None
+    pending_gap: np.ndarray = None
+    pending_count: np.ndarray = None
+    run_gap: np.ndarray = None
+    run_count: np.ndarray = None
+    table: np.ndarray = None
     log_statistic: np.ndarray = None
     alarmed: np.ndarray = None
     alternative: np.ndarray = None
@@ -141,22 +182,22 @@ class DetectorState:
     n: np.ndarray = None
 
     def __post_init__(self):
-        m, k = len(self.config.half_lives), self.config.n_bins
-        shapes = {"gap_sum": (self.streams, m, k), "weight": (self.streams, m, k), "global_gap_sum": (self.streams, m),
-                  "global_weight": (self.streams, m), "log_statistic": (self.streams, m),
-                  "alternative": (self.streams, k)}
+        s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors
+        shapes = {"gap_sum": (s, m, k), "weight": (s, m, k), "global_gap_sum": (s, m), "global_weight": (s, m),
+                  "pending_gap": (s, k), "pending_count": (s, k), "run_gap": (s, k), "run_count": (s, k),
+                  "table": (s, d, k), "log_statistic": (s, d), "alternative": (s, k)}
         for name in _FIELDS:
             dtype = bool if name == "alarmed" else np.int64 if name in ("since_alarm", "n") else np.float64
-            shape = shapes.get(name, (self.streams,))
+            shape = shapes.get(name, (s,))
             value = getattr(self, name)
             array = np.zeros(shape, dtype) if value is None else np.array(value, dtype=dtype).reshape(shape)
             setattr(self, name, array)
 
     @property
     def statistic(self) -> np.ndarray:
-        """max over memories m of S_t^(m) / M, the e-detector of each stream: it reaches A when one of
-        the M component detectors reaches M A (so P(false alarm within n) <= M n / (M A) = n / A)."""
-        top = self.log_statistic.max(axis=1) - np.log(len(self.config.half_lives))
+        """max over detectors d of S_t^(d) / (M + 1), the e-detector of each stream: it reaches A when
+        one of the M + 1 component detectors reaches (M + 1) A."""
+        top = self.log_statistic.max(axis=1) - np.log(self.config.detectors)
         return np.exp(np.minimum(top, 700.0))
 
     @property
@@ -164,71 +205,111 @@ class DetectorState:
         """K_t, the evidence that calibration has returned (meaningful while alarmed)."""
         return np.exp(np.minimum(self.log_clear, 700.0))
 
-    def gaps(self, bins: np.ndarray | None = None) -> np.ndarray:
-        """(streams, memories, bins): the recent accuracy - confidence around each bin (a Gaussian kernel
-        of ``bandwidth`` on the log-odds scale over neighbouring bins), shrunk towards the all-bin gap;
-        with ``bins`` (one per stream), only at those bins: (streams, memories)."""
-        prior = self.config.prior_labels
+    def gaps(self) -> np.ndarray:
+        """(streams, M + 1, bins): the accuracy - confidence around each bin, from the labels of finished
+        blocks (a Gaussian kernel of ``bandwidth`` on the log-odds scale over neighbouring bins), shrunk
+        by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap, for the adaptive detector
+        (last) from the labels of its current run towards the memory ``adaptive_prior``."""
+        prior, kernel = self.config.prior_labels, self.config.kernel
         overall = self.global_gap_sum / (self.global_weight + prior)
-        kernel = _kernel(self.config)
-        if bins is None:
-            return (self.gap_sum @ kernel + prior * overall[..., None]) / (self.weight @ kernel + prior)
-        column = kernel[:, bins].T[:, None, :]                                # (streams, 1, bins)
-        return (((self.gap_sum * column).sum(-1) + prior * overall)
-                / ((self.weight * column).sum(-1) + prior))
+        memories = (self.gap_sum @ kernel + prior * overall[..., None]) / (self.weight @ kernel + prior)
+        adaptive = ((self.run_gap @ kernel + prior * memories[:, self.config.adaptive_prior])
+                    / (self.run_count @ kernel + prior))
+        return np.concatenate([memories, adaptive[:, None, :]], axis=1)
 
-    def step(self, confidence, correct) -> Step:
-        """Fold in one label per stream (arrays of length ``streams``); see the module docstring."""
-        cfg = self.config
+    def fold(self, confidence, correct) -> Fold:
+        """Fold in labels, (streams, labels) arrays in label order (or (streams,) for one label each);
+        see the module docstring."""
         c = np.clip(np.asarray(confidence, dtype=np.float64), 0.0, 1.0)
         y = np.asarray(correct, dtype=np.float64)
-        rows = np.arange(self.streams)
-        b = np.searchsorted(cfg.edges, c, side="left")
-        gap = self.gaps(b)                                   # (streams, memories)
-        cm = c[:, None]
+        if c.ndim == 1:
+            c, y = c[:, None], y[:, None]
+        if c.shape != y.shape or c.shape[0] != self.streams:
+            raise ValueError(f"need confidence and correct of shape ({self.streams}, labels), got {c.shape}, {y.shape}")
+        if (self.n != self.n[0]).any():
+            raise ValueError("the streams of one state must have seen the same number of labels")
+        cfg, total = self.config, c.shape[1]
+        e_value = np.ones((self.streams, cfg.detectors, total))
+        raised = np.zeros(c.shape, bool)
+        cleared = np.zeros(c.shape, bool)
+        start = 0
+        while start < total:
+            stop = min(total, start + cfg.block - int(self.n[0]) % cfg.block)
+            part = slice(start, stop)
+            e_value[..., part], raised[:, part], cleared[:, part] = self._fold_block(c[:, part], y[:, part])
+            if self.n[0] % cfg.block == 0:
+                self._end_block()
+            start = stop
+        return Fold(e_value, raised, cleared)
+
+    def _fold_block(self, c: np.ndarray, y: np.ndarray):
+        """Labels of one block (or the part of it at hand): the bets of the whole part from the frozen gap
+        table at once, then the CUSUM recursions label by label (a few operations on (streams, memories))."""
+        cfg = self.config
+        rows = np.arange(self.streams)[:, None]
+        b = np.searchsorted(cfg.edges, c, side="left")                                   # (streams, labels)
+        gap = np.take_along_axis(self.table, b[:, None, :], axis=2)                       # (streams, detectors, labels)
+        cm = c[:, None, :]
         accuracy = np.clip(cm + gap, 0.0, 1.0)
-        boundary = np.clip(cm + np.sign(gap) * cfg.tolerance, 1e-3, 1 - 1e-3)
-        outside = np.abs(gap) > cfg.tolerance
-        bet = np.where(outside, (accuracy - boundary) / (boundary * (1 - boundary)), 0.0)
+        boundary = np.clip(cm + np.sign(gap) * cfg.tolerance, _EDGE, 1 - _EDGE)
+        bet = np.where(np.abs(gap) > cfg.tolerance, (accuracy - boundary) / (boundary * (1 - boundary)), 0.0)
         cap = np.where(bet > 0, cfg.max_bet / (cm + cfg.tolerance), cfg.max_bet / (1 - cm + cfg.tolerance))
         bet = np.clip(bet, -cap, cap)
-        e_value = 1.0 + bet * (y - c)[:, None] - np.abs(bet) * cfg.tolerance
+        e_value = 1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance
+        log_e = np.log(e_value)
+        null = np.clip(c, _EDGE, 1 - _EDGE)
+        np.add.at(self.pending_gap, (np.broadcast_to(rows, b.shape), b), y - c)
+        np.add.at(self.pending_count, (np.broadcast_to(rows, b.shape), b), 1.0)
 
-        self.log_statistic = np.maximum(self.log_statistic, 0.0) + np.log(e_value)
-        crossed = self.log_statistic >= cfg.log_raise
-        raised = ~self.alarmed & crossed.any(axis=1)
+        raised = np.zeros(c.shape, bool)
+        cleared = np.zeros(c.shape, bool)
+        log_clear_level = np.log(cfg.clear_threshold)
+        alternative = self._alternative_outcome(null, b, y)
+        for t in range(c.shape[1]):
+            self.log_statistic = np.maximum(self.log_statistic, 0.0) + log_e[:, :, t]
+            up = ~self.alarmed & (self.log_statistic >= cfg.log_raise).any(axis=1)
+            self.since_alarm = np.where(self.alarmed, self.since_alarm + 1, 0)
+            self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + alternative[:, t], 0.0)
+            down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
+            if up.any():
+                estimate = self.table[up].mean(axis=1)
+                self.alternative[up] = np.sign(estimate) * np.maximum(np.abs(estimate) - cfg.tolerance, 0.0)
+                alternative = self._alternative_outcome(null, b, y)
+            self.alarmed = (self.alarmed | up) & ~down
+            self.log_clear = np.where(down | up, 0.0, self.log_clear)
+            self.since_alarm = np.where(down | up, 0, self.since_alarm)
+            self.log_statistic = np.where(down[:, None], 0.0, self.log_statistic)
+            raised[:, t], cleared[:, t] = up, down
+        self.n += c.shape[1]
+        return e_value, raised, cleared
 
-        alternative = np.clip(c + cfg.clear_shrink * self.alternative[rows, b], 1e-3, 1 - 1e-3)
-        null = np.clip(c, 1e-3, 1 - 1e-3)
-        log_ratio = np.where(y > 0.5, np.log(null / alternative), np.log((1 - null) / (1 - alternative)))
-        self.since_alarm = np.where(self.alarmed, self.since_alarm + 1, 0)
-        self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio, 0.0)
-        cleared = (self.alarmed & (self.log_clear >= np.log(cfg.clear_threshold))
-                   & (self.since_alarm >= cfg.min_clear_labels))
+    def _alternative_outcome(self, null: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the frozen alternative g."""
+        shift = self.config.clear_shrink * np.take_along_axis(self.alternative, b, axis=1)
+        alternative = np.clip(null + shift, _EDGE, 1 - _EDGE)
+        return np.where(y > 0.5, np.log(null / alternative), np.log((1 - null) / (1 - alternative)))
 
-        decay = cfg.decay
-        residual = (y - c)[:, None]
-        self.gap_sum[rows, :, b] = self.gap_sum[rows, :, b] * decay + residual
-        self.weight[rows, :, b] = self.weight[rows, :, b] * decay + 1.0
-        global_decay = decay ** (1.0 / cfg.n_bins)
-        self.global_gap_sum = self.global_gap_sum * global_decay + residual
-        self.global_weight = self.global_weight * global_decay + 1.0
-        self.n += 1
-
-        if raised.any():
-            estimate = self.gaps()[raised].mean(axis=1)
-            self.alternative[raised] = np.sign(estimate) * np.maximum(np.abs(estimate) - cfg.tolerance, 0.0)
-        self.alarmed = (self.alarmed | raised) & ~cleared
-        self.log_clear = np.where(cleared | raised, 0.0, self.log_clear)
-        self.since_alarm = np.where(cleared | raised, 0, self.since_alarm)
-        self.log_statistic = np.where(cleared[:, None], 0.0, self.log_statistic)
-        return Step(e_value, raised, cleared)
+    def _end_block(self) -> None:
+        """Fold the finished block's sums into the decayed sums and into the adaptive detector's run (a run
+        that is not ahead, log S <= 0, starts again from this block), and refresh the gap table of the bets."""
+        cfg = self.config
+        ahead = (self.log_statistic[:, -1] > 0.0)[:, None]
+        self.run_gap = np.where(ahead, self.run_gap + self.pending_gap, self.pending_gap)
+        self.run_count = np.where(ahead, self.run_count + self.pending_count, self.pending_count)
+        keep = cfg.decay[None, :, None] ** self.pending_count[:, None, :]
+        self.gap_sum = self.gap_sum * keep + self.pending_gap[:, None, :]
+        self.weight = self.weight * keep + self.pending_count[:, None, :]
+        self.global_gap_sum = self.global_gap_sum * cfg.block_decay + self.pending_gap.sum(axis=1)[:, None]
+        self.global_weight = self.global_weight * cfg.block_decay + self.pending_count.sum(axis=1)[:, None]
+        self.pending_gap[:] = 0.0
+        self.pending_count[:] = 0.0
+        self.table = self.gaps()
 
     def regions(self) -> list[dict]:
         """Per bin of a single-stream state: confidence range, labels weighed (long memory) and the
-        estimated gap accuracy - confidence (mean over memories), for reports."""
+        estimated gap accuracy - confidence (mean over the detectors), for reports."""
         edges = [0.0, *self.config.edges, 1.0]
-        gaps, weight = self.gaps()[0].mean(axis=0), self.weight[0, -1]
+        gaps, weight = self.table[0].mean(axis=0), self.weight[0, -1] + self.pending_count[0]
         return [{"confidence_low": lo, "confidence_high": hi, "weight": float(w), "gap": float(g)}
                 for lo, hi, w, g in zip(edges[:-1], edges[1:], weight, gaps)]
 
@@ -243,29 +324,16 @@ class DetectorState:
         """JSON form of a single-stream state (the service persists one per model and calibration version)."""
         if self.streams != 1:
             raise ValueError("only a single-stream state is persisted")
-        out = {"format": FORMAT, "tolerance": self.config.tolerance, "threshold": self.config.threshold}
+        out = {"format": FORMAT, "tolerance": self.config.tolerance, "threshold": self.config.threshold,
+               "block": self.config.block}
         out.update({name: getattr(self, name).ravel().tolist() for name in _FIELDS})
         return out
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> "DetectorState":
-        """Inverse of ``to_dict``. State saved under another format, tolerance or threshold (an older
-        service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
+        """Inverse of ``to_dict``. State saved under another format, tolerance, threshold or block (an
+        older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
         if (not isinstance(data, dict) or data.get("format") != FORMAT or data.get("tolerance") != config.tolerance
-                or data.get("threshold") != config.threshold):
+                or data.get("threshold") != config.threshold or data.get("block") != config.block):
             return cls(config)
         return cls(config, 1, **{name: data[name] for name in _FIELDS})
-
-
-_KERNELS: dict = {}
-
-
-def _kernel(config: DetectorConfig) -> np.ndarray:
-    """(bins, bins) Gaussian weights between bin centres on the log-odds scale."""
-    key = (config.edges, config.bandwidth)
-    if key not in _KERNELS:
-        logits = np.log(np.asarray(config.edges) / (1 - np.asarray(config.edges)))
-        step = np.diff(logits).mean() if len(logits) > 1 else 1.0
-        centres = np.concatenate([[logits[0] - step / 2], (logits[1:] + logits[:-1]) / 2, [logits[-1] + step / 2]])
-        _KERNELS[key] = np.exp(-0.5 * ((centres[:, None] - centres[None, :]) / config.bandwidth) ** 2)
-    return _KERNELS[key]

@@ -17,6 +17,8 @@ import numpy as np
 from calibkit.detector import DetectorConfig, DetectorState
 from calibkit.synthetic import Miscalibration, TrafficShape
 
+CHUNK = 1_000  # labels folded per call: bounds the memory of the per-label arrays
+
 
 @dataclass(frozen=True)
 class StreamOutcomes:
@@ -51,20 +53,20 @@ def run_detector(confidence: np.ndarray, correct: np.ndarray, before: int, durin
     """The detector on every stream (row) of ``draw``'s arrays, phases as there."""
     streams, total = confidence.shape
     state = DetectorState(config or DetectorConfig(), streams)
-    false_alarm = np.zeros(streams, bool)
-    delay = np.full(streams, -1)
-    flaps = np.zeros(streams, np.int64)
-    clear_delay = np.full(streams, -1)
-    for t in range(total):
-        step = state.step(confidence[:, t], correct[:, t])
-        if t < before:
-            false_alarm |= step.raised
-        elif t < before + during:
-            delay = np.where(step.raised & (delay < 0), t - before, delay)
-            flaps += step.cleared
-        else:
-            clear_delay = np.where(step.cleared & (clear_delay < 0), t - before - during, clear_delay)
-    return StreamOutcomes(false_alarm, delay, flaps, clear_delay, state.alarmed.copy())
+    raised, cleared = np.zeros((streams, total), bool), np.zeros((streams, total), bool)
+    for start in range(0, total, CHUNK):
+        part = slice(start, start + CHUNK)
+        fold = state.fold(confidence[:, part], correct[:, part])
+        raised[:, part], cleared[:, part] = fold.raised, fold.cleared
+    after = before + during
+    return StreamOutcomes(false_alarm=raised[:, :before].any(axis=1),
+                          delay=_first(raised[:, before:after]), flaps=cleared[:, before:after].sum(axis=1),
+                          clear_delay=_first(cleared[:, after:]), latched=state.alarmed.copy())
+
+
+def _first(events: np.ndarray) -> np.ndarray:
+    """Per row, the index of the first True (-1: none)."""
+    return np.where(events.any(axis=1), events.argmax(axis=1), -1) if events.shape[1] else np.full(len(events), -1)
 
 
 def simulate(shape: TrafficShape, miscalibration: Miscalibration | None, streams: int, before: int,

@@ -336,8 +336,8 @@ class Monitor:
             last_seq = max(0, last_seq - REPLAY_LABELS)
             log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
         new = labels_after(last_seq)
-        for label in new:
-            detector.step([label.confidence], [label.correct])
+        if new:
+            detector.fold([[label.confidence for label in new]], [[label.correct for label in new]])
         return detector, new[-1].seq if new else last_seq, bool(new)
 
     def _detector(self, saved: str | None) -> DetectorState:

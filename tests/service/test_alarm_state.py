@@ -6,10 +6,12 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import sqlalchemy as sa
 
 from calibkit import binning
 from calibkit.alarms import AlarmPolicy
+from calibkit.detector import FORMAT
 from calibkit.simulation import draw
 from calibkit.synthetic import Miscalibration, TrafficShape
 from service.metrics import ServiceMetrics
@@ -20,7 +22,10 @@ EDGES = binning.equal_width_edges(15)
 # calibrated labels, then over-confidence (population ECE 0.22): the alarm is raised within a few hundred
 CONFIDENCE, CORRECT = draw(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5), streams=1,
                            before=400, during=800, seed=3)
-OLD_DETECTOR = json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900})
+# the state of the Shiryaev-Roberts detector, and of the per-label CUSUM detector of format 2
+OLD_DETECTORS = [json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900}),
+                 json.dumps({"format": 2, "tolerance": 0.01, "threshold": 1e6, "gap_sum": [0.0] * 57,
+                             "log_statistic": [12.0, 3.0, 1.0], "alarmed": [False], "n": [900]})]
 
 
 class _Repository:
@@ -66,23 +71,25 @@ def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evalua
     assert a.state == b.state == status.state == "alarm"
     detector_a, detector_b = json.loads(a.detector), json.loads(b.detector)
     assert detector_a["n"] == detector_b["n"] == [1200]
-    np.testing.assert_allclose(detector_a["log_statistic"], detector_b["log_statistic"], rtol=1e-9)
+    assert detector_a == detector_b  # the same state, bit for bit
     storage.engine.dispose()
 
 
-def test_a_store_written_by_the_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url):
+@pytest.mark.parametrize("old_detector", OLD_DETECTORS, ids=["shiryaev-roberts", "format-2"])
+def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url,
+                                                                                          old_detector):
     storage = Storage(database_url)
     storage.migrate()
     _store(storage, "old", 0, 1200)
     last_seq = _saved_seq(storage)
     with storage.engine.begin() as c:  # the monitor row as the Shiryaev-Roberts service left it
         c.execute(monitor_state.insert().values(model="old", version="1", calibration_version=0, last_seq=last_seq,
-                                                detector=OLD_DETECTOR, state="warning", since=5.0,
+                                                detector=old_detector, state="warning", since=5.0,
                                                 reasons='["e-detector not yet"]', updated_at=5.0))
     status, _ = _monitor(storage).update("old", "1")
     row = _saved(storage, "old")
     detector = json.loads(row.detector)
-    assert detector["format"] == 2 and detector["n"] == [1200]  # the recent labels were replayed
+    assert detector["format"] == FORMAT and detector["n"] == [1200]  # the recent labels were replayed
     assert status.state == row.state == "alarm" and row.last_seq == last_seq
     with storage.engine.connect() as c:
         assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar_one() == 1200
