@@ -195,8 +195,12 @@ def markdown(result: dict) -> str:
         lines += [f"In-distribution streams: {sum(r['alarm'] for r in runs)} of {len(runs)} raised an alarm "
                   f"({runs[0]['labels'] if runs else 0} labels each).", "",
                   table(cov["scenarios"], ["scenario", "population_ece", "accuracy", "labels_to_alarm", "final_state"])]
-    lines += ["", "## Feedback throughput", "",
-              table(result.get("feedback", []), list(result["feedback"][0].keys()) if result.get("feedback") else [])]
+    if result.get("feedback"):
+        from bench.feedback_load import COLUMNS
+
+        lines += ["", "## Feedback throughput", "", "Single-label POST /feedback against single-row POST /predict, "
+                  "32 wrk connections each, one service process per store; `stored`: labels found in the store "
+                  "afterwards (every acknowledged label is among them).", "", table(result["feedback"], COLUMNS)]
     return "\n".join(lines) + "\n"
 
 

@@ -42,8 +42,10 @@ reaches (M + 1) A. By optional stopping and the union bound, for every traffic s
 Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
 valid tests for forecast calibration").
 
-**Clearing (hysteresis).** When the alarm is raised, the estimated gaps beyond the tolerance (mean
-over the detectors' estimates: the adaptive one alone, selected for being large, overstates them), g(C) = sign(gap) max(|gap| - eps, 0), are frozen as the alternative "the miscalibration persists".
+**Clearing (hysteresis).** When the alarm is raised, the estimated gaps beyond the tolerance,
+g(C) = sign(gap) max(|gap| - eps, 0), are frozen as the alternative "the miscalibration persists"
+(gap: the mean of the detectors' estimates; the adaptive one alone, selected for being large,
+overstates it).
 The alarm clears when the CUSUM of the likelihood ratio of calibrated outcomes against it,
 
     log K_t = max(log K_{t-1}, 0) + log[ Bern(Y_t; C_t) / Bern(Y_t; C_t + kappa g(C_t)) ],
