@@ -246,7 +246,7 @@ class DetectorState:
 
     def _fold_block(self, c: np.ndarray, y: np.ndarray):
         """Labels of one block (or the part of it at hand): the bets of the whole part from the frozen gap
-        table at once, then the CUSUM recursions label by label (a few operations on (streams, memories))."""
+        table at once, then the CUSUM recursions label by label (a few operations on (streams, detectors))."""
         cfg = self.config
         rows = np.arange(self.streams)[:, None]
         b = np.searchsorted(cfg.edges, c, side="left")                                   # (streams, labels)
@@ -260,23 +260,24 @@ class DetectorState:
         e_value = 1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance
         log_e = np.log(e_value)
         null = np.clip(c, _EDGE, 1 - _EDGE)
-        np.add.at(self.pending_gap, (np.broadcast_to(rows, b.shape), b), y - c)
-        np.add.at(self.pending_count, (np.broadcast_to(rows, b.shape), b), 1.0)
+        cells = (np.broadcast_to(rows, b.shape), b)
+        np.add.at(self.pending_gap, cells, y - c)
+        np.add.at(self.pending_count, cells, 1.0)
 
         raised = np.zeros(c.shape, bool)
         cleared = np.zeros(c.shape, bool)
         log_clear_level = np.log(cfg.clear_threshold)
-        alternative = self._alternative_outcome(null, b, y)
+        log_ratio = self._clear_log_ratio(null, b, y)
         for t in range(c.shape[1]):
             self.log_statistic = np.maximum(self.log_statistic, 0.0) + log_e[:, :, t]
             up = ~self.alarmed & (self.log_statistic >= cfg.log_raise).any(axis=1)
             self.since_alarm = np.where(self.alarmed, self.since_alarm + 1, 0)
-            self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + alternative[:, t], 0.0)
+            self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio[:, t], 0.0)
             down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
             if up.any():
                 estimate = self.table[up].mean(axis=1)
                 self.alternative[up] = np.sign(estimate) * np.maximum(np.abs(estimate) - cfg.tolerance, 0.0)
-                alternative = self._alternative_outcome(null, b, y)
+                log_ratio = self._clear_log_ratio(null, b, y)
             self.alarmed = (self.alarmed | up) & ~down
             self.log_clear = np.where(down | up, 0.0, self.log_clear)
             self.since_alarm = np.where(down | up, 0, self.since_alarm)
@@ -285,7 +286,7 @@ class DetectorState:
         self.n += c.shape[1]
         return e_value, raised, cleared
 
-    def _alternative_outcome(self, null: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def _clear_log_ratio(self, null: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
         """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the frozen alternative g."""
         shift = self.config.clear_shrink * np.take_along_axis(self.alternative, b, axis=1)
         alternative = np.clip(null + shift, _EDGE, 1 - _EDGE)
