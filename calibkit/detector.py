@@ -42,18 +42,22 @@ reaches (M + 1) A. By optional stopping and the union bound, for every traffic s
 Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
 valid tests for forecast calibration").
 
-**Clearing (hysteresis).** When the alarm is raised, the estimated gaps beyond the tolerance,
-g(C) = sign(gap) max(|gap| - eps, 0), are frozen as the alternative "the miscalibration persists"
-(gap: the mean of the detectors' estimates; the adaptive one alone, selected for being large,
-overstates it).
-The alarm clears when the CUSUM of the likelihood ratio of calibrated outcomes against it,
+**Clearing (hysteresis).** While the alarm is on, the alternative "the miscalibration persists" is the
+gap beyond the tolerance, g(C) = sign(gap) max(|gap| - eps, floor) where |gap| > eps (0 elsewhere),
+with gap learned per bin from the labels since the alarm (of finished blocks, so predictable), shrunk
+towards the detectors' estimate at the raise. The alarm clears when the CUSUM of the likelihood ratio
+of calibrated outcomes against it,
 
     log K_t = max(log K_{t-1}, 0) + log[ Bern(Y_t; C_t) / Bern(Y_t; C_t + kappa g(C_t)) ],
 
-reaches log B, at least ``min_clear_labels`` labels after the alarm. Calibrated traffic drives K
-up at the rate KL(Bern(C) || Bern(C + kappa g)); while the miscalibration persists the expected
-log ratio is negative and K stays near 1. After clearing, the e-detectors restart at 1, so raising
-again needs fresh evidence of size A: the alarm neither latches nor flaps on noise.
+reaches log B, at least ``min_clear_labels`` labels after the alarm. Calibrated traffic drives K up
+at the rate KL(Bern(C) || Bern(C + kappa g)) ~ kappa^2 g^2 / 2v (v = C (1 - C)). While a gap g
+persists the drift is about -kappa (2 - kappa) g^2 / 2v, and an excursion of K to B has probability
+about B^-((2 - kappa) / kappa) (Siegmund 1985, the Gaussian approximation of the CUSUM): kappa < 1
+buys protection against clearing during the shift (flaps) at the price of clearing speed, and the
+learned gap lets large miscalibration clear in tens of labels once it ends. The floor keeps a small
+gap from latching the alarm (the smaller g, the slower K grows). After clearing, the e-detectors
+restart at 1, so raising again needs fresh evidence of size A.
 
 The state is a set of arrays with a leading axis of independent streams, so the service (one
 stream per model version and calibration version) and the simulations of ``bench/alarm.py``
@@ -69,9 +73,10 @@ from functools import cached_property
 
 import numpy as np
 
-FORMAT = 3
+FORMAT = 4
 _FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
-           "run_count", "table", "log_statistic", "alarmed", "alternative", "log_clear", "since_alarm", "n")
+           "run_count", "table", "log_statistic", "alarmed", "raised_gap", "alarm_gap", "alarm_count", "log_clear", "since_alarm",
+           "n")
 _EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm or a Kelly bet needs it
 
 
@@ -89,7 +94,8 @@ class DetectorConfig:
       adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
     - ``max_bet``: the most an e-value may lose (e_t >= 1 - max_bet).
     - ``block``: labels between refreshes of the gap estimates that the bets use.
-    - ``clear_threshold`` B, ``clear_shrink`` kappa, ``min_clear_labels``: the clearing rule.
+    - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
+      raise), ``clear_floor`` and ``min_clear_labels``: the clearing rule.
     """
 
     tolerance: float = 0.01
@@ -102,7 +108,9 @@ class DetectorConfig:
     max_bet: float = 0.5
     block: int = 16
     clear_threshold: float = 300.0
-    clear_shrink: float = 1.0
+    clear_shrink: float = 0.75
+    clear_prior_labels: float = 20.0
+    clear_floor: float = 0.03
     min_clear_labels: int = 100
 
     def __post_init__(self):
@@ -114,6 +122,8 @@ class DetectorConfig:
             raise ValueError("edges must be increasing and inside (0, 1)")
         if min(self.half_lives) <= 0 or self.prior_labels <= 0 or not 0 < self.max_bet < 1 or not 0 < self.clear_shrink <= 1:
             raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
+        if self.clear_prior_labels <= 0 or not 0 <= self.clear_floor < 0.5:
+            raise ValueError("need clear_prior_labels > 0 and 0 <= clear_floor < 0.5")
         if self.block < 1 or self.min_clear_labels < 0 or not 0 <= self.adaptive_prior < len(self.half_lives):
             raise ValueError("need block >= 1, min_clear_labels >= 0 and adaptive_prior an index of half_lives")
 
@@ -178,7 +188,9 @@ class DetectorState:
     table: np.ndarray = None
     log_statistic: np.ndarray = None
     alarmed: np.ndarray = None
-    alternative: np.ndarray = None
+    raised_gap: np.ndarray = None
+    alarm_gap: np.ndarray = None
+    alarm_count: np.ndarray = None
     log_clear: np.ndarray = None
     since_alarm: np.ndarray = None
     n: np.ndarray = None
@@ -187,7 +199,8 @@ class DetectorState:
         s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors
         shapes = {"gap_sum": (s, m, k), "weight": (s, m, k), "global_gap_sum": (s, m), "global_weight": (s, m),
                   "pending_gap": (s, k), "pending_count": (s, k), "run_gap": (s, k), "run_count": (s, k),
-                  "table": (s, d, k), "log_statistic": (s, d), "alternative": (s, k)}
+                  "table": (s, d, k), "log_statistic": (s, d), "raised_gap": (s, k), "alarm_gap": (s, k),
+                  "alarm_count": (s, k)}
         for name in _FIELDS:
             dtype = bool if name == "alarmed" else np.int64 if name in ("since_alarm", "n") else np.float64
             shape = shapes.get(name, (s,))
@@ -275,8 +288,9 @@ class DetectorState:
             self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio[:, t], 0.0)
             down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
             if up.any():
-                estimate = self.table[up].mean(axis=1)
-                self.alternative[up] = np.sign(estimate) * np.maximum(np.abs(estimate) - cfg.tolerance, 0.0)
+                self.raised_gap[up] = self.table[up].mean(axis=1)
+                self.alarm_gap[up] = 0.0
+                self.alarm_count[up] = 0.0
                 log_ratio = self._clear_log_ratio(null, b, y)
             self.alarmed = (self.alarmed | up) & ~down
             self.log_clear = np.where(down | up, 0.0, self.log_clear)
@@ -286,9 +300,20 @@ class DetectorState:
         self.n += c.shape[1]
         return e_value, raised, cleared
 
+    def clear_alternative(self) -> np.ndarray:
+        """(streams, bins): g(C), the miscalibration beyond the tolerance that the clearing test pits calibration
+        against: the gap of each bin over the labels since the alarm (from finished blocks), shrunk by
+        ``clear_prior_labels`` pseudo-labels towards the gap estimated when the alarm was raised; at least
+        ``clear_floor`` where it exceeds the tolerance, 0 where it does not."""
+        cfg = self.config
+        prior = cfg.clear_prior_labels
+        estimate = (self.alarm_gap + prior * self.raised_gap) / (self.alarm_count + prior)
+        beyond = np.abs(estimate) - cfg.tolerance
+        return np.sign(estimate) * np.where(beyond > 0, np.maximum(beyond, cfg.clear_floor), 0.0)
+
     def _clear_log_ratio(self, null: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the frozen alternative g."""
-        shift = self.config.clear_shrink * np.take_along_axis(self.alternative, b, axis=1)
+        """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the alternative g of ``clear_alternative``."""
+        shift = self.config.clear_shrink * np.take_along_axis(self.clear_alternative(), b, axis=1)
         alternative = np.clip(null + shift, _EDGE, 1 - _EDGE)
         return np.where(y > 0.5, np.log(null / alternative), np.log((1 - null) / (1 - alternative)))
 
@@ -304,6 +329,9 @@ class DetectorState:
         self.weight = self.weight * keep + self.pending_count[:, None, :]
         self.global_gap_sum = self.global_gap_sum * cfg.block_decay + self.pending_gap.sum(axis=1)[:, None]
         self.global_weight = self.global_weight * cfg.block_decay + self.pending_count.sum(axis=1)[:, None]
+        alarmed = self.alarmed[:, None]
+        self.alarm_gap = np.where(alarmed, self.alarm_gap + self.pending_gap, self.alarm_gap)
+        self.alarm_count = np.where(alarmed, self.alarm_count + self.pending_count, self.alarm_count)
         self.pending_gap[:] = 0.0
         self.pending_count[:] = 0.0
         self.table = self.gaps()

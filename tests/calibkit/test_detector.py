@@ -43,7 +43,11 @@ def test_calibrated_streams_raise_nothing_and_shifts_are_caught_then_cleared():
     over = simulate(CIFAR, Miscalibration("x2.5", logit_scale=2.5), streams=100, before=2_000, during=1_500,
                     after=3_000, seed=2)
     assert np.mean((over.delay >= 0) & (over.delay <= 400)) >= 0.95  # population ECE 0.22
-    assert np.mean(over.clear_delay >= 0) >= 0.95 and np.median(over.clear_delay) <= 1_000
+    # the clearing alternative is the gap learned from the labels since the alarm, so a large
+    # miscalibration clears within a few hundred labels of its end (650 with the gap frozen at the
+    # raise) and, shrunk by kappa, does not clear while it lasts
+    assert not over.flaps.any()
+    assert np.mean(over.clear_delay >= 0) >= 0.95 and np.median(over.clear_delay) <= 200
 
 
 def test_mean_preserving_miscalibration_is_caught():
