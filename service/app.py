@@ -32,7 +32,7 @@ from service.prediction_log import PredictionLog
 from service.repository import ModelRepository
 from service.rest import PREDICT_CONTRACT, PREDICT_ROUTES
 from service.rest import router as rest_router
-from service.schemas import V2InferenceRequest
+from service.schemas import ActivateRequest, RecalibrateRequest, V2InferenceRequest
 from service.settings import Settings
 from service.storage import Storage, StorageUnavailable
 from service.v2 import router as v2_router
@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         repository = ModelRepository(settings)
         await anyio.to_thread.run_sync(repository.load)
-        storage = Storage(settings.database_url, settings.retry_after_seconds)
+        storage = Storage(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
         monitor = Monitor(storage, repository, metrics, n_bins=settings.n_bins,
                           policy=settings.alarm, alarm_window=settings.alarm_window,
                           detail_rows=settings.detail_rows, drift_rows=settings.drift_rows,
@@ -142,15 +142,16 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict:
-    """The generated schema (with the contracts of the plain routes) plus the v2 infer body, which that
-    route parses itself (JSON or binary)."""
+    """The generated schema (with the contracts of the plain routes) plus the bodies of the routes that
+    read them themselves: v2 infer (JSON or binary) and the admin routes (after the token)."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=[*app.routes, PREDICT_CONTRACT, FEEDBACK_CONTRACT])
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    infer = V2InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, definition in infer.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components["V2InferenceRequest"] = infer
+    for model in (V2InferenceRequest, RecalibrateRequest, ActivateRequest):
+        definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, nested in definition.pop("$defs", {}).items():
+            components.setdefault(name, nested)
+        components[model.__name__] = definition
     app.openapi_schema = schema
     return schema

@@ -16,11 +16,13 @@ import time
 from typing import TypeVar
 
 import orjson
-from fastapi import Response
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.routing import Match, Route
 from starlette.types import Scope
+
+from service.errors import UnsupportedMediaType
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -36,15 +38,32 @@ class PlainRoute(Route):
         return match, (child | {"route": self}) if match != Match.NONE else child
 
 
+MULTIPART = "multipart/form-data"
+
+
+def media_type(request: Request, *supported: str) -> str:
+    """The request's media type among ``supported`` (a missing Content-Type counts as the first, and
+    ``application/*+json`` as JSON); 415 naming the supported types otherwise."""
+    given = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if not given:
+        return supported[0]
+    if given.startswith("application/") and given.endswith("+json"):
+        given = "application/json"
+    if given not in supported:
+        raise UnsupportedMediaType(f"Content-Type {given!r} is not supported; send {' or '.join(supported)}")
+    return given
+
+
 def decode(raw: bytes):
     """The JSON value of a request body. Non-standard ``NaN``/``Infinity`` literals are accepted (as
-    Python's json module does) so that they reach validation and get an error naming the field."""
+    Python's json module does) so that they reach validation and get an error naming the field.
+    Nesting deeper than orjson's limit (1,024) is invalid JSON here, never a ``RecursionError``."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         try:
             return json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": str(exc)}]) from None
 
 
@@ -54,6 +73,13 @@ def validate(model: type[Model], value) -> Model:
         return model.model_validate(value)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+def json_body(model: type[BaseModel]) -> dict:
+    """OpenAPI ``requestBody`` of a route that reads its JSON body itself (``service.app`` adds ``model``
+    to the document's components)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
 def respond(content, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:

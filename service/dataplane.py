@@ -120,18 +120,25 @@ class DataPlane:
             "calibration": [(calibration_version, temperature)] * n,
         }}
 
+    def log(self, model: ServedModel, outputs: dict) -> list[str]:
+        """Queue a request's rows of a batch (``infer``'s outputs) for the prediction log unless logging
+        is disabled; their prediction ids (answered either way, by /predict and v2 infer alike)."""
+        s = outputs[SCORES]
+        ids, confidence = s["id"], s["confidence"]
+        if self.prediction_log is not None:
+            now, calibration_version = time.time(), s["calibration"][0][0]
+            self.prediction_log.enqueue([
+                PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
+                              s["raw_confidence"][i], s["probability_bytes"][i], s["logit_bytes"][i])
+                for i, k in enumerate(s["predicted"])])
+        return ids
+
     def respond(self, model: ServedModel, request: PredictRequest, outputs: dict) -> dict:
         """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch;
         queues the rows for the prediction log."""
         s = outputs[SCORES]
-        ids, predicted, confidence = s["id"], s["predicted"], s["confidence"]
+        ids, predicted, confidence = self.log(model, outputs), s["predicted"], s["confidence"]
         calibration_version, temperature = s["calibration"][0]
-        if self.prediction_log is not None:
-            now = time.time()
-            self.prediction_log.enqueue([
-                PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
-                              s["raw_confidence"][i], s["probability_bytes"][i], s["logit_bytes"][i])
-                for i, k in enumerate(predicted)])
         classes, probs = model.manifest.class_names, s["probabilities"]
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
         predictions = [{
@@ -165,18 +172,24 @@ class DataPlane:
 
     def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
         model = self.repository.get(name, version)
-        k = len(model.manifest.class_names)
+        k, pre = len(model.manifest.class_names), model.manifest.preprocessing
         return V2ModelMetadata(
             name=model.name, versions=sorted(self.repository.models[model.name], key=int),
             platform="onnxruntime_onnx",
             inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
             outputs=[V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
                      for o in ("logits", "probabilities")],
+            parameters={"classes": model.manifest.class_names, "preprocessing": pre.model_dump(),
+                        "image_polarity": ("dark strokes on a light background (the service inverts images)"
+                                           if pre.invert else "as the training images")},
         )
 
     async def v2_infer(self, name: str, version: str | None, request: V2InferenceRequest,
-                       binary: dict[str, np.ndarray] | None = None) -> tuple[ServedModel, dict[str, np.ndarray]]:
-        """Run a v2 request; ``binary`` holds inputs sent with the binary tensor extension."""
+                       binary: dict[str, np.ndarray] | None = None
+                       ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
+        """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
+        requested outputs and the rows' prediction ids. ``binary`` holds inputs sent with the binary
+        tensor extension."""
         model = self.repository.get(name, version)
         if len(request.inputs) != 1:
             raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
@@ -205,7 +218,7 @@ class DataPlane:
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
         outputs, _ = await self.infer(model, x)
-        return model, {name: outputs[name] for name in requested}
+        return model, {name: outputs[name] for name in requested}, self.log(model, outputs)
 
     @staticmethod
     def _v2_data(tensor) -> np.ndarray:

@@ -34,6 +34,33 @@ class InvalidInput(ServiceError):
     code = "invalid_input"
 
 
+class UnsupportedMediaType(ServiceError):
+    """The body's Content-Type is not one the endpoint reads."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+    def __init__(self, message: str):
+        super().__init__(message, field="headers.content-type")
+
+
+class Unauthorized(ServiceError):
+    """An admin request without the admin token."""
+
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str):
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ServiceError):
+    """Admin endpoints are disabled (no ``CALIB_ADMIN_TOKEN``)."""
+
+    status = 403
+    code = "admin_disabled"
+
+
 class ModelNotFound(ServiceError):
     """No such model or version in the repository."""
 

@@ -29,6 +29,7 @@ from calibkit.validation import row_problems
 from service.errors import InvalidInput, ModelNotFound
 from service.metrics import ServiceMetrics
 from service.repository import ModelRepository, ServedModel
+from service.schemas import WINDOW_PATTERN
 from service.storage import (
     LabelRow,
     NewestRows,
@@ -41,7 +42,7 @@ from service.storage import (
 
 log = logging.getLogger("service.monitoring")
 
-_WINDOW = re.compile(r"^(?:(?P<count>\d+)|(?P<amount>\d+(?:\.\d+)?)(?P<unit>[smhd]))$")
+_WINDOW = re.compile(WINDOW_PATTERN)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 DETAIL_CACHE_SIZE = 64
 REPLAY_LABELS = 5000  # label sequence numbers replayed into a detector restarted by an upgrade or new settings
@@ -63,12 +64,10 @@ class Window:
         if match is None:
             raise InvalidInput(f"window {spec!r} is neither a label count (e.g. 1000) nor a duration (e.g. 1h, 30m)",
                                field="window")
-        if match["count"]:
-            count = int(match["count"])
-            if count < 1:
-                raise InvalidInput("a count window needs at least 1 label", field="window")
-            return cls(spec, count=count)
-        return cls(spec, seconds=float(match["amount"]) * _UNIT_SECONDS[match["unit"]])
+        count_text, amount, unit = match.groups()
+        if count_text:
+            return cls(spec, count=int(count_text))
+        return cls(spec, seconds=float(amount) * _UNIT_SECONDS[unit])
 
     def to_dict(self) -> dict:
         return {"spec": self.spec, "kind": "count" if self.count else "time",

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import logging
-import secrets
 
 import anyio
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
-from service.codec import PlainRoute, decode, respond, validate
-from service.errors import InvalidInput, ServiceError
+from service.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
+from service.auth import authorize
+from service.errors import InvalidInput
 from service.schemas import (
     ActivateRequest,
     CalibrationReport,
     ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
+    WINDOW_PATTERN,
     RecalibrateRequest,
 )
 
@@ -26,19 +27,6 @@ router = APIRouter(tags=["monitoring"])
 
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}
 ADMIN_ERRORS = ERRORS | {401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}}
-
-
-class Unauthorized(ServiceError):
-    status = 401
-    code = "unauthorized"
-
-    def __init__(self, message: str):
-        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
-
-
-class Forbidden(ServiceError):
-    status = 403
-    code = "admin_disabled"
 
 
 def _monitor(request: Request):
@@ -51,7 +39,9 @@ class FeedbackEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = scope["app"].state
-        body = validate(FeedbackRequest, decode(await Request(scope, receive).body()))
+        request = Request(scope, receive)
+        media_type(request, "application/json")
+        body = validate(FeedbackRequest, decode(await request.body()))
         limit = state.settings.max_feedback_items
         if len(body.items) > limit:
             raise InvalidInput(f"holds {len(body.items)} items; at most {limit} are allowed per request",
@@ -75,7 +65,8 @@ FEEDBACK_CONTRACT = APIRoute("/feedback", feedback_contract, methods=["POST"], r
 
 @router.get("/calibration", response_model=CalibrationReport, responses=ERRORS)
 async def calibration(request: Request, model: str | None = None, version: str | None = None,
-                      window: str | None = Query(default=None, description="label count (1000) or duration (1h)")):
+                      window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
+                                                 description="a label count (1000) or a duration (30s, 15m, 1h, 7d)")):
     """Rolling calibration with intervals, reliability bins, reference values, drift and the alarm."""
     return await anyio.to_thread.run_sync(_monitor(request).report, model, version, window)
 
@@ -83,7 +74,8 @@ async def calibration(request: Request, model: str | None = None, version: str |
 @router.get("/calibration/reliability.png", responses=ERRORS | {200: {"content": {"image/png": {}}}},
             response_class=Response)
 async def reliability_png(request: Request, model: str | None = None, version: str | None = None,
-                          window: str | None = None) -> Response:
+                          window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
+                                                     description="as for GET /calibration")) -> Response:
     """The current reliability diagram with its confidence histogram."""
     png = await anyio.to_thread.run_sync(_monitor(request).reliability_png, model, version, window)
     return Response(png, media_type="image/png")
@@ -104,25 +96,24 @@ async def history(request: Request, model: str | None = None, version: str | Non
     return await anyio.to_thread.run_sync(_monitor(request).history, model, version)
 
 
-def _authorize(request: Request) -> None:
-    token = request.app.state.settings.admin_token
-    if token is None:
-        raise Forbidden("admin endpoints are disabled: set CALIB_ADMIN_TOKEN")
-    given = request.headers.get("authorization", "")
-    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), token.get_secret_value().encode()):
-        raise Unauthorized("a valid 'Authorization: Bearer <admin token>' header is required")
+async def _admin_body(request: Request, model: type[Model]) -> Model:
+    """The body of an admin request, read only once the token is checked."""
+    authorize(request)
+    media_type(request, "application/json")
+    return validate(model, decode(await request.body()))
 
 
-@router.post("/admin/recalibrate", responses=ADMIN_ERRORS, tags=["admin"])
-async def recalibrate(body: RecalibrateRequest, request: Request) -> dict:
+@router.post("/admin/recalibrate", responses=ADMIN_ERRORS, tags=["admin"], openapi_extra=json_body(RecalibrateRequest))
+async def recalibrate(request: Request) -> dict:
     """Refit the temperature on the window's labelled data and serve it as a new calibration version."""
-    _authorize(request)
+    body = await _admin_body(request, RecalibrateRequest)
     return await anyio.to_thread.run_sync(_monitor(request).recalibrate, body.model, body.version, body.window)
 
 
-@router.post("/admin/calibration/activate", responses=ADMIN_ERRORS, tags=["admin"])
-async def activate(body: ActivateRequest, request: Request) -> dict:
+@router.post("/admin/calibration/activate", responses=ADMIN_ERRORS, tags=["admin"],
+             openapi_extra=json_body(ActivateRequest))
+async def activate(request: Request) -> dict:
     """Serve a recorded calibration version again (0 = the manifest's): recalibration is reversible."""
-    _authorize(request)
+    body = await _admin_body(request, ActivateRequest)
     return await anyio.to_thread.run_sync(_monitor(request).activate, body.model, body.version,
                                           body.calibration_version)

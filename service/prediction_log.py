@@ -1,7 +1,7 @@
-"""Write-behind logging of predictions: /predict only appends to a bounded in-memory queue; a
-background task writes batches to the store. A full queue drops rows (counted, never blocks
-/predict); a failed write keeps the batch for the next attempt while there is room, so a short
-database outage loses nothing and a long one degrades to counted drops.
+"""Write-behind logging of predictions: /predict and v2 infer only append to a bounded in-memory
+queue (``DataPlane.log``); a background task writes batches to the store. A full queue drops rows
+(counted, never blocks inference); a failed write keeps the batch for the next attempt while there
+is room, so a short database outage loses nothing and a long one degrades to counted drops.
 """
 
 from __future__ import annotations

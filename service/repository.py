@@ -68,7 +68,7 @@ class ModelRepository:
         root = self.settings.artifacts
         if not root.is_dir():
             log.error("artifacts directory %s does not exist: no model to serve", root)
-            self.failed.append({"path": str(root), "error": "artifacts directory does not exist"})
+            self.failed.append({"path": ".", "error": "the artifacts directory does not exist"})
             return
         for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             try:
@@ -88,8 +88,12 @@ class ModelRepository:
         self.default = self._choose_default()
 
     def _refuse(self, path: Path, error: str) -> None:
+        """Log the refusal in full; list it (for /health) by its path inside the artifacts directory, with
+        no absolute path of this machine in it."""
         log.error("refused artifact %s: %s", path, error)
-        self.failed.append({"path": str(path), "error": error})
+        root = self.settings.artifacts
+        self.failed.append({"path": path.relative_to(root).as_posix(),
+                            "error": error.replace(f"{root.resolve()}/", "").replace(f"{root}/", "")})
 
     def _choose_default(self) -> str | None:
         wanted = self.settings.default_model
@@ -148,6 +152,8 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
         raise ValueError(f"manifest says {manifest.name}/{manifest.version} but it lies in "
                          f"{directory.parent.name}/{directory.name}")
     model_path = directory / manifest.model_file
+    if not model_path.resolve().is_relative_to(directory.resolve()):
+        raise ValueError(f"model_file {manifest.model_file!r} lies outside the version folder")
     if not model_path.is_file():
         raise ValueError(f"model file {model_path} is missing")
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest()

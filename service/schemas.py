@@ -6,11 +6,13 @@ Open Inference Protocol (KServe v2, as spoken by Triton and MLServer).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 Row = str | list[Any]
+WINDOW_PATTERN = r"^(?:(0*[1-9][0-9]*)|([0-9]+(?:\.[0-9]+)?)([smhd]))$"  # groups: count | amount, unit
+WINDOW = Field(default=None, pattern=WINDOW_PATTERN, description="a label count (1000) or a duration (30s, 15m, 1h, 7d)")
 
 
 class _Request(BaseModel):
@@ -23,7 +25,9 @@ class PredictRequest(_Request):
 
     model: str | None = Field(default=None, description="model name; the default model when omitted")
     version: str | None = Field(default=None, description="model version; the latest when omitted")
-    inputs: list[Row] = Field(description="one entry per row: a nested numeric array or a base64 image")
+    inputs: list[Row] = Field(min_length=1, description="one entry per row: a nested numeric array or a base64 "
+                              "image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
+                              "preprocessing.invert in GET /models)")
     top_k: int | None = Field(default=None, ge=1, description="also list the k most probable classes")
     return_logits: bool = False
     return_uncalibrated: bool = Field(default=False, description="also return softmax(logits) without calibration")
@@ -106,7 +110,7 @@ class V2Tensor(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    shape: list[int]
+    shape: list[Annotated[int, Field(ge=0)]]
     datatype: str
     parameters: dict[str, Any] | None = None
     data: list[Any] | None = None
@@ -124,23 +128,32 @@ class V2InferenceRequest(BaseModel):
 
     id: str | None = None
     parameters: dict[str, Any] | None = None
-    inputs: list[V2Tensor]
+    inputs: list[V2Tensor] = Field(min_length=1)
     outputs: list[V2RequestedOutput] | None = None
 
 
 class V2OutputTensor(BaseModel):
     name: str
-    shape: list[int]
+    shape: list[Annotated[int, Field(ge=0)]]
     datatype: str
     parameters: dict[str, Any] | None = None
     data: list[Any] | None = None
+
+
+class V2ResponseParameters(BaseModel):
+    """The response's parameters: this service's ``prediction_ids`` (others the protocol allows may follow)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prediction_ids: list[str] = Field(description="one prediction id per row of the input, in order; "
+                                                  "POST /feedback refers to them")
 
 
 class V2InferenceResponse(BaseModel):
     model_name: str
     model_version: str | None = None
     id: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: V2ResponseParameters
     outputs: list[V2OutputTensor]
 
 
@@ -156,6 +169,8 @@ class V2ModelMetadata(BaseModel):
     platform: str
     inputs: list[V2TensorMetadata]
     outputs: list[V2TensorMetadata]
+    parameters: dict[str, Any] = Field(description="the manifest's preprocessing, classes and the image polarity "
+                                       "that images sent to /predict must have")
 
 
 class V2ServerMetadata(BaseModel):
@@ -171,9 +186,13 @@ class V2Error(BaseModel):
 class FeedbackItem(_Request):
     """A true label for an earlier prediction (``prediction_id``), or for probabilities scored elsewhere."""
 
-    prediction_id: str | None = Field(default=None, max_length=64)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [{"required": ["prediction_id"]}, {"required": ["probabilities"]}]})
+
+    # absent when unused, never null: the schema's oneOf says exactly one of the two is given
+    prediction_id: str = Field(default=None, max_length=64)
     label: StrictStr | StrictInt = Field(description="class name or class index")
-    probabilities: list[float] | None = Field(default=None, max_length=100_000)
+    probabilities: list[float] = Field(default=None, max_length=100_000)
     model: str | None = None
     version: str | None = None
 
@@ -249,7 +268,7 @@ class CalibrationReport(BaseModel):
 class RecalibrateRequest(_Request):
     model: str | None = None
     version: str | None = None
-    window: str | None = None
+    window: str | None = WINDOW
 
 
 class ActivateRequest(_Request):

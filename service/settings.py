@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(default=4096 * 4096, ge=64, description="decoded image size limit (pixels)")
     retry_after_seconds: int = Field(default=1, ge=1)
+    store_timeout_seconds: float = Field(default=5.0, gt=0, description="the longest a store query may wait for a "
+                                         "lock or run (PostgreSQL statement and lock timeout, SQLite busy timeout, "
+                                         "pool checkout) before the request answers 503 with Retry-After")
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     gc_threshold: int = Field(default=10_000, ge=1, description="net allocations of container objects that start a "

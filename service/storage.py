@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from calibkit.alarms import OK
 from calibkit.binning import BinSums
@@ -284,10 +284,13 @@ def decode_rows(blobs: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1).astype(np.float64)
 
 
-def _engine(url: str) -> sa.Engine:
+def _engine(url: str, timeout: float) -> sa.Engine:
+    """The engine; a query waits at most ``timeout`` seconds for a lock (SQLite's busy timeout, PostgreSQL's
+    lock_timeout) and runs at most that long (PostgreSQL's statement_timeout), so a stuck store answers
+    503 in bounded time; the pool hands out a connection within it or fails."""
     if url.startswith("sqlite"):
         # a small statement cache: IN lists of varying length are a new prepared statement each
-        engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False,
+        engine = sa.create_engine(url, connect_args={"timeout": timeout, "check_same_thread": False,
                                                      "cached_statements": 32}, pool_pre_ping=True)
 
         @sa.event.listens_for(engine, "connect")
@@ -299,26 +302,39 @@ def _engine(url: str) -> sa.Engine:
             cursor.close()
 
         return engine
-    connect_args = {"connect_timeout": 3} if url.startswith("postgresql") else {}
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=5,
+    milliseconds = max(1, int(timeout * 1000))
+    connect_args = {"connect_timeout": max(1, round(timeout)),
+                    "options": f"-c statement_timeout={milliseconds} -c lock_timeout={milliseconds}"} \
+        if url.startswith("postgresql") else {}
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
                             connect_args=connect_args)
+
+
+def _unbounded(connection: sa.Connection) -> None:
+    """Lift the statement and lock timeouts for this transaction (migrations and retention may be long)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(sa.text("SET LOCAL statement_timeout = 0"))
+        connection.execute(sa.text("SET LOCAL lock_timeout = 0"))
 
 
 class Storage:
     """Every database operation of the service. Methods are blocking: call them from a thread."""
 
-    def __init__(self, url: str, retry_after: int = 1):
+    def __init__(self, url: str, retry_after: int = 1, timeout: float = 5.0):
         self.url = url
         self.retry_after = retry_after
-        self.engine = _engine(url)
+        self.engine = _engine(url, timeout)
         self.schema_ready = False
         self.last_error: str | None = None
 
     def _fail(self, exc: Exception) -> StorageUnavailable:
-        self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        log.warning("database unavailable: %s", self.last_error)
-        return StorageUnavailable(f"the feedback store is unavailable ({self.last_error}); retry later",
-                                  self.retry_after)
+        """The 503 for a failed operation. The driver's text (hosts, ports, database names) goes to the log,
+        once per outage, and to ``last_error`` for authenticated views; the client gets none of it."""
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+        if self.last_error is None:
+            log.warning("database unavailable: %s", error)
+        self.last_error = error
+        return StorageUnavailable("the feedback store is unavailable; retry later", self.retry_after)
 
     def _run(self, work, write: bool = True):
         """Run ``work(connection)`` in a transaction, creating the schema first if needed."""
@@ -327,16 +343,22 @@ class Storage:
                 self.migrate()
             with (self.engine.begin() if write else self.engine.connect()) as connection:
                 result = work(connection)
-            self.last_error = None
+            self._recovered()
             return result
         except SQLAlchemyError as exc:  # OperationalError, DBAPIError and every other driver failure
             raise self._fail(exc) from exc
+
+    def _recovered(self) -> None:
+        if self.last_error is not None:
+            log.warning("database available again")
+            self.last_error = None
 
     def migrate(self) -> None:
         """Create the schema (idempotent) and record its version; refuse a newer schema. Version 1
         had neither block sums nor the served probabilities on labels: the replica that moves the
         version to 2 adds the columns, copies them from the predictions and builds ``label_bins``."""
         with self.engine.begin() as connection:
+            _unbounded(connection)
             metadata.create_all(connection)
             found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
             if found is None:
@@ -349,14 +371,15 @@ class Storage:
         self.schema_ready = True
 
     def ping(self) -> bool:
+        """Whether the store answers now; any failure (unreachable, pool exhausted, timeout) is False."""
         try:
             with self.engine.connect() as connection:
                 connection.execute(sa.text("SELECT 1"))
-            self.last_error = None
-            return True
-        except (OperationalError, DBAPIError) as exc:
+        except SQLAlchemyError as exc:
             self._fail(exc)
             return False
+        self._recovered()
+        return True
 
     # predictions -----------------------------------------------------------------------------
 
@@ -591,6 +614,7 @@ class Storage:
     def purge(self, older_than: float) -> int:
         """Delete predictions (and their labels) created before ``older_than``; returns the count."""
         def work(c):
+            _unbounded(c)
             old = sa.select(predictions.c.id).where(predictions.c.created_at < older_than)
             touched = c.execute(sa.select(labels.c.model, labels.c.version, labels.c.calibration_version,
                                           _BLOCK).where(labels.c.prediction_id.in_(old)).distinct()).all()

@@ -3,6 +3,8 @@
 Includes the binary tensor data extension that ``tritonclient.http`` uses by default: a request
 whose JSON header is followed by raw tensor bytes (``Inference-Header-Content-Length``), and
 outputs returned as raw bytes when asked for with ``binary_data`` / ``binary_data_output``.
+Inferences are logged for monitoring like /predict; the response's ``parameters.prediction_ids``
+(one per row) are the ids POST /feedback refers to.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from service.schemas import V2Error, V2InferenceRequest, V2InferenceResponse, V2
 router = APIRouter(prefix="/v2", tags=["v2"])
 HEADER_LENGTH = "inference-header-content-length"
 ERRORS = {code: {"model": V2Error} for code in (400, 404, 413, 503)}
-INFER_BODY = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": {"$ref": "#/components/schemas/V2InferenceRequest"}},
-    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-}}}
+# The binary tensor extension cannot be written as an OpenAPI body (the split of the bytes is given by a
+# header), so the document declares the JSON form and says how to send the binary one.
+INFER_BODY = {"requestBody": {"required": True, "description": (
+    "JSON, or with the binary tensor data extension: the JSON header followed by the raw tensor bytes, the "
+    "header's length in bytes given by the Inference-Header-Content-Length header (as tritonclient.http sends)."),
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferenceRequest"}}}}}
 
 
 @router.get("", response_model=V2ServerMetadata)
@@ -63,8 +67,8 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
              openapi_extra=INFER_BODY)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     body, binary = await _parse(request)
-    model, outputs = await request.app.state.dataplane.v2_infer(name, version, body, binary)
-    return _encode(model.name, model.version, body, outputs)
+    model, outputs, ids = await request.app.state.dataplane.v2_infer(name, version, body, binary)
+    return _encode(model.name, model.version, body, outputs, ids)
 
 
 async def _parse(request: Request) -> tuple[V2InferenceRequest, dict[str, np.ndarray]]:
@@ -107,7 +111,8 @@ def _binary_inputs(body: V2InferenceRequest, blob: bytes) -> dict[str, np.ndarra
     return arrays
 
 
-def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str, np.ndarray]) -> Response:
+def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str, np.ndarray],
+            ids: list[str]) -> Response:
     binary_all = bool((body.parameters or {}).get("binary_data_output", False))
     wanted = {o.name: bool((o.parameters or {}).get("binary_data", binary_all)) for o in body.outputs or []}
     tensors, blobs = [], []
@@ -121,7 +126,8 @@ def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str
         else:
             tensor["data"] = values.ravel().tolist()
         tensors.append(tensor)
-    header = orjson.dumps({"model_name": name, "model_version": version, "id": body.id, "outputs": tensors})
+    header = orjson.dumps({"model_name": name, "model_version": version, "id": body.id,
+                           "parameters": {"prediction_ids": ids}, "outputs": tensors})
     if not blobs:
         return Response(header, media_type="application/json")
     return Response(header + b"".join(blobs), media_type="application/octet-stream",

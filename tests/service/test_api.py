@@ -116,7 +116,7 @@ def test_request_id_is_echoed_or_assigned(base_url):
 BAD_REQUESTS = [
     ({"model": "nope", "inputs": [[0]]}, 404, "model", "unknown model 'nope'"),
     ({"model": "toy", "version": "9", "inputs": [[0]]}, 404, "version", "has no version '9'"),
-    ({"inputs": []}, 422, "inputs", "at least one row"),
+    ({"inputs": []}, 422, "inputs", "at least 1 item"),
     ({"inputs": [[0.0] * 64] * 65}, 422, "inputs", "at most 64"),
     ({"inputs": [[1.0, 2.0, 3.0]]}, 422, "inputs[0]", "has shape [3]; expected [1, 8, 8]"),
     ({"inputs": [[[0.0] * 8] * 8, [[0.0] * 7] * 8]}, 422, "inputs[1]", "has shape [8, 7]"),

@@ -1,5 +1,6 @@
 """The model repository: broken artifacts are refused without stopping the others; providers reported."""
 
+import hashlib
 import json
 import logging
 import shutil
@@ -32,13 +33,17 @@ def _broken_repository(root, linear_artifact):
     not_onnx = linear_artifact(root, "notonnx", "1")
     (not_onnx / "model.onnx").write_bytes(b"not an onnx file")
     data = json.loads((not_onnx / "manifest.json").read_text())
-    import hashlib
-
     data["model_sha256"] = hashlib.sha256(b"not an onnx file").hexdigest()
     (not_onnx / "manifest.json").write_text(json.dumps(data))
     (root / "good" / "latest").mkdir()
     (root / "badserving").mkdir()
     (root / "badserving" / "serving.json").write_text('{"max_batch_size": 0}')
+    # a manifest pointing at a valid model outside its version folder (checksum and all)
+    escape = linear_artifact(root, "escape", "1")
+    data = json.loads((escape / "manifest.json").read_text())
+    data["model_file"] = "../../good/1/model.onnx"
+    data["model_sha256"] = hashlib.sha256((root / "good" / "1" / "model.onnx").read_bytes()).hexdigest()
+    (escape / "manifest.json").write_text(json.dumps(data))
 
 
 def test_broken_artifacts_are_refused_and_the_good_one_serves(tmp_path, linear_artifact, server_for, caplog):
@@ -48,19 +53,24 @@ def test_broken_artifacts_are_refused_and_the_good_one_serves(tmp_path, linear_a
             health = httpx.get(f"{base_url}/health").json()
             served = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]})
             refused = httpx.post(f"{base_url}/predict", json={"model": "badsha", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
+            escaped = httpx.post(f"{base_url}/predict", json={"model": "escape", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
     assert health["status"] == "degraded" and health["ready"]
     assert [m["name"] for m in health["models"]] == ["good"]
-    errors = {f["path"].split(str(tmp_path))[1]: f["error"] for f in health["failed_artifacts"]}
-    assert "does not match the manifest's sha256" in errors["/badsha/1"]
-    assert "model file" in errors["/missing/1"] and "is missing" in errors["/missing/1"]
-    assert "class_names" in errors["/badmanifest/1"]
-    assert "do not match the manifest input 'pixels'" in errors["/wronginput/1"]
-    assert "manifest says misplaced/1 but it lies in misplaced/3" in errors["/misplaced/3"]
-    assert "/notonnx/1" in errors
-    assert "version directories must be numbers" in errors["/good/latest"]
-    assert "invalid serving configuration" in errors["/badserving"]
+    # listed by their place in the artifacts directory: no absolute path of the machine is published
+    assert str(tmp_path) not in json.dumps(health)
+    errors = {f["path"]: f["error"] for f in health["failed_artifacts"]}
+    assert "does not match the manifest's sha256" in errors["badsha/1"]
+    assert "model file" in errors["missing/1"] and "is missing" in errors["missing/1"]
+    assert "class_names" in errors["badmanifest/1"]
+    assert "do not match the manifest input 'pixels'" in errors["wronginput/1"]
+    assert "manifest says misplaced/1 but it lies in misplaced/3" in errors["misplaced/3"]
+    assert "notonnx/1" in errors
+    assert "version directories must be numbers" in errors["good/latest"]
+    assert "invalid serving configuration" in errors["badserving"]
+    assert "lies outside the version folder" in errors["escape/1"]
     assert served.status_code == 200 and served.json()["model"] == "good"
     assert refused.status_code == 404
+    assert escaped.status_code == 404
     assert any("refused artifact" in r.message for r in caplog.records)
 
 

@@ -1,5 +1,7 @@
-"""Open Inference Protocol v2: JSON requests, the binary extension, and tritonclient.http unchanged."""
+"""Open Inference Protocol v2: JSON requests, the binary extension, tritonclient.http unchanged, and
+v2 inferences logged for monitoring like /predict."""
 
+import asyncio
 import json
 
 import httpx
@@ -8,9 +10,11 @@ import pytest
 import tritonclient.http as triton
 
 from calibkit.temperature import apply_temperature
+from service.settings import Settings
 from training.data import load_digits_splits
 
-X = load_digits_splits().test.x[:6]
+TEST = load_digits_splits().test
+X, Y = TEST.x[:6], TEST.y[:6]
 
 
 def test_server_and_health_endpoints(base_url):
@@ -28,6 +32,9 @@ def test_model_metadata(base_url):
     assert meta["platform"] == "onnxruntime_onnx" and meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
     assert [o["name"] for o in meta["outputs"]] == ["logits", "probabilities"]
+    # what an image must look like: the manifest's preprocessing and its polarity in words
+    assert meta["parameters"]["preprocessing"]["invert"] is True and len(meta["parameters"]["classes"]) == 10
+    assert meta["parameters"]["image_polarity"].startswith("dark strokes on a light background")
     assert httpx.get(f"{base_url}/v2/models/toy/versions/1").json()["versions"] == ["1", "2"]
 
 
@@ -84,7 +91,7 @@ V2_ERRORS = [
       "outputs": [{"name": "embeddings"}]}, 400, "unknown outputs ['embeddings']"),
     ({"inputs": [{"name": "input", "shape": [65, 1, 8, 8], "datatype": "FP32", "data": [0] * 64 * 65}]}, 400,
      "exceeds the limit of 64"),
-    ({"inputs": []}, 400, "expected exactly 1 input tensor"),
+    ({"inputs": []}, 400, "at least 1 item"),
     ({"input": []}, 400, "inputs: Field required"),
 ]
 
@@ -114,3 +121,101 @@ def test_v2_unknown_model_bad_json_and_bad_binary_sizes(base_url):
     r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=header,
                    headers={"Inference-Header-Content-Length": "99999"})
     assert r.status_code == 400 and "does not fit a body" in r.json()["error"]
+
+
+def _json_infer(base_url, x, **extra) -> dict:
+    payload = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+               **extra}
+    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=payload)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _binary_infer(base_url, x) -> tuple[dict, bytes]:
+    """A request with the binary tensor extension, all outputs as binary: the response's JSON header and the bytes."""
+    header = json.dumps({"parameters": {"binary_data_output": True},
+                         "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=header + x.astype(np.float32).tobytes(),
+                   headers={"Inference-Header-Content-Length": str(len(header))})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream", r.text
+    split = int(r.headers["Inference-Header-Content-Length"])
+    return json.loads(r.content[:split]), r.content[split:]
+
+
+def _flush(app) -> None:
+    """Write the prediction log's queue now, on the server's event loop."""
+    asyncio.run_coroutine_threadsafe(app.state.prediction_log.flush(), app.state.feedback_writer.loop).result(30)
+
+
+def _labels(base_url) -> int:
+    return httpx.get(f"{base_url}/calibration", params={"model": "digits-lenet5", "window": "1h"}).json()["n"]
+
+
+def _assert_logged_and_labelled(server, ids, probabilities):
+    """The rows of ``ids`` are stored as scored, and feedback on them is accepted and counted by /calibration."""
+    base_url, app = server
+    assert len(ids) == len(set(ids)) == len(probabilities)
+    _flush(app)
+    stored = app.state.storage.fetch_predictions(ids)
+    assert [(stored[i].model, stored[i].version, stored[i].predicted) for i in ids] == [
+        ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)]
+    np.testing.assert_allclose([stored[i].confidence for i in ids], probabilities.max(axis=1), atol=1e-6)
+    before = _labels(base_url)
+    items = [{"prediction_id": i, "label": int(y)} for i, y in zip(ids, Y)]
+    r = httpx.post(f"{base_url}/feedback", json={"items": items})
+    assert r.status_code == 200 and r.json() == {"accepted": len(ids), "rejected": []}, r.text
+    assert _labels(base_url) == before + len(ids)
+
+
+def test_json_infer_is_logged_and_its_prediction_ids_take_feedback(server):
+    body = _json_infer(server[0], X, outputs=[{"name": "probabilities"}])
+    ids = body["parameters"]["prediction_ids"]
+    assert len(ids) == len(X)
+    probabilities = np.array(body["outputs"][0]["data"]).reshape(body["outputs"][0]["shape"])
+    _assert_logged_and_labelled(server, ids, probabilities)
+
+
+def test_tritonclient_binary_infer_is_logged_and_its_prediction_ids_take_feedback(server):
+    client = triton.InferenceServerClient(url=server[0].removeprefix("http://"))
+    tensor = triton.InferInput("input", list(X.shape), "FP32")
+    tensor.set_data_from_numpy(X, binary_data=True)
+    result = client.infer("digits-lenet5", [tensor], outputs=[triton.InferRequestedOutput("probabilities",
+                                                                                          binary_data=True)])
+    ids = result.get_response()["parameters"]["prediction_ids"]
+    assert len(ids) == len(X)
+    _assert_logged_and_labelled(server, ids, result.as_numpy("probabilities"))
+
+
+def test_prediction_counter_equals_the_rows_v2_logs(server):
+    base_url, app = server
+    registry = app.state.metrics.registry
+
+    def counts() -> tuple[float, float]:
+        _flush(app)
+        return (registry.get_sample_value("calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) or 0.0,
+                registry.get_sample_value("calib_prediction_log_written_total") or 0.0)
+
+    predicted, written = counts()
+    json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"]
+    header, _ = _binary_infer(base_url, X[:4])
+    binary_ids = header["parameters"]["prediction_ids"]
+    assert (len(json_ids), len(binary_ids)) == (6, 4)
+    now_predicted, now_written = counts()
+    assert now_predicted - predicted == now_written - written == 10
+    assert len(app.state.storage.fetch_predictions(json_ids + binary_ids)) == 10
+
+
+def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_nothing(repository_dir, tmp_path,
+                                                                                     server_for):
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", prediction_log=False,
+                        database_url=f"sqlite:///{tmp_path / 'unlogged.db'}")
+    with server_for(settings) as (base_url, app):
+        predict_ids = [p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": X.tolist()}).json()["predictions"]]
+        json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"]
+        binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"]
+        assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
+        _flush(app)
+        assert app.state.storage.fetch_predictions(predict_ids + json_ids + binary_ids) == {}
+        assert app.state.metrics.registry.get_sample_value(
+            "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) == 16
