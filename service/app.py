@@ -64,7 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.dataplane = DataPlane(repository, settings, metrics, monitor,
                                         prediction_log if settings.prediction_log else None)
         monitor.export_bin_counters()
-        await _sync_store(app)
+        if not await _sync_store(app):
+            log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
         await app.state.dataplane.start()
         prediction_log.start()
         app.state.feedback_writer.start()
@@ -100,14 +101,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-async def _sync_store(app: FastAPI) -> None:
-    """Create/migrate the schema and load the active calibrations; a down store is logged, not fatal."""
+async def _sync_store(app: FastAPI) -> bool:
+    """Create/migrate the schema and load the active calibrations; whether the store answered (a down
+    store is not fatal, and ``Storage`` logs each outage once)."""
     try:
         await anyio.to_thread.run_sync(app.state.monitor.sync_calibrations)
-        app.state.metrics.storage_up.set(1)
     except StorageUnavailable:
         app.state.metrics.storage_up.set(0)
-        log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
+        return False
+    app.state.metrics.storage_up.set(1)
+    return True
 
 
 async def _housekeeping(app: FastAPI) -> None:

@@ -9,7 +9,6 @@ import onnxruntime as ort
 from fastapi import APIRouter, Request, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
@@ -65,9 +64,8 @@ async def _uploaded(request: Request) -> dict:
     is ``inputs[i]``), the other form fields are those of the JSON body (``model``, ``top_k``, ...)."""
     try:
         form = await request.form(max_files=request.app.state.settings.max_rows_per_request)
-    except (MultiPartException, HTTPException) as exc:
-        raise InvalidInput(f"is not a valid multipart/form-data body: {getattr(exc, 'message', exc.detail)}",
-                           field="body") from None
+    except HTTPException as exc:  # Starlette's 400 for a malformed body or too many files
+        raise InvalidInput(f"is not a valid multipart/form-data body: {exc.detail}", field="body") from None
     rows, fields = [], {}
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):

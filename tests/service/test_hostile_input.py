@@ -81,6 +81,11 @@ def test_images_upload_as_multipart_form_data_with_curl(admin, tmp_path):
     assert empty.status_code == 422 and empty.json()["error"]["field"] == "inputs"
     broken = httpx.post(f"{base_url}/predict", files={"file": ("x.png", b"not an image", "image/png")})
     assert broken.status_code == 422 and broken.json()["error"]["field"] == "inputs[0]"
+    malformed = httpx.post(f"{base_url}/predict", content=b"--x\r\nno headers",
+                           headers={"Content-Type": "multipart/form-data; boundary=x"})
+    assert malformed.status_code == 422 and malformed.json()["error"]["field"] in ("body", "inputs"), malformed.text
+    too_many = httpx.post(f"{base_url}/predict", files=[("file", (f"{i}.png", b"x")) for i in range(1025)])
+    assert too_many.status_code == 422 and "body" == too_many.json()["error"]["field"], too_many.text
 
 
 def test_admin_checks_the_token_before_the_body_and_the_scheme_in_any_case(admin):

@@ -110,6 +110,10 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
 
     test = load_digits_splits().test
     served = httpx.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}).json()
+    # The latest version answers; `make run` adds versions to artifacts/, so every check below names
+    # the version this test drives instead of taking whichever series comes first.
+    version = served["version"]
+    selector = f'model="digits-lenet5",version="{version}"'
     time.sleep(1.5)  # the replica that served the predictions writes its log every 0.5 s
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served["predictions"], test.y[:50])]
     assert httpx.post(f"{b}/feedback", json={"items": items}).json()["accepted"] == 50
@@ -117,29 +121,31 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=42)
     for k, start in enumerate(range(0, 1200, 100)):
         scale = 1.0 if start < 400 else 2.5
-        items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"}
+        items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5", "version": version}
                  for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
         assert httpx.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}).status_code == 200
 
     def every_report_alarmed():  # the replicas evaluate the alarm every second, not in the request
-        reports = [httpx.get(f"{u}/calibration").json() for u in urls]
+        reports = [httpx.get(f"{u}/calibration", params={"model": "digits-lenet5", "version": version}).json()
+                   for u in urls]
         return reports if all(r["alarm"]["state"] == "alarm" for r in reports) else None
 
     reports = _eventually(every_report_alarmed)
+    assert {r["version"] for r in reports} == {version}
     assert len({r["ece"] for r in reports}) == 1 and reports[0]["ece"] > 0.05
 
     def every_replica_alarmed():
-        alarmed = _query(prometheus, 'calib_alarm_state{model="digits-lenet5"} == 2')
+        alarmed = _query(prometheus, f'calib_alarm_state{{{selector}}} == 2')
         return alarmed if len(alarmed) == len(urls) else None
 
     state = _eventually(every_replica_alarmed)
     assert {s["metric"]["instance"] for s in state} == {u.removeprefix("http://") for u in urls}
-    alert = _eventually(lambda: _query(prometheus, 'ALERTS{alertname="ModelMiscalibrated"}'))
-    assert alert[0]["metric"]["alertstate"] in {"pending", "firing"} and alert[0]["metric"]["model"] == "digits-lenet5"
+    alert = _eventually(lambda: _query(prometheus, f'ALERTS{{alertname="ModelMiscalibrated",{selector}}}'))
+    assert alert[0]["metric"]["alertstate"] in {"pending", "firing"}
     # The bin counters exist from start-up (at 0, so increase() misses no label): the rule reads NaN
     # (0/0) until the labels' counts are scraped, then the shifted traffic's ECE once every replica's are.
     def rule_sees_the_shift():
-        ece = _query(prometheus, 'calib:ece_from_bins:1h{model="digits-lenet5"}')
+        ece = _query(prometheus, f'calib:ece_from_bins:1h{{{selector}}}')
         return ece if ece and float(ece[0]["value"][1]) > 0.05 else None
 
     assert float(_eventually(rule_sees_the_shift)[0]["value"][1]) > 0.05
