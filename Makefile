@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-.PHONY: run serve demo tools test bench bench-alarm artifacts study simulate clean
+.PHONY: run serve demo tools test test-fast bench bench-alarm artifacts study simulate clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ tools:
 ## test: install the dev extra and the tools, and run the test suite
 test: $(VENV)/.installed-dev tools
 	$(PY) -m pytest -q --doctest-modules calibkit tests
+
+## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,
+## docker-compose, promtool/prometheus, hadolint, wrk, server processes, long training and benchmark runs)
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -q --doctest-modules -m "not e2e" calibkit tests
 
 ## bench: run every benchmark (tables on stdout, bench/results/*.json, docs/benchmarks.md); about 15 minutes
 bench: $(VENV)/.installed-dev tools

@@ -38,7 +38,7 @@ import time
 import numpy as np
 from scipy import stats
 
-from bench.common import PYTHON, ROOT, machine, table, write_result
+from bench.common import PYTHON, RESULTS, ROOT, machine, table, write_result
 from calibkit import binning
 from calibkit.detector import DetectorConfig
 from calibkit.simulation import StreamOutcomes, draw, run_detector
@@ -158,7 +158,7 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
 
 def covariate_rows(args) -> dict:
     """The served model through HTTP (scripts/simulate_shift.py), noise and blur at severities 1, 3, 5."""
-    out = ROOT / "bench" / "results" / ("alarm_covariate-smoke.json" if args.smoke else "alarm_covariate.json")
+    out = RESULTS / ("alarm_covariate-smoke.json" if args.smoke else "alarm_covariate.json")
     command = [PYTHON, str(ROOT / "scripts" / "simulate_shift.py"), "--runs", "1" if args.smoke else "3",
                "--labels", "300" if args.smoke else "3000", "--max-shifted", "200" if args.smoke else "3000",
                "--corruptions", "gaussian_noise", "gaussian_blur", "--severities", *(["5"] if args.smoke else ["1", "3", "5"]),

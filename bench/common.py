@@ -17,7 +17,8 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+# BENCH_RESULTS_DIR moves the JSON results elsewhere (the tests point it at a temporary directory)
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results")
 
 
 def machine() -> dict:
@@ -31,7 +32,8 @@ def machine() -> dict:
 
 
 def write_result(name: str, data: dict, smoke: bool = False) -> Path:
-    """bench/results/<name>.json (smoke runs write <name>-smoke.json and never replace real results)."""
+    """bench/results/<name>.json, or under $BENCH_RESULTS_DIR (smoke runs write <name>-smoke.json and never replace
+    real results)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}{'-smoke' if smoke else ''}.json"
     path.write_text(json.dumps({"machine": machine(), **data}, indent=2))

@@ -4,7 +4,7 @@ labelled rows stored.
 Feedback: offline items (probabilities + label) in batches of ``--batch`` through HTTP for a fixed
 time, after one warm-up request (which also folds the directly written rows into the e-detector):
 labels/s. Calibration: ``--rows`` labelled predictions are written straight into the store
-(the same Storage calls the service makes), then GET /calibration is timed for windows of 10^3,
+(the same store calls the service makes), then GET /calibration is timed for windows of 10^3,
 10^5 and 10^6 labels (p50, p99). Prints a table and writes JSON.
 
     python -m bench.monitoring [--rows 1000000] [--smoke]
@@ -33,10 +33,11 @@ CALIBRATION_COLUMNS = ["window", "labels_arriving", "p50_ms", "p99_ms", "request
 
 def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
     """Write ``rows`` labelled predictions of the default model directly; returns seconds taken."""
-    from service.storage import LabelRow, PredictionRow, Storage, encode_rows, prediction_ids
+    from service.store import Store
+    from service.store.rows import LabelRow, PredictionRow, encode_rows, prediction_ids
 
-    storage = Storage(url)
-    storage.migrate()
+    storage = Store(url)
+    storage.db.migrate()
     edges = binning.equal_width_edges(15)
     start = time.perf_counter()
     for offset in range(0, rows, chunk):
@@ -56,8 +57,8 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         for id_, k, c, t, b, nl, br, pb, lb in columns:
             predictions.append(PredictionRow(id_, MODEL, "1", 0, now, k, c, c, pb, lb))
             labels.append(LabelRow(id_, MODEL, "1", 0, t, int(k == t), c, b, nl, br, now, pb, lb))
-        storage.insert_labels(labels, predictions)
-    storage.engine.dispose()
+        storage.labels.insert(labels, predictions)
+    storage.db.engine.dispose()
     return time.perf_counter() - start
 
 

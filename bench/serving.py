@@ -71,7 +71,7 @@ def heavy_artifact(root: Path) -> None:
 def raw_onnxruntime(path: Path, shape: tuple, seconds: float, batches=BATCH_SIZES) -> list[dict]:
     """rows/s of onnxruntime alone with the service's providers, sessions and thread settings: each of
     the model's sessions called back to back from its own thread, all at once."""
-    from service.runtime import create_runtime
+    from service.serving.runtime import create_runtime
     from service.settings import BatchingConfig, Settings
 
     settings = Settings()

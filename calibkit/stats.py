@@ -1,11 +1,11 @@
 """Mergeable sufficient statistics for streaming calibration metrics.
 
 A ``BinStats`` holds only sums: per top-label confidence bin the count, the sum of confidences
-and the number correct; per class and bin the same for p_k against 1[y = k]; and the totals of
-per-sample NLL and Brier terms. Sums add, so statistics of batches, time windows or service
-replicas merge by element-wise addition and every metric of the merged statistics equals the
-metric computed on the concatenated data (up to float rounding). This is what the service keeps
-per window instead of raw rows.
+and the number correct; per class and bin the same for p_k against 1[y = k] (unless it is built
+without classes); and the totals of per-sample NLL and Brier terms. Sums add, so statistics of
+batches, time windows or service replicas merge by element-wise addition and every metric of the
+merged statistics equals the metric computed on the concatenated data (up to float rounding). The
+service's store fills one per window from its per-block bin sums (``add_bins``), without classes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class BinStats:
     (4, 0.25, 0.75)
     """
 
-    n_classes: int
+    n_classes: int | None
     n_bins: int = 15
     count: np.ndarray = field(default=None, repr=False)
     confidence_sum: np.ndarray = field(default=None, repr=False)
@@ -44,17 +44,17 @@ class BinStats:
 
     def __post_init__(self) -> None:
         self.n_bins = check_n_bins(self.n_bins)
-        if isinstance(self.n_classes, bool) or not isinstance(self.n_classes, (int, np.integer)) or self.n_classes < 2:
-            raise ValueError(f"n_classes must be an integer >= 2, got {self.n_classes!r}")
-        self.n_classes = int(self.n_classes)
-        shapes = {
-            "count": (self.n_bins,),
-            "confidence_sum": (self.n_bins,),
-            "correct_sum": (self.n_bins,),
-            "class_count": (self.n_classes, self.n_bins),
-            "class_prob_sum": (self.n_classes, self.n_bins),
-            "class_label_sum": (self.n_classes, self.n_bins),
-        }
+        if self.n_classes is not None:
+            if (isinstance(self.n_classes, bool) or not isinstance(self.n_classes, (int, np.integer))
+                    or self.n_classes < 2):
+                raise ValueError(f"n_classes must be an integer >= 2 or None, got {self.n_classes!r}")
+            self.n_classes = int(self.n_classes)
+        shapes = {"count": (self.n_bins,), "confidence_sum": (self.n_bins,), "correct_sum": (self.n_bins,)}
+        if self.n_classes is not None:
+            shapes |= {name: (self.n_classes, self.n_bins) for name in _ARRAYS[3:]}
+        for name in _ARRAYS[3:]:
+            if name not in shapes and getattr(self, name) is not None:
+                raise ValueError(f"{name} must be None for statistics without classes")
         for name, shape in shapes.items():
             value = getattr(self, name)
             arr = np.zeros(shape) if value is None else np.array(value, dtype=np.float64)
@@ -66,8 +66,8 @@ class BinStats:
         self.nll_sum, self.brier_sum = float(self.nll_sum), float(self.brier_sum)
 
     @classmethod
-    def empty(cls, n_classes: int, n_bins: int = 15) -> "BinStats":
-        """Statistics of no data."""
+    def empty(cls, n_classes: int | None, n_bins: int = 15) -> "BinStats":
+        """Statistics of no data; ``n_classes=None`` keeps top-label sums only (no class-wise ECE)."""
         return cls(n_classes=n_classes, n_bins=n_bins)
 
     @classmethod
@@ -82,22 +82,45 @@ class BinStats:
         return int(round(self.count.sum()))
 
     def update(self, probs, labels) -> "BinStats":
-        """Add a batch in place (and return self). Its width must equal ``n_classes``."""
+        """Add a batch in place (and return self). Its width must equal ``n_classes`` (any width without
+        classes)."""
         p, y = check_probs_labels(probs, labels)
-        if p.shape[1] != self.n_classes:
+        if self.n_classes is not None and p.shape[1] != self.n_classes:
             raise ValueError(f"probs has {p.shape[1]} classes but these statistics are for {self.n_classes}")
         edges = binning.equal_width_edges(self.n_bins)
         confidence, predicted = metrics.top_label(p)
         top = binning.bin_sums(confidence, (predicted == y).astype(np.float64), edges)
-        per_class = binning.classwise_bin_sums(p, y, edges)
-        self.count += top.count
-        self.confidence_sum += top.confidence_sum
-        self.correct_sum += top.outcome_sum
-        self.class_count += per_class.count
-        self.class_prob_sum += per_class.confidence_sum
-        self.class_label_sum += per_class.outcome_sum
-        self.nll_sum += metrics.nll(p, y) * len(y)
-        self.brier_sum += metrics.brier(p, y) * len(y)
+        self.add_bins(np.arange(self.n_bins), top.count, top.confidence_sum, top.outcome_sum,
+                      metrics.nll(p, y) * len(y), metrics.brier(p, y) * len(y))
+        if self.n_classes is not None:
+            per_class = binning.classwise_bin_sums(p, y, edges)
+            self.class_count += per_class.count
+            self.class_prob_sum += per_class.confidence_sum
+            self.class_label_sum += per_class.outcome_sum
+        return self
+
+    def add_bins(self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0,
+                 brier_sum: float = 0.0) -> "BinStats":
+        """Add per-bin sums computed elsewhere (a store's bin totals) in place, and return self: bin
+        ``bins[i]`` gets ``count[i]`` predictions whose confidences sum to ``confidence_sum[i]`` with
+        ``correct_sum[i]`` correct; ``nll_sum`` and ``brier_sum`` are their total NLL and Brier terms.
+
+        >>> s = BinStats.empty(None, n_bins=2).add_bins([1], [4], [3.6], [3])
+        >>> s.n, round(s.ece(), 6)
+        (4, 0.15)
+        """
+        bins = np.asarray(bins, dtype=np.int64)
+        values = [np.asarray(v, dtype=np.float64) for v in (count, confidence_sum, correct_sum)]
+        if any(v.shape != bins.shape for v in values) or bins.ndim != 1:
+            raise ValueError("bins, count, confidence_sum and correct_sum must be 1-D of one length")
+        if len(bins) and (bins.min() < 0 or bins.max() >= self.n_bins):
+            raise ValueError(f"bin indexes must lie in [0, {self.n_bins})")
+        if not all(np.all(np.isfinite(v)) and v.min(initial=0.0) >= 0 for v in values):
+            raise ValueError("bin sums must be finite and non-negative")
+        for target, v in zip((self.count, self.confidence_sum, self.correct_sum), values):
+            np.add.at(target, bins, v)
+        self.nll_sum += float(nll_sum)
+        self.brier_sum += float(brier_sum)
         return self
 
     def merge(self, other: "BinStats") -> "BinStats":
@@ -107,7 +130,8 @@ class BinStats:
                 f"cannot merge statistics of {self.n_classes} classes x {self.n_bins} bins with "
                 f"{other.n_classes} classes x {other.n_bins} bins"
             )
-        summed = {name: getattr(self, name) + getattr(other, name) for name in _ARRAYS}
+        summed = {name: None if getattr(self, name) is None else getattr(self, name) + getattr(other, name)
+                  for name in _ARRAYS}
         return BinStats(
             n_classes=self.n_classes,
             n_bins=self.n_bins,
@@ -118,7 +142,9 @@ class BinStats:
 
     __add__ = merge
 
-    def _top(self) -> binning.BinSums:
+    @property
+    def sums(self) -> binning.BinSums:
+        """The top-label bin sums (what every binned metric of ``calibkit.binning`` takes)."""
         return binning.BinSums(self.count, self.confidence_sum, self.correct_sum)
 
     def _require_data(self) -> None:
@@ -127,29 +153,31 @@ class BinStats:
 
     def ece(self) -> float:
         """Top-label ECE, as ``metrics.ece`` on the accumulated data."""
-        return binning.calibration_error(self._top(), "l1")
+        return binning.calibration_error(self.sums, "l1")
 
     def mce(self) -> float:
         """Maximum calibration error, as ``metrics.mce``."""
-        return binning.calibration_error(self._top(), "max")
+        return binning.calibration_error(self.sums, "max")
 
     def debiased_ece(self) -> float:
         """Debiased l2 calibration error, as ``metrics.debiased_ece``."""
-        return binning.debiased_l2_error(self._top())
+        return binning.debiased_l2_error(self.sums)
 
     def overconfidence_error(self) -> float:
         """Overconfidence error, as ``metrics.overconfidence_error``."""
         self._require_data()
-        return binning.overconfidence(self._top())
+        return binning.overconfidence(self.sums)
 
     def classwise_ece(self) -> float:
         """Classwise ECE, as ``metrics.classwise_ece``."""
         self._require_data()
+        if self.n_classes is None:
+            raise ValueError("these statistics were built without classes: no class-wise sums")
         return binning.classwise_error(binning.BinSums(self.class_count, self.class_prob_sum, self.class_label_sum))
 
     def reliability(self) -> binning.Reliability:
         """Per-bin edges, count, mean confidence and accuracy, as ``metrics.reliability_bins``."""
-        return binning.reliability(self._top(), binning.equal_width_edges(self.n_bins))
+        return binning.reliability(self.sums, binning.equal_width_edges(self.n_bins))
 
     def accuracy(self) -> float:
         """Fraction correct."""
@@ -174,7 +202,7 @@ class BinStats:
     def to_dict(self) -> dict:
         """JSON-serialisable form; ``from_dict`` restores it exactly."""
         out = {"n_classes": self.n_classes, "n_bins": self.n_bins, "nll_sum": self.nll_sum, "brier_sum": self.brier_sum}
-        out.update({name: getattr(self, name).tolist() for name in _ARRAYS})
+        out.update({name: None if getattr(self, name) is None else getattr(self, name).tolist() for name in _ARRAYS})
         return out
 
     @classmethod

@@ -9,11 +9,12 @@ Starts the service on the default artifact (fresh SQLite store), then through th
 4. more corrupted digits: ECE is back down under the new calibration version.
 Prints a table as it goes and plots rolling ECE to runs/demo/rolling_ece.png.
 
-    python scripts/demo.py
+    python scripts/demo.py [--out-dir runs/demo]
 """
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,9 @@ BATCH = 50
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "demo", help="where the plot is written")
+    args = parser.parse_args()
     splits = load_digits_splits()
     x = np.concatenate([splits.val.x, splits.test.x])
     y = np.concatenate([splits.val.y, splits.test.y])
@@ -69,7 +73,7 @@ def main() -> None:
               f"{refit['calibration_version']} (window ECE {refit['ece_current']:.3f} -> {refit['ece_after']:.3f} "
               f"in-sample)\n")
         stream("after recalibration", 600, shifted=True)
-        plot(history, ROOT / "runs" / "demo" / "rolling_ece.png")
+        plot(history, args.out_dir / "rolling_ece.png")
     finally:
         service.stop()
         shutil.rmtree(workdir, ignore_errors=True)

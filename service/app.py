@@ -18,25 +18,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import __version__
 from service.dashboard import router as dashboard_router
-from service.dataplane import DataPlane
-from service.errors import ServiceError
-from service.evaluator import Evaluator
-from service.feedback_writer import FeedbackWriter
+from service.serving.dataplane import DataPlane
+from service.errors import ServiceError, StorageUnavailable
+from service.monitoring.evaluator import Evaluator
+from service.monitoring.feedback_writer import FeedbackWriter
 from service.http_errors import error_response
 from service.metrics import ServiceMetrics
 from service.middleware import ServingMiddleware
 from service.monitoring import Monitor
-from service.monitoring_routes import FEEDBACK_CONTRACT, FEEDBACK_ROUTES
-from service.monitoring_routes import router as monitoring_router
-from service.prediction_log import PredictionLog
-from service.repository import ModelRepository
-from service.rest import PREDICT_CONTRACT, PREDICT_ROUTES
-from service.rest import router as rest_router
+from service.monitoring.routes import FEEDBACK_CONTRACT, FEEDBACK_ROUTES
+from service.monitoring.routes import router as monitoring_router
+from service.serving.prediction_log import PredictionLog
+from service.serving.repository import ModelRepository
+from service.serving.rest import PREDICT_CONTRACT, PREDICT_ROUTES
+from service.serving.rest import router as rest_router
 from service.schemas import ActivateRequest, RecalibrateRequest, V2InferenceRequest
 from service.settings import Settings
-from service.storage import Storage, StorageUnavailable
-from service.v2 import router as v2_router
-from service.webhook import AlarmWebhook
+from service.store import Store
+from service.serving.v2 import router as v2_router
+from service.monitoring.webhook import AlarmWebhook
 
 log = logging.getLogger("service")
 
@@ -50,20 +50,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         repository = ModelRepository(settings)
         await anyio.to_thread.run_sync(repository.load)
-        storage = Storage(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
-        monitor = Monitor(storage, repository, metrics, n_bins=settings.n_bins,
+        store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
+        monitor = Monitor(store, repository, metrics, n_bins=settings.n_bins,
                           policy=settings.alarm, alarm_window=settings.alarm_window,
                           detail_rows=settings.detail_rows, drift_rows=settings.drift_rows,
                           n_resamples=settings.bootstrap_resamples)
-        prediction_log = PredictionLog(storage, metrics, max_pending=settings.prediction_log_queue)
-        app.state.storage, app.state.monitor, app.state.prediction_log = storage, monitor, prediction_log
+        prediction_log = PredictionLog(store, metrics, max_pending=settings.prediction_log_queue)
+        app.state.store, app.state.monitor, app.state.prediction_log = store, monitor, prediction_log
         webhook = AlarmWebhook(settings.webhook_url, metrics)
         app.state.feedback_writer = FeedbackWriter(monitor, prediction_log)
         app.state.evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
                                         seconds=settings.evaluate_seconds)
         app.state.dataplane = DataPlane(repository, settings, metrics, monitor,
                                         prediction_log if settings.prediction_log else None)
-        monitor.export_bin_counters()
+        monitor.feedback.export_bin_counters()
         if not await _sync_store(app):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
         await app.state.dataplane.start()
@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         housekeeping = asyncio.get_running_loop().create_task(_housekeeping(app))
         app.state.ready = True
         log.info("ready: %d model version(s), %d refused; store %s", len(repository.all()), len(repository.failed),
-                 "up" if storage.last_error is None else f"unavailable ({storage.last_error})")
+                 "up" if store.db.last_error is None else f"unavailable ({store.db.last_error})")
         yield
         app.state.ready = False
         housekeeping.cancel()
@@ -82,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await app.state.evaluator.stop()
         await prediction_log.stop()
         await webhook.aclose()
-        storage.engine.dispose()
+        store.db.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")
 
     telemetry = {} if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
@@ -103,9 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 async def _sync_store(app: FastAPI) -> bool:
     """Create/migrate the schema and load the active calibrations; whether the store answered (a down
-    store is not fatal, and ``Storage`` logs each outage once)."""
+    store is not fatal, and ``Database`` logs each outage once)."""
     try:
-        await anyio.to_thread.run_sync(app.state.monitor.sync_calibrations)
+        await anyio.to_thread.run_sync(app.state.monitor.sync)
     except StorageUnavailable:
         app.state.metrics.storage_up.set(0)
         return False
@@ -120,10 +120,10 @@ async def _housekeeping(app: FastAPI) -> None:
     while True:
         await asyncio.sleep(settings.calibration_refresh_seconds)
         await _sync_store(app)
-        if time.time() - last_purge > 3600 and app.state.storage.last_error is None:
+        if time.time() - last_purge > 3600 and app.state.store.db.last_error is None:
             cutoff = time.time() - settings.retention_days * 86400
             try:
-                purged = await anyio.to_thread.run_sync(app.state.storage.purge, cutoff)
+                purged = await anyio.to_thread.run_sync(app.state.store.purge, cutoff)
                 last_purge = time.time()
                 if purged:
                     log.info("retention: deleted %d predictions older than %.1f days", purged, settings.retention_days)

@@ -1,4 +1,4 @@
-"""Typed errors of the service, mapped to HTTP responses in one place (``service.app``).
+"""Typed errors of the service, mapped to HTTP responses in one place (``service.http_errors``).
 
 Every error names the field (a JSON path into the request, when there is one) and the problem,
 so a client can fix its request without reading server logs.
@@ -90,3 +90,13 @@ class NotReady(ServiceError):
 
     status = 503
     code = "not_ready"
+
+
+class StorageUnavailable(ServiceError):
+    """The database cannot be reached: retry later."""
+
+    status = 503
+    code = "storage_unavailable"
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after)})

@@ -14,3 +14,10 @@ def isolated_feedback_store(tmp_path_factory):
         os.environ.pop("CALIB_DATABASE_URL", None)
     else:
         os.environ["CALIB_DATABASE_URL"] = previous
+
+
+def pytest_collection_modifyitems(items):
+    """``slow`` implies ``e2e``: the fast tier (``pytest -m "not e2e"``) leaves slow tests out too."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.e2e)

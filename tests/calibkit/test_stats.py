@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibkit import metrics
+from calibkit import binning, metrics
 from calibkit.stats import BinStats
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
@@ -101,3 +101,32 @@ def test_from_dict_rejects_malformed_data(change, message):
 def test_from_dict_names_missing_fields():
     with pytest.raises(ValueError, match="missing fields: .*nll_sum"):
         BinStats.from_dict({"n_classes": 3, "n_bins": 15})
+
+
+def test_statistics_without_classes_filled_from_bin_sums_equal_those_of_the_data():
+    """What the service's store does: per-bin sums computed elsewhere (here by ``bin_sums``), added bin by
+    bin and merged, give the metrics of the data itself; class-wise ECE is refused, not made up."""
+    rng = np.random.default_rng(4)
+    probs = rng.dirichlet(np.ones(4) * 0.5, size=300)
+    labels = rng.integers(0, 4, size=300)
+    full = BinStats.from_arrays(probs, labels, n_bins=15)
+    halves = []
+    for part in (slice(0, 120), slice(120, 300)):
+        p, y = probs[part], labels[part]
+        confidence, predicted = p.max(axis=1), p.argmax(axis=1)
+        sums = binning.bin_sums(confidence, (predicted == y).astype(float), binning.equal_width_edges(15))
+        filled = np.flatnonzero(sums.count)
+        halves.append(BinStats.empty(None, 15).add_bins(filled, sums.count[filled], sums.confidence_sum[filled],
+                                                        sums.outcome_sum[filled], metrics.nll(p, y) * len(y),
+                                                        metrics.brier(p, y) * len(y)))
+    merged = halves[0] + halves[1]
+    assert merged.n == 300 and merged.n_classes is None
+    for name in ("ece", "mce", "debiased_ece", "accuracy", "mean_confidence", "nll", "brier"):
+        assert getattr(merged, name)() == pytest.approx(getattr(full, name)(), rel=1e-12), name
+    with pytest.raises(ValueError, match="without classes"):
+        merged.classwise_ece()
+    assert BinStats.from_dict(merged.to_dict()).to_dict() == merged.to_dict()
+    with pytest.raises(ValueError, match=r"bin indexes must lie in \[0, 15\)"):
+        BinStats.empty(None, 15).add_bins([15], [1], [0.5], [1])
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        BinStats.empty(None, 15).add_bins([0], [-1], [0.5], [1])

@@ -81,7 +81,7 @@ def postgres_url() -> str:
     """The machine's PostgreSQL (database test), emptied of this service's tables."""
     import sqlalchemy as sa
 
-    from service.storage import metadata
+    from service.store.schema import metadata
 
     url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     engine = sa.create_engine(url)
@@ -147,7 +147,7 @@ def server_for():
     return running_server
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
 def database_url(request, tmp_path) -> str:
     """Each monitoring test runs on an SQLite file and on the real PostgreSQL."""
     return f"sqlite:///{tmp_path / 'monitoring.db'}" if request.param == "sqlite" else postgres_url()

@@ -16,7 +16,9 @@ from calibkit.simulation import draw
 from calibkit.synthetic import Miscalibration, TrafficShape
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
-from service.storage import LabelRow, PredictionRow, Storage, labels, monitor_state
+from service.store import Store
+from service.store.rows import LabelRow, PredictionRow
+from service.store.schema import labels, monitor_state
 
 EDGES = binning.equal_width_edges(15)
 # calibrated labels, then over-confidence (population ECE 0.22): the alarm is raised within a few hundred
@@ -35,30 +37,30 @@ class _Repository:
         return SimpleNamespace(name=name, version=version, manifest=manifest)
 
 
-def _store(storage: Storage, model: str, start: int, stop: int) -> None:
+def _store(storage: Store, model: str, start: int, stop: int) -> None:
     conf, correct = CONFIDENCE[0, start:stop], CORRECT[0, start:stop]
     ids = [f"{model:>5}{i:027d}" for i in range(start, stop)]
     blobs = [np.array([c, 1 - c], np.float32).tobytes() for c in conf]
-    storage.insert_labels(
+    storage.labels.insert(
         [LabelRow(i, model, "1", 0, 0, int(y), float(c), int(binning.bin_index(np.array([c]), EDGES)[0]), 0.1, 0.1,
                   1000.0, b) for i, c, y, b in zip(ids, conf, correct, blobs)],
         [PredictionRow(i, model, "1", 0, 1000.0, 0, float(c), None, b, None, "offline")
          for i, c, b in zip(ids, conf, blobs)])
 
 
-def _monitor(storage: Storage) -> Monitor:
+def _monitor(storage: Store) -> Monitor:
     return Monitor(storage, _Repository(), ServiceMetrics(), n_bins=15, policy=AlarmPolicy(), alarm_window="500",
                    detail_rows=300, drift_rows=100, n_resamples=10)
 
 
-def _saved(storage: Storage, model: str):
-    with storage.engine.connect() as c:
+def _saved(storage: Store, model: str):
+    with storage.db.engine.connect() as c:
         return c.execute(sa.select(monitor_state).where(monitor_state.c.model == model)).one()
 
 
 def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evaluated(database_url):
-    storage = Storage(database_url)
-    storage.migrate()
+    storage = Store(database_url)
+    storage.db.migrate()
     often = _monitor(storage)
     for start in range(0, 1200, 50):  # evaluated every 50 labels by one process
         _store(storage, "a", start, start + 50)
@@ -72,17 +74,17 @@ def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evalua
     detector_a, detector_b = json.loads(a.detector), json.loads(b.detector)
     assert detector_a["n"] == detector_b["n"] == [1200]
     assert detector_a == detector_b  # the same state, bit for bit
-    storage.engine.dispose()
+    storage.db.engine.dispose()
 
 
 @pytest.mark.parametrize("old_detector", OLD_DETECTORS, ids=["shiryaev-roberts", "format-2"])
 def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url,
                                                                                           old_detector):
-    storage = Storage(database_url)
-    storage.migrate()
+    storage = Store(database_url)
+    storage.db.migrate()
     _store(storage, "old", 0, 1200)
     last_seq = _saved_seq(storage)
-    with storage.engine.begin() as c:  # the monitor row as the Shiryaev-Roberts service left it
+    with storage.db.engine.begin() as c:  # the monitor row as the Shiryaev-Roberts service left it
         c.execute(monitor_state.insert().values(model="old", version="1", calibration_version=0, last_seq=last_seq,
                                                 detector=old_detector, state="warning", since=5.0,
                                                 reasons='["e-detector not yet"]', updated_at=5.0))
@@ -91,11 +93,11 @@ def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_workin
     detector = json.loads(row.detector)
     assert detector["format"] == FORMAT and detector["n"] == [1200]  # the recent labels were replayed
     assert status.state == row.state == "alarm" and row.last_seq == last_seq
-    with storage.engine.connect() as c:
+    with storage.db.engine.connect() as c:
         assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar_one() == 1200
-    storage.engine.dispose()
+    storage.db.engine.dispose()
 
 
-def _saved_seq(storage: Storage) -> int:
-    with storage.engine.connect() as c:
+def _saved_seq(storage: Store) -> int:
+    with storage.db.engine.connect() as c:
         return c.execute(sa.select(sa.func.max(labels.c.seq))).scalar_one()

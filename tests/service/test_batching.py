@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.batching import DynamicBatcher
+from service.serving.batching import DynamicBatcher
 from service.errors import NotReady, Overloaded
 from service.settings import BatchingConfig, Settings
 

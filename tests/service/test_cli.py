@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 
 def _free_port() -> int:
@@ -33,6 +34,7 @@ def _start(args, env=None):
     raise RuntimeError(process.stdout.read())
 
 
+@pytest.mark.e2e  # spawns a server process (python -m service)
 def test_sigterm_lets_in_flight_requests_finish(tmp_path, linear_artifact):
     linear_artifact(tmp_path, "toy", "1")
     # a long queue delay keeps the request in flight while the process is asked to stop
@@ -56,6 +58,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, linear_artifact):
     assert "queued and in-flight batches finished" in output
 
 
+@pytest.mark.e2e  # spawns a server process (python -m service)
 def test_serves_the_committed_default_artifact_with_env_settings(tmp_path):
     import os
 

@@ -88,6 +88,7 @@ def chromium():
             browser.close()
 
 
+@pytest.mark.e2e  # needs Chromium
 def test_dashboard_shows_the_alarm_in_a_real_browser(repository_dir, server_for, tmp_path, evaluate_now, chromium):
     from PIL import Image as image_module
 
@@ -218,6 +219,7 @@ STYLES = """() => {
 }"""
 
 
+@pytest.mark.e2e  # needs Chromium
 @pytest.mark.parametrize("name", list(STATES))
 def test_dashboard_says_what_the_alarm_state_rests_on(name, repository_dir, server_for, tmp_path, evaluate_now,
                                                       chromium):

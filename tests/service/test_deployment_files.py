@@ -24,11 +24,13 @@ def _tool(name: str) -> str:
     return found
 
 
+@pytest.mark.e2e  # needs hadolint
 def test_dockerfile_passes_hadolint():
     result = subprocess.run([_tool("hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "", result.stdout
 
 
+@pytest.mark.e2e  # needs docker-compose
 def test_compose_file_is_accepted_by_docker_compose():
     result = subprocess.run([_tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config"],
                             capture_output=True, text=True, cwd=ROOT)
@@ -40,6 +42,7 @@ def test_compose_file_is_accepted_by_docker_compose():
     assert "pgdata" in config["volumes"]
 
 
+@pytest.mark.e2e  # needs promtool
 def test_alert_rules_check_and_unit_tests_pass():
     check = subprocess.run([_tool("promtool"), "check", "rules", str(PROMETHEUS / "alerts.yml")],
                            capture_output=True, text=True)
@@ -49,6 +52,7 @@ def test_alert_rules_check_and_unit_tests_pass():
     assert tests.returncode == 0 and "SUCCESS" in tests.stdout, tests.stdout + tests.stderr
 
 
+@pytest.mark.e2e  # needs promtool
 def test_prometheus_config_is_valid(tmp_path):
     config = (PROMETHEUS / "prometheus.yml").read_text().replace("/etc/prometheus/alerts.yml",
                                                                  str(PROMETHEUS / "alerts.yml"))

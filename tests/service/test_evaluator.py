@@ -6,13 +6,15 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 
 from calibkit import binning, metrics
 from calibkit.alarms import AlarmPolicy
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.settings import Settings
-from service.storage import LabelRow, PredictionRow, Storage, encode_rows, prediction_ids
+from service.store import Store
+from service.store.rows import LabelRow, PredictionRow, encode_rows, prediction_ids
 
 MODEL = "digits-lenet5"
 SERVED = {(MODEL, "1"), ("toy", "1"), ("toy", "2")}
@@ -65,7 +67,7 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(reposi
 
 def _store_labels(url: str, probs: np.ndarray, y: np.ndarray) -> None:
     """Store labelled offline predictions of the default model the way another replica's feedback does."""
-    storage = Storage(url)
+    storage = Store(url)
     n = len(y)
     predicted = probs.argmax(1)
     confidence = probs[np.arange(n), predicted]
@@ -78,8 +80,8 @@ def _store_labels(url: str, probs: np.ndarray, y: np.ndarray) -> None:
                                          None, "offline"))
         rows.append(LabelRow(id_, MODEL, "1", 0, int(y[i]), int(predicted[i] == y[i]), float(confidence[i]), bins[i],
                              nll[i], brier[i], now, blob))
-    storage.insert_labels(rows, predictions)
-    storage.engine.dispose()
+    storage.labels.insert(rows, predictions)
+    storage.db.engine.dispose()
 
 
 def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach_the_webhook(
@@ -103,19 +105,20 @@ def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach
         _wait(report_agrees, what="the report to show the last transition")
 
 
+@pytest.mark.e2e  # needs PostgreSQL
 def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, server_for, pg_url, cuttable_proxy,
                                                               caplog):
     settings = Settings(artifacts=repository_dir, default_model=MODEL, bootstrap_resamples=300,
                         database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
                         evaluate_seconds=0.05)
-    with caplog.at_level(logging.INFO, logger="service.evaluator"), server_for(settings) as (base_url, app):
+    with caplog.at_level(logging.INFO, logger="service.monitoring.evaluator"), server_for(settings) as (base_url, app):
         def completed() -> float:
             return next(s.value for s in app.state.metrics.evaluation.collect()[0].samples if s.name.endswith("_count"))
 
         _wait(lambda: completed() >= 2, what="evaluation passes")
         cuttable_proxy.cut()
         time.sleep(2.0)
-        messages = [r.getMessage() for r in caplog.records if r.name == "service.evaluator"]
+        messages = [r.getMessage() for r in caplog.records if r.name == "service.monitoring.evaluator"]
         assert sum("alarm evaluation paused" in m for m in messages) == 1, messages
         stalled = completed()
         cuttable_proxy.restore()

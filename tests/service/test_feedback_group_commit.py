@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from service.settings import Settings
-from service.storage import labels
+from service.store.schema import labels
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
@@ -25,13 +25,13 @@ class HeldWriter:
 
     def __init__(self, app):
         self.app = app
-        self.monitor, self.storage = app.state.monitor, app.state.storage
-        self.group, self.insert = self.monitor.record_feedback_group, self.storage.insert_labels
+        self.feedback, self.labels = app.state.monitor.feedback, app.state.store.labels
+        self.group, self.insert = self.feedback.record_group, self.labels.insert
         self.entered, self.released = threading.Event(), threading.Event()
         self.groups: list[int] = []
         self.transactions = 0
-        self.monitor.record_feedback_group = self._group
-        self.storage.insert_labels = self._insert
+        self.feedback.record_group = self._group
+        self.labels.insert = self._insert
 
     def _group(self, requests):
         self.groups.append(len(requests))
@@ -53,7 +53,7 @@ class HeldWriter:
 
     def restore(self) -> None:
         self.released.set()
-        del self.monitor.record_feedback_group, self.storage.insert_labels
+        del self.feedback.record_group, self.labels.insert
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def _post(base_url, payload=None, content=None):
 
 
 def _stored_labels(app, ids) -> dict:
-    with app.state.storage.engine.connect() as c:
+    with app.state.store.db.engine.connect() as c:
         return dict(c.execute(sa.select(labels.c.prediction_id, labels.c.label)
                               .where(labels.c.prediction_id.in_(ids))).all())
 
@@ -173,6 +173,7 @@ def test_shutdown_writes_the_queued_requests_first(held):
     assert late.status_code == 503 and late.json()["error"]["code"] == "not_ready"
 
 
+@pytest.mark.e2e  # needs PostgreSQL
 def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(repository_dir, server_for, pg_url,
                                                                               cuttable_proxy):
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", bootstrap_resamples=300,

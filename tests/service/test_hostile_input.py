@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from service.settings import Settings
+from service.store.rows import CalibrationKey
 from training.data import load_digits_splits
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -102,11 +103,12 @@ def test_admin_checks_the_token_before_the_body_and_the_scheme_in_any_case(admin
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "window"
 
 
+@pytest.mark.e2e  # needs PostgreSQL
 def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for, pg_url):
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url,
                         store_timeout_seconds=1)
     with server_for(settings) as (base_url, app):
-        engine = app.state.storage.engine
+        engine = app.state.store.db.engine
         held = [engine.connect() for _ in range(engine.pool.size() + engine.pool._max_overflow)]
         try:
             r = httpx.get(f"{base_url}/health", timeout=10)
@@ -117,6 +119,7 @@ def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for
         assert httpx.get(f"{base_url}/health").json()["status"] == "ok"
 
 
+@pytest.mark.e2e  # needs PostgreSQL
 def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository_dir, server_for, pg_url):
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url,
                         store_timeout_seconds=1)
@@ -142,14 +145,14 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
         assert waited < 5.0
         again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]})
         assert again.status_code == 200 and again.json()["accepted"] == 10
-        assert len(app.state.storage.recent_labels("digits-lenet5", "1", 0, 100)) == 20
+        assert len(app.state.store.labels.recent(CalibrationKey("digits-lenet5", "1", 0), 100)) == 20
 
 
 def test_an_unreachable_store_tells_clients_nothing_of_it_and_logs_once(repository_dir, server_for, caplog):
     url = "postgresql+psycopg://secretuser@127.0.0.1:1/secretdb"
     settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=url,
                         admin_token="s3cret", store_timeout_seconds=1)
-    with caplog.at_level(logging.WARNING, logger="service.storage"):
+    with caplog.at_level(logging.WARNING, logger="service.store"):
         with server_for(settings) as (base_url, _):
             answers = [httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": "p", "label": 0}]})
                        for _ in range(3)]

@@ -156,6 +156,11 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         logits = np.array([p["logits"] for p in after["predictions"]])
         probs = np.array([p["probabilities"] for p in after["predictions"]])
         np.testing.assert_allclose(probs, apply_temperature(logits, new_t), atol=1e-6)
+        v2 = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json={  # the same refit over v2
+            "inputs": [{"name": "input", "datatype": "FP32", "shape": list(x[:5].shape),
+                        "data": np.asarray(x[:5], np.float32).ravel().tolist()}],
+            "outputs": [{"name": "probabilities"}]}).json()
+        np.testing.assert_allclose(np.reshape(v2["outputs"][0]["data"], probs.shape), probs, atol=1e-6)
         assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
         back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
         assert back.json()["calibration_version"] == 0

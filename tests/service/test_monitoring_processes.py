@@ -13,12 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
+import pytest
 
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
+pytestmark = pytest.mark.e2e  # server processes (python -m service), some on PostgreSQL
 
 
 def _free_port() -> int:

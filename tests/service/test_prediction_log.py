@@ -7,8 +7,9 @@ import time
 import pytest
 
 from service.metrics import ServiceMetrics
-from service.prediction_log import PredictionLog
-from service.storage import PredictionRow, StorageUnavailable
+from service.serving.prediction_log import PredictionLog
+from service.errors import StorageUnavailable
+from service.store.rows import PredictionRow
 
 
 class SlowStore:
@@ -19,7 +20,11 @@ class SlowStore:
         self.down = False
         self.lock = threading.Lock()
 
-    def insert_predictions(self, rows):
+    @property
+    def predictions(self):  # stands in for Store.predictions
+        return self
+
+    def insert(self, rows):
         time.sleep(0.05)
         if self.down:
             raise StorageUnavailable("down")
@@ -73,8 +78,8 @@ class BatchRecorder(SlowStore):
         super().__init__()
         self.batches: list[int] = []
 
-    def insert_predictions(self, rows):
-        super().insert_predictions(rows)
+    def insert(self, rows):
+        super().insert(rows)
         self.batches.append(len(rows))
 
 
@@ -111,21 +116,21 @@ def test_sqlite_bulk_inserts_use_two_statement_texts_whatever_the_batch_lengths(
     with statements of thousands of parameters, hundreds of MiB that never come back."""
     import sqlalchemy as sa
 
-    from service.storage import Storage
+    from service.store import Store
 
-    storage = Storage(f"sqlite:///{tmp_path / 'log.db'}")
-    storage.migrate()
+    storage = Store(f"sqlite:///{tmp_path / 'log.db'}")
+    storage.db.migrate()
     texts = set()
-    sa.event.listen(storage.engine, "before_cursor_execute",
+    sa.event.listen(storage.db.engine, "before_cursor_execute",
                     lambda conn, cursor, statement, *args: texts.add(statement) if "INSERT" in statement else None)
     start = 0
     for n in (1, 7, 255, 256, 257, 600, 1999):
-        storage.insert_predictions(_rows(n, start))
+        storage.predictions.insert(_rows(n, start))
         start += n
-    with storage.engine.connect() as c:
+    with storage.db.engine.connect() as c:
         assert c.execute(sa.text("SELECT count(*) FROM predictions")).scalar() == start
     assert len(texts) == 2
-    storage.engine.dispose()
+    storage.db.engine.dispose()
 
 
 def test_bulk_insert_stores_every_field_exactly(database_url):
@@ -134,18 +139,19 @@ def test_bulk_insert_stores_every_field_exactly(database_url):
     import numpy as np
     import sqlalchemy as sa
 
-    from service.storage import Storage, predictions
+    from service.store import Store
+    from service.store.schema import predictions
 
-    storage = Storage(database_url)
-    storage.migrate()
+    storage = Store(database_url)
+    storage.db.migrate()
     rng = np.random.default_rng(0)
     rows = [PredictionRow(f"{i:032x}", "digits-lenet5", "7", i % 3, 1.7e9 + i / 3, i % 10, float(rng.random()),
                           None if i % 4 == 0 else float(rng.random()), rng.random(10).astype(np.float32).tobytes(),
                           None if i % 5 == 0 else rng.random(10).astype(np.float32).tobytes(),
                           "offline" if i % 2 else "online")
             for i in range(300)]
-    storage.insert_predictions(rows)
-    with storage.engine.connect() as c:
+    storage.predictions.insert(rows)
+    with storage.db.engine.connect() as c:
         stored = {r.id: tuple(r) for r in c.execute(sa.select(*[predictions.c[f] for f in PredictionRow._fields]))}
-    storage.engine.dispose()
+    storage.db.engine.dispose()
     assert stored == {r.id: tuple(r) for r in rows}

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.repository import ModelRepository
-from service.runtime import CPU, requested_providers
+from service.serving.repository import ModelRepository
+from service.serving.runtime import CPU, requested_providers
 from service.settings import Settings
 
 
@@ -48,7 +48,7 @@ def _broken_repository(root, linear_artifact):
 
 def test_broken_artifacts_are_refused_and_the_good_one_serves(tmp_path, linear_artifact, server_for, caplog):
     _broken_repository(tmp_path, linear_artifact)
-    with caplog.at_level(logging.ERROR, logger="service.repository"):
+    with caplog.at_level(logging.ERROR, logger="service.serving.repository"):
         with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
             health = httpx.get(f"{base_url}/health").json()
             served = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]})

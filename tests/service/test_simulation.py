@@ -5,7 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e  # scripts/simulate_shift.py spawns a server process
 
 
 def test_simulation_detects_shift_and_stays_quiet_in_distribution(tmp_path):

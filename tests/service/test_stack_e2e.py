@@ -26,6 +26,7 @@ from calibkit.temperature import softmax
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+pytestmark = pytest.mark.e2e  # PostgreSQL, Prometheus and two server processes
 
 
 def _free_port() -> int:

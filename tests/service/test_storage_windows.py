@@ -7,13 +7,17 @@ import pytest
 import sqlalchemy as sa
 
 from calibkit import binning
-from service.storage import BLOCK_LABELS, LabelRow, PredictionRow, Storage, label_bins, labels, schema_info
+from service.store import Store
+from service.store.blocks import BLOCK_LABELS
+from service.store.rows import CalibrationKey, LabelRow, PredictionRow
+from service.store.schema import label_bins, labels, schema_info
 
+KEY = CalibrationKey("m", "1", 0)
 N_BINS = 15
 EDGES = binning.equal_width_edges(N_BINS)
 
 
-def _fill(storage: Storage, n: int, *, start: int = 0, model: str = "m", t0: float = 1000.0, seed: int = 0) -> None:
+def _fill(storage: Store, n: int, *, start: int = 0, model: str = "m", t0: float = 1000.0, seed: int = 0) -> None:
     """``n`` labelled predictions, one second apart, stored in requests of up to 700 labels."""
     rng = np.random.default_rng(seed)
     for offset in range(0, n, 700):
@@ -28,17 +32,17 @@ def _fill(storage: Storage, n: int, *, start: int = 0, model: str = "m", t0: flo
         rows = [LabelRow(ids[i], model, "1", 0, 0, int(correct[i]), float(conf[i]),
                          int(binning.bin_index(conf[i:i + 1], EDGES)[0]), float(conf[i]), float(1 - conf[i]),
                          float(at[i]), blobs[i]) for i in range(k)]
-        storage.insert_labels(rows, preds)
+        storage.labels.insert(rows, preds)
 
 
-def _brute_force(storage: Storage, model: str = "m", *, last: int | None = None, cutoff: float | None = None):
+def _brute_force(storage: Store, model: str = "m", *, last: int | None = None, cutoff: float | None = None):
     query = sa.select(labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll,
                       labels.c.labelled_at).where(labels.c.model == model).order_by(labels.c.seq.desc())
     if cutoff is not None:
         query = query.where(labels.c.labelled_at >= cutoff)
     if last is not None:
         query = query.limit(last)
-    with storage.engine.connect() as c:
+    with storage.db.engine.connect() as c:
         rows = c.execute(query).all()
     conf = np.array([r.confidence for r in rows])
     correct = np.array([r.correct for r in rows], dtype=float)
@@ -49,37 +53,37 @@ def _brute_force(storage: Storage, model: str = "m", *, last: int | None = None,
 def _assert_same(agg, expected) -> None:
     sums, nll, last_seq, n = expected
     assert agg.n == n
-    np.testing.assert_allclose(agg.sums.count, sums.count)
-    np.testing.assert_allclose(agg.sums.confidence_sum, sums.confidence_sum, rtol=1e-9)
-    np.testing.assert_allclose(agg.sums.outcome_sum, sums.outcome_sum)
-    assert agg.nll_sum == pytest.approx(nll, rel=1e-9)
+    np.testing.assert_allclose(agg.stats.sums.count, sums.count)
+    np.testing.assert_allclose(agg.stats.sums.confidence_sum, sums.confidence_sum, rtol=1e-9)
+    np.testing.assert_allclose(agg.stats.sums.outcome_sum, sums.outcome_sum)
+    assert agg.stats.nll_sum == pytest.approx(nll, rel=1e-9)
     assert agg.last_seq == last_seq
 
 
 @pytest.fixture
 def filled(database_url):
-    storage = Storage(database_url)
-    storage.migrate()
+    storage = Store(database_url)
+    storage.db.migrate()
     _fill(storage, 3 * BLOCK_LABELS + 300)
     _fill(storage, 500, model="other", seed=1)  # interleaved in the sequence, never counted for "m"
     _fill(storage, 400, start=3 * BLOCK_LABELS + 300, seed=2)
     yield storage
-    storage.engine.dispose()
+    storage.db.engine.dispose()
 
 
 def test_count_windows_equal_a_scan_of_every_row(filled):
     total = 3 * BLOCK_LABELS + 700
     for last in (1, 17, 399, 400, 401, BLOCK_LABELS, BLOCK_LABELS + 1, 2500, total - 1, total, total + 10):
-        _assert_same(filled.window("m", "1", 0, N_BINS, last=last), _brute_force(filled, last=last))
-    _assert_same(filled.window("m", "1", 0, N_BINS), _brute_force(filled))
-    with filled.engine.connect() as c:  # the block sums really are the source: far fewer rows than labels
+        _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last))
+    _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS), _brute_force(filled))
+    with filled.db.engine.connect() as c:  # the block sums really are the source: far fewer rows than labels
         assert c.execute(sa.select(sa.func.count()).select_from(label_bins)).scalar() < total / 10
 
 
 def test_time_windows_equal_a_scan_of_every_row(filled):
     now = 1000.0 + 3 * BLOCK_LABELS + 700
     for seconds in (0.5, 10, 399.5, 1000, 2047, 2048.5, 5000, 10**6):
-        _assert_same(filled.window("m", "1", 0, N_BINS, seconds=seconds, now=now),
+        _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, seconds=seconds, now=now),
                      _brute_force(filled, cutoff=now - seconds))
 
 
@@ -87,59 +91,56 @@ def test_purge_rebuilds_the_block_sums_it_touches(filled):
     purged = filled.purge(older_than=1000.0 + 1500)
     assert purged > 1500  # labels of both models
     for last in (100, 2000, 10**6):
-        _assert_same(filled.window("m", "1", 0, N_BINS, last=last), _brute_force(filled, last=last))
-    _assert_same(filled.window("other", "1", 0, N_BINS), _brute_force(filled, "other"))
+        _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last))
+    _assert_same(filled.labels.window(CalibrationKey("other", "1", 0), N_BINS), _brute_force(filled, "other"))
 
 
 def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrated(database_url):
-    storage = Storage(database_url)
-    storage.migrate()
+    storage = Store(database_url)
+    storage.db.migrate()
     _fill(storage, 2 * BLOCK_LABELS + 5)
-    with storage.engine.begin() as c:  # what a version-1 service left behind: no block sums, no blobs on labels
+    with storage.db.engine.begin() as c:  # what a version-1 service left behind: no block sums, no blobs on labels
         c.execute(label_bins.delete())
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN logits")
         c.execute(schema_info.update().values(version=1))
-    fresh = Storage(database_url)
-    fresh.migrate()
-    fresh.migrate()  # idempotent: a second replica starting does not add the sums twice
-    with fresh.engine.connect() as c:
+    fresh = Store(database_url)
+    fresh.db.migrate()
+    fresh.db.migrate()  # idempotent: a second replica starting does not add the sums twice
+    with fresh.db.engine.connect() as c:
         assert c.execute(sa.select(schema_info.c.version)).scalar() == 2
     for last in (10, 1500, None):
-        _assert_same(fresh.window("m", "1", 0, N_BINS, last=last), _brute_force(fresh, last=last))
-    rows, _ = fresh.newest_rows("m", "1", 0, 50)
+        _assert_same(fresh.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(fresh, last=last))
+    rows, _ = fresh.labels.newest(KEY, 50)
     y, probs = rows.y, rows.probs
     assert len(y) == 50 and np.isnan(rows.logits).all()
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)  # copied from the predictions
-    fresh.engine.dispose()
-    storage.engine.dispose()
+    fresh.db.engine.dispose()
+    storage.db.engine.dispose()
 
 
 def test_newest_rows_held_by_the_monitor_equal_a_fresh_fetch(database_url):
     """The monitor holds the newest labelled rows and then reads only the labels that arrived since;
     what it holds equals a fetch of the newest rows from scratch after new labels, after a deletion
     among the rows it holds (a purge), and after more new labels than it holds."""
-    from types import SimpleNamespace
-
     from calibkit.alarms import AlarmPolicy
     from service.monitoring import Monitor
 
-    storage = Storage(database_url)
-    storage.migrate()
+    storage = Store(database_url)
+    storage.db.migrate()
     monitor = Monitor(storage, None, None, n_bins=N_BINS, policy=AlarmPolicy(), alarm_window="1000", detail_rows=300,
                       drift_rows=100, n_resamples=10)
-    served = SimpleNamespace(name="m", version="1")
-    reads, fetch = [], storage.newest_rows
+    reads, fetch = [], storage.labels.newest
 
     def recorded(*args, **kwargs):
         out = fetch(*args, **kwargs)
         reads.append((kwargs.get("after_seq", 0), len(out[0].seq)))
         return out
 
-    storage.newest_rows = recorded
+    storage.labels.newest = recorded
 
     def assert_fresh():
-        held, (expected, _) = monitor._newest_rows(served, 0), fetch("m", "1", 0, 300)
+        held, (expected, _) = monitor.reports._newest_rows(KEY), fetch(KEY, 300)
         for a, b in zip(held, expected):
             np.testing.assert_array_equal(a, b)
         return held
@@ -150,12 +151,12 @@ def test_newest_rows_held_by_the_monitor_equal_a_fresh_fetch(database_url):
     reads.clear()
     assert_fresh()
     assert reads == [(reads[0][0], 40)] and reads[0][0] > 0  # only the 40 new labels were read
-    with storage.engine.begin() as c:  # a purge deletes some of the rows held
-        held_seq = monitor._newest_rows(served, 0).seq
+    with storage.db.engine.begin() as c:  # a purge deletes some of the rows held
+        held_seq = monitor.reports._newest_rows(KEY).seq
         c.execute(labels.delete().where(labels.c.seq.in_([int(s) for s in held_seq[100:110]])))
     reads.clear()
     assert_fresh()
     assert len(reads) == 2 and reads[1] == (0, 300)  # noticed, and refetched whole
     _fill(storage, 700, start=540, seed=2)
     assert_fresh()
-    storage.engine.dispose()
+    storage.db.engine.dispose()

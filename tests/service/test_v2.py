@@ -157,7 +157,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     base_url, app = server
     assert len(ids) == len(set(ids)) == len(probabilities)
     _flush(app)
-    stored = app.state.storage.fetch_predictions(ids)
+    stored = app.state.store.predictions.fetch(ids)
     assert [(stored[i].model, stored[i].version, stored[i].predicted) for i in ids] == [
         ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)]
     np.testing.assert_allclose([stored[i].confidence for i in ids], probabilities.max(axis=1), atol=1e-6)
@@ -203,7 +203,7 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
     assert (len(json_ids), len(binary_ids)) == (6, 4)
     now_predicted, now_written = counts()
     assert now_predicted - predicted == now_written - written == 10
-    assert len(app.state.storage.fetch_predictions(json_ids + binary_ids)) == 10
+    assert len(app.state.store.predictions.fetch(json_ids + binary_ids)) == 10
 
 
 def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_nothing(repository_dir, tmp_path,
@@ -216,6 +216,6 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
         binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"]
         assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
         _flush(app)
-        assert app.state.storage.fetch_predictions(predict_ids + json_ids + binary_ids) == {}
+        assert app.state.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
         assert app.state.metrics.registry.get_sample_value(
             "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) == 16

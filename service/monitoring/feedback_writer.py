@@ -4,7 +4,7 @@ Requests queue their items here; one task writes them. The requests that arrive 
 progress form the next group (up to ``max_group_items`` items, and always at least one request):
 the prediction log is flushed once (the predictions they label are then stored), and all their
 items are joined, checked and stored in one transaction in a worker thread
-(``Monitor.record_feedback_group``). Each request is answered with its own result only after that
+(``FeedbackRecorder.record_group``). Each request is answered with its own result only after that
 commit; a failed write fails every request of its group, so nothing of it is acknowledged.
 """
 
@@ -18,7 +18,7 @@ import anyio
 
 from service.errors import NotReady
 from service.monitoring import Monitor
-from service.prediction_log import PredictionLog
+from service.serving.prediction_log import PredictionLog
 
 log = logging.getLogger("service.feedback")
 
@@ -84,7 +84,7 @@ class FeedbackWriter:
             return
         try:
             await self.prediction_log.flush()
-            bodies = await anyio.to_thread.run_sync(self.monitor.record_feedback_group, [items for items, _ in group])
+            bodies = await anyio.to_thread.run_sync(self.monitor.feedback.record_group, [items for items, _ in group])
         except Exception as exc:  # noqa: BLE001 - StorageUnavailable, or a bug (500): nothing is acknowledged
             for _, future in group:
                 if not future.done():

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from service import __version__
 from service.auth import is_admin
-from service.codec import MULTIPART, Phases, PlainRoute, decode, media_type, respond, validate
+from service.serving.codec import MULTIPART, Phases, PlainRoute, decode, media_type, respond, validate
 from service.errors import InvalidInput
 from service.schemas import ErrorResponse, HealthResponse, ModelsResponse, PredictRequest, PredictResponse
 
@@ -31,7 +31,7 @@ ERRORS = {
 
 
 class PredictEndpoint:
-    """POST /predict as a plain ASGI endpoint (see ``service.codec``): calibrated probabilities for a
+    """POST /predict as a plain ASGI endpoint (see ``service.serving.codec``): calibrated probabilities for a
     batch of rows (arrays or base64 PNG/JPEG images). Times its phases in the server's histograms and
     tells the client its queue and inference time in a ``Server-Timing`` header (W3C Server Timing)."""
 
@@ -113,13 +113,13 @@ async def health(request: Request, response: Response) -> HealthResponse:
                "queued_rows": m.batcher.queued_rows if m.batcher else 0}
               for m in repository.all()]
     ready = state.ready and any(m["ready"] for m in models)
-    storage = state.storage
-    store_up = await anyio.to_thread.run_sync(storage.ping)
+    db = state.store.db
+    store_up = await anyio.to_thread.run_sync(db.ping)
     state.metrics.storage_up.set(int(store_up))
-    store = {"backend": storage.engine.dialect.name, "up": store_up,
+    store = {"backend": db.engine.dialect.name, "up": store_up,
              "prediction_log_pending": state.prediction_log.pending}
     if is_admin(request):
-        store["error"] = storage.last_error  # the driver's text: hosts, ports, database names
+        store["error"] = db.last_error  # the driver's text: hosts, ports, database names
     status = "not_ready" if not ready else ("degraded" if repository.failed or not store_up else "ok")
     if not ready:
         response.status_code = 503

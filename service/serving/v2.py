@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
-from pydantic import ValidationError
 
-from service.dataplane import V2_DATATYPES, server_metadata
+from service.serving.codec import validate
+from service.serving.dataplane import V2_DATATYPES, server_metadata
 from service.errors import InvalidInput, NotReady
 from service.schemas import V2Error, V2InferenceRequest, V2InferenceResponse, V2ModelMetadata, V2ServerMetadata
 
@@ -84,11 +84,7 @@ async def _parse(request: Request) -> tuple[V2InferenceRequest, dict[str, np.nda
         data = orjson.loads(raw[:split])
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"is not valid JSON: {exc}", field="body") from None
-    try:
-        body = V2InferenceRequest.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidInput(first["msg"], field=".".join(map(str, first["loc"])) or "body") from None
+    body = validate(V2InferenceRequest, data)
     return body, _binary_inputs(body, raw[split:])
 
 

@@ -17,12 +17,12 @@ import numpy as np
 from pydantic import ValidationError
 
 from calibkit.manifest import Manifest, load_manifest
-from service.batching import DynamicBatcher
+from service.serving.batching import DynamicBatcher
 from service.errors import ModelNotFound, NotReady
-from service.runtime import ModelRuntime, create_runtime
+from service.serving.runtime import ModelRuntime, create_runtime
 from service.settings import BatchingConfig, Settings
 
-log = logging.getLogger("service.repository")
+log = logging.getLogger("service.serving.repository")
 
 SERVING_FILE = "serving.json"
 

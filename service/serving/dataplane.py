@@ -1,23 +1,21 @@
 """What the endpoints do, independent of HTTP: predict, model metadata and v2 inference.
 
-Routes in ``service.rest`` and ``service.v2`` only translate HTTP to these calls and back.
+Routes in ``service.serving.rest`` and ``service.serving.v2`` only translate HTTP to these calls and back.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
-from calibkit.temperature import apply_temperature, softmax
 from service import __version__
-from service.batching import DynamicBatcher, Timing
+from service.serving.batching import DynamicBatcher, Timing
 from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
-from service.preprocessing import to_batch
-from service.repository import ModelRepository, ServedModel
-from service.runtime import ModelRuntime
+from service.serving.preprocessing import to_batch
+from service.serving.repository import ModelRepository, ServedModel
+from service.serving.runtime import ModelRuntime
 from service.schemas import (
     ModelInfo,
     ModelsResponse,
@@ -27,10 +25,10 @@ from service.schemas import (
     V2ModelMetadata,
     V2TensorMetadata,
 )
+from service.serving.scoring import ScoredBatch, score
 from service.settings import Settings
-from service.storage import PredictionRow, encode_rows, prediction_ids
 
-SCORES = "_scores"  # key of the per-row /predict values among a batch's outputs (not an ONNX output name)
+SCORES = "_scores"  # key of the batch's ScoredBatch among its outputs (not an ONNX output name)
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
                 "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
 
@@ -97,60 +95,38 @@ class DataPlane:
         return model, x
 
     def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> dict:
-        """On an inference thread: the outputs of one of the model's sessions plus everything /predict
-        needs per row (``SCORES``), computed once per batch, so each request's share is plain slicing."""
+        """On an inference thread: the outputs of one of the model's sessions plus the batch scored under
+        the calibration in force (``SCORES``), built once for both protocols and the prediction log."""
         outputs = runtime.run(x)
         names = model.manifest.outputs
-        logits = outputs[names["logits"]].astype(np.float64)
-        calibration_version, temperature = (self.monitor.active(model) if self.monitor is not None
+        calibration_version, temperature = (self.monitor.calibrations.active(model) if self.monitor is not None
                                             else (0, model.manifest.calibration.temperature))
-        # version 0 is baked into the ONNX graph; a refitted temperature is applied to the logits here
-        probs = (outputs[names["probabilities"]].astype(np.float64) if calibration_version == 0
-                 else apply_temperature(logits, temperature))
-        uncalibrated = softmax(logits)
-        n = len(probs)
-        predicted = probs.argmax(axis=1)
-        logged = self.prediction_log is not None
-        return outputs | {SCORES: {
-            "probability_bytes": encode_rows(probs) if logged else [None] * n,
-            "logit_bytes": encode_rows(logits) if logged else [None] * n,
-            "id": prediction_ids(n), "predicted": predicted.tolist(), "confidence": probs[np.arange(n), predicted].tolist(),
-            "probabilities": probs, "logits": logits, "uncalibrated": uncalibrated,
-            "raw_confidence": uncalibrated.max(axis=1).tolist(),
-            "calibration": [(calibration_version, temperature)] * n,
-        }}
+        return outputs | {SCORES: score(outputs[names["logits"]], outputs[names["probabilities"]], calibration_version,
+                                        temperature, encode=self.prediction_log is not None)}
 
-    def log(self, model: ServedModel, outputs: dict) -> list[str]:
-        """Queue a request's rows of a batch (``infer``'s outputs) for the prediction log unless logging
-        is disabled; their prediction ids (answered either way, by /predict and v2 infer alike)."""
-        s = outputs[SCORES]
-        ids, confidence = s["id"], s["confidence"]
+    def log(self, model: ServedModel, scored: ScoredBatch) -> list[str]:
+        """The one logging hook of both protocols: queue a request's scored rows for the prediction log
+        unless logging is disabled; their prediction ids (answered either way)."""
         if self.prediction_log is not None:
-            now, calibration_version = time.time(), s["calibration"][0][0]
-            self.prediction_log.enqueue([
-                PredictionRow(ids[i], model.name, model.version, calibration_version, now, k, confidence[i],
-                              s["raw_confidence"][i], s["probability_bytes"][i], s["logit_bytes"][i])
-                for i, k in enumerate(s["predicted"])])
-        return ids
+            self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version))
+        return scored.ids
 
     def respond(self, model: ServedModel, request: PredictRequest, outputs: dict) -> dict:
         """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch;
         queues the rows for the prediction log."""
-        s = outputs[SCORES]
-        ids, predicted, confidence = self.log(model, outputs), s["predicted"], s["confidence"]
-        calibration_version, temperature = s["calibration"][0]
-        classes, probs = model.manifest.class_names, s["probabilities"]
+        s: ScoredBatch = outputs[SCORES]
+        ids, classes, probs = self.log(model, s), model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
         predictions = [{
-            "id": ids[i], "label": classes[k], "class_index": k, "confidence": confidence[i],
+            "id": ids[i], "label": classes[k], "class_index": k, "confidence": s.confidence[i],
             "probabilities": probs[i],
             "top_k": None if order is None else [{"label": classes[j], "class_index": j,
                                                   "probability": float(probs[i, j])} for j in order[i]],
-            "logits": s["logits"][i] if request.return_logits else None,
-            "uncalibrated_probabilities": s["uncalibrated"][i] if request.return_uncalibrated else None,
-        } for i, k in enumerate(predicted)]
-        return {"model": model.name, "version": model.version, "calibration_version": calibration_version,
-                "temperature": temperature, "provider": model.runtime.provider, "predictions": predictions}
+            "logits": s.logits[i] if request.return_logits else None,
+            "uncalibrated_probabilities": s.uncalibrated[i] if request.return_uncalibrated else None,
+        } for i, k in enumerate(s.predicted)]
+        return {"model": model.name, "version": model.version, "calibration_version": s.calibration_version,
+                "temperature": s.temperature, "provider": model.runtime.provider, "predictions": predictions}
 
     def models(self) -> ModelsResponse:
         infos = []
@@ -218,7 +194,10 @@ class DataPlane:
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
         outputs, _ = await self.infer(model, x)
-        return model, {name: outputs[name] for name in requested}, self.log(model, outputs)
+        scored: ScoredBatch = outputs[SCORES]
+        # the probabilities answered are the scored ones: after a recalibration they are not the graph's
+        served = {model.manifest.outputs["probabilities"]: scored.probabilities}
+        return model, {name: served.get(name, outputs[name]) for name in requested}, self.log(model, scored)
 
     @staticmethod
     def _v2_data(tensor) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 from service.errors import NotReady, Overloaded
 from service.settings import BatchingConfig
 
-log = logging.getLogger("service.batching")
+log = logging.getLogger("service.serving.batching")
 
 RunFn = Callable[[np.ndarray], dict]
 """Runs a batch; every value it returns (arrays, lists, nested dicts of them) has one entry per row."""

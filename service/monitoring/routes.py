@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
-from service.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
+from service.serving.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
 from service.auth import authorize
 from service.errors import InvalidInput
 from service.schemas import (
@@ -34,7 +34,7 @@ def _monitor(request: Request):
 
 
 class FeedbackEndpoint:
-    """POST /feedback as a plain ASGI endpoint (see ``service.codec``): the items join the feedback
+    """POST /feedback as a plain ASGI endpoint (see ``service.serving.codec``): the items join the feedback
     writer's next group commit, and the request is answered once they are stored."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -68,7 +68,7 @@ async def calibration(request: Request, model: str | None = None, version: str |
                       window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
                                                  description="a label count (1000) or a duration (30s, 15m, 1h, 7d)")):
     """Rolling calibration with intervals, reliability bins, reference values, drift and the alarm."""
-    return await anyio.to_thread.run_sync(_monitor(request).report, model, version, window)
+    return await anyio.to_thread.run_sync(_monitor(request).reports.report, model, version, window)
 
 
 @router.get("/calibration/reliability.png", responses=ERRORS | {200: {"content": {"image/png": {}}}},
@@ -77,7 +77,7 @@ async def reliability_png(request: Request, model: str | None = None, version: s
                           window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
                                                      description="as for GET /calibration")) -> Response:
     """The current reliability diagram with its confidence histogram."""
-    png = await anyio.to_thread.run_sync(_monitor(request).reliability_png, model, version, window)
+    png = await anyio.to_thread.run_sync(_monitor(request).reports.reliability_png, model, version, window)
     return Response(png, media_type="image/png")
 
 
@@ -87,7 +87,7 @@ async def timeline(request: Request, model: str | None = None, version: str | No
                    step: int = Query(default=50, ge=1, le=10_000),
                    points: int = Query(default=60, ge=1, le=500)) -> dict:
     """Rolling ECE with its interval after every ``step`` labels (window of ``window`` labels)."""
-    return await anyio.to_thread.run_sync(_monitor(request).timeline, model, version, window, step, points)
+    return await anyio.to_thread.run_sync(_monitor(request).reports.timeline, model, version, window, step, points)
 
 
 @router.get("/calibration/history", responses=ERRORS)

@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from service.settings import Settings
 
-log = logging.getLogger("service.runtime")
+log = logging.getLogger("service.serving.runtime")
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
 _OPTIMIZATION = {

@@ -13,15 +13,17 @@ from collections import deque
 import anyio
 
 from service.metrics import ServiceMetrics
-from service.storage import PredictionRow, Storage, StorageUnavailable
+from service.errors import StorageUnavailable
+from service.store import Store
+from service.store.rows import PredictionRow
 
-log = logging.getLogger("service.prediction_log")
+log = logging.getLogger("service.serving.prediction_log")
 
 
 class PredictionLog:
-    def __init__(self, storage: Storage, metrics: ServiceMetrics, max_pending: int = 100_000,
+    def __init__(self, store: Store, metrics: ServiceMetrics, max_pending: int = 100_000,
                  batch_size: int = 2000, interval: float = 0.5):
-        self.storage = storage
+        self.store = store
         self.metrics = metrics
         self.max_pending = max_pending
         self.batch_size = batch_size
@@ -95,7 +97,7 @@ class PredictionLog:
         """Write one batch (called with the lock held); a failed batch goes back to the front."""
         batch = [self._pending.popleft() for _ in range(min(self.batch_size, len(self._pending)))]
         try:
-            await anyio.to_thread.run_sync(self.storage.insert_predictions, batch)
+            await anyio.to_thread.run_sync(self.store.predictions.insert, batch)
         except StorageUnavailable:
             room = self.max_pending - len(self._pending)
             kept = batch[:max(room, 0)]

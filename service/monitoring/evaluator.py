@@ -15,12 +15,12 @@ import time
 
 import anyio
 
+from service.errors import StorageUnavailable
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
-from service.storage import StorageUnavailable
-from service.webhook import AlarmWebhook
+from service.monitoring.webhook import AlarmWebhook
 
-log = logging.getLogger("service.evaluator")
+log = logging.getLogger("service.monitoring.evaluator")
 
 MAX_BACKOFF_SECONDS = 5.0
 

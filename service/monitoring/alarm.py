@@ -1,0 +1,109 @@
+"""The alarm: new labels folded, in label order, into the e-detector (``calibkit.detector``) and the
+state re-assessed (``calibkit.alarms.assess``), under the state row's lock shared by all replicas. The
+decision is a function of the label sequence alone, so replicas and restarts reach the same one."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from calibkit.alarms import LEVELS, AlarmPolicy, AlarmStatus, Evidence, assess
+from calibkit.detector import DetectorState
+from calibkit.drift import confidence_shift
+from service.metrics import ServiceMetrics
+from service.monitoring.calibrations import CalibrationVersions
+from service.serving.repository import ModelRepository, ServedModel
+from service.store import Store
+from service.store.rows import CalibrationKey
+
+log = logging.getLogger("service.monitoring")
+
+REPLAY_LABELS = 5000  # label sequence numbers replayed into a detector restarted by an upgrade or new settings
+
+
+def load_detector(saved: str | None, policy: AlarmPolicy) -> DetectorState:
+    """The detector saved as JSON; a fresh one for None or state saved under other settings."""
+    config = policy.detector()
+    return DetectorState(config) if saved is None else DetectorState.from_dict(json.loads(saved), config)
+
+
+def saved_status(row) -> AlarmStatus:
+    """The alarm status of a stored state row (ok when there is none)."""
+    return AlarmStatus(row.state, tuple(json.loads(row.reasons)), row.since) if row else AlarmStatus()
+
+
+class Alarm:
+    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
+                 calibrations: CalibrationVersions, policy: AlarmPolicy, drift_rows: int):
+        self.store = store
+        self.repository = repository
+        self.metrics = metrics_
+        self.calibrations = calibrations
+        self.policy = policy
+        self.drift_rows = drift_rows
+
+    def export_states(self) -> None:
+        """Set the alarm gauges of every active calibration from the shared store (alarms raised
+        through the other replicas)."""
+        for row in self.store.alarm_states.all():
+            key = CalibrationKey(row.model, row.version, row.calibration_version)
+            if self.calibrations.is_active(key):
+                self._export(key, row.state, load_detector(row.detector, self.policy))
+
+    def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None, bool]:
+        """Fold new labels into the detector and re-assess: (status, the transition or None, whether any
+        label was folded). The labels are folded before the row lock is taken (on SQLite it is the
+        database write lock, which feedback needs too); under the lock the fold is kept when the row is
+        still the one it started from, and redone otherwise. A transition is stored, logged and counted."""
+        served = self.repository.get(name, version)
+        key = self.calibrations.key(served)
+        seen = self.store.alarm_states.get(key)
+        fresh = json.dumps(load_detector(None, self.policy).to_dict())
+        base = (seen.last_seq, seen.detector) if seen else (0, fresh)
+        prefolded = self._fold(key, *base, lambda seq: self.store.labels.after(key, seq))
+
+        with self.store.alarm_states.locked(key, fresh) as state:
+            row = state.row
+            detector, last_seq, folded = (prefolded if (row.last_seq, row.detector) == base else self._fold(
+                key, row.last_seq, row.detector, lambda seq: self.store.labels.after(key, seq, state.connection)))
+            previous = saved_status(row)
+            status = assess(previous, self._evidence(served, key, detector, state.connection), self.policy,
+                            time.time())
+            state.save(last_seq=max(last_seq, row.last_seq), detector=json.dumps(detector.to_dict()),
+                       state=status.state, since=status.since, reasons=json.dumps(list(status.reasons)))
+        self._export(key, status.state, detector)
+        if status.state == previous.state:
+            return status, None, folded
+        self.metrics.transitions.labels(name, version, status.state).inc()
+        log.warning("calibration of %s version %s: %s -> %s: %s", name, version, previous.state, status.state,
+                    "; ".join(status.reasons) or "no reasons")
+        return status, {"model": name, "version": version, "calibration_version": key.calibration_version,
+                        "from": previous.state, "to": status.state, "reasons": list(status.reasons),
+                        "since": status.since}, folded
+
+    def _fold(self, key: CalibrationKey, last_seq: int, saved: str,
+              labels_after: Callable[[int], list]) -> tuple[DetectorState, int, bool]:
+        """(detector, last label folded, whether any was) after folding ``labels_after(last_seq)`` into the
+        saved detector; a detector restarted by an upgrade or new settings replays the recent labels."""
+        detector = load_detector(saved, self.policy)
+        if detector.n[0] == 0 and last_seq > 0:
+            last_seq = max(0, last_seq - REPLAY_LABELS)
+            log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
+        new = labels_after(last_seq)
+        if new:
+            detector.fold([[label.confidence for label in new]], [[label.correct for label in new]])
+        return detector, new[-1].seq if new else last_seq, bool(new)
+
+    def _evidence(self, served: ServedModel, key: CalibrationKey, detector: DetectorState, connection) -> Evidence:
+        recent = self.store.predictions.recent_confidences(key, self.drift_rows, connection)
+        shift = confidence_shift(recent, served.manifest.reference.confidences) if len(recent) else None
+        gap, region = detector.worst_region()
+        return Evidence(n=int(detector.n[0]), alarmed=bool(detector.alarmed[0]), statistic=float(detector.statistic[0]),
+                        clear_statistic=float(detector.clear_statistic[0]), worst_gap=gap, worst_confidence=region,
+                        shift=shift)
+
+    def _export(self, key: CalibrationKey, state: str, detector: DetectorState) -> None:
+        self.metrics.alarm_state.labels(key.model, key.version).set(LEVELS[state])
+        self.metrics.e_detector.labels(key.model, key.version).set(detector.statistic[0])

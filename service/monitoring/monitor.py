@@ -1,0 +1,67 @@
+"""The monitoring side assembled: calibration versions, feedback, the alarm and the reports over one
+store, and the few operations that span them. All methods are blocking and run in worker threads."""
+
+from __future__ import annotations
+
+from calibkit.alarms import AlarmPolicy, AlarmStatus
+from service.errors import InvalidInput
+from service.metrics import ServiceMetrics
+from service.monitoring.alarm import Alarm
+from service.monitoring.calibrations import CalibrationVersions
+from service.monitoring.feedback import FeedbackRecorder
+from service.monitoring.reports import MIN_REFIT_LABELS, Reports
+from service.serving.repository import ModelRepository
+from service.store import Store
+
+
+class Monitor:
+    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics, *, n_bins: int,
+                 policy: AlarmPolicy, alarm_window: str, detail_rows: int, drift_rows: int, n_resamples: int):
+        self.repository = repository
+        self.calibrations = CalibrationVersions(store, repository)
+        self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins)
+        self.alarm = Alarm(store, repository, metrics_, self.calibrations, policy, drift_rows)
+        self.reports = Reports(store, repository, metrics_, self.calibrations, n_bins=n_bins, policy=policy,
+                               alarm_window=alarm_window, detail_rows=detail_rows, drift_rows=drift_rows,
+                               n_resamples=n_resamples)
+
+    def sync(self) -> None:
+        """Record the manifests' calibrations and load the active versions and alarm gauges."""
+        self.calibrations.sync()
+        self.alarm.export_states()
+
+    def refresh(self) -> None:
+        """Reload what other replicas may have changed: active calibration versions and alarm states."""
+        self.calibrations.refresh()
+        self.alarm.export_states()
+
+    def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
+        """Re-assess the alarm of a model version with its new labels (``Alarm.update``) and refresh the
+        window gauges when there were any: (status, the transition or None)."""
+        status, transition, folded = self.alarm.update(name, version)
+        if folded:
+            served = self.repository.get(name, version)
+            self.reports.export_window(served, self.calibrations.key(served))
+        return status, transition
+
+    def recalibrate(self, name: str | None, version: str | None, window: str | None) -> dict:
+        """Refit the temperature on the window's labelled logits and make it the active calibration."""
+        served, win, key, sums = self.reports.window(name, version, window)
+        y, probs, logits = self.reports.window_rows(key, win, sums.n)
+        refit = self.reports.refit(logits, y, probs)
+        if refit is None:
+            raise InvalidInput(f"need at least {MIN_REFIT_LABELS} labelled online predictions with logits in "
+                               f"window {win.spec} (have {len(y)})", field="window")
+        new_version = self.calibrations.record_refit(key, refit["temperature"], {"window": win.spec} | refit)
+        self.alarm.export_states()
+        return {"model": served.name, "version": served.version, "calibration_version": new_version, **refit}
+
+    def activate(self, name: str | None, version: str | None, calibration_version: int) -> dict:
+        """Serve a recorded calibration version again (0 = the manifest's)."""
+        body = self.calibrations.activate(self.repository.get(name, version), calibration_version)
+        self.alarm.export_states()
+        return body
+
+    def history(self, name: str | None, version: str | None) -> dict:
+        """Calibration versions and alarm transitions of a model version."""
+        return self.calibrations.history(self.repository.get(name, version))

@@ -1,0 +1,218 @@
+"""What ``GET /calibration`` and its siblings show, all computed from the shared store: window statistics
+summed from block sums (``service.store.labels``), intervals and tests from ``calibkit``, the alarm state
+as stored, and the detail metrics of the window's most recent labelled rows. Bootstrap seeds derive from
+the data, not the process, so replicas report the same numbers."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import numpy as np
+
+from calibkit import binning, metrics
+from calibkit.alarms import AlarmPolicy
+from calibkit.drift import accuracy_gap, confidence_shift
+from calibkit.plotting import figure_png, reliability_figure
+from calibkit.significance import consistency_test, ece_interval
+from calibkit.temperature import apply_temperature, fit_temperature
+from service.metrics import ServiceMetrics
+from service.monitoring.alarm import load_detector, saved_status
+from service.monitoring.calibrations import CalibrationVersions
+from service.monitoring.windows import Window
+from service.serving.repository import ModelRepository, ServedModel
+from service.store import Store
+from service.store.labels import WindowSums
+from service.store.rows import CalibrationKey, NewestRows
+
+DETAIL_CACHE_SIZE = 64
+NEWEST_CACHE_SIZE = 16  # calibration keys whose newest labelled rows are held
+MIN_REFIT_LABELS = 50
+
+
+class Reports:
+    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
+                 calibrations: CalibrationVersions, *, n_bins: int, policy: AlarmPolicy, alarm_window: str,
+                 detail_rows: int, drift_rows: int, n_resamples: int):
+        self.store = store
+        self.repository = repository
+        self.metrics = metrics_
+        self.calibrations = calibrations
+        self.n_bins = n_bins
+        self.edges = binning.equal_width_edges(n_bins)
+        self.policy = policy
+        self.alarm_window = Window.parse(alarm_window)
+        self.detail_rows = detail_rows
+        self.drift_rows = drift_rows
+        self.n_resamples = n_resamples
+        self._detail_cache: dict[tuple, dict] = {}
+        self._newest: dict[CalibrationKey, NewestRows] = {}
+        self._lock = threading.Lock()
+
+    def window(self, name: str | None, version: str | None,
+               window: str | None) -> tuple[ServedModel, Window, CalibrationKey, WindowSums]:
+        """(model, window, calibration key in force, the window's sums)."""
+        served = self.repository.get(name, version)
+        win = Window.parse(window) if window is not None else self.alarm_window
+        key = self.calibrations.key(served)
+        return served, win, key, self.store.labels.window(key, self.n_bins, last=win.count, seconds=win.seconds)
+
+    def report(self, name: str | None, version: str | None, window: str | None) -> dict:
+        """The body of GET /calibration."""
+        served, win, key, sums = self.window(name, version, window)
+        state_row = self.store.alarm_states.get(key)
+        detector = load_detector(state_row.detector if state_row else None, self.policy)
+        reference = served.manifest.reference
+        body = {
+            "model": served.name, "version": served.version, "calibration_version": key.calibration_version,
+            "temperature": self.calibrations.active(served)[1], "window": win.to_dict(), "n": sums.n,
+            "first_labelled_at": sums.first_labelled_at, "last_labelled_at": sums.last_labelled_at,
+            "reference": {"split": reference.split, "n": len(reference.confidences), "ece": reference.ece,
+                          "accuracy": reference.accuracy, "mean_confidence": float(np.mean(reference.confidences))},
+            "alarm": saved_status(state_row).to_dict(),
+            "e_detector": {"statistic": float(detector.statistic[0]), "threshold": self.policy.threshold,
+                           "clear_statistic": float(detector.clear_statistic[0]),
+                           "clear_threshold": self.policy.clear_threshold, "labels_seen": int(detector.n[0]),
+                           "tolerance": self.policy.tolerance, "regions": detector.regions()},
+            "thresholds": {"tolerance": self.policy.tolerance, "e_detector": self.policy.threshold,
+                           "clear": self.policy.clear_threshold, "warning": self.policy.warn_threshold,
+                           "min_labels": self.policy.min_labels},
+        }
+        body.update(self._window_metrics(served, key, sums, win))
+        body["drift"] = self._drift(served, key, sums)
+        return body
+
+    def export_window(self, served: ServedModel, key: CalibrationKey) -> None:
+        """The default window's ECE and interval as gauges (dashboards), after new labels were folded."""
+        sums = self.store.labels.window(key, self.n_bins, last=self.alarm_window.count,
+                                        seconds=self.alarm_window.seconds)
+        self.metrics.window_labels.labels(served.name, served.version).set(sums.n)
+        if sums.n:
+            ci = ece_interval(sums.stats.sums, n_resamples=self.n_resamples, seed=_seed(key, sums.last_seq))
+            self.metrics.window_ece.labels(served.name, served.version).set(ci.ece)
+            self.metrics.window_ece_low.labels(served.name, served.version).set(ci.low)
+            self.metrics.window_ece_high.labels(served.name, served.version).set(ci.high)
+
+    def _window_metrics(self, served: ServedModel, key: CalibrationKey, sums: WindowSums, win: Window) -> dict:
+        stats = sums.stats
+        if sums.n == 0:
+            empty = {k: None for k in ("accuracy", "mean_confidence", "ece", "ece_ci", "ece_ci_level", "mce",
+                                       "debiased_ece", "adaptive_ece", "classwise_ece", "brier", "nll",
+                                       "calibration_test_p_value", "recalibration")}
+            return empty | {"bins": stats.reliability().to_records(), "detail_rows": 0}
+        seed = _seed(key, sums.last_seq)
+        ci = ece_interval(stats.sums, n_resamples=self.n_resamples, seed=seed)
+        return {
+            "accuracy": stats.accuracy(), "mean_confidence": stats.mean_confidence(),
+            "ece": ci.ece, "ece_ci": [ci.low, ci.high], "ece_ci_level": ci.level,
+            "mce": stats.mce(), "debiased_ece": stats.debiased_ece(), "brier": stats.brier(), "nll": stats.nll(),
+            "calibration_test_p_value": consistency_test(stats.sums, n_resamples=self.n_resamples, seed=seed + 1),
+            "bins": stats.reliability().to_records(),
+        } | self._details(served, key, sums, win)
+
+    def _details(self, served: ServedModel, key: CalibrationKey, sums: WindowSums, win: Window) -> dict:
+        """AdaECE, classwise ECE and the refit on the window's most recent ``detail_rows`` labels. Cached
+        by (calibration key, last label, label count): the same pair is the same label set, for count
+        and time windows alike, so a dashboard polling a quiet window costs no row fetch."""
+        cache_key = (key, sums.last_seq, sums.n)
+        with self._lock:
+            found = self._detail_cache.get(cache_key)
+        if found is not None:
+            return found
+        y, probs, logits = self.window_rows(key, win, sums.n)
+        found = {"adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
+                 "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
+                 "detail_rows": len(y), "recalibration": self.refit(logits, y, probs)}
+        with self._lock:
+            self._detail_cache[cache_key] = found
+            while len(self._detail_cache) > DETAIL_CACHE_SIZE:
+                self._detail_cache.pop(next(iter(self._detail_cache)))
+        return found
+
+    def window_rows(self, key: CalibrationKey, win: Window, n: int):
+        """(labels, calibrated probabilities, logits or None when some row has none) of the window's
+        ``min(detail_rows, n)`` most recent labels."""
+        if win.seconds is None:
+            rows = self._newest_rows(key)
+        else:
+            rows, _ = self.store.labels.newest(key, self.detail_rows, seconds=win.seconds)
+        rows = rows.head(min(self.detail_rows, n))
+        return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
+
+    def _newest_rows(self, key: CalibrationKey) -> NewestRows:
+        """The ``detail_rows`` most recent labelled rows, kept in memory: after the first fetch only the
+        labels that arrived since are read (one index range of a few rows instead of thousands). The
+        rows held are refetched whole when the store no longer has exactly them (a retention purge, a
+        label committed late by another replica)."""
+        with self._lock:
+            held = self._newest.get(key)
+        limit = self.detail_rows
+        if held is None or not len(held.seq):
+            rows, _ = self.store.labels.newest(key, limit)
+        else:
+            new, count = self.store.labels.newest(key, limit, after_seq=int(held.seq[0]),
+                                                  count_from=int(held.seq[-1]))
+            if len(new.seq) < limit and count != len(held.seq) + len(new.seq):
+                rows, _ = self.store.labels.newest(key, limit)
+            else:
+                rows = new.then(held, limit)
+        with self._lock:
+            self._newest[key] = rows
+            while len(self._newest) > NEWEST_CACHE_SIZE:
+                self._newest.pop(next(iter(self._newest)))
+        return rows
+
+    def refit(self, logits, y, probs) -> dict | None:
+        """The temperature refitted on the window's labelled logits and what it would do (in-sample)."""
+        if logits is None or len(y) < MIN_REFIT_LABELS:
+            return None
+        t = fit_temperature(logits, y)
+        refit = apply_temperature(logits, t)
+        return {"temperature": t, "n": len(y), "ece_current": metrics.ece(probs, y, self.n_bins),
+                "ece_after": metrics.ece(refit, y, self.n_bins), "nll_current": metrics.nll(probs, y),
+                "nll_after": metrics.nll(refit, y)}
+
+    def _drift(self, served: ServedModel, key: CalibrationKey, sums: WindowSums) -> dict:
+        recent = self.store.predictions.recent_confidences(key, self.drift_rows)
+        out = {"recent_predictions": len(recent)}
+        if len(recent):
+            shift = confidence_shift(recent, served.manifest.reference.confidences)
+            out.update({"ks_statistic": shift.statistic, "ks_p_value": shift.p_value,
+                        "recent_mean_confidence": shift.recent_mean, "reference_mean_confidence": shift.reference_mean,
+                        "estimated_accuracy": shift.recent_mean})
+        if sums.n:
+            gap = accuracy_gap(sums.n, sums.stats.confidence_sum.sum(), sums.stats.correct_sum.sum())
+            out.update({"observed_accuracy": gap.observed, "expected_accuracy": gap.expected, "accuracy_gap_z": gap.z})
+        return out
+
+    def timeline(self, name: str | None, version: str | None, window: int, step: int, points: int) -> dict:
+        """Rolling ECE over time: the ECE of the last ``window`` labels after every ``step`` labels,
+        for the most recent ``points`` steps (the data of the dashboard's chart)."""
+        served = self.repository.get(name, version)
+        key = self.calibrations.key(served)
+        rows = self.store.labels.recent(key, window + step * points)
+        out = []
+        if rows:
+            conf = np.array([r.confidence for r in rows])
+            correct = np.array([r.correct for r in rows], dtype=np.float64)
+            for end in range(len(rows), 0, -step):
+                start = max(0, end - window)
+                sums = binning.bin_sums(conf[start:end], correct[start:end], self.edges)
+                ci = ece_interval(sums, n_resamples=200, seed=int(rows[end - 1].seq))
+                out.append({"seq": int(rows[end - 1].seq), "labelled_at": float(rows[end - 1].labelled_at),
+                            "n": end - start, "ece": ci.ece, "ece_ci": [ci.low, ci.high]})
+                if len(out) == points:
+                    break
+        return {"model": served.name, "version": served.version, "calibration_version": key.calibration_version,
+                "window": window, "step": step, "points": out[::-1]}
+
+    def reliability_png(self, name: str | None, version: str | None, window: str | None) -> bytes:
+        """The window's reliability diagram with confidence histogram, as PNG."""
+        served, win, key, sums = self.window(name, version, window)
+        title = f"{served.name} v{served.version} (calibration {key.calibration_version}), window {win.spec}"
+        return figure_png(reliability_figure({"live traffic": sums.stats.reliability()}, title=title))
+
+
+def _seed(key: CalibrationKey, last_seq: int) -> int:
+    """A bootstrap seed from the data (every replica draws the same resamples)."""
+    return zlib.crc32(f"{key.model}/{key.version}/{key.calibration_version}/{last_seq}".encode())

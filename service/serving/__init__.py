@@ -1,0 +1,1 @@
+"""Serving: requests in, a batch through onnxruntime, calibrated probabilities out, every row logged."""

@@ -1,0 +1,69 @@
+"""The scored batch: what both protocols answer and the prediction log stores, built once per batch on
+an inference thread, so each request's share is plain slicing.
+
+A model's probabilities are its ONNX graph's under calibration version 0 (the manifest's temperature
+is baked in) and ``softmax(logits / T)`` under a refitted temperature T (Guo et al. 2017, Sec. 4.2)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from calibkit.temperature import apply_temperature, softmax
+from service.store.rows import PredictionRow, encode_rows, prediction_ids
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """Per row: prediction id, calibrated probabilities, logits, uncalibrated softmax, predicted class,
+    its calibrated and uncalibrated confidence, and the encoded vectors the log stores (None when the
+    log is off); with the calibration version and temperature the rows were scored under."""
+
+    ids: list[str]
+    probabilities: np.ndarray
+    logits: np.ndarray
+    uncalibrated: np.ndarray
+    predicted: list[int]
+    confidence: list[float]
+    raw_confidence: list[float]
+    probability_bytes: list[bytes | None]
+    logit_bytes: list[bytes | None]
+    calibration_version: int
+    temperature: float | None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, rows: slice) -> ScoredBatch:
+        """The rows ``rows`` (what the batcher hands each request)."""
+        per_row = {f.name: getattr(self, f.name)[rows] for f in fields(self)
+                   if f.name not in ("calibration_version", "temperature")}
+        return ScoredBatch(**per_row, calibration_version=self.calibration_version, temperature=self.temperature)
+
+    def prediction_rows(self, model: str, version: str, now: float | None = None) -> list[PredictionRow]:
+        """The rows as the prediction log stores them."""
+        now = time.time() if now is None else now
+        return [PredictionRow(self.ids[i], model, version, self.calibration_version, now, k, self.confidence[i],
+                              self.raw_confidence[i], self.probability_bytes[i], self.logit_bytes[i])
+                for i, k in enumerate(self.predicted)]
+
+
+def score(logits: np.ndarray, graph_probabilities: np.ndarray, calibration_version: int, temperature: float | None,
+          *, encode: bool) -> ScoredBatch:
+    """Score one batch from the graph's outputs under the calibration in force; ``encode``: also the
+    float32 encodings of probabilities and logits the prediction log stores."""
+    logits = logits.astype(np.float64)
+    probs = (graph_probabilities.astype(np.float64) if calibration_version == 0
+             else apply_temperature(logits, temperature))
+    uncalibrated = softmax(logits)
+    n = len(probs)
+    predicted = probs.argmax(axis=1)
+    return ScoredBatch(
+        ids=prediction_ids(n), probabilities=probs, logits=logits, uncalibrated=uncalibrated,
+        predicted=predicted.tolist(), confidence=probs[np.arange(n), predicted].tolist(),
+        raw_confidence=uncalibrated.max(axis=1).tolist(),
+        probability_bytes=encode_rows(probs) if encode else [None] * n,
+        logit_bytes=encode_rows(logits) if encode else [None] * n,
+        calibration_version=calibration_version, temperature=temperature)

@@ -1,0 +1,46 @@
+"""Bulk insert of plain tuples by each driver's fastest path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+# SQLite inserts: full chunks of _SQLITE_CHUNK rows by one multi-row statement, the rest row by row. Two
+# statement texts per table only: the driver caches prepared statements by text, and a text per batch
+# length would fill that cache with statements of thousands of parameters (hundreds of MiB).
+_SQLITE_CHUNK = 256
+# binary COPY needs each column's exact wire type
+_BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea"}
+
+
+class BulkInsert:
+    """Bulk insert of plain tuples (``columns`` of ``table``, in order) by the driver's fastest path:
+    binary COPY on PostgreSQL (no text formatting in the driver nor parsing in the server: a quarter
+    less CPU per row in all than text COPY); on SQLite, multi-row INSERT statements. SQLAlchemy's
+    per-row bind processing costs 2-4x more, and an executemany steps SQLite once per row, handing the
+    GIL back and forth with the event loop each time."""
+
+    def __init__(self, table: sa.Table, columns: Sequence[str]):
+        names, placeholders = ", ".join(columns), f"({', '.join('?' * len(columns))})"
+        self.table, self.columns = table, list(columns)
+        self.insert_row = f"INSERT INTO {table.name} ({names}) VALUES {placeholders}"
+        self.insert_chunk = self.insert_row + ", " + ", ".join([placeholders] * (_SQLITE_CHUNK - 1))
+        self.copy = f"COPY {table.name} ({names}) FROM STDIN (FORMAT BINARY)"
+        self.copy_types = [_BINARY_TYPES[type(table.c[name].type)] for name in columns]
+
+    def __call__(self, c: sa.Connection, rows: Sequence[tuple]) -> None:
+        dialect = c.dialect.name
+        if dialect == "postgresql" and c.dialect.driver == "psycopg":
+            with c.connection.driver_connection.cursor() as cursor, cursor.copy(self.copy) as copy:
+                copy.set_types(self.copy_types)
+                for row in rows:
+                    copy.write_row(row)
+        elif dialect == "sqlite":
+            full = len(rows) - len(rows) % _SQLITE_CHUNK
+            for start in range(0, full, _SQLITE_CHUNK):
+                c.exec_driver_sql(self.insert_chunk, tuple(v for row in rows[start:start + _SQLITE_CHUNK] for v in row))
+            if full < len(rows):
+                c.exec_driver_sql(self.insert_row, list(rows[full:]))
+        else:
+            c.execute(self.table.insert(), [dict(zip(self.columns, row)) for row in rows])

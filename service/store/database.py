@@ -1,0 +1,121 @@
+"""The engine and its units of work.
+
+SQLite file by default (WAL with synchronous=NORMAL: a committed label is in the write-ahead log
+before the commit returns, so it survives a crash of the process; only a power loss can take the
+last commits, which synchronous=FULL would prevent at the price of an fsync per commit), PostgreSQL by
+URL when several replicas share one store. The schema is created and migrated before the first unit
+of work. Any database failure surfaces as ``StorageUnavailable`` (HTTP 503 + Retry-After) and the
+engine reconnects by itself (pool_pre_ping) when the database is back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+
+from service.errors import StorageUnavailable
+from service.store.migration import migrate
+
+log = logging.getLogger("service.store")
+
+T = TypeVar("T")
+
+
+def create_engine(url: str, timeout: float) -> sa.Engine:
+    """The engine; a query waits at most ``timeout`` seconds for a lock (SQLite's busy timeout, PostgreSQL's
+    lock_timeout) and runs at most that long (PostgreSQL's statement_timeout), so a stuck store answers
+    503 in bounded time; the pool hands out a connection within it or fails."""
+    if url.startswith("sqlite"):
+        # a small statement cache: IN lists of varying length are a new prepared statement each
+        engine = sa.create_engine(url, connect_args={"timeout": timeout, "check_same_thread": False,
+                                                     "cached_statements": 32}, pool_pre_ping=True)
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record):
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    milliseconds = max(1, int(timeout * 1000))
+    connect_args = {"connect_timeout": max(1, round(timeout)),
+                    "options": f"-c statement_timeout={milliseconds} -c lock_timeout={milliseconds}"} \
+        if url.startswith("postgresql") else {}
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
+                            connect_args=connect_args)
+
+
+def unbounded(connection: sa.Connection) -> None:
+    """Lift the statement and lock timeouts for this transaction (migrations and retention may be long)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(sa.text("SET LOCAL statement_timeout = 0"))
+        connection.execute(sa.text("SET LOCAL lock_timeout = 0"))
+
+
+class Database:
+    """The engine, the schema check and the units of work every store module runs in. Blocking: call
+    from a thread."""
+
+    def __init__(self, url: str, retry_after: int = 1, timeout: float = 5.0):
+        self.url = url
+        self.retry_after = retry_after
+        self.engine = create_engine(url, timeout)
+        self.schema_ready = False
+        self.last_error: str | None = None
+
+    @contextmanager
+    def unit(self, write: bool = True) -> Iterator[sa.Connection]:
+        """A connection in one transaction (committed on leaving the block when ``write``), the schema
+        created first if needed; a database failure inside becomes ``StorageUnavailable``."""
+        try:
+            if not self.schema_ready:
+                self.migrate()
+            with (self.engine.begin() if write else self.engine.connect()) as connection:
+                yield connection
+        except SQLAlchemyError as exc:  # OperationalError, DBAPIError and every other driver failure
+            raise self._fail(exc) from exc
+        self._recovered()
+
+    def run(self, work: Callable[[sa.Connection], T], write: bool = True) -> T:
+        """``work(connection)`` in one unit of work."""
+        with self.unit(write) as connection:
+            return work(connection)
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema (``service.store.migration``)."""
+        with self.engine.begin() as connection:
+            unbounded(connection)
+            migrate(connection)
+        self.schema_ready = True
+
+    def ping(self) -> bool:
+        """Whether the store answers now; any failure (unreachable, pool exhausted, timeout) is False."""
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(sa.text("SELECT 1"))
+        except SQLAlchemyError as exc:
+            self._fail(exc)
+            return False
+        self._recovered()
+        return True
+
+    def _fail(self, exc: Exception) -> StorageUnavailable:
+        """The 503 for a failed operation. The driver's text (hosts, ports, database names) goes to the log,
+        once per outage, and to ``last_error`` for authenticated views; the client gets none of it."""
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+        if self.last_error is None:
+            log.warning("database unavailable: %s", error)
+        self.last_error = error
+        return StorageUnavailable("the feedback store is unavailable; retry later", self.retry_after)
+
+    def _recovered(self) -> None:
+        if self.last_error is not None:
+            log.warning("database available again")
+            self.last_error = None

@@ -1,0 +1,38 @@
+"""Schema creation and upgrade, run by the first unit of work of every replica."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from service.store.blocks import add_to_blocks, block_sums
+from service.store.schema import SCHEMA_VERSION, label_bins, labels, metadata, predictions, schema_info
+
+
+def migrate(connection: sa.Connection) -> None:
+    """Create the schema (idempotent) and record its version; refuse a newer schema. Version 1 had
+    neither block sums nor the served probabilities on labels: the replica that moves the version to 2
+    (the UPDATE of ``schema_info`` is its lock) adds the columns, copies them from the predictions and
+    builds ``label_bins``."""
+    metadata.create_all(connection)
+    found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
+    if found is None:
+        connection.execute(schema_info.insert().values(version=SCHEMA_VERSION))
+    elif found > SCHEMA_VERSION:
+        raise RuntimeError(f"database schema version {found} is newer than this service ({SCHEMA_VERSION})")
+    elif found == 1 and connection.execute(
+            schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
+        _labels_to_v2(connection)
+
+
+def _labels_to_v2(c: sa.Connection) -> None:
+    """Schema version 1 -> 2: the served probabilities and logits on every label, and the block sums."""
+    present = {column["name"] for column in sa.inspect(c).get_columns("labels")}
+    binary = sa.LargeBinary().compile(dialect=c.dialect)
+    for name in ("probabilities", "logits"):
+        if name not in present:
+            c.exec_driver_sql(f"ALTER TABLE labels ADD COLUMN {name} {binary}")
+    served = {name: sa.select(predictions.c[name]).where(predictions.c.id == labels.c.prediction_id).scalar_subquery()
+              for name in ("probabilities", "logits")}
+    c.execute(labels.update().values(**served))
+    c.execute(label_bins.delete())
+    add_to_blocks(c, block_sums(sa.true()))

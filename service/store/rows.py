@@ -1,0 +1,101 @@
+"""The store's vocabulary: the key every table is scoped by, the rows written and read, prediction ids
+and the compact encoding of probability and logit vectors."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+
+class CalibrationKey(NamedTuple):
+    """A served model version under one calibration version (0: the manifest's; refits count up).
+    Labels, bin sums and alarm state are kept per key."""
+
+    model: str
+    version: str
+    calibration_version: int
+
+
+class PredictionRow(NamedTuple):
+    """One logged prediction, its fields in the column order of ``predictions`` (bulk inserts pass
+    these tuples straight to the driver)."""
+
+    id: str
+    model: str
+    version: str
+    calibration_version: int
+    created_at: float
+    predicted: int
+    confidence: float
+    uncalibrated_confidence: float | None
+    probabilities: bytes
+    logits: bytes | None
+    source: str = "online"
+
+
+@dataclass(frozen=True)
+class LabelRow:
+    """One label joined with what it labels; ``probabilities`` and ``logits`` are the served ones."""
+
+    prediction_id: str
+    model: str
+    version: str
+    calibration_version: int
+    label: int
+    correct: int
+    confidence: float
+    conf_bin: int
+    nll: float
+    brier: float
+    labelled_at: float
+    probabilities: bytes | None = None
+    logits: bytes | None = None
+
+
+class NewestRows(NamedTuple):
+    """Labelled rows, newest first: sequence numbers, labels, calibrated probabilities as served and raw
+    logits (NaN rows where none were stored)."""
+
+    seq: np.ndarray
+    y: np.ndarray
+    probs: np.ndarray
+    logits: np.ndarray
+
+    @classmethod
+    def empty(cls) -> NewestRows:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros((0, 0)))
+
+    def head(self, n: int) -> NewestRows:
+        """The ``n`` newest rows."""
+        return NewestRows(*(a[:n] for a in self))
+
+    def then(self, older: NewestRows, limit: int) -> NewestRows:
+        """These rows followed by ``older`` ones, at most ``limit`` in all."""
+        if not len(self.seq):
+            return older.head(limit)
+        if not len(older.seq):
+            return self.head(limit)
+        return NewestRows(*(np.concatenate([a, b])[:limit] for a, b in zip(self, older)))
+
+
+def prediction_ids(n: int) -> list[str]:
+    """``n`` new prediction ids: 32 hex digits, a millisecond timestamp then 80 random bits, like
+    UUIDv7 (RFC 9562). Time-ordered keys are inserted at the end of the primary-key and label
+    indexes instead of at random pages, which keeps inserts fast in a store of millions of rows."""
+    stamp = f"{time.time_ns() // 1_000_000:012x}"
+    digits = os.urandom(10 * n).hex()
+    return [stamp + digits[20 * i:20 * (i + 1)] for i in range(n)]
+
+
+def encode_rows(matrix: np.ndarray) -> list[bytes]:
+    """float32 bytes of every row of a (rows, k) array (compact storage of probabilities and logits)."""
+    return [row.tobytes() for row in np.ascontiguousarray(matrix, dtype=np.float32)]
+
+
+def decode_rows(blobs: list[bytes]) -> np.ndarray:
+    """(rows, k) float64 from equal-length ``encode_rows`` blobs, in one conversion."""
+    return np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1).astype(np.float64)

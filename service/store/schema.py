@@ -1,0 +1,110 @@
+"""Tables (SQLAlchemy Core). Every table is scoped by a ``CalibrationKey``; ``label_bins`` holds the
+mergeable per-bin sums of each block of ``BLOCK_LABELS`` consecutive labels (see ``service.store.labels``)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from service.store.rows import CalibrationKey
+
+SCHEMA_VERSION = 2
+BigId = sa.BigInteger().with_variant(sa.Integer, "sqlite")
+
+metadata = sa.MetaData()
+
+
+def _calibration_key(primary_key: bool = False) -> list[sa.Column]:
+    """The (model, version, calibration_version) columns every table is scoped by; part of the
+    primary key for tables with one row per model version and calibration version."""
+    return [sa.Column("model", sa.String(128), primary_key=primary_key, nullable=False),
+            sa.Column("version", sa.String(32), primary_key=primary_key, nullable=False),
+            sa.Column("calibration_version", sa.Integer, primary_key=primary_key, nullable=False)]
+
+
+schema_info = sa.Table("schema_info", metadata, sa.Column("version", sa.Integer, primary_key=True))
+
+predictions = sa.Table(
+    "predictions", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    *_calibration_key(),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("predicted", sa.Integer, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("uncalibrated_confidence", sa.Float),
+    sa.Column("probabilities", sa.LargeBinary, nullable=False),
+    sa.Column("logits", sa.LargeBinary),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Index("ix_predictions_model_time", "model", "version", "calibration_version", "created_at"),
+)
+
+labels = sa.Table(
+    "labels", metadata,
+    sa.Column("seq", BigId, primary_key=True, autoincrement=True),
+    sa.Column("prediction_id", sa.String(32), sa.ForeignKey("predictions.id", ondelete="CASCADE"), nullable=False,
+              unique=True),
+    *_calibration_key(),
+    sa.Column("label", sa.Integer, nullable=False),
+    sa.Column("correct", sa.Integer, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("conf_bin", sa.Integer, nullable=False),
+    sa.Column("nll", sa.Float, nullable=False),
+    sa.Column("brier", sa.Float, nullable=False),
+    sa.Column("labelled_at", sa.Float, nullable=False),
+    sa.Column("probabilities", sa.LargeBinary),  # as served (copied from the prediction): detail metrics
+    sa.Column("logits", sa.LargeBinary),  # read one index range of labels, never a join
+    sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
+    sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
+)
+
+label_bins = sa.Table(
+    "label_bins", metadata,
+    *_calibration_key(primary_key=True),
+    sa.Column("block", BigId, primary_key=True),
+    sa.Column("conf_bin", sa.Integer, primary_key=True),
+    sa.Column("count", BigId, nullable=False),
+    sa.Column("confidence_sum", sa.Float, nullable=False),
+    sa.Column("correct_sum", sa.Float, nullable=False),
+    sa.Column("nll_sum", sa.Float, nullable=False),
+    sa.Column("brier_sum", sa.Float, nullable=False),
+    sa.Column("first_at", sa.Float, nullable=False),
+    sa.Column("last_at", sa.Float, nullable=False),
+    sa.Column("last_seq", BigId, nullable=False),
+)
+
+calibrations = sa.Table(
+    "calibrations", metadata,
+    *_calibration_key(primary_key=True),
+    sa.Column("method", sa.String(32), nullable=False),
+    sa.Column("temperature", sa.Float),
+    sa.Column("source", sa.String(32), nullable=False),
+    sa.Column("active", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("details", sa.Text),
+)
+
+monitor_state = sa.Table(
+    "monitor_state", metadata,
+    *_calibration_key(primary_key=True),
+    sa.Column("last_seq", BigId, nullable=False),
+    sa.Column("detector", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("since", sa.Float),
+    sa.Column("reasons", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+alarm_events = sa.Table(
+    "alarm_events", metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    *_calibration_key(),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("from_state", sa.String(16), nullable=False),
+    sa.Column("to_state", sa.String(16), nullable=False),
+    sa.Column("reasons", sa.Text, nullable=False),
+)
+
+
+def scope(table: sa.Table, key: CalibrationKey) -> list:
+    """The WHERE terms selecting ``key``'s rows of ``table``."""
+    return [table.c.model == key.model, table.c.version == key.version,
+            table.c.calibration_version == key.calibration_version]
