@@ -14,7 +14,7 @@ from calibkit.detector import DetectorState
 from calibkit.drift import confidence_shift
 from service.metrics import ServiceMetrics
 from service.monitoring.calibrations import CalibrationVersions
-from service.serving.repository import ModelRepository, ServedModel
+from service.serving.repository import ServedModel
 from service.store import Store
 from service.store.rows import CalibrationKey
 
@@ -35,10 +35,9 @@ def saved_status(row) -> AlarmStatus:
 
 
 class Alarm:
-    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
+    def __init__(self, store: Store, metrics_: ServiceMetrics,
                  calibrations: CalibrationVersions, policy: AlarmPolicy, drift_rows: int):
         self.store = store
-        self.repository = repository
         self.metrics = metrics_
         self.calibrations = calibrations
         self.policy = policy
@@ -52,13 +51,11 @@ class Alarm:
             if self.calibrations.is_active(key):
                 self._export(key, row.state, load_detector(row.detector, self.policy))
 
-    def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None, bool]:
-        """Fold new labels into the detector and re-assess: (status, the transition or None, whether any
+    def update(self, served: ServedModel, key: CalibrationKey) -> tuple[AlarmStatus, dict | None, bool]:
+        """Fold ``key``'s new labels into its detector and re-assess: (status, the transition or None, whether any
         label was folded). The labels are folded before the row lock is taken (on SQLite it is the
         database write lock, which feedback needs too); under the lock the fold is kept when the row is
         still the one it started from, and redone otherwise. A transition is stored, logged and counted."""
-        served = self.repository.get(name, version)
-        key = self.calibrations.key(served)
         seen = self.store.alarm_states.get(key)
         fresh = json.dumps(load_detector(None, self.policy).to_dict())
         base = (seen.last_seq, seen.detector) if seen else (0, fresh)
@@ -76,10 +73,10 @@ class Alarm:
         self._export(key, status.state, detector)
         if status.state == previous.state:
             return status, None, folded
-        self.metrics.transitions.labels(name, version, status.state).inc()
-        log.warning("calibration of %s version %s: %s -> %s: %s", name, version, previous.state, status.state,
+        self.metrics.transitions.labels(key.model, key.version, status.state).inc()
+        log.warning("calibration of %s version %s: %s -> %s: %s", key.model, key.version, previous.state, status.state,
                     "; ".join(status.reasons) or "no reasons")
-        return status, {"model": name, "version": version, "calibration_version": key.calibration_version,
+        return status, {"model": key.model, "version": key.version, "calibration_version": key.calibration_version,
                         "from": previous.state, "to": status.state, "reasons": list(status.reasons),
                         "since": status.since}, folded
 

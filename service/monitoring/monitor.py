@@ -20,7 +20,7 @@ class Monitor:
         self.repository = repository
         self.calibrations = CalibrationVersions(store, repository)
         self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins)
-        self.alarm = Alarm(store, repository, metrics_, self.calibrations, policy, drift_rows)
+        self.alarm = Alarm(store, metrics_, self.calibrations, policy, drift_rows)
         self.reports = Reports(store, repository, metrics_, self.calibrations, n_bins=n_bins, policy=policy,
                                alarm_window=alarm_window, detail_rows=detail_rows, drift_rows=drift_rows,
                                n_resamples=n_resamples)
@@ -30,18 +30,14 @@ class Monitor:
         self.calibrations.sync()
         self.alarm.export_states()
 
-    def refresh(self) -> None:
-        """Reload what other replicas may have changed: active calibration versions and alarm states."""
-        self.calibrations.refresh()
-        self.alarm.export_states()
-
     def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
         """Re-assess the alarm of a model version with its new labels (``Alarm.update``) and refresh the
         window gauges when there were any: (status, the transition or None)."""
-        status, transition, folded = self.alarm.update(name, version)
+        served = self.repository.get(name, version)
+        key = self.calibrations.key(served)
+        status, transition, folded = self.alarm.update(served, key)
         if folded:
-            served = self.repository.get(name, version)
-            self.reports.export_window(served, self.calibrations.key(served))
+            self.reports.export_window(served, key)
         return status, transition
 
     def recalibrate(self, name: str | None, version: str | None, window: str | None) -> dict:

@@ -55,7 +55,10 @@ class Reports:
         served = self.repository.get(name, version)
         win = Window.parse(window) if window is not None else self.alarm_window
         key = self.calibrations.key(served)
-        return served, win, key, self.store.labels.window(key, self.n_bins, last=win.count, seconds=win.seconds)
+        return served, win, key, self._sums(key, win)
+
+    def _sums(self, key: CalibrationKey, win: Window) -> WindowSums:
+        return self.store.labels.window(key, self.n_bins, last=win.count, seconds=win.seconds)
 
     def report(self, name: str | None, version: str | None, window: str | None) -> dict:
         """The body of GET /calibration."""
@@ -84,8 +87,7 @@ class Reports:
 
     def export_window(self, served: ServedModel, key: CalibrationKey) -> None:
         """The default window's ECE and interval as gauges (dashboards), after new labels were folded."""
-        sums = self.store.labels.window(key, self.n_bins, last=self.alarm_window.count,
-                                        seconds=self.alarm_window.seconds)
+        sums = self._sums(key, self.alarm_window)
         self.metrics.window_labels.labels(served.name, served.version).set(sums.n)
         if sums.n:
             ci = ece_interval(sums.stats.sums, n_resamples=self.n_resamples, seed=_seed(key, sums.last_seq))
