@@ -18,25 +18,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import __version__
 from service.dashboard import router as dashboard_router
-from service.serving.dataplane import DataPlane
+from service.endpoints import Endpoints
 from service.errors import ServiceError, StorageUnavailable
-from service.monitoring.evaluator import Evaluator
-from service.monitoring.feedback_writer import FeedbackWriter
 from service.http_errors import error_response
 from service.metrics import ServiceMetrics
 from service.middleware import ServingMiddleware
-from service.monitoring import Monitor
 from service.monitoring.routes import FEEDBACK_CONTRACT, FEEDBACK_ROUTES
 from service.monitoring.routes import router as monitoring_router
-from service.serving.prediction_log import PredictionLog
-from service.serving.repository import ModelRepository
+from service.schemas import ActivateRequest, RecalibrateRequest, V2InferenceRequest
 from service.serving.rest import PREDICT_CONTRACT, PREDICT_ROUTES
 from service.serving.rest import router as rest_router
-from service.schemas import ActivateRequest, RecalibrateRequest, V2InferenceRequest
-from service.settings import Settings
-from service.store import Store
 from service.serving.v2 import router as v2_router
-from service.monitoring.webhook import AlarmWebhook
+from service.settings import Settings
 
 log = logging.getLogger("service")
 
@@ -48,47 +41,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        repository = ModelRepository(settings)
-        await anyio.to_thread.run_sync(repository.load)
-        store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
-        monitor = Monitor(store, repository, metrics, n_bins=settings.n_bins,
-                          policy=settings.alarm, alarm_window=settings.alarm_window,
-                          detail_rows=settings.detail_rows, drift_rows=settings.drift_rows,
-                          n_resamples=settings.bootstrap_resamples)
-        prediction_log = PredictionLog(store, metrics, max_pending=settings.prediction_log_queue)
-        app.state.store, app.state.monitor, app.state.prediction_log = store, monitor, prediction_log
-        webhook = AlarmWebhook(settings.webhook_url, metrics)
-        app.state.feedback_writer = FeedbackWriter(monitor, prediction_log)
-        app.state.evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
-                                        seconds=settings.evaluate_seconds)
-        app.state.dataplane = DataPlane(repository, settings, metrics, monitor,
-                                        prediction_log if settings.prediction_log else None)
-        monitor.feedback.export_bin_counters()
-        if not await _sync_store(app):
+        endpoints = app.state.endpoints = Endpoints.build(settings, metrics)
+        await anyio.to_thread.run_sync(endpoints.repository.load)
+        endpoints.monitor.feedback.export_bin_counters()
+        if not await _sync_store(endpoints):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
-        await app.state.dataplane.start()
-        prediction_log.start()
-        app.state.feedback_writer.start()
-        app.state.evaluator.start()
-        housekeeping = asyncio.get_running_loop().create_task(_housekeeping(app))
-        app.state.ready = True
-        log.info("ready: %d model version(s), %d refused; store %s", len(repository.all()), len(repository.failed),
-                 "up" if store.db.last_error is None else f"unavailable ({store.db.last_error})")
+        await endpoints.dataplane.start()
+        endpoints.prediction_log.start()
+        endpoints.feedback.start()
+        endpoints.evaluator.start()
+        housekeeping = asyncio.get_running_loop().create_task(_housekeeping(endpoints))
+        endpoints.ready = True
+        log.info("ready: %d model version(s), %d refused; store %s", len(endpoints.repository.all()),
+                 len(endpoints.repository.failed),
+                 "up" if endpoints.store.db.last_error is None else f"unavailable ({endpoints.store.db.last_error})")
         yield
-        app.state.ready = False
+        endpoints.ready = False
         housekeeping.cancel()
-        await app.state.dataplane.stop()
-        await app.state.feedback_writer.stop()
-        await app.state.evaluator.stop()
-        await prediction_log.stop()
-        await webhook.aclose()
-        store.db.engine.dispose()
+        await endpoints.dataplane.stop()
+        await endpoints.feedback.stop()
+        await endpoints.evaluator.stop()
+        await endpoints.prediction_log.stop()
+        await endpoints.webhook.aclose()
+        endpoints.store.db.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")
 
     telemetry = {} if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan, telemetry=telemetry,
                   description="Calibrated probabilities from ONNX models, with calibration monitoring.")
-    app.state.settings, app.state.metrics, app.state.ready = settings, metrics, False
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
                        direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES])
     app.include_router(rest_router)
@@ -101,29 +81,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-async def _sync_store(app: FastAPI) -> bool:
+async def _sync_store(endpoints: Endpoints) -> bool:
     """Create/migrate the schema and load the active calibrations; whether the store answered (a down
     store is not fatal, and ``Database`` logs each outage once)."""
     try:
-        await anyio.to_thread.run_sync(app.state.monitor.sync)
+        await anyio.to_thread.run_sync(endpoints.monitor.sync)
     except StorageUnavailable:
-        app.state.metrics.storage_up.set(0)
+        endpoints.metrics.storage_up.set(0)
         return False
-    app.state.metrics.storage_up.set(1)
+    endpoints.metrics.storage_up.set(1)
     return True
 
 
-async def _housekeeping(app: FastAPI) -> None:
+async def _housekeeping(endpoints: Endpoints) -> None:
     """Refresh active calibrations (replicas see each other's recalibrations) and apply retention."""
-    settings = app.state.settings
+    settings, store = endpoints.settings, endpoints.store
     last_purge = 0.0
     while True:
         await asyncio.sleep(settings.calibration_refresh_seconds)
-        await _sync_store(app)
-        if time.time() - last_purge > 3600 and app.state.store.db.last_error is None:
+        await _sync_store(endpoints)
+        if time.time() - last_purge > 3600 and store.db.last_error is None:
             cutoff = time.time() - settings.retention_days * 86400
             try:
-                purged = await anyio.to_thread.run_sync(app.state.store.purge, cutoff)
+                purged = await anyio.to_thread.run_sync(store.purge, cutoff)
                 last_purge = time.time()
                 if purged:
                     log.info("retention: deleted %d predictions older than %.1f days", purged, settings.retention_days)

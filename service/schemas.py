@@ -232,6 +232,17 @@ class AlarmInfo(BaseModel):
     since: float | None
 
 
+class Refit(BaseModel):
+    """A temperature refitted on labelled logits (Guo et al. 2017) and its in-sample effect."""
+
+    temperature: float
+    n: int
+    ece_current: float
+    ece_after: float
+    nll_current: float
+    nll_after: float
+
+
 class CalibrationReport(BaseModel):
     """Rolling calibration of one model version over one label window."""
 
@@ -257,7 +268,8 @@ class CalibrationReport(BaseModel):
     calibration_test_p_value: float | None
     bins: list[ReliabilityBin]
     detail_rows: int
-    recalibration: dict[str, Any] | None
+    recalibration: Refit | None = Field(description="the temperature refitted on the window's most recent "
+                                        "labelled logits and what it would do (in-sample); null below the minimum")
     reference: dict[str, Any]
     drift: dict[str, Any]
     alarm: AlarmInfo
@@ -275,3 +287,61 @@ class ActivateRequest(_Request):
     model: str | None = None
     version: str | None = None
     calibration_version: int = Field(ge=0)
+
+
+class RecalibrateResponse(Refit):
+    model: str
+    version: str
+    calibration_version: int = Field(description="the new calibration version, now in force")
+
+
+class ActivateResponse(BaseModel):
+    model: str
+    version: str
+    calibration_version: int = Field(description="the calibration version now in force (0 = the manifest's)")
+    temperature: float | None
+
+
+class TimelinePoint(BaseModel):
+    seq: int = Field(description="sequence number of the newest label in the point's window")
+    labelled_at: float
+    n: int
+    ece: float
+    ece_ci: list[float]
+
+
+class TimelineResponse(BaseModel):
+    model: str
+    version: str
+    calibration_version: int
+    window: int
+    step: int
+    points: list[TimelinePoint] = Field(description="oldest first")
+
+
+class CalibrationVersionInfo(BaseModel):
+    calibration_version: int
+    method: str
+    temperature: float | None
+    source: Literal["manifest", "refit"] = Field(description="the artifact's manifest, or POST /admin/recalibrate")
+    active: bool
+    created_at: float
+    details: dict[str, Any]
+
+
+class AlarmEvent(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    at: float
+    calibration_version: int
+    from_state: Literal["ok", "warning", "alarm"] = Field(alias="from")
+    to_state: Literal["ok", "warning", "alarm"] = Field(alias="to")
+    reasons: list[str]
+
+
+class HistoryResponse(BaseModel):
+    model: str
+    version: str
+    active_calibration_version: int
+    calibrations: list[CalibrationVersionInfo]
+    alarm_events: list[AlarmEvent]

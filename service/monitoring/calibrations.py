@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from service.errors import ModelNotFound
+from service.schemas import ActivateResponse, AlarmEvent, CalibrationVersionInfo, HistoryResponse
 from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.rows import CalibrationKey
@@ -49,25 +50,24 @@ class CalibrationVersions:
         self.refresh()
         return version
 
-    def activate(self, model: ServedModel, calibration_version: int) -> dict:
+    def activate(self, model: ServedModel, calibration_version: int) -> ActivateResponse:
         """Serve a recorded calibration version again."""
         if not self.store.calibrations.activate(model.name, model.version, calibration_version):
             raise ModelNotFound(f"model {model.name} version {model.version} has no calibration version "
                                 f"{calibration_version}", field="calibration_version")
         self.refresh()
         active, temperature = self.active(model)
-        return {"model": model.name, "version": model.version, "calibration_version": active,
-                "temperature": temperature}
+        return ActivateResponse(model=model.name, version=model.version, calibration_version=active,
+                                temperature=temperature)
 
-    def history(self, model: ServedModel) -> dict:
+    def history(self, model: ServedModel) -> HistoryResponse:
         """Every calibration version of ``model`` and its alarm transitions."""
-        return {
-            "model": model.name, "version": model.version, "active_calibration_version": self.active(model)[0],
-            "calibrations": [{"calibration_version": r.calibration_version, "method": r.method,
-                              "temperature": r.temperature, "source": r.source, "active": r.active,
-                              "created_at": r.created_at, "details": json.loads(r.details or "{}")}
-                             for r in self.store.calibrations.of(model.name, model.version)],
-            "alarm_events": [{"at": r.at, "calibration_version": r.calibration_version, "from": r.from_state,
-                              "to": r.to_state, "reasons": json.loads(r.reasons)}
-                             for r in self.store.alarm_states.history(model.name, model.version)],
-        }
+        return HistoryResponse(
+            model=model.name, version=model.version, active_calibration_version=self.active(model)[0],
+            calibrations=[CalibrationVersionInfo(
+                calibration_version=r.calibration_version, method=r.method, temperature=r.temperature,
+                source=r.source, active=r.active, created_at=r.created_at, details=json.loads(r.details or "{}"))
+                for r in self.store.calibrations.of(model.name, model.version)],
+            alarm_events=[AlarmEvent(at=r.at, calibration_version=r.calibration_version, from_state=r.from_state,
+                                     to_state=r.to_state, reasons=json.loads(r.reasons))
+                          for r in self.store.alarm_states.history(model.name, model.version)])

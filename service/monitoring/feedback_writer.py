@@ -5,7 +5,8 @@ progress form the next group (up to ``max_group_items`` items, and always at lea
 the prediction log is flushed once (the predictions they label are then stored), and all their
 items are joined, checked and stored in one transaction in a worker thread
 (``FeedbackRecorder.record_group``). Each request is answered with its own result only after that
-commit; a failed write fails every request of its group, so nothing of it is acknowledged.
+commit; a failed write fails every request of its group, so nothing of it is acknowledged. The count
+of labels stored goes to ``on_stored`` (the evaluator, which starts a pass after enough of them).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 import anyio
 
-from service.errors import NotReady
+from service.errors import InvalidInput, NotReady
 from service.monitoring import Monitor
 from service.serving.prediction_log import PredictionLog
 
@@ -24,9 +26,12 @@ log = logging.getLogger("service.feedback")
 
 
 class FeedbackWriter:
-    def __init__(self, monitor: Monitor, prediction_log: PredictionLog, max_group_items: int = 4096):
+    def __init__(self, monitor: Monitor, prediction_log: PredictionLog, *, max_request_items: int,
+                 on_stored: Callable[[int], None] = lambda n: None, max_group_items: int = 4096):
         self.monitor = monitor
         self.prediction_log = prediction_log
+        self.max_request_items = max_request_items
+        self.on_stored = on_stored
         self.max_group_items = max_group_items
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pending: deque[tuple[list, asyncio.Future]] = deque()
@@ -54,12 +59,17 @@ class FeedbackWriter:
     async def submit(self, items: list) -> dict:
         """Store ``items`` with the group they join; the response body once they are committed.
         Raises what the write raised (``StorageUnavailable`` when the store is down)."""
+        if len(items) > self.max_request_items:
+            raise InvalidInput(f"holds {len(items)} items; at most {self.max_request_items} are allowed per request",
+                               field="items")
         if not self._running:
             raise NotReady("the service is shutting down")
         future = asyncio.get_running_loop().create_future()
         self._pending.append((items, future))
         self._wakeup.set()
-        return await future
+        result = await future
+        self.on_stored(result["accepted"])
+        return result
 
     async def _loop(self) -> None:
         while self._pending or self._running:

@@ -10,6 +10,7 @@ from service.monitoring.alarm import Alarm
 from service.monitoring.calibrations import CalibrationVersions
 from service.monitoring.feedback import FeedbackRecorder
 from service.monitoring.reports import MIN_REFIT_LABELS, Reports
+from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse
 from service.serving.repository import ModelRepository
 from service.store import Store
 
@@ -40,7 +41,7 @@ class Monitor:
             self.reports.export_window(served, key)
         return status, transition
 
-    def recalibrate(self, name: str | None, version: str | None, window: str | None) -> dict:
+    def recalibrate(self, name: str | None, version: str | None, window: str | None) -> RecalibrateResponse:
         """Refit the temperature on the window's labelled logits and make it the active calibration."""
         served, win, key, sums = self.reports.window(name, version, window)
         y, probs, logits = self.reports.window_rows(key, win, sums.n)
@@ -48,16 +49,17 @@ class Monitor:
         if refit is None:
             raise InvalidInput(f"need at least {MIN_REFIT_LABELS} labelled online predictions with logits in "
                                f"window {win.spec} (have {len(y)})", field="window")
-        new_version = self.calibrations.record_refit(key, refit["temperature"], {"window": win.spec} | refit)
+        new_version = self.calibrations.record_refit(key, refit.temperature, {"window": win.spec} | refit.model_dump())
         self.alarm.export_states()
-        return {"model": served.name, "version": served.version, "calibration_version": new_version, **refit}
+        return RecalibrateResponse(model=served.name, version=served.version, calibration_version=new_version,
+                                   **refit.model_dump())
 
-    def activate(self, name: str | None, version: str | None, calibration_version: int) -> dict:
+    def activate(self, name: str | None, version: str | None, calibration_version: int) -> ActivateResponse:
         """Serve a recorded calibration version again (0 = the manifest's)."""
         body = self.calibrations.activate(self.repository.get(name, version), calibration_version)
         self.alarm.export_states()
         return body
 
-    def history(self, name: str | None, version: str | None) -> dict:
+    def history(self, name: str | None, version: str | None) -> HistoryResponse:
         """Calibration versions and alarm transitions of a model version."""
         return self.calibrations.history(self.repository.get(name, version))

@@ -20,6 +20,7 @@ from service.metrics import ServiceMetrics
 from service.monitoring.alarm import load_detector, saved_status
 from service.monitoring.calibrations import CalibrationVersions
 from service.monitoring.windows import Window
+from service.schemas import Refit, TimelinePoint, TimelineResponse
 from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.labels import WindowSums
@@ -164,15 +165,15 @@ class Reports:
                 self._newest.pop(next(iter(self._newest)))
         return rows
 
-    def refit(self, logits, y, probs) -> dict | None:
+    def refit(self, logits, y, probs) -> Refit | None:
         """The temperature refitted on the window's labelled logits and what it would do (in-sample)."""
         if logits is None or len(y) < MIN_REFIT_LABELS:
             return None
         t = fit_temperature(logits, y)
         refit = apply_temperature(logits, t)
-        return {"temperature": t, "n": len(y), "ece_current": metrics.ece(probs, y, self.n_bins),
-                "ece_after": metrics.ece(refit, y, self.n_bins), "nll_current": metrics.nll(probs, y),
-                "nll_after": metrics.nll(refit, y)}
+        return Refit(temperature=t, n=len(y), ece_current=metrics.ece(probs, y, self.n_bins),
+                     ece_after=metrics.ece(refit, y, self.n_bins), nll_current=metrics.nll(probs, y),
+                     nll_after=metrics.nll(refit, y))
 
     def _drift(self, served: ServedModel, key: CalibrationKey, sums: WindowSums) -> dict:
         recent = self.store.predictions.recent_confidences(key, self.drift_rows)
@@ -187,7 +188,8 @@ class Reports:
             out.update({"observed_accuracy": gap.observed, "expected_accuracy": gap.expected, "accuracy_gap_z": gap.z})
         return out
 
-    def timeline(self, name: str | None, version: str | None, window: int, step: int, points: int) -> dict:
+    def timeline(self, name: str | None, version: str | None, window: int, step: int,
+                 points: int) -> TimelineResponse:
         """Rolling ECE over time: the ECE of the last ``window`` labels after every ``step`` labels,
         for the most recent ``points`` steps (the data of the dashboard's chart)."""
         served = self.repository.get(name, version)
@@ -201,12 +203,13 @@ class Reports:
                 start = max(0, end - window)
                 sums = binning.bin_sums(conf[start:end], correct[start:end], self.edges)
                 ci = ece_interval(sums, n_resamples=200, seed=int(rows[end - 1].seq))
-                out.append({"seq": int(rows[end - 1].seq), "labelled_at": float(rows[end - 1].labelled_at),
-                            "n": end - start, "ece": ci.ece, "ece_ci": [ci.low, ci.high]})
+                out.append(TimelinePoint(seq=int(rows[end - 1].seq), labelled_at=float(rows[end - 1].labelled_at),
+                                         n=end - start, ece=ci.ece, ece_ci=[ci.low, ci.high]))
                 if len(out) == points:
                     break
-        return {"model": served.name, "version": served.version, "calibration_version": key.calibration_version,
-                "window": window, "step": step, "points": out[::-1]}
+        return TimelineResponse(model=served.name, version=served.version,
+                                calibration_version=key.calibration_version, window=window, step=step,
+                                points=out[::-1])
 
     def reliability_png(self, name: str | None, version: str | None, window: str | None) -> bytes:
         """The window's reliability diagram with confidence histogram, as PNG."""

@@ -2,35 +2,31 @@
 
 from __future__ import annotations
 
-import logging
-
-import anyio
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
 from service.serving.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
 from service.auth import authorize
-from service.errors import InvalidInput
+from service.endpoints import CurrentEndpoints, current
 from service.schemas import (
+    WINDOW_PATTERN,
     ActivateRequest,
+    ActivateResponse,
     CalibrationReport,
     ErrorResponse,
     FeedbackRequest,
     FeedbackResponse,
-    WINDOW_PATTERN,
+    HistoryResponse,
     RecalibrateRequest,
+    RecalibrateResponse,
+    TimelineResponse,
 )
 
-log = logging.getLogger("service.monitoring")
 router = APIRouter(tags=["monitoring"])
 
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)}
 ADMIN_ERRORS = ERRORS | {401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}}
-
-
-def _monitor(request: Request):
-    return request.app.state.monitor
 
 
 class FeedbackEndpoint:
@@ -38,17 +34,10 @@ class FeedbackEndpoint:
     writer's next group commit, and the request is answered once they are stored."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope["app"].state
         request = Request(scope, receive)
         media_type(request, "application/json")
         body = validate(FeedbackRequest, decode(await request.body()))
-        limit = state.settings.max_feedback_items
-        if len(body.items) > limit:
-            raise InvalidInput(f"holds {len(body.items)} items; at most {limit} are allowed per request",
-                               field="items")
-        result = await state.feedback_writer.submit(body.items)
-        state.evaluator.labels_arrived(result["accepted"])
-        await respond(result)(scope, receive, send)
+        await respond(await current(request).feedback.submit(body.items))(scope, receive, send)
 
 
 def feedback_contract(body: FeedbackRequest) -> FeedbackResponse:
@@ -64,56 +53,54 @@ FEEDBACK_CONTRACT = APIRoute("/feedback", feedback_contract, methods=["POST"], r
 
 
 @router.get("/calibration", response_model=CalibrationReport, responses=ERRORS)
-async def calibration(request: Request, model: str | None = None, version: str | None = None,
+async def calibration(endpoints: CurrentEndpoints, model: str | None = None, version: str | None = None,
                       window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
                                                  description="a label count (1000) or a duration (30s, 15m, 1h, 7d)")):
     """Rolling calibration with intervals, reliability bins, reference values, drift and the alarm."""
-    return await anyio.to_thread.run_sync(_monitor(request).reports.report, model, version, window)
+    return await endpoints.calibration(model, version, window)
 
 
 @router.get("/calibration/reliability.png", responses=ERRORS | {200: {"content": {"image/png": {}}}},
             response_class=Response)
-async def reliability_png(request: Request, model: str | None = None, version: str | None = None,
+async def reliability_png(endpoints: CurrentEndpoints, model: str | None = None, version: str | None = None,
                           window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
                                                      description="as for GET /calibration")) -> Response:
     """The current reliability diagram with its confidence histogram."""
-    png = await anyio.to_thread.run_sync(_monitor(request).reports.reliability_png, model, version, window)
-    return Response(png, media_type="image/png")
+    return Response(await endpoints.reliability_png(model, version, window), media_type="image/png")
 
 
-@router.get("/calibration/timeline", responses=ERRORS)
-async def timeline(request: Request, model: str | None = None, version: str | None = None,
+@router.get("/calibration/timeline", response_model=TimelineResponse, responses=ERRORS)
+async def timeline(endpoints: CurrentEndpoints, model: str | None = None, version: str | None = None,
                    window: int = Query(default=500, ge=10, le=100_000),
                    step: int = Query(default=50, ge=1, le=10_000),
-                   points: int = Query(default=60, ge=1, le=500)) -> dict:
+                   points: int = Query(default=60, ge=1, le=500)) -> TimelineResponse:
     """Rolling ECE with its interval after every ``step`` labels (window of ``window`` labels)."""
-    return await anyio.to_thread.run_sync(_monitor(request).reports.timeline, model, version, window, step, points)
+    return await endpoints.timeline(model, version, window, step, points)
 
 
-@router.get("/calibration/history", responses=ERRORS)
-async def history(request: Request, model: str | None = None, version: str | None = None) -> dict:
+@router.get("/calibration/history", response_model=HistoryResponse, responses=ERRORS)
+async def history(endpoints: CurrentEndpoints, model: str | None = None,
+                  version: str | None = None) -> HistoryResponse:
     """Calibration versions (manifest and refits) and alarm transitions."""
-    return await anyio.to_thread.run_sync(_monitor(request).history, model, version)
+    return await endpoints.history(model, version)
 
 
 async def _admin_body(request: Request, model: type[Model]) -> Model:
     """The body of an admin request, read only once the token is checked."""
-    authorize(request)
+    authorize(request, current(request).settings.admin_token)
     media_type(request, "application/json")
     return validate(model, decode(await request.body()))
 
 
-@router.post("/admin/recalibrate", responses=ADMIN_ERRORS, tags=["admin"], openapi_extra=json_body(RecalibrateRequest))
-async def recalibrate(request: Request) -> dict:
+@router.post("/admin/recalibrate", response_model=RecalibrateResponse, responses=ADMIN_ERRORS, tags=["admin"],
+             openapi_extra=json_body(RecalibrateRequest))
+async def recalibrate(request: Request, endpoints: CurrentEndpoints) -> RecalibrateResponse:
     """Refit the temperature on the window's labelled data and serve it as a new calibration version."""
-    body = await _admin_body(request, RecalibrateRequest)
-    return await anyio.to_thread.run_sync(_monitor(request).recalibrate, body.model, body.version, body.window)
+    return await endpoints.recalibrate(await _admin_body(request, RecalibrateRequest))
 
 
-@router.post("/admin/calibration/activate", responses=ADMIN_ERRORS, tags=["admin"],
-             openapi_extra=json_body(ActivateRequest))
-async def activate(request: Request) -> dict:
+@router.post("/admin/calibration/activate", response_model=ActivateResponse, responses=ADMIN_ERRORS,
+             tags=["admin"], openapi_extra=json_body(ActivateRequest))
+async def activate(request: Request, endpoints: CurrentEndpoints) -> ActivateResponse:
     """Serve a recorded calibration version again (0 = the manifest's): recalibration is reversible."""
-    body = await _admin_body(request, ActivateRequest)
-    return await anyio.to_thread.run_sync(_monitor(request).activate, body.model, body.version,
-                                          body.calibration_version)
+    return await endpoints.activate(await _admin_body(request, ActivateRequest))

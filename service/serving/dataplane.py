@@ -11,6 +11,7 @@ import numpy as np
 
 from service import __version__
 from service.serving.batching import DynamicBatcher, Timing
+from service.serving.codec import Phases
 from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
 from service.serving.preprocessing import to_batch
@@ -93,6 +94,17 @@ class DataPlane:
         x = to_batch(request.inputs, model.shape, model.manifest.preprocessing,
                      max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
         return model, x
+
+    async def predict(self, request: PredictRequest, phases: Phases) -> tuple[dict, Timing]:
+        """The /predict body for a validated request (``respond``) and the batch's timing. The request's
+        rows are dropped once they are one float32 array: their Python objects are about 8 times its size,
+        so memory then grows with concurrent requests by their arrays only."""
+        model, x = self.prepare(request)
+        request.inputs = []
+        phases.mark("validate")
+        outputs, timing = await self.infer(model, x)
+        phases.mark("batch")
+        return self.respond(model, request, outputs), timing
 
     def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> dict:
         """On an inference thread: the outputs of one of the model's sessions plus the batch scored under

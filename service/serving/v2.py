@@ -15,7 +15,8 @@ from fastapi import APIRouter, Request, Response
 
 from service.serving.codec import validate
 from service.serving.dataplane import V2_DATATYPES, server_metadata
-from service.errors import InvalidInput, NotReady
+from service.endpoints import CurrentEndpoints
+from service.errors import InvalidInput
 from service.schemas import V2Error, V2InferenceRequest, V2InferenceResponse, V2ModelMetadata, V2ServerMetadata
 
 router = APIRouter(prefix="/v2", tags=["v2"])
@@ -40,34 +41,28 @@ async def live() -> dict:
 
 
 @router.get("/health/ready", responses={503: {"model": V2Error}})
-async def ready(request: Request) -> dict:
-    repository = request.app.state.dataplane.repository
-    if not (request.app.state.ready and any(m.ready for m in repository.all())):
-        raise NotReady("no model is ready")
-    return {"ready": True}
+async def ready(endpoints: CurrentEndpoints) -> dict:
+    return endpoints.server_ready()
 
 
 @router.get("/models/{name}", response_model=V2ModelMetadata, responses=ERRORS)
 @router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=ERRORS)
-async def model_metadata(request: Request, name: str, version: str | None = None) -> V2ModelMetadata:
-    return request.app.state.dataplane.v2_metadata(name, version)
+async def model_metadata(endpoints: CurrentEndpoints, name: str, version: str | None = None) -> V2ModelMetadata:
+    return endpoints.dataplane.v2_metadata(name, version)
 
 
 @router.get("/models/{name}/ready", responses=ERRORS)
 @router.get("/models/{name}/versions/{version}/ready", responses=ERRORS)
-async def model_ready(request: Request, name: str, version: str | None = None) -> dict:
-    model = request.app.state.dataplane.repository.get(name, version)
-    if not model.ready:
-        raise NotReady(f"model {name} version {model.version} is not ready")
-    return {"name": model.name, "version": model.version, "ready": True}
+async def model_ready(endpoints: CurrentEndpoints, name: str, version: str | None = None) -> dict:
+    return endpoints.model_ready(name, version)
 
 
 @router.post("/models/{name}/infer", response_model=V2InferenceResponse, responses=ERRORS, openapi_extra=INFER_BODY)
 @router.post("/models/{name}/versions/{version}/infer", response_model=V2InferenceResponse, responses=ERRORS,
              openapi_extra=INFER_BODY)
-async def infer(request: Request, name: str, version: str | None = None) -> Response:
+async def infer(request: Request, endpoints: CurrentEndpoints, name: str, version: str | None = None) -> Response:
     body, binary = await _parse(request)
-    model, outputs, ids = await request.app.state.dataplane.v2_infer(name, version, body, binary)
+    model, outputs, ids = await endpoints.dataplane.v2_infer(name, version, body, binary)
     return _encode(model.name, model.version, body, outputs, ids)
 
 

@@ -190,7 +190,7 @@ def evaluate_now():
     """``evaluate_now(app)``: one alarm evaluation pass of a ``running_server`` app now, from the test's
     thread (the evaluator runs on the server's event loop); returns the transitions."""
     def run(app, timeout: float = 120.0) -> list[dict]:
-        evaluator = app.state.evaluator
+        evaluator = app.state.endpoints.evaluator
         return asyncio.run_coroutine_threadsafe(evaluator.run_once(), evaluator.loop).result(timeout)
 
     return run

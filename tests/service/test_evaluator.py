@@ -27,7 +27,7 @@ def _offline(n, seed, scale=1.0):
 
 def _count_updates(app) -> list:
     """Record every ``Monitor.update`` call of ``app`` (model, version)."""
-    monitor, calls = app.state.monitor, []
+    monitor, calls = app.state.endpoints.monitor, []
     update = monitor.update
 
     def counted(name, version):
@@ -113,7 +113,7 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, se
                         evaluate_seconds=0.05)
     with caplog.at_level(logging.INFO, logger="service.monitoring.evaluator"), server_for(settings) as (base_url, app):
         def completed() -> float:
-            return next(s.value for s in app.state.metrics.evaluation.collect()[0].samples if s.name.endswith("_count"))
+            return next(s.value for s in app.state.endpoints.metrics.evaluation.collect()[0].samples if s.name.endswith("_count"))
 
         _wait(lambda: completed() >= 2, what="evaluation passes")
         cuttable_proxy.cut()

@@ -9,6 +9,7 @@ from calibkit import metrics
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import apply_temperature, softmax
 from calibkit.alarms import AlarmPolicy
+from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse, TimelineResponse
 from service.settings import Settings
 from training.data import load_digits_splits
 
@@ -132,7 +133,8 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         assert 'calib_alarm_state{model="digits-lenet5",version="1"} 2.0' in text
         assert 'calib_labeled_total{bin="14",model="digits-lenet5",version="1"}' in text
         history = httpx.get(f"{base_url}/calibration/history").json()
-        assert history["alarm_events"][0]["to"] == "alarm"
+        assert history["alarm_events"][0]["from"] in ("ok", "warning") and history["alarm_events"][0]["to"] == "alarm"
+        assert HistoryResponse.model_validate(history).alarm_events[0].to_state == "alarm"
         png = httpx.get(f"{base_url}/calibration/reliability.png")
         assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
 
@@ -150,7 +152,8 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         refit = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
         assert refit.status_code == 200, refit.text
         new_t = refit.json()["temperature"]
-        assert refit.json()["calibration_version"] == 1
+        assert RecalibrateResponse.model_validate(refit.json()).calibration_version == 1
+        assert set(refit.json()) == set(RecalibrateResponse.model_fields)
         after = _predict(base_url, x[:5], return_logits=True)
         assert after["calibration_version"] == 1 and after["temperature"] == pytest.approx(new_t)
         logits = np.array([p["logits"] for p in after["predictions"]])
@@ -163,7 +166,8 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         np.testing.assert_allclose(np.reshape(v2["outputs"][0]["data"], probs.shape), probs, atol=1e-6)
         assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
         back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
-        assert back.json()["calibration_version"] == 0
+        assert back.json() == ActivateResponse(model="digits-lenet5", version="1", calibration_version=0,
+                                               temperature=back.json()["temperature"]).model_dump()
         assert _predict(base_url, x[:1])["calibration_version"] == 0
         versions = httpx.get(f"{base_url}/calibration/history").json()["calibrations"]
         assert [(v["calibration_version"], v["source"], v["active"]) for v in versions] == [
@@ -184,6 +188,8 @@ def test_timeline_is_the_rolling_window_ece(monitored):
     httpx.post(f"{base_url}/feedback", json={"items": _offline(z, y, 1.0)})
     body = httpx.get(f"{base_url}/calibration/timeline", params={"window": 100, "step": 50, "points": 4}).json()
     points = body["points"]
+    assert TimelineResponse.model_validate(body).window == 100 and set(points[0]) == {"seq", "labelled_at", "n",
+                                                                                      "ece", "ece_ci"}
     assert [p["n"] for p in points] == [100, 100, 100, 100] and len(points) == 4
     assert points[-1]["ece"] == pytest.approx(metrics.ece(softmax(z[-100:]), y[-100:]), abs=1e-9)
     assert points[0]["ece"] == pytest.approx(metrics.ece(softmax(z[50:150]), y[50:150]), abs=1e-9)
@@ -220,3 +226,14 @@ def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(reposito
     with server_for(settings) as (base_url, _):
         assert httpx.get(f"{base_url}/health").json()["storage"]["up"] is False
         _assert_bin_counters_at_zero(base_url)
+
+
+@pytest.mark.parametrize("path, method, model", [
+    ("/calibration/timeline", "get", "TimelineResponse"), ("/calibration/history", "get", "HistoryResponse"),
+    ("/admin/recalibrate", "post", "RecalibrateResponse"),
+    ("/admin/calibration/activate", "post", "ActivateResponse")])
+def test_monitoring_responses_are_typed_in_the_openapi_document(base_url, path, method, model):
+    document = httpx.get(f"{base_url}/openapi.json").json()
+    ok = document["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": f"#/components/schemas/{model}"}
+    assert document["components"]["schemas"][model]["properties"]

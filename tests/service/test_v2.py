@@ -145,7 +145,7 @@ def _binary_infer(base_url, x) -> tuple[dict, bytes]:
 
 def _flush(app) -> None:
     """Write the prediction log's queue now, on the server's event loop."""
-    asyncio.run_coroutine_threadsafe(app.state.prediction_log.flush(), app.state.feedback_writer.loop).result(30)
+    asyncio.run_coroutine_threadsafe(app.state.endpoints.prediction_log.flush(), app.state.endpoints.feedback.loop).result(30)
 
 
 def _labels(base_url) -> int:
@@ -157,7 +157,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     base_url, app = server
     assert len(ids) == len(set(ids)) == len(probabilities)
     _flush(app)
-    stored = app.state.store.predictions.fetch(ids)
+    stored = app.state.endpoints.store.predictions.fetch(ids)
     assert [(stored[i].model, stored[i].version, stored[i].predicted) for i in ids] == [
         ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)]
     np.testing.assert_allclose([stored[i].confidence for i in ids], probabilities.max(axis=1), atol=1e-6)
@@ -189,7 +189,7 @@ def test_tritonclient_binary_infer_is_logged_and_its_prediction_ids_take_feedbac
 
 def test_prediction_counter_equals_the_rows_v2_logs(server):
     base_url, app = server
-    registry = app.state.metrics.registry
+    registry = app.state.endpoints.metrics.registry
 
     def counts() -> tuple[float, float]:
         _flush(app)
@@ -203,7 +203,7 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
     assert (len(json_ids), len(binary_ids)) == (6, 4)
     now_predicted, now_written = counts()
     assert now_predicted - predicted == now_written - written == 10
-    assert len(app.state.store.predictions.fetch(json_ids + binary_ids)) == 10
+    assert len(app.state.endpoints.store.predictions.fetch(json_ids + binary_ids)) == 10
 
 
 def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_nothing(repository_dir, tmp_path,
@@ -216,6 +216,6 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
         binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"]
         assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
         _flush(app)
-        assert app.state.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
-        assert app.state.metrics.registry.get_sample_value(
+        assert app.state.endpoints.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
+        assert app.state.endpoints.metrics.registry.get_sample_value(
             "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) == 16

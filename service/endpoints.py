@@ -1,0 +1,139 @@
+"""What the routes call: one typed object over the service's parts (the shape of MLServer's
+``rest/endpoints.py``), so that a route turns HTTP into one call and the result back into HTTP.
+
+The lifespan in ``service.app`` builds it, starts its parts and puts it on ``app.state``; routes receive
+it through the ``CurrentEndpoints`` dependency (plain ASGI routes call ``current``). Blocking monitoring
+calls run in worker threads here, so no route needs to know which calls block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import anyio
+import onnxruntime as ort
+from fastapi import Depends
+from starlette.requests import HTTPConnection
+
+from service import __version__
+from service.errors import NotReady
+from service.metrics import ServiceMetrics
+from service.monitoring import Monitor
+from service.monitoring.evaluator import Evaluator
+from service.monitoring.feedback_writer import FeedbackWriter
+from service.monitoring.webhook import AlarmWebhook
+from service.schemas import (
+    ActivateRequest,
+    ActivateResponse,
+    HealthResponse,
+    HistoryResponse,
+    RecalibrateRequest,
+    RecalibrateResponse,
+    TimelineResponse,
+)
+from service.serving.dataplane import DataPlane
+from service.serving.prediction_log import PredictionLog
+from service.serving.repository import ModelRepository
+from service.settings import Settings
+from service.store import Store
+
+
+@dataclass
+class Endpoints:
+    settings: Settings
+    metrics: ServiceMetrics
+    store: Store
+    dataplane: DataPlane
+    monitor: Monitor
+    prediction_log: PredictionLog
+    feedback: FeedbackWriter
+    evaluator: Evaluator
+    webhook: AlarmWebhook
+    ready: bool = False
+
+    @classmethod
+    def build(cls, settings: Settings, metrics: ServiceMetrics) -> Endpoints:
+        """The service's parts wired together (nothing started, no model loaded, the store not touched)."""
+        repository = ModelRepository(settings)
+        store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
+        monitor = Monitor(store, repository, metrics, n_bins=settings.n_bins, policy=settings.alarm,
+                          alarm_window=settings.alarm_window, detail_rows=settings.detail_rows,
+                          drift_rows=settings.drift_rows, n_resamples=settings.bootstrap_resamples)
+        prediction_log = PredictionLog(store, metrics, max_pending=settings.prediction_log_queue)
+        webhook = AlarmWebhook(settings.webhook_url, metrics)
+        evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
+                              seconds=settings.evaluate_seconds)
+        feedback = FeedbackWriter(monitor, prediction_log, max_request_items=settings.max_feedback_items,
+                                  on_stored=evaluator.labels_arrived)
+        dataplane = DataPlane(repository, settings, metrics, monitor,
+                              prediction_log if settings.prediction_log else None)
+        return cls(settings, metrics, store, dataplane, monitor, prediction_log, feedback, evaluator, webhook)
+
+    @property
+    def repository(self) -> ModelRepository:
+        return self.dataplane.repository
+
+    def is_ready(self) -> bool:
+        """Started, not stopping, and at least one model version ready."""
+        return self.ready and any(m.ready for m in self.repository.all())
+
+    async def health(self, admin: bool) -> HealthResponse:
+        """Readiness with details: loaded models and their providers, refused artifacts, the store (its
+        last error only for ``admin``: the driver's text names hosts, ports and databases)."""
+        models = [{"name": m.name, "version": m.version, "ready": m.ready, "provider": m.runtime.provider,
+                   "requested_providers": m.runtime.requested, "sessions": len(m.runtimes),
+                   "queued_rows": m.batcher.queued_rows if m.batcher else 0}
+                  for m in self.repository.all()]
+        ready = self.is_ready()
+        db = self.store.db
+        store_up = await anyio.to_thread.run_sync(db.ping)
+        self.metrics.storage_up.set(int(store_up))
+        storage = {"backend": db.engine.dialect.name, "up": store_up,
+                   "prediction_log_pending": self.prediction_log.pending} | ({"error": db.last_error} if admin else {})
+        status = "not_ready" if not ready else ("degraded" if self.repository.failed or not store_up else "ok")
+        return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=self.repository.failed,
+                              storage=storage, device=self.settings.device,
+                              available_providers=ort.get_available_providers(), onnxruntime=ort.__version__,
+                              version=__version__)
+
+    def server_ready(self) -> dict:
+        """The v2 server readiness (503 when no model version is ready)."""
+        if not self.is_ready():
+            raise NotReady("no model is ready")
+        return {"ready": True}
+
+    def model_ready(self, name: str, version: str | None) -> dict:
+        """The v2 readiness of one model version (503 when it is not ready)."""
+        model = self.repository.get(name, version)
+        if not model.ready:
+            raise NotReady(f"model {name} version {model.version} is not ready")
+        return {"name": model.name, "version": model.version, "ready": True}
+
+    async def calibration(self, model: str | None, version: str | None, window: str | None) -> dict:
+        return await anyio.to_thread.run_sync(self.monitor.reports.report, model, version, window)
+
+    async def reliability_png(self, model: str | None, version: str | None, window: str | None) -> bytes:
+        return await anyio.to_thread.run_sync(self.monitor.reports.reliability_png, model, version, window)
+
+    async def timeline(self, model: str | None, version: str | None, window: int, step: int,
+                       points: int) -> TimelineResponse:
+        return await anyio.to_thread.run_sync(self.monitor.reports.timeline, model, version, window, step, points)
+
+    async def history(self, model: str | None, version: str | None) -> HistoryResponse:
+        return await anyio.to_thread.run_sync(self.monitor.history, model, version)
+
+    async def recalibrate(self, body: RecalibrateRequest) -> RecalibrateResponse:
+        return await anyio.to_thread.run_sync(self.monitor.recalibrate, body.model, body.version, body.window)
+
+    async def activate(self, body: ActivateRequest) -> ActivateResponse:
+        return await anyio.to_thread.run_sync(self.monitor.activate, body.model, body.version,
+                                              body.calibration_version)
+
+
+def current(connection: HTTPConnection) -> Endpoints:
+    """The app's ``Endpoints`` (a FastAPI dependency; plain ASGI routes call it with their request)."""
+    return connection.app.state.endpoints
+
+
+CurrentEndpoints = Annotated[Endpoints, Depends(current)]
