@@ -176,7 +176,7 @@ def feedback_rows(args) -> list[dict]:
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    lines = ["# Alarm benchmark", "", f"Measured by `make bench-alarm` on {m['cores']} cores of \"{m['cpu']}\", "
+    lines = ["# Alarm benchmark", "", f"Measured by `make bench-alarm` on {m['cores']} cores of \"{m['cpu']}\" ({m['isa']}), "
              f"{m['memory_gib']} GiB, Python {m['python']}, at commit `{m['commit']}`, in {result['seconds']:.0f} s. "
              f"Detector: tolerance {result['config']['tolerance']}, threshold A = {result['config']['threshold']:.0e} "
              f"(E[labels to a false alarm] >= A for any traffic within the tolerance), clearing threshold "

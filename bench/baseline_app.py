@@ -14,13 +14,15 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from service.serving.runtime import requested_providers
+
 
 class Request(BaseModel):
     inputs: list
 
 
-def build(model_path: str) -> FastAPI:
-    session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+def build(model_path: str, device: str = "cpu") -> FastAPI:
+    session = ort.InferenceSession(model_path, providers=requested_providers(device))
     shape = tuple(session.get_inputs()[0].shape[1:])
     app = FastAPI()
 
@@ -41,8 +43,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu",
+                        help="as the service's CALIB_DEVICE: the same providers are asked for")
     args = parser.parse_args()
-    uvicorn.run(build(args.model), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(build(args.model, args.device), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,23 @@ def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
-            * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "python": platform.python_version(),
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                 "") if Path("/proc/cpuinfo").exists() else ""
+    # two machines both called "AMD EPYC" differ 2-4x in speed here: the vector extensions tell them apart
+    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else None)
+    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
+            * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "gpu": gpu_name(), "python": platform.python_version(),
             "numpy": np.__version__, "commit": commit.strip() or None}
+
+
+def gpu_name() -> str | None:
+    """The first NVIDIA GPU's name (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def write_result(name: str, data: dict, smoke: bool = False) -> Path:
@@ -152,6 +166,14 @@ def histogram_means(before: dict, after: dict, keys: list[str]) -> dict:
         s1, c1 = after.get(key, [0.0, 0.0])
         out[key] = (s1 - s0) / (c1 - c0) if c1 > c0 else None
     return out
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and all its threads (``/proc/<pid>/stat`` fields
+    14 and 15, in clock ticks)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()  # the fields after the command name, from field 3 on
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:

@@ -1,6 +1,6 @@
 """Run every benchmark and write docs/benchmarks.md from their JSON results.
 
-    python -m bench.run_all [--smoke]       (make bench; --smoke: seconds, for CI, times not asserted)
+    python -m bench.run_all [--smoke] [--device cuda]   (make bench; --smoke: seconds, for CI, times not asserted)
 """
 
 from __future__ import annotations
@@ -14,22 +14,26 @@ from bench.common import RESULTS, ROOT, machine, table
 from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
 from bench.feedback_load import goals as feedback_load_goals
 from bench.monitoring import CALIBRATION_COLUMNS
+from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
-BENCHMARKS = ("fit_temperature", "training", "serving", "feedback_load")  # serving also measures monitoring, memory
+# serving also measures monitoring and memory; profile: where the server's CPU goes under the heavy model
+BENCHMARKS = ("fit_temperature", "training", "serving", "profile", "feedback_load")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--only", nargs="*", default=list(BENCHMARKS))
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="the serving benchmark's")
     args = parser.parse_args()
     for name in args.only:
         print(f"\n=== {name}", flush=True)
-        subprocess.run([sys.executable, "-m", f"bench.{name}", *(["--smoke"] if args.smoke else [])], check=True,
-                       cwd=ROOT)
+        extra = ["--device", args.device] if name == "serving" else []
+        subprocess.run([sys.executable, "-m", f"bench.{name}", *extra, *(["--smoke"] if args.smoke else [])],
+                       check=True, cwd=ROOT)
     if not args.smoke:
         (ROOT / "docs" / "benchmarks.md").write_text(render())
         print(f"\nwrote {ROOT / 'docs' / 'benchmarks.md'}")
@@ -43,9 +47,11 @@ def _load(name: str) -> dict | None:
 def render() -> str:
     m = machine()
     out = ["# Benchmarks", "",
-           f"Measured by `make bench` on {m['cores']} cores of \"{m['cpu']}\", {m['memory_gib']} GiB, no GPU, "
-           f"Python {m['python']}, at commit `{m['commit']}`. Client (wrk) and server share the machine; absolute "
-           "numbers drift on shared machines, so goals are stated as ratios measured in one run.", ""]
+           f"Measured by `make bench` on {m['cores']} cores of \"{m['cpu']}\" ({m['isa']}), {m['memory_gib']} GiB, "
+           f"{m['gpu'] or 'no GPU'}, Python {m['python']}, at commit `{m['commit']}`. Client (wrk) and server share "
+           "the machine; absolute numbers drift on shared machines, so goals are stated as ratios measured in one "
+           "run. On a machine with an NVIDIA GPU: `pip install onnxruntime-gpu` (with the CUDA and cuDNN "
+           "libraries it names) and `python -m bench.run_all --device cuda`; the goals are then the GPU's.", ""]
     fit = _load("fit_temperature")
     if fit:
         out += ["## fit_temperature", "", table(fit["results"], ["objective", "n", "classes", "fitted_T", "best_s",
@@ -65,15 +71,20 @@ def render() -> str:
             out += [f"onnxruntime alone, {model} (the service's sessions and thread settings, all sessions "
                     "busy at once):", "", table(rows, RAW_COLUMNS), ""]
         heavy = serving["heavy_rounds"]
+        provider = serving["providers"]["cifar-resnet56"]
         out += [table(serving["load"], LOAD_COLUMNS), "",
-                f"The heavy model's goals, measured in rounds on the soak server after the sweep: the service at "
-                f"{heavy['clients']} single-row clients, onnxruntime alone at the batch size the service formed "
-                f"in that round, and the baseline at {heavy['clients']} clients, each in turn while the others "
-                "idle (rows/s):", "", table(heavy["rounds"], HEAVY_COLUMNS), "",
-                "Prediction logging (two server processes per setting on empty stores, all visited in turn, in "
-                "reverse order every other round; `rows_per_s`: the mean of the processes' median rounds, "
-                "`per_process`: those medians. Two identical processes differ in speed here, so the two "
-                "without logging show the noise floor of this comparison):", "",
+                f"The heavy model's goals on {provider}, measured in rounds on the soak server after the sweep: "
+                f"the service at {heavy['clients']} single-row clients through JSON `/predict` (`json_`) and "
+                "through v2 with the binary tensor extension (`binary_`: the body `tritonclient.http` sends, "
+                "replayed by wrk; one inference through tritonclient itself checks it first), onnxruntime alone "
+                "at the batch size the service formed in each, and the no-batching baseline, each in turn while "
+                "the others idle (rows/s):", "", table(heavy["rounds"], HEAVY_COLUMNS), "",
+                "Prediction logging: CPU seconds of the server process (user + system, `/proc/<pid>/stat`) per "
+                "10,000 single-row requests at 64 clients, read before each 2-second wrk run and after the "
+                "prediction log has written its rows; two processes per setting on empty stores, visited in "
+                "turn, in reverse order every other round. `extra_cpu`: the ratio of the means to logging off, "
+                "minus one; `extra_cpu_range`: the same ratio per measurement (same round and process slot). "
+                "PostgreSQL's own CPU is not counted:", "",
                 table(serving["logging"], LOGGING_COLUMNS),
                 "",
                 "Time split of /predict from the service's own histograms (mean ms per request over the model's "
@@ -82,6 +93,16 @@ def render() -> str:
                 "Queue time with a configured max queue delay (Server-Timing header of every response):", "",
                 table([serving["queue_delay"]], ["max_queue_delay_ms", "clients", "requests", "p50_ms", "p99_ms",
                                                  "max_ms"]), ""]
+    profile = _load("profile")
+    if profile:
+        out += ["## Where the server's CPU goes", "",
+                f"py-spy samples of every thread of a service process (on-CPU samples, 200 per second) while wrk "
+                f"drives {profile['clients']} single-row JSON `/predict` clients at {profile['model']} for "
+                f"{profile['seconds']:.0f} s (bench/profile.py): {profile['requests_per_s']:.0f} requests/s, "
+                f"{profile['server_cpu_ms_per_request']:.2f} server CPU ms per request, "
+                f"{profile['server_cores_busy']:.2f} cores busy in the server and {profile['client_cores_busy']:.2f} "
+                "in wrk. A sample counts for the stage of its innermost frame that names one:", "",
+                table(profile["stages"], PROFILE_COLUMNS), ""]
     monitoring = _load("monitoring")
     if monitoring:
         out += ["## Monitoring", "", f"{monitoring['rows']} labelled predictions stored (SQLite) before the "

@@ -82,7 +82,8 @@ class Endpoints:
         """Readiness with details: loaded models and their providers, refused artifacts, the store (its
         last error only for ``admin``: the driver's text names hosts, ports and databases)."""
         models = [{"name": m.name, "version": m.version, "ready": m.ready, "provider": m.runtime.provider,
-                   "requested_providers": m.runtime.requested, "sessions": len(m.runtimes),
+                   "requested_providers": m.runtime.requested, "io_binding": m.runtime.io_binding,
+                   "sessions": len(m.runtimes),
                    "queued_rows": m.batcher.queued_rows if m.batcher else 0}
                   for m in self.repository.all()]
         ready = self.is_ready()

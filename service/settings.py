@@ -49,6 +49,9 @@ class Settings(BaseSettings):
                                   "cores shared among the model's sessions (a session with its own core never "
                                   "waits for a sibling thread that the event loop has pre-empted)")
     inter_op_threads: int = Field(default=1, ge=1)
+    io_binding: Literal["auto", "on", "off"] = Field(
+        default="auto", description="onnxruntime I/O binding (inputs bound in host memory, outputs to host buffers): "
+        "auto = on for sessions that run on CUDA")
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     batching: BatchingConfig = BatchingConfig()
     max_rows_per_request: int = Field(default=1024, ge=1)

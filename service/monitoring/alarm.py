@@ -20,7 +20,9 @@ from service.store.rows import CalibrationKey
 
 log = logging.getLogger("service.monitoring")
 
-REPLAY_LABELS = 5000  # label sequence numbers replayed into a detector restarted by an upgrade or new settings
+# the most recent labels folded into a detector that holds none: one restarted by an upgrade or new settings,
+# or the first of a key whose labels were stored before any evaluation (an upgraded or imported store)
+REPLAY_LABELS = 5000
 
 
 def load_detector(saved: str | None, policy: AlarmPolicy) -> DetectorState:
@@ -59,12 +61,13 @@ class Alarm:
         seen = self.store.alarm_states.get(key)
         fresh = json.dumps(load_detector(None, self.policy).to_dict())
         base = (seen.last_seq, seen.detector) if seen else (0, fresh)
-        prefolded = self._fold(key, *base, lambda seq: self.store.labels.after(key, seq))
+        prefolded = self._fold(key, *base, lambda seq, newest: self.store.labels.after(key, seq, newest=newest))
 
         with self.store.alarm_states.locked(key, fresh) as state:
             row = state.row
             detector, last_seq, folded = (prefolded if (row.last_seq, row.detector) == base else self._fold(
-                key, row.last_seq, row.detector, lambda seq: self.store.labels.after(key, seq, state.connection)))
+                key, row.last_seq, row.detector,
+                lambda seq, newest: self.store.labels.after(key, seq, state.connection, newest)))
             previous = saved_status(row)
             status = assess(previous, self._evidence(served, key, detector, state.connection), self.policy,
                             time.time())
@@ -81,14 +84,15 @@ class Alarm:
                         "since": status.since}, folded
 
     def _fold(self, key: CalibrationKey, last_seq: int, saved: str,
-              labels_after: Callable[[int], list]) -> tuple[DetectorState, int, bool]:
-        """(detector, last label folded, whether any was) after folding ``labels_after(last_seq)`` into the
-        saved detector; a detector restarted by an upgrade or new settings replays the recent labels."""
+              labels_after: Callable[[int, int | None], list]) -> tuple[DetectorState, int, bool]:
+        """(detector, last label folded, whether any was) after folding the labels after ``last_seq`` into
+        the saved detector. A detector that holds no label (new, or restarted by an upgrade or new
+        settings) folds the key's ``REPLAY_LABELS`` most recent labels: a store that already holds a
+        million labels is not read whole, and the e-detector's guarantee holds from any start."""
         detector = load_detector(saved, self.policy)
         if detector.n[0] == 0 and last_seq > 0:
-            last_seq = max(0, last_seq - REPLAY_LABELS)
             log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
-        new = labels_after(last_seq)
+        new = labels_after(0, REPLAY_LABELS) if detector.n[0] == 0 else labels_after(last_seq, None)
         if new:
             detector.fold([[label.confidence for label in new]], [[label.correct for label in new]])
         return detector, new[-1].seq if new else last_seq, bool(new)

@@ -151,9 +151,16 @@ class Labels:
                  .where(*scope(labels, key)).order_by(labels.c.seq.desc()).limit(limit))
         return self.db.run(lambda c: c.execute(query).all()[::-1], write=False)
 
-    def after(self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None) -> list[sa.Row]:
-        """(seq, correct, confidence) of the labels after ``seq``, in label order."""
-        query = (sa.select(labels.c.seq, labels.c.correct, labels.c.confidence)
-                 .where(*scope(labels, key), labels.c.seq > seq).order_by(labels.c.seq))
-        return (connection.execute(query).all() if connection is not None
-                else self.db.run(lambda c: c.execute(query).all(), write=False))
+    def after(self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None,
+              newest: int | None = None) -> list[sa.Row]:
+        """(seq, correct, confidence) of the labels after ``seq`` (only the ``newest`` most recent of them
+        if given), in label order."""
+        query = sa.select(labels.c.seq, labels.c.correct, labels.c.confidence).where(*scope(labels, key),
+                                                                                     labels.c.seq > seq)
+        query = query.order_by(labels.c.seq) if newest is None else query.order_by(labels.c.seq.desc()).limit(newest)
+
+        def run(c: sa.Connection) -> list[sa.Row]:
+            rows = c.execute(query).all()
+            return rows if newest is None else rows[::-1]
+
+        return run(connection) if connection is not None else self.db.run(run, write=False)

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, PostgreSQL, training
 
 
-@pytest.mark.parametrize("name", ["fit_temperature", "training", "monitoring", "serving", "feedback_load"])
+@pytest.mark.parametrize("name", ["fit_temperature", "training", "monitoring", "serving", "profile",
+                                  "feedback_load"])
 def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
     result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600, env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)))

@@ -4,6 +4,7 @@ gets a working detector -- on SQLite and on the real PostgreSQL."""
 
 import json
 from types import SimpleNamespace
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from calibkit.detector import FORMAT
 from calibkit.simulation import draw
 from calibkit.synthetic import Miscalibration, TrafficShape
 from service.metrics import ServiceMetrics
-from service.monitoring import Monitor
+from service.monitoring import Monitor, alarm
 from service.store import Store
 from service.store.rows import LabelRow, PredictionRow
 from service.store.schema import labels, monitor_state
@@ -74,6 +75,20 @@ def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evalua
     detector_a, detector_b = json.loads(a.detector), json.loads(b.detector)
     assert detector_a["n"] == detector_b["n"] == [1200]
     assert detector_a == detector_b  # the same state, bit for bit
+    storage.db.engine.dispose()
+
+
+def test_a_store_filled_before_any_evaluation_is_not_read_whole(database_url):
+    storage = Store(database_url)
+    storage.db.migrate()
+    _store(storage, "big", 0, 1100)
+    with patch.object(alarm, "REPLAY_LABELS", 300):
+        _monitor(storage).update("big", "1")
+    row = _saved(storage, "big")
+    assert json.loads(row.detector)["n"] == [300] and row.last_seq == _saved_seq(storage)
+    _store(storage, "big", 1100, 1200)
+    _monitor(storage).update("big", "1")  # from then on every new label is folded
+    assert json.loads(_saved(storage, "big").detector)["n"] == [400]
     storage.db.engine.dispose()
 
 

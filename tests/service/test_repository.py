@@ -6,11 +6,12 @@ import logging
 import shutil
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.serving.repository import ModelRepository
-from service.serving.runtime import CPU, requested_providers
+from service.serving.runtime import CPU, CUDA, create_runtime, requested_providers
 from service.settings import Settings
 
 
@@ -93,6 +94,37 @@ def test_asking_for_cuda_without_a_gpu_warns_and_reports_cpu(tmp_path, linear_ar
     served = repository.get("toy")
     assert served.runtime.provider == CPU
     assert any("CUDA" in r.message and "CPUExecutionProvider" in r.message for r in caplog.records)
+
+
+def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everywhere(tmp_path, linear_artifact,
+                                                                                      server_for, caplog):
+    linear_artifact(tmp_path, "toy", "1")
+    settings = Settings(artifacts=tmp_path, device="cuda", database_url=f"sqlite:///{tmp_path / 'm.db'}")
+    with caplog.at_level(logging.INFO, logger="service"), server_for(settings) as (base_url, _):
+        health = httpx.get(f"{base_url}/health").json()
+        predicted = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]}).json()
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    model = health["models"][0]
+    assert (model["provider"], model["requested_providers"], model["io_binding"]) == (CPU, [CUDA, CPU], False)
+    assert predicted["provider"] == CPU
+    assert {s.labels["provider"] for s in families["calib_model_info"].samples} == {CPU}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("CUDA was requested" in m and CPU in m for m in messages)
+    assert any(m.startswith("loaded toy version 1") and m.endswith(f"on {CPU}") for m in messages)
+
+
+def test_io_binding_gives_the_outputs_of_a_plain_run(tmp_path, linear_artifact):
+    path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
+    plain = create_runtime(path, Settings(io_binding="off"))
+    bound = create_runtime(path, Settings(io_binding="on"))
+    assert (plain.io_binding, bound.io_binding) == (False, True)
+    assert create_runtime(path, Settings()).io_binding is False  # auto: only for sessions on CUDA
+    x = np.random.default_rng(0).random((5, 1, 2, 2), dtype=np.float32)
+    expected, got = plain.run(x), bound.run(x)
+    assert set(got) == set(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name])
+    np.testing.assert_array_equal(bound.run(np.asfortranarray(x))["logits"], expected["logits"])
 
 
 def test_auto_and_cpu_ask_for_cpu_on_a_machine_without_a_gpu():

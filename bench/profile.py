@@ -1,0 +1,118 @@
+"""Where the serving process's CPU goes: py-spy samples every thread of the service (on-CPU samples
+only) while wrk drives single-row JSON /predict clients at the heavy model, and each sample is put in
+the stage its frames show (the innermost frame that names one). With the process's CPU seconds over
+the same window, each stage's share becomes CPU milliseconds per request; wrk's own CPU is measured
+too, since on a small machine the client takes cores from the server.
+
+    python -m bench.profile [--seconds 10] [--clients 64] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from bench.common import process_cpu_seconds, table, write_result, wrk
+from bench.serving import HEAVY, SHAPES, body, heavy_artifact, service
+
+# (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
+# names a frame "function (path/to/file.py:line)"
+STAGES = [(stage, re.compile(pattern)) for stage, pattern in [
+    ("onnxruntime inference", r"onnxruntime|service/serving/runtime\.py"),
+    ("scoring: calibrated probabilities, ids", r"service/serving/scoring\.py"),
+    ("prediction log writes", r"service/serving/prediction_log\.py|sqlalchemy|service/store/"),
+    ("request validation (pydantic)", r"pydantic|^validate \(.*service/serving/codec\.py"),
+    ("request JSON parse", r"^decode \(.*service/serving/codec\.py|/json/"),
+    ("rows to a float32 batch", r"service/serving/preprocessing\.py"),
+    ("response body and encoding", r"^respond \(.*service/serving/(dataplane|codec)\.py"),
+    ("dynamic batcher", r"service/serving/batching\.py"),
+    ("metrics and middleware", r"prometheus_client|service/middleware\.py|service/metrics\.py"),
+    ("HTTP server (uvicorn, starlette)", r"uvicorn|starlette|h11|httptools|fastapi"),
+    ("event loop and threads", r"asyncio|threading|concurrent|anyio|selectors"),
+]]
+OTHER = "other"
+
+
+def stage_of(frames: list[str]) -> str:
+    """The stage of one sample, given its frames outermost first (py-spy's raw format)."""
+    for frame in reversed(frames):
+        for stage, pattern in STAGES:
+            if pattern.search(frame):
+                return stage
+    return OTHER
+
+
+def stage_shares(raw: str) -> Counter:
+    """Samples per stage from py-spy's raw (collapsed) output: ``frame;frame;... count`` per line."""
+    counts: Counter = Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            counts[stage_of(stack.split(";")[1:])] += int(count)  # the first entry names the process or thread
+    return counts
+
+
+def profile(seconds: float, clients: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="calib-profile-"))
+    heavy_artifact(work / "artifacts")
+    svc = service(work / "artifacts", f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
+    payload = body(HEAVY, SHAPES[HEAVY], 1)
+    url = f"{svc.url}/predict"
+    try:
+        wrk(url, payload, clients, 2.0)  # warm-up
+        spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
+                                "--pid", str(svc.process.pid), "--format", "raw", "--rate", "200", "--nonblocking",
+                                "--duration", str(round(seconds) + 1), "--output", str(work / "raw.txt")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cpu = process_cpu_seconds(svc.process.pid)
+        client_cpu = _children_cpu()
+        load = wrk(url, payload, clients, seconds)
+        cpu = process_cpu_seconds(svc.process.pid) - cpu
+        client_cpu = _children_cpu() - client_cpu
+        _, errors = spy.communicate(timeout=120)
+        if spy.returncode != 0:
+            raise RuntimeError(f"py-spy failed: {errors}")
+        counts = stage_shares((work / "raw.txt").read_text())
+    finally:
+        svc.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    total = sum(counts.values())
+    per_request_ms = 1000 * cpu / max(load["requests"], 1)
+    stages = [{"stage": stage, "share": n / total, "cpu_ms_per_request": per_request_ms * n / total}
+              for stage, n in counts.most_common()]
+    return {"model": HEAVY, "clients": clients, "seconds": seconds, "requests_per_s": load["requests_per_s"],
+            "server_cpu_ms_per_request": per_request_ms, "server_cores_busy": cpu / seconds,
+            "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+COLUMNS = ["stage", "share", "cpu_ms_per_request"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    result = profile(2.0 if args.smoke else args.seconds, 4 if args.smoke else args.clients)
+    print(f"{result['model']} at {result['clients']} clients: {result['requests_per_s']:.0f} requests/s, "
+          f"server {result['server_cpu_ms_per_request']:.2f} CPU ms per request, "
+          f"{result['server_cores_busy']:.2f} cores busy in the server and {result['client_cores_busy']:.2f} in wrk")
+    print(table(result["stages"], COLUMNS))
+    write_result("profile", result, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    main()

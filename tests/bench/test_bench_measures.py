@@ -1,0 +1,80 @@
+"""The benchmarks' own measuring pieces: CPU time per process, the logging cost summary, the binary v2
+body and the goals chosen by the device the heavy model ran on. Fast: no server, no load."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from bench.common import process_cpu_seconds
+from bench.serving import CUDA, HEAVY, LIGHT, _batching_goals, _latency_goal, binary_lua, cpu_summary, v2_binary_body
+
+
+def test_process_cpu_seconds_counts_this_process_work():
+    before = process_cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    spent = process_cpu_seconds(os.getpid()) - before
+    assert 0.25 <= spent <= 1.0
+
+
+def test_cpu_summary_is_the_ratio_of_means_with_the_per_measurement_range():
+    summary = cpu_summary([11.0, 12.0, 10.5], [10.0, 10.0, 10.0])
+    assert summary["cpu_s_per_10k"] == pytest.approx(11.1666667)
+    assert summary["extra_cpu"] == pytest.approx(0.1166667)
+    assert summary["extra_cpu_range"] == [0.05, 0.2]
+    assert summary["sd"] == pytest.approx(np.std([11.0, 12.0, 10.5], ddof=1))
+    assert cpu_summary([10.0, 10.0], [10.0, 10.0])["extra_cpu"] == 0.0
+
+
+def test_the_binary_body_is_the_json_header_then_the_raw_tensor():
+    body, header_length = v2_binary_body(HEAVY, (3, 32, 32), 1)
+    assert len(body) - header_length == 3 * 32 * 32 * 4
+    header = body[:header_length].decode()
+    assert '"binary_data_size":12288' in header and '"name":"probabilities"' in header
+    lua = binary_lua("/tmp/body.bin", header_length)
+    assert f'"Inference-Header-Content-Length"] = "{header_length}"' in lua and '"rb"' in lua
+
+
+def _result(provider: str) -> dict:
+    heavy_round = {"json_rows_per_s": 900.0, "json_batch": 20.0, "raw_json_rows_per_s": 1000.0, "json_vs_raw": 0.9,
+                   "binary_rows_per_s": 950.0, "binary_batch": 22.0, "raw_binary_rows_per_s": 1000.0,
+                   "binary_vs_raw": 0.95, "baseline_rows_per_s": 250.0, "json_vs_baseline": 3.6}
+    load = [{"server": server, "model": model, "rows": 1, "clients": clients, "requests_per_s": 1000.0,
+             "p50_ms": 3.0} for server in ("service", "baseline") for model in (LIGHT, HEAVY) for clients in (1, 64)]
+    raw = {model: [{"batch": 1, "ms_per_call": 2.5}] for model in (LIGHT, HEAVY)}
+    return {"providers": {LIGHT: provider, HEAVY: provider}, "load": load, "raw": raw,
+            "heavy_rounds": {"rounds": [heavy_round], "json_vs_raw": heavy_round, "binary_vs_raw": heavy_round,
+                             "json_vs_baseline": heavy_round}}
+
+
+def test_the_heavy_goals_are_those_of_the_device_it_ran_on():
+    cpu = _batching_goals(_result("CPUExecutionProvider"), 64)
+    assert [(g["target"], g["measured"]) for g in cpu if "onnxruntime alone" in g["goal"]] == [
+        (">= 0.9", 0.9), (">= 0.9", 0.95)]
+    assert not any("baseline" in g["goal"] and "heavy" in g["goal"] for g in cpu)
+    gpu = _batching_goals(_result(CUDA), 64)
+    assert [g["target"] for g in gpu if "onnxruntime alone" in g["goal"]] == [">= 0.8", ">= 0.8"]
+    assert any(g["target"] == ">= 3" and g["measured"] == 3.6 for g in gpu)
+    assert [g["goal"].split(" on ")[0] for g in _latency_goal(_result("CPUExecutionProvider"), 64)] == [LIGHT]
+    gpu_latency = _latency_goal(_result(CUDA), 64)
+    assert [(g["goal"].split(" on ")[0], g["target"], g["measured"]) for g in gpu_latency] == [
+        (LIGHT, "<= 1.5", 0.5), (HEAVY, "<= 1.0", 0.5)]
+
+
+def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
+    from bench.profile import OTHER, stage_shares
+
+    raw = "\n".join([
+        "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922);"
+        "__call__ (/r/service/serving/rest.py:40);validate (/r/service/serving/codec.py:72);"
+        "validate_python (/v/pydantic/main.py:3) 7",
+        "python -m service (1);run (/r/service/serving/batching.py:90);run (/r/service/serving/runtime.py:68) 30",
+        "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922) 5",
+        "python -m service (1);mystery (/r/elsewhere.py:1) 2",
+        "garbage line",
+    ])
+    assert stage_shares(raw) == {"request validation (pydantic)": 7, "onnxruntime inference": 30,
+                                 "event loop and threads": 5, OTHER: 2}
