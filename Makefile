@@ -24,7 +24,8 @@ run: $(VENV)/.installed-training
 artifacts: $(VENV)/.installed-training
 	$(PY) -m training run --version 1 --overwrite --run-dir runs/default --no-progress
 
-## study: the loss comparison of Mukhoti et al. (Table 1) on digits, written to docs/study/
+## study: the loss comparison of Mukhoti et al. (Table 1) on digits over 5 seeds with the papers' protocol
+## (full schedule, final model), written to docs/study/ (protocol and reading: docs/study/protocol.md)
 study: $(VENV)/.installed-training
 	$(PY) -m training study --no-progress
 

@@ -4,11 +4,15 @@ Rows (prediction, label) are resampled with replacement, the metric is recompute
 resample, and the percentile interval of those values is reported (Efron & Tibshirani 1993,
 Ch. 13). scipy.stats.bootstrap does the resampling over row indices, which keeps each prediction
 paired with its label and bounds memory by resampling in batches.
+
+``hierarchical_bootstrap`` does the same for a mean over several runs (e.g. training seeds), each
+with its own rows: runs are resampled, then rows within each run (Davison & Hinkley 1997, Sec. 3.8).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -94,3 +98,95 @@ def confidence_intervals(
         name: ConfidenceInterval(float(e), float(lo), float(hi), float(level))
         for name, e, lo, hi in zip(metrics, estimate, lows, highs)
     }
+
+
+@dataclass(frozen=True, eq=False)
+class RunsBootstrap:
+    """Every statistic on every run (``per_run``, shape (S, M)) and its mean over runs on each of the
+    ``resampled`` draws (shape (R, M)); columns follow ``names``. See :func:`hierarchical_bootstrap`."""
+
+    names: tuple[str, ...]
+    per_run: np.ndarray
+    resampled: np.ndarray
+
+    def _weights(self, contrast: str | Mapping[str, float]) -> np.ndarray:
+        contrast = {contrast: 1.0} if isinstance(contrast, str) else dict(contrast)
+        unknown = sorted(set(contrast) - set(self.names))
+        if unknown or not contrast:
+            raise ValueError(f"unknown statistics {unknown}; known: {', '.join(self.names)}")
+        return np.array([contrast.get(name, 0.0) for name in self.names], dtype=np.float64)
+
+    def values(self, contrast: str | Mapping[str, float]) -> np.ndarray:
+        """Per-run values (S,) of a statistic, or of a contrast sum_j w_j stat_j such as ``{"a": 1, "b": -1}``."""
+        return self.per_run @ self._weights(contrast)
+
+    def mean(self, contrast: str | Mapping[str, float]) -> float:
+        """Mean over runs of a statistic or contrast (the estimate :meth:`interval` brackets)."""
+        return float(np.mean(self.values(contrast)))
+
+    def sd(self, contrast: str | Mapping[str, float]) -> float:
+        """Sample standard deviation over runs (ddof = 1; 0 for a single run) of a statistic or contrast."""
+        values = self.values(contrast)
+        return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+    def interval(self, contrast: str | Mapping[str, float], level: float = 0.90,
+                 method: str = "basic") -> ConfidenceInterval:
+        """Bootstrap interval of :meth:`mean`: ``"percentile"`` [q_lo, q_hi] of the resampled means, or
+        ``"basic"`` (2 theta - q_hi, 2 theta - q_lo), which corrects the upward resampling bias of binned
+        errors (Davison & Hinkley 1997, Sec. 5.2)."""
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level must be in (0, 1), got {level!r}")
+        if method not in ("percentile", "basic"):
+            raise ValueError(f"method must be 'percentile' or 'basic', got {method!r}")
+        estimate = self.mean(contrast)
+        resampled = self.resampled @ self._weights(contrast)
+        q_low, q_high = np.quantile(resampled, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+        if method == "basic":
+            q_low, q_high = 2.0 * estimate - q_high, 2.0 * estimate - q_low
+        return ConfidenceInterval(estimate, float(q_low), float(q_high), float(level))
+
+
+def hierarchical_bootstrap(
+    statistics: Mapping[str, Callable[[Mapping[str, np.ndarray]], float]],
+    runs: Sequence[Mapping[str, np.ndarray]],
+    n_resamples: int = 1000,
+    seed: int | np.random.Generator | None = 0,
+) -> RunsBootstrap:
+    """Two-level bootstrap of the mean over S runs of each statistic (Davison & Hinkley 1997, Sec. 3.8).
+
+    A run is a mapping of row-aligned arrays (e.g. labels and the probabilities of several methods
+    on the same test rows); a statistic maps such a run to a number, e.g.
+    ``lambda run: metrics.ece(run["ce"], run["labels"])``. One resample draws S runs with
+    replacement, then the rows of each drawn run with replacement, and averages each statistic over
+    the drawn runs. Resampling runs carries the spread between runs (training seeds) into the
+    interval, resampling rows the finite test set; doing both errs wide (ibid.). Every statistic of
+    a resample sees the same rows, so contrasts between methods scored on the same rows are paired.
+    Deterministic for a fixed ``seed``.
+    """
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
+        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    if not statistics:
+        raise ValueError("statistics must name at least one statistic")
+    if not runs:
+        raise ValueError("runs must hold at least one run")
+    sizes = []
+    for i, run in enumerate(runs):
+        lengths = {len(v) for v in run.values()}
+        if len(lengths) != 1 or 0 in lengths:
+            raise ValueError(f"run {i} must hold non-empty arrays of one length, got lengths {sorted(lengths)}")
+        sizes.append(lengths.pop())
+    functions = list(statistics.values())
+
+    def evaluate(run: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.array([f(run) for f in functions], dtype=np.float64)
+
+    per_run = np.stack([evaluate(run) for run in runs])
+    rng = np.random.default_rng(seed)
+    resampled = np.empty((int(n_resamples), len(functions)))
+    for r in range(int(n_resamples)):
+        values = []
+        for s in rng.integers(0, len(runs), size=len(runs)):
+            rows = rng.integers(0, sizes[s], size=sizes[s])
+            values.append(evaluate({k: v[rows] for k, v in runs[s].items()}))
+        resampled[r] = np.mean(values, axis=0)
+    return RunsBootstrap(tuple(statistics), per_run, resampled)

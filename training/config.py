@@ -42,6 +42,13 @@ class RunConfig(BaseModel):
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=5e-4, ge=0)
     schedule: Literal["cosine", "step", "constant"] = "cosine"
+    milestones: list[float] = Field(default=[0.5, 0.75], min_length=1, description="step schedule: fractions of "
+                                    "the epochs after which the learning rate is divided by 10")
+    checkpoint: Literal["last", "best-accuracy", "best-nll"] = Field(
+        default="best-accuracy", description="which epoch's weights a run keeps; see docs/training.md")
+    train_size: int | None = Field(default=None, ge=1, description="stratified subset of the training split")
+    label_noise: float = Field(default=0.0, ge=0, lt=1, description="fraction of the labels of every split "
+                               "changed to another class at random (symmetric noise)")
     seed: int = 0
     calibration: str = "temperature"
     calibration_objective: Literal["nll", "ece"] = "nll"
@@ -69,6 +76,8 @@ class RunConfig(BaseModel):
                 f"loss_params: {', '.join(unknown)} not accepted by loss {self.loss!r} "
                 f"(accepted: {', '.join(loss_parameters(self.loss)) or 'none'})"
             )
+        if any(not 0 < m < 1 for m in self.milestones) or self.milestones != sorted(set(self.milestones)):
+            raise ValueError(f"milestones must be increasing fractions in (0, 1), got {self.milestones}")
         if any(not 1 <= s <= 5 for s in self.severities):
             raise ValueError(f"severities must be in 1..5, got {self.severities}")
         if self.dataset != "digits" and self.data_path is None:
@@ -90,9 +99,9 @@ def _one_of(field: str, value: str, known) -> None:
         raise ValueError(f"{field}: unknown {value!r}; known: {', '.join(sorted(known))}")
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> RunConfig:
-    """A ``RunConfig`` from an optional YAML file, with non-None ``overrides`` applied on top."""
-    data: dict[str, Any] = {}
+def load_config(path: str | Path | None = None, defaults: dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
+    """A ``RunConfig`` from ``defaults``, an optional YAML file on top, and non-None ``overrides`` on top of both."""
+    data: dict[str, Any] = dict(defaults or {})
     if path is not None:
         path = Path(path)
         if not path.is_file():

@@ -1,6 +1,6 @@
 """The training commands as functions over a run directory: train, calibrate, evaluate, export, run.
 
-A run directory holds ``checkpoint.pt`` (best weights, model spec, config, history),
+A run directory holds ``checkpoint.pt`` (the weights the checkpoint policy kept, model spec, config, history),
 ``calibration.json``, ``metrics.json``, ``report.md`` and ``plots/``; each step reads what the
 previous one wrote, so steps can be re-run alone (e.g. another calibration method).
 """
@@ -15,7 +15,7 @@ import yaml
 
 from calibkit.calibrators import Calibrator, build_calibrator, load_calibrator, save_calibrator
 from training.config import RunConfig
-from training.data import DataSplits, load_dataset
+from training.data import DataSplits, load_dataset, subsample_train, with_label_noise
 from training.evaluation import evaluate
 from training.export import write_artifact
 from training.inference import predict_logits
@@ -28,13 +28,19 @@ INK_IS_HIGH = {"digits": True}
 
 
 def load_splits(config: RunConfig) -> DataSplits:
-    """The data set of ``config``, split deterministically by its seed."""
-    return load_dataset(config.dataset, path=None if config.data_path is None else str(config.data_path),
-                        classes=config.classes, image_size=config.image_size, seed=config.seed)
+    """The data set of ``config``, split deterministically by its seed, with the training split cut to
+    ``train_size`` and ``label_noise`` applied to every split (both also drawn by the seed)."""
+    splits = load_dataset(config.dataset, path=None if config.data_path is None else str(config.data_path),
+                          classes=config.classes, image_size=config.image_size, seed=config.seed)
+    if config.train_size is not None:
+        splits = subsample_train(splits, config.train_size, config.seed)
+    if config.label_noise:
+        splits = with_label_noise(splits, config.label_noise, config.seed)
+    return splits
 
 
 def train_step(config: RunConfig, run_dir: Path, progress: bool = True) -> TrainResult:
-    """Train and write the best checkpoint, the config and the per-epoch history."""
+    """Train and write the checkpoint (the epoch ``config.checkpoint`` keeps), the config and the per-epoch history."""
     splits = load_splits(config)
     result = train(config, splits, progress=progress)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -74,7 +80,8 @@ def evaluate_step(run_dir: Path) -> dict:
         "model": config.model,
         "loss": f"{config.loss} {config.loss_params or ''}".strip(),
         "training": f"{config.epochs} epochs, {config.optimizer} lr {config.lr}, {config.schedule} schedule, "
-                    f"seed {config.seed}; best epoch {result.best_epoch} ({result.seconds:.1f} s)",
+                    f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} "
+                    f"({result.seconds:.1f} s)",
         "calibration": f"{calibrator.method} {calibrator.to_dict()['params'] if calibrator.method == 'temperature' else ''}"
                        f" fitted on the validation split".replace("  ", " "),
     }

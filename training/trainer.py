@@ -1,4 +1,4 @@
-"""The training loop: seeded, deterministic on a given machine, best checkpoint by validation.
+"""The training loop: seeded, deterministic on a given machine; the checkpoint policy picks the kept epoch.
 
 The network is wrapped with a per-channel ``Normalize`` layer fitted on the training split, so
 the exported model takes raw [0, 1] pixels and clients never need the training statistics.
@@ -69,9 +69,38 @@ class ModelSpec:
         return nn.Sequential(Normalize(np.array(self.mean), np.array(self.std)), net)
 
 
+#: Checkpoint policies: the key each maximises over the per-epoch history (ties: the earliest epoch).
+#: ``last`` keeps the final epoch, the protocol of Guo et al. 2017 and Mukhoti et al. 2020 (full
+#: schedule, final model); ``best-accuracy`` the highest validation accuracy (ties: lower validation
+#: NLL); ``best-nll`` the lowest validation NLL.
+CHECKPOINT_KEYS = {
+    "last": lambda row: (row["epoch"],),
+    "best-accuracy": lambda row: (row["val_accuracy"], -row["val_nll"]),
+    "best-nll": lambda row: (-row["val_nll"],),
+}
+
+
+def select_epoch(history: list[dict], policy: str) -> int:
+    """The epoch (1-based) that ``policy`` keeps: argmax over ``history`` of ``CHECKPOINT_KEYS[policy]``.
+
+    >>> history = [{"epoch": 1, "val_accuracy": 0.9, "val_nll": 0.4}, {"epoch": 2, "val_accuracy": 0.9, "val_nll": 0.3},
+    ...            {"epoch": 3, "val_accuracy": 0.8, "val_nll": 0.2}, {"epoch": 4, "val_accuracy": 0.7, "val_nll": 0.5}]
+    >>> [select_epoch(history, p) for p in ("last", "best-accuracy", "best-nll")]
+    [4, 2, 3]
+    """
+    if policy not in CHECKPOINT_KEYS:
+        raise ValueError(f"checkpoint policy must be one of {', '.join(CHECKPOINT_KEYS)}, got {policy!r}")
+    if not history:
+        raise ValueError("no epochs in the history to select from")
+    return max(history, key=CHECKPOINT_KEYS[policy])["epoch"]
+
+
 @dataclass
 class TrainResult:
-    """The best model (loaded, eval mode), its spec, the per-epoch history and the best epoch."""
+    """The kept model (loaded, eval mode), its spec, the per-epoch history and the kept epoch.
+
+    ``best_epoch`` is the epoch the config's checkpoint policy selected (the last one for ``last``).
+    """
 
     model: nn.Module
     spec: ModelSpec
@@ -99,14 +128,14 @@ def _scheduler(config: RunConfig, optimizer):
     if config.schedule == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.epochs)
     if config.schedule == "step":
-        milestones = [int(config.epochs * 0.5), int(config.epochs * 0.75)]
+        milestones = [int(config.epochs * m) for m in config.milestones]
         return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
 
 def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> TrainResult:
-    """Train ``config.model`` with ``config.loss``; keep the epoch with the best validation
-    accuracy (ties: lower validation NLL)."""
+    """Train ``config.model`` with ``config.loss`` for ``config.epochs`` epochs and keep the epoch that
+    ``config.checkpoint`` selects (see ``CHECKPOINT_KEYS``)."""
     seed_everything(config.seed)
     spec = ModelSpec.for_data(config.model, splits)
     model = spec.build()
@@ -118,7 +147,7 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
     n = len(y_train)
 
     result = TrainResult(model=model, spec=spec)
-    best_key, best_state = None, None
+    kept_state = None
     start = time.perf_counter()
     bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.model_name}", disable=not progress, unit="epoch",
                mininterval=1.0)
@@ -145,19 +174,20 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
             "val_ece": metrics.ece(val_probs, splits.val.y, config.n_bins),
         }
         result.history.append(row)
-        key = (row["val_accuracy"], -row["val_nll"])
-        if best_key is None or key > best_key:
-            best_key, best_state, result.best_epoch = key, copy.deepcopy(model.state_dict()), epoch
+        if config.checkpoint != "last" and select_epoch(result.history, config.checkpoint) == epoch:
+            kept_state = copy.deepcopy(model.state_dict())
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['train_accuracy']:.3f}",
                         val_acc=f"{row['val_accuracy']:.3f}", val_ece=f"{row['val_ece']:.3f}")
-    model.load_state_dict(best_state)
+    result.best_epoch = select_epoch(result.history, config.checkpoint)
+    if kept_state is not None:
+        model.load_state_dict(kept_state)
     model.eval()
     result.seconds = time.perf_counter() - start
     return result
 
 
 def save_checkpoint(result: TrainResult, config: RunConfig, path: Path) -> None:
-    """Best weights, the model spec, the config and the history in one file."""
+    """The kept weights, the model spec, the config and the history in one file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(
         {

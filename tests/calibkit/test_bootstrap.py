@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from calibkit import metrics
-from calibkit.bootstrap import confidence_interval, confidence_intervals
+from calibkit.bootstrap import confidence_interval, confidence_intervals, hierarchical_bootstrap
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
@@ -92,3 +92,69 @@ def test_several_metrics_share_resamples_and_match_single_calls():
         assert together[name] == confidence_interval(metric, probs, labels, n_resamples=150, seed=9)
     with pytest.raises(ValueError, match="at least one metric"):
         confidence_intervals({}, probs, labels)
+
+
+def _runs(n_runs, n=300, scale=2.0):
+    runs = []
+    for s in range(n_runs):
+        probs, labels = _data(n, seed=s, scale=scale)
+        runs.append({"labels": labels, "a": probs, "b": softmax(np.log(probs) * 1.5)})
+    return runs
+
+
+def _ece_of(key):
+    return lambda run: metrics.ece(run[key], run["labels"])
+
+
+def test_hierarchical_bootstrap_means_over_runs_and_pairs_contrasts():
+    runs = _runs(4)
+    boot = hierarchical_bootstrap({"a": _ece_of("a"), "b": _ece_of("b"), "a again": _ece_of("a")}, runs,
+                                  n_resamples=100, seed=2)
+    per_run = [metrics.ece(run["a"], run["labels"]) for run in runs]
+    assert boot.per_run.shape == (4, 3) and boot.resampled.shape == (100, 3)
+    assert boot.mean("a") == pytest.approx(np.mean(per_run))
+    assert boot.sd("a") == pytest.approx(np.std(per_run, ddof=1))
+    ci = boot.interval("a")
+    assert ci.estimate == pytest.approx(np.mean(per_run)) and ci.low < ci.high and ci.level == 0.9
+    # the same predictions on the same resampled rows: the paired contrast is exactly zero
+    assert tuple(boot.interval({"a": 1, "a again": -1}))[:3] == (0.0, 0.0, 0.0)
+    # over-confident b (logits x 1.5) has the larger ECE on every run and every resample
+    contrast = boot.interval({"b": 1, "a": -1})
+    assert contrast.low > 0 and contrast.estimate == pytest.approx(boot.mean("b") - boot.mean("a"))
+    basic, pct = boot.interval("a"), boot.interval("a", method="percentile")
+    assert basic.high - basic.low == pytest.approx(pct.high - pct.low)
+
+
+def test_hierarchical_bootstrap_carries_the_spread_between_runs():
+    runs = _runs(5, n=200)
+    for run, scale in zip(runs, (1.0, 1.3, 1.6, 1.9, 2.2)):  # runs that differ much more than rows do
+        run["a"] = softmax(np.log(run["a"]) * scale)
+    boot = hierarchical_bootstrap({"a": _ece_of("a")}, runs, n_resamples=300, seed=0)
+    one_run = hierarchical_bootstrap({"a": _ece_of("a")}, runs[2:3], n_resamples=300, seed=0)
+    width = boot.interval("a").high - boot.interval("a").low
+    assert width > 2 * boot.sd("a") / np.sqrt(5)  # at least the width of +-1 standard error over runs
+    assert one_run.sd("a") == 0.0 and one_run.per_run.shape == (1, 1)
+    a = hierarchical_bootstrap({"a": _ece_of("a")}, runs, n_resamples=50, seed=7)
+    b = hierarchical_bootstrap({"a": _ece_of("a")}, runs, n_resamples=50, seed=7)
+    assert np.array_equal(a.resampled, b.resampled)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"n_resamples": 0}, "n_resamples must be a positive integer"),
+        ({"statistics": {}}, "at least one statistic"),
+        ({"runs": []}, "at least one run"),
+        ({"runs": [{"labels": np.zeros(3, int), "a": np.full((2, 2), 0.5)}]},
+         "run 0 must hold non-empty arrays of one length"),
+    ],
+)
+def test_hierarchical_bootstrap_bad_arguments(kwargs, message):
+    arguments = {"statistics": {"a": _ece_of("a")}, "runs": _runs(2, n=20), "n_resamples": 5} | kwargs
+    with pytest.raises(ValueError, match=message):
+        hierarchical_bootstrap(**arguments)
+    boot = hierarchical_bootstrap({"a": _ece_of("a")}, _runs(2, n=20), n_resamples=5)
+    with pytest.raises(ValueError, match=r"unknown statistics \['c'\]"):
+        boot.interval({"c": 1})
+    with pytest.raises(ValueError, match="method must be 'percentile' or 'basic'"):
+        boot.interval("a", method="BCa")

@@ -1,4 +1,5 @@
-"""The training pipeline end to end: config errors, run, artifact, parity, determinism, CLI, BYOM, study."""
+"""The training pipeline end to end: config errors, run, artifact, parity, determinism, CLI, BYOM (the study:
+test_checkpoint_and_study.py)."""
 
 import json
 
@@ -212,13 +213,3 @@ def pipeline_byom(onnx_path, data, **kwargs):
 
     return calibrate_onnx(onnx_path, data, **kwargs)
 
-
-def test_study_table_has_every_loss(tmp_path):
-    from training.study import STUDY_LOSSES, run_study
-
-    table = run_study(load_config(epochs=1, n_resamples=20), tmp_path, progress=False)
-    rows = json.loads((tmp_path / "study.json").read_text())["rows"]
-    assert [r["loss"] for r in rows] == [loss for _, loss, _ in STUDY_LOSSES]
-    assert all(r["temperature"] > 0 for r in rows)
-    assert table.count("\n| ") == len(STUDY_LOSSES) + 2  # header, separator, one row per loss
-    assert (tmp_path / "study.md").read_text() == table

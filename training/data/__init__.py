@@ -11,6 +11,7 @@ from .digits import load_digits_splits
 from .image_folder import load_image_folder
 from .ood import OOD_KINDS, ood_dataset
 from .splits import stratified_split
+from .training_set import subsample_train, with_label_noise
 
 DATASETS = ("digits", "cifar10", "image_folder")
 
@@ -28,6 +29,8 @@ __all__ = [
     "load_image_folder",
     "ood_dataset",
     "stratified_split",
+    "subsample_train",
+    "with_label_noise",
     "write_cifar_format",
 ]
 
