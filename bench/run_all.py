@@ -119,11 +119,12 @@ def render() -> str:
                 *[f"- {line}" for line in feedback_load_goals(feedback_load["runs"])], ""]
     soak = _load("soak")
     if soak:
-        out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep at its top "
-                "concurrency, a report of every window measured, 3 s of feedback batches, then one 20-second "
-                "round of the steady mixed load (single-row predictions of both models, a batch of labels, a "
-                "report); the sweep, the heavy model's rounds, the monitoring measurements and rounds of that "
-                "mixed load follow on the same process until the minutes of load are up.", "",
+        out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep and of the "
+                "heavy rounds (binary v2 too) at its top concurrency, a report of every window measured, 3 s of "
+                "feedback batches, then one 20-second round of the steady mixed load (single-row predictions of "
+                "both models, a batch of labels, a report); the sweep, the heavy model's rounds, the monitoring "
+                "measurements and rounds of that mixed load follow on the same process until the minutes of load "
+                "are up.", "",
                 f"RSS: {soak['after_shapes_rss_mib']:.1f} MiB right after the largest requests (64 clients of "
                 f"32-row requests), {soak['warm_rss_mib']:.1f} MiB after the warm-up, "
                 f"{soak['end_rss_mib']:.1f} MiB after {soak['minutes']:.1f} minutes of load "

@@ -172,6 +172,13 @@ def check_with_tritonclient(svc: Server, model: str, shape: tuple) -> None:
     client.close()
 
 
+def binary_load(work: Path) -> str:
+    """The wrk script of the heavy model's single-row binary v2 requests (its body written under ``work``)."""
+    binary, header_length = v2_binary_body(HEAVY, SHAPES[HEAVY], 1)
+    (work / "v2-binary.bin").write_bytes(binary)
+    return binary_lua(work / "v2-binary.bin", header_length)
+
+
 def binary_lua(body_file: Path, header_length: int) -> str:
     """A wrk script that POSTs the binary v2 body in ``body_file``."""
     return (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/octet-stream"\n'
@@ -200,17 +207,15 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
 
 
 def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rounds: int, device: str,
-                 work: Path) -> dict:
+                 lua: str) -> dict:
     """The heavy model's goals measured in turn, ``rounds`` times, so that a drift of the machine's speed
     hits all alike: the service at ``clients`` single-row clients through JSON /predict and through v2
     with the binary tensor extension (the body tritonclient.http sends), onnxruntime alone at the batch
     size the service formed in each (from its histograms), and the no-batching baseline at ``clients``
-    clients; the others idle meanwhile. Per ratio, the median round."""
+    clients; the others idle meanwhile (``lua``: the wrk script of the binary requests). Per ratio, the
+    median round."""
     model_path = artifacts / HEAVY / "1" / "model.onnx"
     payload, baseline_payload = body(HEAVY, SHAPES[HEAVY], 1), body(None, SHAPES[HEAVY], 1)
-    binary, header_length = v2_binary_body(HEAVY, SHAPES[HEAVY], 1)
-    (work / "v2-binary.bin").write_bytes(binary)
-    lua = binary_lua(work / "v2-binary.bin", header_length)
     v2_url = f"{svc.url}/v2/models/{HEAVY}/infer"
     check_with_tritonclient(svc, HEAVY, SHAPES[HEAVY])
     measured = []
@@ -385,12 +390,15 @@ def main() -> None:
         try:
             result["providers"] = providers(svc)
             load_started = time.monotonic()
-            # warm-up: every request shape of the sweep at its top concurrency, every report window and
-            # feedback batches, then one round of the soak's steady load, so the reference RSS is taken
-            # in that steady regime, not at the transient peak of the largest requests (also recorded)
+            # warm-up: every request shape of the sweep and of the heavy rounds (binary v2 too) at its top
+            # concurrency, every report window and feedback batches, then one round of the soak's steady
+            # load, so the reference RSS is taken in that steady regime, not at the transient peak of the
+            # largest requests (also recorded)
+            lua = binary_load(work)
             for model, shape in SHAPES.items():
                 for rows in request_rows:
                     wrk(f"{svc.url}/predict", body(model, shape, rows), top, 1.0 if smoke else 3.0)
+            wrk(f"{svc.url}/v2/models/{HEAVY}/infer", None, top, 1.0 if smoke else 3.0, lua=lua)
             shapes_rss = svc.rss_mib()
             windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             with httpx.Client(base_url=svc.url, timeout=120) as client:
@@ -400,7 +408,7 @@ def main() -> None:
                 mixed_load(svc, payloads, 1.0 if smoke else 20.0, client)
             warm = {"minutes": (time.monotonic() - load_started) / 60, "rss_mib": svc.rss_mib()}
             sweep(svc, concurrency, request_rows, seconds, result)
-            result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3, device, work)
+            result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3, device, lua)
             calibration = monitoring.calibration_latency(svc.url, windows, 5 if smoke else 20)
             feedback = monitoring.feedback_throughput(svc.url, 2.0 if smoke else 5.0, 1000)
             write_result("monitoring", {"rows": stored_rows, "fill_seconds": fill_seconds, "calibration": calibration,
