@@ -15,6 +15,7 @@ import time
 
 import anyio
 
+from service.background import BackgroundLoop
 from service.errors import StorageUnavailable
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
@@ -25,7 +26,9 @@ log = logging.getLogger("service.monitoring.evaluator")
 MAX_BACKOFF_SECONDS = 5.0
 
 
-class Evaluator:
+class Evaluator(BackgroundLoop):
+    name = "evaluator"
+
     def __init__(self, monitor: Monitor, metrics: ServiceMetrics, webhook: AlarmWebhook, *, every_labels: int,
                  seconds: float):
         self.monitor = monitor
@@ -33,31 +36,16 @@ class Evaluator:
         self.webhook = webhook
         self.every_labels = every_labels
         self.seconds = seconds
-        self.loop: asyncio.AbstractEventLoop | None = None
         self._new_labels = 0
         self._lock = asyncio.Lock()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._running = False
         self._down = False
+        super().__init__()
 
     def labels_arrived(self, n: int) -> None:
         """Count labels this replica stored; enough of them start a pass now."""
         self._new_labels += n
         if self._new_labels >= self.every_labels:
             self._wakeup.set()
-
-    def start(self) -> None:
-        self._running = True
-        self.loop = asyncio.get_running_loop()
-        self._task = self.loop.create_task(self._loop(), name="evaluator")
-
-    async def stop(self) -> None:
-        """Stop after the pass under way, if any."""
-        self._running = False
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
 
     async def run_once(self) -> list[dict]:
         """One pass over every served model version now (after the pass under way, if any); returns

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import anyio
 
+from service.background import BackgroundLoop
 from service.errors import InvalidInput, NotReady
 from service.monitoring import Monitor
 from service.serving.prediction_log import PredictionLog
@@ -25,7 +26,9 @@ from service.serving.prediction_log import PredictionLog
 log = logging.getLogger("service.feedback")
 
 
-class FeedbackWriter:
+class FeedbackWriter(BackgroundLoop):
+    name = "feedback-writer"
+
     def __init__(self, monitor: Monitor, prediction_log: PredictionLog, *, max_request_items: int,
                  on_stored: Callable[[int], None] = lambda n: None, max_group_items: int = 4096):
         self.monitor = monitor
@@ -33,28 +36,13 @@ class FeedbackWriter:
         self.max_request_items = max_request_items
         self.on_stored = on_stored
         self.max_group_items = max_group_items
-        self.loop: asyncio.AbstractEventLoop | None = None
         self._pending: deque[tuple[list, asyncio.Future]] = deque()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._running = False
+        super().__init__()
 
     @property
     def pending(self) -> int:
         """Requests waiting for a write."""
         return len(self._pending)
-
-    def start(self) -> None:
-        self._running = True
-        self.loop = asyncio.get_running_loop()
-        self._task = self.loop.create_task(self._loop(), name="feedback-writer")
-
-    async def stop(self) -> None:
-        """Write every request queued so far, then stop."""
-        self._running = False
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
 
     async def submit(self, items: list) -> dict:
         """Store ``items`` with the group they join; the response body once they are committed.

@@ -12,6 +12,7 @@ from collections import deque
 
 import anyio
 
+from service.background import BackgroundLoop
 from service.metrics import ServiceMetrics
 from service.errors import StorageUnavailable
 from service.store import Store
@@ -20,7 +21,9 @@ from service.store.rows import PredictionRow
 log = logging.getLogger("service.serving.prediction_log")
 
 
-class PredictionLog:
+class PredictionLog(BackgroundLoop):
+    name = "prediction-log"
+
     def __init__(self, store: Store, metrics: ServiceMetrics, max_pending: int = 100_000,
                  batch_size: int = 2000, interval: float = 0.5):
         self.store = store
@@ -30,9 +33,7 @@ class PredictionLog:
         self.interval = interval
         self._pending: deque[PredictionRow] = deque()
         self._lock = asyncio.Lock()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._running = False
+        super().__init__()
 
     @property
     def pending(self) -> int:
@@ -48,15 +49,9 @@ class PredictionLog:
         if len(self._pending) >= self.batch_size:
             self._wakeup.set()
 
-    def start(self) -> None:
-        self._running = True
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="prediction-log")
-
     async def stop(self) -> None:
-        self._running = False
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
+        """Stop the loop, then write what is still queued."""
+        await super().stop()
         try:
             await self.flush()
         except StorageUnavailable:
