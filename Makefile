@@ -6,8 +6,13 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
+# The optional torchvision venv: torchvision 0.29.1 imports only beside torch 2.14.1, a CUDA build (~5.5 GB, it
+# runs on the CPU too), so it never enters .venv.
+VISION_VENV ?= .venv-vision
+VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
+VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools test test-fast bench bench-alarm artifacts study simulate clean
+.PHONY: run serve demo tools test test-fast vision test-vision bench bench-alarm artifacts study simulate clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +56,21 @@ test: $(VENV)/.installed-dev tools
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q --doctest-modules -m "not e2e" calibkit tests
 
+$(VISION_VENV)/.installed: pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VISION_VENV)
+	$(VPY) -m pip --disable-pip-version-check install -q $(VISION_SPEC)
+	$(VPY) -m pip --disable-pip-version-check install -q -e '.[vision,test]'
+	touch $@
+
+## vision: the optional [vision] venv .venv-vision (torch 2.14.1 + torchvision 0.29.1, the project with its training
+## and service extras): torchvision:* models fine-tuned from local weights files, --augment
+vision: $(VISION_VENV)/.installed
+
+## test-vision: the torchvision tests (tests/vision) in .venv-vision: fine-tuning from a local weights file, ONNX
+## export and serving, the augmentation, the seed-000 recipe on a generated CIFAR-10 file
+test-vision: $(VISION_VENV)/.installed
+	$(VPY) -m pytest -q tests/vision
+
 ## bench: run every benchmark (tables on stdout, bench/results/*.json, docs/benchmarks.md); about 15 minutes
 bench: $(VENV)/.installed-dev tools
 	$(PY) -m bench.run_all
@@ -65,4 +85,4 @@ simulate: $(VENV)/.installed-dev
 	$(PY) scripts/simulate_shift.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VISION_VENV) .pytest_cache .hypothesis

@@ -68,7 +68,7 @@ def heavy_artifact(root: Path) -> None:
     from training.evaluation import before_after
     from training.export import write_artifact
     from training.inference import predict_logits
-    from training.trainer import ModelSpec
+    from training.models.network import ModelSpec
 
     rng = np.random.default_rng(0)
     names = tuple(f"class{i}" for i in range(10))

@@ -1,8 +1,20 @@
-"""Suite-wide isolation: no test writes the default feedback store into the working tree."""
+"""Suite-wide isolation: no test writes the default feedback store into the working tree. tests/vision runs in the
+torchvision venv (``make test-vision``); the core venv, which has no torchvision, does not collect it and says so."""
 
 import os
 
 import pytest
+
+from training.vision import torchvision_available
+
+HAS_TORCHVISION = torchvision_available()
+collect_ignore = [] if HAS_TORCHVISION else ["vision"]
+
+
+def pytest_report_header(config):
+    if not HAS_TORCHVISION:
+        return "tests/vision not collected: torchvision does not import in this venv (they run in `make test-vision`)"
+    return None
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -54,7 +54,17 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data-path", type=Path, help="local data directory (cifar10, image_folder)")
     g.add_argument("--classes", type=lambda s: [c.strip() for c in s.split(",")], help="cifar10 subset, e.g. bird,cat")
     g.add_argument("--image-size", type=int)
-    g.add_argument("--model", help="lenet5, resnet20, resnet56, resnet110, resnet50, densenet_bc, wrn16_4, wrn28_10")
+    g.add_argument("--model", help="lenet5, resnet20, resnet56, resnet110, resnet50, densenet_bc, wrn16_4, wrn28_10, "
+                   "or with the [vision] extra torchvision:<architecture> (resnet18/34/50/101/152, resnext*, "
+                   "wide_resnet*, densenet121/161/169/201)")
+    g.add_argument("--weights", type=Path, help="torchvision:* models: local state-dict file of pretrained weights "
+                   "(e.g. ImageNet); the classification layer is replaced; nothing is downloaded")
+    g.add_argument("--finetune", metavar="{all,head}", help="with --weights: train all layers (default) or only the "
+                   "new classification layer")
+    g.add_argument("--input-size", type=int, help="resize images to this side inside the network (e.g. 224 for "
+                   "ImageNet weights); clients still send the data set's size")
+    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None, help="standard CIFAR augmentation (random crop "
+                   "with padding, horizontal flip; torchvision's transforms, [vision] extra)")
     g.add_argument("--loss", help="ce, label_smoothing, focal, flsd53, mbls, brier, mmce, entropy_penalty")
     g.add_argument("--loss-param", type=_loss_param, action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--epochs", type=int)
@@ -79,9 +89,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace):
     overrides = {k: getattr(args, k) for k in (
-        "dataset", "data_path", "classes", "image_size", "model", "loss", "epochs", "batch_size", "optimizer", "lr",
-        "weight_decay", "schedule", "milestones", "checkpoint", "train_size", "label_noise", "seed", "calibration",
-        "calibration_objective", "n_resamples", "n_resamples_shifted", "name", "version")}
+        "dataset", "data_path", "classes", "image_size", "model", "weights", "finetune", "input_size", "augment", "loss",
+        "epochs", "batch_size", "optimizer", "lr", "weight_decay", "schedule", "milestones", "checkpoint", "train_size",
+        "label_noise", "seed", "calibration", "calibration_objective", "n_resamples", "n_resamples_shifted", "name",
+        "version")}
     if args.loss_param:
         overrides["loss_params"] = dict(args.loss_param)
     if args.command == "study":

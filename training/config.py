@@ -1,7 +1,8 @@
 """Run configuration: one validated object from a YAML file and command-line overrides.
 
 Unknown keys, unknown model/loss/calibration names and bad values fail before any work starts,
-with a message naming the field.
+with a message naming the field. ``torchvision:*`` models and ``augment`` need the ``[vision]`` extra;
+without it they fail the same way, saying how to install it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from calibkit.calibrators import CALIBRATORS
 from training.data import DATASETS, available_corruptions
 from training.data.ood import OOD_KINDS
 from training.losses import available_losses, loss_parameters
-from training.models import available_models
+from training.models.registry import check_model_name, is_torchvision
 
 
 class ConfigError(ValueError):
@@ -32,7 +33,18 @@ class RunConfig(BaseModel):
     data_path: Path | None = None
     classes: list[str] | None = None
     image_size: int | None = Field(default=None, ge=8)
-    model: str = "lenet5"
+    model: str = Field(default="lenet5", description="a registered model, or torchvision:<architecture> with the "
+                       "[vision] extra")
+    weights: Path | None = Field(default=None, description="local state-dict file of pretrained weights for a "
+                                 "torchvision:* model; its classification layer is replaced; never downloaded")
+    finetune: Literal["all", "head"] = Field(default="all", description="with weights: train every layer, or only "
+                                             "the new classification layer on the frozen pretrained features")
+    input_size: int | None = Field(default=None, ge=8, description="side length the network sees: images are "
+                                   "resized to it (bilinear) inside the exported graph, so clients still send "
+                                   "the data set's size")
+    augment: bool = Field(default=False, description="standard CIFAR augmentation of every training image: random "
+                          "crop of the zero-padded image (padding image_size / 8) and horizontal flip, from "
+                          "torchvision's transforms ([vision] extra)")
     loss: str = "ce"
     loss_params: dict[str, Any] = {}
     epochs: int = Field(default=30, ge=1)
@@ -64,7 +76,11 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _known_names(self):
         _one_of("dataset", self.dataset, DATASETS)
-        _one_of("model", self.model, available_models())
+        try:
+            check_model_name(self.model)
+        except ValueError as exc:
+            raise ValueError(f"model: {exc}") from None
+        self._check_fine_tuning()
         _one_of("loss", self.loss, available_losses())
         _one_of("calibration", self.calibration, list(CALIBRATORS))
         _one_of("ood", self.ood, OOD_KINDS)
@@ -86,12 +102,29 @@ class RunConfig(BaseModel):
             raise ValueError(f"data_path {str(self.data_path)!r} does not exist")
         return self
 
+    def _check_fine_tuning(self) -> None:
+        if self.weights is not None:
+            if not is_torchvision(self.model):
+                raise ValueError(f"weights: only torchvision:* models start from a weights file; model is {self.model!r}")
+            if not self.weights.is_file():
+                raise ValueError(f"weights: {str(self.weights)!r} is not a file")
+        if self.finetune == "head" and self.weights is None:
+            raise ValueError("finetune: head trains only a new classification layer on pretrained features, so it "
+                             "needs weights (--weights PATH, a local state-dict file)")
+        if self.augment:
+            from training.vision import require_torchvision
+
+            try:
+                require_torchvision("the standard CIFAR augmentation")
+            except ValueError as exc:
+                raise ValueError(f"augment: {exc}") from None
+
     @property
     def model_name(self) -> str:
         """Artifact name: explicit ``name`` or ``<dataset>-<model>[-<loss>]``."""
         if self.name:
             return self.name
-        return f"{self.dataset}-{self.model}" + ("" if self.loss == "ce" else f"-{self.loss}")
+        return f"{self.dataset}-{self.model.replace(':', '-')}" + ("" if self.loss == "ce" else f"-{self.loss}")
 
 
 def _one_of(field: str, value: str, known) -> None:

@@ -77,7 +77,7 @@ def evaluate_step(run_dir: Path) -> dict:
     (run_dir / METRICS).write_text(json.dumps(evaluation, indent=2))
     summary = {
         "data": f"{splits.name}: {len(splits.train)} train / {len(splits.val)} validation / {len(splits.test)} test",
-        "model": config.model,
+        "model": _describe_model(config),
         "loss": f"{config.loss} {config.loss_params or ''}".strip(),
         "training": f"{config.epochs} epochs, {config.optimizer} lr {config.lr}, {config.schedule} schedule, "
                     f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} "
@@ -124,6 +124,19 @@ def run(config: RunConfig, run_dir: Path, artifacts: Path, overwrite: bool = Fal
     timings["export"] = time.perf_counter() - start - sum(timings.values())
     return {"artifact": str(directory), "parity": parity, "evaluation": evaluation,
             "seconds": {k: round(v, 2) for k, v in timings.items()}}
+
+
+def _describe_model(config: RunConfig) -> str:
+    """The model with where its weights came from, what was fine-tuned, any resize and augmentation."""
+    parts = [config.model]
+    if config.weights is not None:
+        tuned = "all layers" if config.finetune == "all" else "a new classification layer"
+        parts.append(f"from {config.weights.name}, fine-tuning {tuned}")
+    if config.input_size:
+        parts.append(f"input resized to {config.input_size}")
+    if config.augment:
+        parts.append("CIFAR augmentation")
+    return ", ".join(parts).replace(", from", " from", 1)
 
 
 def _load_run_calibrator(run_dir: Path) -> Calibrator:

@@ -1,7 +1,9 @@
 """The training loop: seeded, deterministic on a given machine; the checkpoint policy picks the kept epoch.
 
-The network is wrapped with a per-channel ``Normalize`` layer fitted on the training split, so
-the exported model takes raw [0, 1] pixels and clients never need the training statistics.
+The network (``training.models.network``) takes raw [0, 1] pixels: normalisation and any resize are
+inside it, so clients never need the training statistics. A ``torchvision:*`` model can start from a
+local weights file and fine-tune all its layers or only a new classification layer (``finetune``);
+``augment`` draws the standard CIFAR augmentation per training image.
 """
 
 from __future__ import annotations
@@ -22,51 +24,8 @@ from training.config import RunConfig
 from training.data import DataSplits
 from training.inference import predict_logits
 from training.losses import build_loss
-from training.models import build_model
-
-
-class Normalize(nn.Module):
-    """(x - mean) / std per channel, with the statistics stored as buffers (exported with the model)."""
-
-    def __init__(self, mean: np.ndarray, std: np.ndarray):
-        super().__init__()
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What is needed to rebuild the classifier from a checkpoint."""
-
-    architecture: str
-    num_classes: int
-    in_channels: int
-    image_size: int
-    class_names: tuple[str, ...]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-    @classmethod
-    def for_data(cls, architecture: str, splits: DataSplits) -> "ModelSpec":
-        x = splits.train.x
-        return cls(
-            architecture=architecture,
-            num_classes=splits.num_classes,
-            in_channels=splits.in_channels,
-            image_size=splits.image_size,
-            class_names=splits.class_names,
-            mean=tuple(float(v) for v in x.mean(axis=(0, 2, 3))),
-            std=tuple(float(max(v, 1e-3)) for v in x.std(axis=(0, 2, 3))),
-        )
-
-    def build(self) -> nn.Sequential:
-        net = build_model(
-            self.architecture, num_classes=self.num_classes, in_channels=self.in_channels, image_size=self.image_size
-        )
-        return nn.Sequential(Normalize(np.array(self.mean), np.array(self.std)), net)
+from training.models.network import ModelSpec, classifier_of
+from training.models.registry import TORCHVISION_PREFIX
 
 
 #: Checkpoint policies: the key each maximises over the per-epoch history (ties: the earliest epoch).
@@ -137,10 +96,13 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
     """Train ``config.model`` with ``config.loss`` for ``config.epochs`` epochs and keep the epoch that
     ``config.checkpoint`` selects (see ``CHECKPOINT_KEYS``)."""
     seed_everything(config.seed)
-    spec = ModelSpec.for_data(config.model, splits)
+    spec = ModelSpec.for_data(config.model, splits, input_size=config.input_size)
     model = spec.build()
+    if config.weights is not None:
+        _start_from_weights(config, classifier_of(model))
+    augment = _augmentation(config, spec.image_size)
     loss_fn = build_loss(config.loss, **config.loss_params)
-    optimizer = _optimizer(config, model.parameters())
+    optimizer = _optimizer(config, [p for p in model.parameters() if p.requires_grad])
     scheduler = _scheduler(config, optimizer)
     generator = torch.Generator().manual_seed(config.seed)
     x_train, y_train = torch.from_numpy(splits.train.x), torch.from_numpy(splits.train.y)
@@ -152,10 +114,11 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
     bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.model_name}", disable=not progress, unit="epoch",
                mininterval=1.0)
     for epoch in bar:
-        model.train()
+        # head-only fine-tuning keeps the frozen layers in eval mode: their batch-norm statistics stay pretrained
+        model.train(config.finetune == "all")
         total_loss, total_correct = 0.0, 0
         for idx in torch.randperm(n, generator=generator).split(config.batch_size):
-            logits = model(x_train[idx])
+            logits = model(x_train[idx] if augment is None else augment(x_train[idx]))
             loss = loss_fn(logits, y_train[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -184,6 +147,26 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
     model.eval()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _start_from_weights(config: RunConfig, net: nn.Module) -> None:
+    """Load ``config.weights`` into the torchvision classifier ``net`` (its classification layer stays new) and,
+    for ``finetune: head``, freeze everything else."""
+    from training.vision.models import freeze_all_but_head, load_pretrained
+
+    architecture = config.model.removeprefix(TORCHVISION_PREFIX)
+    load_pretrained(net, architecture, config.weights)
+    if config.finetune == "head":
+        freeze_all_but_head(net, architecture)
+
+
+def _augmentation(config: RunConfig, image_size: int):
+    """The per-image augmentation of the training batches, or None."""
+    if not config.augment:
+        return None
+    from training.vision.augmentation import cifar_augmentation
+
+    return cifar_augmentation(image_size)
 
 
 def save_checkpoint(result: TrainResult, config: RunConfig, path: Path) -> None:

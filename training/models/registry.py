@@ -5,6 +5,9 @@ and ``image_size`` and returns an ``nn.Module`` mapping a float tensor
 ``(N, in_channels, H, W)`` to logits ``(N, num_classes)`` (no softmax).
 Fully convolutional models (everything except ``lenet5``) end in global average
 pooling and accept any ``H, W >= 8``; ``lenet5`` requires ``H == W == image_size``.
+
+``torchvision:<architecture>`` names torchvision's ImageNet classifiers (``training.vision.models``), which
+need the optional ``[vision]`` extra; this module never imports torchvision itself.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from training.models.resnet import resnet20, resnet50, resnet56, resnet110
 from training.models.wide_resnet import wrn16_4, wrn28_10
 
 MIN_IMAGE_SIZE = 8
+#: Prefix of the models that ``training.vision.models`` builds from torchvision.
+TORCHVISION_PREFIX = "torchvision:"
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "lenet5": lenet5,
@@ -34,8 +39,25 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 
 
 def available_models() -> list[str]:
-    """Registered model names, sorted."""
+    """Registered model names, sorted (``torchvision:*`` models come on top of these with the extra)."""
     return sorted(MODELS)
+
+
+def is_torchvision(name: str) -> bool:
+    """Whether ``name`` is a ``torchvision:<architecture>`` model."""
+    return name.startswith(TORCHVISION_PREFIX)
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``ValueError`` naming the problem when ``name`` is neither registered nor a torchvision architecture
+    this project builds (which needs the ``[vision]`` extra installed)."""
+    if is_torchvision(name):
+        from training.vision.models import check_architecture
+
+        check_architecture(name.removeprefix(TORCHVISION_PREFIX))
+    elif name not in MODELS:
+        raise ValueError(f"unknown {name!r}; known: {', '.join(available_models())}, or "
+                         f"{TORCHVISION_PREFIX}<architecture> with the [vision] extra")
 
 
 def _as_int(name: str, value: object) -> int:
@@ -54,7 +76,7 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
     ``in_channels < 1`` or ``image_size < 8``, and ``TypeError`` when one of the
     sizes is not an integer.
     """
-    if name not in MODELS:
+    if name not in MODELS and not is_torchvision(name):
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(available_models())}")
     num_classes = _as_int("num_classes", num_classes)
     in_channels = _as_int("in_channels", in_channels)
@@ -65,4 +87,9 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     if image_size < MIN_IMAGE_SIZE:
         raise ValueError(f"image_size must be >= {MIN_IMAGE_SIZE}, got {image_size}")
+    if is_torchvision(name):
+        from training.vision.models import build_torchvision_model
+
+        return build_torchvision_model(name.removeprefix(TORCHVISION_PREFIX), num_classes=num_classes,
+                                       in_channels=in_channels, image_size=image_size)
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
