@@ -49,12 +49,12 @@ tools:
 
 ## test: install the dev extra and the tools, and run the test suite
 test: $(VENV)/.installed-dev tools
-	$(PY) -m pytest -q --doctest-modules calibkit tests
+	$(PY) -m pytest -q --doctest-modules calibkit training tests
 
 ## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,
 ## docker-compose, promtool/prometheus, hadolint, wrk, server processes, long training and benchmark runs)
 test-fast: $(VENV)/.installed-dev
-	$(PY) -m pytest -q --doctest-modules -m "not e2e" calibkit tests
+	$(PY) -m pytest -q --doctest-modules -m "not e2e" calibkit training tests
 
 $(VISION_VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VISION_VENV)
