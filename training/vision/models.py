@@ -25,8 +25,6 @@ MIN_IMAGE_SIZE = {"resnet": 8, "resnext": 8, "wide_resnet": 8, "densenet": 32}
 #: The old DenseNet parameter names of torchvision's published files (``denselayer1.norm.1.weight``), mapped
 #: to the module's (``denselayer1.norm1.weight``) as torchvision's own loader does.
 _DENSENET_LEGACY_KEY = re.compile(r"(denselayer\d+\.(?:norm|relu|conv))\.([12])\.")
-
-
 #: Batch-norm's batch counter, which files saved before PyTorch 0.4.1 lack; a missing one keeps the module's.
 _BATCH_COUNTER = "num_batches_tracked"
 
