@@ -32,7 +32,8 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
     assert "from resnet18-imagenet.pth, fine-tuning a new classification layer" in (run_dir / "report.md").read_text()
 
     result, config = pipeline.load_checkpoint(run_dir / pipeline.CHECKPOINT)
-    images = pipeline.load_splits(config).test.x[:8]
+    test = pipeline.load_splits(config).test
+    images, labels = test.x[:8], test.y[:8]
     expected = load_calibrator(run_dir / pipeline.CALIBRATION).transform(predict_logits(result.model, images))
     server = Server([sys.executable, "-m", "service", "--artifacts", str(artifacts), "--host", "127.0.0.1"], "/health")
     try:
@@ -45,7 +46,6 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
             manifest.calibration.temperature)
         served = np.array([p["probabilities"] for p in body["predictions"]])
         np.testing.assert_allclose(served, expected, atol=1e-5)
-        labels = pipeline.load_splits(config).test.y[:8]
         feedback = httpx.post(server.url + "/feedback", json={"items": [
             {"prediction_id": p["id"], "label": manifest.class_names[y]}
             for p, y in zip(body["predictions"], labels)]}, timeout=60)
