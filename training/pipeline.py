@@ -128,15 +128,14 @@ def run(config: RunConfig, run_dir: Path, artifacts: Path, overwrite: bool = Fal
 
 def _describe_model(config: RunConfig) -> str:
     """The model with where its weights came from, what was fine-tuned, any resize and augmentation."""
-    parts = [config.model]
+    parts = [config.model if config.weights is None else f"{config.model} from {config.weights.name}"]
     if config.weights is not None:
-        tuned = "all layers" if config.finetune == "all" else "a new classification layer"
-        parts.append(f"from {config.weights.name}, fine-tuning {tuned}")
+        parts.append("fine-tuning " + ("all layers" if config.finetune == "all" else "a new classification layer"))
     if config.input_size:
         parts.append(f"input resized to {config.input_size}")
     if config.augment:
         parts.append("CIFAR augmentation")
-    return ", ".join(parts).replace(", from", " from", 1)
+    return ", ".join(parts)
 
 
 def _load_run_calibrator(run_dir: Path) -> Calibrator:

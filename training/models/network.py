@@ -96,15 +96,15 @@ class ModelSpec:
     def build(self) -> nn.Sequential:
         """``[InputAdapter,] Normalize, classifier``; the adapter only where channels or size change."""
         channels = self.network_channels
-        if channels != self.in_channels and self.in_channels != 1:
+        repeat = channels if channels != self.in_channels else None
+        if repeat is not None and self.in_channels != 1:
             raise ValueError(f"{self.architecture} takes {channels} channels; images with {self.in_channels} cannot "
                              f"be adapted (only grey images are repeated to {channels})")
         net = build_model(self.architecture, num_classes=self.num_classes, in_channels=channels,
                           image_size=self.input_size or self.image_size)
         layers: list[nn.Module] = [Normalize(np.array(self.mean), np.array(self.std)), net]
-        if channels != self.in_channels or self.input_size is not None:
-            adapter = InputAdapter(channels if channels != self.in_channels else None, self.input_size)
-            layers.insert(0, adapter)
+        if repeat is not None or self.input_size is not None:
+            layers.insert(0, InputAdapter(repeat, self.input_size))
         return nn.Sequential(*layers)
 
 
