@@ -5,8 +5,10 @@
 ``tolerance`` at every confidence level), cleared when its evidence that calibration has returned
 reaches ``clear_threshold``. No other gate: the tolerance is the materiality criterion, inside the
 hypothesis the guarantee is about, so no plug-in ECE (biased upwards on small windows) decides.
-``warning`` needs no guarantee and no labels: recent confidences drifting from the reference (KS
-test), or an e-detector at ``warn_threshold`` or more, evidence building towards an alarm.
+``warning`` needs no guarantee and no labels: recent confidences drifting from the reference (a KS
+test both significant and of a material size: a large sample makes any difference significant, so the
+distance D itself must reach ``shift_distance``), or an e-detector at ``warn_threshold`` or more,
+evidence building towards an alarm.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ class AlarmPolicy:
     tolerance: float = 0.01
     threshold: float = 1e4
     clear_threshold: float = 300.0
-    warn_threshold: float = 100.0
+    warn_threshold: float = 1000.0
     min_labels: int = 200
     shift_p_value: float = 0.001
+    shift_distance: float = 0.1
     min_unlabelled: int = 200
 
     def detector(self) -> DetectorConfig:
@@ -83,10 +86,25 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
         reasons.append(f"evidence of miscalibration building: e-detector {evidence.statistic:.3g} of "
                        f"{policy.threshold:.3g}; {where}")
     shift = evidence.shift
-    if shift is not None and shift.n_recent >= policy.min_unlabelled and shift.p_value < policy.shift_p_value:
-        reasons.append(f"confidence distribution shifted from the reference (KS D = {shift.statistic:.3f}, "
-                       f"p = {shift.p_value:.2g}; mean {shift.recent_mean:.3f} vs {shift.reference_mean:.3f})")
+    if shift is not None and shift_is_material(shift, policy):
+        reasons.append(f"confidence distribution shifted from the reference (KS D = {shift.statistic:.3f} >= "
+                       f"{policy.shift_distance:g}, p = {shift.p_value:.2g}; mean {shift.recent_mean:.3f} vs "
+                       f"{shift.reference_mean:.3f})")
     return _next(previous, WARNING if reasons else OK, tuple(reasons), now)
+
+
+def shift_is_material(shift: ShiftTest, policy: AlarmPolicy) -> bool:
+    """Whether the label-free drift test warns: enough recent predictions, p < ``shift_p_value`` and the KS
+    distance D (the largest gap between the two confidence CDFs) at least ``shift_distance``.
+
+    >>> policy = AlarmPolicy()
+    >>> shift_is_material(ShiftTest(0.03, 1e-6, 50_000, 359, 0.95, 0.96), policy)  # significant, but tiny
+    False
+    >>> shift_is_material(ShiftTest(0.25, 1e-9, 500, 359, 0.80, 0.96), policy)
+    True
+    """
+    return (shift.n_recent >= policy.min_unlabelled and shift.p_value < policy.shift_p_value
+            and shift.statistic >= policy.shift_distance)
 
 
 def _next(previous: AlarmStatus, state: str, reasons: tuple[str, ...], now: float) -> AlarmStatus:

@@ -34,10 +34,23 @@ estimation of Lorden & Pollak 2005, "Nonanticipating estimation applied to seque
 changepoint detection"): after a change its bets are learned from post-change labels alone, without
 the pre-change labels a decayed memory still holds. A bet that depends on when a run began is still
 predictable, so each run's product of e-values is an e-process and the tracked run is at most the
-Shiryaev-Roberts statistic built from them. The alarm is raised when one of the M + 1 detectors
-reaches (M + 1) A. By optional stopping and the union bound, for every traffic shape of H0(eps),
+Shiryaev-Roberts statistic built from them.
 
-    E[labels to the first false alarm] >= A     and     P(false alarm within n labels) <= n / A.
+**Fixed alternatives.** Beside the learned bets, F detectors bet on fixed shapes of miscalibration that
+need no learning: logit scaling a_s(C) = sigmoid(logit(C) / s) for a grid of s (over-confidence s > 1,
+under-confidence s < 1; exact for a binary model served softmax(s z), close for the top label of many
+classes), each the likelihood ratio Bern(Y; a_s(C)) / Bern(Y; e_s(C)) against the nearest edge e_s(C) of
+the null (1 where a_s(C) is inside it), an e-value for every point of the band. They see a large
+over-confidence within its first labels, where learned bets still wait for their first blocks.
+
+**One mixture.** The e-detector is the weighted mean of the CUSUMs, sum_d w_d S_t^(d) (weights summing to
+1: ``fixed_weight`` shared by the fixed detectors, the rest by the learned ones). It is at most
+sum_d w_d R_t^(d), and that minus t is a supermartingale under H0(eps), so by optional stopping the
+alarm at level A keeps, for every traffic shape of H0(eps),
+
+    E[labels to the first false alarm] >= A,
+
+where a union over the detectors (alarm when one reaches D A) paid log D in every delay.
 
 Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
 valid tests for forecast calibration").
@@ -73,7 +86,7 @@ from functools import cached_property
 
 import numpy as np
 
-FORMAT = 4
+FORMAT = 5
 _FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
            "run_count", "table", "log_statistic", "alarmed", "raised_gap", "alarm_gap", "alarm_count", "log_clear", "since_alarm",
            "n")
@@ -85,14 +98,14 @@ class DetectorConfig:
     """Parameters of the detector; only ``tolerance`` and ``threshold`` enter the guarantee.
 
     - ``tolerance`` eps: a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
-    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A, and
-      P(false alarm within n labels) <= n / A.
+    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A.
     - ``edges``: bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
     - ``bandwidth``: standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
     - ``half_lives``: one detector per memory: labels of a bin after which an old label weighs half.
     - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the
       adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
-    - ``max_bet``: the most an e-value may lose (e_t >= 1 - max_bet).
+    - ``max_bet``: the most a learned bet's e-value may lose (e_t >= 1 - max_bet).
+    - ``scales``: the logit scales s of the fixed detectors; ``fixed_weight``: their share of the mixture.
     - ``block``: labels between refreshes of the gap estimates that the bets use.
     - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
       raise), ``clear_floor`` and ``min_clear_labels``: the clearing rule.
@@ -106,6 +119,9 @@ class DetectorConfig:
     prior_labels: float = 10.0
     adaptive_prior: int = 1
     max_bet: float = 0.5
+    scales: tuple[float, ...] = (0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 1.15, 1.25, 1.4, 1.6, 2.0, 2.5, 3.5)
+    gaps: tuple[float, ...] = ()
+    fixed_weight: float = 0.5
     block: int = 16
     clear_threshold: float = 300.0
     clear_shrink: float = 0.75
@@ -126,11 +142,34 @@ class DetectorConfig:
             raise ValueError("need clear_prior_labels > 0 and 0 <= clear_floor < 0.5")
         if self.block < 1 or self.min_clear_labels < 0 or not 0 <= self.adaptive_prior < len(self.half_lives):
             raise ValueError("need block >= 1, min_clear_labels >= 0 and adaptive_prior an index of half_lives")
+        if any(s <= 0 or s == 1 for s in self.scales) or not 0 <= self.fixed_weight < 1:
+            raise ValueError("need scales > 0 other than 1, and 0 <= fixed_weight < 1")
+        if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in self.gaps):
+            raise ValueError("need gaps beyond the tolerance and inside (-1, 1)")
+        if self.fixed and self.fixed_weight == 0:
+            raise ValueError("fixed detectors need a share of the mixture: set fixed_weight > 0 or no scales and gaps")
+
+    @property
+    def learned(self) -> int:
+        """M + 1: one detector per memory and the adaptive one (the first M + 1 of ``detectors``)."""
+        return len(self.half_lives) + 1
+
+    @property
+    def fixed(self) -> int:
+        """F: one fixed detector per logit scale and per gap."""
+        return len(self.scales) + len(self.gaps)
 
     @property
     def detectors(self) -> int:
-        """M + 1: one detector per memory and the adaptive one."""
-        return len(self.half_lives) + 1
+        """M + 1 + F: the learned detectors, then the fixed ones."""
+        return self.learned + self.fixed
+
+    @cached_property
+    def log_weights(self) -> np.ndarray:
+        """log w_d of the mixture: ``fixed_weight`` shared by the fixed detectors, the rest by the learned."""
+        share = self.fixed_weight if self.fixed else 0.0
+        weights = [(1 - share) / self.learned] * self.learned + [share / max(self.fixed, 1)] * self.fixed
+        return np.log(np.asarray(weights))
 
     @property
     def n_bins(self) -> int:
@@ -149,8 +188,8 @@ class DetectorConfig:
 
     @cached_property
     def log_raise(self) -> float:
-        """log((M + 1) A): the level at which one of the M + 1 detectors raises the alarm."""
-        return float(np.log(self.threshold * self.detectors))
+        """log A: the level of the mixture at which the alarm is raised."""
+        return float(np.log(self.threshold))
 
     @cached_property
     def kernel(self) -> np.ndarray:
@@ -197,9 +236,10 @@ class DetectorState:
 
     def __post_init__(self):
         s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors
+        learned = self.config.learned
         shapes = {"gap_sum": (s, m, k), "weight": (s, m, k), "global_gap_sum": (s, m), "global_weight": (s, m),
                   "pending_gap": (s, k), "pending_count": (s, k), "run_gap": (s, k), "run_count": (s, k),
-                  "table": (s, d, k), "log_statistic": (s, d), "raised_gap": (s, k), "alarm_gap": (s, k),
+                  "table": (s, learned, k), "log_statistic": (s, d), "raised_gap": (s, k), "alarm_gap": (s, k),
                   "alarm_count": (s, k)}
         for name in _FIELDS:
             dtype = bool if name == "alarmed" else np.int64 if name in ("since_alarm", "n") else np.float64
@@ -210,10 +250,14 @@ class DetectorState:
 
     @property
     def statistic(self) -> np.ndarray:
-        """max over detectors d of S_t^(d) / (M + 1), the e-detector of each stream: it reaches A when
-        one of the M + 1 component detectors reaches (M + 1) A."""
-        top = self.log_statistic.max(axis=1) - np.log(self.config.detectors)
-        return np.exp(np.minimum(top, 700.0))
+        """sum_d w_d S_t^(d), the e-detector of each stream: the alarm is raised when it reaches A."""
+        return np.exp(np.minimum(self._log_mixture(), 700.0))
+
+    def _log_mixture(self) -> np.ndarray:
+        """log sum_d w_d S_t^(d) per stream."""
+        terms = self.log_statistic + self.config.log_weights
+        top = terms.max(axis=1)
+        return top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
 
     @property
     def clear_statistic(self) -> np.ndarray:
@@ -270,7 +314,8 @@ class DetectorState:
         bet = np.where(np.abs(gap) > cfg.tolerance, (accuracy - boundary) / (boundary * (1 - boundary)), 0.0)
         cap = np.where(bet > 0, cfg.max_bet / (cm + cfg.tolerance), cfg.max_bet / (1 - cm + cfg.tolerance))
         bet = np.clip(bet, -cap, cap)
-        e_value = 1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance
+        e_value = np.concatenate([1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance,
+                                  self._fixed_e_values(c, y)], axis=1)
         log_e = np.log(e_value)
         null = np.clip(c, _EDGE, 1 - _EDGE)
         cells = (np.broadcast_to(rows, b.shape), b)
@@ -283,7 +328,7 @@ class DetectorState:
         log_ratio = self._clear_log_ratio(null, b, y)
         for t in range(c.shape[1]):
             self.log_statistic = np.maximum(self.log_statistic, 0.0) + log_e[:, :, t]
-            up = ~self.alarmed & (self.log_statistic >= cfg.log_raise).any(axis=1)
+            up = ~self.alarmed & (self._log_mixture() >= cfg.log_raise)
             self.since_alarm = np.where(self.alarmed, self.since_alarm + 1, 0)
             self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio[:, t], 0.0)
             down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
@@ -299,6 +344,21 @@ class DetectorState:
             raised[:, t], cleared[:, t] = up, down
         self.n += c.shape[1]
         return e_value, raised, cleared
+
+    def _fixed_e_values(self, c: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """(streams, F, labels): Bern(Y; a(C)) / Bern(Y; e(C)) of each fixed alternative a, with e(C) its nearest
+        point of the null band (1 inside the band): a_s(C) = sigmoid(logit(C) / s) per logit scale s, then
+        a_g(C) = C + g per gap g."""
+        cfg = self.config
+        log_odds = np.log(np.clip(c, 1e-12, 1.0)) - np.log(np.clip(1.0 - c, 1e-12, 1.0))
+        scales = np.asarray(cfg.scales, dtype=np.float64)[None, :, None]
+        cm = c[:, None, :]
+        alternative = np.clip(np.concatenate([1.0 / (1.0 + np.exp(-log_odds[:, None, :] / scales)),
+                                              cm + np.asarray(cfg.gaps, dtype=np.float64)[None, :, None]], axis=1),
+                              _EDGE, 1 - _EDGE)
+        edge = np.clip(np.clip(alternative, cm - cfg.tolerance, cm + cfg.tolerance), _EDGE, 1 - _EDGE)
+        ratio = np.where(y[:, None, :] > 0.5, alternative / edge, (1 - alternative) / (1 - edge))
+        return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
 
     def clear_alternative(self) -> np.ndarray:
         """(streams, bins): g(C), the miscalibration beyond the tolerance that the clearing test pits calibration
@@ -321,7 +381,7 @@ class DetectorState:
         """Fold the finished block's sums into the decayed sums and into the adaptive detector's run (a run
         that is not ahead, log S <= 0, starts again from this block), and refresh the gap table of the bets."""
         cfg = self.config
-        ahead = (self.log_statistic[:, -1] > 0.0)[:, None]
+        ahead = (self.log_statistic[:, cfg.learned - 1] > 0.0)[:, None]
         self.run_gap = np.where(ahead, self.run_gap + self.pending_gap, self.pending_gap)
         self.run_count = np.where(ahead, self.run_count + self.pending_count, self.pending_count)
         keep = cfg.decay[None, :, None] ** self.pending_count[:, None, :]
@@ -356,15 +416,18 @@ class DetectorState:
         if self.streams != 1:
             raise ValueError("only a single-stream state is persisted")
         out = {"format": FORMAT, "tolerance": self.config.tolerance, "threshold": self.config.threshold,
-               "block": self.config.block}
+               "block": self.config.block, "scales": list(self.config.scales), "gaps": list(self.config.gaps),
+               "fixed_weight": self.config.fixed_weight}
         out.update({name: getattr(self, name).ravel().tolist() for name in _FIELDS})
         return out
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> "DetectorState":
-        """Inverse of ``to_dict``. State saved under another format, tolerance, threshold or block (an
+        """Inverse of ``to_dict``. State saved under another format, tolerance, threshold, block or mixture (an
         older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
         if (not isinstance(data, dict) or data.get("format") != FORMAT or data.get("tolerance") != config.tolerance
-                or data.get("threshold") != config.threshold or data.get("block") != config.block):
+                or data.get("threshold") != config.threshold or data.get("block") != config.block
+                or data.get("scales") != list(config.scales) or data.get("gaps") != list(config.gaps)
+                or data.get("fixed_weight") != config.fixed_weight):
             return cls(config)
         return cls(config, 1, **{name: data[name] for name in _FIELDS})

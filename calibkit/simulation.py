@@ -23,26 +23,31 @@ CHUNK = 1_000  # labels folded per call: bounds the memory of the per-label arra
 @dataclass(frozen=True)
 class StreamOutcomes:
     """Per stream: an alarm before the shift (a false alarm), labels from the shift to the first alarm
-    (-1: none), clears while the shift lasted (flaps), labels from the end of the shift to the first
-    clear (-1: none) and whether the alarm was still on at the end (latched)."""
+    (-1: none), clears while the shift lasted (flaps), whether the alarm was on when the shift ended,
+    labels from the end of the shift to the first clear (-1: none) and whether the alarm was still on at
+    the end (latched)."""
 
     false_alarm: np.ndarray
     delay: np.ndarray
     flaps: np.ndarray
     clear_delay: np.ndarray
     latched: np.ndarray
+    alarmed_at_end: np.ndarray | None = None
 
 
 def draw(shape: TrafficShape, miscalibration: Miscalibration | None, streams: int, before: int, during: int = 0,
-         after: int = 0, seed: int = 0, ramp: int = 0) -> tuple[np.ndarray, np.ndarray]:
+         after: int = 0, seed: int = 0, ramp: int = 0, flip: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(confidence, correct), each (streams, before + during + after): ``before`` calibrated labels,
-    ``during`` labels of ``miscalibration`` (reached linearly over the first ``ramp``), ``after`` calibrated."""
+    ``during`` labels of ``miscalibration`` (reached linearly over the first ``ramp``; with ``flip``, a gap
+    whose sign turns every ``flip`` labels), ``after`` calibrated."""
     rng = np.random.default_rng(seed)
     total = before + during + after
     strength = np.zeros(total)
     strength[before:before + during] = 1.0
     if ramp:
         strength[before:before + ramp] = np.linspace(0.0, 1.0, ramp)
+    if flip:
+        strength[before:before + during] *= np.where((np.arange(during) // flip) % 2 == 0, 1.0, -1.0)
     mis = miscalibration or Miscalibration("calibrated")
     confidence, correct, _ = mis.sample(shape, rng, (streams, total), strength[None, :])
     return confidence, correct
@@ -54,14 +59,21 @@ def run_detector(confidence: np.ndarray, correct: np.ndarray, before: int, durin
     streams, total = confidence.shape
     state = DetectorState(config or DetectorConfig(), streams)
     raised, cleared = np.zeros((streams, total), bool), np.zeros((streams, total), bool)
-    for start in range(0, total, CHUNK):
-        part = slice(start, start + CHUNK)
-        fold = state.fold(confidence[:, part], correct[:, part])
-        raised[:, part], cleared[:, part] = fold.raised, fold.cleared
     after = before + during
+    alarmed_at_end = np.zeros(streams, bool)
+    start = 0
+    while start < total:
+        stop = min(start + CHUNK, total)
+        stop = after if start < after < stop else stop
+        fold = state.fold(confidence[:, start:stop], correct[:, start:stop])
+        raised[:, start:stop], cleared[:, start:stop] = fold.raised, fold.cleared
+        if stop == after:
+            alarmed_at_end = state.alarmed.copy()
+        start = stop
     return StreamOutcomes(false_alarm=raised[:, :before].any(axis=1),
                           delay=_first(raised[:, before:after]), flaps=cleared[:, before:after].sum(axis=1),
-                          clear_delay=_first(cleared[:, after:]), latched=state.alarmed.copy())
+                          clear_delay=_first(cleared[:, after:]), latched=state.alarmed.copy(),
+                          alarmed_at_end=alarmed_at_end)
 
 
 def _first(events: np.ndarray) -> np.ndarray:

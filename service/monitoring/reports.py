@@ -77,7 +77,8 @@ class Reports:
             "e_detector": {"statistic": float(detector.statistic[0]), "threshold": self.policy.threshold,
                            "clear_statistic": float(detector.clear_statistic[0]),
                            "clear_threshold": self.policy.clear_threshold, "labels_seen": int(detector.n[0]),
-                           "tolerance": self.policy.tolerance, "regions": detector.regions()},
+                           "tolerance": self.policy.tolerance, "regions": detector.regions()}
+            | self._evaluation(key, state_row),
             "thresholds": {"tolerance": self.policy.tolerance, "e_detector": self.policy.threshold,
                            "clear": self.policy.clear_threshold, "warning": self.policy.warn_threshold,
                            "min_labels": self.policy.min_labels},
@@ -85,6 +86,14 @@ class Reports:
         body.update(self._window_metrics(served, key, sums, win))
         body["drift"] = self._drift(served, key, sums)
         return body
+
+    def _evaluation(self, key: CalibrationKey, state_row) -> dict:
+        """How far the alarm state lags the store: it is re-assessed by the background evaluator, so labels
+        committed since its last pass (``labels_pending``) are stored but not yet in it."""
+        folded_seq = int(state_row.last_seq) if state_row else 0
+        stored, pending = self.store.labels.progress(key, folded_seq)
+        return {"labels_stored": stored, "labels_pending": pending,
+                "evaluated_at": float(state_row.updated_at) if state_row else None}
 
     def export_window(self, served: ServedModel, key: CalibrationKey) -> None:
         """The default window's ECE and interval as gauges (dashboards), after new labels were folded."""

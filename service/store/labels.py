@@ -151,6 +151,14 @@ class Labels:
                  .where(*scope(labels, key)).order_by(labels.c.seq.desc()).limit(limit))
         return self.db.run(lambda c: c.execute(query).all()[::-1], write=False)
 
+    def progress(self, key: CalibrationKey, folded_seq: int) -> tuple[int, int]:
+        """(labels stored for ``key``, those of them after ``folded_seq``): what the alarm has not yet
+        folded. The first is a sum over block sums, the second an index range of the lag's own rows."""
+        stored = sa.select(sa.func.coalesce(sa.func.sum(label_bins.c.count), 0)).where(*scope(label_bins, key))
+        pending = sa.select(sa.func.count()).select_from(labels).where(*scope(labels, key), labels.c.seq > folded_seq)
+        return self.db.run(lambda c: (int(c.execute(stored).scalar_one()), int(c.execute(pending).scalar_one())),
+                           write=False)
+
     def after(self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None,
               newest: int | None = None) -> list[sa.Row]:
         """(seq, correct, confidence) of the labels after ``seq`` (only the ``newest`` most recent of them

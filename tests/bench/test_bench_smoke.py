@@ -20,3 +20,19 @@ def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / f"{name}-smoke.json").read_text())
     assert data["machine"]["cores"] >= 1 and "|" in result.stdout
+
+
+def test_alarm_benchmark_prints_the_oracle_ratios_and_the_goals(tmp_path):
+    # the simulations only (the HTTP parts are the feedback_load smoke run above and scripts/simulate_shift.py's tests)
+    result = subprocess.run([sys.executable, "-m", "bench.alarm", "--smoke", "--skip-http"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900,
+                            env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "alarm-smoke.json").read_text())
+    rows = data["shifts"]
+    assert len(rows) == 32 and {"oracle_p50", "ratio", "clear_oracle_p50", "clear_ratio"} <= set(rows[0])
+    large = next(r for r in rows if r["shape"] == "cifar-like" and r["shift"] == "logits x2.5")
+    assert large["oracle_p50"] > 0 and large["ratio"] == pytest.approx(large["delay_p50"] / large["oracle_p50"])
+    assert len(data["false_alarms"]) == 20 and {r["rule"] for r in data["warnings"]} == {
+        "p < 0.001", "p < 0.001 and D >= 0.1"}
+    assert "ratio" in result.stdout and any(g["goal"].startswith("detection") for g in data["goals"])

@@ -1,5 +1,6 @@
 """Feedback, rolling calibration and alarms, on SQLite and on the real PostgreSQL."""
 
+import time
 
 import httpx
 import numpy as np
@@ -175,6 +176,29 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         missing = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
         assert missing.status_code == 404
     assert any(event["to"] == "alarm" and event["model"] == "digits-lenet5" for event in webhook.received)
+
+
+def test_calibration_says_how_many_labels_the_alarm_state_rests_on(repository_dir, server_for, database_url,
+                                                                     evaluate_now):
+    # the alarm is re-assessed by a background pass: until it runs, stored labels are pending, not in the state
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
+                        bootstrap_resamples=300, evaluate_seconds=3600, evaluate_every_labels=10**9)
+    z, y = calibrated_logits(300, n_classes=10, logit_scale=8.0, seed=6)
+    with server_for(settings) as (base_url, app):
+        before = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        assert (before["labels_seen"], before["labels_stored"], before["labels_pending"]) == (0, 0, 0)
+        assert before["evaluated_at"] is None
+        httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:200], y[:200], 1.0)}).raise_for_status()
+        waiting = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        assert (waiting["labels_seen"], waiting["labels_stored"], waiting["labels_pending"]) == (0, 200, 200)
+        evaluate_now(app)
+        httpx.post(f"{base_url}/feedback", json={"items": _offline(z[200:], y[200:], 1.0)}).raise_for_status()
+        behind = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        assert (behind["labels_seen"], behind["labels_stored"], behind["labels_pending"]) == (200, 300, 100)
+        assert behind["evaluated_at"] == pytest.approx(time.time(), abs=60)
+        evaluate_now(app)
+        caught_up = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        assert (caught_up["labels_seen"], caught_up["labels_stored"], caught_up["labels_pending"]) == (300, 300, 0)
 
 
 def test_admin_is_off_without_a_token(base_url):

@@ -1,0 +1,110 @@
+"""The oracle a miscalibration detector is measured against: a CUSUM told the shift in advance.
+
+A detector sees only the top-label confidence C and the outcome Y, so what it can learn of a shift is
+a(C) = E[Y | C], the accuracy at each confidence. The oracle knows a(C) and runs Page's (1954) CUSUM of
+the log-likelihood ratio of that shift against the nearest point of the null band |E[Y | C] - C| <= eps,
+
+    x_t = log Bern(Y_t; a(C_t)) / Bern(Y_t; e(C_t)),   e(C) = clip(a(C), C - eps, C + eps),
+
+(0 where a(C) lies inside the band), and for clearing the ratio of calibrated outcomes against the
+shift, log Bern(Y; C) / Bern(Y; a(C)). Its level is not a formula but the one that, on simulated traffic
+of the same confidences, raises at most the allowed share of false alarms (``tuned_level``): no detector
+that must learn a(C) from the labels can beat it at the same false-alarm rate on the same streams.
+
+    >>> import numpy as np
+    >>> x = np.array([[1.0, -3.0, 2.0, 2.0]])
+    >>> cusum_paths(x).tolist()
+    [[1.0, 0.0, 2.0, 4.0]]
+    >>> first_crossing(cusum_paths(x), 3.0, start=0).tolist()
+    [3]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_EDGE = 1e-6  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm needs it
+
+
+@dataclass(frozen=True)
+class AccuracyCurve:
+    """a(C) = E[Y | C] as a step function over quantile bins of the confidence."""
+
+    edges: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def fit(cls, confidence: np.ndarray, accuracy: np.ndarray, bins: int = 1_000) -> "AccuracyCurve":
+        """From a large sample of confidences and their true accuracies P(Y = 1 | prediction): the mean
+        accuracy of each of ``bins`` equally filled bins of the confidence (ties share one bin).
+
+        >>> c = np.linspace(0.5, 1.0, 10_000)
+        >>> curve = AccuracyCurve.fit(c, c - 0.1, bins=100)
+        >>> bool(np.allclose(curve(np.array([0.6, 0.9])), [0.5, 0.8], atol=0.005))
+        True
+        """
+        c, a = np.ravel(confidence), np.ravel(accuracy)
+        edges = np.unique(np.quantile(c, np.linspace(0, 1, bins + 1)[1:-1]))
+        index = np.searchsorted(edges, c, side="right")
+        counts = np.bincount(index, minlength=len(edges) + 1)
+        values = np.bincount(index, weights=a, minlength=len(edges) + 1) / np.maximum(counts, 1)
+        return cls(edges, values)
+
+    def __call__(self, confidence: np.ndarray) -> np.ndarray:
+        return self.values[np.searchsorted(self.edges, confidence, side="right")]
+
+
+def log_ratio(y: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """log Bern(y; p) / Bern(y; q), elementwise."""
+    p, q = np.clip(p, _EDGE, 1 - _EDGE), np.clip(q, _EDGE, 1 - _EDGE)
+    return np.where(y > 0.5, np.log(p / q), np.log((1 - p) / (1 - q)))
+
+
+def nearest_edge(confidence: np.ndarray, accuracy: np.ndarray, tolerance: float) -> np.ndarray:
+    """e(C): the point of the null band [C - eps, C + eps] nearest to the accuracy a(C)."""
+    return np.clip(accuracy, confidence - tolerance, confidence + tolerance)
+
+
+def detection_increments(confidence, correct, curve: AccuracyCurve, tolerance: float) -> np.ndarray:
+    """x_t of the module docstring: evidence for the shift a(C) against the nearest edge of the null."""
+    a = curve(confidence)
+    return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
+
+
+def clearing_increments(confidence, correct, curve: AccuracyCurve) -> np.ndarray:
+    """log Bern(Y; C) / Bern(Y; a(C)): evidence that the shift has ended and outcomes match the confidence."""
+    return log_ratio(correct, confidence, curve(confidence))
+
+
+def cusum_paths(increments: np.ndarray) -> np.ndarray:
+    """Page's CUSUM S_t = max(S_{t-1}, 0) + x_t, S_0 = 0, along the last axis, computed as
+    W_t - min(0, min_{s < t} W_s) with W the running sum."""
+    walk = np.cumsum(increments, axis=-1)
+    floor = np.minimum.accumulate(np.concatenate([np.zeros(walk.shape[:-1] + (1,)), walk[..., :-1]], axis=-1),
+                                  axis=-1)
+    return walk - np.minimum(floor, 0.0)
+
+
+def first_crossing(paths: np.ndarray, level: float, start: int) -> np.ndarray:
+    """Per stream, labels from ``start`` to the first S_t >= level at or after it (-1: none)."""
+    above = paths[:, start:] >= level
+    if not above.shape[1]:
+        return np.full(len(paths), -1)
+    return np.where(above.any(axis=1), above.argmax(axis=1), -1)
+
+
+def tuned_level(peaks: np.ndarray, rate: float) -> float:
+    """The least level that at most a share ``rate`` of null streams reach, from ``peaks``, each stream's
+    largest statistic: their (1 - rate) quantile, nudged above it.
+
+    >>> tuned_level(np.arange(1.0, 101.0), 0.01) > 99.0
+    True
+    """
+    return float(np.nextafter(np.quantile(peaks, 1.0 - rate, method="higher"), np.inf))
+
+
+def unconditional_median(delays: np.ndarray) -> float:
+    """The median delay with every stream counted, one that never crossed (-1) as infinitely late."""
+    return float(np.median(np.where(delays >= 0, delays, np.inf))) if len(delays) else float("nan")
