@@ -61,8 +61,10 @@ WINDOW, EVERY = 500, 25
 RATE = 0.01  # the false-alarm share per 10,000 labels that the oracles' levels are tuned to
 ORACLE_LABELS, ORACLE_SAMPLE = 10_000, 400_000
 WARNING_EVERY = 250
+SIZES = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)  # the size-blind oracle's grid, times the true shift
 FA_COLUMNS = ["traffic", "shape", "streams", "labels", "false_alarms", "rate", "ci95_high", "naive_rate"]
-SHIFT_COLUMNS = ["shape", "shift", "ece", "oracle_p50", "delay_p50", "ratio", "ratio_ci90", "detected", "delay_p90",
+SHIFT_COLUMNS = ["shape", "shift", "ece", "oracle_p50", "size_blind_p50", "delay_p50", "ratio", "ratio_ci90",
+                 "size_blind_ratio", "detected", "delay_p90",
                  "flaps", "clear_oracle_p50", "clear_p50", "clear_ratio", "latched", "naive_delay_p50"]
 WARNING_COLUMNS = ["rule", "recent", "checks", "warned", "rate", "ci95_high"]
 
@@ -87,11 +89,13 @@ def null_traffic(tolerance: float) -> list[tuple[str, Miscalibration | None, int
 
 @dataclass(frozen=True)
 class Oracle:
-    """A row's oracle: a(C) of the shift and the tuned levels of its detection and clearing CUSUMs."""
+    """A row's oracle: a(C) of the shift and the tuned levels of its detection and clearing CUSUMs, and of the
+    size-blind oracle (told the shape of a(C) - C, not its size: a mixture over ``SIZES`` times it)."""
 
     curve: oracle.AccuracyCurve
     level: float
     clear_level: float
+    size_blind_level: float
     tolerance: float
 
     @classmethod
@@ -102,25 +106,37 @@ class Oracle:
         rng = np.random.default_rng(seed)
         confidence, _, accuracy = mis.sample(shape, rng, (ORACLE_SAMPLE,))
         curve = oracle.AccuracyCurve.fit(confidence, accuracy)
-        null_peaks, shift_peaks = [], []
+        null_peaks, blind_peaks, shift_peaks = [], [], []
         for chunk in np.array_split(np.arange(streams), max(1, streams // 50)):
             c, _, _ = mis.sample(shape, rng, (len(chunk), ORACLE_LABELS))
             a = curve(c)
             at_edge = (rng.random(c.shape) < oracle.nearest_edge(c, a, tolerance)).astype(np.float64)
             null_peaks.append(oracle.cusum_paths(oracle.detection_increments(c, at_edge, curve, tolerance)).max(axis=1))
+            blind_peaks.append(_size_blind_paths(c, at_edge, curve, tolerance).max(axis=1))
             persisting = (rng.random(c.shape) < a).astype(np.float64)
             shift_peaks.append(oracle.cusum_paths(oracle.clearing_increments(c, persisting, curve)).max(axis=1))
-        level = oracle.tuned_level(np.concatenate(null_peaks), RATE)
-        clear_level = oracle.tuned_level(np.concatenate(shift_peaks), RATE)
-        return cls(curve, level, clear_level, tolerance)
+        return cls(curve, oracle.tuned_level(np.concatenate(null_peaks), RATE),
+                   oracle.tuned_level(np.concatenate(shift_peaks), RATE),
+                   oracle.tuned_level(np.concatenate(blind_peaks), RATE), tolerance)
 
-    def delays(self, confidence, correct, before: int, during: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per stream: labels from the shift to the oracle's alarm, and from its end to the oracle's clear
-        (the clearing CUSUM runs from the shift's start), -1 for none."""
-        detect = oracle.cusum_paths(oracle.detection_increments(confidence, correct, self.curve, self.tolerance))
-        delay = oracle.first_crossing(detect[:, :before + during], self.level, before)
+    def delays(self, confidence, correct, before: int, during: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per stream: labels from the shift to the oracle's alarm, from its end to the oracle's clear (the
+        clearing CUSUM runs from the shift's start), and from the shift to the size-blind oracle's alarm, -1
+        for none."""
+        shifted = slice(0, before + during)
+        detect = oracle.cusum_paths(oracle.detection_increments(confidence[:, shifted], correct[:, shifted],
+                                                                self.curve, self.tolerance))
+        delay = oracle.first_crossing(detect, self.level, before)
         clear = oracle.cusum_paths(oracle.clearing_increments(confidence[:, before:], correct[:, before:], self.curve))
-        return delay, oracle.first_crossing(clear, self.clear_level, during)
+        blind = _size_blind_paths(confidence[:, shifted], correct[:, shifted], self.curve, self.tolerance)
+        return (delay, oracle.first_crossing(clear, self.clear_level, during),
+                oracle.first_crossing(blind, self.size_blind_level, before))
+
+
+def _size_blind_paths(confidence, correct, curve: oracle.AccuracyCurve, tolerance: float) -> np.ndarray:
+    """The size-blind oracle's statistic: the mean over ``SIZES`` of the CUSUMs of the shift scaled by each."""
+    return oracle.mixture_paths([oracle.cusum_paths(oracle.scaled_curve_increments(confidence, correct, curve, size,
+                                                                                   tolerance)) for size in SIZES])
 
 
 def window_ece(confidence: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +204,7 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
             length, rest = during, after
             while True:
                 confidence, correct = draw(shape, mis, args.shift_streams, before, length, rest, seed=seed, ramp=ramp)
-                delay, clear = truth.delays(confidence, correct, before, length)
+                delay, clear, blind = truth.delays(confidence, correct, before, length)
                 needed = max(2.5 * oracle.unconditional_median(delay), 1.5 * ramp)
                 if args.smoke or needed <= length:
                     break
@@ -200,6 +216,7 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
             clear_delay = out.clear_delay[out.alarmed_at_end]
             row = {"shape": shape.name, "shift": mis.name, "during": length, "ece": population_ece(c, a),
                    "oracle_p50": _finite(oracle.unconditional_median(delay)),
+                   "size_blind_p50": _finite(oracle.unconditional_median(blind)), "size_blind_ratio": _ratio(blind, delay),
                    "delay_p50": _finite(oracle.unconditional_median(out.delay)),
                    "ratio": _ratio(out.delay, delay), "ratio_ci90": _ratio_interval(out.delay, delay, seed),
                    "detected": float(detected.mean()), "delay_p90": _percentile(out.delay[detected], 90),
@@ -221,9 +238,9 @@ def _finite(value: float) -> float | None:
 
 
 def _ratio(delays: np.ndarray, oracle_delays: np.ndarray) -> float | None:
-    """Unconditional median delay over the oracle's (None where the oracle's is infinite)."""
+    """Unconditional median delay over the oracle's (None where either is infinite: most streams never crossed)."""
     ours, best = oracle.unconditional_median(delays), oracle.unconditional_median(oracle_delays)
-    return float(ours / max(best, 1.0)) if np.isfinite(best) else None
+    return float(ours / max(best, 1.0)) if np.isfinite(best) and np.isfinite(ours) else None
 
 
 def _ratio_interval(delays: np.ndarray, oracle_delays: np.ndarray, seed: int, resamples: int = 500) -> str:
@@ -301,7 +318,9 @@ def markdown(result: dict) -> str:
              "medians are unconditional (a stream that never alarms, or never clears, counts as infinitely late; "
              "None: most never did). `oracle_p50`: a CUSUM told a(C) = E[Y | C] of the shift, its level tuned on "
              f"{result['setup']['oracle_streams']} streams of tolerance-edge traffic with the shift's confidences to "
-             f"at most {RATE:.0%} false alarms per {ORACLE_LABELS:,} labels. `ratio`: detector over oracle, "
+             f"at most {RATE:.0%} false alarms per {ORACLE_LABELS:,} labels. `size_blind_p50`: an oracle told the "
+             "shape of a(C) - C but not its size (the mean of the CUSUMs of 0.25-4 times the shift), its level tuned "
+             "the same way; `size_blind_ratio` over the oracle. `ratio`: detector over oracle, "
              "`ratio_ci90` its 90% bootstrap interval over streams. `flaps`: share of detected streams whose alarm "
              "cleared while the shift lasted. `clear_oracle_p50`: a CUSUM of Bern(Y; C) / Bern(Y; a(C)) told that "
              f"the shift has ended, its level tuned so that at most {RATE:.0%} of streams clear within "

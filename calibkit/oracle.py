@@ -73,6 +73,20 @@ def detection_increments(confidence, correct, curve: AccuracyCurve, tolerance: f
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 
 
+def scaled_curve_increments(confidence, correct, curve: AccuracyCurve, size: float, tolerance: float) -> np.ndarray:
+    """x_t for the shift of the same shape as ``curve`` but ``size`` times as large: a(C) = C + size (a(C) - C)."""
+    a = np.clip(confidence + size * (curve(confidence) - confidence), _EDGE, 1 - _EDGE)
+    return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
+
+
+def mixture_paths(paths: list[np.ndarray]) -> np.ndarray:
+    """log of the equally weighted mean of exp(S_t) over CUSUM paths of several alternatives: the statistic of a
+    detector that knows the alternative is one of them, but not which."""
+    stacked = np.stack(paths)
+    top = stacked.max(axis=0)
+    return top + np.log(np.exp(stacked - top).mean(axis=0))
+
+
 def clearing_increments(confidence, correct, curve: AccuracyCurve) -> np.ndarray:
     """log Bern(Y; C) / Bern(Y; a(C)): evidence that the shift has ended and outcomes match the confidence."""
     return log_ratio(correct, confidence, curve(confidence))
