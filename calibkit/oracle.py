@@ -8,13 +8,13 @@ the log-likelihood ratio of that shift against the nearest point of the null ban
 
 (0 where a(C) lies inside the band), and for clearing the ratio of calibrated outcomes against the
 shift, log Bern(Y; C) / Bern(Y; a(C)). Its level is not a formula but the one that, on simulated traffic
-of the same confidences, raises at most the allowed share of false alarms (``tuned_level``): no detector
-that must learn a(C) from the labels can beat it at the same false-alarm rate on the same streams.
+of the same confidences, raises at most the allowed share of false alarms (``tuned_level``): the yardstick
+for a detector that must learn a(C) from the labels, at the same false-alarm rate on the same streams.
 
     >>> import numpy as np
     >>> x = np.array([[1.0, -3.0, 2.0, 2.0]])
     >>> cusum_paths(x).tolist()
-    [[1.0, 0.0, 2.0, 4.0]]
+    [[1.0, -2.0, 2.0, 4.0]]
     >>> first_crossing(cusum_paths(x), 3.0, start=0).tolist()
     [3]
 """

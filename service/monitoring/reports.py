@@ -89,11 +89,11 @@ class Reports:
 
     def _evaluation(self, key: CalibrationKey, state_row) -> dict:
         """How far the alarm state lags the store: it is re-assessed by the background evaluator, so labels
-        committed since its last pass (``labels_pending``) are stored but not yet in it."""
+        committed since its last pass (``labels_pending``) are stored but not yet in it. Derived from the data
+        alone, so replicas and restarts report the same."""
         folded_seq = int(state_row.last_seq) if state_row else 0
-        stored, pending = self.store.labels.progress(key, folded_seq)
-        return {"labels_stored": stored, "labels_pending": pending,
-                "evaluated_at": float(state_row.updated_at) if state_row else None}
+        stored, pending, folded_at = self.store.labels.progress(key, folded_seq)
+        return {"labels_stored": stored, "labels_pending": pending, "newest_folded_labelled_at": folded_at}
 
     def export_window(self, served: ServedModel, key: CalibrationKey) -> None:
         """The default window's ECE and interval as gauges (dashboards), after new labels were folded."""

@@ -151,13 +151,19 @@ class Labels:
                  .where(*scope(labels, key)).order_by(labels.c.seq.desc()).limit(limit))
         return self.db.run(lambda c: c.execute(query).all()[::-1], write=False)
 
-    def progress(self, key: CalibrationKey, folded_seq: int) -> tuple[int, int]:
-        """(labels stored for ``key``, those of them after ``folded_seq``): what the alarm has not yet
-        folded. The first is a sum over block sums, the second an index range of the lag's own rows."""
+    def progress(self, key: CalibrationKey, folded_seq: int) -> tuple[int, int, float | None]:
+        """(labels stored for ``key``, those of them after ``folded_seq``, when label ``folded_seq`` was stored):
+        how far the alarm, which has folded the labels up to ``folded_seq``, lags the store. A sum over block
+        sums, an index range of the lag's own rows and one row by its key."""
         stored = sa.select(sa.func.coalesce(sa.func.sum(label_bins.c.count), 0)).where(*scope(label_bins, key))
         pending = sa.select(sa.func.count()).select_from(labels).where(*scope(labels, key), labels.c.seq > folded_seq)
-        return self.db.run(lambda c: (int(c.execute(stored).scalar_one()), int(c.execute(pending).scalar_one())),
-                           write=False)
+        folded_at = sa.select(labels.c.labelled_at).where(labels.c.seq == folded_seq)
+
+        def work(c):
+            return (int(c.execute(stored).scalar_one()), int(c.execute(pending).scalar_one()),
+                    c.execute(folded_at).scalar_one_or_none())
+
+        return self.db.run(work, write=False)
 
     def after(self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None,
               newest: int | None = None) -> list[sa.Row]:

@@ -245,6 +245,9 @@ def test_dashboard_says_what_the_alarm_state_rests_on(name, repository_dir, serv
             assert page.locator("#alarm-headline").text_content().strip().startswith(headline)
             reasons = page.locator("#alarm-reasons li").all_text_contents()
             assert "Nothing to report" not in page.locator("body").inner_text()
+            det = report["e_detector"]  # the lag: what the state rests on against what is stored
+            assert any(r.startswith(f"The alarm state rests on {det['labels_seen']} label")
+                       and f"folded of {det['labels_stored']} label" in r for r in reasons), reasons
             styles = page.evaluate(STYLES)
             assert {key: _tone(value) for key, value in styles.items()} == dict.fromkeys(styles, tone), styles
             assert page.locator("#error").text_content().strip() == ""

@@ -187,7 +187,7 @@ def test_calibration_says_how_many_labels_the_alarm_state_rests_on(repository_di
     with server_for(settings) as (base_url, app):
         before = httpx.get(f"{base_url}/calibration").json()["e_detector"]
         assert (before["labels_seen"], before["labels_stored"], before["labels_pending"]) == (0, 0, 0)
-        assert before["evaluated_at"] is None
+        assert before["newest_folded_labelled_at"] is None
         httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:200], y[:200], 1.0)}).raise_for_status()
         waiting = httpx.get(f"{base_url}/calibration").json()["e_detector"]
         assert (waiting["labels_seen"], waiting["labels_stored"], waiting["labels_pending"]) == (0, 200, 200)
@@ -195,7 +195,7 @@ def test_calibration_says_how_many_labels_the_alarm_state_rests_on(repository_di
         httpx.post(f"{base_url}/feedback", json={"items": _offline(z[200:], y[200:], 1.0)}).raise_for_status()
         behind = httpx.get(f"{base_url}/calibration").json()["e_detector"]
         assert (behind["labels_seen"], behind["labels_stored"], behind["labels_pending"]) == (200, 300, 100)
-        assert behind["evaluated_at"] == pytest.approx(time.time(), abs=60)
+        assert behind["newest_folded_labelled_at"] == pytest.approx(time.time(), abs=60)
         evaluate_now(app)
         caught_up = httpx.get(f"{base_url}/calibration").json()["e_detector"]
         assert (caught_up["labels_seen"], caught_up["labels_stored"], caught_up["labels_pending"]) == (300, 300, 0)
