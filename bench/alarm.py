@@ -216,7 +216,8 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
             clear_delay = out.clear_delay[out.alarmed_at_end]
             row = {"shape": shape.name, "shift": mis.name, "during": length, "ece": population_ece(c, a),
                    "oracle_p50": _finite(oracle.unconditional_median(delay)),
-                   "size_blind_p50": _finite(oracle.unconditional_median(blind)), "size_blind_ratio": _ratio(blind, delay),
+                   "size_blind_p50": _finite(oracle.unconditional_median(blind)),
+                   "size_blind_ratio": _ratio(blind, delay),
                    "delay_p50": _finite(oracle.unconditional_median(out.delay)),
                    "ratio": _ratio(out.delay, delay), "ratio_ci90": _ratio_interval(out.delay, delay, seed),
                    "detected": float(detected.mean()), "delay_p90": _percentile(out.delay[detected], 90),
@@ -314,7 +315,8 @@ def markdown(result: dict) -> str:
              "`ci95_high`: the 95% Clopper-Pearson upper bound of the rate. `naive_rate`: the naive window at its "
              f"one threshold, ECE > {max(result['naive_thresholds'].values()):.4f}, on the same streams.", "", "## Shifts", "",
              f"{BEFORE} calibrated labels, then the shift for {DURING} labels (or `during`, at least 2.5x the oracle's "
-             f"median), then {AFTER} calibrated, on {result['setup']['shift_streams']} streams per row. Delays in labels; "
+             f"median), then {AFTER} calibrated, on {result['setup']['shift_streams']} streams per row. "
+             "Delays in labels; "
              "medians are unconditional (a stream that never alarms, or never clears, counts as infinitely late; "
              "None: most never did). `oracle_p50`: a CUSUM told a(C) = E[Y | C] of the shift, its level tuned on "
              f"{result['setup']['oracle_streams']} streams of tolerance-edge traffic with the shift's confidences to "
@@ -368,10 +370,10 @@ def goals(result: dict) -> list[dict]:
                 **max(fa, key=lambda r: (r["rate"], r["ci95_high"])))}]
     for key, what in (("ratio", "detection"), ("clear_ratio", "clearing")):
         worst = worst_ratio(key, steps)
+        met = sum(r[key] is not None and r[key] <= MAX_RATIO for r in steps)
         out.append({"goal": f"{what}: median within {MAX_RATIO}x of the oracle on every row", "rows": len(steps),
-                    "met": all(r[key] is not None and r[key] <= MAX_RATIO for r in steps),
-                    "worst": f"{worst[key]} ({worst['shape']} {worst['shift']}); "
-                             f"{sum(r[key] is not None and r[key] <= MAX_RATIO for r in steps)} of {len(steps)} rows met"})
+                    "met": met == len(steps),
+                    "worst": f"{worst[key]} ({worst['shape']} {worst['shift']}); {met} of {len(steps)} rows met"})
     quick = [r for r in rows if r["clear_oracle_p50"] is not None and r["clear_oracle_p50"] < 600]
     slowest = max(quick, key=lambda r: float("inf") if r["clear_p50"] is None else r["clear_p50"], default=None)
     out.append({"goal": "clearing: median <= 1000 where the oracle needs under 600", "rows": len(quick),

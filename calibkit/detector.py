@@ -48,9 +48,10 @@ over-confidence within its first labels, where learned bets still wait for their
 sum_d w_d R_t^(d), and that minus t is a supermartingale under H0(eps), so by optional stopping the
 alarm at level A keeps, for every traffic shape of H0(eps),
 
-    E[labels to the first false alarm] >= A,
+    E[labels to the first false alarm] >= A     and     P(false alarm within n labels) <= n / A
 
-where a union over the detectors (alarm when one reaches D A) paid log D in every delay.
+(the second by Ville's inequality for the supermartingale sum_d w_d R_t^(d) + n - t), where a union over
+the detectors (alarm when one reaches D A) paid log D in every delay.
 
 Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
 valid tests for forecast calibration").
@@ -98,14 +99,16 @@ class DetectorConfig:
     """Parameters of the detector; only ``tolerance`` and ``threshold`` enter the guarantee.
 
     - ``tolerance`` eps: a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
-    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A.
+    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A, and
+      P(false alarm within n labels) <= n / A.
     - ``edges``: bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
     - ``bandwidth``: standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
     - ``half_lives``: one detector per memory: labels of a bin after which an old label weighs half.
     - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the
       adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
     - ``max_bet``: the most a learned bet's e-value may lose (e_t >= 1 - max_bet).
-    - ``scales``: the logit scales s of the fixed detectors; ``fixed_weight``: their share of the mixture.
+    - ``scales``: the logit scales s of fixed detectors, ``gaps``: the gaps g of fixed detectors that bet on
+      accuracy C + g; ``fixed_weight``: their share of the mixture.
     - ``block``: labels between refreshes of the gap estimates that the bets use.
     - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
       raise), ``clear_floor`` and ``min_clear_labels``: the clearing rule.
@@ -147,7 +150,7 @@ class DetectorConfig:
         if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in self.gaps):
             raise ValueError("need gaps beyond the tolerance and inside (-1, 1)")
         if self.fixed and self.fixed_weight == 0:
-            raise ValueError("fixed detectors need a share of the mixture: set fixed_weight > 0 or no scales and gaps")
+            raise ValueError("fixed detectors need a share of the mixture: fixed_weight > 0, or no scales and gaps")
 
     @property
     def learned(self) -> int:

@@ -67,7 +67,8 @@ class ServiceMetrics:
         self.window_ece_high = Gauge("calib_window_ece_upper", "Upper bound of the alarm window's ECE interval", mv,
                                      registry=r)
         self.window_labels = Gauge("calib_window_labels", "Labels in the alarm window", mv, registry=r)
-        self.e_detector = Gauge("calib_e_detector", "Shiryaev-Roberts e-detector statistic", mv, registry=r)
+        self.e_detector = Gauge("calib_e_detector", "The alarm's e-detector: the weighted mixture of its CUSUMs "
+                                "(alarm at CALIB_ALARM__THRESHOLD)", mv, registry=r)
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
         self.webhook_failures = Counter("calib_webhook_failures_total", "Alarm webhooks that could not be delivered",
                                         registry=r)
