@@ -57,6 +57,7 @@ from calibkit.synthetic import Miscalibration, TrafficShape, population_ece
 SHAPES = [TrafficShape("digits-like", 10, 20.0), TrafficShape("cifar-like", 10, 2.5), TrafficShape("binary", 2, 3.0),
           TrafficShape("label-shifted", 10, 2.5, class_offset=3.0)]
 BEFORE, DURING, AFTER, RAMP, FLIP = 2_000, 6_000, 4_000, 2_000, 300
+MAX_DURING = 24_000  # a shift the oracle needs longer for lies at the null's edge (digits-like class 0: ECE 0.004)
 WINDOW, EVERY = 500, 25
 RATE = 0.01  # the false-alarm share per 10,000 labels that the oracles' levels are tuned to
 ORACLE_LABELS, ORACLE_SAMPLE = 10_000, 400_000
@@ -206,9 +207,9 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
                 confidence, correct = draw(shape, mis, args.shift_streams, before, length, rest, seed=seed, ramp=ramp)
                 delay, clear, blind = truth.delays(confidence, correct, before, length)
                 needed = max(2.5 * oracle.unconditional_median(delay), 1.5 * ramp)
-                if args.smoke or needed <= length:
+                if args.smoke or needed <= length or length >= MAX_DURING:
                     break
-                length = int(np.ceil(needed / 1000) * 1000) if np.isfinite(needed) else 4 * length
+                length = min(MAX_DURING, int(np.ceil(needed / 1000) * 1000) if np.isfinite(needed) else 4 * length)
             out = run_detector(confidence, correct, before, length, config)
             naive = naive_outcomes(confidence, correct, max(thresholds.values()), before, length)
             c, _, a = mis.sample(shape, np.random.default_rng(3), (100_000,))
@@ -328,7 +329,10 @@ def markdown(result: dict) -> str:
              f"the shift has ended, its level tuned so that at most {RATE:.0%} of streams clear within "
              f"{ORACLE_LABELS:,} labels of a persisting shift; `clear_p50` and `clear_ratio` over the streams "
              "alarmed when the shift ended. `latched`: still alarmed at the end.", "",
-             table(result["shifts"], ["during", *SHIFT_COLUMNS]), ""]
+             table(result["shifts"], ["during", *SHIFT_COLUMNS]), "",
+             f"The goals leave out rows whose population ECE is below the tolerance ({config['tolerance']}): such a "
+             "shift is inside the null (digits-like class 0), and the ramps from the ratio goals (the oracle is told "
+             "the shift at full strength, which the ramp reaches only after 2,000 labels).", ""]
     if result.get("warnings"):
         lines += ["## Label-free warning on in-distribution traffic", "",
                   f"The committed digits model on its test split against the manifest's reference (validation split), "
@@ -358,7 +362,8 @@ MAX_RATIO = 1.5
 
 def goals(result: dict) -> list[dict]:
     """The issue's goals, each with the rows it is checked on, whether all of them meet it, and the worst row."""
-    fa, rows = result["false_alarms"], result["shifts"]
+    fa, tolerance = result["false_alarms"], result["config"]["tolerance"]
+    rows = [r for r in result["shifts"] if r["ece"] >= tolerance]  # a shift of ECE below eps is no miscalibration
     steps = [r for r in rows if not r["shift"].startswith("ramp")]
 
     def worst_ratio(key: str, candidates: list[dict]) -> dict:
@@ -373,7 +378,8 @@ def goals(result: dict) -> list[dict]:
         met = sum(r[key] is not None and r[key] <= MAX_RATIO for r in steps)
         out.append({"goal": f"{what}: median within {MAX_RATIO}x of the oracle on every row", "rows": len(steps),
                     "met": met == len(steps),
-                    "worst": f"{worst[key]} ({worst['shape']} {worst['shift']}); {met} of {len(steps)} rows met"})
+                    "worst": f"{_median(worst[key]):.2f} ({worst['shape']} {worst['shift']}); "
+                             f"{met} of {len(steps)} rows met"})
     quick = [r for r in rows if r["clear_oracle_p50"] is not None and r["clear_oracle_p50"] < 600]
     slowest = max(quick, key=lambda r: float("inf") if r["clear_p50"] is None else r["clear_p50"], default=None)
     out.append({"goal": "clearing: median <= 1000 where the oracle needs under 600", "rows": len(quick),
@@ -414,7 +420,14 @@ def main() -> None:
     parser.add_argument("--warning-predictions", type=int, default=100_000)
     parser.add_argument("--smoke", action="store_true", help="a short run that checks the benchmark works")
     parser.add_argument("--skip-http", action="store_true", help="only the simulations (no service processes)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite docs/alarm_benchmark.md from bench/results/alarm.json, goals recomputed")
     args = parser.parse_args()
+    if args.report_only:
+        result = json.loads((RESULTS / "alarm.json").read_text())
+        result["goals"] = goals(result)
+        (ROOT / "docs" / "alarm_benchmark.md").write_text(markdown({"machine": machine(), **result}))
+        return
     if args.smoke:
         args.streams, args.shift_streams, args.oracle_streams, args.labels = 20, 20, 50, 1_000
         args.warning_predictions = 10_000
