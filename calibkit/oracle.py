@@ -119,6 +119,11 @@ def tuned_level(peaks: np.ndarray, rate: float) -> float:
     return float(np.nextafter(np.quantile(peaks, 1.0 - rate, method="higher"), np.inf))
 
 
+def never_as_infinite(delays: np.ndarray) -> np.ndarray:
+    """Delays with a stream that never crossed (-1) as infinitely late."""
+    return np.where(delays >= 0, delays, np.inf)
+
+
 def unconditional_median(delays: np.ndarray) -> float:
     """The median delay with every stream counted, one that never crossed (-1) as infinitely late."""
-    return float(np.median(np.where(delays >= 0, delays, np.inf))) if len(delays) else float("nan")
+    return float(np.median(never_as_infinite(delays))) if len(delays) else float("nan")
