@@ -21,6 +21,7 @@ for a detector that must learn a(C) from the labels, at the same false-alarm rat
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,12 +80,25 @@ def scaled_curve_increments(confidence, correct, curve: AccuracyCurve, size: flo
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 
 
-def mixture_paths(paths: list[np.ndarray]) -> np.ndarray:
+def mixture_paths(paths: Iterable[np.ndarray]) -> np.ndarray:
     """log of the equally weighted mean of exp(S_t) over CUSUM paths of several alternatives: the statistic of a
-    detector that knows the alternative is one of them, but not which."""
-    stacked = np.stack(paths)
-    top = stacked.max(axis=0)
-    return top + np.log(np.exp(stacked - top).mean(axis=0))
+    detector that knows the alternative is one of them, but not which. The paths are consumed one at a time,
+    so a generator of many paths needs the memory of two.
+
+    >>> bool(np.allclose(mixture_paths(iter([np.log([[1.0, 2.0]]), np.log([[3.0, 4.0]])])), np.log([[2.0, 3.0]])))
+    True
+    """
+    top = total = None
+    count = 0
+    for path in paths:
+        if top is None:
+            top, total = np.array(path, dtype=np.float64), np.ones(np.shape(path))
+        else:
+            peak = np.maximum(top, path)
+            total = total * np.exp(top - peak) + np.exp(path - peak)
+            top = peak
+        count += 1
+    return top + np.log(total / count)
 
 
 def clearing_increments(confidence, correct, curve: AccuracyCurve) -> np.ndarray:
