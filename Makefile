@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools test test-fast vision test-vision bench bench-alarm artifacts study simulate clean
+.PHONY: run serve demo tools test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench: $(VENV)/.installed-dev tools
 ## shift through /predict, and single-label feedback throughput (docs/alarm_benchmark.md)
 bench-alarm: $(VENV)/.installed-dev tools
 	$(PY) -m bench.alarm
+
+## k8s-rules: render deploy/prometheus/alerts.yml as the PrometheusRule of deploy/k8s/prometheus-operator
+k8s-rules: $(VENV)/.installed-dev
+	$(PY) scripts/k8s_prometheus_rule.py
 
 ## simulate: alarm false-alarm rate and detection delay through the real HTTP API (about 5 minutes)
 simulate: $(VENV)/.installed-dev

@@ -217,7 +217,8 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
         family = tuple(curve for curve, (_, ramp) in zip(curves, shifts(shape)) if not ramp)
         for j, (mis, ramp) in enumerate(shifts(shape)):
             seed = _seed(i, j)
-            truth = Oracle.tune(shape, mis, curves[j], family, config.tolerance, args.oracle_streams, seed=seed + 60_000)
+            truth = Oracle.tune(shape, mis, curves[j], family, config.tolerance, args.oracle_streams,
+                                seed=seed + 60_000)
             length, rest = during, after
             while True:
                 confidence, correct = draw(shape, mis, args.shift_streams, before, length, rest, seed=seed, ramp=ramp)

@@ -1,27 +1,45 @@
-"""Schema creation and upgrade, run by the first unit of work of every replica."""
+"""Schema creation and upgrade, run by every replica at start (and by its first unit of work after a store
+outage). Replicas that start together take turns: on PostgreSQL the whole migration holds a transaction-level
+advisory lock, so one of them creates or upgrades the schema and the others, waiting on the lock, find it done.
+(An SQLite file is one replica's store; a second process that races it fails its first migration with
+StorageUnavailable and migrates on its next unit of work.)"""
 
 from __future__ import annotations
+
+import logging
 
 import sqlalchemy as sa
 
 from service.store.blocks import add_to_blocks, block_sums
 from service.store.schema import SCHEMA_VERSION, label_bins, labels, metadata, predictions, schema_info
 
+log = logging.getLogger("service.store")
+MIGRATION_LOCK = 0x63616C6962  # the advisory lock key of this service's schema ("calib")
+
 
 def migrate(connection: sa.Connection) -> None:
     """Create the schema (idempotent) and record its version; refuse a newer schema. Version 1 had
     neither block sums nor the served probabilities on labels: the replica that moves the version to 2
-    (the UPDATE of ``schema_info`` is its lock) adds the columns, copies them from the predictions and
-    builds ``label_bins``."""
+    adds the columns, copies them from the predictions and builds ``label_bins``. Call inside the
+    transaction that commits the migration: the lock is held until it ends."""
+    _lock(connection)
     metadata.create_all(connection)
     found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
     if found is None:
         connection.execute(schema_info.insert().values(version=SCHEMA_VERSION))
+        log.info("schema created at version %d", SCHEMA_VERSION)
     elif found > SCHEMA_VERSION:
         raise RuntimeError(f"database schema version {found} is newer than this service ({SCHEMA_VERSION})")
     elif found == 1 and connection.execute(
             schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
         _labels_to_v2(connection)
+        log.info("schema migrated from version 1 to %d", SCHEMA_VERSION)
+
+
+def _lock(connection: sa.Connection) -> None:
+    """On PostgreSQL, wait for the other replicas' migrations: a transaction-level advisory lock."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
 
 
 def _labels_to_v2(c: sa.Connection) -> None:

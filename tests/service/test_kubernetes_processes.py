@@ -1,0 +1,234 @@
+"""The Kubernetes manifests tied to the real process, on loopback against the real PostgreSQL.
+
+A service process is started exactly as deploy/k8s/base's Deployment (and KServe's InferenceService) says:
+the container's command, the image's environment (Dockerfile ENV), the ConfigMap's values and the container's
+env, with the Secret's keys filled from test values. Only what a pod has and this machine has not is replaced:
+the listen address (loopback), the port (a free one), the artifacts path (the repository's, baked into the
+image at /app/artifacts) and the writable /tmp. Then every probe answers 200, /predict and /feedback work,
+and SIGTERM drains within the grace period with every acknowledged label stored.
+
+Eight replicas started at once against an empty store, and against a store one schema version old, migrate
+it exactly once (one log line among all of them, block sums built once), all come up serving, and none
+logs a store failure: the migration's advisory lock makes the others wait until the schema is ready.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import softmax
+from service.store.schema import label_bins, labels, schema_info
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "deploy" / "k8s" / "base"
+pytestmark = pytest.mark.e2e  # PostgreSQL and service processes
+REPLICAS = 8
+SECRET = {"admin-token": "k8s-test-token"}  # the Secret's other key, database-url, is the test database
+
+
+def _docs(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _deployment_container() -> dict:
+    (deployment,) = _docs(BASE / "deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _inference_service_container() -> dict:
+    (service,) = _docs(ROOT / "deploy" / "kserve" / "inferenceservice.yaml")
+    (container,) = service["spec"]["predictor"]["containers"]
+    return container
+
+
+def _image_env() -> dict[str, str]:
+    """ENV of the Dockerfile's runtime stage."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    runtime = text[text.index("AS runtime\n"):]
+    return dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pod_env(container: dict, secret: dict[str, str], port: int, tmp: Path) -> dict[str, str]:
+    """The container's environment as Kubernetes assembles it: image ENV, then envFrom (the ConfigMap), then env
+    (literal values and Secret keys); then the replacements of the module docstring."""
+    (config,) = _docs(BASE / "configmap.yaml")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), **_image_env()}
+    for source in container.get("envFrom", []):
+        assert source["configMapRef"]["name"] == config["metadata"]["name"]
+        env.update(config["data"])
+    for variable in container.get("env", []):
+        if "value" in variable:
+            env[variable["name"]] = variable["value"]
+        else:
+            ref = variable["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == "calibrated-serving"
+            env[variable["name"]] = secret[ref["key"]]
+    assert env["CALIB_PORT"] == "8000" and env["CALIB_HOST"] == "0.0.0.0" and env["CALIB_ARTIFACTS"] == "/app/artifacts"
+    (tmp / "matplotlib").mkdir(parents=True, exist_ok=True)
+    env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_ARTIFACTS=str(ROOT / "artifacts"),
+               MPLCONFIGDIR=str(tmp / "matplotlib"))
+    return env
+
+
+def _start(container: dict, secret: dict[str, str], tmp: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """A process started with the container's command and environment; (process, base URL)."""
+    port = _free_port()
+    command = container["command"]
+    assert command[0] == "python" and "args" not in container
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, *command[1:]], env=_pod_env(container, secret, port, tmp),
+                                   cwd=tmp, stdout=out, stderr=subprocess.STDOUT)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _probe_url(url: str, container: dict, kind: str) -> str:
+    return url + container[kind]["httpGet"]["path"]
+
+
+def _wait_started(process: subprocess.Popen, url: str, container: dict, log: Path) -> None:
+    """Poll the startup probe the way the kubelet does: every periodSeconds, at most failureThreshold times."""
+    probe = container["startupProbe"]
+    for _ in range(probe["failureThreshold"]):
+        assert process.poll() is None, f"the process exited with {process.returncode}:\n{log.read_text()}"
+        try:
+            answer = httpx.get(_probe_url(url, container, "startupProbe"), timeout=probe.get("timeoutSeconds", 1))
+            if answer.status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(min(probe["periodSeconds"], 0.25))
+    raise AssertionError(f"{url} failed its startup probe:\n{log.read_text()}")
+
+
+def _predict_and_label(url: str, n: int = 20) -> int:
+    """Predictions through /predict and their labels through /feedback (retried while the prediction log has
+    not yet written them); the labels accepted."""
+    from training.data import load_digits_splits
+
+    test = load_digits_splits().test
+    served = httpx.post(f"{url}/predict", json={"inputs": test.x[:n].tolist()}, timeout=30)
+    assert served.status_code == 200, served.text
+    items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served.json()["predictions"], test.y[:n])]
+    deadline = time.monotonic() + 20
+    while True:
+        answer = httpx.post(f"{url}/feedback", json={"items": items}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        if body["accepted"] == n or time.monotonic() > deadline:
+            return body["accepted"]
+        time.sleep(0.25)
+
+
+def _count(url: str, table) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.execute(sa.select(sa.func.count()).select_from(table)).scalar()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("manifest", ["deployment", "inferenceservice"])
+def test_the_service_runs_as_its_manifest_says(manifest, pg_url, tmp_path):
+    container = _deployment_container() if manifest == "deployment" else _inference_service_container()
+    (deployment,) = _docs(BASE / "deployment.yaml")
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    log = tmp_path / "service.log"
+    process, url = _start(container, {**SECRET, "database-url": pg_url}, tmp_path, log)
+    try:
+        _wait_started(process, url, container, log)
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert httpx.get(_probe_url(url, container, kind)).status_code == 200, kind
+        assert _predict_and_label(url) == 20
+        health = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {SECRET['admin-token']}"}).json()
+        assert health["ready"] and health["status"] == "ok"
+        process.send_signal(signal.SIGTERM)  # what the kubelet sends after preStop
+        # uvicorn drains, runs the shutdown (prediction log and feedback writer flushed), then re-raises SIGTERM
+        assert process.wait(timeout=grace) in (0, -signal.SIGTERM), log.read_text()
+        assert "stopped: queued and in-flight batches finished" in log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert _count(pg_url, labels) == 20
+    assert "Traceback" not in log.read_text() and " ERROR " not in log.read_text()
+
+
+def _make_version_1_store(pg_url: str, tmp_path: Path) -> int:
+    """A store left behind by a version-1 service: labels without block sums or served probabilities. Returns its
+    label count."""
+    container = _deployment_container()
+    log = tmp_path / "seed.log"
+    process, url = _start(container, {**SECRET, "database-url": pg_url}, tmp_path, log)
+    try:
+        _wait_started(process, url, container, log)
+        z, y = calibrated_logits(300, n_classes=10, seed=3)
+        items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"}
+                 for p, t in zip(softmax(z), y)]
+        assert httpx.post(f"{url}/feedback", json={"items": items}, timeout=30).json()["accepted"] == 300
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as c:
+        c.execute(label_bins.delete())
+        c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
+        c.exec_driver_sql("ALTER TABLE labels DROP COLUMN logits")
+        c.execute(schema_info.update().values(version=1))
+    engine.dispose()
+    return 300
+
+
+@pytest.mark.parametrize("store", ["empty", "version 1"])
+def test_replicas_starting_together_migrate_the_store_once_and_all_serve(store, pg_url, tmp_path):
+    seeded = _make_version_1_store(pg_url, tmp_path) if store == "version 1" else 0
+    container = _deployment_container()
+    started = []
+    try:
+        for k in range(REPLICAS):  # all at once: none waits for another to be up
+            log = tmp_path / f"replica-{k}.log"
+            started.append((*_start(container, {**SECRET, "database-url": pg_url}, tmp_path / f"r{k}", log), log))
+        for process, url, log in started:
+            _wait_started(process, url, container, log)
+            assert httpx.get(_probe_url(url, container, "readinessProbe")).status_code == 200
+        for process, url, log in started:
+            assert process.poll() is None, log.read_text()
+            assert _predict_and_label(url, n=5) == 5
+    finally:
+        for process, _, _ in started:
+            process.send_signal(signal.SIGTERM)
+        for process, _, _ in started:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    logs = [log.read_text() for _, _, log in started]
+    migrated = "schema migrated from version 1" if seeded else "schema created at version"
+    assert sum(text.count(migrated) for text in logs) == 1, "\n".join(logs)
+    assert not any("database unavailable" in text or "Traceback" in text for text in logs), "\n".join(logs)
+    engine = sa.create_engine(pg_url)
+    with engine.connect() as c:
+        assert c.execute(sa.select(schema_info.c.version)).scalars().all() == [2]
+        assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar() == seeded + 5 * REPLICAS
+        counted = c.execute(sa.select(sa.func.coalesce(sa.func.sum(label_bins.c.count), 0))).scalar()
+    engine.dispose()
+    assert counted == seeded + 5 * REPLICAS  # the block sums hold every label once: built once, then added to
