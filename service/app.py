@@ -28,6 +28,7 @@ from service.monitoring.routes import router as monitoring_router
 from service.schemas import ActivateRequest, RecalibrateRequest, V2InferenceRequest
 from service.serving.rest import PREDICT_CONTRACT, PREDICT_ROUTES
 from service.serving.rest import router as rest_router
+from service.serving.v2 import INFER_CONTRACTS, INFER_ROUTES
 from service.serving.v2 import router as v2_router
 from service.settings import Settings
 
@@ -70,9 +71,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan, telemetry=telemetry,
                   description="Calibrated probabilities from ONNX models, with calibration monitoring.")
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
-                       direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES])
+                       direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES])
     app.include_router(rest_router)
-    app.router.routes[:0] = [*PREDICT_ROUTES, *FEEDBACK_ROUTES]  # first: the hottest routes are matched first
+    app.router.routes[:0] = [*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES]  # the hottest routes are matched first
     app.include_router(monitoring_router)
     app.include_router(dashboard_router)
     app.include_router(v2_router)
@@ -129,7 +130,9 @@ def _openapi(app: FastAPI) -> dict:
     read them themselves: v2 infer (JSON or binary) and the admin routes (after the token)."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=[*app.routes, PREDICT_CONTRACT, FEEDBACK_CONTRACT])
+    contracts = [PREDICT_CONTRACT, FEEDBACK_CONTRACT, *INFER_CONTRACTS]
+    schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                         routes=[*app.routes, *contracts])
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in (V2InferenceRequest, RecalibrateRequest, ActivateRequest):
         definition = model.model_json_schema(ref_template="#/components/schemas/{model}")

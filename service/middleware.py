@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Sequence
 
-from starlette.routing import Route
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import PayloadTooLarge
@@ -37,7 +37,9 @@ class ServingMiddleware:
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.direct = {(method, route.path): route for route in direct for method in route.methods or ()}
+        self.direct = {(method, route.path): route for route in direct if not route.param_convertors
+                       for method in route.methods or ()}
+        self.patterns = [route for route in direct if route.param_convertors]
         self._metric_children: dict[tuple, tuple] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -81,7 +83,7 @@ class ServingMiddleware:
 
         start = time.perf_counter()
         self.metrics.in_flight.inc()
-        direct = self.direct.get((scope["method"], scope["path"]))
+        direct = self.direct.get((scope["method"], scope["path"])) or self._match(scope)
         try:
             if direct is None:
                 await self.app(scope, limited_receive, tagged_send)
@@ -95,6 +97,16 @@ class ServingMiddleware:
             counter, histogram = self._children(template, scope["method"], status or 500)
             counter.inc()
             histogram.observe(time.perf_counter() - start)
+
+    def _match(self, scope: Scope) -> Route | None:
+        """The direct route with path parameters (``/v2/models/{name}/infer``) that fully matches the request,
+        its parameters put in the scope; None leaves the request to the app (and other methods to its 405)."""
+        for route in self.patterns:
+            match, child = route.matches(scope)
+            if match == Match.FULL:
+                scope.update(child)
+                return route
+        return None
 
     @staticmethod
     async def _dispatch(endpoint: ASGIApp, scope: Scope, receive: Receive, send: Send, started) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, StrictStr, model_validator
 
 Row = str | list[Any]
 WINDOW_PATTERN = r"^(?:(0*[1-9][0-9]*)|([0-9]+(?:\.[0-9]+)?)([smhd]))$"  # groups: count | amount, unit
@@ -192,7 +192,7 @@ class FeedbackItem(_Request):
     # absent when unused, never null: the schema's oneOf says exactly one of the two is given
     prediction_id: str = Field(default=None, max_length=64)
     label: StrictStr | StrictInt = Field(description="class name or class index")
-    probabilities: list[float] = Field(default=None, max_length=100_000)
+    probabilities: list[Annotated[float, Strict()]] = Field(default=None, max_length=100_000)  # no true/false
     model: str | None = None
     version: str | None = None
 

@@ -173,11 +173,11 @@ class DataPlane:
         )
 
     async def v2_infer(self, name: str, version: str | None, request: V2InferenceRequest,
-                       binary: dict[str, np.ndarray] | None = None
+                       values: dict[str, np.ndarray | list], phases: Phases | None = None
                        ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
         """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
-        requested outputs and the rows' prediction ids. ``binary`` holds inputs sent with the binary
-        tensor extension."""
+        requested outputs and the rows' prediction ids. ``values`` holds the values of the request's inputs by
+        name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed."""
         model = self.repository.get(name, version)
         if len(request.inputs) != 1:
             raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
@@ -194,34 +194,42 @@ class DataPlane:
         if tensor.shape[0] > self.settings.max_rows_per_request:
             raise InvalidInput(f"batch of {tensor.shape[0]} rows exceeds the limit of "
                                f"{self.settings.max_rows_per_request}", field="inputs[0].shape")
-        x = binary[tensor.name] if binary and tensor.name in binary else self._v2_data(tensor)
+        x = values.get(tensor.name)
+        if x is None:
+            raise InvalidInput("has no data (send 'data' or use the binary tensor extension)", field="inputs[0].data")
+        x = x if isinstance(x, np.ndarray) else self._v2_data(x)
         if x.size != int(np.prod(tensor.shape)):
             raise InvalidInput(f"holds {x.size} values but shape {tensor.shape} needs {int(np.prod(tensor.shape))}",
                                field="inputs[0].data")
-        x = x.reshape(tensor.shape).astype(np.float32)
+        x = x.reshape(tensor.shape).astype(np.float32, copy=False)
         if not np.isfinite(x).all():
             raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
         requested = [o.name for o in request.outputs] if request.outputs else list(model.manifest.outputs.values())
         unknown = [o for o in requested if o not in model.runtime.output_names]
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
+        if phases is not None:
+            phases.mark("validate")
         outputs, _ = await self.infer(model, x)
+        if phases is not None:
+            phases.mark("batch")
         scored: ScoredBatch = outputs[SCORES]
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
         served = {model.manifest.outputs["probabilities"]: scored.probabilities}
         return model, {name: served.get(name, outputs[name]) for name in requested}, self.log(model, scored)
 
     @staticmethod
-    def _v2_data(tensor) -> np.ndarray:
-        if tensor.data is None:
-            raise InvalidInput("has no data (send 'data' or use the binary tensor extension)", field="inputs[0].data")
+    def _v2_data(data) -> np.ndarray:
+        """A JSON tensor's flat or nested ``data`` as one flat array, converted once (422 naming the field)."""
+        if not isinstance(data, list):
+            raise InvalidInput("must be an array of numbers", field="inputs[0].data")
         try:
-            arr = np.asarray(tensor.data)
+            array = np.asarray(data)
         except ValueError:
             raise InvalidInput("must be a flat or rectangular nested array of numbers", field="inputs[0].data") from None
-        if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        if array.dtype == bool or array.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
-        return arr.ravel()
+        return array.ravel()
 
 
 def server_metadata() -> dict:

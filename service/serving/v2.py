@@ -12,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
-from service.serving.codec import validate
-from service.serving.dataplane import V2_DATATYPES, server_metadata
-from service.endpoints import CurrentEndpoints
+from service.endpoints import CurrentEndpoints, current
 from service.errors import InvalidInput
 from service.schemas import V2Error, V2InferenceRequest, V2InferenceResponse, V2ModelMetadata, V2ServerMetadata
+from service.serving.codec import Phases, PlainRoute, validate
+from service.serving.dataplane import V2_DATATYPES, server_metadata
 
 router = APIRouter(prefix="/v2", tags=["v2"])
 HEADER_LENGTH = "inference-header-content-length"
@@ -57,18 +59,50 @@ async def model_ready(endpoints: CurrentEndpoints, name: str, version: str | Non
     return endpoints.model_ready(name, version)
 
 
-@router.post("/models/{name}/infer", response_model=V2InferenceResponse, responses=ERRORS, openapi_extra=INFER_BODY)
-@router.post("/models/{name}/versions/{version}/infer", response_model=V2InferenceResponse, responses=ERRORS,
-             openapi_extra=INFER_BODY)
-async def infer(request: Request, endpoints: CurrentEndpoints, name: str, version: str | None = None) -> Response:
-    body, binary = await _parse(request)
-    model, outputs, ids = await endpoints.dataplane.v2_infer(name, version, body, binary)
-    return _encode(model.name, model.version, body, outputs, ids)
+class InferEndpoint:
+    """POST /v2/models/{name}[/versions/{version}]/infer as a plain ASGI endpoint (``service.serving.codec``),
+    the fast path of /predict: the JSON header is validated by pydantic without the tensors' values, which go
+    from the body to one float32 array without per-value Python objects (``numpy.frombuffer`` for binary
+    tensors, one conversion for JSON ``data``); only sizes, shapes and finiteness are checked on them."""
+
+    def __init__(self, template: str):
+        self.template = template
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        endpoints = current(request)
+        phases = Phases(endpoints.metrics.phases(self.template))
+        body, arrays = _parse(await request.body(), request.headers.get(HEADER_LENGTH))
+        phases.mark("parse")
+        params = scope["path_params"]
+        model, outputs, ids = await endpoints.dataplane.v2_infer(params["name"], params.get("version"), body, arrays,
+                                                                 phases)
+        response = _encode(model.name, model.version, body, outputs, ids)
+        phases.mark("encode")
+        await response(scope, receive, send)
 
 
-async def _parse(request: Request) -> tuple[V2InferenceRequest, dict[str, np.ndarray]]:
-    raw = await request.body()
-    declared = request.headers.get(HEADER_LENGTH)
+def infer_contract(body: V2InferenceRequest, name: str) -> V2InferenceResponse:
+    """Inference in the Open Inference Protocol v2 on the model's latest version, JSON or with binary tensors."""
+    raise NotImplementedError("documentation only: InferEndpoint serves the v2 infer routes")
+
+
+def infer_version_contract(body: V2InferenceRequest, name: str, version: str) -> V2InferenceResponse:
+    """Inference in the Open Inference Protocol v2 on one version of the model, JSON or with binary tensors."""
+    raise NotImplementedError("documentation only: InferEndpoint serves the v2 infer routes")
+
+
+INFER_PATHS = {"/v2/models/{name}/infer": infer_contract,
+               "/v2/models/{name}/versions/{version}/infer": infer_version_contract}
+INFER_ROUTES = [PlainRoute(path, InferEndpoint(path), methods=["POST"]) for path in INFER_PATHS]
+INFER_CONTRACTS = [APIRoute(path, contract, methods=["POST"], response_model=V2InferenceResponse, responses=ERRORS,
+                            tags=["v2"], name="infer", openapi_extra=INFER_BODY)
+                   for path, contract in INFER_PATHS.items()]
+
+
+def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[str, np.ndarray | list]]:
+    """The validated JSON header and every input's values by input name: an array for a binary tensor, the
+    JSON ``data`` as parsed (converted once it is known to be wanted: ``DataPlane.v2_infer``)."""
     split = len(raw)
     if declared is not None:
         if not declared.isdigit() or int(declared) > len(raw):
@@ -79,8 +113,25 @@ async def _parse(request: Request) -> tuple[V2InferenceRequest, dict[str, np.nda
         data = orjson.loads(raw[:split])
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"is not valid JSON: {exc}", field="body") from None
+    values = {}
+    if isinstance(data, dict) and isinstance(data.get("inputs"), list):
+        data = dict(data)
+        data["inputs"] = [_without_data(tensor, values, i) for i, tensor in enumerate(data["inputs"])]
     body = validate(V2InferenceRequest, data)
-    return body, _binary_inputs(body, raw[split:])
+    arrays = _binary_inputs(body, raw[split:])
+    for i, tensor in enumerate(body.inputs):
+        if i in values and tensor.name not in arrays:
+            arrays[tensor.name] = values[i]
+    return body, arrays
+
+
+def _without_data(tensor, values: dict, index: int):
+    """A JSON input tensor without its ``data``, which is kept in ``values`` (by input index); anything else is
+    left for validation to name."""
+    if isinstance(tensor, dict) and "data" in tensor:
+        values[index] = tensor["data"]
+        return {key: value for key, value in tensor.items() if key != "data"}
+    return tensor
 
 
 def _binary_inputs(body: V2InferenceRequest, blob: bytes) -> dict[str, np.ndarray]:

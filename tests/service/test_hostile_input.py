@@ -50,6 +50,16 @@ def test_deeply_nested_json_is_a_400_and_the_server_lives_on(admin, path, header
     assert httpx.get(f"{base_url}/health").status_code == 200
 
 
+def test_booleans_are_not_probabilities(admin):
+    """JSON true/false are refused where numbers are required (a lax parser would read them as 1.0 and 0.0)."""
+    base_url, _ = admin
+    r = httpx.post(f"{base_url}/feedback", json={"items": [
+        {"probabilities": [0.5, 0.5] + [0.0] * 8, "label": 0, "model": "digits-lenet5"},
+        {"probabilities": [False, True] + [False] * 8, "label": 1, "model": "digits-lenet5"}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "items[1].probabilities[0]"
+
+
 def test_a_body_that_is_not_json_or_an_upload_is_a_415_naming_the_supported_types(admin):
     base_url, _ = admin
     for path, body in (("/predict", '{"inputs": [[0]]}'), ("/feedback", '{"items": []}')):

@@ -219,3 +219,24 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
         assert app.state.endpoints.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
         assert app.state.endpoints.metrics.registry.get_sample_value(
             "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) == 16
+
+
+def _phase_count(base_url: str, route: str, phase: str) -> float:
+    pattern = f'calib_request_phase_duration_seconds_count{{phase="{phase}",route="{route}"}}'
+    lines = [line for line in httpx.get(f"{base_url}/metrics").text.splitlines() if line.startswith(pattern)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+@pytest.mark.parametrize("route", ["/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"])
+def test_infer_runs_on_the_fast_path_and_times_its_phases(base_url, route):
+    """v2 infer is served by the plain ASGI endpoint of /predict's fast path: its phases are timed under the
+    route template, and the route's request counter carries the template, not the raw path."""
+    x = load_digits_splits().test.x[:3]
+    path = route.format(name="digits-lenet5", version="1")
+    before = {phase: _phase_count(base_url, route, phase) for phase in ("parse", "validate", "batch", "encode")}
+    body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    assert httpx.post(f"{base_url}{path}", json=body).status_code == 200
+    for phase, count in before.items():
+        assert _phase_count(base_url, route, phase) == count + 1, phase
+    assert f'route="{route}"' in httpx.get(f"{base_url}/metrics").text
+    assert httpx.get(f"{base_url}{path}").status_code == 405
