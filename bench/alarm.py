@@ -12,7 +12,9 @@
    Each row is measured against its oracle (``calibkit.oracle``): a CUSUM told a(C) = E[Y | C] of the shift,
    its level tuned on tolerance-edge traffic of the row's confidences to at most 1% false alarms per
    10,000 labels; for clearing, a CUSUM told that the shift has ended, its level tuned so that at most 1%
-   of streams would clear within 10,000 labels of a shift that persists. Medians are unconditional: a
+   of streams would clear within 10,000 labels of a shift that persists. Two oracles that know less measure the
+   information limit: the size-blind one (the shape of a(C) - C, not its size) and the family-blind one (only
+   that the shift is one of the traffic shape's step shifts, at 0.5-2x its size). Medians are unconditional: a
    stream that never alarms (or never clears) counts as infinitely late. Per row: the oracle's median
    delay, the detector's, their ratio with a 90% bootstrap interval over streams, the detection rate,
    flaps (a clear while the shift lasts), the clearing medians and their ratio, and the share still
