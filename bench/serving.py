@@ -22,6 +22,7 @@ Goals are ratios within this one run, and those of the device the heavy model re
 with the GPU goals. Prints tables; writes serving.json, monitoring.json, soak.json.
 
     python -m bench.serving [--seconds 4] [--soak-minutes 10] [--rows 1000000] [--device cuda] [--smoke]
+    python -m bench.serving --heavy-only    # the heavy model's rounds alone, about a minute
 """
 
 from __future__ import annotations
@@ -361,12 +362,18 @@ def main() -> None:
     parser.add_argument("--soak-minutes", type=float, default=10.0, help="minutes of load on one process, for the RSS check")
     parser.add_argument("--rows", type=int, default=1_000_000, help="labelled predictions stored before the start")
     parser.add_argument("--smoke", action="store_true", help="one short point per case (CI: the script runs)")
+    parser.add_argument("--heavy-only", action="store_true",
+                        help="only the heavy model's rounds (JSON and binary v2 against onnxruntime alone), about a "
+                             "minute: for iterating on the hot path")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="the service's and the baseline's device (CALIB_DEVICE); on cuda the batcher may form "
                              f"batches of {GPU_MAX_BATCH} rows")
     args = parser.parse_args()
     device = args.device
     smoke = args.smoke
+    if args.heavy_only:
+        heavy_only(args.seconds, 1 if smoke else 3, device)
+        return
     seconds = 1.0 if smoke else args.seconds
     concurrency = (4,) if smoke else (1, 4, 16, 64)
     request_rows = (1,) if smoke else (1, 32)
@@ -446,6 +453,28 @@ def main() -> None:
           f"{memory['minutes']:.1f} minutes of load")
     print("\ngoals (ratios within this run)\n" + table(result["goals"], ["goal", "measured", "target", "met", "note"]))
     write_result("serving", result, smoke=smoke)
+
+
+def heavy_only(seconds: float, rounds: int, device: str) -> None:
+    """``heavy_rounds`` alone on a fresh service (prediction logging on, a small SQLite store), after a warm-up."""
+    work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
+    try:
+        artifacts = work / "artifacts"
+        shutil.copytree(ROOT / "artifacts" / LIGHT / "1", artifacts / LIGHT / "1")
+        heavy_artifact(artifacts)
+        svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, device)
+        try:
+            lua = binary_load(work)
+            wrk(f"{svc.url}/predict", body(HEAVY, SHAPES[HEAVY], 1), 64, seconds)
+            wrk(f"{svc.url}/v2/models/{HEAVY}/infer", None, 64, seconds, lua=lua)
+            heavy = heavy_rounds(svc, artifacts, 64, seconds, rounds, device, lua)
+        finally:
+            svc.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\nheavy model at 64 clients: the service (JSON, binary v2), onnxruntime alone, the baseline in turn\n"
+          + table(heavy["rounds"], HEAVY_COLUMNS))
+    write_result("serving_heavy", heavy, smoke=False)
 
 
 RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
