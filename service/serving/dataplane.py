@@ -173,7 +173,7 @@ class DataPlane:
         )
 
     async def v2_infer(self, name: str, version: str | None, request: V2InferenceRequest,
-                       values: dict[str, np.ndarray | list], phases: Phases | None = None
+                       values: dict[str, np.ndarray | list], phases: Phases
                        ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
         """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
         requested outputs and the rows' prediction ids. ``values`` holds the values of the request's inputs by
@@ -208,11 +208,9 @@ class DataPlane:
         unknown = [o for o in requested if o not in model.runtime.output_names]
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
-        if phases is not None:
-            phases.mark("validate")
+        phases.mark("validate")
         outputs, _ = await self.infer(model, x)
-        if phases is not None:
-            phases.mark("batch")
+        phases.mark("batch")
         scored: ScoredBatch = outputs[SCORES]
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
         served = {model.manifest.outputs["probabilities"]: scored.probabilities}

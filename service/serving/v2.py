@@ -61,9 +61,9 @@ async def model_ready(endpoints: CurrentEndpoints, name: str, version: str | Non
 
 class InferEndpoint:
     """POST /v2/models/{name}[/versions/{version}]/infer as a plain ASGI endpoint (``service.serving.codec``),
-    the fast path of /predict: the JSON header is validated by pydantic without the tensors' values, which go
-    from the body to one float32 array without per-value Python objects (``numpy.frombuffer`` for binary
-    tensors, one conversion for JSON ``data``); only sizes, shapes and finiteness are checked on them."""
+    the fast path of /predict: the JSON header is validated by pydantic without the tensors' values. A binary
+    tensor becomes an array without per-value Python objects (``numpy.frombuffer``), JSON ``data`` an array in
+    one conversion of the parsed lists; only sizes, shapes and finiteness are checked on them."""
 
     def __init__(self, template: str):
         self.template = template
