@@ -218,13 +218,14 @@ class DataPlane:
 
     @staticmethod
     def _v2_data(data) -> np.ndarray:
-        """A JSON tensor's flat or nested ``data`` as one flat array, converted once (422 naming the field)."""
+        """A JSON tensor's flat or nested ``data`` as one flat array, converted once (an error naming the field)."""
         if not isinstance(data, list):
             raise InvalidInput("must be an array of numbers", field="inputs[0].data")
         try:
             array = np.asarray(data)
         except ValueError:
-            raise InvalidInput("must be a flat or rectangular nested array of numbers", field="inputs[0].data") from None
+            raise InvalidInput("must be a flat or rectangular nested array of numbers",
+                               field="inputs[0].data") from None
         if array.dtype == bool or array.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return array.ravel()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import shutil
 import socket
 import threading
@@ -19,6 +20,7 @@ import numpy as np
 import onnx
 import pytest
 import uvicorn
+import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from calibkit.manifest import CalibrationSpec, InputSpec, Manifest, Preprocessing, ReferenceDistribution, write_manifest
@@ -75,6 +77,18 @@ def write_linear_artifact(root: Path, name: str = "toy", version: str = "1", cla
     )
     write_manifest(manifest, directory)
     return directory
+
+
+@pytest.fixture(scope="session")
+def dockerfile() -> dict:
+    """The Dockerfile's runtime stage: its CMD, EXPOSE, the uid of its user and its ENV, for the tests that hold
+    the deployment manifests to the image."""
+    text = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text().replace("\\\n", " ")
+    runtime = text[text.index("AS runtime\n"):]
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
+    return {"cmd": yaml.safe_load(re.search(r"^CMD (.+)$", runtime, flags=re.M).group(1)),
+            "expose": int(re.search(r"^EXPOSE (\d+)", runtime, flags=re.M).group(1)),
+            "uid": int(re.search(r"--uid (\d+)", runtime).group(1)), "env": env}
 
 
 def postgres_url() -> str:

@@ -190,27 +190,17 @@ def test_a_broken_inference_service_fails_validation(what, damage, inference_ser
         jsonschema.Draft7Validator(inference_service_schema).validate(doc)
 
 
-def _dockerfile() -> dict:
-    """The runtime stage's CMD, EXPOSE, user id and ENV of the Dockerfile."""
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    runtime = text[text.index("AS runtime\n"):]
-    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
-    return {"cmd": yaml.safe_load(re.search(r"^CMD (.+)$", runtime, flags=re.M).group(1)),
-            "expose": int(re.search(r"^EXPOSE (\d+)", runtime, flags=re.M).group(1)),
-            "uid": int(re.search(r"--uid (\d+)", runtime).group(1)), "env": env}
-
-
 def _probe_port(probe: dict, container: dict) -> int:
     port = probe["httpGet"]["port"]
     return port if isinstance(port, int) else next(p["containerPort"] for p in container["ports"] if p["name"] == port)
 
 
 @pytest.mark.parametrize("kustomization", ["base", "overlays/cpu", "overlays/gpu"])
-def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization):
+def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization, dockerfile):
     docs = _by_kind(_render(K8S / kustomization))
     deployment, config = docs["Deployment"], docs["ConfigMap"]
     (container,) = _containers(deployment)
-    image = _dockerfile()
+    image = dockerfile
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert container["image"].split(":")[1].split("-")[0] == version
     assert container["command"] == image["cmd"] and "args" not in container
@@ -260,10 +250,10 @@ def test_the_inference_service_runs_the_deployments_container():
         assert predictor[key] == pod[key], key
 
 
-def test_the_compose_file_runs_the_same_command():
+def test_the_compose_file_runs_the_same_command(dockerfile):
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     (container,) = _containers(_load(K8S / "base" / "deployment.yaml")[0])
-    assert compose["services"]["service"]["command"] == container["command"] == _dockerfile()["cmd"]
+    assert compose["services"]["service"]["command"] == container["command"] == dockerfile["cmd"]
 
 
 def test_the_prometheus_rule_is_rendered_from_the_alert_rules():

@@ -1,11 +1,11 @@
 """The Kubernetes manifests tied to the real process, on loopback against the real PostgreSQL.
 
 A service process is started exactly as deploy/k8s/base's Deployment (and KServe's InferenceService) says:
-the container's command, the image's environment (Dockerfile ENV), the ConfigMap's values and the container's
-env, with the Secret's keys filled from test values. Only what a pod has and this machine has not is replaced:
-the listen address (loopback), the port (a free one), the artifacts path (the repository's, baked into the
-image at /app/artifacts) and the writable /tmp. Then every probe answers 200, /predict and /feedback work,
-and SIGTERM drains within the grace period with every acknowledged label stored.
+the container's command, the image's environment (Dockerfile ENV: the ``dockerfile`` fixture), the ConfigMap's
+values and the container's env, with the Secret's keys filled from test values. Only what a pod has and this
+machine has not is replaced: the listen address (loopback), the port (a free one), the artifacts path (the
+repository's, baked into the image at /app/artifacts) and the writable /tmp. Then every probe answers 200,
+/predict and /feedback work, and SIGTERM drains within the grace period with every acknowledged label stored.
 
 Eight replicas started at once against an empty store, and against a store one schema version old, migrate
 it exactly once (one log line among all of them, block sums built once), all come up serving, and none
@@ -13,7 +13,6 @@ logs a store failure: the migration's advisory lock makes the others wait until 
 """
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -53,24 +52,18 @@ def _inference_service_container() -> dict:
     return container
 
 
-def _image_env() -> dict[str, str]:
-    """ENV of the Dockerfile's runtime stage."""
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    runtime = text[text.index("AS runtime\n"):]
-    return dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _pod_env(container: dict, secret: dict[str, str], port: int, tmp: Path) -> dict[str, str]:
+def _pod_env(container: dict, image_env: dict[str, str], secret: dict[str, str], port: int,
+             tmp: Path) -> dict[str, str]:
     """The container's environment as Kubernetes assembles it: image ENV, then envFrom (the ConfigMap), then env
     (literal values and Secret keys); then the replacements of the module docstring."""
     (config,) = _docs(BASE / "configmap.yaml")
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), **_image_env()}
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), **image_env}
     for source in container.get("envFrom", []):
         assert source["configMapRef"]["name"] == config["metadata"]["name"]
         env.update(config["data"])
@@ -88,14 +81,17 @@ def _pod_env(container: dict, secret: dict[str, str], port: int, tmp: Path) -> d
     return env
 
 
-def _start(container: dict, secret: dict[str, str], tmp: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """A process started with the container's command and environment; (process, base URL)."""
+def _start(container: dict, image_env: dict[str, str], secret: dict[str, str], tmp: Path,
+           log: Path) -> tuple[subprocess.Popen, str]:
+    """A process started with the container's command and environment (over the image's ``image_env``);
+    (process, base URL)."""
     port = _free_port()
     command = container["command"]
     assert command[0] == "python" and "args" not in container
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, *command[1:]], env=_pod_env(container, secret, port, tmp),
-                                   cwd=tmp, stdout=out, stderr=subprocess.STDOUT)
+        env = _pod_env(container, image_env, secret, port, tmp)
+        process = subprocess.Popen([sys.executable, *command[1:]], env=env, cwd=tmp, stdout=out,
+                                   stderr=subprocess.STDOUT)
     return process, f"http://127.0.0.1:{port}"
 
 
@@ -147,12 +143,12 @@ def _count(url: str, table) -> int:
 
 
 @pytest.mark.parametrize("manifest", ["deployment", "inferenceservice"])
-def test_the_service_runs_as_its_manifest_says(manifest, pg_url, tmp_path):
+def test_the_service_runs_as_its_manifest_says(manifest, dockerfile, pg_url, tmp_path):
     container = _deployment_container() if manifest == "deployment" else _inference_service_container()
     (deployment,) = _docs(BASE / "deployment.yaml")
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     log = tmp_path / "service.log"
-    process, url = _start(container, {**SECRET, "database-url": pg_url}, tmp_path, log)
+    process, url = _start(container, dockerfile["env"], {**SECRET, "database-url": pg_url}, tmp_path, log)
     try:
         _wait_started(process, url, container, log)
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -171,12 +167,12 @@ def test_the_service_runs_as_its_manifest_says(manifest, pg_url, tmp_path):
     assert "Traceback" not in log.read_text() and " ERROR " not in log.read_text()
 
 
-def _make_version_1_store(pg_url: str, tmp_path: Path) -> int:
+def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path) -> int:
     """A store left behind by a version-1 service: labels without block sums or served probabilities. Returns its
     label count."""
     container = _deployment_container()
     log = tmp_path / "seed.log"
-    process, url = _start(container, {**SECRET, "database-url": pg_url}, tmp_path, log)
+    process, url = _start(container, image_env, {**SECRET, "database-url": pg_url}, tmp_path, log)
     try:
         _wait_started(process, url, container, log)
         z, y = calibrated_logits(300, n_classes=10, seed=3)
@@ -199,14 +195,15 @@ def _make_version_1_store(pg_url: str, tmp_path: Path) -> int:
 
 
 @pytest.mark.parametrize("store", ["empty", "version 1"])
-def test_replicas_starting_together_migrate_the_store_once_and_all_serve(store, pg_url, tmp_path):
-    seeded = _make_version_1_store(pg_url, tmp_path) if store == "version 1" else 0
+def test_replicas_starting_together_migrate_the_store_once_and_all_serve(store, dockerfile, pg_url, tmp_path):
+    seeded = _make_version_1_store(pg_url, dockerfile["env"], tmp_path) if store == "version 1" else 0
     container = _deployment_container()
     started = []
     try:
         for k in range(REPLICAS):  # all at once: none waits for another to be up
             log = tmp_path / f"replica-{k}.log"
-            started.append((*_start(container, {**SECRET, "database-url": pg_url}, tmp_path / f"r{k}", log), log))
+            secret = {**SECRET, "database-url": pg_url}
+            started.append((*_start(container, dockerfile["env"], secret, tmp_path / f"r{k}", log), log))
         for process, url, log in started:
             _wait_started(process, url, container, log)
             assert httpx.get(_probe_url(url, container, "readinessProbe")).status_code == 200
