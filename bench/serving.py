@@ -372,7 +372,7 @@ def main() -> None:
     device = args.device
     smoke = args.smoke
     if args.heavy_only:
-        heavy_only(args.seconds, 1 if smoke else 3, device)
+        heavy_only(args.seconds, 1 if smoke else 3, device, smoke)
         return
     seconds = 1.0 if smoke else args.seconds
     concurrency = (4,) if smoke else (1, 4, 16, 64)
@@ -380,9 +380,7 @@ def main() -> None:
     stored_rows, soak_minutes = (5_000, 0.1) if smoke else (args.rows, args.soak_minutes)
     top = concurrency[-1]
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
-    artifacts = work / "artifacts"
-    shutil.copytree(ROOT / "artifacts" / LIGHT / "1", artifacts / LIGHT / "1")
-    heavy_artifact(artifacts)
+    artifacts = both_artifacts(work)
     result = {"seconds_per_point": seconds, "raw": {}, "load": [], "logging": [], "split": {}}
     payloads = {model: body(model, shape, 1) for model, shape in SHAPES.items()}
     try:
@@ -455,13 +453,19 @@ def main() -> None:
     write_result("serving", result, smoke=smoke)
 
 
-def heavy_only(seconds: float, rounds: int, device: str) -> None:
+def both_artifacts(work: Path) -> Path:
+    """A model repository under ``work`` with the committed light model and the heavy one."""
+    artifacts = work / "artifacts"
+    shutil.copytree(ROOT / "artifacts" / LIGHT / "1", artifacts / LIGHT / "1")
+    heavy_artifact(artifacts)
+    return artifacts
+
+
+def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
     """``heavy_rounds`` alone on a fresh service (prediction logging on, a small SQLite store), after a warm-up."""
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     try:
-        artifacts = work / "artifacts"
-        shutil.copytree(ROOT / "artifacts" / LIGHT / "1", artifacts / LIGHT / "1")
-        heavy_artifact(artifacts)
+        artifacts = both_artifacts(work)
         svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, device)
         try:
             lua = binary_load(work)
@@ -474,7 +478,7 @@ def heavy_only(seconds: float, rounds: int, device: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
     print("\nheavy model at 64 clients: the service (JSON, binary v2), onnxruntime alone, the baseline in turn\n"
           + table(heavy["rounds"], HEAVY_COLUMNS))
-    write_result("serving_heavy", heavy, smoke=False)
+    write_result("serving_heavy", heavy, smoke=smoke)
 
 
 RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
