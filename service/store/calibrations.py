@@ -1,5 +1,6 @@
 """Calibration versions: version 0 is the manifest's temperature, refits count up; one is active per
-model version."""
+model version. Every write reads first (is version 0 there, which number is next), so on a shared store the
+writes take turns under one advisory lock: replicas starting together record version 0 once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import sqlalchemy as sa
 
+from service.store import locks
 from service.store.database import Database
 from service.store.schema import calibrations
 
@@ -33,6 +35,7 @@ class Calibrations:
     def ensure_manifest(self, model: str, version: str, method: str, temperature: float | None) -> None:
         """Record calibration version 0 (the one in the manifest) once, active unless another is."""
         def work(c):
+            locks.advisory_lock(c, locks.CALIBRATIONS)
             exists = c.execute(sa.select(calibrations.c.calibration_version).where(
                 *_of(model, version), calibrations.c.calibration_version == 0)).first()
             if exists is None:
@@ -47,6 +50,7 @@ class Calibrations:
     def add(self, model: str, version: str, temperature: float, details: dict) -> int:
         """Record a refitted temperature as a new active calibration version; returns its number."""
         def work(c):
+            locks.advisory_lock(c, locks.CALIBRATIONS)
             latest = c.execute(sa.select(sa.func.max(calibrations.c.calibration_version)).where(
                 *_of(model, version))).scalar() or 0
             c.execute(calibrations.update().where(*_of(model, version)).values(active=False))
@@ -61,6 +65,7 @@ class Calibrations:
     def activate(self, model: str, version: str, calibration_version: int) -> bool:
         """Make ``calibration_version`` the active one; False when it does not exist."""
         def work(c):
+            locks.advisory_lock(c, locks.CALIBRATIONS)
             found = c.execute(sa.select(calibrations.c.calibration_version).where(
                 *_of(model, version), calibrations.c.calibration_version == calibration_version)).first()
             if found is None:

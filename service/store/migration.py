@@ -10,11 +10,11 @@ import logging
 
 import sqlalchemy as sa
 
+from service.store import locks
 from service.store.blocks import add_to_blocks, block_sums
 from service.store.schema import SCHEMA_VERSION, label_bins, labels, metadata, predictions, schema_info
 
 log = logging.getLogger("service.store")
-MIGRATION_LOCK = 0x63616C6962  # the advisory lock key of this service's schema ("calib")
 
 
 def migrate(connection: sa.Connection) -> None:
@@ -22,7 +22,7 @@ def migrate(connection: sa.Connection) -> None:
     neither block sums nor the served probabilities on labels: the replica that moves the version to 2
     adds the columns, copies them from the predictions and builds ``label_bins``. Call inside the
     transaction that commits the migration: the lock is held until it ends."""
-    _lock(connection)
+    locks.advisory_lock(connection, locks.MIGRATION)
     metadata.create_all(connection)
     found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
     if found is None:
@@ -34,12 +34,6 @@ def migrate(connection: sa.Connection) -> None:
             schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
         _labels_to_v2(connection)
         log.info("schema migrated from version 1 to %d", SCHEMA_VERSION)
-
-
-def _lock(connection: sa.Connection) -> None:
-    """On PostgreSQL, wait for the other replicas' migrations: a transaction-level advisory lock."""
-    if connection.dialect.name == "postgresql":
-        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
 
 
 def _labels_to_v2(c: sa.Connection) -> None:
