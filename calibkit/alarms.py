@@ -29,7 +29,7 @@ class AlarmPolicy:
 
     tolerance: float = 0.01
     threshold: float = 1e4
-    clear_threshold: float = 300.0
+    clear_threshold: float = 3e4
     warn_threshold: float = 1000.0
     min_labels: int = 200
     shift_p_value: float = 0.001
