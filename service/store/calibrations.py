@@ -35,7 +35,6 @@ class Calibrations:
     def ensure_manifest(self, model: str, version: str, method: str, temperature: float | None) -> None:
         """Record calibration version 0 (the one in the manifest) once, active unless another is."""
         def work(c):
-            locks.advisory_lock(c, locks.CALIBRATIONS)
             exists = c.execute(sa.select(calibrations.c.calibration_version).where(
                 *_of(model, version), calibrations.c.calibration_version == 0)).first()
             if exists is None:
@@ -45,12 +44,11 @@ class Calibrations:
                     model=model, version=version, calibration_version=0, method=method, temperature=temperature,
                     source="manifest", active=any_active is None, created_at=time.time(), details="{}"))
 
-        self.db.run(work)
+        self._write(work)
 
     def add(self, model: str, version: str, temperature: float, details: dict) -> int:
         """Record a refitted temperature as a new active calibration version; returns its number."""
         def work(c):
-            locks.advisory_lock(c, locks.CALIBRATIONS)
             latest = c.execute(sa.select(sa.func.max(calibrations.c.calibration_version)).where(
                 *_of(model, version))).scalar() or 0
             c.execute(calibrations.update().where(*_of(model, version)).values(active=False))
@@ -60,12 +58,11 @@ class Calibrations:
                 details=json.dumps(details)))
             return latest + 1
 
-        return self.db.run(work)
+        return self._write(work)
 
     def activate(self, model: str, version: str, calibration_version: int) -> bool:
         """Make ``calibration_version`` the active one; False when it does not exist."""
         def work(c):
-            locks.advisory_lock(c, locks.CALIBRATIONS)
             found = c.execute(sa.select(calibrations.c.calibration_version).where(
                 *_of(model, version), calibrations.c.calibration_version == calibration_version)).first()
             if found is None:
@@ -74,4 +71,13 @@ class Calibrations:
                       .values(active=calibrations.c.calibration_version == calibration_version))
             return True
 
-        return self.db.run(work)
+        return self._write(work)
+
+    def _write(self, work):
+        """``work(connection)`` in one unit of work that first takes the calibrations' advisory lock: every write
+        goes through here, so none can read-then-write outside it."""
+        def locked(c):
+            locks.advisory_lock(c, locks.CALIBRATIONS)
+            return work(c)
+
+        return self.db.run(locked)
