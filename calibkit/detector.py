@@ -37,14 +37,23 @@ predictable, so each run's product of e-values is an e-process and the tracked r
 Shiryaev-Roberts statistic built from them.
 
 **Fixed alternatives.** Beside the learned bets, F detectors bet on fixed shapes of miscalibration that
-need no learning: logit scaling a_s(C) = sigmoid(logit(C) / s) for a grid of s (over-confidence s > 1,
-under-confidence s < 1; exact for a binary model served softmax(s z), close for the top label of many
-classes), each the likelihood ratio Bern(Y; a_s(C)) / Bern(Y; e_s(C)) against the nearest edge e_s(C) of
-the null (1 where a_s(C) is inside it), an e-value for every point of the band. They see a large
-over-confidence within its first labels, where learned bets still wait for their first blocks.
+need no learning, each the likelihood ratio Bern(Y; a(C)) / Bern(Y; e(C)) of an alternative accuracy a(C)
+against the nearest edge e(C) of the null (1 where a(C) is inside it), an e-value for every point of the band:
+
+- logit scaling a_s(C) = sigmoid(logit(C) / s) for a grid of s (over-confidence s > 1, under-confidence
+  s < 1; exact for a binary model served softmax(s z), close for the top label of many classes);
+- constant gaps a_g(C) = C + g;
+- steps: a(C) = C - o m above a pivot p on the log-odds scale and C + o m below it, for magnitudes m,
+  both orientations o = +-1 and a grid of pivots: the over-confident top and under-confident rest of
+  mean-preserving miscalibration (o = 1), or the reverse, which a learned bet sees only once each bin's
+  gap is known, and which logit scaling cannot express (its gap vanishes as C -> 1).
+
+They see such shifts within their first labels, where learned bets still wait for their first blocks and
+pay for their noisy estimates.
 
 **One mixture.** The e-detector is the weighted mean of the CUSUMs, sum_d w_d S_t^(d) (weights summing to
-1: ``fixed_weight`` shared by the fixed detectors, the rest by the learned ones). It is at most
+1: ``scale_weight`` shared by the logit scales, ``step_weight`` by the gaps and steps, the rest by the
+learned detectors). It is at most
 sum_d w_d R_t^(d), and that minus t is a supermartingale under H0(eps), so by optional stopping the
 alarm at level A keeps, for every traffic shape of H0(eps),
 
@@ -88,7 +97,7 @@ from functools import cached_property
 
 import numpy as np
 
-FORMAT = 5
+FORMAT = 6
 _FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
            "run_count", "table", "log_statistic", "alarmed", "raised_gap", "alarm_gap", "alarm_count", "log_clear", "since_alarm",
            "n")
@@ -108,8 +117,10 @@ class DetectorConfig:
     - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the
       adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
     - ``max_bet``: the most a learned bet's e-value may lose (e_t >= 1 - max_bet).
-    - ``scales``: the logit scales s of fixed detectors, ``gaps``: the gaps g of fixed detectors that bet on
-      accuracy C + g; ``fixed_weight``: their share of the mixture.
+    - ``scales``: the logit scales s of fixed detectors, ``scale_weight`` their share of the mixture;
+      ``gaps``: the constant gaps g of fixed detectors that bet on accuracy C + g, ``steps``: the magnitudes m
+      and ``pivots`` the log-odds p of the step alternatives C -+ m above p, C +- m below; ``step_weight``: the
+      share of the gaps and steps together.
     - ``block``: labels between refreshes of the gap estimates that the bets use.
     - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
       raise) and ``min_clear_labels``: the clearing rule.
@@ -124,8 +135,11 @@ class DetectorConfig:
     adaptive_prior: int = 1
     max_bet: float = 0.5
     scales: tuple[float, ...] = (0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 1.15, 1.25, 1.4, 1.6, 2.0, 2.5, 3.5)
-    gaps: tuple[float, ...] = ()
-    fixed_weight: float = 0.5
+    scale_weight: float = 0.25
+    gaps: tuple[float, ...] = (-0.2, -0.1, -0.05, 0.05, 0.1, 0.2)
+    steps: tuple[float, ...] = (0.05, 0.1, 0.2)
+    pivots: tuple[float, ...] = tuple(x / 2 for x in range(-2, 21))
+    step_weight: float = 0.5
     block: int = 16
     clear_threshold: float = 3e4
     clear_shrink: float = 1.0
@@ -145,12 +159,18 @@ class DetectorConfig:
             raise ValueError("need clear_prior_labels > 0")
         if self.block < 1 or self.min_clear_labels < 0 or not 0 <= self.adaptive_prior < len(self.half_lives):
             raise ValueError("need block >= 1, min_clear_labels >= 0 and adaptive_prior an index of half_lives")
-        if any(s <= 0 or s == 1 for s in self.scales) or not 0 <= self.fixed_weight < 1:
-            raise ValueError("need scales > 0 other than 1, and 0 <= fixed_weight < 1")
-        if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in self.gaps):
-            raise ValueError("need gaps beyond the tolerance and inside (-1, 1)")
-        if self.fixed and self.fixed_weight == 0:
-            raise ValueError("fixed detectors need a share of the mixture: fixed_weight > 0, or no scales and gaps")
+        if any(s <= 0 or s == 1 for s in self.scales):
+            raise ValueError("need scales > 0 other than 1")
+        if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in (*self.gaps, *self.steps)):
+            raise ValueError("need gaps and steps beyond the tolerance and inside (-1, 1)")
+        if bool(self.steps) != bool(self.pivots):
+            raise ValueError("steps need pivots, and pivots need steps")
+        shares = (self.scale_weight, self.step_weight)
+        if min(shares) < 0 or sum(shares) >= 1:
+            raise ValueError("need scale_weight, step_weight >= 0 with a sum below 1: the learned detectors share the rest")
+        if (self.scales and not self.scale_weight) or (self.stepped and not self.step_weight):
+            raise ValueError("fixed detectors need a share of the mixture: scale_weight > 0 with scales, "
+                             "step_weight > 0 with gaps or steps")
 
     @property
     def learned(self) -> int:
@@ -158,9 +178,14 @@ class DetectorConfig:
         return len(self.half_lives) + 1
 
     @property
+    def stepped(self) -> int:
+        """Fixed detectors of constant gaps and steps: one per gap, and per step magnitude, orientation and pivot."""
+        return len(self.gaps) + 2 * len(self.steps) * len(self.pivots)
+
+    @property
     def fixed(self) -> int:
-        """F: one fixed detector per logit scale and per gap."""
-        return len(self.scales) + len(self.gaps)
+        """F: one fixed detector per logit scale, then the gaps and steps."""
+        return len(self.scales) + self.stepped
 
     @property
     def detectors(self) -> int:
@@ -169,9 +194,12 @@ class DetectorConfig:
 
     @cached_property
     def log_weights(self) -> np.ndarray:
-        """log w_d of the mixture: ``fixed_weight`` shared by the fixed detectors, the rest by the learned."""
-        share = self.fixed_weight if self.fixed else 0.0
-        weights = [(1 - share) / self.learned] * self.learned + [share / max(self.fixed, 1)] * self.fixed
+        """log w_d of the mixture: ``scale_weight`` shared by the logit scales, ``step_weight`` by the gaps and
+        steps, the rest by the learned detectors."""
+        scale = self.scale_weight if self.scales else 0.0
+        step = self.step_weight if self.stepped else 0.0
+        weights = ([(1 - scale - step) / self.learned] * self.learned + [scale / max(len(self.scales), 1)]
+                   * len(self.scales) + [step / max(self.stepped, 1)] * self.stepped)
         return np.log(np.asarray(weights))
 
     @property
@@ -350,15 +378,17 @@ class DetectorState:
 
     def _fixed_e_values(self, c: np.ndarray, y: np.ndarray) -> np.ndarray:
         """(streams, F, labels): Bern(Y; a(C)) / Bern(Y; e(C)) of each fixed alternative a, with e(C) its nearest
-        point of the null band (1 inside the band): a_s(C) = sigmoid(logit(C) / s) per logit scale s, then
-        a_g(C) = C + g per gap g."""
+        point of the null band (1 inside the band): a_s(C) = sigmoid(logit(C) / s) per logit scale s, a_g(C) = C + g
+        per gap g, then per step magnitude m, orientation o = 1, -1 and pivot p, C - o m where logit(C) > p and
+        C + o m elsewhere."""
         cfg = self.config
-        log_odds = np.log(np.clip(c, 1e-12, 1.0)) - np.log(np.clip(1.0 - c, 1e-12, 1.0))
-        scales = np.asarray(cfg.scales, dtype=np.float64)[None, :, None]
+        log_odds = (np.log(np.clip(c, 1e-12, 1.0)) - np.log(np.clip(1.0 - c, 1e-12, 1.0)))[:, None, :]
         cm = c[:, None, :]
-        alternative = np.clip(np.concatenate([1.0 / (1.0 + np.exp(-log_odds[:, None, :] / scales)),
-                                              cm + np.asarray(cfg.gaps, dtype=np.float64)[None, :, None]], axis=1),
-                              _EDGE, 1 - _EDGE)
+        scaled = 1.0 / (1.0 + np.exp(-log_odds / np.asarray(cfg.scales, dtype=np.float64)[None, :, None]))
+        gapped = cm + np.asarray(cfg.gaps, dtype=np.float64)[None, :, None]
+        above = log_odds > np.asarray(cfg.pivots, dtype=np.float64)[None, :, None]        # (streams, pivots, labels)
+        steps = [cm + np.where(above, -o * m, o * m) for m in cfg.steps for o in (1.0, -1.0)]
+        alternative = np.clip(np.concatenate([scaled, gapped, *steps], axis=1), _EDGE, 1 - _EDGE)
         edge = np.clip(np.clip(alternative, cm - cfg.tolerance, cm + cfg.tolerance), _EDGE, 1 - _EDGE)
         ratio = np.where(y[:, None, :] > 0.5, alternative / edge, (1 - alternative) / (1 - edge))
         return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
@@ -417,10 +447,15 @@ class DetectorState:
         if self.streams != 1:
             raise ValueError("only a single-stream state is persisted")
         out = {"format": FORMAT, "tolerance": self.config.tolerance, "threshold": self.config.threshold,
-               "block": self.config.block, "scales": list(self.config.scales), "gaps": list(self.config.gaps),
-               "fixed_weight": self.config.fixed_weight}
+               "block": self.config.block, **self._mixture_settings(self.config)}
         out.update({name: getattr(self, name).ravel().tolist() for name in _FIELDS})
         return out
+
+    @staticmethod
+    def _mixture_settings(config: DetectorConfig) -> dict:
+        """The settings that make up the mixture, stored with the state: evidence of another mixture is not this one's."""
+        return {"scales": list(config.scales), "scale_weight": config.scale_weight, "gaps": list(config.gaps),
+                "steps": list(config.steps), "pivots": list(config.pivots), "step_weight": config.step_weight}
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> "DetectorState":
@@ -428,7 +463,6 @@ class DetectorState:
         older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
         if (not isinstance(data, dict) or data.get("format") != FORMAT or data.get("tolerance") != config.tolerance
                 or data.get("threshold") != config.threshold or data.get("block") != config.block
-                or data.get("scales") != list(config.scales) or data.get("gaps") != list(config.gaps)
-                or data.get("fixed_weight") != config.fixed_weight):
+                or any(data.get(name) != value for name, value in cls._mixture_settings(config).items())):
             return cls(config)
         return cls(config, 1, **{name: data[name] for name in _FIELDS})

@@ -17,7 +17,7 @@ import numpy as np
 from calibkit.detector import DetectorConfig, DetectorState
 from calibkit.synthetic import Miscalibration, TrafficShape
 
-CHUNK = 1_000  # labels folded per call: bounds the memory of the per-label arrays
+CHUNK_VALUES = 20_000_000  # e-values (streams x detectors x labels) folded per call: bounds the memory of a fold
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,13 @@ def run_detector(confidence: np.ndarray, correct: np.ndarray, before: int, durin
     """The detector on every stream (row) of ``draw``'s arrays, phases as there."""
     streams, total = confidence.shape
     state = DetectorState(config or DetectorConfig(), streams)
+    chunk = max(state.config.block, CHUNK_VALUES // (streams * state.config.detectors))
     raised, cleared = np.zeros((streams, total), bool), np.zeros((streams, total), bool)
     after = before + during
     alarmed_at_end = np.zeros(streams, bool)
     start = 0
     while start < total:
-        stop = min(start + CHUNK, total)
+        stop = min(start + chunk, total)
         stop = after if start < after < stop else stop
         fold = state.fold(confidence[:, start:stop], correct[:, start:stop])
         raised[:, start:stop], cleared[:, start:stop] = fold.raised, fold.cleared

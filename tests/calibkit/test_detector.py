@@ -6,6 +6,7 @@ import pytest
 from calibkit.alarms import ALARM, OK, WARNING, AlarmPolicy, AlarmStatus, Evidence, assess
 from calibkit.detector import _FIELDS, DetectorConfig, DetectorState
 from calibkit.drift import ShiftTest
+from calibkit.oracle import unconditional_median
 from calibkit.simulation import draw, run_detector, simulate
 from calibkit.synthetic import Miscalibration, TrafficShape
 
@@ -40,8 +41,10 @@ def test_e_values_have_mean_at_most_one_under_the_null():
 
 
 def test_fixed_alternatives_are_e_values_at_every_point_of_the_null_band():
-    # E_p[e] = p e(Y=1) + (1 - p) e(Y=0) <= 1 for every accuracy p within the tolerance of the confidence
-    config = DetectorConfig(gaps=(-0.2, -0.05, 0.05, 0.2))
+    # E_p[e] = p e(Y=1) + (1 - p) e(Y=0) <= 1 for every accuracy p within the tolerance of the confidence:
+    # logit scales, constant gaps and steps on either side of every pivot
+    config = DetectorConfig()
+    assert config.fixed == len(config.scales) + len(config.gaps) + 2 * len(config.steps) * len(config.pivots)
     state = DetectorState(config, streams=1)
     c = np.concatenate([np.linspace(0.05, 0.995, 400), 1 - np.logspace(-12, -3, 50)])[None, :]
     win, lose = state._fixed_e_values(c, np.ones_like(c)), state._fixed_e_values(c, np.zeros_like(c))
@@ -96,13 +99,14 @@ def test_a_persisting_shift_near_the_tolerance_rarely_clears_while_it_lasts():
     assert np.mean(out.flaps[detected] > 0) <= 0.05
 
 
-def test_mean_preserving_miscalibration_is_caught():
-    # over-confident above the median confidence, under-confident below: the mean residual is about 0
+def test_mean_preserving_miscalibration_is_caught_by_the_steps():
+    # over-confident above the median confidence, under-confident below: the mean residual is about 0. The oracle
+    # told the shift needs a median of about 130 labels; learned bets alone took about 290, the steps about 175
     shift = Miscalibration("mean-preserving", gap=0.1, mean_preserving=True, pivot=0.946)
     confidence, _, accuracy = shift.sample(BINARY, np.random.default_rng(0), (100_000,))
     assert abs(np.mean(accuracy - confidence)) < 0.01
     out = simulate(BINARY, shift, streams=100, before=1_000, during=3_000, after=2_000, seed=3)
-    assert np.mean(out.delay >= 0) >= 0.95 and np.median(out.delay[out.delay >= 0]) < 1_500
+    assert np.mean(out.delay >= 0) >= 0.95 and unconditional_median(out.delay) <= 220
     assert np.mean(out.latched) <= 0.05
 
 
