@@ -28,7 +28,7 @@ class AlarmPolicy:
     guarantee; ``min_labels`` only marks window figures of fewer labels as provisional in reports."""
 
     tolerance: float = 0.01
-    threshold: float = 1e4
+    threshold: float = 1.25e4
     clear_threshold: float = 3e4
     warn_threshold: float = 1000.0
     min_labels: int = 200

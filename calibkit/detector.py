@@ -99,8 +99,8 @@ import numpy as np
 
 FORMAT = 6
 _FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
-           "run_count", "table", "log_statistic", "alarmed", "raised_gap", "alarm_gap", "alarm_count", "log_clear", "since_alarm",
-           "n")
+           "run_count", "table", "log_statistic", "alarmed", "raised_gap", "alarm_gap", "alarm_count", "log_clear",
+           "since_alarm", "n")
 _EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm or a Kelly bet needs it
 
 
@@ -127,7 +127,7 @@ class DetectorConfig:
     """
 
     tolerance: float = 0.01
-    threshold: float = 1e4
+    threshold: float = 1.25e4
     edges: tuple[float, ...] = tuple(float(1 / (1 + np.exp(-x / 2))) for x in range(-5, 14))
     bandwidth: float = 0.75
     half_lives: tuple[float, ...] = (10.0, 50.0, 250.0)
@@ -135,11 +135,11 @@ class DetectorConfig:
     adaptive_prior: int = 1
     max_bet: float = 0.5
     scales: tuple[float, ...] = (0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 1.15, 1.25, 1.4, 1.6, 2.0, 2.5, 3.5)
-    scale_weight: float = 0.25
+    scale_weight: float = 0.35
     gaps: tuple[float, ...] = (-0.2, -0.1, -0.05, 0.05, 0.1, 0.2)
     steps: tuple[float, ...] = (0.05, 0.1, 0.2)
     pivots: tuple[float, ...] = tuple(x / 2 for x in range(-2, 21))
-    step_weight: float = 0.5
+    step_weight: float = 0.3
     block: int = 16
     clear_threshold: float = 3e4
     clear_shrink: float = 1.0
@@ -153,7 +153,8 @@ class DetectorConfig:
             raise ValueError("threshold and clear_threshold must exceed 1")
         if list(self.edges) != sorted(self.edges) or not all(0 < e < 1 for e in self.edges):
             raise ValueError("edges must be increasing and inside (0, 1)")
-        if min(self.half_lives) <= 0 or self.prior_labels <= 0 or not 0 < self.max_bet < 1 or not 0 < self.clear_shrink <= 1:
+        if (min(self.half_lives) <= 0 or self.prior_labels <= 0 or not 0 < self.max_bet < 1
+                or not 0 < self.clear_shrink <= 1):
             raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
         if self.clear_prior_labels <= 0:
             raise ValueError("need clear_prior_labels > 0")
@@ -167,7 +168,8 @@ class DetectorConfig:
             raise ValueError("steps need pivots, and pivots need steps")
         shares = (self.scale_weight, self.step_weight)
         if min(shares) < 0 or sum(shares) >= 1:
-            raise ValueError("need scale_weight, step_weight >= 0 with a sum below 1: the learned detectors share the rest")
+            raise ValueError("need scale_weight, step_weight >= 0 summing to less than 1 (the learned detectors "
+                             "share the rest)")
         if (self.scales and not self.scale_weight) or (self.stepped and not self.step_weight):
             raise ValueError("fixed detectors need a share of the mixture: scale_weight > 0 with scales, "
                              "step_weight > 0 with gaps or steps")
@@ -403,7 +405,8 @@ class DetectorState:
         return np.where(np.abs(estimate) > cfg.tolerance, estimate, 0.0)
 
     def _clear_log_ratio(self, null: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the alternative g of ``clear_alternative``."""
+        """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the alternative g of
+        ``clear_alternative``."""
         shift = self.config.clear_shrink * np.take_along_axis(self.clear_alternative(), b, axis=1)
         alternative = np.clip(null + shift, _EDGE, 1 - _EDGE)
         return np.where(y > 0.5, np.log(null / alternative), np.log((1 - null) / (1 - alternative)))
@@ -453,7 +456,8 @@ class DetectorState:
 
     @staticmethod
     def _mixture_settings(config: DetectorConfig) -> dict:
-        """The settings that make up the mixture, stored with the state: evidence of another mixture is not this one's."""
+        """The settings that make up the mixture, stored with the state: evidence gathered by another mixture is
+        not this one's."""
         return {"scales": list(config.scales), "scale_weight": config.scale_weight, "gaps": list(config.gaps),
                 "steps": list(config.steps), "pivots": list(config.pivots), "step_weight": config.step_weight}
 

@@ -207,7 +207,7 @@ def markdown(result: dict) -> str:
     alarms = sum(r["alarm"] for r in runs)
     lines = [f"False alarms: {alarms} of {len(runs)} in-distribution streams of {runs[0]['labels'] if runs else 0} "
              f"labels ({labels} labels in all) raised an alarm; the e-detector's mean time to a false alarm is at least "
-             f"CALIB_ALARM__THRESHOLD labels (10^4 by default). Warnings (label-free drift signals) in those streams: "
+             f"CALIB_ALARM__THRESHOLD labels (12,500 by default). Warnings (label-free drift signals) in those streams: "
              f"{sum(r['warnings'] for r in runs)}.", "",
              "| shift | population ECE | accuracy | labels to alarm after the shift | state |",
              "| --- | --- | --- | --- | --- |"]

@@ -28,7 +28,10 @@ CONFIDENCE, CORRECT = draw(TrafficShape("cifar-like", 10, 2.5), Miscalibration("
 # the state of the Shiryaev-Roberts detector, and of the per-label CUSUM detector of format 2
 OLD_DETECTORS = [json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900}),
                  json.dumps({"format": 2, "tolerance": 0.01, "threshold": 1e6, "gap_sum": [0.0] * 57,
-                             "log_statistic": [12.0, 3.0, 1.0], "alarmed": [False], "n": [900]})]
+                             "log_statistic": [12.0, 3.0, 1.0], "alarmed": [False], "n": [900]}),
+                 json.dumps({"format": 5, "tolerance": 0.01, "threshold": 1e4, "block": 16, "gaps": [],
+                             "scales": [0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 1.15, 1.25, 1.4, 1.6, 2.0, 2.5, 3.5],
+                             "fixed_weight": 0.5, "log_statistic": [3.0] * 17, "alarmed": [False], "n": [900]})]
 
 
 class _Repository:
@@ -92,7 +95,7 @@ def test_a_store_filled_before_any_evaluation_is_not_read_whole(database_url):
     storage.db.engine.dispose()
 
 
-@pytest.mark.parametrize("old_detector", OLD_DETECTORS, ids=["shiryaev-roberts", "format-2"])
+@pytest.mark.parametrize("old_detector", OLD_DETECTORS, ids=["shiryaev-roberts", "format-2", "format-5"])
 def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url,
                                                                                           old_detector):
     storage = Store(database_url)
