@@ -25,7 +25,8 @@ EDGES = binning.equal_width_edges(15)
 # calibrated labels, then over-confidence (population ECE 0.22): the alarm is raised within a few hundred
 CONFIDENCE, CORRECT = draw(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5), streams=1,
                            before=400, during=800, seed=3)
-# the state of the Shiryaev-Roberts detector, and of the per-label CUSUM detector of format 2
+# the state of the Shiryaev-Roberts detector, of the per-label CUSUM detector of format 2, and of format 5 (the learned
+# and logit-scale detectors without the gaps and steps, at A = 10^4)
 OLD_DETECTORS = [json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900}),
                  json.dumps({"format": 2, "tolerance": 0.01, "threshold": 1e6, "gap_sum": [0.0] * 57,
                              "log_statistic": [12.0, 3.0, 1.0], "alarmed": [False], "n": [900]}),
