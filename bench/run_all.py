@@ -113,9 +113,10 @@ def render() -> str:
     feedback_load = _load("feedback_load")
     if feedback_load:
         out += ["## Feedback load", "", "Single-row POST /predict, then single-label POST /feedback (each request "
-                "labelling a distinct logged prediction), wrk at 32 connections on one service process per store "
-                "(bench/feedback_load.py); `stored`: labels found in the store for the `acknowledged` 2xx "
-                "responses.", "", table(feedback_load["runs"], FEEDBACK_LOAD_COLUMNS), "",
+                "labelling a distinct logged prediction), wrk at 32 connections on a fresh service process per store "
+                "and round, the stores in turn (bench/feedback_load.py); `stored`: labels found in the store for the "
+                "`acknowledged` 2xx responses. A goal is judged on the store's median round.", "",
+                table(feedback_load["runs"], FEEDBACK_LOAD_COLUMNS), "",
                 *[f"- {line}" for line in feedback_load_goals(feedback_load["runs"])], ""]
     soak = _load("soak")
     if soak:
