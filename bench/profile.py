@@ -1,6 +1,7 @@
 """Where the serving process's CPU goes: py-spy samples every thread of the service (on-CPU samples
-only) while wrk drives single-row JSON /predict clients at the heavy model, and each sample is put in
-the stage its frames show (the innermost frame that names one). With the process's CPU seconds over
+only) while wrk drives single-row clients at the heavy model, through JSON /predict and through v2 infer
+with binary tensors (tritonclient.http's body), and each sample is put in the stage its frames show (the
+innermost frame that names one). With the process's CPU seconds over
 the same window, each stage's share becomes CPU milliseconds per request; wrk's own CPU is measured
 too, since on a small machine the client takes cores from the server.
 
@@ -20,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import process_cpu_seconds, table, write_result, wrk
-from bench.serving import HEAVY, SHAPES, body, heavy_artifact, service
+from bench.serving import HEAVY, SHAPES, binary_load, body, heavy_artifact, service
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"
@@ -30,6 +31,7 @@ STAGES = [(stage, re.compile(pattern)) for stage, pattern in [
     ("prediction log writes", r"service/serving/prediction_log\.py|sqlalchemy|service/store/"),
     ("request validation (pydantic)", r"pydantic|^validate \(.*service/serving/codec\.py"),
     ("request JSON parse", r"^decode \(.*service/serving/codec\.py|/json/"),
+    ("v2 request: header, tensors, checks", r"service/serving/v2\.py|^v2_infer \(.*service/serving/dataplane\.py"),
     ("rows to a float32 batch", r"service/serving/preprocessing\.py"),
     ("response body and encoding", r"^respond \(.*service/serving/(dataplane|codec)\.py"),
     ("dynamic batcher", r"service/serving/batching\.py"),
@@ -59,21 +61,25 @@ def stage_shares(raw: str) -> Counter:
     return counts
 
 
-def profile(seconds: float, clients: int) -> dict:
+PROTOCOLS = {"json": "single-row JSON `/predict`", "binary": "single-row v2 infer with binary tensors"}
+
+
+def profile(seconds: float, clients: int, protocol: str) -> dict:
+    """One protocol's profile (``PROTOCOLS``) on a fresh service process."""
     work = Path(tempfile.mkdtemp(prefix="calib-profile-"))
     heavy_artifact(work / "artifacts")
     svc = service(work / "artifacts", f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
-    payload = body(HEAVY, SHAPES[HEAVY], 1)
-    url = f"{svc.url}/predict"
+    payload, lua = (body(HEAVY, SHAPES[HEAVY], 1), None) if protocol == "json" else (None, binary_load(work))
+    url = f"{svc.url}/predict" if protocol == "json" else f"{svc.url}/v2/models/{HEAVY}/infer"
     try:
-        wrk(url, payload, clients, 2.0)  # warm-up
+        wrk(url, payload, clients, 2.0, lua=lua)  # warm-up
         spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
                                 "--pid", str(svc.process.pid), "--format", "raw", "--rate", "200", "--nonblocking",
                                 "--duration", str(round(seconds) + 1), "--output", str(work / "raw.txt")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         cpu = process_cpu_seconds(svc.process.pid)
         client_cpu = _children_cpu()
-        load = wrk(url, payload, clients, seconds)
+        load = wrk(url, payload, clients, seconds, lua=lua)
         cpu = process_cpu_seconds(svc.process.pid) - cpu
         client_cpu = _children_cpu() - client_cpu
         _, errors = spy.communicate(timeout=120)
@@ -87,7 +93,8 @@ def profile(seconds: float, clients: int) -> dict:
     per_request_ms = 1000 * cpu / max(load["requests"], 1)
     stages = [{"stage": stage, "share": n / total, "cpu_ms_per_request": per_request_ms * n / total}
               for stage, n in counts.most_common()]
-    return {"model": HEAVY, "clients": clients, "seconds": seconds, "requests_per_s": load["requests_per_s"],
+    return {"protocol": protocol, "model": HEAVY, "clients": clients, "seconds": seconds,
+            "requests_per_s": load["requests_per_s"],
             "server_cpu_ms_per_request": per_request_ms, "server_cores_busy": cpu / seconds,
             "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages}
 
@@ -106,12 +113,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    result = profile(2.0 if args.smoke else args.seconds, 4 if args.smoke else args.clients)
-    print(f"{result['model']} at {result['clients']} clients: {result['requests_per_s']:.0f} requests/s, "
-          f"server {result['server_cpu_ms_per_request']:.2f} CPU ms per request, "
-          f"{result['server_cores_busy']:.2f} cores busy in the server and {result['client_cores_busy']:.2f} in wrk")
-    print(table(result["stages"], COLUMNS))
-    write_result("profile", result, smoke=args.smoke)
+    runs = [profile(2.0 if args.smoke else args.seconds, 4 if args.smoke else args.clients, protocol)
+            for protocol in PROTOCOLS]
+    for result in runs:
+        print(f"{result['model']}, {PROTOCOLS[result['protocol']]} at {result['clients']} clients: "
+              f"{result['requests_per_s']:.0f} requests/s, server {result['server_cpu_ms_per_request']:.2f} CPU ms per "
+              f"request, {result['server_cores_busy']:.2f} cores busy in the server and "
+              f"{result['client_cores_busy']:.2f} in wrk")
+        print(table(result["stages"], COLUMNS))
+    write_result("profile", {"runs": runs}, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
 from bench.feedback_load import goals as feedback_load_goals
 from bench.monitoring import CALIBRATION_COLUMNS
 from bench.profile import COLUMNS as PROFILE_COLUMNS
+from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
 from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
@@ -96,13 +97,17 @@ def render() -> str:
     profile = _load("profile")
     if profile:
         out += ["## Where the server's CPU goes", "",
-                f"py-spy samples of every thread of a service process (on-CPU samples, 200 per second) while wrk "
-                f"drives {profile['clients']} single-row JSON `/predict` clients at {profile['model']} for "
-                f"{profile['seconds']:.0f} s (bench/profile.py): {profile['requests_per_s']:.0f} requests/s, "
-                f"{profile['server_cpu_ms_per_request']:.2f} server CPU ms per request, "
-                f"{profile['server_cores_busy']:.2f} cores busy in the server and {profile['client_cores_busy']:.2f} "
-                "in wrk. A sample counts for the stage of its innermost frame that names one:", "",
-                table(profile["stages"], PROFILE_COLUMNS), ""]
+                "py-spy samples of every thread of a service process (on-CPU samples, 200 per second) while wrk drives "
+                "single-row clients at the heavy model (bench/profile.py), through each protocol on a fresh process. A "
+                "sample counts for the stage of its innermost frame that names one. Of the machine's "
+                f"{m['cores']} cores, what the server and wrk leave is idle.", ""]
+        for run in profile["runs"]:
+            out += [f"{PROFILE_PROTOCOLS[run['protocol']]}, {run['clients']} clients at {run['model']} for "
+                    f"{run['seconds']:.0f} s: {run['requests_per_s']:.0f} requests/s, "
+                    f"{run['server_cpu_ms_per_request']:.2f} server CPU ms per request, "
+                    f"{run['server_cores_busy']:.2f} cores busy in the server and {run['client_cores_busy']:.2f} "
+                    "in wrk:",
+                    "", table(run["stages"], PROFILE_COLUMNS), ""]
     monitoring = _load("monitoring")
     if monitoring:
         out += ["## Monitoring", "", f"{monitoring['rows']} labelled predictions stored (SQLite) before the "

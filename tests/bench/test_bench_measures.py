@@ -74,7 +74,9 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
         "python -m service (1);run (/r/service/serving/batching.py:90);run (/r/service/serving/runtime.py:68) 30",
         "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922) 5",
         "python -m service (1);mystery (/r/elsewhere.py:1) 2",
+        "python -m service (1);__call__ (/r/service/serving/v2.py:80);_parse (/r/service/serving/v2.py:120) 3",
+        "python -m service (1);__call__ (/r/service/serving/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
         "garbage line",
     ])
     assert stage_shares(raw) == {"request validation (pydantic)": 7, "onnxruntime inference": 30,
-                                 "event loop and threads": 5, OTHER: 2}
+                                 "event loop and threads": 5, OTHER: 2, "v2 request: header, tensors, checks": 7}
