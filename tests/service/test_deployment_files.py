@@ -91,10 +91,18 @@ def test_dashboard_and_alerts_only_use_metrics_the_service_exports():
     assert used and used <= known, used - known
 
 
+def _names_a_setting(name: str) -> bool:
+    """Whether an environment variable name sets a field of ``Settings`` (``CALIB_<FIELD>[__<NESTED>]``)."""
+    return name.startswith("CALIB_") and name.removeprefix("CALIB_").lower().split("__")[0] in Settings.model_fields
+
+
 @pytest.mark.parametrize("service", ["service", "service-gpu"])
 def test_compose_environment_names_real_settings(service):
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    environment = compose["services"][service]["environment"]
-    fields = set(Settings.model_fields)
-    for name in environment:
-        assert name.startswith("CALIB_") and name.removeprefix("CALIB_").lower().split("__")[0] in fields, name
+    for name in compose["services"][service]["environment"]:
+        assert _names_a_setting(name), name
+
+
+def test_settings_reference_names_real_settings():
+    documented = re.findall(r"^\| `(CALIB_[A-Z0-9_]+)`", (ROOT / "docs" / "settings.md").read_text(), re.M)
+    assert len(documented) > 30 and [name for name in documented if not _names_a_setting(name)] == []
