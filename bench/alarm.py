@@ -329,8 +329,7 @@ def covariate_rows(args) -> dict:
 def feedback_rows(args) -> list[dict]:
     from bench import feedback_load
 
-    return [feedback_load.measure(store, seconds=2.0 if args.smoke else 10.0, smoke=args.smoke)
-            for store in ("sqlite", "postgresql")]
+    return feedback_load.measure_rounds(["sqlite", "postgresql"], 2.0 if args.smoke else 10.0, 1, args.smoke)
 
 
 def markdown(result: dict) -> str:

@@ -175,6 +175,12 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
             "every_acknowledged_label_stored": stored >= acknowledged and stored == served}
 
 
+def measure_rounds(stores: list[str], seconds: float, rounds: int, smoke: bool) -> list[dict]:
+    """``measure`` of every store, ``rounds`` times: the stores in turn, in reverse order every other round."""
+    return [measure(store, seconds, smoke) | {"round": i + 1}
+            for i in range(rounds) for store in (stores if i % 2 == 0 else stores[::-1])]
+
+
 def goals(rows: list[dict]) -> list[str]:
     """Per store, the goals on its median round (by feedback p99; of an even number, the slower middle one) with the
     range over rounds, and whether every round stored every acknowledged label."""
@@ -203,8 +209,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     seconds, rounds = (1.0, 1) if args.smoke else (args.seconds, args.rounds)
-    rows = [measure(store, seconds, args.smoke) | {"round": i + 1}
-            for i in range(rounds) for store in (args.stores if i % 2 == 0 else args.stores[::-1])]
+    rows = measure_rounds(args.stores, seconds, rounds, args.smoke)
     print(table(rows, COLUMNS))
     print("\n".join(goals(rows)))
     write_result("feedback_load", {"runs": rows}, smoke=args.smoke)

@@ -1,9 +1,9 @@
 """Where the serving process's CPU goes: py-spy samples every thread of the service (on-CPU samples
 only) while wrk drives single-row clients at the heavy model, through JSON /predict and through v2 infer
 with binary tensors (tritonclient.http's body), and each sample is put in the stage its frames show (the
-innermost frame that names one). With the process's CPU seconds over
-the same window, each stage's share becomes CPU milliseconds per request; wrk's own CPU is measured
-too, since on a small machine the client takes cores from the server.
+innermost frame that names one). With the process's CPU seconds over the same window, each stage's share
+becomes CPU milliseconds per request; wrk's own CPU is measured too, since on a small machine the client
+takes cores from the server.
 
     python -m bench.profile [--seconds 10] [--clients 64] [--smoke]
 """
