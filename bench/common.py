@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -174,6 +175,12 @@ def process_cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()  # the fields after the command name, from field 3 on
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's finished children (wrk runs, for one)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rss_mib(pid: int) -> float:

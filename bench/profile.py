@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from bench.common import process_cpu_seconds, table, write_result, wrk
+from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
 from bench.serving import HEAVY, SHAPES, binary_load, body, heavy_artifact, service
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
@@ -78,10 +77,10 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
                                 "--duration", str(round(seconds) + 1), "--output", str(work / "raw.txt")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         cpu = process_cpu_seconds(svc.process.pid)
-        client_cpu = _children_cpu()
+        client_cpu = children_cpu_seconds()
         load = wrk(url, payload, clients, seconds, lua=lua)
         cpu = process_cpu_seconds(svc.process.pid) - cpu
-        client_cpu = _children_cpu() - client_cpu
+        client_cpu = children_cpu_seconds() - client_cpu
         _, errors = spy.communicate(timeout=120)
         if spy.returncode != 0:
             raise RuntimeError(f"py-spy failed: {errors}")
@@ -97,11 +96,6 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
             "requests_per_s": load["requests_per_s"],
             "server_cpu_ms_per_request": per_request_ms, "server_cores_busy": cpu / seconds,
             "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages}
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]

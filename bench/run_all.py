@@ -16,7 +16,7 @@ from bench.feedback_load import goals as feedback_load_goals
 from bench.monitoring import CALIBRATION_COLUMNS
 from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
-from bench.serving import HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
+from bench.serving import CEILING_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
@@ -80,6 +80,13 @@ def render() -> str:
                 "replayed by wrk; one inference through tritonclient itself checks it first), onnxruntime alone "
                 "at the batch size the service formed in each, and the no-batching baseline, each in turn while "
                 "the others idle (rows/s):", "", table(heavy["rounds"], HEAVY_COLUMNS), "",
+                "`ceiling`: the most any server on this HTTP stack could reach in that round. bench/floor_app.py "
+                "does on the same uvicorn (uvloop, httptools) only what every server of these requests must: it "
+                "reads the body, turns the row into a checked float32 array with the service's own parsers and "
+                "answers a fixed body, with no inference. With onnxruntime alone spending t = cores / (its rows/s) "
+                "CPU seconds a row, the floor app f and wrk w per request (measured at the same clients), a server "
+                "serves at most cores / (t + f + w) rows/s, a ratio of t / (t + f + w):", "",
+                table(heavy["rounds"], CEILING_COLUMNS), "",
                 "Prediction logging: CPU seconds of the server process (user + system, `/proc/<pid>/stat`) per "
                 "10,000 single-row requests at 64 clients, read before each 2-second wrk run and after the "
                 "prediction log has written its rows; two processes per setting on empty stores, visited in "

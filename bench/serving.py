@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -44,6 +45,7 @@ from bench.common import (
     PYTHON,
     ROOT,
     Server,
+    children_cpu_seconds,
     histogram_means,
     histogram_totals,
     process_cpu_seconds,
@@ -144,6 +146,27 @@ def baseline_server(model_path: Path, device: str) -> Server:
                    "--device", device], "/health")
 
 
+def floor_server() -> Server:
+    """The floor app (bench/floor_app.py) on uvicorn as the service runs it: uvloop and httptools, one
+    worker, no access log."""
+    return Server([PYTHON, "-m", "uvicorn", "bench.floor_app:app", "--no-access-log", "--log-level", "warning"], "/")
+
+
+def ceiling(url: str, pid: int, payload: str | None, clients: int, seconds: float, lua: str | None,
+            raw_rows_per_s: float) -> dict:
+    """The most any server on this HTTP stack can reach against onnxruntime alone, for one protocol.
+    onnxruntime alone keeps every core busy, so it spends t = cores / (its rows/s) CPU seconds a row; a
+    server of single-row requests also spends at least the floor app's CPU f per request (``url``, process
+    ``pid``), and the client w, so on the same cores it serves at most cores / (t + f + w) rows/s: a ratio
+    of at most t / (t + f + w). f and w are measured here at ``clients`` clients."""
+    cpu, client = process_cpu_seconds(pid), children_cpu_seconds()
+    requests = wrk(url, payload, clients, seconds, lua=lua)["requests"]
+    f = (process_cpu_seconds(pid) - cpu) / requests
+    w = (children_cpu_seconds() - client) / requests
+    t = (os.cpu_count() or 1) / raw_rows_per_s
+    return {"floor_ms": 1000 * f, "client_ms": 1000 * w, "ceiling": t / (t + f + w)}
+
+
 def providers(svc: Server) -> dict[str, str]:
     """The execution provider each model of ``svc`` really runs on (its /health)."""
     return {m["name"]: m["provider"] for m in httpx.get(f"{svc.url}/health").json()["models"]}
@@ -220,27 +243,32 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     v2_url = f"{svc.url}/v2/models/{HEAVY}/infer"
     check_with_tritonclient(svc, HEAVY, SHAPES[HEAVY])
     measured = []
-    baseline = baseline_server(model_path, device)
+    baseline, floor = baseline_server(model_path, device), floor_server()
     try:
         wrk(f"{svc.url}/predict", payload, clients, 1.0)  # warm-ups, discarded
         wrk(v2_url, None, clients, 1.0, lua=lua)
         wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
+        wrk(f"{floor.url}/predict", payload, clients, 1.0)
         for _ in range(rounds):
             row = {}
-            for side, run in (("json", lambda: wrk(f"{svc.url}/predict", payload, clients, seconds)),
-                              ("binary", lambda: wrk(v2_url, None, clients, seconds, lua=lua))):
+            for side, path, side_payload, side_lua in (("json", "/predict", payload, None),
+                                                       ("binary", f"/v2/models/{HEAVY}/infer", None, lua)):
                 before = histogram_totals(svc.url)
-                rps = run()["requests_per_s"]
+                rps = wrk(svc.url + path, side_payload, clients, seconds, lua=side_lua)["requests_per_s"]
                 formed = formed_batch(svc, before, HEAVY) or 1.0
                 raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
                 row |= {f"{side}_rows_per_s": rps, f"{side}_batch": formed, f"raw_{side}_rows_per_s": raw["rows_per_s"],
                         f"{side}_vs_raw": rps / raw["rows_per_s"]}
+                row |= {f"{side}_{key}": value for key, value in
+                        ceiling(floor.url + path, floor.process.pid, side_payload, clients, seconds, side_lua,
+                                raw["rows_per_s"]).items()}
             row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
                 "requests_per_s"]
             row["json_vs_baseline"] = row["json_rows_per_s"] / row["baseline_rows_per_s"]
             measured.append(row)
     finally:
         baseline.stop()
+        floor.stop()
     return {"clients": clients, "rounds": measured} | {
         key: sorted(measured, key=lambda r: r[key])[len(measured) // 2]
         for key in ("json_vs_raw", "binary_vs_raw", "json_vs_baseline")}
@@ -442,9 +470,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result["goals"] = goals(result, top, calibration, feedback, memory)
     print("\nclosed-loop load (wrk, loopback)\n" + table(result["load"], LOAD_COLUMNS))
-    print(f"\nheavy model at {top} clients on {result['providers'][HEAVY]}: the service (JSON, binary v2), "
-          "onnxruntime alone, the baseline in turn\n"
-          + table(result["heavy_rounds"]["rounds"], HEAVY_COLUMNS))
+    print(heavy_report(result["heavy_rounds"], result["providers"][HEAVY]))
     print("\nprediction logging: server CPU seconds per 10,000 requests\n" + table(result["logging"], LOGGING_COLUMNS))
     print("\nGET /calibration\n" + table(calibration, monitoring.CALIBRATION_COLUMNS))
     print(f"\nmemory: {memory['warm_rss_mib']:.1f} MiB after the warm-up, {memory['end_rss_mib']:.1f} MiB after "
@@ -476,16 +502,26 @@ def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
             svc.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\nheavy model at 64 clients: the service (JSON, binary v2), onnxruntime alone, the baseline in turn\n"
-          + table(heavy["rounds"], HEAVY_COLUMNS))
+    print(heavy_report(heavy, "the machine's provider"))
     write_result("serving_heavy", heavy, smoke=smoke)
+
+
+def heavy_report(heavy: dict, provider: str) -> str:
+    """The heavy model's rounds and, per round, the ceiling of this HTTP stack (``ceiling``)."""
+    return (f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
+            f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
+            f"ms per request and the ceiling they leave against onnxruntime alone\n"
+            f"{table(heavy['rounds'], CEILING_COLUMNS)}")
 
 
 RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
 LOGGING_COLUMNS = ["logging", "model", "clients", "processes", "rounds", "cpu_s_per_10k", "sd", "min", "max",
                    "extra_cpu", "extra_cpu_range"]
-HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_vs_raw", "binary_rows_per_s",
-                 "binary_batch", "raw_binary_rows_per_s", "binary_vs_raw", "baseline_rows_per_s", "json_vs_baseline"]
+HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_vs_raw", "json_ceiling",
+                 "binary_rows_per_s", "binary_batch", "raw_binary_rows_per_s", "binary_vs_raw", "binary_ceiling",
+                 "baseline_rows_per_s", "json_vs_baseline"]
+CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "binary_floor_ms", "binary_client_ms",
+                   "binary_ceiling"]
 LOAD_COLUMNS = ["server", "model", "rows", "clients", "requests_per_s", "rows_per_s", "p50_ms", "p99_ms",
                 "mean_batch_rows", "non_2xx"]
 

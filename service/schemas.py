@@ -19,18 +19,23 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PredictRequest(_Request):
-    """A batch of rows: nested arrays of the model's input shape (C, H, W) -- (H, W) or a flat
-    C*H*W vector also work -- or base64-encoded PNG/JPEG images (optionally as data URLs)."""
+class PredictOptions(_Request):
+    """Everything of a /predict body but its rows (validated on their own when they arrive as one array)."""
 
     model: str | None = Field(default=None, description="model name; the default model when omitted")
     version: str | None = Field(default=None, description="model version; the latest when omitted")
-    inputs: list[Row] = Field(min_length=1, description="one entry per row: a nested numeric array or a base64 "
-                              "image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
-                              "preprocessing.invert in GET /models)")
     top_k: int | None = Field(default=None, ge=1, description="also list the k most probable classes")
     return_logits: bool = False
     return_uncalibrated: bool = Field(default=False, description="also return softmax(logits) without calibration")
+
+
+class PredictRequest(PredictOptions):
+    """A batch of rows: nested arrays of the model's input shape (C, H, W) -- (H, W) or a flat
+    C*H*W vector also work -- or base64-encoded PNG/JPEG images (optionally as data URLs)."""
+
+    inputs: list[Row] = Field(min_length=1, description="one entry per row: a nested numeric array or a base64 "
+                              "image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
+                              "preprocessing.invert in GET /models)")
 
 
 class ClassProbability(BaseModel):

@@ -6,21 +6,24 @@ Routes in ``service.serving.rest`` and ``service.serving.v2`` only translate HTT
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
+from pydantic import ValidationError
 
 from service import __version__
 from service.serving.batching import DynamicBatcher, Timing
 from service.serving.codec import Phases
 from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
-from service.serving.preprocessing import to_batch
+from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
 from service.serving.runtime import ModelRuntime
 from service.schemas import (
     ModelInfo,
     ModelsResponse,
     ModelVersionInfo,
+    PredictOptions,
     PredictRequest,
     V2InferenceRequest,
     V2ModelMetadata,
@@ -88,23 +91,35 @@ class DataPlane:
                 self.metrics.rejected.labels(label))
         return found
 
-    def prepare(self, request: PredictRequest) -> tuple[ServedModel, np.ndarray]:
-        """The model a /predict request names and its rows as one float32 batch (422 naming the row)."""
+    def prepare(self, request: PredictRequest) -> tuple[PredictRequest, ServedModel, np.ndarray]:
+        """The request, the model it names and its rows as one float32 batch (422 naming the row). The
+        request's rows are dropped once they are that array: their Python objects are about 8 times its
+        size, so memory then grows with concurrent requests by their arrays only."""
         model = self.repository.get(request.model, request.version)
         x = to_batch(request.inputs, model.shape, model.manifest.preprocessing,
                      max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
-        return model, x
-
-    async def predict(self, request: PredictRequest, phases: Phases) -> tuple[dict, Timing]:
-        """The /predict body for a validated request (``respond``) and the batch's timing. The request's
-        rows are dropped once they are one float32 array: their Python objects are about 8 times its size,
-        so memory then grows with concurrent requests by their arrays only."""
-        model, x = self.prepare(request)
         request.inputs = []
+        return request, model, x
+
+    def prepare_numeric(self, fields: dict, rows: np.ndarray) -> tuple[PredictOptions, ServedModel, np.ndarray] | None:
+        """A /predict body whose rows arrived as one array (``service.serving.numeric_json``): its options,
+        model and float32 batch; None where ``prepare`` must answer (invalid options, rows the model does
+        not take, too many rows), so that every error is the one the general path names."""
+        try:
+            options = PredictOptions.model_validate(fields)
+        except ValidationError:
+            return None
+        model = self.repository.get(options.model, options.version)
+        x = numeric_batch(rows, model.shape) if len(rows) <= self.settings.max_rows_per_request else None
+        return None if x is None else (options, model, x)
+
+    async def predict(self, model: ServedModel, options: PredictOptions, x: np.ndarray,
+                      phases: Phases) -> tuple[dict, Timing]:
+        """The /predict body for a prepared request (``respond``) and the batch's timing."""
         phases.mark("validate")
         outputs, timing = await self.infer(model, x)
         phases.mark("batch")
-        return self.respond(model, request, outputs), timing
+        return self.respond(model, options, outputs), timing
 
     def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> dict:
         """On an inference thread: the outputs of one of the model's sessions plus the batch scored under
@@ -123,7 +138,7 @@ class DataPlane:
             self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version))
         return scored.ids
 
-    def respond(self, model: ServedModel, request: PredictRequest, outputs: dict) -> dict:
+    def respond(self, model: ServedModel, request: PredictOptions, outputs: dict) -> dict:
         """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch;
         queues the rows for the prediction log."""
         s: ScoredBatch = outputs[SCORES]
@@ -198,8 +213,8 @@ class DataPlane:
         if x is None:
             raise InvalidInput("has no data (send 'data' or use the binary tensor extension)", field="inputs[0].data")
         x = x if isinstance(x, np.ndarray) else self._v2_data(x)
-        if x.size != int(np.prod(tensor.shape)):
-            raise InvalidInput(f"holds {x.size} values but shape {tensor.shape} needs {int(np.prod(tensor.shape))}",
+        if x.size != math.prod(tensor.shape):
+            raise InvalidInput(f"holds {x.size} values but shape {tensor.shape} needs {math.prod(tensor.shape)}",
                                field="inputs[0].data")
         x = x.reshape(tensor.shape).astype(np.float32, copy=False)
         if not np.isfinite(x).all():

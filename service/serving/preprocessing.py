@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -47,11 +48,16 @@ def _numeric_batch(rows: list, shape: tuple[int, int, int]) -> np.ndarray | None
         return None
     if arr.dtype.kind not in "iuf":
         return None
-    arr = arr.astype(np.float32, copy=False)
-    n = len(rows)
-    if arr.shape[1:] == shape or (shape[0] == 1 and arr.shape[1:] == shape[1:]) or arr.shape[1:] == (int(np.prod(shape)),):
-        if np.isfinite(arr).all():
-            return arr.reshape(n, *shape)
+    return numeric_batch(arr, shape)
+
+
+def numeric_batch(rows: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray | None:
+    """Rows already in one numeric array as the float32 batch, when every row has an accepted shape and
+    only finite values; None for the per-row checks to name what is wrong."""
+    arr = rows.astype(np.float32, copy=False)
+    accepted = (shape, (math.prod(shape),)) + ((shape[1:],) if shape[0] == 1 else ())
+    if arr.shape[1:] in accepted and np.isfinite(arr).all():
+        return arr.reshape(len(arr), *shape)
     return None
 
 

@@ -15,6 +15,8 @@ from starlette.types import Receive, Scope, Send
 from service.auth import is_admin
 from service.endpoints import CurrentEndpoints, current
 from service.serving.codec import MULTIPART, Phases, PlainRoute, decode, media_type, respond, validate
+from service.serving.dataplane import DataPlane
+from service.serving.numeric_json import WORTH_IT_BYTES, numeric_rows
 from service.errors import InvalidInput
 from service.schemas import ErrorResponse, HealthResponse, ModelsResponse, PredictRequest, PredictResponse
 
@@ -39,18 +41,31 @@ class PredictEndpoint:
         request = Request(scope, receive)
         endpoints = current(request)
         phases = Phases(endpoints.metrics.phases("/predict"))
-        if media_type(request, "application/json", MULTIPART) == MULTIPART:
-            payload = await _uploaded(request, endpoints.settings.max_rows_per_request)
-        else:
-            payload = decode(await request.body())
-        phases.mark("parse")
-        body = validate(PredictRequest, payload)
-        del payload  # see DataPlane.predict: only the rows' array waits for the batch
-        result, timing = await endpoints.dataplane.predict(body, phases)
+        body, model, x = await _prepared(request, endpoints.dataplane, endpoints.settings.max_rows_per_request,
+                                         phases)
+        result, timing = await endpoints.dataplane.predict(model, body, x, phases)
         response = respond(result, headers={"Server-Timing": (
             f"queue;dur={1000 * timing.queue_seconds:.3f}, infer;dur={1000 * timing.inference_seconds:.3f}")})
         phases.mark("encode")
         await response(scope, receive, send)
+
+
+async def _prepared(request: Request, dataplane: DataPlane, max_files: int, phases: Phases) -> tuple:
+    """The request's options, model and float32 batch. A large JSON body of numeric rows is parsed straight
+    into an array (``service.serving.numeric_json``); any other body, or one that path leaves to the general
+    one, is decoded and validated as a whole. Only the batch outlives this call (see ``DataPlane.prepare``)."""
+    if media_type(request, "application/json", MULTIPART) == MULTIPART:
+        payload = await _uploaded(request, max_files)
+    else:
+        raw = await request.body()
+        numeric = numeric_rows(raw, "inputs") if len(raw) >= WORTH_IT_BYTES else None
+        if numeric is not None:
+            phases.mark("parse")
+            # None: the general path names what is wrong (its decoding then counts as validation)
+            return dataplane.prepare_numeric(*numeric) or dataplane.prepare(validate(PredictRequest, decode(raw)))
+        payload = decode(raw)
+    phases.mark("parse")
+    return dataplane.prepare(validate(PredictRequest, payload))
 
 
 async def _uploaded(request: Request, max_files: int) -> dict:

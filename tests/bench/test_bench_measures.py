@@ -80,3 +80,18 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
     ])
     assert stage_shares(raw) == {"request validation (pydantic)": 7, "onnxruntime inference": 30,
                                  "event loop and threads": 5, OTHER: 2, "v2 request: header, tensors, checks": 7}
+
+
+def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
+    from starlette.testclient import TestClient
+
+    from bench.floor_app import app
+    from bench.serving import body
+
+    with TestClient(app) as client:
+        assert client.post("/predict", content=body(HEAVY, (3, 32, 32), 1)).status_code == 200
+        binary, header_length = v2_binary_body(HEAVY, (3, 32, 32), 1)
+        assert client.post(f"/v2/models/{HEAVY}/infer", content=binary,
+                           headers={"Inference-Header-Content-Length": str(header_length)}).status_code == 200
+        with pytest.raises(TypeError):  # a body the service's numeric path leaves to its general one
+            client.post("/predict", content=b'{"inputs": [[1, "2"]]}')
