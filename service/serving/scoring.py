@@ -38,8 +38,7 @@ class ScoredBatch:
 
     def __getitem__(self, rows: slice) -> ScoredBatch:
         """The rows ``rows`` (what the batcher hands each request)."""
-        per_row = {f.name: getattr(self, f.name)[rows] for f in fields(self)
-                   if f.name not in ("calibration_version", "temperature")}
+        per_row = {name: getattr(self, name)[rows] for name in _PER_ROW}
         return ScoredBatch(**per_row, calibration_version=self.calibration_version, temperature=self.temperature)
 
     def prediction_rows(self, model: str, version: str, now: float | None = None) -> list[PredictionRow]:
@@ -48,6 +47,9 @@ class ScoredBatch:
         return [PredictionRow(self.ids[i], model, version, self.calibration_version, now, k, self.confidence[i],
                               self.raw_confidence[i], self.probability_bytes[i], self.logit_bytes[i])
                 for i, k in enumerate(self.predicted)]
+
+
+_PER_ROW = tuple(f.name for f in fields(ScoredBatch) if f.name not in ("calibration_version", "temperature"))
 
 
 def score(logits: np.ndarray, graph_probabilities: np.ndarray, calibration_version: int, temperature: float | None,
