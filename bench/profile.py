@@ -29,7 +29,7 @@ STAGES = [(stage, re.compile(pattern)) for stage, pattern in [
     ("scoring: calibrated probabilities, ids", r"service/serving/scoring\.py"),
     ("prediction log writes", r"service/serving/prediction_log\.py|sqlalchemy|service/store/"),
     ("request validation (pydantic)", r"pydantic|^validate \(.*service/serving/codec\.py"),
-    ("request JSON parse", r"^decode \(.*service/serving/codec\.py|/json/"),
+    ("request JSON parse", r"^decode \(.*service/serving/codec\.py|/json/|service/serving/numeric_json\.py"),
     ("v2 request: header, tensors, checks", r"service/serving/v2\.py|^v2_infer \(.*service/serving/dataplane\.py"),
     ("rows to a float32 batch", r"service/serving/preprocessing\.py"),
     ("response body and encoding", r"^respond \(.*service/serving/(dataplane|codec)\.py"),

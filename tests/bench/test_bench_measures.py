@@ -76,10 +76,13 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
         "python -m service (1);mystery (/r/elsewhere.py:1) 2",
         "python -m service (1);__call__ (/r/service/serving/v2.py:80);_parse (/r/service/serving/v2.py:120) 3",
         "python -m service (1);__call__ (/r/service/serving/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
+        "python -m service (1);_dispatch (/r/service/middleware.py:115);_prepared (/r/service/serving/rest.py:60);"
+        "numeric_rows (/r/service/serving/numeric_json.py:50) 6",
         "garbage line",
     ])
     assert stage_shares(raw) == {"request validation (pydantic)": 7, "onnxruntime inference": 30,
-                                 "event loop and threads": 5, OTHER: 2, "v2 request: header, tensors, checks": 7}
+                                 "event loop and threads": 5, OTHER: 2, "v2 request: header, tensors, checks": 7,
+                                 "request JSON parse": 6}
 
 
 def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
