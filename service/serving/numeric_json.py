@@ -7,8 +7,8 @@ by the lengths of its arrays, so the rows become an array with no per-number wor
 
 Only a body that is certainly well formed takes this path: a JSON object, without repeated keys, whose
 ``key`` holds a non-empty rectangular nested array of numbers and whose other fields are scalars.
-Anything else (another nesting, a string or ``true`` among the numbers, invalid JSON, integers past
-2**53, where conversions could round differently) gives None, and the caller's general parser answers,
+Anything else (another nesting, a string or ``true`` among the numbers, invalid JSON, numbers of
+magnitude 2**53 or more, where integers could round differently) gives None, and the caller's general parser answers,
 errors included: this path changes the speed of an answer, never the answer.
 """
 
@@ -40,10 +40,9 @@ def _parser(size: int) -> simdjson.Parser:
     return _local.parser
 
 
-
 def numeric_rows(raw: bytes, key: str) -> tuple[dict, np.ndarray] | None:
-    """The body's other fields and its ``key`` as a float64 array of the nested shape, or None (a parser
-    still held, for one: a document's arrays and objects must be gone before its parser parses again).
+    """The body's other fields and its ``key`` as a float64 array of the nested shape, or None where the
+    body is not certainly well formed (the module docstring says what that takes).
 
     >>> fields, rows = numeric_rows(b'{"inputs": [[1, 2.5], [3, 4]], "top_k": 2}', "inputs")
     >>> fields, rows.shape, rows.tolist()
@@ -68,7 +67,9 @@ def numeric_rows(raw: bytes, key: str) -> tuple[dict, np.ndarray] | None:
             return None
         values = np.frombuffer(rows.as_buffer(of_type="d"), dtype=np.float64)
     except Exception:  # noqa: BLE001 - any simdjson error (invalid JSON or UTF-8, a number out of range, nesting
-        return None  # too deep, a value of another type) only means that the general path answers
+        # too deep, a value of another type, a parser whose last document is still referenced) only means that
+        # the general path answers
+        return None
     if values.size != math.prod(shape) or np.abs(values).max() >= EXACT:
         return None
     return fields, values.reshape(shape)
