@@ -55,10 +55,14 @@ def numeric_batch(rows: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray |
     """Rows already in one numeric array as the float32 batch, when every row has an accepted shape and
     only finite values; None for the per-row checks to name what is wrong."""
     arr = rows.astype(np.float32, copy=False)
-    accepted = (shape, (math.prod(shape),)) + ((shape[1:],) if shape[0] == 1 else ())
-    if arr.shape[1:] in accepted and np.isfinite(arr).all():
+    if arr.shape[1:] in row_shapes(shape) and np.isfinite(arr).all():
         return arr.reshape(len(arr), *shape)
     return None
+
+
+def row_shapes(shape: tuple[int, int, int]) -> tuple[tuple[int, ...], ...]:
+    """The shapes a numeric row may have: (C, H, W), a flat C*H*W vector and, for one channel, (H, W)."""
+    return (shape, (math.prod(shape),)) + ((shape[1:],) if shape[0] == 1 else ())
 
 
 def numeric_row(row, shape: tuple[int, int, int], field: str) -> np.ndarray:
@@ -69,11 +73,10 @@ def numeric_row(row, shape: tuple[int, int, int], field: str) -> np.ndarray:
         raise InvalidInput("must be a rectangular nested array of numbers", field=field) from None
     if arr.dtype == bool or arr.dtype.kind not in "iuf":
         raise InvalidInput(f"must hold only numbers (got {arr.dtype.kind!r} values)", field=field)
-    accepted = [shape, (int(np.prod(shape)),)] + ([shape[1:]] if shape[0] == 1 else [])
-    if arr.shape not in accepted:
+    if arr.shape not in row_shapes(shape):
         raise InvalidInput(f"has shape {list(arr.shape)}; expected {list(shape)}"
                            + (f" or {list(shape[1:])}" if shape[0] == 1 else "")
-                           + f" or a flat vector of {int(np.prod(shape))} values", field=field)
+                           + f" or a flat vector of {math.prod(shape)} values", field=field)
     arr = arr.astype(np.float32)
     if not np.isfinite(arr).all():
         raise InvalidInput(f"contains {int((~np.isfinite(arr)).sum())} NaN or infinite values", field=field)
