@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
-from bench.serving import HEAVY, SHAPES, binary_load, body, heavy_artifact, service
+from bench.serving import HEAVY, binary_load, heavy_artifact, heavy_requests, service
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"
@@ -68,8 +68,8 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix="calib-profile-"))
     heavy_artifact(work / "artifacts")
     svc = service(work / "artifacts", f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
-    payload, lua = (body(HEAVY, SHAPES[HEAVY], 1), None) if protocol == "json" else (None, binary_load(work))
-    url = f"{svc.url}/predict" if protocol == "json" else f"{svc.url}/v2/models/{HEAVY}/infer"
+    path, payload, lua = heavy_requests(binary_load(work))[protocol]
+    url = svc.url + path
     try:
         wrk(url, payload, clients, 2.0, lua=lua)  # warm-up
         spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",

@@ -203,6 +203,13 @@ def binary_load(work: Path) -> str:
     return binary_lua(work / "v2-binary.bin", header_length)
 
 
+def heavy_requests(lua: str) -> dict[str, tuple[str, str | None, str | None]]:
+    """The heavy model's single-row request per protocol, as (path, JSON body, wrk script): JSON /predict, and
+    v2 infer with binary tensors through ``lua`` (``binary_load``)."""
+    return {"json": ("/predict", body(HEAVY, SHAPES[HEAVY], 1), None),
+            "binary": (f"/v2/models/{HEAVY}/infer", None, lua)}
+
+
 def binary_lua(body_file: Path, header_length: int) -> str:
     """A wrk script that POSTs the binary v2 body in ``body_file``."""
     return (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/octet-stream"\n'
@@ -239,20 +246,18 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     clients; the others idle meanwhile (``lua``: the wrk script of the binary requests). Per ratio, the
     median round."""
     model_path = artifacts / HEAVY / "1" / "model.onnx"
-    payload, baseline_payload = body(HEAVY, SHAPES[HEAVY], 1), body(None, SHAPES[HEAVY], 1)
-    v2_url = f"{svc.url}/v2/models/{HEAVY}/infer"
+    requests, baseline_payload = heavy_requests(lua), body(None, SHAPES[HEAVY], 1)
     check_with_tritonclient(svc, HEAVY, SHAPES[HEAVY])
     measured = []
     baseline, floor = baseline_server(model_path, device), floor_server()
     try:
-        wrk(f"{svc.url}/predict", payload, clients, 1.0)  # warm-ups, discarded
-        wrk(v2_url, None, clients, 1.0, lua=lua)
+        for path, side_payload, side_lua in requests.values():  # warm-ups, discarded
+            wrk(svc.url + path, side_payload, clients, 1.0, lua=side_lua)
         wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
-        wrk(f"{floor.url}/predict", payload, clients, 1.0)
+        wrk(f"{floor.url}/predict", requests["json"][1], clients, 1.0)
         for _ in range(rounds):
             row = {}
-            for side, path, side_payload, side_lua in (("json", "/predict", payload, None),
-                                                       ("binary", f"/v2/models/{HEAVY}/infer", None, lua)):
+            for side, (path, side_payload, side_lua) in requests.items():
                 before = histogram_totals(svc.url)
                 rps = wrk(svc.url + path, side_payload, clients, seconds, lua=side_lua)["requests_per_s"]
                 formed = formed_batch(svc, before, HEAVY) or 1.0
@@ -431,7 +436,8 @@ def main() -> None:
             for model, shape in SHAPES.items():
                 for rows in request_rows:
                     wrk(f"{svc.url}/predict", body(model, shape, rows), top, 1.0 if smoke else 3.0)
-            wrk(f"{svc.url}/v2/models/{HEAVY}/infer", None, top, 1.0 if smoke else 3.0, lua=lua)
+            path, _, _ = heavy_requests(lua)["binary"]
+            wrk(svc.url + path, None, top, 1.0 if smoke else 3.0, lua=lua)
             shapes_rss = svc.rss_mib()
             windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             with httpx.Client(base_url=svc.url, timeout=120) as client:
@@ -495,8 +501,8 @@ def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
         svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, device)
         try:
             lua = binary_load(work)
-            wrk(f"{svc.url}/predict", body(HEAVY, SHAPES[HEAVY], 1), 64, seconds)
-            wrk(f"{svc.url}/v2/models/{HEAVY}/infer", None, 64, seconds, lua=lua)
+            for path, payload, script in heavy_requests(lua).values():
+                wrk(svc.url + path, payload, 64, seconds, lua=script)
             heavy = heavy_rounds(svc, artifacts, 64, seconds, rounds, device, lua)
         finally:
             svc.stop()
