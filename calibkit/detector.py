@@ -67,7 +67,9 @@ valid tests for forecast calibration").
 
 **Clearing (hysteresis).** While the alarm is on, the alternative "the miscalibration persists" is the
 gap learned per bin from the labels since the alarm (of finished blocks, so predictable), shrunk towards
-the detectors' estimate at the raise: g(C) where |g(C)| > eps, 0 where the gap is inside the tolerance.
+the detectors' estimate at the raise, in bins of its own: those of the bets and more above C = 0.9985, where
+a confident model's labels crowd and a gap that is learned from shifted confidences must hold at calibrated
+ones: g(C) where |g(C)| > eps, 0 where the gap is inside the tolerance.
 The alarm clears when the CUSUM of the likelihood ratio of calibrated outcomes against it,
 
     log K_t = max(log K_{t-1}, 0) + log[ Bern(Y_t; C_t) / Bern(Y_t; C_t + kappa g(C_t)) ],
@@ -97,10 +99,10 @@ from functools import cached_property
 
 import numpy as np
 
-FORMAT = 6
+FORMAT = 7
 _FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
-           "run_count", "table", "log_statistic", "alarmed", "raised_gap", "alarm_gap", "alarm_count", "log_clear",
-           "since_alarm", "n")
+           "run_count", "table", "log_statistic", "alarmed", "clear_pending_gap", "clear_pending_count", "raised_gap",
+           "alarm_gap", "alarm_count", "log_clear", "since_alarm", "n")
 _EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm or a Kelly bet needs it
 
 
@@ -123,7 +125,9 @@ class DetectorConfig:
       share of the gaps and steps together.
     - ``block``: labels between refreshes of the gap estimates that the bets use.
     - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
-      raise) and ``min_clear_labels``: the clearing rule.
+      raise) and ``min_clear_labels``: the clearing rule; ``clear_edges``: the bins of its gap, those of the bets
+      and every 0.5 on the log-odds scale beyond them up to 12 (C = 1 - 6e-6), where a confident model's labels
+      crowd and the gap of a logit scaling changes most between the shifted and the calibrated confidences.
     """
 
     tolerance: float = 0.01
@@ -145,14 +149,16 @@ class DetectorConfig:
     clear_shrink: float = 1.0
     clear_prior_labels: float = 20.0
     min_clear_labels: int = 100
+    clear_edges: tuple[float, ...] = tuple(float(1 / (1 + np.exp(-x / 2))) for x in range(-5, 25))
 
     def __post_init__(self):
         if not 0.0 <= self.tolerance < 0.5:
             raise ValueError(f"tolerance must lie in [0, 0.5), got {self.tolerance}")
         if self.threshold <= 1 or self.clear_threshold <= 1:
             raise ValueError("threshold and clear_threshold must exceed 1")
-        if list(self.edges) != sorted(self.edges) or not all(0 < e < 1 for e in self.edges):
-            raise ValueError("edges must be increasing and inside (0, 1)")
+        for edges in (self.edges, self.clear_edges):
+            if list(edges) != sorted(edges) or not all(0 < e < 1 for e in edges):
+                raise ValueError("edges and clear_edges must be increasing and inside (0, 1)")
         if (min(self.half_lives) <= 0 or self.prior_labels <= 0 or not 0 < self.max_bet < 1
                 or not 0 < self.clear_shrink <= 1):
             raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
@@ -208,6 +214,15 @@ class DetectorConfig:
     def n_bins(self) -> int:
         return len(self.edges) + 1
 
+    @property
+    def clear_bins(self) -> int:
+        return len(self.clear_edges) + 1
+
+    @cached_property
+    def clear_to_bin(self) -> np.ndarray:
+        """(clear_bins,): the bin of the bets that holds the lower edge of each clearing bin (bin 0 for the first)."""
+        return np.searchsorted(self.edges, [0.0, *self.clear_edges], side="right")
+
     @cached_property
     def decay(self) -> np.ndarray:
         """Per memory, the weight a bin's sums keep at each label of that bin: 0.5 ** (1 / half-life)."""
@@ -260,6 +275,8 @@ class DetectorState:
     table: np.ndarray = None
     log_statistic: np.ndarray = None
     alarmed: np.ndarray = None
+    clear_pending_gap: np.ndarray = None
+    clear_pending_count: np.ndarray = None
     raised_gap: np.ndarray = None
     alarm_gap: np.ndarray = None
     alarm_count: np.ndarray = None
@@ -269,11 +286,11 @@ class DetectorState:
 
     def __post_init__(self):
         s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors
-        learned = self.config.learned
+        learned, kc = self.config.learned, self.config.clear_bins
         shapes = {"gap_sum": (s, m, k), "weight": (s, m, k), "global_gap_sum": (s, m), "global_weight": (s, m),
                   "pending_gap": (s, k), "pending_count": (s, k), "run_gap": (s, k), "run_count": (s, k),
-                  "table": (s, learned, k), "log_statistic": (s, d), "raised_gap": (s, k), "alarm_gap": (s, k),
-                  "alarm_count": (s, k)}
+                  "table": (s, learned, k), "log_statistic": (s, d), "clear_pending_gap": (s, kc),
+                  "clear_pending_count": (s, kc), "raised_gap": (s, kc), "alarm_gap": (s, kc), "alarm_count": (s, kc)}
         for name in _FIELDS:
             dtype = bool if name == "alarmed" else np.int64 if name in ("since_alarm", "n") else np.float64
             shape = shapes.get(name, (s,))
@@ -354,11 +371,14 @@ class DetectorState:
         cells = (np.broadcast_to(rows, b.shape), b)
         np.add.at(self.pending_gap, cells, y - c)
         np.add.at(self.pending_count, cells, 1.0)
+        bc = np.searchsorted(cfg.clear_edges, c, side="left")
+        np.add.at(self.clear_pending_gap, (cells[0], bc), y - c)
+        np.add.at(self.clear_pending_count, (cells[0], bc), 1.0)
 
         raised = np.zeros(c.shape, bool)
         cleared = np.zeros(c.shape, bool)
         log_clear_level = np.log(cfg.clear_threshold)
-        log_ratio = self._clear_log_ratio(null, b, y)
+        log_ratio = self._clear_log_ratio(null, bc, y)
         for t in range(c.shape[1]):
             self.log_statistic = np.maximum(self.log_statistic, 0.0) + log_e[:, :, t]
             up = ~self.alarmed & (self._log_mixture() >= cfg.log_raise)
@@ -366,10 +386,10 @@ class DetectorState:
             self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio[:, t], 0.0)
             down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
             if up.any():
-                self.raised_gap[up] = self.table[up].mean(axis=1)
+                self.raised_gap[up] = self.table[up].mean(axis=1)[:, cfg.clear_to_bin]
                 self.alarm_gap[up] = 0.0
                 self.alarm_count[up] = 0.0
-                log_ratio = self._clear_log_ratio(null, b, y)
+                log_ratio = self._clear_log_ratio(null, bc, y)
             self.alarmed = (self.alarmed | up) & ~down
             self.log_clear = np.where(down | up, 0.0, self.log_clear)
             self.since_alarm = np.where(down | up, 0, self.since_alarm)
@@ -396,8 +416,8 @@ class DetectorState:
         return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
 
     def clear_alternative(self) -> np.ndarray:
-        """(streams, bins): g(C), the miscalibration that the clearing test pits calibration against: the gap of
-        each bin over the labels since the alarm (from finished blocks), shrunk by ``clear_prior_labels``
+        """(streams, clearing bins): g(C), the miscalibration that the clearing test pits calibration against: the
+        gap of each bin over the labels since the alarm (from finished blocks), shrunk by ``clear_prior_labels``
         pseudo-labels towards the gap estimated when the alarm was raised; 0 where it is inside the tolerance."""
         cfg = self.config
         prior = cfg.clear_prior_labels
@@ -424,10 +444,10 @@ class DetectorState:
         self.global_gap_sum = self.global_gap_sum * cfg.block_decay + self.pending_gap.sum(axis=1)[:, None]
         self.global_weight = self.global_weight * cfg.block_decay + self.pending_count.sum(axis=1)[:, None]
         alarmed = self.alarmed[:, None]
-        self.alarm_gap = np.where(alarmed, self.alarm_gap + self.pending_gap, self.alarm_gap)
-        self.alarm_count = np.where(alarmed, self.alarm_count + self.pending_count, self.alarm_count)
-        self.pending_gap[:] = 0.0
-        self.pending_count[:] = 0.0
+        self.alarm_gap = np.where(alarmed, self.alarm_gap + self.clear_pending_gap, self.alarm_gap)
+        self.alarm_count = np.where(alarmed, self.alarm_count + self.clear_pending_count, self.alarm_count)
+        for sums in (self.pending_gap, self.pending_count, self.clear_pending_gap, self.clear_pending_count):
+            sums[:] = 0.0
         self.table = self.gaps()
 
     def regions(self) -> list[dict]:

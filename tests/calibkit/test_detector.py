@@ -99,6 +99,23 @@ def test_a_persisting_shift_near_the_tolerance_rarely_clears_while_it_lasts():
     assert np.mean(out.flaps[detected] > 0) <= 0.05
 
 
+def test_the_clearing_gap_has_bins_of_its_own_above_the_top_bin_of_the_bets():
+    # a shift at C = 0.9999 (accuracy 0.9) beside calibrated labels at C = 0.999995: both lie above the bets' top
+    # edge (C = 0.9985), so one gap of the bets averages them; the clearing bins keep them apart, and the clearing
+    # test pits calibration against -0.1 where the shift is, and against nothing where the labels are calibrated
+    rng = np.random.default_rng(5)
+    confidence = np.tile([0.9999, 0.999995], 1_000)[None, :]
+    correct = (rng.random(confidence.shape) < np.where(confidence < 0.99999, 0.9, confidence)).astype(float)
+    state = DetectorState(DetectorConfig(), 1)
+    assert state.fold(confidence, correct).raised.any() and state.alarmed[0]
+    top = state.config.n_bins - 1
+    assert top == np.searchsorted(state.config.edges, 0.9999) == np.searchsorted(state.config.edges, 0.999995)
+    shifted, calibrated = np.searchsorted(state.config.clear_edges, [0.9999, 0.999995])
+    assert shifted != calibrated and state.config.clear_to_bin[shifted] == state.config.clear_to_bin[calibrated] == top
+    gap = state.clear_alternative()[0]
+    assert gap[shifted] == pytest.approx(-0.1, abs=0.03) and gap[calibrated] == 0.0
+
+
 def test_mean_preserving_miscalibration_is_caught_by_the_steps():
     # over-confident above the median confidence, under-confident below: the mean residual is about 0. The oracle
     # told the shift needs a median of about 130 labels; format 5 (no steps) took about 280, this detector about 175
