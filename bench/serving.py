@@ -442,8 +442,8 @@ def main() -> None:
             for model, shape in SHAPES.items():
                 for rows in request_rows:
                     wrk(f"{svc.url}/predict", body(model, shape, rows), top, 1.0 if smoke else 3.0)
-            path, _, _ = heavy_requests(lua)["binary"]
-            wrk(svc.url + path, None, top, 1.0 if smoke else 3.0, lua=lua)
+            path, payload, script = heavy_requests(lua)["binary"]
+            wrk(svc.url + path, payload, top, 1.0 if smoke else 3.0, lua=script)
             shapes_rss = svc.rss_mib()
             windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             with httpx.Client(base_url=svc.url, timeout=120) as client:
