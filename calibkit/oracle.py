@@ -21,7 +21,7 @@ for a detector that must learn a(C) from the labels, at the same false-alarm rat
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,9 +74,14 @@ def detection_increments(confidence, correct, curve: AccuracyCurve, tolerance: f
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 
 
+def scaled_accuracy(confidence: np.ndarray, curve: AccuracyCurve, size: float) -> np.ndarray:
+    """The shift of the same shape as ``curve`` but ``size`` times as large: C + size (a(C) - C)."""
+    return np.clip(confidence + size * (curve(confidence) - confidence), _EDGE, 1 - _EDGE)
+
+
 def scaled_curve_increments(confidence, correct, curve: AccuracyCurve, size: float, tolerance: float) -> np.ndarray:
-    """x_t for the shift of the same shape as ``curve`` but ``size`` times as large: a(C) = C + size (a(C) - C)."""
-    a = np.clip(confidence + size * (curve(confidence) - confidence), _EDGE, 1 - _EDGE)
+    """x_t for the shift of the same shape as ``curve`` but ``size`` times as large."""
+    a = scaled_accuracy(confidence, curve, size)
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 
 
@@ -104,6 +109,29 @@ def mixture_paths(paths: Iterable[np.ndarray]) -> np.ndarray:
 def clearing_increments(confidence, correct, curve: AccuracyCurve) -> np.ndarray:
     """log Bern(Y; C) / Bern(Y; a(C)): evidence that the shift has ended and outcomes match the confidence."""
     return log_ratio(correct, confidence, curve(confidence))
+
+
+def blind_clearing_paths(confidence, correct, curves: Sequence[AccuracyCurve], sizes: Sequence[float]) -> np.ndarray:
+    """The clearing statistic of an oracle told that the shift began at the first label and is one of the K
+    ``curves`` at one of ``sizes`` times its size, but not which: it learns which from the labels. With the
+    Bayes factor of calibrated outcomes against the equally weighted mixture of the members since the shift began,
+
+        M_t = log prod_{u <= t} Bern(Y_u; C_u) / mean_k prod_{u <= t} Bern(Y_u; a_k(C_u)),
+
+    its increment is log Bern(Y_t; C_t) / sum_k w_k Bern(Y_t; a_k(C_t)), w_k the posterior of member k from the
+    labels before t, and its CUSUM max_s (M_t - M_s) tests the labels of the current run against the members
+    weighted by what the labels before the run said of them. One member is the clearing oracle:
+
+    >>> rng = np.random.default_rng(0)
+    >>> c = rng.uniform(0.5, 1.0, (3, 50))
+    >>> y = (rng.random(c.shape) < c).astype(float)
+    >>> curve = AccuracyCurve(np.array([0.75]), np.array([0.55, 0.8]))
+    >>> bool(np.allclose(blind_clearing_paths(c, y, [curve], [1.0]), cusum_paths(clearing_increments(c, y, curve))))
+    True
+    """
+    bayes = -mixture_paths(-np.cumsum(log_ratio(correct, confidence, scaled_accuracy(confidence, curve, size)), axis=-1)
+                           for curve in curves for size in sizes)
+    return cusum_paths(np.diff(bayes, axis=-1, prepend=0.0))
 
 
 def cusum_paths(increments: np.ndarray) -> np.ndarray:

@@ -33,6 +33,9 @@ def test_alarm_benchmark_prints_the_oracle_ratios_and_the_goals(tmp_path):
     assert len(rows) == 32 and {"oracle_p50", "ratio", "clear_oracle_p50", "clear_ratio"} <= set(rows[0])
     large = next(r for r in rows if r["shape"] == "cifar-like" and r["shift"] == "logits x2.5")
     assert large["oracle_p50"] > 0 and large["ratio"] == pytest.approx(large["delay_p50"] / large["oracle_p50"])
+    assert large["clear_family_blind_ratio"] == pytest.approx(
+        large["clear_family_blind_p50"] / max(large["clear_oracle_p50"], 1.0))
     assert len(data["false_alarms"]) == 20 and {r["rule"] for r in data["warnings"]} == {
         "p < 0.001", "p < 0.001 and D >= 0.1"}
     assert "ratio" in result.stdout and any(g["goal"].startswith("detection") for g in data["goals"])
+    assert any(g["goal"].startswith("information limit (clearing)") for g in data["goals"])
