@@ -3,7 +3,9 @@ only) while wrk drives single-row clients at the heavy model, through JSON /pred
 with binary tensors (tritonclient.http's body), and each sample is put in the stage its frames show (the
 innermost frame that names one). With the process's CPU seconds over the same window, each stage's share
 becomes CPU milliseconds per request; wrk's own CPU is measured too, since on a small machine the client
-takes cores from the server.
+takes cores from the server. Just before, the same load runs without the profiler (which takes CPU of its
+own) and the machine's cores are split by thread from /proc: the event loop, each inference thread, the
+service's other threads, wrk, other processes and idle (``cores_by_thread``).
 
     python -m bench.profile [--seconds 10] [--clients 64] [--smoke]
 """
@@ -11,11 +13,13 @@ takes cores from the server.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -61,6 +65,56 @@ def stage_shares(raw: str) -> Counter:
 
 
 PROTOCOLS = {"json": "single-row JSON `/predict`", "binary": "single-row v2 infer with binary tensors"}
+PY_SPY = shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy"
+EVENT_LOOP, OTHER_THREADS = "event loop (MainThread)", "the service's other threads"
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Native thread id -> Python thread name, for every thread of process ``pid`` (one ``py-spy dump``)."""
+    dump = subprocess.run([PY_SPY, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60).stdout
+    return {int(tid): name for tid, name in re.findall(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump, re.MULTILINE)}
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of process ``pid`` (``/proc/<pid>/task/<tid>/stat``)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread ended
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def idle_seconds() -> float:
+    """Idle (and I/O wait) seconds of all the machine's cores together (``/proc/stat``)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+def cores_by_thread(pid: int, url: str, payload: str | None, clients: int, seconds: float, lua: str | None) -> dict:
+    """The machine's cores under ``wrk`` load, without the profiler, split by where they went: the service's
+    event loop, each inference thread, its other threads, wrk, other processes and idle; with cores per
+    request as milliseconds per request."""
+    names = thread_names(pid)
+    before, idle, client = thread_cpu_seconds(pid), idle_seconds(), children_cpu_seconds()
+    started = time.perf_counter()
+    load = wrk(url, payload, clients, seconds, lua=lua)
+    elapsed = time.perf_counter() - started
+    after, idle, client = thread_cpu_seconds(pid), idle_seconds() - idle, children_cpu_seconds() - client
+    cores: Counter = Counter()
+    for tid, cpu in after.items():
+        name = names.get(tid, "")
+        where = EVENT_LOOP if name == "MainThread" else name if name.startswith("infer-") else OTHER_THREADS
+        cores[where] += (cpu - before.get(tid, 0.0)) / elapsed
+    cores["wrk"], cores["idle"] = client / elapsed, idle / elapsed
+    cores["other processes"] = max(0.0, (os.cpu_count() or 1) - sum(cores.values()))
+    rate = load["requests"] / elapsed
+    return {"requests_per_s": rate,
+            "threads": [{"where": where, "cores": n, "ms_per_request": 1000 * n / max(rate, 1e-9)}
+                        for where, n in cores.items()]}
 
 
 def profile(seconds: float, clients: int, protocol: str) -> dict:
@@ -72,7 +126,8 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
     url = svc.url + path
     try:
         wrk(url, payload, clients, 2.0, lua=lua)  # warm-up
-        spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
+        unprofiled = cores_by_thread(svc.process.pid, url, payload, clients, seconds, lua)
+        spy = subprocess.Popen([PY_SPY, "record",
                                 "--pid", str(svc.process.pid), "--format", "raw", "--rate", "200", "--nonblocking",
                                 "--duration", str(round(seconds) + 1), "--output", str(work / "raw.txt")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -95,10 +150,11 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
     return {"protocol": protocol, "model": HEAVY, "clients": clients, "seconds": seconds,
             "requests_per_s": load["requests_per_s"],
             "server_cpu_ms_per_request": per_request_ms, "server_cores_busy": cpu / seconds,
-            "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages}
+            "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages, "unprofiled": unprofiled}
 
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]
+THREAD_COLUMNS = ["where", "cores", "ms_per_request"]
 
 
 def main() -> None:
@@ -115,6 +171,9 @@ def main() -> None:
               f"request, {result['server_cores_busy']:.2f} cores busy in the server and "
               f"{result['client_cores_busy']:.2f} in wrk")
         print(table(result["stages"], COLUMNS))
+        print(f"without the profiler: {result['unprofiled']['requests_per_s']:.0f} requests/s, the machine's cores by "
+              f"thread")
+        print(table(result["unprofiled"]["threads"], THREAD_COLUMNS))
     write_result("profile", {"runs": runs}, smoke=args.smoke)
 
 

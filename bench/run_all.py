@@ -16,6 +16,7 @@ from bench.feedback_load import goals as feedback_load_goals
 from bench.monitoring import CALIBRATION_COLUMNS
 from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
+from bench.profile import THREAD_COLUMNS as PROFILE_THREAD_COLUMNS
 from bench.serving import CEILING_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
@@ -115,6 +116,10 @@ def render() -> str:
                     f"{run['server_cores_busy']:.2f} cores busy in the server and {run['client_cores_busy']:.2f} "
                     "in wrk:",
                     "", table(run["stages"], PROFILE_COLUMNS), ""]
+            if run.get("unprofiled"):
+                out += [f"The same load just before, without the profiler: {run['unprofiled']['requests_per_s']:.0f} "
+                        "requests/s; the machine's cores by thread (/proc), and as milliseconds per request:", "",
+                        table(run["unprofiled"]["threads"], PROFILE_THREAD_COLUMNS), ""]
     monitoring = _load("monitoring")
     if monitoring:
         out += ["## Monitoring", "", f"{monitoring['rows']} labelled predictions stored (SQLite) before the "

@@ -20,6 +20,12 @@ def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / f"{name}-smoke.json").read_text())
     assert data["machine"]["cores"] >= 1 and "|" in result.stdout
+    if name == "profile":  # the cores by thread, measured without the profiler, account for the whole machine
+        for run in data["runs"]:
+            cores = {row["where"]: row["cores"] for row in run["unprofiled"]["threads"]}
+            inference = [c for w, c in cores.items() if w.startswith("infer-")]
+            assert cores["event loop (MainThread)"] > 0 and inference and all(c > 0 for c in inference)
+            assert sum(cores.values()) == pytest.approx(data["machine"]["cores"], abs=0.15)
 
 
 def test_alarm_benchmark_prints_the_oracle_ratios_and_the_goals(tmp_path):
