@@ -5,10 +5,22 @@ through ``service.serving.numeric_json``, v2 binary tensors through ``numpy.from
 header) and answers a fixed small body. Its CPU per request, with the client's, bounds what any
 server on this stack can reach against onnxruntime alone (``bench.serving.ceiling``).
 
+With ``FLOOR_MODEL`` set to an ONNX file it is the batching floor: each row then also goes through the
+service's own dynamic batcher (``service.serving.batching``) to onnxruntime sessions made as the service
+makes them (``service.serving.runtime``), and the answer carries the row's probabilities. Parsing, the
+hand-off to the inference threads and back, batched inference and an answer are all it does: no scoring,
+prediction log, metrics, middleware or validation beyond the parsers'. Its rows/s against onnxruntime alone
+is what a batching server on this stack reaches with nothing the service adds (``bench.serving.heavy_rounds``);
+``GET /`` answers the rows and onnxruntime calls it has run.
+
     python -m uvicorn bench.floor_app:app --port 8001
+    FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m uvicorn bench.floor_app:app --port 8001
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -18,13 +30,51 @@ from service.serving.numeric_json import numeric_rows
 ANSWER = orjson.dumps({"predictions": [{"label": "class0", "confidence": 0.1, "probabilities": [0.1] * 10}]})
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
 HEADER_LENGTH = b"inference-header-content-length"
+PROBABILITIES = "probabilities"  # the output the batching floor answers (the exported graphs' name)
+
+
+class BatchingFloor:
+    """The service's batcher over sessions of ``path``; counts the rows and calls it runs."""
+
+    def __init__(self, path: Path):
+        from service.serving.batching import DynamicBatcher
+        from service.serving.runtime import create_runtime
+        from service.settings import Settings
+
+        settings = Settings()
+        sessions = settings.batching.sessions()
+        runtimes = [create_runtime(path, settings, sessions) for _ in range(sessions)]
+        self.row_shape = tuple(runtimes[0].session.get_inputs()[0].shape[1:])
+        self.rows = self.calls = 0
+        self.batcher = DynamicBatcher([runtime.run for runtime in runtimes], settings.batching, "floor",
+                                      on_batch=self._count)
+
+    def _count(self, rows: int, _seconds: float) -> None:
+        self.rows, self.calls = self.rows + rows, self.calls + 1
+
+    async def answer(self, x: np.ndarray) -> bytes:
+        outputs, _ = await self.batcher.submit(x.reshape(-1, *self.row_shape))
+        return orjson.dumps({PROBABILITIES: outputs[PROBABILITIES]}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+floor: BatchingFloor | None = None
+
+
+async def _lifespan(receive, send) -> None:
+    global floor
+    while (await receive())["type"] != "lifespan.shutdown":
+        if os.environ.get("FLOOR_MODEL"):
+            floor = BatchingFloor(Path(os.environ["FLOOR_MODEL"]))
+            floor.batcher.start()
+        await send({"type": "lifespan.startup.complete"})
+    if floor is not None:
+        await floor.batcher.stop()
+    await send({"type": "lifespan.shutdown.complete"})
 
 
 async def app(scope, receive, send) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await _lifespan(receive, send)
         return
     chunks, more = [], True
     while more:
@@ -32,6 +82,7 @@ async def app(scope, receive, send) -> None:
         chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     raw = b"".join(chunks)
+    answer = ANSWER
     if scope["method"] == "POST":
         split = dict(scope["headers"]).get(HEADER_LENGTH)
         if split is None:
@@ -41,5 +92,10 @@ async def app(scope, receive, send) -> None:
             x = np.frombuffer(raw, dtype=np.float32, offset=int(split))
         if not np.isfinite(x).all():
             raise ValueError("the benchmark's rows are finite")
-    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
-    await send({"type": "http.response.body", "body": ANSWER})
+        if floor is not None:
+            answer = await floor.answer(x)
+    elif floor is not None:
+        answer = orjson.dumps({"rows": floor.rows, "calls": floor.calls})
+    headers = HEADERS if answer is ANSWER else [HEADERS[0], (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})

@@ -86,7 +86,12 @@ def render() -> str:
                 "reads the body, turns the row into a checked float32 array with the service's own parsers and "
                 "answers a fixed body, with no inference. With onnxruntime alone spending t = cores / (its rows/s) "
                 "CPU seconds a row, the floor app f and wrk w per request (measured at the same clients), a server "
-                "serves at most cores / (t + f + w) rows/s, a ratio of t / (t + f + w):", "",
+                "serves at most cores / (t + f + w) rows/s, a ratio of t / (t + f + w). `batching_floor`: the same "
+                "app with real inference (FLOOR_MODEL): each row also goes through the service's own batcher to "
+                "onnxruntime sessions made as the service makes them and is answered its probabilities, with no "
+                "scoring, prediction log, metrics, middleware or validation; `batching_floor_vs_raw` is its rows/s "
+                "over onnxruntime alone at the batch size it formed (`batching_floor_batch`), what a batching server "
+                "on this stack reaches with nothing the service adds:", "",
                 table(heavy["rounds"], CEILING_COLUMNS), "",
                 "Prediction logging: CPU seconds of the server process (user + system, `/proc/<pid>/stat`) per "
                 "10,000 single-row requests at 64 clients, read before each 2-second wrk run and after the "

@@ -152,10 +152,23 @@ def baseline_server(model_path: Path, device: str) -> Server:
                    "--device", device], "/health")
 
 
-def floor_server() -> Server:
+def floor_server(model_path: Path | None = None) -> Server:
     """The floor app (bench/floor_app.py) on uvicorn as the service runs it: uvloop and httptools, one
-    worker, no access log."""
-    return Server([PYTHON, "-m", "uvicorn", "bench.floor_app:app", "--no-access-log", "--log-level", "warning"], "/")
+    worker, no access log; with ``model_path``, the batching floor serving that model."""
+    return Server([PYTHON, "-m", "uvicorn", "bench.floor_app:app", "--no-access-log", "--log-level", "warning"], "/",
+                  {"FLOOR_MODEL": str(model_path)} if model_path else None)
+
+
+def batching_floor(svc: Server, path: str, payload: str | None, clients: int, seconds: float, lua: str | None,
+                   model_path: Path, device: str) -> dict:
+    """The batching floor (``floor_server(model_path)``) at ``clients`` single-row clients of one protocol: its
+    rows/s over onnxruntime alone at the batch size it formed (``GET /`` counts its rows and calls)."""
+    before = httpx.get(svc.url).json()
+    rps = wrk(svc.url + path, payload, clients, seconds, lua=lua)["requests_per_s"]
+    after = httpx.get(svc.url).json()
+    formed = (after["rows"] - before["rows"]) / max(1, after["calls"] - before["calls"])
+    raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]["rows_per_s"]
+    return {"batching_floor_batch": formed, "batching_floor_vs_raw": rps / raw}
 
 
 def ceiling(url: str, pid: int, payload: str | None, clients: int, seconds: float, lua: str | None,
@@ -248,17 +261,19 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     """The heavy model's goals measured in turn, ``rounds`` times, so that a drift of the machine's speed
     hits all alike: the service at ``clients`` single-row clients through JSON /predict and through v2
     with the binary tensor extension (the body tritonclient.http sends), onnxruntime alone at the batch
-    size the service formed in each (from its histograms), and the no-batching baseline at ``clients``
+    size the service formed in each (from its histograms), the floor app's ceiling and the batching floor's
+    ratio per protocol (``ceiling``, ``batching_floor``), and the no-batching baseline at ``clients``
     clients; the others idle meanwhile (``lua``: the wrk script of the binary requests). Per ratio, the
     median round."""
     model_path = artifacts / HEAVY / "1" / "model.onnx"
     requests, baseline_payload = heavy_requests(lua), body(None, SHAPES[HEAVY], 1)
     check_with_tritonclient(svc, HEAVY, SHAPES[HEAVY])
     measured = []
-    baseline, floor = baseline_server(model_path, device), floor_server()
+    baseline, floor, batching = baseline_server(model_path, device), floor_server(), floor_server(model_path)
     try:
         for path, side_payload, side_lua in requests.values():  # warm-ups, discarded
             wrk(svc.url + path, side_payload, clients, 1.0, lua=side_lua)
+            wrk(batching.url + path, side_payload, clients, 1.0, lua=side_lua)
         wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
         wrk(f"{floor.url}/predict", requests["json"][1], clients, 1.0)
         for _ in range(rounds):
@@ -271,8 +286,10 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
                 row |= {f"{side}_rows_per_s": rps, f"{side}_batch": formed, f"raw_{side}_rows_per_s": raw["rows_per_s"],
                         f"{side}_vs_raw": rps / raw["rows_per_s"]}
                 row |= {f"{side}_{key}": value for key, value in
-                        ceiling(floor.url + path, floor.process.pid, side_payload, clients, seconds, side_lua,
-                                raw["rows_per_s"]).items()}
+                        (ceiling(floor.url + path, floor.process.pid, side_payload, clients, seconds, side_lua,
+                                 raw["rows_per_s"])
+                         | batching_floor(batching, path, side_payload, clients, seconds, side_lua, model_path,
+                                          device)).items()}
             row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
                 "requests_per_s"]
             row["json_vs_baseline"] = row["json_rows_per_s"] / row["baseline_rows_per_s"]
@@ -280,6 +297,7 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     finally:
         baseline.stop()
         floor.stop()
+        batching.stop()
     return {"clients": clients, "rounds": measured} | {
         key: sorted(measured, key=lambda r: r[key])[len(measured) // 2]
         for key in ("json_vs_raw", "binary_vs_raw", "json_vs_baseline")}
@@ -522,7 +540,7 @@ def heavy_report(heavy: dict, provider: str) -> str:
     """The heavy model's rounds and, per round, the ceiling of this HTTP stack (``ceiling``)."""
     return (f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
             f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
-            f"ms per request and the ceiling they leave against onnxruntime alone\n"
+            f"ms per request, the ceiling they leave against onnxruntime alone, and the batching floor's ratio\n"
             f"{table(heavy['rounds'], CEILING_COLUMNS)}")
 
 
@@ -532,8 +550,9 @@ LOGGING_COLUMNS = ["logging", "model", "clients", "processes", "rounds", "cpu_s_
 HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_vs_raw", "json_ceiling",
                  "binary_rows_per_s", "binary_batch", "raw_binary_rows_per_s", "binary_vs_raw", "binary_ceiling",
                  "baseline_rows_per_s", "json_vs_baseline"]
-CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "binary_floor_ms", "binary_client_ms",
-                   "binary_ceiling"]
+CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "json_batching_floor_batch",
+                   "json_batching_floor_vs_raw", "binary_floor_ms", "binary_client_ms", "binary_ceiling",
+                   "binary_batching_floor_batch", "binary_batching_floor_vs_raw"]
 LOAD_COLUMNS = ["server", "model", "rows", "clients", "requests_per_s", "rows_per_s", "p50_ms", "p99_ms",
                 "mean_batch_rows", "non_2xx"]
 

@@ -98,3 +98,23 @@ def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
                            headers={"Inference-Header-Content-Length": str(header_length)}).status_code == 200
         with pytest.raises(TypeError):  # a body the service's numeric path leaves to its general one
             client.post("/predict", content=b'{"inputs": [[1, "2"]]}')
+
+
+def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batcher(monkeypatch):
+    from starlette.testclient import TestClient
+
+    from bench import floor_app
+    from bench.serving import ROOT, body
+
+    monkeypatch.setenv("FLOOR_MODEL", str(ROOT / "artifacts" / LIGHT / "1" / "model.onnx"))
+    monkeypatch.setattr(floor_app, "floor", None)  # restored to None afterwards, for the floor without a model
+    with TestClient(floor_app.app) as client:
+        rows = [client.post("/predict", content=body(LIGHT, (1, 8, 8), 1)).json()["probabilities"]
+                for _ in range(3)]
+        binary, header_length = v2_binary_body(LIGHT, (1, 8, 8), 2)
+        answer = client.post(f"/v2/models/{LIGHT}/infer", content=binary,
+                             headers={"Inference-Header-Content-Length": str(header_length)}).json()
+        counts = client.get("/").json()
+    assert np.allclose(np.sum(rows, axis=2), 1.0, atol=1e-5) and np.shape(rows) == (3, 1, 10)
+    assert np.shape(answer["probabilities"]) == (2, 10)
+    assert counts["rows"] == 5 and 1 <= counts["calls"] <= 4
