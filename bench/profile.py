@@ -5,7 +5,11 @@ innermost frame that names one). With the process's CPU seconds over the same wi
 becomes CPU milliseconds per request; wrk's own CPU is measured too, since on a small machine the client
 takes cores from the server. Just before, the same load runs without the profiler (which takes CPU of its
 own) and the machine's cores are split by thread from /proc: the event loop, each inference thread, the
-service's other threads, wrk, other processes and idle (``cores_by_thread``).
+service's other threads, wrk, other processes and idle (``cores_by_thread``). The same split is then taken
+of the batching floor (``bench/floor_app.py`` with ``FLOOR_MODEL``: parsing, the service's batcher and
+sessions, an answer, nothing else) under the same load, and the two are set side by side per request
+(``compared_threads``): what the service's own work costs on the event loop, and the idle it adds at the
+hand-offs.
 
     python -m bench.profile [--seconds 10] [--clients 64] [--smoke]
 """
@@ -24,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
-from bench.serving import HEAVY, binary_load, heavy_artifact, heavy_requests, service
+from bench.serving import HEAVY, binary_load, floor_server, heavy_artifact, heavy_requests, service
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"
@@ -122,11 +126,14 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix="calib-profile-"))
     heavy_artifact(work / "artifacts")
     svc = service(work / "artifacts", f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
+    floor = floor_server(work / "artifacts" / HEAVY / "1" / "model.onnx")
     path, payload, lua = heavy_requests(binary_load(work))[protocol]
     url = svc.url + path
     try:
-        wrk(url, payload, clients, 2.0, lua=lua)  # warm-up
+        wrk(url, payload, clients, 2.0, lua=lua)  # warm-ups
+        wrk(floor.url + path, payload, clients, 2.0, lua=lua)
         unprofiled = cores_by_thread(svc.process.pid, url, payload, clients, seconds, lua)
+        batching_floor = cores_by_thread(floor.process.pid, floor.url + path, payload, clients, seconds, lua)
         spy = subprocess.Popen([PY_SPY, "record",
                                 "--pid", str(svc.process.pid), "--format", "raw", "--rate", "200", "--nonblocking",
                                 "--duration", str(round(seconds) + 1), "--output", str(work / "raw.txt")],
@@ -142,6 +149,7 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
         counts = stage_shares((work / "raw.txt").read_text())
     finally:
         svc.stop()
+        floor.stop()
         shutil.rmtree(work, ignore_errors=True)
     total = sum(counts.values())
     per_request_ms = 1000 * cpu / max(load["requests"], 1)
@@ -150,11 +158,37 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
     return {"protocol": protocol, "model": HEAVY, "clients": clients, "seconds": seconds,
             "requests_per_s": load["requests_per_s"],
             "server_cpu_ms_per_request": per_request_ms, "server_cores_busy": cpu / seconds,
-            "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages, "unprofiled": unprofiled}
+            "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages, "unprofiled": unprofiled,
+            "batching_floor": batching_floor, "compared": compared_threads(unprofiled, batching_floor)}
+
+
+INFERENCE_THREADS = "inference threads"
+
+
+def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
+    """The service's and the batching floor's ``cores_by_thread`` side by side, inference threads summed: cores
+    and milliseconds per request of each, and what the service adds per request."""
+    def by_where(split: dict) -> Counter:
+        cores: Counter = Counter()
+        for row in split["threads"]:
+            cores[INFERENCE_THREADS if row["where"].startswith("infer-") else row["where"]] += row["cores"]
+        return cores
+
+    service_cores, floor_cores = by_where(service_split), by_where(floor_split)
+    rows = []
+    for where in dict.fromkeys([*service_cores, *floor_cores]):
+        ms = [1000 * cores[where] / max(split["requests_per_s"], 1e-9)
+              for cores, split in ((service_cores, service_split), (floor_cores, floor_split))]
+        rows.append({"where": where, "service_cores": service_cores[where], "floor_cores": floor_cores[where],
+                     "service_ms_per_request": ms[0], "floor_ms_per_request": ms[1],
+                     "added_ms_per_request": ms[0] - ms[1]})
+    return rows
 
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]
 THREAD_COLUMNS = ["where", "cores", "ms_per_request"]
+COMPARED_COLUMNS = ["where", "service_cores", "floor_cores", "service_ms_per_request", "floor_ms_per_request",
+                    "added_ms_per_request"]
 
 
 def main() -> None:
@@ -174,6 +208,9 @@ def main() -> None:
         print(f"without the profiler: {result['unprofiled']['requests_per_s']:.0f} requests/s, the machine's cores by "
               f"thread")
         print(table(result["unprofiled"]["threads"], THREAD_COLUMNS))
+        print(f"the batching floor under the same load: {result['batching_floor']['requests_per_s']:.0f} requests/s; "
+              f"the cores against the service's")
+        print(table(result["compared"], COMPARED_COLUMNS))
     write_result("profile", {"runs": runs}, smoke=args.smoke)
 
 

@@ -15,6 +15,7 @@ from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
 from bench.feedback_load import goals as feedback_load_goals
 from bench.monitoring import CALIBRATION_COLUMNS
 from bench.profile import COLUMNS as PROFILE_COLUMNS
+from bench.profile import COMPARED_COLUMNS as PROFILE_COMPARED_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
 from bench.profile import THREAD_COLUMNS as PROFILE_THREAD_COLUMNS
 from bench.serving import CEILING_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
@@ -125,6 +126,11 @@ def render() -> str:
                 out += [f"The same load just before, without the profiler: {run['unprofiled']['requests_per_s']:.0f} "
                         "requests/s; the machine's cores by thread (/proc), and as milliseconds per request:", "",
                         table(run["unprofiled"]["threads"], PROFILE_THREAD_COLUMNS), ""]
+            if run.get("compared"):
+                out += [f"The batching floor (bench/floor_app.py serving the model through the service's batcher, "
+                        f"nothing else) under the same load: {run['batching_floor']['requests_per_s']:.0f} requests/s; "
+                        "its cores against the service's, inference threads summed, and what the service adds per "
+                        "request:", "", table(run["compared"], PROFILE_COMPARED_COLUMNS), ""]
     monitoring = _load("monitoring")
     if monitoring:
         out += ["## Monitoring", "", f"{monitoring['rows']} labelled predictions stored (SQLite) before the "

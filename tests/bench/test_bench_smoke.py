@@ -22,10 +22,17 @@ def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
     assert data["machine"]["cores"] >= 1 and "|" in result.stdout
     if name == "profile":  # the cores by thread, measured without the profiler, account for the whole machine
         for run in data["runs"]:
-            cores = {row["where"]: row["cores"] for row in run["unprofiled"]["threads"]}
-            inference = [c for w, c in cores.items() if w.startswith("infer-")]
-            assert cores["event loop (MainThread)"] > 0 and inference and all(c > 0 for c in inference)
-            assert sum(cores.values()) == pytest.approx(data["machine"]["cores"], abs=0.15)
+            for split in (run["unprofiled"], run["batching_floor"]):
+                cores = {row["where"]: row["cores"] for row in split["threads"]}
+                inference = [c for w, c in cores.items() if w.startswith("infer-")]
+                assert cores["event loop (MainThread)"] > 0 and inference and all(c > 0 for c in inference)
+                assert sum(cores.values()) == pytest.approx(data["machine"]["cores"], abs=0.15)
+            compared = {row["where"]: row for row in run["compared"]}
+            loop = compared["event loop (MainThread)"]
+            assert loop["added_ms_per_request"] == pytest.approx(
+                loop["service_ms_per_request"] - loop["floor_ms_per_request"])
+            assert compared["inference threads"]["floor_cores"] == pytest.approx(sum(
+                row["cores"] for row in run["batching_floor"]["threads"] if row["where"].startswith("infer-")))
 
 
 def test_alarm_benchmark_prints_the_oracle_ratios_and_the_goals(tmp_path):
