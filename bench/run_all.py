@@ -18,7 +18,8 @@ from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import COMPARED_COLUMNS as PROFILE_COMPARED_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
 from bench.profile import THREAD_COLUMNS as PROFILE_THREAD_COLUMNS
-from bench.serving import CEILING_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES, RAW_COLUMNS
+from bench.serving import (CEILING_COLUMNS, GAP_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES,
+                           RAW_COLUMNS, gap_decomposition)
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
@@ -94,6 +95,12 @@ def render() -> str:
                 "over onnxruntime alone at the batch size it formed (`batching_floor_batch`), what a batching server "
                 "on this stack reaches with nothing the service adds:", "",
                 table(heavy["rounds"], CEILING_COLUMNS), "",
+                "The gap between the service and onnxruntime alone, split (medians of the rounds, with their ranges): "
+                "`http_stack` = 1 - ceiling, what parsing and answering on this stack take; `batching_hand_offs` = "
+                "ceiling - batching floor, what batching and the hand-offs to the inference threads and back take; "
+                "`service_work` = batching floor - service, what the service adds (scoring, prediction log, metrics, "
+                "middleware, validation). Where the third goes: the profile's cores by thread below, the service "
+                "beside the batching floor.", "", table(gap_decomposition(heavy), GAP_COLUMNS), "",
                 "Prediction logging: CPU seconds of the server process (user + system, `/proc/<pid>/stat`) per "
                 "10,000 single-row requests at 64 clients, read before each 2-second wrk run and after the "
                 "prediction log has written its rows; two processes per setting on empty stores, visited in "

@@ -536,12 +536,36 @@ def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
     write_result("serving_heavy", heavy, smoke=smoke)
 
 
+def gap_decomposition(heavy: dict) -> list[dict]:
+    """Per protocol, the heavy rounds' medians (and ranges) of the service, the batching floor and the ceiling
+    against onnxruntime alone, and the gap between the service and onnxruntime alone split in three: what the
+    HTTP stack's parsing and answering take (1 - ceiling), what batching and the hand-offs to the inference
+    threads and back take (ceiling - batching floor), and what the service adds to that (batching floor -
+    service)."""
+    def median(values: list[float]) -> float:
+        return float(np.median(values))
+
+    rows = []
+    for side in ("json", "binary"):
+        measured = {name: [r[f"{side}_{key}"] for r in heavy["rounds"]]
+                    for name, key in (("service", "vs_raw"), ("batching_floor", "batching_floor_vs_raw"),
+                                      ("ceiling", "ceiling"))}
+        service, floor, ceiling_ = (median(measured[name]) for name in ("service", "batching_floor", "ceiling"))
+        rows.append({"protocol": side, "rounds": len(heavy["rounds"])}
+                    | {name: median(values) for name, values in measured.items()}
+                    | {f"{name}_range": f"{min(values):.3f}-{max(values):.3f}" for name, values in measured.items()}
+                    | {"http_stack": 1 - ceiling_, "batching_hand_offs": ceiling_ - floor, "service_work": floor - service})
+    return rows
+
+
 def heavy_report(heavy: dict, provider: str) -> str:
-    """The heavy model's rounds and, per round, the ceiling of this HTTP stack (``ceiling``)."""
+    """The heavy model's rounds, per round the ceiling of this HTTP stack (``ceiling``) and the batching floor, and
+    the gap to onnxruntime alone split between them (``gap_decomposition``)."""
     return (f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
             f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
             f"ms per request, the ceiling they leave against onnxruntime alone, and the batching floor's ratio\n"
-            f"{table(heavy['rounds'], CEILING_COLUMNS)}")
+            f"{table(heavy['rounds'], CEILING_COLUMNS)}\n\nthe gap to onnxruntime alone, split (medians of the rounds)\n"
+            f"{table(gap_decomposition(heavy), GAP_COLUMNS)}")
 
 
 RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
@@ -553,6 +577,8 @@ HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_v
 CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "json_batching_floor_batch",
                    "json_batching_floor_vs_raw", "binary_floor_ms", "binary_client_ms", "binary_ceiling",
                    "binary_batching_floor_batch", "binary_batching_floor_vs_raw"]
+GAP_COLUMNS = ["protocol", "rounds", "service", "service_range", "batching_floor", "batching_floor_range", "ceiling",
+               "ceiling_range", "http_stack", "batching_hand_offs", "service_work"]
 LOAD_COLUMNS = ["server", "model", "rows", "clients", "requests_per_s", "rows_per_s", "p50_ms", "p99_ms",
                 "mean_batch_rows", "non_2xx"]
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bench.common import process_cpu_seconds
-from bench.serving import CUDA, HEAVY, LIGHT, _batching_goals, _latency_goal, binary_lua, cpu_summary, v2_binary_body
+from bench.serving import (CUDA, HEAVY, LIGHT, _batching_goals, _latency_goal, binary_lua, cpu_summary, gap_decomposition,
+                           v2_binary_body)
 
 
 def test_process_cpu_seconds_counts_this_process_work():
@@ -118,3 +119,22 @@ def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batch
     assert np.allclose(np.sum(rows, axis=2), 1.0, atol=1e-5) and np.shape(rows) == (3, 1, 10)
     assert np.shape(answer["probabilities"]) == (2, 10)
     assert counts["rows"] == 5 and 1 <= counts["calls"] <= 4
+
+
+def test_the_gap_to_onnxruntime_alone_splits_into_stack_hand_offs_and_service_work():
+    rounds = [{"json_vs_raw": 0.80, "json_batching_floor_vs_raw": 0.86, "json_ceiling": 0.92,
+               "binary_vs_raw": 0.82, "binary_batching_floor_vs_raw": 0.93, "binary_ceiling": 0.97},
+              {"json_vs_raw": 0.84, "json_batching_floor_vs_raw": 0.88, "json_ceiling": 0.91,
+               "binary_vs_raw": 0.80, "binary_batching_floor_vs_raw": 0.95, "binary_ceiling": 0.97},
+              {"json_vs_raw": 0.82, "json_batching_floor_vs_raw": 0.85, "json_ceiling": 0.93,
+               "binary_vs_raw": 0.84, "binary_batching_floor_vs_raw": 0.91, "binary_ceiling": 0.98}]
+    json_row, binary_row = gap_decomposition({"rounds": rounds})
+    assert json_row["protocol"] == "json" and json_row["rounds"] == 3
+    assert (json_row["service"], json_row["batching_floor"], json_row["ceiling"]) == pytest.approx((0.82, 0.86, 0.92))
+    assert json_row["service_range"] == "0.800-0.840"
+    assert json_row["http_stack"] == pytest.approx(0.08) and json_row["batching_hand_offs"] == pytest.approx(0.06)
+    assert json_row["service_work"] == pytest.approx(0.04)
+    # the three parts add up to the service's gap to onnxruntime alone
+    for row in (json_row, binary_row):
+        assert row["http_stack"] + row["batching_hand_offs"] + row["service_work"] == pytest.approx(1 - row["service"])
+    assert binary_row["service_work"] == pytest.approx(0.93 - 0.82)
