@@ -168,21 +168,19 @@ INFERENCE_THREADS = "inference threads"
 def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
     """The service's and the batching floor's ``cores_by_thread`` side by side, inference threads summed: cores
     and milliseconds per request of each, and what the service adds per request."""
-    def by_where(split: dict) -> Counter:
-        cores: Counter = Counter()
+    def by_where(split: dict, key: str) -> Counter:
+        summed: Counter = Counter()
         for row in split["threads"]:
-            cores[INFERENCE_THREADS if row["where"].startswith("infer-") else row["where"]] += row["cores"]
-        return cores
+            summed[INFERENCE_THREADS if row["where"].startswith("infer-") else row["where"]] += row[key]
+        return summed
 
-    service_cores, floor_cores = by_where(service_split), by_where(floor_split)
-    rows = []
-    for where in dict.fromkeys([*service_cores, *floor_cores]):
-        ms = [1000 * cores[where] / max(split["requests_per_s"], 1e-9)
-              for cores, split in ((service_cores, service_split), (floor_cores, floor_split))]
-        rows.append({"where": where, "service_cores": service_cores[where], "floor_cores": floor_cores[where],
-                     "service_ms_per_request": ms[0], "floor_ms_per_request": ms[1],
-                     "added_ms_per_request": ms[0] - ms[1]})
-    return rows
+    splits = {"service": service_split, "floor": floor_split}
+    cores = {side: by_where(split, "cores") for side, split in splits.items()}
+    ms = {side: by_where(split, "ms_per_request") for side, split in splits.items()}
+    return [{"where": where, "service_cores": cores["service"][where], "floor_cores": cores["floor"][where],
+             "service_ms_per_request": ms["service"][where], "floor_ms_per_request": ms["floor"][where],
+             "added_ms_per_request": ms["service"][where] - ms["floor"][where]}
+            for where in dict.fromkeys([*cores["service"], *cores["floor"]])]
 
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]

@@ -542,19 +542,17 @@ def gap_decomposition(heavy: dict) -> list[dict]:
     HTTP stack's parsing and answering take (1 - ceiling), what batching and the hand-offs to the inference
     threads and back take (ceiling - batching floor), and what the service adds to that (batching floor -
     service)."""
-    def median(values: list[float]) -> float:
-        return float(np.median(values))
-
     rows = []
     for side in ("json", "binary"):
         measured = {name: [r[f"{side}_{key}"] for r in heavy["rounds"]]
                     for name, key in (("service", "vs_raw"), ("batching_floor", "batching_floor_vs_raw"),
                                       ("ceiling", "ceiling"))}
-        service, floor, ceiling_ = (median(measured[name]) for name in ("service", "batching_floor", "ceiling"))
-        rows.append({"protocol": side, "rounds": len(heavy["rounds"])}
-                    | {name: median(values) for name, values in measured.items()}
+        medians = {name: float(np.median(values)) for name, values in measured.items()}
+        rows.append({"protocol": side, "rounds": len(heavy["rounds"])} | medians
                     | {f"{name}_range": f"{min(values):.3f}-{max(values):.3f}" for name, values in measured.items()}
-                    | {"http_stack": 1 - ceiling_, "batching_hand_offs": ceiling_ - floor, "service_work": floor - service})
+                    | {"http_stack": 1 - medians["ceiling"],
+                       "batching_hand_offs": medians["ceiling"] - medians["batching_floor"],
+                       "service_work": medians["batching_floor"] - medians["service"]})
     return rows
 
 
