@@ -14,7 +14,8 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from service.serving.runtime import requested_providers
+from service.serving.runtime import provider_options
+from service.settings import Settings
 
 
 class Request(BaseModel):
@@ -22,7 +23,7 @@ class Request(BaseModel):
 
 
 def build(model_path: str, device: str = "cpu") -> FastAPI:
-    session = ort.InferenceSession(model_path, providers=requested_providers(device))
+    session = ort.InferenceSession(model_path, providers=provider_options(Settings(device=device)))
     shape = tuple(session.get_inputs()[0].shape[1:])
     app = FastAPI()
 
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu",
-                        help="as the service's CALIB_DEVICE: the same providers are asked for")
+                        help="as the service's CALIB_DEVICE: the same providers and CUDA options are asked for")
     args = parser.parse_args()
     uvicorn.run(build(args.model, args.device), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 

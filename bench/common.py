@@ -26,7 +26,11 @@ def machine() -> dict:
     """What the numbers were measured on, and at which commit."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT).stdout
+    except OSError:  # no git (a copied tree on another machine)
+        commit = ""
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
                  "") if Path("/proc/cpuinfo").exists() else ""
     # two machines both called "AMD EPYC" differ 2-4x in speed here: the vector extensions tell them apart
@@ -71,25 +75,29 @@ def free_port() -> int:
 
 
 class Server:
-    """A server process (``argv`` gets ``--port``) with a readiness URL."""
+    """A server process (``argv`` gets ``--port``) with a readiness URL; its output goes to the file ``output``
+    (or nowhere)."""
 
-    def __init__(self, argv: list[str], ready_path: str, env: dict | None = None, cwd: Path = ROOT):
+    def __init__(self, argv: list[str], ready_path: str, env: dict | None = None, cwd: Path = ROOT,
+                 output: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        sink = output.open("wb") if output is not None else subprocess.DEVNULL
         # one string-hash seed for every server, so that processes compared differ only in what is compared
         # (dict and set layouts, hence their speed, otherwise differ from process to process)
         self.process = subprocess.Popen([*argv, "--port", str(self.port)],
                                         env=dict(os.environ, PYTHONHASHSEED="0", **(env or {})),
-                                        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        cwd=cwd, stdout=sink, stderr=subprocess.STDOUT if output else sink)
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 if httpx.get(self.url + ready_path).status_code == 200:
                     return
             except httpx.TransportError:
                 time.sleep(0.1)
+        code = self.process.poll()
         self.stop()
-        raise RuntimeError(f"{argv} did not become ready")
+        raise RuntimeError(f"{argv} " + ("did not become ready" if code is None else f"exited with status {code}"))
 
     def rss_mib(self) -> float:
         return rss_mib(self.process.pid)

@@ -13,6 +13,7 @@ import sys
 from bench.common import RESULTS, ROOT, machine, table
 from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
 from bench.feedback_load import goals as feedback_load_goals
+from bench.gpu import recorded_section
 from bench.monitoring import CALIBRATION_COLUMNS
 from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import COMPARED_COLUMNS as PROFILE_COMPARED_COLUMNS
@@ -167,6 +168,7 @@ def render() -> str:
                 f"({100 * soak['growth']:+.1f}%).", "", table(soak["samples"], ["minutes", "rss_mib"]), ""]
     if serving:
         out += ["## Goals", "", table(serving["goals"], ["goal", "measured", "target", "met", "note"]), ""]
+    out.append(recorded_section())
     return "\n".join(out) + "\n"
 
 

@@ -137,18 +137,20 @@ def run_load(url: str, payload: str, connections: int, seconds: float, rows: int
     return result | {"rows_per_s": result["requests_per_s"] * rows}
 
 
-def service(artifacts: Path, database_url: str, log: bool, device: str, **env) -> Server:
-    """A service process on ``device``; on a GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
+def service(artifacts: Path, database_url: str, log: bool, device: str, output: Path | None = None,
+            ready_path: str = "/v2/health/ready", **env) -> Server:
+    """A service process on ``device`` (its log to ``output``), waited for until ``ready_path`` answers 200; on a
+    GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
     env = {"CALIB_ARTIFACTS": str(artifacts), "CALIB_DATABASE_URL": database_url, "CALIB_LOG_LEVEL": "warning",
            "CALIB_PREDICTION_LOG": "true" if log else "false", "CALIB_DEFAULT_MODEL": LIGHT,
            "CALIB_DEVICE": device} | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda"
                                       else {}) | env
-    return Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
+    return Server([PYTHON, "-m", "service"], ready_path, env, output=output)
 
 
 def baseline_server(model_path: Path, device: str) -> Server:
     """The no-batching baseline (bench/baseline_app.py) serving ``model_path`` on ``device``."""
-    return Server([PYTHON, str(ROOT / "bench" / "baseline_app.py"), "--model", str(model_path),
+    return Server([PYTHON, "-m", "bench.baseline_app", "--model", str(model_path),
                    "--device", device], "/health")
 
 

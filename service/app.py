@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from contextlib import asynccontextmanager
 
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         endpoints = app.state.endpoints = Endpoints.build(settings, metrics)
         await anyio.to_thread.run_sync(endpoints.repository.load)
+        _set_switch_interval(settings)
         endpoints.monitor.feedback.export_bin_counters()
         if not await _sync_store(endpoints):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
@@ -80,6 +82,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)
     return app
+
+
+def _set_switch_interval(settings: Settings) -> None:
+    """Python's thread switch interval, when configured: an inference thread whose onnxruntime call has
+    ended waits up to that long for the GIL while the event loop runs."""
+    if settings.switch_interval_ms is not None:
+        sys.setswitchinterval(settings.switch_interval_ms / 1000)
+        log.info("thread switch interval %.2f ms", settings.switch_interval_ms)
 
 
 async def _sync_store(endpoints: Endpoints) -> bool:

@@ -83,6 +83,7 @@ class Endpoints:
         last error only for ``admin``: the driver's text names hosts, ports and databases)."""
         models = [{"name": m.name, "version": m.version, "ready": m.ready, "provider": m.runtime.provider,
                    "requested_providers": m.runtime.requested, "io_binding": m.runtime.io_binding,
+                   "batch_buckets": list(m.runtime.buckets),
                    "sessions": len(m.runtimes),
                    "queued_rows": m.batcher.queued_rows if m.batcher else 0}
                   for m in self.repository.all()]
@@ -96,6 +97,7 @@ class Endpoints:
         return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=self.repository.failed,
                               storage=storage, device=self.settings.device,
                               available_providers=ort.get_available_providers(), onnxruntime=ort.__version__,
+                              cuda_libraries=self.repository.cuda_libraries,
                               version=__version__)
 
     def server_ready(self) -> dict:

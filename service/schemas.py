@@ -106,6 +106,8 @@ class HealthResponse(BaseModel):
     device: str
     available_providers: list[str]
     onnxruntime: str
+    cuda_libraries: list[str] | None = Field(default=None, description="CUDA and cuDNN libraries loaded at start-up "
+                                             "(null when CUDA was not asked for)")
     version: str
 
 

@@ -45,6 +45,21 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when onnxruntime can use a GPU, else CPU; cuda: warn and fall back"
     )
+    cuda_tf32: bool = Field(default=False, description="TF32 tensor cores for CUDA matmuls and convolutions: faster "
+                            "on Ampere and newer GPUs, but probabilities then differ from the CPU path's by more "
+                            "than float32 rounding")
+    cuda_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        default="HEURISTIC", description="how cuDNN picks a convolution algorithm for each new input shape "
+        "(onnxruntime's cudnn_conv_algo_search): HEURISTIC asks cuDNN's heuristics; EXHAUSTIVE (onnxruntime's "
+        "default) benchmarks every algorithm on the first batch of each size (docs/decisions/0001-gpu-run.md)")
+    pad_batches: Literal["auto", "on", "off"] = Field(
+        default="auto", description="pad every batch with zero rows up to the next power of two (or the model's "
+        "max_batch_size), so that a session meets a handful of input shapes, each warmed up at load: on CUDA each "
+        "new shape costs cuDNN an algorithm search and plan; auto = on for sessions that run on CUDA")
+    switch_interval_ms: float | None = Field(
+        default=None, gt=0, description="Python's thread switch interval (sys.setswitchinterval): how long the event "
+        "loop may keep the GIL while an inference thread waits for it to hand back a finished batch; unset = "
+        "Python's default (5 ms)")
     intra_op_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = the "
                                   "cores shared among the model's sessions (a session with its own core never "
                                   "waits for a sibling thread that the event loop has pre-empted)")

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from calibkit.manifest import Manifest, load_manifest
 from service.serving.batching import DynamicBatcher
 from service.errors import ModelNotFound, NotReady
-from service.serving.runtime import ModelRuntime, create_runtime
+from service.serving.runtime import ModelRuntime, create_runtime, preload_cuda_libraries
 from service.settings import BatchingConfig, Settings
 
 log = logging.getLogger("service.serving.repository")
@@ -62,9 +62,12 @@ class ModelRepository:
     models: dict[str, dict[str, ServedModel]] = field(default_factory=dict)
     failed: list[dict] = field(default_factory=list)
     default: str | None = None
+    cuda_libraries: list[str] | None = None
 
     def load(self) -> None:
-        """Scan ``settings.artifacts`` and load every version; failures are logged and recorded."""
+        """Load the CUDA libraries when CUDA is wanted, then scan ``settings.artifacts`` and load every
+        version; failures are logged and recorded."""
+        self.cuda_libraries = preload_cuda_libraries(self.settings.device)
         root = self.settings.artifacts
         if not root.is_dir():
             log.error("artifacts directory %s does not exist: no model to serve", root)
@@ -161,11 +164,13 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
         raise ValueError(f"{model_path} does not match the manifest's sha256 (file {digest[:12]}..., "
                          f"manifest {manifest.model_sha256[:12]}...)")
     sessions = batching.sessions()
-    runtime = create_runtime(model_path, settings, sessions)
+    runtime = create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
     _check_signature(runtime, manifest)
-    _warm_up(runtime, manifest, batching)
-    extra = [create_runtime(model_path, settings, sessions) for _ in range(sessions - 1)]
-    return ServedModel(manifest.name, manifest.version, directory, manifest, [runtime, *extra], batching)
+    runtimes = [runtime, *(create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
+                           for _ in range(sessions - 1))]
+    for each in runtimes:
+        _warm_up(each, manifest, batching)
+    return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching)
 
 
 def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
@@ -181,9 +186,10 @@ def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
 
 
 def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig) -> None:
-    """Run the largest batch once (allocations, kernel choice) and check the outputs' shapes."""
+    """Run one row and the largest batch, or every bucket of a padding session, once (allocations, kernel and
+    algorithm choice) and check the outputs' shapes."""
     k = len(manifest.class_names)
-    for rows in sorted({1, batching.max_batch_size}):
+    for rows in runtime.buckets or sorted({1, batching.max_batch_size}):
         outputs = runtime.run(np.zeros((rows, *manifest.input.shape[1:]), dtype=np.float32))
         probs = outputs[manifest.outputs["probabilities"]]
         if outputs[manifest.outputs["logits"]].shape != (rows, k) or probs.shape != (rows, k):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.serving import runtime as runtime_module
 from service.serving.repository import ModelRepository
-from service.serving.runtime import CPU, CUDA, create_runtime, requested_providers
+from service.serving.runtime import CPU, CUDA, batch_buckets, create_runtime, requested_providers
 from service.settings import Settings
 
 
@@ -173,3 +174,35 @@ def test_settings_from_environment(monkeypatch):
     monkeypatch.setenv("CALIB_DEVICE", "tpu")
     with pytest.raises(ValueError, match="device"):
         Settings()
+
+
+def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, linear_artifact):
+    path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
+    plain = create_runtime(path, Settings(pad_batches="off"), max_batch_size=6)
+    padded = create_runtime(path, Settings(pad_batches="on"), max_batch_size=6)
+    assert (plain.buckets, padded.buckets) == ((), (1, 2, 4, 6))
+    assert create_runtime(path, Settings(), max_batch_size=6).buckets == ()  # auto: only for sessions on CUDA
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64) and batch_buckets(1) == (1,)
+    shapes = []
+    run = padded._run
+    padded._run = lambda x: shapes.append(len(x)) or run(x)
+    for rows in (1, 3, 5, 6, 9):  # 9 rows: larger than every bucket, run as they come
+        x = np.random.default_rng(rows).random((rows, 1, 2, 2), dtype=np.float32)
+        expected, got = plain.run(x), padded.run(x)
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name])
+    assert shapes == [1, 4, 6, 6, 9]
+
+
+def test_every_session_of_a_padding_model_is_warmed_up_at_each_bucket(tmp_path, linear_artifact, monkeypatch):
+    linear_artifact(tmp_path, "toy", "1")
+    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 8, "instances": 2}))
+    seen = []
+    original = runtime_module.ModelRuntime._run
+    monkeypatch.setattr(runtime_module.ModelRuntime, "_run", lambda self, x: seen.append((id(self), len(x)))
+                        or original(self, x))
+    repository = ModelRepository(Settings(artifacts=tmp_path, pad_batches="on"))
+    repository.load()
+    runtimes = repository.get("toy").runtimes
+    assert len(runtimes) == 2 and all(r.buckets == (1, 2, 4, 8) for r in runtimes)
+    assert sorted(seen) == sorted((id(r), b) for r in runtimes for b in (1, 2, 4, 8))
