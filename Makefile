@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
+.PHONY: run serve demo tools conformance test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,8 +47,20 @@ demo: $(VENV)/.installed-dev
 tools:
 	scripts/install-tools.sh
 
-## test: install the dev extra and the tools, and run the test suite
-test: $(VENV)/.installed-dev tools
+# The protocol owners' own clients, each in a venv of its own: kserve and mlserver pin starlette versions that
+# neither the service's venv nor each other take.
+KSERVE_SPEC ?= kserve==0.21.0
+MLSERVER_SPEC ?= mlserver==1.7.1 httpx
+.venv-%/.installed:
+	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip --disable-pip-version-check install -q $($(shell echo $* | tr a-z A-Z)_SPEC)
+	touch $@
+
+## conformance: the venvs of kserve's client and MLServer's types, which the protocol conformance tests run
+conformance: .venv-kserve/.installed .venv-mlserver/.installed
+
+## test: install the dev extra, the tools and the conformance venvs, and run the test suite
+test: $(VENV)/.installed-dev tools conformance
 	$(PY) -m pytest -q --doctest-modules calibkit training tests
 
 ## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,

@@ -112,9 +112,10 @@ class HealthResponse(BaseModel):
 
 
 class V2Tensor(BaseModel):
-    """An input tensor of the v2 protocol; ``data`` is flat or nested, in row-major order."""
+    """An input tensor of the v2 protocol; ``data`` is flat or nested, in row-major order. Fields the protocol
+    does not define are ignored, as its schema allows."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     name: str
     shape: list[Annotated[int, Field(ge=0)]]
@@ -124,14 +125,17 @@ class V2Tensor(BaseModel):
 
 
 class V2RequestedOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     name: str
     parameters: dict[str, Any] | None = None
 
 
 class V2InferenceRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A v2 inference request. Fields the protocol does not define (``model_name``, which Triton's and
+    KServe's clients send) are ignored, as its schema allows."""
+
+    model_config = ConfigDict(extra="ignore")
 
     id: str | None = None
     parameters: dict[str, Any] | None = None
@@ -148,18 +152,18 @@ class V2OutputTensor(BaseModel):
 
 
 class V2ResponseParameters(BaseModel):
-    """The response's parameters: this service's ``prediction_ids`` (others the protocol allows may follow)."""
+    """The response's parameters, each a string, number or boolean as the protocol requires."""
 
     model_config = ConfigDict(extra="allow")
 
-    prediction_ids: list[str] = Field(description="one prediction id per row of the input, in order; "
-                                                  "POST /feedback refers to them")
+    prediction_ids: str = Field(description="the rows' prediction ids, comma-separated, in order (also the "
+                                            "BYTES output tensor prediction_id); POST /feedback refers to them")
 
 
 class V2InferenceResponse(BaseModel):
     model_name: str
     model_version: str | None = None
-    id: str | None = None
+    id: str = Field(description="the request's id, or one made for the response when the request had none")
     parameters: V2ResponseParameters
     outputs: list[V2OutputTensor]
 
@@ -176,8 +180,9 @@ class V2ModelMetadata(BaseModel):
     platform: str
     inputs: list[V2TensorMetadata]
     outputs: list[V2TensorMetadata]
-    parameters: dict[str, Any] = Field(description="the manifest's preprocessing, classes and the image polarity "
-                                       "that images sent to /predict must have")
+    parameters: dict[str, str | int | float | bool] = Field(
+        description="the manifest's classes and preprocessing (each JSON-encoded in a string, as the protocol "
+        "allows only strings, numbers and booleans) and the image polarity that images sent to /predict must have")
 
 
 class V2ServerMetadata(BaseModel):

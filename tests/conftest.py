@@ -8,7 +8,8 @@ import pytest
 from training.vision import torchvision_available
 
 HAS_TORCHVISION = torchvision_available()
-collect_ignore = [] if HAS_TORCHVISION else ["vision"]
+# tests/conformance holds client scripts that run in venvs of their own (make conformance), never collected here
+collect_ignore = ["conformance"] + ([] if HAS_TORCHVISION else ["vision"])
 
 
 def pytest_report_header(config):

@@ -6,6 +6,7 @@ Routes in ``service.serving.rest`` and ``service.serving.v2`` only translate HTT
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import numpy as np
@@ -33,6 +34,8 @@ from service.serving.scoring import ScoredBatch, score
 from service.settings import Settings
 
 SCORES = "_scores"  # key of the batch's ScoredBatch among its outputs (not an ONNX output name)
+PREDICTION_ID = "prediction_id"
+"""The v2 output tensor (BYTES, one per row) of the rows' prediction ids, which POST /feedback takes."""
 V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
                 "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
 
@@ -180,9 +183,11 @@ class DataPlane:
             name=model.name, versions=sorted(self.repository.models[model.name], key=int),
             platform="onnxruntime_onnx",
             inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
-            outputs=[V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
-                     for o in ("logits", "probabilities")],
-            parameters={"classes": model.manifest.class_names, "preprocessing": pre.model_dump(),
+            outputs=[*(V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
+                       for o in ("logits", "probabilities")),
+                     V2TensorMetadata(name=PREDICTION_ID, datatype="BYTES", shape=[-1])],
+            parameters={"classes": json.dumps(model.manifest.class_names),
+                        "preprocessing": json.dumps(pre.model_dump()),
                         "image_polarity": ("dark strokes on a light background (the service inverts images)"
                                            if pre.invert else "as the training images")},
         )
@@ -191,8 +196,9 @@ class DataPlane:
                        values: dict[str, np.ndarray | list], phases: Phases
                        ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
         """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
-        requested outputs and the rows' prediction ids. ``values`` holds the values of the request's inputs by
-        name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed."""
+        requested outputs (``prediction_id`` as an object array of strings) and the rows' prediction ids (which
+        the response carries whether or not the tensor was requested). ``values`` holds the values of the
+        request's inputs by name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed."""
         model = self.repository.get(name, version)
         if len(request.inputs) != 1:
             raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
@@ -219,17 +225,21 @@ class DataPlane:
         x = x.reshape(tensor.shape).astype(np.float32, copy=False)
         if not np.isfinite(x).all():
             raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
-        requested = [o.name for o in request.outputs] if request.outputs else list(model.manifest.outputs.values())
-        unknown = [o for o in requested if o not in model.runtime.output_names]
+        known = [*model.runtime.output_names, PREDICTION_ID]
+        requested = ([o.name for o in request.outputs] if request.outputs
+                     else [*model.manifest.outputs.values(), PREDICTION_ID])
+        unknown = [o for o in requested if o not in known]
         if unknown:
-            raise InvalidInput(f"unknown outputs {unknown}; the model has {model.runtime.output_names}", field="outputs")
+            raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
         phases.mark("validate")
         outputs, _ = await self.infer(model, x)
         phases.mark("batch")
         scored: ScoredBatch = outputs[SCORES]
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
-        served = {model.manifest.outputs["probabilities"]: scored.probabilities}
-        return model, {name: served.get(name, outputs[name]) for name in requested}, self.log(model, scored)
+        ids = self.log(model, scored)
+        served = {model.manifest.outputs["probabilities"]: scored.probabilities,
+                  PREDICTION_ID: np.array(ids, dtype=object)}
+        return model, {name: served.get(name, outputs.get(name)) for name in requested}, ids
 
     @staticmethod
     def _v2_data(data) -> np.ndarray:

@@ -3,11 +3,19 @@
 Includes the binary tensor data extension that ``tritonclient.http`` uses by default: a request
 whose JSON header is followed by raw tensor bytes (``Inference-Header-Content-Length``), and
 outputs returned as raw bytes when asked for with ``binary_data`` / ``binary_data_output``.
-Inferences are logged for monitoring like /predict; the response's ``parameters.prediction_ids``
-(one per row) are the ids POST /feedback refers to.
+Inferences are logged for monitoring like /predict; the rows' prediction ids, which POST /feedback
+refers to, come back as the BYTES output tensor ``prediction_id`` (unless an ``outputs`` list leaves it
+out) and, comma-separated, as the response parameter ``prediction_ids``: the protocol allows only
+strings, numbers and booleans as parameter values. The response's ``id`` is the request's, or a fresh
+one when the request has none (the protocol's response format and KServe's response model require one).
+A request with ``"parameters":
+{"prediction_ids_format": "list"}`` gets the list of earlier releases instead (deprecated, for one
+release).
 """
 
 from __future__ import annotations
+
+import uuid
 
 import numpy as np
 import orjson
@@ -159,18 +167,31 @@ def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str
     wanted = {o.name: bool((o.parameters or {}).get("binary_data", binary_all)) for o in body.outputs or []}
     tensors, blobs = [], []
     for output, values in outputs.items():
-        values = np.ascontiguousarray(values, dtype=np.float32)
-        tensor = {"name": output, "datatype": "FP32", "shape": list(values.shape)}
+        strings = values.dtype == object
+        if not strings:
+            values = np.ascontiguousarray(values, dtype=np.float32)
+        tensor = {"name": output, "datatype": "BYTES" if strings else "FP32", "shape": list(values.shape)}
         if wanted.get(output, binary_all):
-            raw = values.tobytes()
+            raw = _bytes_tensor(values) if strings else values.tobytes()
             tensor["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            tensor["data"] = values.ravel().tolist()
+            tensor["data"] = values.tolist() if strings else values.ravel().tolist()
         tensors.append(tensor)
-    header = orjson.dumps({"model_name": name, "model_version": version, "id": body.id,
-                           "parameters": {"prediction_ids": ids}, "outputs": tensors})
+    legacy = (body.parameters or {}).get("prediction_ids_format") == "list"
+    header = orjson.dumps({"model_name": name, "model_version": version, "id": body.id or uuid.uuid4().hex,
+                           "parameters": {"prediction_ids": ids if legacy else ",".join(ids)}, "outputs": tensors})
     if not blobs:
         return Response(header, media_type="application/json")
     return Response(header + b"".join(blobs), media_type="application/octet-stream",
                     headers={"Inference-Header-Content-Length": str(len(header))})
+
+
+def _bytes_tensor(values: np.ndarray) -> bytes:
+    """A BYTES tensor in the binary tensor extension: each element as its 4-byte little-endian length, then
+    its UTF-8 bytes."""
+    out = bytearray()
+    for value in values.ravel():
+        encoded = str(value).encode()
+        out += len(encoded).to_bytes(4, "little") + encoded
+    return bytes(out)

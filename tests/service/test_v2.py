@@ -31,9 +31,13 @@ def test_model_metadata(base_url):
     meta = httpx.get(f"{base_url}/v2/models/digits-lenet5").json()
     assert meta["platform"] == "onnxruntime_onnx" and meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
-    assert [o["name"] for o in meta["outputs"]] == ["logits", "probabilities"]
+    assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
+        ("logits", "FP32"), ("probabilities", "FP32"), ("prediction_id", "BYTES")]
+    # every parameter value is a string, number or boolean (the protocol's rule); lists and objects JSON-encoded
+    assert all(isinstance(v, str | int | float | bool) for v in meta["parameters"].values())
     # what an image must look like: the manifest's preprocessing and its polarity in words
-    assert meta["parameters"]["preprocessing"]["invert"] is True and len(meta["parameters"]["classes"]) == 10
+    assert json.loads(meta["parameters"]["preprocessing"])["invert"] is True
+    assert json.loads(meta["parameters"]["classes"]) == [str(i) for i in range(10)]
     assert meta["parameters"]["image_polarity"].startswith("dark strokes on a light background")
     assert httpx.get(f"{base_url}/v2/models/toy/versions/1").json()["versions"] == ["1", "2"]
 
@@ -46,6 +50,9 @@ def test_json_infer_flat_and_nested(base_url):
     body = r.json()
     assert (body["model_name"], body["model_version"], body["id"]) == ("digits-lenet5", "1", "req-1")
     outputs = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in body["outputs"]}
+    assert [(o["name"], o["datatype"], o["shape"]) for o in body["outputs"]] == [
+        ("logits", "FP32", [6, 10]), ("probabilities", "FP32", [6, 10]), ("prediction_id", "BYTES", [6])]
+    assert list(outputs["prediction_id"]) == body["parameters"]["prediction_ids"].split(",")
     assert outputs["probabilities"].shape == (6, 10)
     temperature = httpx.get(f"{base_url}/models").json()["models"][0]["versions"][0]["temperature"]
     np.testing.assert_allclose(outputs["probabilities"], apply_temperature(outputs["logits"], temperature), atol=1e-6)
@@ -53,6 +60,7 @@ def test_json_infer_flat_and_nested(base_url):
               "outputs": [{"name": "probabilities"}]}
     body = httpx.post(f"{base_url}/v2/models/digits-lenet5/versions/1/infer", json=nested).json()
     assert [o["name"] for o in body["outputs"]] == ["probabilities"]
+    assert len(body["id"]) == 32 and body["id"] != _json_infer(base_url, X[:1])["id"]  # none asked: a fresh one each
     np.testing.assert_allclose(np.array(body["outputs"][0]["data"]).reshape(6, 10), outputs["probabilities"], atol=1e-6)
 
 
@@ -170,7 +178,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
 
 def test_json_infer_is_logged_and_its_prediction_ids_take_feedback(server):
     body = _json_infer(server[0], X, outputs=[{"name": "probabilities"}])
-    ids = body["parameters"]["prediction_ids"]
+    ids = body["parameters"]["prediction_ids"].split(",")
     assert len(ids) == len(X)
     probabilities = np.array(body["outputs"][0]["data"]).reshape(body["outputs"][0]["shape"])
     _assert_logged_and_labelled(server, ids, probabilities)
@@ -180,10 +188,11 @@ def test_tritonclient_binary_infer_is_logged_and_its_prediction_ids_take_feedbac
     client = triton.InferenceServerClient(url=server[0].removeprefix("http://"))
     tensor = triton.InferInput("input", list(X.shape), "FP32")
     tensor.set_data_from_numpy(X, binary_data=True)
-    result = client.infer("digits-lenet5", [tensor], outputs=[triton.InferRequestedOutput("probabilities",
-                                                                                          binary_data=True)])
-    ids = result.get_response()["parameters"]["prediction_ids"]
-    assert len(ids) == len(X)
+    result = client.infer("digits-lenet5", [tensor], outputs=[
+        triton.InferRequestedOutput("probabilities", binary_data=True),
+        triton.InferRequestedOutput("prediction_id", binary_data=True)])
+    ids = [i.decode() for i in result.as_numpy("prediction_id")]
+    assert len(ids) == len(X) and ids == result.get_response()["parameters"]["prediction_ids"].split(",")
     _assert_logged_and_labelled(server, ids, result.as_numpy("probabilities"))
 
 
@@ -197,9 +206,9 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
                 registry.get_sample_value("calib_prediction_log_written_total") or 0.0)
 
     predicted, written = counts()
-    json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"]
+    json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"].split(",")
     header, _ = _binary_infer(base_url, X[:4])
-    binary_ids = header["parameters"]["prediction_ids"]
+    binary_ids = header["parameters"]["prediction_ids"].split(",")
     assert (len(json_ids), len(binary_ids)) == (6, 4)
     now_predicted, now_written = counts()
     assert now_predicted - predicted == now_written - written == 10
@@ -212,8 +221,8 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
                         database_url=f"sqlite:///{tmp_path / 'unlogged.db'}")
     with server_for(settings) as (base_url, app):
         predict_ids = [p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": X.tolist()}).json()["predictions"]]
-        json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"]
-        binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"]
+        json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"].split(",")
+        binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"].split(",")
         assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
         _flush(app)
         assert app.state.endpoints.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
@@ -240,3 +249,25 @@ def test_infer_runs_on_the_fast_path_and_times_its_phases(base_url, route):
         assert _phase_count(base_url, route, phase) == count + 1, phase
     assert f'route="{route}"' in httpx.get(f"{base_url}/metrics").text
     assert httpx.get(f"{base_url}{path}").status_code == 405
+
+
+def test_the_fields_the_protocol_allows_are_accepted_and_ignored(base_url):
+    # kserve's InferRequest.to_rest() and Triton's examples send model_name; the spec's schemas allow extra fields
+    body = _json_infer(base_url, X[:2], model_name="digits-lenet5", model_version="1",
+                       outputs=[{"name": "probabilities", "extra": 1}])
+    assert [o["name"] for o in body["outputs"]] == ["probabilities"]
+
+
+def test_binary_prediction_ids_are_a_bytes_tensor_and_the_old_list_is_there_for_one_release(base_url):
+    header, blob = _binary_infer(base_url, X[:3])
+    sizes = {o["name"]: o["parameters"]["binary_data_size"] for o in header["outputs"]}
+    assert [o["datatype"] for o in header["outputs"]] == ["FP32", "FP32", "BYTES"]
+    raw = blob[sizes["logits"] + sizes["probabilities"]:]
+    ids, offset = [], 0
+    while offset < len(raw):  # the extension's BYTES layout: a 4-byte little-endian length, then the bytes
+        n = int.from_bytes(raw[offset:offset + 4], "little")
+        ids.append(raw[offset + 4:offset + 4 + n].decode())
+        offset += 4 + n
+    assert len(raw) == sizes["prediction_id"] and ids == header["parameters"]["prediction_ids"].split(",")
+    legacy = _json_infer(base_url, X[:2], parameters={"prediction_ids_format": "list"})
+    assert isinstance(legacy["parameters"]["prediction_ids"], list) and len(legacy["parameters"]["prediction_ids"]) == 2

@@ -1,0 +1,65 @@
+"""The Open Inference Protocol as its owners' own tools speak it: kserve's InferenceRESTClient and pydantic
+models, and MLServer's types, each in its own venv (they pin starlette versions the service's venv does not
+take; ``make conformance`` builds them), against the running service. Their probabilities must be the
+service's to the bit and their prediction ids must take feedback."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL, SHAPE = "digits-lenet5", (1, 8, 8)
+pytestmark = pytest.mark.e2e  # client venvs of their own, built by `make conformance`
+
+
+def _client(venv: str, script: str, base_url: str) -> dict:
+    python = ROOT / venv / "bin" / "python"
+    assert python.exists(), f"{venv} is missing: run `make conformance`"
+    done = subprocess.run([str(python), str(ROOT / "tests" / "conformance" / script), base_url, MODEL,
+                           ",".join(map(str, SHAPE))], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _service_probabilities(base_url: str) -> np.ndarray:
+    """The service's probabilities for the clients' rows, as float32 bytes through tritonclient.http."""
+    rows = np.random.default_rng(0).random((3, *SHAPE), dtype=np.float32)
+    client = triton.InferenceServerClient(base_url.removeprefix("http://"))
+    tensor = triton.InferInput("input", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows, binary_data=True)
+    result = client.infer(MODEL, [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=True)])
+    return result.as_numpy("probabilities")
+
+
+def _assert_ids_take_feedback(base_url: str, ids: list[str]) -> None:
+    assert len(ids) == len(set(ids)) == 3
+    items = [{"prediction_id": i, "label": 0} for i in ids]
+    for _ in range(50):  # the prediction log writes behind the answer
+        answer = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+        if answer["accepted"] == 3:
+            return
+        items = [items[r["index"]] for r in answer["rejected"]]
+        assert all("unknown prediction id" in r["reason"] for r in answer["rejected"]), answer
+        time.sleep(0.1)
+    raise AssertionError(f"feedback on {ids} not accepted")
+
+
+def test_kserve_rest_client_and_models_accept_every_answer_json_and_binary(base_url):
+    result = _client(".venv-kserve", "kserve_client.py", base_url)
+    expected = _service_probabilities(base_url)
+    for side in ("json", "binary"):
+        np.testing.assert_array_equal(np.asarray(result[side]["probabilities"], np.float32), expected)
+        assert result[side]["model_name"] == MODEL and result[side]["id"]  # the id InferRequest made, echoed
+        _assert_ids_take_feedback(base_url, result[side]["ids"])
+
+
+def test_mlserver_types_accept_every_answer(base_url):
+    result = _client(".venv-mlserver", "mlserver_types.py", base_url)
+    np.testing.assert_array_equal(np.asarray(result["probabilities"], np.float32), _service_probabilities(base_url))
+    _assert_ids_take_feedback(base_url, result["ids"])
