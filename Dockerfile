@@ -47,7 +47,7 @@ COPY --chown=10001:10001 artifacts ./artifacts
 RUN mkdir -p /app/data && chown 10001:10001 /app/data
 VOLUME ["/app/data"]
 USER 10001
-EXPOSE 8000
+EXPOSE 8000 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2).status != 200)"]
 CMD ["python", "-m", "service"]

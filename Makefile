@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools conformance test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
+.PHONY: run serve demo tools proto conformance test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ MLSERVER_SPEC ?= mlserver==1.7.1 httpx
 	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
 	.venv-$*/bin/python -m pip --disable-pip-version-check install -q $($(shell echo $* | tr a-z A-Z)_SPEC)
 	touch $@
+
+## proto: regenerate service/serving/protocol's Python modules from grpc_predict_v2.proto (grpcio-tools)
+proto: $(VENV)/.installed-dev
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. service/serving/protocol/grpc_predict_v2.proto
 
 ## conformance: the venvs of kserve's client and MLServer's types, which the protocol conformance tests run
 conformance: .venv-kserve/.installed .venv-mlserver/.installed

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -75,11 +76,11 @@ def free_port() -> int:
 
 
 class Server:
-    """A server process (``argv`` gets ``--port``) with a readiness URL; its output goes to the file ``output``
-    (or nowhere)."""
+    """A server process (``argv`` gets ``--port``) with a readiness URL, or a ``probe`` of its port for one that
+    does not speak HTTP; its output goes to the file ``output`` (or nowhere)."""
 
-    def __init__(self, argv: list[str], ready_path: str, env: dict | None = None, cwd: Path = ROOT,
-                 output: Path | None = None):
+    def __init__(self, argv: list[str], ready_path: str | None, env: dict | None = None, cwd: Path = ROOT,
+                 output: Path | None = None, probe: Callable[[int], bool] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         sink = output.open("wb") if output is not None else subprocess.DEVNULL
@@ -91,10 +92,11 @@ class Server:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                if httpx.get(self.url + ready_path).status_code == 200:
+                if probe(self.port) if probe is not None else httpx.get(self.url + ready_path).status_code == 200:
                     return
             except httpx.TransportError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         code = self.process.poll()
         self.stop()
         raise RuntimeError(f"{argv} " + ("did not become ready" if code is None else f"exited with status {code}"))

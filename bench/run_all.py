@@ -19,7 +19,7 @@ from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import COMPARED_COLUMNS as PROFILE_COMPARED_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
 from bench.profile import THREAD_COLUMNS as PROFILE_THREAD_COLUMNS
-from bench.serving import (CEILING_COLUMNS, GAP_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES,
+from bench.serving import (CEILING_COLUMNS, GAP_COLUMNS, GRPC_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES,
                            RAW_COLUMNS, gap_decomposition)
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
@@ -96,6 +96,10 @@ def render() -> str:
                 "over onnxruntime alone at the batch size it formed (`batching_floor_batch`), what a batching server "
                 "on this stack reaches with nothing the service adds:", "",
                 table(heavy["rounds"], CEILING_COLUMNS), "",
+                "The same over gRPC (`ModelInfer` with raw tensor contents, `bench.grpc_load` as the client: one "
+                "channel, 64 calls in flight, the request serialized once), and the batching floor of a bare "
+                "grpcio server with the same batcher and sessions (bench/grpc_floor_app.py):", "",
+                table(heavy["rounds"], GRPC_COLUMNS), "",
                 "The gap between the service and onnxruntime alone, split (medians of the rounds, with their ranges): "
                 "`http_stack` = 1 - ceiling, what parsing and answering on this stack take; `batching_hand_offs` = "
                 "ceiling - batching floor, what batching and the hand-offs to the inference threads and back take; "

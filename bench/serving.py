@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -142,6 +143,7 @@ def service(artifacts: Path, database_url: str, log: bool, device: str, output: 
     """A service process on ``device`` (its log to ``output``), waited for until ``ready_path`` answers 200; on a
     GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
     env = {"CALIB_ARTIFACTS": str(artifacts), "CALIB_DATABASE_URL": database_url, "CALIB_LOG_LEVEL": "warning",
+           "CALIB_GRPC_PORT": "0",
            "CALIB_PREDICTION_LOG": "true" if log else "false", "CALIB_DEFAULT_MODEL": LIGHT,
            "CALIB_DEVICE": device} | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda"
                                       else {}) | env
@@ -186,6 +188,53 @@ def ceiling(url: str, pid: int, payload: str | None, clients: int, seconds: floa
     w = (children_cpu_seconds() - client) / requests
     t = (os.cpu_count() or 1) / raw_rows_per_s
     return {"floor_ms": 1000 * f, "client_ms": 1000 * w, "ceiling": t / (t + f + w)}
+
+
+def grpc_load(target: str, model: str, clients: int, seconds: float) -> dict:
+    """Closed-loop single-row gRPC ModelInfer load on ``target`` (``bench.grpc_load``, a process of its own, as wrk
+    is for REST)."""
+    out = subprocess.run([PYTHON, "-m", "bench.grpc_load", "--target", target, "--model", model, "--shape",
+                          ",".join(map(str, SHAPES[model])), "--clients", str(clients), "--seconds", str(seconds)],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def grpc_target(svc: Server) -> str:
+    """The service's gRPC address (its /health names the port)."""
+    return f"127.0.0.1:{httpx.get(f'{svc.url}/health').json()['grpc_port']}"
+
+
+def _grpc_floor_stats(port: int, timeout: float = 10.0) -> dict:
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return json.loads(channel.unary_unary("/floor.Floor/Stats")(b"", timeout=timeout))
+
+
+def _grpc_floor_up(port: int) -> bool:
+    import grpc
+
+    try:
+        _grpc_floor_stats(port, timeout=1.0)
+    except grpc.RpcError:
+        return False
+    return True
+
+
+def grpc_floor_server(model_path: Path) -> Server:
+    """The batching floor over gRPC (bench/grpc_floor_app.py) serving ``model_path``."""
+    return Server([PYTHON, "-m", "bench.grpc_floor_app"], None, {"FLOOR_MODEL": str(model_path)}, probe=_grpc_floor_up)
+
+
+def grpc_batching_floor(floor: Server, clients: int, seconds: float, model_path: Path, device: str) -> dict:
+    """The gRPC batching floor at ``clients`` single-row clients: its rows/s over onnxruntime alone at the batch
+    size it formed."""
+    before = _grpc_floor_stats(floor.port)
+    rps = grpc_load(f"127.0.0.1:{floor.port}", HEAVY, clients, seconds)["requests_per_s"]
+    after = _grpc_floor_stats(floor.port)
+    formed = (after["rows"] - before["rows"]) / max(1, after["calls"] - before["calls"])
+    raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]["rows_per_s"]
+    return {"grpc_batching_floor_batch": formed, "grpc_batching_floor_vs_raw": rps / raw}
 
 
 def providers(svc: Server) -> dict[str, str]:
@@ -254,6 +303,13 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
                 formed = formed_batch(svc, before, model)
                 result["load"].append({"server": "service", "model": model, "rows": rows, "clients": c,
                                        "mean_batch_rows": formed} | point)
+        for c in concurrency:  # the same single-row load over gRPC
+            before = histogram_totals(svc.url)
+            point = grpc_load(grpc_target(svc), model, c, seconds)
+            result["load"].append({"server": "service (gRPC)", "model": model, "rows": 1, "clients": c,
+                                   "mean_batch_rows": formed_batch(svc, before, model),
+                                   "rows_per_s": point["requests_per_s"], "non_2xx": sum(point["errors"].values()),
+                                   **{k: point[k] for k in ("requests_per_s", "p50_ms", "p99_ms")}})
         means = histogram_means(start, histogram_totals(svc.url), [*PHASES, f"queue:{model}", f"inference:{model}"])
         result["split"][model] = {k.split(":")[0]: None if v is None else 1000 * v for k, v in means.items()}
 
@@ -272,7 +328,10 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     check_with_tritonclient(svc, HEAVY, SHAPES[HEAVY])
     measured = []
     baseline, floor, batching = baseline_server(model_path, device), floor_server(), floor_server(model_path)
+    grpc_floor, target = grpc_floor_server(model_path), grpc_target(svc)
     try:
+        grpc_load(target, HEAVY, clients, 1.0)  # warm-ups, discarded
+        grpc_load(f"127.0.0.1:{grpc_floor.port}", HEAVY, clients, 1.0)
         for path, side_payload, side_lua in requests.values():  # warm-ups, discarded
             wrk(svc.url + path, side_payload, clients, 1.0, lua=side_lua)
             wrk(batching.url + path, side_payload, clients, 1.0, lua=side_lua)
@@ -292,6 +351,13 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
                                  raw["rows_per_s"])
                          | batching_floor(batching, path, side_payload, clients, seconds, side_lua, model_path,
                                           device)).items()}
+            before = histogram_totals(svc.url)
+            rps = grpc_load(target, HEAVY, clients, seconds)["requests_per_s"]
+            formed = formed_batch(svc, before, HEAVY) or 1.0
+            raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
+            row |= {"grpc_rows_per_s": rps, "grpc_batch": formed, "raw_grpc_rows_per_s": raw["rows_per_s"],
+                    "grpc_vs_raw": rps / raw["rows_per_s"]}
+            row |= grpc_batching_floor(grpc_floor, clients, seconds, model_path, device)
             row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
                 "requests_per_s"]
             row["json_vs_baseline"] = row["json_rows_per_s"] / row["baseline_rows_per_s"]
@@ -300,9 +366,10 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
         baseline.stop()
         floor.stop()
         batching.stop()
+        grpc_floor.stop()
     return {"clients": clients, "rounds": measured} | {
         key: sorted(measured, key=lambda r: r[key])[len(measured) // 2]
-        for key in ("json_vs_raw", "binary_vs_raw", "json_vs_baseline")}
+        for key in ("json_vs_raw", "binary_vs_raw", "grpc_vs_raw", "json_vs_baseline")}
 
 
 def logging_cpu(artifacts: Path, work: Path, clients: int, seconds: float, rounds: int, payloads: dict,
@@ -564,7 +631,9 @@ def heavy_report(heavy: dict, provider: str) -> str:
     return (f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
             f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
             f"ms per request, the ceiling they leave against onnxruntime alone, and the batching floor's ratio\n"
-            f"{table(heavy['rounds'], CEILING_COLUMNS)}\n\nthe gap to onnxruntime alone, split (medians of the rounds)\n"
+            f"{table(heavy['rounds'], CEILING_COLUMNS)}\n\nthe same over gRPC, and the bare grpcio batching floor's "
+            f"ratio\n"
+            f"{table(heavy['rounds'], GRPC_COLUMNS)}\n\nthe gap to onnxruntime alone, split (medians of the rounds)\n"
             f"{table(gap_decomposition(heavy), GAP_COLUMNS)}")
 
 
@@ -574,6 +643,8 @@ LOGGING_COLUMNS = ["logging", "model", "clients", "processes", "rounds", "cpu_s_
 HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_vs_raw", "json_ceiling",
                  "binary_rows_per_s", "binary_batch", "raw_binary_rows_per_s", "binary_vs_raw", "binary_ceiling",
                  "baseline_rows_per_s", "json_vs_baseline"]
+GRPC_COLUMNS = ["grpc_rows_per_s", "grpc_batch", "raw_grpc_rows_per_s", "grpc_vs_raw", "grpc_batching_floor_batch",
+                "grpc_batching_floor_vs_raw"]
 CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "json_batching_floor_batch",
                    "json_batching_floor_vs_raw", "binary_floor_ms", "binary_client_ms", "binary_ceiling",
                    "binary_batching_floor_batch", "binary_batching_floor_vs_raw"]
@@ -618,13 +689,16 @@ def _batching_goals(result: dict, top: int) -> list[dict]:
     load, heavy, out = result["load"], result["heavy_rounds"], []
     gpu = result["providers"][HEAVY] == CUDA
     rounds = f"median of {len(heavy['rounds'])} rounds, each measuring every side in turn"
-    for side, name in (("json", "JSON /predict"), ("binary", "v2 binary tensors (tritonclient.http's body)")):
+    for side, name in (("json", "JSON /predict"), ("binary", "v2 binary tensors (tritonclient.http's body)"),
+                       ("grpc", "gRPC ModelInfer with raw tensor contents")):
         r = heavy[f"{side}_vs_raw"]
+        floor = (f"; the bare grpcio batching floor reached {r['grpc_batching_floor_vs_raw']:.3f}" if side == "grpc"
+                 else "")
         out.append({"goal": f"heavy on {result['providers'][HEAVY]}: service rows/s at {top} single-row clients "
                             f"through {name} / onnxruntime alone at the batch size the batcher formed",
                     "measured": r[f"{side}_vs_raw"], "target": ">= 0.8" if gpu else ">= 0.9",
                     "note": f"{rounds}; this round: {r[f'{side}_rows_per_s']:.0f} vs {r[f'raw_{side}_rows_per_s']:.0f} "
-                            f"rows/s at {round(r[f'{side}_batch'])} rows (mean batch {r[f'{side}_batch']:.1f})"})
+                            f"rows/s at {round(r[f'{side}_batch'])} rows (mean batch {r[f'{side}_batch']:.1f}){floor}"})
     if gpu:
         r = heavy["json_vs_baseline"]
         out.append({"goal": f"heavy on {CUDA}: service / no-batching baseline at {top} clients",

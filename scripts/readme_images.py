@@ -236,7 +236,7 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
         shutil.copytree(ROOT / "artifacts", workdir / "artifacts")
         port = _free_port()
         env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{workdir / 'monitoring.db'}", CALIB_LOG_LEVEL="warning",
-                   CALIB_DEFAULT_MODEL=MODEL, CALIB_EVALUATE_SECONDS="0.2", PYTHONPATH=str(ROOT))
+                   CALIB_DEFAULT_MODEL=MODEL, CALIB_EVALUATE_SECONDS="0.2", CALIB_GRPC_PORT="0", PYTHONPATH=str(ROOT))
         with open(workdir / "service.log", "wb") as log:
             process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(workdir / "artifacts"),
                                         "--port", str(port)], cwd=workdir, env=env, stdout=log,

@@ -27,6 +27,7 @@ from service.middleware import ServingMiddleware
 from service.monitoring.routes import FEEDBACK_CONTRACT, FEEDBACK_ROUTES
 from service.monitoring.routes import router as monitoring_router
 from service.schemas import ActivateRequest, RecalibrateRequest, V2InferenceRequest
+from service.serving import grpc_server as grpc_api
 from service.serving.rest import PREDICT_CONTRACT, PREDICT_ROUTES
 from service.serving.rest import router as rest_router
 from service.serving.v2 import INFER_CONTRACTS, INFER_ROUTES
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not await _sync_store(endpoints):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
         await endpoints.dataplane.start()
+        grpc_server = await grpc_api.start(endpoints)
         endpoints.prediction_log.start()
         endpoints.feedback.start()
         endpoints.evaluator.start()
@@ -61,6 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         endpoints.ready = False
         housekeeping.cancel()
+        if grpc_server is not None:
+            await grpc_server.stop(settings.graceful_shutdown_seconds)
         await endpoints.dataplane.stop()
         await endpoints.feedback.stop()
         await endpoints.evaluator.stop()

@@ -51,6 +51,7 @@ class Endpoints:
     evaluator: Evaluator
     webhook: AlarmWebhook
     ready: bool = False
+    grpc_port: int | None = None
 
     @classmethod
     def build(cls, settings: Settings, metrics: ServiceMetrics) -> Endpoints:
@@ -97,7 +98,7 @@ class Endpoints:
         return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=self.repository.failed,
                               storage=storage, device=self.settings.device,
                               available_providers=ort.get_available_providers(), onnxruntime=ort.__version__,
-                              cuda_libraries=self.repository.cuda_libraries,
+                              cuda_libraries=self.repository.cuda_libraries, grpc_port=self.grpc_port,
                               version=__version__)
 
     def server_ready(self) -> dict:

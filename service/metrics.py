@@ -30,6 +30,10 @@ class ServiceMetrics:
                                "Request time by phase: parse (read + decode JSON), validate, batch (queue + "
                                "inference, see the two histograms below), encode (build + encode the response)",
                                ["route", "phase"], buckets=LATENCY_BUCKETS, registry=r)
+        self.grpc_requests = Counter("calib_grpc_requests_total", "gRPC calls by method and status code",
+                                     ["method", "code"], registry=r)
+        self.grpc_latency = Histogram("calib_grpc_request_duration_seconds", "gRPC call latency by method",
+                                      ["method"], buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("calib_http_requests_in_flight", "Requests being served", registry=r)
         self.queue = Histogram("calib_queue_duration_seconds", "Time a request waited for its batch",
                                ["model"], buckets=LATENCY_BUCKETS, registry=r)

@@ -106,6 +106,8 @@ class HealthResponse(BaseModel):
     device: str
     available_providers: list[str]
     onnxruntime: str
+    grpc_port: int | None = Field(default=None, description="the port of the Open Inference Protocol over gRPC "
+                                  "(null when gRPC is off)")
     cuda_libraries: list[str] | None = Field(default=None, description="CUDA and cuDNN libraries loaded at start-up "
                                              "(null when CUDA was not asked for)")
     version: str

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     default_model: str | None = Field(default=None, description="model used when a request names none")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    grpc: bool = Field(default=True, description="serve the Open Inference Protocol over gRPC too")
+    grpc_port: int = Field(default=8081, ge=0, le=65535, description="the gRPC port (0: a free one, shown in "
+                           "/health)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when onnxruntime can use a GPU, else CPU; cuda: warn and fall back"
     )

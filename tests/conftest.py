@@ -19,6 +19,19 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def free_grpc_ports():
+    """Every service a test starts, in-process or as a child process, serves gRPC on a free port (shown in
+    /health) rather than 8081, so that several can run at once."""
+    previous = os.environ.get("CALIB_GRPC_PORT")
+    os.environ["CALIB_GRPC_PORT"] = "0"
+    yield
+    if previous is None:
+        os.environ.pop("CALIB_GRPC_PORT", None)
+    else:
+        os.environ["CALIB_GRPC_PORT"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def isolated_feedback_store(tmp_path_factory):
     previous = os.environ.get("CALIB_DATABASE_URL")
     os.environ["CALIB_DATABASE_URL"] = f"sqlite:///{tmp_path_factory.mktemp('store') / 'monitoring.db'}"

@@ -256,5 +256,15 @@ class DataPlane:
         return array.ravel()
 
 
+def bytes_tensor(values: np.ndarray) -> bytes:
+    """A BYTES tensor as the binary tensor extension and gRPC's raw contents carry it: each element as its 4-byte
+    little-endian length, then its UTF-8 bytes."""
+    out = bytearray()
+    for value in values.ravel():
+        encoded = str(value).encode()
+        out += len(encoded).to_bytes(4, "little") + encoded
+    return bytes(out)
+
+
 def server_metadata() -> dict:
     return {"name": "calibrated-serving", "version": __version__, "extensions": ["binary_tensor_data"]}

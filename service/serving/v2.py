@@ -27,7 +27,7 @@ from service.endpoints import CurrentEndpoints, current
 from service.errors import InvalidInput
 from service.schemas import V2Error, V2InferenceRequest, V2InferenceResponse, V2ModelMetadata, V2ServerMetadata
 from service.serving.codec import Phases, PlainRoute, validate
-from service.serving.dataplane import V2_DATATYPES, server_metadata
+from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
 
 router = APIRouter(prefix="/v2", tags=["v2"])
 HEADER_LENGTH = "inference-header-content-length"
@@ -172,7 +172,7 @@ def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str
             values = np.ascontiguousarray(values, dtype=np.float32)
         tensor = {"name": output, "datatype": "BYTES" if strings else "FP32", "shape": list(values.shape)}
         if wanted.get(output, binary_all):
-            raw = _bytes_tensor(values) if strings else values.tobytes()
+            raw = bytes_tensor(values) if strings else values.tobytes()
             tensor["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
@@ -186,12 +186,3 @@ def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str
     return Response(header + b"".join(blobs), media_type="application/octet-stream",
                     headers={"Inference-Header-Content-Length": str(len(header))})
 
-
-def _bytes_tensor(values: np.ndarray) -> bytes:
-    """A BYTES tensor in the binary tensor extension: each element as its 4-byte little-endian length, then
-    its UTF-8 bytes."""
-    out = bytearray()
-    for value in values.ravel():
-        encoded = str(value).encode()
-        out += len(encoded).to_bytes(4, "little") + encoded
-    return bytes(out)

@@ -172,6 +172,8 @@ def test_the_inference_service_validates_against_kserves_crd(inference_service_s
     (container,) = _containers(doc)
     assert container["name"] == "kserve-container"  # the container KServe configures
     assert {"name": "PROTOCOL", "value": "v2"} in container["env"]  # KServe's key for a custom predictor's protocol
+    # REST and the gRPC port, which KServe knows by the name h2c (HTTP/2 cleartext)
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", 8000), ("h2c", 8081)]
 
 
 BROKEN_SERVICE = [
@@ -204,7 +206,9 @@ def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert container["image"].split(":")[1].split("-")[0] == version
     assert container["command"] == image["cmd"] and "args" not in container
-    assert [p["containerPort"] for p in container["ports"]] == [image["expose"]] == [int(config["data"]["CALIB_PORT"])]
+    assert [p["containerPort"] for p in container["ports"]] == image["exposed"] == [
+        int(config["data"]["CALIB_PORT"]), int(config["data"]["CALIB_GRPC_PORT"])]
+    assert [p["name"] for p in container["ports"]] == ["http", "grpc"]
     fields = set(Settings.model_fields)
     for name in config["data"]:
         assert name == "MPLCONFIGDIR" or name.removeprefix("CALIB_").lower().split("__")[0] in fields, name
@@ -269,7 +273,8 @@ def test_the_service_monitor_scrapes_the_services_metrics_port():
     service = _by_kind(_render(K8S / "base"))["Service"]
     labels = service["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http", "grpc"]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]  # /metrics is on the HTTP port
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 

@@ -1,0 +1,212 @@
+"""The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``), served by ``grpc.aio`` on the
+service's own event loop beside the REST routes: the same ``DataPlane`` (batcher, prediction log, prediction
+ids), the same metrics, and gRPC status codes mapped from the same typed errors (``STATUS``).
+
+Inputs come as ``raw_input_contents`` (the fast path: bytes become an array without a copy) or as typed
+``contents``; outputs always go back as ``raw_output_contents``, the probabilities as little-endian FP32 and
+the prediction ids as the BYTES tensor ``prediction_id`` (each element a 4-byte little-endian length, then its
+bytes), and, comma-separated, as the response parameter ``prediction_ids``, as over REST.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import grpc
+import numpy as np
+from pydantic import ValidationError
+
+from service.errors import (
+    Forbidden,
+    InvalidInput,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceError,
+    StorageUnavailable,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from service.http_errors import field_path
+from service.schemas import V2InferenceRequest
+from service.serving.codec import Phases
+from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
+from service.serving.protocol import grpc_predict_v2_pb2 as pb
+from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+
+log = logging.getLogger("service.serving.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+STATUS: dict[type[ServiceError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    UnsupportedMediaType: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Overloaded: grpc.StatusCode.UNAVAILABLE,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
+    Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+}
+"""The gRPC status of each typed error (REST answers the same errors with their HTTP status)."""
+CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT16": "int_contents",
+            "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents"}
+"""The ``InferTensorContents`` field that carries each input datatype the service takes."""
+
+
+def status_of(exc: ServiceError) -> grpc.StatusCode:
+    """The gRPC status of a typed error: that of its nearest class in ``STATUS``."""
+    return next((STATUS[kind] for kind in type(exc).__mro__ if kind in STATUS), grpc.StatusCode.INTERNAL)
+
+
+def parameters(message) -> dict:
+    """A protobuf ``map<string, InferParameter>`` as a dict of plain values."""
+    out = {}
+    for key, value in message.items():
+        which = value.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(value, which)
+    return out
+
+
+def inference_request(request: pb.ModelInferRequest) -> tuple[V2InferenceRequest, dict[str, np.ndarray]]:
+    """The request as the REST path's ``V2InferenceRequest`` and each input's values by name (``InvalidInput``
+    naming the field where it is malformed)."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"holds {len(raw)} entries for {len(request.inputs)} inputs", field="raw_input_contents")
+    data = {"id": request.id or None, "parameters": parameters(request.parameters) or None,
+            "inputs": [{"name": t.name, "shape": list(t.shape), "datatype": t.datatype,
+                        "parameters": parameters(t.parameters) or None} for t in request.inputs],
+            "outputs": [{"name": o.name, "parameters": parameters(o.parameters) or None}
+                        for o in request.outputs] or None}
+    try:
+        body = V2InferenceRequest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(first["msg"], field=field_path(first["loc"])) from None
+    values = {}
+    for i, tensor in enumerate(request.inputs):
+        dtype = V2_DATATYPES.get(tensor.datatype)
+        if dtype is None:
+            raise InvalidInput(f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
+                               field=f"inputs[{i}].datatype")
+        if raw:
+            if len(raw[i]) % np.dtype(dtype).itemsize:
+                raise InvalidInput(f"{len(raw[i])} bytes are not a whole number of {tensor.datatype} values",
+                                   field=f"raw_input_contents[{i}]")
+            values[tensor.name] = np.frombuffer(raw[i], dtype=dtype)
+        elif tensor.HasField("contents"):
+            values[tensor.name] = np.asarray(getattr(tensor.contents, CONTENTS[tensor.datatype]), dtype=dtype)
+    return body, values
+
+
+def inference_response(name: str, version: str, request_id: str | None, outputs: dict[str, np.ndarray],
+                       ids: list[str]) -> pb.ModelInferResponse:
+    """The response: every output as raw contents (FP32, or BYTES for ``prediction_id``), the prediction ids
+    also as the string parameter ``prediction_ids``, and the request's id (a fresh one when it had none)."""
+    response = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id or uuid.uuid4().hex)
+    response.parameters["prediction_ids"].string_param = ",".join(ids)
+    for output, values in outputs.items():
+        strings = values.dtype == object
+        response.outputs.add(name=output, datatype="BYTES" if strings else "FP32", shape=list(values.shape))
+        response.raw_output_contents.append(
+            bytes_tensor(values) if strings else np.ascontiguousarray(values, dtype="<f4").tobytes())
+    return response
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """Each call turns protobuf into one call on the service's parts and the result back into protobuf; typed
+    errors end the call with their status (``STATUS``), anything else with INTERNAL (logged)."""
+
+    def __init__(self, endpoints):
+        self.endpoints = endpoints
+        self.phase_histograms = endpoints.metrics.phases("gRPC ModelInfer")
+
+    async def _answer(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable]):
+        metrics, started, code = self.endpoints.metrics, time.perf_counter(), grpc.StatusCode.OK
+        try:
+            return await call()
+        except ServiceError as exc:
+            code = status_of(exc)
+            await context.abort(code, f"{exc.field}: {exc.message}" if exc.field else exc.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("unexpected error in gRPC %s", method)
+            await context.abort(code, "internal error; see the server log")
+        finally:
+            metrics.grpc_requests.labels(method, code.name).inc()
+            metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
+
+    async def ServerLive(self, request, context):
+        async def call():
+            return pb.ServerLiveResponse(live=True)
+        return await self._answer("ServerLive", context, call)
+
+    async def ServerReady(self, request, context):
+        async def call():
+            return pb.ServerReadyResponse(ready=self.endpoints.is_ready())
+        return await self._answer("ServerReady", context, call)
+
+    async def ModelReady(self, request, context):
+        async def call():
+            try:
+                self.endpoints.model_ready(request.name, request.version or None)
+            except NotReady:
+                return pb.ModelReadyResponse(ready=False)
+            return pb.ModelReadyResponse(ready=True)
+        return await self._answer("ModelReady", context, call)
+
+    async def ServerMetadata(self, request, context):
+        async def call():
+            return pb.ServerMetadataResponse(**server_metadata())
+        return await self._answer("ServerMetadata", context, call)
+
+    async def ModelMetadata(self, request, context):
+        async def call():
+            meta = self.endpoints.dataplane.v2_metadata(request.name, request.version or None)
+            tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(  # noqa: E731
+                name=t.name, datatype=t.datatype, shape=t.shape) for t in items]
+            return pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=meta.platform,
+                                            inputs=tensors(meta.inputs), outputs=tensors(meta.outputs))
+        return await self._answer("ModelMetadata", context, call)
+
+    async def ModelInfer(self, request, context):
+        async def call():
+            phases = Phases(self.phase_histograms)
+            body, values = inference_request(request)
+            phases.mark("parse")
+            model, outputs, ids = await self.endpoints.dataplane.v2_infer(
+                request.model_name, request.model_version or None, body, values, phases)
+            response = inference_response(model.name, model.version, body.id, outputs, ids)
+            phases.mark("encode")
+            return response
+        return await self._answer("ModelInfer", context, call)
+
+
+async def start(endpoints) -> grpc.aio.Server | None:
+    """The gRPC server on ``settings.host:settings.grpc_port`` (0: a free port), started, its port recorded on
+    ``endpoints.grpc_port``; None when ``settings.grpc`` is off. A port that cannot be bound stops the start."""
+    settings = endpoints.settings
+    if not settings.grpc:
+        return None
+    limit = settings.max_body_bytes
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", -1)])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(endpoints), server)
+    address = f"{settings.host}:{settings.grpc_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"gRPC cannot listen on {address}: {exc} (set CALIB_GRPC_PORT, or CALIB_GRPC=false)") \
+            from None
+    await server.start()
+    endpoints.grpc_port = port
+    log.info("gRPC (%s) on %s:%d", SERVICE, settings.host, port)
+    return server

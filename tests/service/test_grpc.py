@@ -1,0 +1,217 @@
+"""The Open Inference Protocol over gRPC, driven by tritonclient.grpc unchanged (in a process of its own, see
+tests/conformance/triton_grpc_client.py): readiness, metadata, inference with raw tensor contents, typed errors
+as gRPC status codes, the same probabilities as REST to the bit, prediction ids that take feedback, and metrics."""
+
+import ast
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+from google.protobuf import descriptor_pool
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.serving.protocol import grpc_predict_v2_pb2 as ours
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+LIGHT, LIGHT_SHAPE = "digits-lenet5", [1, 8, 8]
+
+
+def _grpc_client(base_url: str, shapes: dict) -> dict:
+    port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "conformance" / "triton_grpc_client.py"),
+                           f"127.0.0.1:{port}", json.dumps(shapes)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _rest_probabilities(base_url: str, model: str, shape: list[int]) -> np.ndarray:
+    """The same rows through REST (tritonclient.http, binary tensors both ways)."""
+    x = np.random.default_rng(0).random((3, *shape), dtype=np.float32)
+    client = triton_http.InferenceServerClient(base_url.removeprefix("http://"))
+    tensor = triton_http.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    result = client.infer(model, [tensor], outputs=[triton_http.InferRequestedOutput("probabilities",
+                                                                                     binary_data=True)])
+    return result.as_numpy("probabilities")
+
+
+def _grpc_calls(base_url: str) -> dict[tuple[str, str], float]:
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    return {(s.labels["method"], s.labels["code"]): s.value for s in families["calib_grpc_requests"].samples
+            if s.name.endswith("_total")}
+
+
+def _assert_ids_take_feedback(base_url: str, ids: list[str]) -> None:
+    items = [{"prediction_id": i, "label": 0} for i in ids]
+    deadline = time.monotonic() + 10
+    while items:  # the prediction log writes behind the answer
+        answer = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+        assert all("unknown prediction id" in r["reason"] for r in answer["rejected"]), answer
+        items = [items[r["index"]] for r in answer["rejected"]]
+        assert time.monotonic() < deadline, f"feedback on {items} not accepted"
+        time.sleep(0.05 if items else 0)
+
+
+def _check_model(base_url: str, got: dict, model: str, shape: list[int]) -> None:
+    assert got["ready"] is True
+    meta = got["metadata"]
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [str(d) for d in [-1, *shape]]}]
+    assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
+        ("logits", "FP32"), ("probabilities", "FP32"), ("prediction_id", "BYTES")]
+    infer = got["infer"]
+    np.testing.assert_array_equal(np.asarray(infer["probabilities"], np.float32),
+                                  _rest_probabilities(base_url, model, shape))
+    assert infer["parameters"]["prediction_ids"]["string_param"].split(",") == infer["ids"]
+    assert len(set(infer["ids"])) == 3 and len(infer["id"]) == 32 and infer["model_version"] == "1"
+    _assert_ids_take_feedback(base_url, infer["ids"])
+    assert got["bad_shape"]["status"] == "StatusCode.INVALID_ARGUMENT"
+    assert got["bad_shape"]["message"].startswith("inputs[0].shape: shape [3")
+
+
+def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
+    """Field numbers and types of every message, and the service's methods, equal those of tritonclient's own
+    descriptors (read from its module's source into a pool of their own: one process cannot import both)."""
+    pool = descriptor_pool.DescriptorPool()
+    folder = Path(importlib.util.find_spec("tritonclient").submodule_search_locations[0]) / "grpc"
+    for module in ("model_config_pb2.py", "service_pb2.py"):
+        tree = ast.parse((folder / module).read_text())
+        serialized = next(node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                          and getattr(node.func, "attr", "") == "AddSerializedFile")
+        pool.AddSerializedFile(serialized)
+
+    def fields(message) -> dict:
+        out = {f.name: (f.number, f.type, f.is_repeated) for f in message.fields}
+        for nested in message.nested_types:
+            out |= {f"{nested.name}.{k}": v for k, v in fields(nested).items()}
+        return out
+
+    for name, message in ours.DESCRIPTOR.message_types_by_name.items():
+        theirs = pool.FindMessageTypeByName(f"inference.{name}")
+        mine = fields(message)
+        assert mine == {k: v for k, v in fields(theirs).items() if k in mine}, name
+    service = pool.FindServiceByName("inference.GRPCInferenceService")
+    for method in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"):
+        theirs = service.FindMethodByName(method)
+        mine = ours.DESCRIPTOR.services_by_name["GRPCInferenceService"].FindMethodByName(method)
+        assert (mine.input_type.full_name, mine.output_type.full_name) == (
+            theirs.input_type.full_name, theirs.output_type.full_name)
+
+
+def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url):
+    before = _grpc_calls(base_url)
+    got = _grpc_client(base_url, {LIGHT: LIGHT_SHAPE})
+    assert got["live"] and got["ready"] and got["server"]["name"] == "calibrated-serving"
+    _check_model(base_url, got["models"][LIGHT], LIGHT, LIGHT_SHAPE)
+    unknown = got["unknown_model"]
+    assert unknown["status"] == "StatusCode.NOT_FOUND" and "no-such-model" in unknown["message"]
+    assert got["unknown_metadata"]["status"] == "StatusCode.NOT_FOUND"
+    after = _grpc_calls(base_url)
+    grew = {key: after[key] - before.get(key, 0.0) for key in after}
+    assert grew[("ModelInfer", "OK")] == 1 and grew[("ModelInfer", "INVALID_ARGUMENT")] == 1
+    assert grew[("ModelInfer", "NOT_FOUND")] == 1 and grew[("ServerLive", "OK")] == 1
+
+
+@pytest.mark.e2e  # builds the heavy model with torch
+def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, tmp_path, server_for):
+    from bench.serving import HEAVY, SHAPES, heavy_artifact
+
+    if not (repository_dir.parent / "heavy").exists():
+        heavy_artifact(repository_dir.parent / "heavy")
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    (root / HEAVY).symlink_to(repository_dir.parent / "heavy" / HEAVY)
+    (root / LIGHT).symlink_to(repository_dir / LIGHT)
+    settings = Settings(artifacts=root, default_model=LIGHT, database_url=f"sqlite:///{tmp_path / 'm.db'}")
+    with server_for(settings) as (base_url, _):
+        got = _grpc_client(base_url, {HEAVY: list(SHAPES[HEAVY]), LIGHT: LIGHT_SHAPE})
+        for model, shape in ((HEAVY, list(SHAPES[HEAVY])), (LIGHT, LIGHT_SHAPE)):
+            _check_model(base_url, got["models"][model], model, shape)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the refused start
+def test_grpc_can_be_off_and_a_taken_port_stops_the_start(repository_dir, tmp_path, server_for):
+    settings = Settings(artifacts=repository_dir, grpc=False, database_url=f"sqlite:///{tmp_path / 'off.db'}")
+    with server_for(settings) as (base_url, _):
+        assert httpx.get(f"{base_url}/health").json()["grpc_port"] is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = Settings(artifacts=repository_dir, grpc_port=taken.getsockname()[1],
+                            database_url=f"sqlite:///{tmp_path / 'taken.db'}")
+        with pytest.raises(RuntimeError, match="did not start"), server_for(settings):
+            pass
+
+
+def _stub(base_url: str):
+    import grpc
+
+    from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+
+    port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+    return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+
+
+def _request(x: np.ndarray | None = None, **fields) -> "ours.ModelInferRequest":
+    x = np.random.default_rng(0).random((2, *LIGHT_SHAPE), dtype=np.float32) if x is None else x
+    request = ours.ModelInferRequest(model_name=LIGHT, **fields)
+    request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    return request
+
+
+HOSTILE = {
+    "two raw entries for one input": (lambda r: r.raw_input_contents.append(b"\0" * 4),
+                                      "INVALID_ARGUMENT", "raw_input_contents: holds 2 entries for 1 inputs"),
+    "a byte short": (lambda r: r.raw_input_contents.__setitem__(0, r.raw_input_contents[0][:-1]),
+                     "INVALID_ARGUMENT", "raw_input_contents[0]: 511 bytes are not a whole number of FP32 values"),
+    "values short of the shape": (lambda r: r.raw_input_contents.__setitem__(0, r.raw_input_contents[0][:-4]),
+                                  "INVALID_ARGUMENT", "inputs[0].data: holds 127 values but shape [2, 1, 8, 8]"),
+    "NaN": (lambda r: r.raw_input_contents.__setitem__(0, np.full(128, np.nan, np.float32).tobytes()),
+            "INVALID_ARGUMENT", "inputs[0].data: contains NaN"),
+    "an unsupported datatype": (lambda r: setattr(r.inputs[0], "datatype", "BYTES"),
+                                "INVALID_ARGUMENT", "inputs[0].datatype: datatype 'BYTES' is not supported"),
+    "a wrong input name": (lambda r: setattr(r.inputs[0], "name", "pixels"), "INVALID_ARGUMENT", "inputs[0].name"),
+    "an unknown output": (lambda r: r.outputs.add(name="nope"), "INVALID_ARGUMENT", "outputs: unknown outputs"),
+    "an unknown version": (lambda r: setattr(r, "model_version", "9"), "NOT_FOUND", "version: model 'digits-lenet5'"),
+    "no input": (lambda r: (r.ClearField("inputs"), r.ClearField("raw_input_contents")), "INVALID_ARGUMENT",
+                 "inputs: List should have at least 1 item"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=list(HOSTILE))
+def test_hostile_grpc_requests_end_with_the_status_of_their_kind_naming_the_field(base_url, case):
+    import grpc
+
+    damage, status, message = HOSTILE[case]
+    request = _request()
+    damage(request)
+    with pytest.raises(grpc.RpcError) as raised:
+        _stub(base_url).ModelInfer(request, timeout=30)
+    assert raised.value.code().name == status and raised.value.details().startswith(message), raised.value.details()
+
+
+def test_typed_contents_answer_as_raw_contents_do_and_a_message_past_the_limit_is_refused(base_url, server):
+    import grpc
+
+    stub = _stub(base_url)
+    x = np.random.default_rng(1).random((2, *LIGHT_SHAPE), dtype=np.float32)
+    raw = stub.ModelInfer(_request(x, id="req-7"), timeout=30)
+    typed = ours.ModelInferRequest(model_name=LIGHT)
+    typed.inputs.add(name="input", datatype="FP32", shape=list(x.shape)).contents.fp32_contents.extend(x.ravel())
+    answer = stub.ModelInfer(typed, timeout=30)
+    assert raw.id == "req-7" and [o.name for o in raw.outputs] == ["logits", "probabilities", "prediction_id"]
+    assert raw.raw_output_contents[1] == answer.raw_output_contents[1]  # the probabilities, to the bit
+    limit = server[1].state.endpoints.settings.max_body_bytes
+    huge = _request(np.zeros((limit // 256 + 1, *LIGHT_SHAPE), np.float32))
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.ModelInfer(huge, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
