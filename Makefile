@@ -43,7 +43,7 @@ serve: $(VENV)/.installed-service
 demo: $(VENV)/.installed-dev
 	$(PY) scripts/demo.py
 
-## tools: the Debian tools the tests and benchmarks use (docker-compose, prometheus/promtool, chromium, wrk), when missing
+## tools: the Debian tools the tests and benchmarks use (docker-compose, prometheus/promtool, chromium, wrk, h2load), when missing
 tools:
 	scripts/install-tools.sh
 

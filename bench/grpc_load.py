@@ -1,7 +1,8 @@
-"""Closed-loop gRPC load, the benchmarks' wrk for the Open Inference Protocol over gRPC: ``--clients`` calls in
-flight on one channel for ``--seconds``, each a single-row ``ModelInfer`` with raw tensor contents, sent as
-bytes serialized once (so the client spends its CPU on gRPC, not on building messages). Prints one JSON line:
-requests, requests/s, p50 and p99 latency in ms, and errors by status.
+"""Closed-loop gRPC load, the benchmarks' wrk for the Open Inference Protocol over gRPC: nghttp2's h2load (C, like
+wrk, so the client's CPU stays small beside the server's) keeps ``clients`` single-row ``ModelInfer`` calls in
+flight on one HTTP/2 connection for ``seconds``, the request serialized and framed once. h2load sees HTTP
+statuses only (a gRPC status travels in trailers): callers check the gRPC outcome apart, from the server's own
+``calib_grpc_requests_total`` or with one call through a gRPC client.
 
     python -m bench.grpc_load --target 127.0.0.1:8081 --model cifar-resnet56 --shape 3,32,32 --clients 64 --seconds 3
 """
@@ -9,11 +10,12 @@ requests, requests/s, p50 and p99 latency in ms, and errors by status.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import time
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
-import grpc
 import numpy as np
 
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
@@ -22,7 +24,7 @@ METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def request_bytes(model: str, shape: tuple[int, ...], rows: int = 1) -> bytes:
-    """A serialized single-row ``ModelInferRequest`` asking for the probabilities, raw contents both ways."""
+    """A serialized ``ModelInferRequest`` of ``rows`` seeded rows asking for the probabilities, raw contents."""
     x = np.random.default_rng(1).random((rows, *shape), dtype=np.float32)
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
@@ -31,28 +33,26 @@ def request_bytes(model: str, shape: tuple[int, ...], rows: int = 1) -> bytes:
     return request.SerializeToString()
 
 
-async def load(target: str, payload: bytes, clients: int, seconds: float) -> dict:
-    latencies: list[float] = []
-    errors: dict[str, int] = {}
-    async with grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
-        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+def grpc_frame(message: bytes) -> bytes:
+    """One gRPC length-prefixed message: an uncompressed flag, the length (4 bytes, big-endian), the bytes."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
 
-        async def client(deadline: float) -> None:
-            while time.perf_counter() < deadline:
-                started = time.perf_counter()
-                try:
-                    await call(payload, timeout=30)
-                except grpc.aio.AioRpcError as exc:
-                    errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
-                    continue
-                latencies.append(time.perf_counter() - started)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(client(start + seconds) for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    ms = np.asarray(latencies) * 1000 if latencies else np.asarray([np.nan])
-    return {"requests": len(latencies), "requests_per_s": len(latencies) / elapsed,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "errors": errors}
+def load(target: str, model: str, shape: tuple[int, ...], clients: int, seconds: float) -> dict:
+    """h2load's requests, requests/s, p50 and p99 latency (ms, from its per-request log) and HTTP-level failures."""
+    with tempfile.TemporaryDirectory() as tmp:
+        body, log = Path(tmp) / "request.grpc", Path(tmp) / "latency.log"
+        body.write_bytes(grpc_frame(request_bytes(model, shape)))
+        out = subprocess.run(["h2load", "-c", "1", "-m", str(clients), "-D", str(max(1, round(seconds))),
+                              "--log-file", str(log), "-d", str(body), "-H", "content-type: application/grpc",
+                              "-H", "te: trailers", f"http://{target}{METHOD}"],
+                             capture_output=True, text=True, check=True).stdout
+        micros = np.array([int(line.split()[2]) for line in log.read_text().splitlines() if line.strip()])
+    done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    ms = micros / 1000 if len(micros) else np.array([np.nan])
+    return {"requests": int(done.group(1)), "requests_per_s": float(re.search(r"([\d.]+) req/s", out).group(1)),
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "failed": int(done.group(2)) + int(done.group(3))}
 
 
 def main() -> None:
@@ -63,8 +63,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    payload = request_bytes(args.model, tuple(int(d) for d in args.shape.split(",")))
-    print(json.dumps(asyncio.run(load(args.target, payload, args.clients, args.seconds))))
+    shape = tuple(int(d) for d in args.shape.split(","))
+    print(json.dumps(load(args.target, args.model, shape, args.clients, args.seconds)))
 
 
 if __name__ == "__main__":

@@ -96,8 +96,8 @@ def render() -> str:
                 "over onnxruntime alone at the batch size it formed (`batching_floor_batch`), what a batching server "
                 "on this stack reaches with nothing the service adds:", "",
                 table(heavy["rounds"], CEILING_COLUMNS), "",
-                "The same over gRPC (`ModelInfer` with raw tensor contents, `bench.grpc_load` as the client: one "
-                "channel, 64 calls in flight, the request serialized once), and the batching floor of a bare "
+                "The same over gRPC (`ModelInfer` with raw tensor contents; `bench.grpc_load` runs nghttp2's h2load as "
+                "the client: one HTTP/2 connection, 64 calls in flight, the request framed once), and the batching floor of a bare "
                 "grpcio server with the same batcher and sessions (bench/grpc_floor_app.py):", "",
                 table(heavy["rounds"], GRPC_COLUMNS), "",
                 "The gap between the service and onnxruntime alone, split (medians of the rounds, with their ranges): "

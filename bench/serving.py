@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -191,12 +190,19 @@ def ceiling(url: str, pid: int, payload: str | None, clients: int, seconds: floa
 
 
 def grpc_load(target: str, model: str, clients: int, seconds: float) -> dict:
-    """Closed-loop single-row gRPC ModelInfer load on ``target`` (``bench.grpc_load``, a process of its own, as wrk
-    is for REST)."""
-    out = subprocess.run([PYTHON, "-m", "bench.grpc_load", "--target", target, "--model", model, "--shape",
-                          ",".join(map(str, SHAPES[model])), "--clients", str(clients), "--seconds", str(seconds)],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """Closed-loop single-row gRPC ModelInfer load on ``target`` (``bench.grpc_load``: h2load, as wrk is for REST)."""
+    from bench.grpc_load import load
+
+    return load(target, model, SHAPES[model], clients, seconds)
+
+
+def grpc_errors(svc: Server) -> float:
+    """gRPC calls the service has ended with another status than OK (its ``calib_grpc_requests_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(httpx.get(f"{svc.url}/metrics").text)
+               if f.name == "calib_grpc_requests" for s in f.samples
+               if s.name.endswith("_total") and s.labels["code"] != "OK")
 
 
 def grpc_target(svc: Server) -> str:
@@ -303,12 +309,15 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
                 formed = formed_batch(svc, before, model)
                 result["load"].append({"server": "service", "model": model, "rows": rows, "clients": c,
                                        "mean_batch_rows": formed} | point)
+        drained_queue(svc)  # the last REST point's queued rows must not be counted against gRPC
+        grpc_load(grpc_target(svc), model, concurrency[0], 1.0)  # warm-up, discarded
         for c in concurrency:  # the same single-row load over gRPC
-            before = histogram_totals(svc.url)
+            before, errors = histogram_totals(svc.url), grpc_errors(svc)
             point = grpc_load(grpc_target(svc), model, c, seconds)
             result["load"].append({"server": "service (gRPC)", "model": model, "rows": 1, "clients": c,
                                    "mean_batch_rows": formed_batch(svc, before, model),
-                                   "rows_per_s": point["requests_per_s"], "non_2xx": sum(point["errors"].values()),
+                                   "rows_per_s": point["requests_per_s"],
+                                   "non_2xx": point["failed"] + grpc_errors(svc) - errors,
                                    **{k: point[k] for k in ("requests_per_s", "p50_ms", "p99_ms")}})
         means = histogram_means(start, histogram_totals(svc.url), [*PHASES, f"queue:{model}", f"inference:{model}"])
         result["split"][model] = {k.split(":")[0]: None if v is None else 1000 * v for k, v in means.items()}
@@ -351,12 +360,13 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
                                  raw["rows_per_s"])
                          | batching_floor(batching, path, side_payload, clients, seconds, side_lua, model_path,
                                           device)).items()}
-            before = histogram_totals(svc.url)
-            rps = grpc_load(target, HEAVY, clients, seconds)["requests_per_s"]
+            before, errors = histogram_totals(svc.url), grpc_errors(svc)
+            point = grpc_load(target, HEAVY, clients, seconds)
             formed = formed_batch(svc, before, HEAVY) or 1.0
             raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
+            rps = point["requests_per_s"]
             row |= {"grpc_rows_per_s": rps, "grpc_batch": formed, "raw_grpc_rows_per_s": raw["rows_per_s"],
-                    "grpc_vs_raw": rps / raw["rows_per_s"]}
+                    "grpc_vs_raw": rps / raw["rows_per_s"], "grpc_failed": point["failed"] + grpc_errors(svc) - errors}
             row |= grpc_batching_floor(grpc_floor, clients, seconds, model_path, device)
             row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
                 "requests_per_s"]
@@ -409,6 +419,14 @@ def logging_cpu(artifacts: Path, work: Path, clients: int, seconds: float, round
     return [{"logging": store, "model": model, "clients": clients, "processes": PROCESSES, "rounds": rounds}
             | cpu_summary(samples[(store, model)], samples[("off", model)])
             for model in SHAPES for store in stores]
+
+
+def drained_queue(svc: Server, timeout: float = 120.0) -> None:
+    """Wait until no model of ``svc`` has rows queued for its batcher (a closed-loop load's last requests)."""
+    deadline = time.monotonic() + timeout
+    while (any(m["queued_rows"] for m in httpx.get(f"{svc.url}/health").json()["models"])
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
 
 
 def drained(svc: Server, timeout: float = 60.0) -> None:
@@ -643,8 +661,8 @@ LOGGING_COLUMNS = ["logging", "model", "clients", "processes", "rounds", "cpu_s_
 HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_vs_raw", "json_ceiling",
                  "binary_rows_per_s", "binary_batch", "raw_binary_rows_per_s", "binary_vs_raw", "binary_ceiling",
                  "baseline_rows_per_s", "json_vs_baseline"]
-GRPC_COLUMNS = ["grpc_rows_per_s", "grpc_batch", "raw_grpc_rows_per_s", "grpc_vs_raw", "grpc_batching_floor_batch",
-                "grpc_batching_floor_vs_raw"]
+GRPC_COLUMNS = ["grpc_rows_per_s", "grpc_batch", "raw_grpc_rows_per_s", "grpc_vs_raw", "grpc_failed",
+                "grpc_batching_floor_batch", "grpc_batching_floor_vs_raw"]
 CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "json_batching_floor_batch",
                    "json_batching_floor_vs_raw", "binary_floor_ms", "binary_client_ms", "binary_ceiling",
                    "binary_batching_floor_batch", "binary_batching_floor_vs_raw"]

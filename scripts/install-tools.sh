@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Debian tools the tests use for real, installed only when missing: docker-compose (checks the compose
 # file), prometheus + promtool (alert rules, end-to-end scraping), chromium (the dashboard page), wrk
-# (the load generator of `make bench`).
+# (the load generator of `make bench`), h2load (its gRPC load generator).
 set -euo pipefail
 missing=()
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 { command -v promtool >/dev/null && command -v prometheus >/dev/null; } || missing+=(prometheus)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v wrk >/dev/null || missing+=(wrk)
+command -v h2load >/dev/null || missing+=(nghttp2-client)
 if ((${#missing[@]})); then
     sudo=""
     [ "$(id -u)" = 0 ] || sudo="sudo"
