@@ -63,3 +63,68 @@ def test_mlserver_types_accept_every_answer(base_url):
     result = _client(".venv-mlserver", "mlserver_types.py", base_url)
     np.testing.assert_array_equal(np.asarray(result["probabilities"], np.float32), _service_probabilities(base_url))
     _assert_ids_take_feedback(base_url, result["ids"])
+
+
+ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"],
+         "additionalProperties": False}
+
+
+def kserve_openapi(schemas: dict) -> dict:
+    """The v2 REST routes as an OpenAPI document whose bodies are KServe's own models (``kserve_schemas.py``):
+    requests generated from KServe's InferenceRequest, answers held to KServe's response models, and every
+    error to the protocol's ``{"error": string}``."""
+    ref = lambda name: {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}  # noqa: E731
+    errors = {str(code): {"description": "error", "content": {"application/json": {"schema": ERROR}}}
+              for code in (400, 404, 413, 415, 503)}
+    model = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": [MODEL, "nope"]}}]
+
+    def get(name: str, parameters=()) -> dict:
+        return {"get": {"parameters": list(parameters), "responses": {
+            "200": {"description": "ok", "content": ref(name)}, **errors}}}
+
+    infer = {"post": {"parameters": model, "requestBody": {"required": True, "content": ref("InferenceRequest")},
+                      "responses": {"200": {"description": "ok", "content": ref("InferenceResponse")}, **errors}}}
+    return {"openapi": "3.1.0", "info": {"title": "Open Inference Protocol (KServe's models)", "version": "2"},
+            "paths": {"/v2": get("ServerMetadataResponse"), "/v2/health/live": get("ServerLiveResponse"),
+                      "/v2/health/ready": get("ServerReadyResponse"),
+                      "/v2/models/{name}": get("ModelMetadataResponse", model),
+                      "/v2/models/{name}/ready": get("ModelReadyResponse", model),
+                      "/v2/models/{name}/infer": infer},
+            "components": {"schemas": schemas}}
+
+
+def test_schemathesis_finds_no_answer_that_breaks_kserves_models(base_url):
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+    from schemathesis.checks import load_all_checks, not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        negative_data_rejection,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    load_all_checks()
+    python = ROOT / ".venv-kserve" / "bin" / "python"
+    assert python.exists(), ".venv-kserve is missing: run `make conformance`"
+    schemas = json.loads(subprocess.run([str(python), str(ROOT / "tests" / "conformance" / "kserve_schemas.py")],
+                                        capture_output=True, text=True, check=True, timeout=120).stdout)
+    schema = schemathesis.openapi.from_dict(kserve_openapi(schemas))
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+
+    def run(operation, mode) -> None:
+        extra = [negative_data_rejection] if mode == GenerationMode.NEGATIVE else []
+
+        @given(case=operation.as_strategy(generation_mode=mode))
+        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def check(case):
+            case.call_and_validate(base_url=base_url, checks=checks + extra)
+
+        check()
+
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for mode in GenerationMode:
+            if mode == GenerationMode.POSITIVE or len(operation.body):
+                run(operation, mode)
