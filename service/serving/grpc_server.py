@@ -101,6 +101,9 @@ def inference_request(request: pb.ModelInferRequest) -> tuple[V2InferenceRequest
                                    field=f"raw_input_contents[{i}]")
             values[tensor.name] = np.frombuffer(raw[i], dtype=dtype)
         elif tensor.HasField("contents"):
+            if tensor.datatype not in CONTENTS:
+                raise InvalidInput(f"{tensor.datatype} values travel only as raw_input_contents (the protocol has no "
+                                   "typed contents field for them)", field=f"inputs[{i}].contents")
             values[tensor.name] = np.asarray(getattr(tensor.contents, CONTENTS[tensor.datatype]), dtype=dtype)
     return body, values
 
