@@ -8,9 +8,8 @@ refers to, come back as the BYTES output tensor ``prediction_id`` (unless an ``o
 out) and, comma-separated, as the response parameter ``prediction_ids``: the protocol allows only
 strings, numbers and booleans as parameter values. The response's ``id`` is the request's, or a fresh
 one when the request has none (the protocol's response format and KServe's response model require one).
-A request with ``"parameters":
-{"prediction_ids_format": "list"}`` gets the list of earlier releases instead (deprecated, for one
-release).
+A request with ``"parameters": {"prediction_ids_format": "list"}`` gets the list of earlier releases
+instead (deprecated, for one release).
 """
 
 from __future__ import annotations
