@@ -51,6 +51,19 @@ def gpu_name() -> str | None:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
+def v2_binary_request(rows: np.ndarray, outputs: tuple[str, ...] = ("probabilities",)) -> tuple[bytes, int]:
+    """The body of a v2 inference with the binary tensor extension, as tritonclient.http builds it (built here so
+    that no client library is needed; tests/bench/test_gpu_run.py holds the two equal): a JSON header naming the
+    float32 input ``input`` and its byte size, then its raw bytes, every output in ``outputs`` asked back as raw
+    bytes. Returns the body and the header's length."""
+    x = np.ascontiguousarray(rows, dtype=np.float32)
+    header = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs]},
+                        separators=(",", ":")).encode()
+    return header + x.tobytes(), len(header)
+
+
 def write_result(name: str, data: dict, smoke: bool = False) -> Path:
     """bench/results/<name>.json, or under $BENCH_RESULTS_DIR (smoke runs write <name>-smoke.json and never replace
     real results)."""

@@ -34,36 +34,25 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.common import Server, histogram_means, histogram_totals, machine, table, wrk
+from bench.common import Server, histogram_means, histogram_totals, machine, table, v2_binary_request, wrk
 from bench.serving import (
+    CUDA,
     HEAVY,
     LIGHT,
     SHAPES,
     baseline_server,
-    binary_lua,
+    binary_load,
     body,
     both_artifacts,
     formed_batch,
     raw_onnxruntime,
     service,
+    single_row_requests,
 )
 
-CUDA = "CUDAExecutionProvider"
 CLIENTS = 64
 PARITY_ROWS = 64
 PROTOCOLS = ("json", "binary")
-
-
-def v2_binary_body(model_input: np.ndarray, outputs: tuple[str, ...] = ("probabilities",)) -> tuple[bytes, int]:
-    """The body of a v2 inference with the binary tensor extension, as tritonclient.http builds it: a JSON
-    header naming the float32 input ``input`` and its byte size, then its raw bytes; every output in
-    ``outputs`` asked back as raw bytes. Returns the body and the header's length."""
-    x = np.ascontiguousarray(model_input, dtype=np.float32)
-    header = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs]},
-                        separators=(",", ":")).encode()
-    return header + x.tobytes(), len(header)
 
 
 def v2_binary_outputs(response: httpx.Response) -> dict[str, np.ndarray]:
@@ -90,7 +79,7 @@ def inputs(model: str, rows: int, seed: int = 7) -> np.ndarray:
 
 def served_probabilities(url: str, model: str, x: np.ndarray) -> np.ndarray:
     """The probabilities ``url`` serves for ``x`` through v2 binary tensors (float32, bit-exact)."""
-    payload, header_length = v2_binary_body(x)
+    payload, header_length = v2_binary_request(x)
     response = httpx.post(f"{url}/v2/models/{model}/infer", content=payload, timeout=60,
                           headers={"Content-Type": "application/octet-stream",
                                    "Inference-Header-Content-Length": str(header_length)})
@@ -196,14 +185,6 @@ def onnxruntime_profile(path: Path, device: str, batch: int, calls: int, work: P
             "top_ops": ", ".join(f"{op} {ms:.3f}" for op, ms in top)}
 
 
-def requests_for(model: str, work: Path) -> dict[str, tuple[str, str | None, str | None]]:
-    """``model``'s single-row request per protocol as (path, JSON body, wrk script)."""
-    binary, header_length = v2_binary_body(inputs(model, 1, seed=1))
-    (work / f"{model}.bin").write_bytes(binary)
-    return {"json": ("/predict", body(model, SHAPES[model], 1), None),
-            "binary": (f"/v2/models/{model}/infer", None, binary_lua(work / f"{model}.bin", header_length))}
-
-
 STAGES = ["parse", "validate", "batch", "encode", "total"]
 
 
@@ -214,7 +195,7 @@ def service_points(svc: Server, artifacts: Path, device: str, seconds: float, wo
     rows = []
     for model in (HEAVY, LIGHT):
         path = artifacts / model / "1" / "model.onnx"
-        for protocol, (route, payload, lua) in requests_for(model, work).items():
+        for protocol, (route, payload, lua) in single_row_requests(binary_load(work, model), model).items():
             url = svc.url + route
             wrk(url, payload, CLIENTS, 1.0, lua=lua)  # warm-up: the batch sizes this load forms
             before = histogram_totals(svc.url)
@@ -243,7 +224,7 @@ def variant_load(name: str, svc: Server, seconds: float, work: Path) -> dict:
     """The heavy model's rows/s at CLIENTS single-row clients per protocol on a service with other CUDA
     settings, and its p50 at one client through JSON."""
     row = {"variant": name}
-    for protocol, (route, payload, lua) in requests_for(HEAVY, work).items():
+    for protocol, (route, payload, lua) in single_row_requests(binary_load(work, HEAVY), HEAVY).items():
         wrk(svc.url + route, payload, CLIENTS, 1.0, lua=lua)
         row[f"{protocol}_rows_per_s"] = wrk(svc.url + route, payload, CLIENTS, seconds, lua=lua)["requests_per_s"]
         if protocol == "json":
@@ -407,7 +388,7 @@ def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float) -> d
     shutil.copytree(artifacts / HEAVY, heavy_only / HEAVY)
     rows: list[dict] = []
     try:
-        route, payload, lua = requests_for(HEAVY, work)["binary"]
+        route, payload, lua = single_row_requests(binary_load(work, HEAVY), HEAVY)["binary"]
         for name, env in SWEEP.items():
             ready = time.monotonic()
             svc = service(heavy_only, f"sqlite:///{work / f'{len(rows)}.db'}", False, device,

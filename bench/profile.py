@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
-from bench.serving import HEAVY, binary_load, floor_server, heavy_artifact, heavy_requests, service
+from bench.serving import HEAVY, binary_load, floor_server, heavy_artifact, service, single_row_requests
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"
@@ -127,7 +127,7 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
     heavy_artifact(work / "artifacts")
     svc = service(work / "artifacts", f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
     floor = floor_server(work / "artifacts" / HEAVY / "1" / "model.onnx")
-    path, payload, lua = heavy_requests(binary_load(work))[protocol]
+    path, payload, lua = single_row_requests(binary_load(work))[protocol]
     url = svc.url + path
     try:
         wrk(url, payload, clients, 2.0, lua=lua)  # warm-ups

@@ -19,7 +19,8 @@ from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import COMPARED_COLUMNS as PROFILE_COMPARED_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
 from bench.profile import THREAD_COLUMNS as PROFILE_THREAD_COLUMNS
-from bench.serving import (CEILING_COLUMNS, GAP_COLUMNS, GRPC_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS, PHASES,
+from bench.serving import (CEILING_COLUMNS, GAP_COLUMNS, GRPC_COLUMNS, HEAVY_COLUMNS, LOAD_COLUMNS, LOGGING_COLUMNS,
+                           PHASES,
                            RAW_COLUMNS, gap_decomposition)
 
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
@@ -97,7 +98,8 @@ def render() -> str:
                 "on this stack reaches with nothing the service adds:", "",
                 table(heavy["rounds"], CEILING_COLUMNS), "",
                 "The same over gRPC (`ModelInfer` with raw tensor contents; `bench.grpc_load` runs nghttp2's h2load as "
-                "the client: one HTTP/2 connection, 64 calls in flight, the request framed once), and the batching floor of a bare "
+                "the client: one HTTP/2 connection, 64 calls in flight, the request framed once), and the batching "
+                "floor of a bare "
                 "grpcio server with the same batcher and sessions (bench/grpc_floor_app.py):", "",
                 table(heavy["rounds"], GRPC_COLUMNS), "",
                 "The gap between the service and onnxruntime alone, split (medians of the rounds, with their ranges): "

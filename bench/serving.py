@@ -50,6 +50,7 @@ from bench.common import (
     histogram_totals,
     process_cpu_seconds,
     table,
+    v2_binary_request,
     write_result,
     wrk,
 )
@@ -249,15 +250,10 @@ def providers(svc: Server) -> dict[str, str]:
 
 
 def v2_binary_body(model: str, shape: tuple, rows: int) -> tuple[bytes, int]:
-    """The body tritonclient.http sends for a binary-tensor v2 inference (JSON header, then the raw
-    float32 bytes; the probabilities asked back as raw bytes) and the header's length."""
-    import tritonclient.http as triton
-
-    tensor = triton.InferInput("input", [rows, *shape], "FP32")
-    tensor.set_data_from_numpy(np.random.default_rng(1).random((rows, *shape), dtype=np.float32), binary_data=True)
-    output = triton.InferRequestedOutput("probabilities", binary_data=True)
-    body, header_length = triton.InferenceServerClient.generate_request_body([tensor], outputs=[output])
-    return body, header_length or len(body)
+    """The body tritonclient.http sends for a binary-tensor v2 inference of ``rows`` seeded rows of ``shape``
+    (``v2_binary_request``: JSON header, then the raw float32 bytes; the probabilities asked back as raw
+    bytes) and the header's length."""
+    return v2_binary_request(np.random.default_rng(1).random((rows, *shape), dtype=np.float32))
 
 
 def check_with_tritonclient(svc: Server, model: str, shape: tuple) -> None:
@@ -272,18 +268,18 @@ def check_with_tritonclient(svc: Server, model: str, shape: tuple) -> None:
     client.close()
 
 
-def binary_load(work: Path) -> str:
-    """The wrk script of the heavy model's single-row binary v2 requests (its body written under ``work``)."""
-    binary, header_length = v2_binary_body(HEAVY, SHAPES[HEAVY], 1)
-    (work / "v2-binary.bin").write_bytes(binary)
-    return binary_lua(work / "v2-binary.bin", header_length)
+def binary_load(work: Path, model: str = HEAVY) -> str:
+    """The wrk script of ``model``'s single-row binary v2 requests (its body written under ``work``)."""
+    binary, header_length = v2_binary_body(model, SHAPES[model], 1)
+    (work / f"{model}-v2-binary.bin").write_bytes(binary)
+    return binary_lua(work / f"{model}-v2-binary.bin", header_length)
 
 
-def heavy_requests(lua: str) -> dict[str, tuple[str, str | None, str | None]]:
-    """The heavy model's single-row request per protocol, as (path, JSON body, wrk script): JSON /predict, and
-    v2 infer with binary tensors through ``lua`` (``binary_load``)."""
-    return {"json": ("/predict", body(HEAVY, SHAPES[HEAVY], 1), None),
-            "binary": (f"/v2/models/{HEAVY}/infer", None, lua)}
+def single_row_requests(lua: str, model: str = HEAVY) -> dict[str, tuple[str, str | None, str | None]]:
+    """``model``'s single-row request per protocol, as (path, JSON body, wrk script): JSON /predict, and v2 infer
+    with binary tensors through ``lua`` (``binary_load`` of the same model)."""
+    return {"json": ("/predict", body(model, SHAPES[model], 1), None),
+            "binary": (f"/v2/models/{model}/infer", None, lua)}
 
 
 def binary_lua(body_file: Path, header_length: int) -> str:
@@ -333,7 +329,7 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
     clients; the others idle meanwhile (``lua``: the wrk script of the binary requests). Per ratio, the
     median round."""
     model_path = artifacts / HEAVY / "1" / "model.onnx"
-    requests, baseline_payload = heavy_requests(lua), body(None, SHAPES[HEAVY], 1)
+    requests, baseline_payload = single_row_requests(lua), body(None, SHAPES[HEAVY], 1)
     check_with_tritonclient(svc, HEAVY, SHAPES[HEAVY])
     measured = []
     baseline, floor, batching = baseline_server(model_path, device), floor_server(), floor_server(model_path)
@@ -547,7 +543,7 @@ def main() -> None:
             for model, shape in SHAPES.items():
                 for rows in request_rows:
                     wrk(f"{svc.url}/predict", body(model, shape, rows), top, 1.0 if smoke else 3.0)
-            path, payload, script = heavy_requests(lua)["binary"]
+            path, payload, script = single_row_requests(lua)["binary"]
             wrk(svc.url + path, payload, top, 1.0 if smoke else 3.0, lua=script)
             shapes_rss = svc.rss_mib()
             windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
@@ -612,7 +608,7 @@ def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
         svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, device)
         try:
             lua = binary_load(work)
-            for path, payload, script in heavy_requests(lua).values():
+            for path, payload, script in single_row_requests(lua).values():
                 wrk(svc.url + path, payload, 64, seconds, lua=script)
             heavy = heavy_rounds(svc, artifacts, 64, seconds, rounds, device, lua)
         finally:

@@ -63,7 +63,8 @@ class Service:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning", CALIB_GRPC_PORT="0",
+        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning",
+                   CALIB_GRPC_PORT="0",
                    CALIB_EVALUATE_SECONDS=EVALUATE_SECONDS, **env)
         self.process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(artifacts),
                                          "--port", str(self.port)], env=env, stdout=subprocess.DEVNULL,

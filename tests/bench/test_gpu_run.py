@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.gpu import HEAVY, LIGHT, v2_binary_body, v2_binary_outputs
+from bench.common import v2_binary_request
+from bench.gpu import HEAVY, LIGHT, v2_binary_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ def test_the_binary_body_is_the_one_tritonclient_sends():
     tensor.set_data_from_numpy(x, binary_data=True)
     expected, expected_length = triton.InferenceServerClient.generate_request_body(
         [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=True)])
-    got, length = v2_binary_body(x)
+    got, length = v2_binary_request(x)
     assert json.loads(got[:length]) == json.loads(expected[:expected_length])
     assert got[length:] == expected[expected_length:] == x.tobytes()
 
