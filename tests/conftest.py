@@ -1,7 +1,6 @@
 """Suite-wide isolation: no test writes the default feedback store into the working tree. tests/vision runs in the
 torchvision venv (``make test-vision``); the core venv, which has no torchvision, does not collect it and says so."""
 
-import os
 
 import pytest
 
@@ -22,24 +21,16 @@ def pytest_report_header(config):
 def free_grpc_ports():
     """Every service a test starts, in-process or as a child process, serves gRPC on a free port (shown in
     /health) rather than 8081, so that several can run at once."""
-    previous = os.environ.get("CALIB_GRPC_PORT")
-    os.environ["CALIB_GRPC_PORT"] = "0"
-    yield
-    if previous is None:
-        os.environ.pop("CALIB_GRPC_PORT", None)
-    else:
-        os.environ["CALIB_GRPC_PORT"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CALIB_GRPC_PORT", "0")
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_feedback_store(tmp_path_factory):
-    previous = os.environ.get("CALIB_DATABASE_URL")
-    os.environ["CALIB_DATABASE_URL"] = f"sqlite:///{tmp_path_factory.mktemp('store') / 'monitoring.db'}"
-    yield
-    if previous is None:
-        os.environ.pop("CALIB_DATABASE_URL", None)
-    else:
-        os.environ["CALIB_DATABASE_URL"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CALIB_DATABASE_URL", f"sqlite:///{tmp_path_factory.mktemp('store') / 'monitoring.db'}")
+        yield
 
 
 def pytest_collection_modifyitems(items):

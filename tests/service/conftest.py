@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import onnx
 import pytest
@@ -81,8 +82,8 @@ def write_linear_artifact(root: Path, name: str = "toy", version: str = "1", cla
 
 @pytest.fixture(scope="session")
 def dockerfile() -> dict:
-    """The Dockerfile's runtime stage: its CMD, EXPOSE (the first port, HTTP, and all of them), the uid of its user and its ENV, for the tests that hold
-    the deployment manifests to the image."""
+    """The Dockerfile's runtime stage: its CMD, EXPOSE (the first port, HTTP, and all of them), the uid of its
+    user and its ENV, for the tests that hold the deployment manifests to the image."""
     text = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text().replace("\\\n", " ")
     runtime = text[text.index("AS runtime\n"):]
     env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
@@ -154,6 +155,44 @@ def base_url(server) -> str:
 def linear_artifact():
     """``write_linear_artifact(root, name, version, classes, temperature, seed)``."""
     return write_linear_artifact
+
+
+def binary_probabilities(base_url: str, model: str, shape, rows: int = 3, seed: int = 0) -> np.ndarray:
+    """The probabilities the service answers over REST for ``rows`` seeded rows of ``shape`` (tritonclient.http,
+    binary tensors both ways: the float32 bytes themselves), to compare other clients' answers with, bit for bit."""
+    import tritonclient.http as triton
+
+    x = np.random.default_rng(seed).random((rows, *shape), dtype=np.float32)
+    client = triton.InferenceServerClient(base_url.removeprefix("http://"))
+    tensor = triton.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=True)])
+    return result.as_numpy("probabilities")
+
+
+def assert_ids_take_feedback(base_url: str, ids: list[str], timeout: float = 10.0) -> None:
+    """Feedback on every id is accepted; ids the prediction log has not written yet (it writes behind the
+    answer) are sent again until ``timeout``."""
+    items = [{"prediction_id": i, "label": 0} for i in ids]
+    deadline = time.monotonic() + timeout
+    while items:
+        answer = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+        assert all("unknown prediction id" in r["reason"] for r in answer["rejected"]), answer
+        items = [items[r["index"]] for r in answer["rejected"]]
+        assert time.monotonic() < deadline, f"feedback on {items} not accepted"
+        time.sleep(0.05 if items else 0)
+
+
+@pytest.fixture(scope="session")
+def rest_probabilities():
+    """``binary_probabilities(base_url, model, shape, rows, seed)``."""
+    return binary_probabilities
+
+
+@pytest.fixture(scope="session")
+def ids_take_feedback():
+    """``assert_ids_take_feedback(base_url, ids)``."""
+    return assert_ids_take_feedback
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,8 @@ def test_compose_environment_names_real_settings(service):
         assert _names_a_setting(name), name
     # both protocols' ports published, as the image exposes them
     spec = compose["services"][service]
-    assert spec["ports"] == [spec["environment"]["CALIB_PORT"], spec["environment"]["CALIB_GRPC_PORT"]] == ["8000", "8081"]
+    environment = spec["environment"]
+    assert spec["ports"] == [environment["CALIB_PORT"], environment["CALIB_GRPC_PORT"]] == ["8000", "8081"]
 
 
 def test_settings_reference_names_real_settings():

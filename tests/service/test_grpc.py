@@ -8,13 +8,11 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import tritonclient.http as triton_http
 from google.protobuf import descriptor_pool
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,48 +31,34 @@ def _grpc_client(base_url: str, shapes: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _rest_probabilities(base_url: str, model: str, shape: list[int]) -> np.ndarray:
-    """The same rows through REST (tritonclient.http, binary tensors both ways)."""
-    x = np.random.default_rng(0).random((3, *shape), dtype=np.float32)
-    client = triton_http.InferenceServerClient(base_url.removeprefix("http://"))
-    tensor = triton_http.InferInput("input", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x, binary_data=True)
-    result = client.infer(model, [tensor], outputs=[triton_http.InferRequestedOutput("probabilities",
-                                                                                     binary_data=True)])
-    return result.as_numpy("probabilities")
-
-
 def _grpc_calls(base_url: str) -> dict[tuple[str, str], float]:
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
     return {(s.labels["method"], s.labels["code"]): s.value for s in families["calib_grpc_requests"].samples
             if s.name.endswith("_total")}
 
 
-def _assert_ids_take_feedback(base_url: str, ids: list[str]) -> None:
-    items = [{"prediction_id": i, "label": 0} for i in ids]
-    deadline = time.monotonic() + 10
-    while items:  # the prediction log writes behind the answer
-        answer = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
-        assert all("unknown prediction id" in r["reason"] for r in answer["rejected"]), answer
-        items = [items[r["index"]] for r in answer["rejected"]]
-        assert time.monotonic() < deadline, f"feedback on {items} not accepted"
-        time.sleep(0.05 if items else 0)
+@pytest.fixture(scope="session")
+def check_model(rest_probabilities, ids_take_feedback):
+    """``check(base_url, got, model, shape)``: what tritonclient.grpc got for ``model`` (``triton_grpc_client.py``):
+    readiness, metadata, the probabilities REST answers for the same rows, ids that take feedback, and a bad
+    shape refused."""
 
+    def check(base_url: str, got: dict, model: str, shape: list[int]) -> None:
+        assert got["ready"] is True
+        meta = got["metadata"]
+        assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [str(d) for d in [-1, *shape]]}]
+        assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
+            ("logits", "FP32"), ("probabilities", "FP32"), ("prediction_id", "BYTES")]
+        infer = got["infer"]
+        np.testing.assert_array_equal(np.asarray(infer["probabilities"], np.float32),
+                                      rest_probabilities(base_url, model, shape))
+        assert infer["parameters"]["prediction_ids"]["string_param"].split(",") == infer["ids"]
+        assert len(set(infer["ids"])) == 3 and len(infer["id"]) == 32 and infer["model_version"] == "1"
+        ids_take_feedback(base_url, infer["ids"])
+        assert got["bad_shape"]["status"] == "StatusCode.INVALID_ARGUMENT"
+        assert got["bad_shape"]["message"].startswith("inputs[0].shape: shape [3")
 
-def _check_model(base_url: str, got: dict, model: str, shape: list[int]) -> None:
-    assert got["ready"] is True
-    meta = got["metadata"]
-    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [str(d) for d in [-1, *shape]]}]
-    assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
-        ("logits", "FP32"), ("probabilities", "FP32"), ("prediction_id", "BYTES")]
-    infer = got["infer"]
-    np.testing.assert_array_equal(np.asarray(infer["probabilities"], np.float32),
-                                  _rest_probabilities(base_url, model, shape))
-    assert infer["parameters"]["prediction_ids"]["string_param"].split(",") == infer["ids"]
-    assert len(set(infer["ids"])) == 3 and len(infer["id"]) == 32 and infer["model_version"] == "1"
-    _assert_ids_take_feedback(base_url, infer["ids"])
-    assert got["bad_shape"]["status"] == "StatusCode.INVALID_ARGUMENT"
-    assert got["bad_shape"]["message"].startswith("inputs[0].shape: shape [3")
+    return check
 
 
 def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
@@ -106,11 +90,11 @@ def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
             theirs.input_type.full_name, theirs.output_type.full_name)
 
 
-def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url):
+def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url, check_model):
     before = _grpc_calls(base_url)
     got = _grpc_client(base_url, {LIGHT: LIGHT_SHAPE})
     assert got["live"] and got["ready"] and got["server"]["name"] == "calibrated-serving"
-    _check_model(base_url, got["models"][LIGHT], LIGHT, LIGHT_SHAPE)
+    check_model(base_url, got["models"][LIGHT], LIGHT, LIGHT_SHAPE)
     unknown = got["unknown_model"]
     assert unknown["status"] == "StatusCode.NOT_FOUND" and "no-such-model" in unknown["message"]
     assert got["unknown_metadata"]["status"] == "StatusCode.NOT_FOUND"
@@ -121,7 +105,7 @@ def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url):
 
 
 @pytest.mark.e2e  # builds the heavy model with torch
-def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, tmp_path, server_for):
+def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, tmp_path, server_for, check_model):
     from bench.serving import HEAVY, SHAPES, heavy_artifact
 
     if not (repository_dir.parent / "heavy").exists():
@@ -134,7 +118,7 @@ def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, t
     with server_for(settings) as (base_url, _):
         got = _grpc_client(base_url, {HEAVY: list(SHAPES[HEAVY]), LIGHT: LIGHT_SHAPE})
         for model, shape in ((HEAVY, list(SHAPES[HEAVY])), (LIGHT, LIGHT_SHAPE)):
-            _check_model(base_url, got["models"][model], model, shape)
+            check_model(base_url, got["models"][model], model, shape)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the refused start

@@ -77,7 +77,8 @@ def _pod_env(container: dict, image_env: dict[str, str], secret: dict[str, str],
     assert env["CALIB_PORT"] == "8000" and env["CALIB_HOST"] == "0.0.0.0" and env["CALIB_ARTIFACTS"] == "/app/artifacts"
     assert env["CALIB_GRPC_PORT"] == "8081"
     (tmp / "matplotlib").mkdir(parents=True, exist_ok=True)
-    env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0", CALIB_ARTIFACTS=str(ROOT / "artifacts"),
+    env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0",
+               CALIB_ARTIFACTS=str(ROOT / "artifacts"),
                MPLCONFIGDIR=str(tmp / "matplotlib"))
     return env
 

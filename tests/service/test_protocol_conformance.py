@@ -5,13 +5,10 @@ service's to the bit and their prediction ids must take feedback."""
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
-import tritonclient.http as triton
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, SHAPE = "digits-lenet5", (1, 8, 8)
@@ -27,42 +24,23 @@ def _client(venv: str, script: str, base_url: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _service_probabilities(base_url: str) -> np.ndarray:
-    """The service's probabilities for the clients' rows, as float32 bytes through tritonclient.http."""
-    rows = np.random.default_rng(0).random((3, *SHAPE), dtype=np.float32)
-    client = triton.InferenceServerClient(base_url.removeprefix("http://"))
-    tensor = triton.InferInput("input", list(rows.shape), "FP32")
-    tensor.set_data_from_numpy(rows, binary_data=True)
-    result = client.infer(MODEL, [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=True)])
-    return result.as_numpy("probabilities")
-
-
-def _assert_ids_take_feedback(base_url: str, ids: list[str]) -> None:
-    assert len(ids) == len(set(ids)) == 3
-    items = [{"prediction_id": i, "label": 0} for i in ids]
-    for _ in range(50):  # the prediction log writes behind the answer
-        answer = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
-        if answer["accepted"] == 3:
-            return
-        items = [items[r["index"]] for r in answer["rejected"]]
-        assert all("unknown prediction id" in r["reason"] for r in answer["rejected"]), answer
-        time.sleep(0.1)
-    raise AssertionError(f"feedback on {ids} not accepted")
-
-
-def test_kserve_rest_client_and_models_accept_every_answer_json_and_binary(base_url):
+def test_kserve_rest_client_and_models_accept_every_answer_json_and_binary(base_url, rest_probabilities,
+                                                                           ids_take_feedback):
     result = _client(".venv-kserve", "kserve_client.py", base_url)
-    expected = _service_probabilities(base_url)
+    expected = rest_probabilities(base_url, MODEL, SHAPE)
     for side in ("json", "binary"):
         np.testing.assert_array_equal(np.asarray(result[side]["probabilities"], np.float32), expected)
         assert result[side]["model_name"] == MODEL and result[side]["id"]  # the id InferRequest made, echoed
-        _assert_ids_take_feedback(base_url, result[side]["ids"])
+        assert len(set(result[side]["ids"])) == 3
+        ids_take_feedback(base_url, result[side]["ids"], timeout=5.0)
 
 
-def test_mlserver_types_accept_every_answer(base_url):
+def test_mlserver_types_accept_every_answer(base_url, rest_probabilities, ids_take_feedback):
     result = _client(".venv-mlserver", "mlserver_types.py", base_url)
-    np.testing.assert_array_equal(np.asarray(result["probabilities"], np.float32), _service_probabilities(base_url))
-    _assert_ids_take_feedback(base_url, result["ids"])
+    np.testing.assert_array_equal(np.asarray(result["probabilities"], np.float32),
+                                  rest_probabilities(base_url, MODEL, SHAPE))
+    assert len(set(result["ids"])) == 3
+    ids_take_feedback(base_url, result["ids"], timeout=5.0)
 
 
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"],

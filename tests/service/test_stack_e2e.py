@@ -59,7 +59,8 @@ def stack(postgres):
         for _ in range(2):
             port = _free_port()
             env = dict(os.environ, **{k: str(v) for k, v in spec["environment"].items()})
-            env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0", CALIB_ARTIFACTS=str(ROOT / "artifacts"),
+            env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0",
+                       CALIB_ARTIFACTS=str(ROOT / "artifacts"),
                        CALIB_DATABASE_URL=database, CALIB_CALIBRATION_REFRESH_SECONDS="1")
             assert spec["command"][0] == "python"
             processes.append(subprocess.Popen([sys.executable, *spec["command"][1:]], env=env,
