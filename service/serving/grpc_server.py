@@ -10,6 +10,7 @@ bytes), and, comma-separated, as the response parameter ``prediction_ids``, as o
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -122,23 +123,19 @@ def inference_response(name: str, version: str, request_id: str | None, outputs:
     return response
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """Each call turns protobuf into one call on the service's parts and the result back into protobuf; typed
-    errors end the call with their status (``STATUS``), anything else with INTERNAL (logged)."""
+def rpc(handler: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
+    """A servicer method from ``handler(self, request)``: typed errors end the call with their status
+    (``STATUS``), anything else with INTERNAL (logged); every call is counted and timed by method and status."""
+    method = handler.__name__
 
-    def __init__(self, endpoints):
-        self.endpoints = endpoints
-        self.phase_histograms = endpoints.metrics.phases("gRPC ModelInfer")
-
-    async def _answer(self, method: str, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable]):
+    @functools.wraps(handler)
+    async def call(self, request, context: grpc.aio.ServicerContext):
         metrics, started, code = self.endpoints.metrics, time.perf_counter(), grpc.StatusCode.OK
         try:
-            return await call()
+            return await handler(self, request)
         except ServiceError as exc:
             code = status_of(exc)
             await context.abort(code, f"{exc.field}: {exc.message}" if exc.field else exc.message)
-        except grpc.aio.AbortError:
-            raise
         except Exception:
             code = grpc.StatusCode.INTERNAL
             log.exception("unexpected error in gRPC %s", method)
@@ -147,50 +144,54 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             metrics.grpc_requests.labels(method, code.name).inc()
             metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
 
-    async def ServerLive(self, request, context):
-        async def call():
-            return pb.ServerLiveResponse(live=True)
-        return await self._answer("ServerLive", context, call)
+    return call
 
-    async def ServerReady(self, request, context):
-        async def call():
-            return pb.ServerReadyResponse(ready=self.endpoints.is_ready())
-        return await self._answer("ServerReady", context, call)
 
-    async def ModelReady(self, request, context):
-        async def call():
-            try:
-                self.endpoints.model_ready(request.name, request.version or None)
-            except NotReady:
-                return pb.ModelReadyResponse(ready=False)
-            return pb.ModelReadyResponse(ready=True)
-        return await self._answer("ModelReady", context, call)
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """Each call turns protobuf into one call on the service's parts and the result back into protobuf (``rpc``)."""
 
-    async def ServerMetadata(self, request, context):
-        async def call():
-            return pb.ServerMetadataResponse(**server_metadata())
-        return await self._answer("ServerMetadata", context, call)
+    def __init__(self, endpoints):
+        self.endpoints = endpoints
+        self.phase_histograms = endpoints.metrics.phases("gRPC ModelInfer")
 
-    async def ModelMetadata(self, request, context):
-        async def call():
-            meta = self.endpoints.dataplane.v2_metadata(request.name, request.version or None)
-            tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(  # noqa: E731
-                name=t.name, datatype=t.datatype, shape=t.shape) for t in items]
-            return pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=meta.platform,
-                                            inputs=tensors(meta.inputs), outputs=tensors(meta.outputs))
-        return await self._answer("ModelMetadata", context, call)
+    @rpc
+    async def ServerLive(self, request):
+        return pb.ServerLiveResponse(live=True)
 
-    async def ModelInfer(self, request, context):
-        async def call():
-            phases = Phases(self.phase_histograms)
-            body, values = inference_request(request)
-            phases.mark("parse")
-            model, outputs, ids = await self.endpoints.dataplane.v2_infer(
-                request.model_name, request.model_version or None, body, values, phases)
-            response = inference_response(model.name, model.version, body.id, outputs, ids)
-            phases.mark("encode")
-            return response
-        return await self._answer("ModelInfer", context, call)
+    @rpc
+    async def ServerReady(self, request):
+        return pb.ServerReadyResponse(ready=self.endpoints.is_ready())
+
+    @rpc
+    async def ModelReady(self, request):
+        try:
+            self.endpoints.model_ready(request.name, request.version or None)
+        except NotReady:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    @rpc
+    async def ServerMetadata(self, request):
+        return pb.ServerMetadataResponse(**server_metadata())
+
+    @rpc
+    async def ModelMetadata(self, request):
+        meta = self.endpoints.dataplane.v2_metadata(request.name, request.version or None)
+        tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(  # noqa: E731
+            name=t.name, datatype=t.datatype, shape=t.shape) for t in items]
+        return pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=meta.platform,
+                                        inputs=tensors(meta.inputs), outputs=tensors(meta.outputs))
+
+    @rpc
+    async def ModelInfer(self, request):
+        phases = Phases(self.phase_histograms)
+        body, values = inference_request(request)
+        phases.mark("parse")
+        model, outputs, ids = await self.endpoints.dataplane.v2_infer(
+            request.model_name, request.model_version or None, body, values, phases)
+        response = inference_response(model.name, model.version, body.id, outputs, ids)
+        phases.mark("encode")
+        return response
 
 
 async def start(endpoints) -> grpc.aio.Server | None:

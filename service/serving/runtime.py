@@ -96,7 +96,7 @@ def requested_providers(device: str) -> list[str]:
     if device == "cuda" and CUDA not in ort.get_available_providers():
         log.warning("device=cuda but this onnxruntime build has no CUDA provider (install onnxruntime-gpu); using CPU")
         return [CPU]
-    if device == "cuda" or cuda_wanted(device):
+    if cuda_wanted(device):
         return [CUDA, CPU]
     return [CPU]
 
