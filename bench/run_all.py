@@ -12,6 +12,7 @@ import sys
 
 from bench.common import RESULTS, ROOT, machine, table
 from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
+from bench.feedback_load import DURABILITY_COLUMNS
 from bench.feedback_load import goals as feedback_load_goals
 from bench.gpu import recorded_section
 from bench.monitoring import CALIBRATION_COLUMNS
@@ -158,8 +159,13 @@ def render() -> str:
                 "labelling a distinct logged prediction), wrk at 32 connections on a fresh service process per store "
                 "and round, the stores in turn (bench/feedback_load.py); `stored`: labels found in the store for the "
                 "`acknowledged` 2xx responses. A goal is judged on the store's median round.", "",
-                table(feedback_load["runs"], FEEDBACK_LOAD_COLUMNS), "",
-                *[f"- {line}" for line in feedback_load_goals(feedback_load["runs"])], ""]
+                table(feedback_load["runs"], FEEDBACK_LOAD_COLUMNS), ""]
+        if all("sync_ratio" in r for r in feedback_load["runs"]):
+            out += ["Labels that wait for their prediction (single-label /feedback for ids not in the store: every "
+                    "one stored as pending, piling up), and single-row /predict on a second process with "
+                    "`CALIB_PREDICTION_LOG_DURABILITY=sync` against the write-behind default of the same round:", "",
+                    table(feedback_load["runs"], DURABILITY_COLUMNS), ""]
+        out += [*[f"- {line}" for line in feedback_load_goals(feedback_load["runs"])], ""]
     soak = _load("soak")
     if soak:
         out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep and of the "

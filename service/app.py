@@ -54,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         grpc_server = await grpc_api.start(endpoints)
         endpoints.prediction_log.start()
         endpoints.feedback.start()
+        endpoints.pending.start()
         endpoints.evaluator.start()
         housekeeping = asyncio.get_running_loop().create_task(_housekeeping(endpoints))
         endpoints.ready = True
@@ -67,8 +68,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await grpc_server.stop(settings.graceful_shutdown_seconds)
         await endpoints.dataplane.stop()
         await endpoints.feedback.stop()
-        await endpoints.evaluator.stop()
         await endpoints.prediction_log.stop()
+        await endpoints.pending.stop()
+        await endpoints.evaluator.stop()
         await endpoints.webhook.aclose()
         endpoints.store.db.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import signal
 from pathlib import Path
 
 import uvicorn
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(settings.gc_threshold, *gc.get_threshold()[1:])
+    # uvicorn drains on SIGTERM, restores the handler it found and raises the signal again, so that the process
+    # would end killed by it; a drained replica has done nothing wrong, so it is absorbed here and the exit is 0
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1,
                 log_level=settings.log_level, timeout_graceful_shutdown=settings.graceful_shutdown_seconds,
                 access_log=False)

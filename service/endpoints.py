@@ -22,6 +22,7 @@ from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
 from service.monitoring.evaluator import Evaluator
 from service.monitoring.feedback_writer import FeedbackWriter
+from service.monitoring.pending import PendingJoiner
 from service.monitoring.webhook import AlarmWebhook
 from service.schemas import (
     ActivateRequest,
@@ -48,6 +49,7 @@ class Endpoints:
     monitor: Monitor
     prediction_log: PredictionLog
     feedback: FeedbackWriter
+    pending: PendingJoiner
     evaluator: Evaluator
     webhook: AlarmWebhook
     ready: bool = False
@@ -60,16 +62,22 @@ class Endpoints:
         store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
         monitor = Monitor(store, repository, metrics, n_bins=settings.n_bins, policy=settings.alarm,
                           alarm_window=settings.alarm_window, detail_rows=settings.detail_rows,
-                          drift_rows=settings.drift_rows, n_resamples=settings.bootstrap_resamples)
-        prediction_log = PredictionLog(store, metrics, max_pending=settings.prediction_log_queue)
+                          drift_rows=settings.drift_rows, n_resamples=settings.bootstrap_resamples,
+                          retention_seconds=settings.retention_days * 86400)
         webhook = AlarmWebhook(settings.webhook_url, metrics)
         evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
                               seconds=settings.evaluate_seconds)
+        joiner = PendingJoiner(monitor.feedback, horizon=settings.pending_label_seconds,
+                               interval=settings.pending_join_seconds, on_stored=evaluator.labels_arrived)
+        prediction_log = PredictionLog(store, metrics, max_pending=settings.prediction_log_queue,
+                                       interval=settings.prediction_log_interval_seconds,
+                                       durability=settings.prediction_log_durability,
+                                       retry_after=settings.retry_after_seconds, on_written=joiner.predictions_written)
         feedback = FeedbackWriter(monitor, prediction_log, max_request_items=settings.max_feedback_items,
-                                  on_stored=evaluator.labels_arrived)
+                                  on_stored=evaluator.labels_arrived, on_pending=joiner.labels_pending)
         dataplane = DataPlane(repository, settings, metrics, monitor,
                               prediction_log if settings.prediction_log else None)
-        return cls(settings, metrics, store, dataplane, monitor, prediction_log, feedback, evaluator, webhook)
+        return cls(settings, metrics, store, dataplane, monitor, prediction_log, feedback, joiner, evaluator, webhook)
 
     @property
     def repository(self) -> ModelRepository:
@@ -92,8 +100,16 @@ class Endpoints:
         db = self.store.db
         store_up = await anyio.to_thread.run_sync(db.ping)
         self.metrics.storage_up.set(int(store_up))
-        storage = {"backend": db.engine.dialect.name, "up": store_up,
-                   "prediction_log_pending": self.prediction_log.pending} | ({"error": db.last_error} if admin else {})
+        log_ = self.prediction_log
+        storage = {"backend": db.engine.dialect.name, "up": store_up, "prediction_log_pending": log_.pending,
+                   "prediction_log": {"enabled": self.settings.prediction_log,
+                                      "durability": "sync" if log_.sync else "async",
+                                      "queued_rows": log_.pending, "max_queued_rows": log_.max_pending,
+                                      "unwritten_up_to_seconds": 0.0 if log_.sync else log_.interval,
+                                      "after_a_crash": ("every answered id is stored" if log_.sync else
+                                                        "ids answered but not yet written stay unknown; labels "
+                                                        "sent for them wait as pending, then expire")}
+                   } | ({"error": db.last_error} if admin else {})
         status = "not_ready" if not ready else ("degraded" if self.repository.failed or not store_up else "ok")
         return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=self.repository.failed,
                               storage=storage, device=self.settings.device,
@@ -113,6 +129,9 @@ class Endpoints:
         if not model.ready:
             raise NotReady(f"model {name} version {model.version} is not ready")
         return {"name": model.name, "version": model.version, "ready": True}
+
+    async def unmatched_labels(self, status: str | None, limit: int) -> dict:
+        return await anyio.to_thread.run_sync(self.store.pending.unmatched, status, limit)
 
     async def calibration(self, model: str | None, version: str | None, window: str | None) -> dict:
         return await anyio.to_thread.run_sync(self.monitor.reports.report, model, version, window)

@@ -55,8 +55,13 @@ class ServiceMetrics:
                                    ["reason"], registry=r)
         self.storage_up = Gauge("calib_storage_up", "1 when the feedback store answered the last operation",
                                 registry=r)
-        self.feedback_items = Counter("calib_feedback_items_total", "Feedback items by result", ["result"],
-                                      registry=r)
+        self.feedback_items = Counter("calib_feedback_items_total", "Feedback items by result: accepted, pending "
+                                      "(stored until their prediction is) or rejected", ["result"], registry=r)
+        self.pending_labels = Gauge("calib_pending_labels", "Labels waiting for their prediction, as this replica "
+                                    "last counted them in the store", registry=r)
+        self.pending_resolved = Counter("calib_pending_labels_resolved_total", "Pending labels this replica joined "
+                                        "to their prediction, expired or rejected at the join", ["outcome"],
+                                        registry=r)
         by_bin = ["model", "version", "bin"]
         self.labeled = Counter("calib_labeled_total", "Labelled predictions per confidence bin", by_bin, registry=r)
         self.confidence_sum = Counter("calib_confidence_sum_total", "Sum of confidences of labelled predictions per bin",

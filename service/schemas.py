@@ -227,9 +227,39 @@ class RejectedItem(BaseModel):
     reason: str
 
 
+class PendingItem(BaseModel):
+    index: int
+    prediction_id: str
+
+
 class FeedbackResponse(BaseModel):
-    accepted: int
-    rejected: list[RejectedItem]
+    """Every item is accepted (joined and counted), pending (stored until its prediction is in the store,
+    then joined, or listed by GET /feedback/unmatched when it expires) or rejected (with why)."""
+
+    accepted: int = Field(description="items joined with their prediction and stored")
+    pending: list[PendingItem] = Field(description="items stored to wait for their prediction: not an error; "
+                                       "they count once joined")
+    rejected: list[RejectedItem] = Field(description="items not stored: a bad label, a duplicate, an id that "
+                                         "cannot be a prediction id")
+
+
+class UnmatchedLabel(BaseModel):
+    seq: int
+    prediction_id: str
+    label: str = Field(description="the label as sent (JSON)")
+    received_at: float
+    status: Literal["pending", "expired", "rejected"]
+    reason: str | None
+    resolved_at: float | None
+
+
+class UnmatchedLabels(BaseModel):
+    """Labels that arrived before their prediction: still pending, or ended without a join (all models)."""
+
+    pending: int
+    expired: int
+    rejected: int
+    items: list[UnmatchedLabel] = Field(description="the most recent, newest first")
 
 
 class ReliabilityBin(BaseModel):
@@ -289,6 +319,9 @@ class CalibrationReport(BaseModel):
     alarm: AlarmInfo
     e_detector: dict[str, Any]
     thresholds: dict[str, Any]
+    unmatched_labels: dict[str, int] = Field(description="labels (of every model) still waiting for their "
+                                             "prediction, and those that expired or were rejected at the join "
+                                             "(GET /feedback/unmatched lists them)")
 
 
 class RecalibrateRequest(_Request):

@@ -104,8 +104,21 @@ class Settings(BaseSettings):
                                        "alarm evaluation at once (otherwise one runs every evaluate_seconds)")
     evaluate_seconds: float = Field(default=1.0, gt=0, description="seconds between alarm evaluations of every "
                                     "served model version (they also fold in labels stored by other replicas)")
-    prediction_log: bool = Field(default=True, description="log every prediction for monitoring (write-behind)")
-    prediction_log_queue: int = Field(default=100000, ge=100)
+    prediction_log: bool = Field(default=True, description="log every prediction for monitoring")
+    prediction_log_queue: int = Field(default=100000, ge=100, description="prediction rows queued for the store "
+                                      "at most (async: more are dropped and counted; sync: 503)")
+    prediction_log_durability: Literal["async", "sync"] = Field(
+        default="async", description="async: the answer does not wait for its rows to be written (write-behind; a "
+        "process killed meanwhile loses up to prediction_log_interval_seconds of rows, whose ids then never "
+        "become known); sync: each answer waits until its rows are committed, so every id answered survives a "
+        "crash (docs/api.md: the prediction log)")
+    prediction_log_interval_seconds: float = Field(default=0.5, gt=0, description="async durability: the longest "
+                                                   "a queued prediction waits for its write while the store is up")
+    pending_label_seconds: float = Field(default=300.0, gt=0, description="how long a label whose prediction is "
+                                         "not in the store waits for it (pending) before it expires")
+    pending_join_seconds: float = Field(default=0.5, gt=0, description="seconds between passes that join pending "
+                                        "labels to their predictions (also right after this replica's prediction "
+                                        "log writes)")
     retention_days: float = Field(default=30.0, gt=0)
     calibration_refresh_seconds: float = Field(default=5.0, gt=0)
     admin_token: SecretStr | None = Field(default=None, description="bearer token of the /admin endpoints; unset = off")

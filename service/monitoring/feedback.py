@@ -1,12 +1,16 @@
 """Labelled feedback: each item is joined with the prediction it labels (or carries probabilities scored
 elsewhere), checked, turned into a label row and stored; the requests of one group commit go in one
-transaction (``service.monitoring.feedback_writer``). Alarms are assessed elsewhere
-(``service.monitoring.evaluator``), never here."""
+transaction (``service.monitoring.feedback_writer``). A label whose prediction is not stored yet waits as a
+pending label until it is (``join_pending``, run by ``service.monitoring.pending``). Alarms are assessed
+elsewhere (``service.monitoring.evaluator``), never here."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,9 +21,20 @@ from service.metrics import ServiceMetrics
 from service.monitoring.calibrations import CalibrationVersions
 from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
+from service.store.labels import insert_labels
+from service.store.pending import ALREADY_LABELLED, JoinPass, PendingLabel
 from service.store.rows import LabelRow, PredictionRow, decode_rows, encode_rows, prediction_ids
 
-ALREADY_LABELLED = "duplicate feedback: this prediction already has a label"
+_PREDICTION_ID = re.compile("[0-9a-f]{32}")
+_CLOCK_SKEW = 300.0  # seconds a replica's clock may run ahead of another's
+ALREADY_PENDING = "duplicate feedback: this prediction already has a pending label"
+
+
+class _Labelled(NamedTuple):
+    """A pending label's prediction id and label as sent, in the shape of a feedback item."""
+
+    prediction_id: str
+    label: int | str
 
 
 @dataclass
@@ -39,8 +54,9 @@ class _Candidate:
 
 class FeedbackRecorder:
     def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
-                 calibrations: CalibrationVersions, n_bins: int):
+                 calibrations: CalibrationVersions, n_bins: int, retention_seconds: float = 30 * 86400):
         self.store = store
+        self.retention_seconds = retention_seconds
         self.repository = repository
         self.metrics = metrics_
         self.calibrations = calibrations
@@ -61,55 +77,92 @@ class FeedbackRecorder:
         """Validate, join and store the feedback of several requests in one transaction (committed
         before returning); one response body per request, with item indexes relative to it. The
         requests count in order, as if stored one after the other: an id labelled by an earlier
-        request of the group is already labelled for the later ones."""
+        request of the group is already labelled for the later ones. A label whose prediction is not
+        in the store yet is stored as pending (``join_pending`` joins it once the prediction is)."""
         flat = [item for items in requests for item in items]
         known = self.store.predictions.fetch({i.prediction_id for i in flat if i.prediction_id is not None})
+        now = time.time()
         reasons: list[str | None] = [None] * len(flat)
-        candidates, earlier, index = [], set(), 0
+        candidates, pending, earlier, index = [], {}, set(), 0
         for items in requests:
             seen = set()
             for item in items:
                 if item.prediction_id is not None and item.prediction_id in seen:
                     reasons[index] = "duplicate feedback for this prediction id in this request"
                 else:
-                    outcome = self._resolve(index, item, known)
+                    outcome = self._resolve(index, item, known, now)
                     if isinstance(outcome, str):
                         reasons[index] = outcome
                     else:
                         seen.add(item.prediction_id)
                         if item.prediction_id is not None and item.prediction_id in earlier:
                             reasons[index] = ALREADY_LABELLED
+                        elif isinstance(outcome, PendingLabel):
+                            pending[index] = outcome
                         else:
                             candidates.append(outcome)
                 index += 1
             earlier |= seen
-        label_rows, new_predictions = self._label_rows(candidates, reasons)
-        duplicates = self.store.labels.insert(list(label_rows.values()), new_predictions)
+        label_rows, new_predictions = self._label_rows(candidates, reasons, now)
+        labelled, waiting = self.store.labels.insert(list(label_rows.values()), new_predictions,
+                                                     list(pending.values()))
         bodies, accepted, index = [], [], 0
         for items in requests:
-            rejected, taken = [], 0
+            rejected, waits, taken = [], [], 0
             for position, item in enumerate(items):
                 row = label_rows.get(index)
-                reason = reasons[index] or (ALREADY_LABELLED if row.prediction_id in duplicates else None)
+                reason = reasons[index] or _duplicate(item.prediction_id, labelled, waiting)
                 if reason:
                     rejected.append({"index": position, "prediction_id": item.prediction_id, "reason": reason})
+                elif index in pending:
+                    waits.append({"index": position, "prediction_id": item.prediction_id})
                 else:
                     accepted.append(row)
                     taken += 1
                 index += 1
-            bodies.append({"accepted": taken, "rejected": rejected})
+            bodies.append({"accepted": taken, "pending": waits, "rejected": rejected})
         self._count(accepted)
+        waited = sum(len(b["pending"]) for b in bodies)
         self.metrics.feedback_items.labels("accepted").inc(len(accepted))
-        self.metrics.feedback_items.labels("rejected").inc(len(flat) - len(accepted))
+        self.metrics.feedback_items.labels("pending").inc(waited)
+        self.metrics.feedback_items.labels("rejected").inc(len(flat) - len(accepted) - waited)
         return bodies
 
-    def _resolve(self, index: int, item, known: dict) -> _Candidate | str:
-        """The item joined with its prediction (or its own probabilities), or why it is rejected.
-        Offline probabilities are checked later, all rows of a model at once."""
+    def join_pending(self, horizon: float) -> JoinPass | None:
+        """Join the pending labels whose prediction is now stored, in their arrival order, and expire those
+        older than ``horizon`` seconds (``PendingLabels.join``); counted in the metrics. None when another
+        replica is joining."""
+        now = time.time()
+
+        def resolve(rows: list) -> tuple[dict[int, LabelRow], dict[int, str]]:
+            reasons: list[str | None] = [None] * len(rows)
+            candidates = []
+            for index, row in enumerate(rows):
+                outcome = self._resolve(index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now)
+                if isinstance(outcome, str):
+                    reasons[index] = outcome
+                else:
+                    candidates.append(outcome)
+            label_rows, _ = self._label_rows(candidates, reasons, now)
+            return ({rows[i].seq: r for i, r in label_rows.items()},
+                    {rows[i].seq: reason for i, reason in enumerate(reasons) if reason})
+
+        done = self.store.pending.join(resolve, insert_labels, now=now, horizon=horizon)
+        if done is not None:
+            self._count(done.joined)
+            self.metrics.pending_labels.set(done.pending)
+            for outcome, n in (("joined", len(done.joined)), ("expired", done.expired), ("rejected", done.rejected)):
+                self.metrics.pending_resolved.labels(outcome).inc(n)
+        return done
+
+    def _resolve(self, index: int, item, known: dict, now: float) -> _Candidate | PendingLabel | str:
+        """The item joined with its prediction (or its own probabilities), the pending label it becomes
+        when its prediction is not stored (yet), or why it is rejected. Offline probabilities are checked
+        later, all rows of a model at once."""
         if item.prediction_id is not None:
             row = known.get(item.prediction_id)
             if row is None:
-                return f"unknown prediction id {item.prediction_id!r}"
+                return self._pending(item, now)
             try:
                 served = self.repository.get(row.model, row.version)
             except ModelNotFound:
@@ -132,11 +185,28 @@ class FeedbackRecorder:
         calibration_version, _ = self.calibrations.active(served)
         return _Candidate(index, served, calibration_version, "", item.probabilities, label, True)
 
-    def _label_rows(self, candidates: list[_Candidate],
-                    reasons: list) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
+    def _pending(self, item, now: float) -> PendingLabel | str:
+        """The pending label of an item whose prediction is not stored, or why it can never be joined: an
+        id this service cannot have made (``prediction_ids``: 32 hex digits, the first 12 a time in ms), one
+        older than the retention period, or a label that is a class of no served model."""
+        prediction_id = item.prediction_id
+        if not _PREDICTION_ID.fullmatch(prediction_id):
+            return f"unknown prediction id {prediction_id!r}: not a prediction id (32 hex digits)"
+        made = int(prediction_id[:12], 16) / 1000
+        if made > now + _CLOCK_SKEW:
+            return f"unknown prediction id {prediction_id!r}: its time is in the future"
+        if made < now - self.retention_seconds:
+            return (f"unknown prediction id {prediction_id!r}: made {(now - made) / 86400:.0f} days ago, "
+                    "beyond the retention period")
+        models = self.repository.all()
+        if not any(isinstance(_label_index(item.label, served), int) for served in models):
+            return f"label {item.label!r} is not a class of any served model"
+        return PendingLabel(prediction_id, json.dumps(item.label), now)
+
+    def _label_rows(self, candidates: list[_Candidate], reasons: list,
+                    now: float) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
         """Label rows (by item index) and offline prediction rows, computed per model in a few array
         operations; offline probability rows that are not probability vectors get their reason."""
-        now = time.time()
         label_rows, new_predictions = {}, []
         groups: dict[tuple, list[_Candidate]] = {}
         for c in candidates:
@@ -179,6 +249,13 @@ class FeedbackRecorder:
             self.metrics.labeled.labels(*labels).inc()
             self.metrics.confidence_sum.labels(*labels).inc(r.confidence)
             self.metrics.correct.labels(*labels).inc(r.correct)
+
+
+def _duplicate(prediction_id: str | None, labelled: set[str], pending: set[str]) -> str | None:
+    """Why a label the store refused is a duplicate, if it is one."""
+    if prediction_id in labelled:
+        return ALREADY_LABELLED
+    return ALREADY_PENDING if prediction_id in pending else None
 
 
 def _label_index(label, served: ServedModel) -> int | str:

@@ -6,7 +6,8 @@ the prediction log is flushed once (the predictions they label are then stored),
 items are joined, checked and stored in one transaction in a worker thread
 (``FeedbackRecorder.record_group``). Each request is answered with its own result only after that
 commit; a failed write fails every request of its group, so nothing of it is acknowledged. The count
-of labels stored goes to ``on_stored`` (the evaluator, which starts a pass after enough of them).
+of labels stored goes to ``on_stored`` (the evaluator, which starts a pass after enough of them), that of
+labels stored as pending to ``on_pending`` (the pending-label joiner).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ class FeedbackWriter(BackgroundLoop):
     name = "feedback-writer"
 
     def __init__(self, monitor: Monitor, prediction_log: PredictionLog, *, max_request_items: int,
-                 on_stored: Callable[[int], None] = lambda n: None, max_group_items: int = 4096):
+                 on_stored: Callable[[int], None] = lambda n: None,
+                 on_pending: Callable[[int], None] = lambda n: None, max_group_items: int = 4096):
         self.monitor = monitor
         self.prediction_log = prediction_log
         self.max_request_items = max_request_items
         self.on_stored = on_stored
+        self.on_pending = on_pending
         self.max_group_items = max_group_items
         self._pending: deque[tuple[list, asyncio.Future]] = deque()
         super().__init__()
@@ -57,6 +60,8 @@ class FeedbackWriter(BackgroundLoop):
         self._wakeup.set()
         result = await future
         self.on_stored(result["accepted"])
+        if result["pending"]:
+            self.on_pending(len(result["pending"]))
         return result
 
     async def _loop(self) -> None:

@@ -17,10 +17,11 @@ from service.store import Store
 
 class Monitor:
     def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics, *, n_bins: int,
-                 policy: AlarmPolicy, alarm_window: str, detail_rows: int, drift_rows: int, n_resamples: int):
+                 policy: AlarmPolicy, alarm_window: str, detail_rows: int, drift_rows: int, n_resamples: int,
+                 retention_seconds: float = 30 * 86400):
         self.repository = repository
         self.calibrations = CalibrationVersions(store, repository)
-        self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins)
+        self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins, retention_seconds)
         self.alarm = Alarm(store, metrics_, self.calibrations, policy, drift_rows)
         self.reports = Reports(store, repository, metrics_, self.calibrations, n_bins=n_bins, policy=policy,
                                alarm_window=alarm_window, detail_rows=detail_rows, drift_rows=drift_rows,

@@ -85,6 +85,7 @@ class Reports:
         }
         body.update(self._window_metrics(served, key, sums, win))
         body["drift"] = self._drift(served, key, sums)
+        body["unmatched_labels"] = self.store.pending.counts()
         return body
 
     def _evaluation(self, key: CalibrationKey, state_row) -> dict:

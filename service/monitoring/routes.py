@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
@@ -21,6 +23,7 @@ from service.schemas import (
     RecalibrateRequest,
     RecalibrateResponse,
     TimelineResponse,
+    UnmatchedLabels,
 )
 
 router = APIRouter(tags=["monitoring"])
@@ -50,6 +53,15 @@ def feedback_contract(body: FeedbackRequest) -> FeedbackResponse:
 FEEDBACK_ROUTES = [PlainRoute("/feedback", FeedbackEndpoint(), methods=["POST"])]
 FEEDBACK_CONTRACT = APIRoute("/feedback", feedback_contract, methods=["POST"], response_model=FeedbackResponse,
                              responses=ERRORS, tags=["monitoring"], name="feedback")
+
+
+@router.get("/feedback/unmatched", response_model=UnmatchedLabels, responses=ERRORS)
+async def unmatched_labels(endpoints: CurrentEndpoints,
+                           status: Literal["pending", "expired", "rejected"] | None = None,
+                           limit: int = Query(default=100, ge=0, le=10_000)) -> dict:
+    """Labels that arrived before their prediction was stored: how many still wait, how many expired or were
+    rejected at the join, and the most recent of them with their ids (newest first)."""
+    return await endpoints.unmatched_labels(status, limit)
 
 
 @router.get("/calibration", response_model=CalibrationReport, responses=ERRORS)

@@ -122,7 +122,8 @@ class DataPlane:
         phases.mark("validate")
         outputs, timing = await self.infer(model, x)
         phases.mark("batch")
-        return self.respond(model, options, outputs), timing
+        ids = await self.log(model, outputs[SCORES])
+        return self.respond(model, options, outputs, ids), timing
 
     def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> dict:
         """On an inference thread: the outputs of one of the model's sessions plus the batch scored under
@@ -134,18 +135,21 @@ class DataPlane:
         return outputs | {SCORES: score(outputs[names["logits"]], outputs[names["probabilities"]], calibration_version,
                                         temperature, encode=self.prediction_log is not None)}
 
-    def log(self, model: ServedModel, scored: ScoredBatch) -> list[str]:
+    async def log(self, model: ServedModel, scored: ScoredBatch) -> list[str]:
         """The one logging hook of both protocols: queue a request's scored rows for the prediction log
-        unless logging is disabled; their prediction ids (answered either way)."""
+        unless logging is disabled, and under sync durability wait until they are committed; their
+        prediction ids (answered either way)."""
         if self.prediction_log is not None:
-            self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version))
+            ticket = self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version))
+            if self.prediction_log.sync:
+                await self.prediction_log.written(ticket)
         return scored.ids
 
-    def respond(self, model: ServedModel, request: PredictOptions, outputs: dict) -> dict:
-        """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch;
-        queues the rows for the prediction log."""
+    def respond(self, model: ServedModel, request: PredictOptions, outputs: dict, ids: list[str]) -> dict:
+        """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch, logged
+        under ``ids``."""
         s: ScoredBatch = outputs[SCORES]
-        ids, classes, probs = self.log(model, s), model.manifest.class_names, s.probabilities
+        classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
         predictions = [{
             "id": ids[i], "label": classes[k], "class_index": k, "confidence": s.confidence[i],
@@ -236,7 +240,7 @@ class DataPlane:
         phases.mark("batch")
         scored: ScoredBatch = outputs[SCORES]
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
-        ids = self.log(model, scored)
+        ids = await self.log(model, scored)
         served = {model.manifest.outputs["probabilities"]: scored.probabilities,
                   PREDICTION_ID: np.array(ids, dtype=object)}
         return model, {name: served.get(name, outputs.get(name)) for name in requested}, ids

@@ -1,4 +1,4 @@
-"""The shared store: predictions, labels with their block sums, calibration versions and alarm state
+"""The shared store: predictions, labels with their block sums, pending labels, calibration versions and alarm state
 (SQLAlchemy Core on SQLite or PostgreSQL). ``Store`` gathers one object per table family over one
 ``Database``; every method is blocking (call it from a thread)."""
 
@@ -8,6 +8,7 @@ from service.store.alarm_state import AlarmStates
 from service.store.calibrations import Calibrations
 from service.store.database import Database
 from service.store.labels import Labels
+from service.store.pending import PendingLabels
 from service.store.predictions import Predictions
 from service.store.retention import purge
 
@@ -17,9 +18,11 @@ class Store:
         self.db = Database(url, retry_after, timeout)
         self.predictions = Predictions(self.db)
         self.labels = Labels(self.db)
+        self.pending = PendingLabels(self.db)
         self.calibrations = Calibrations(self.db)
         self.alarm_states = AlarmStates(self.db)
 
     def purge(self, older_than: float) -> int:
-        """Delete predictions (and their labels) created before ``older_than``; returns the count."""
+        """Delete predictions (and their labels) created before ``older_than``, and pending labels received
+        before it; returns the count of predictions."""
         return purge(self.db, older_than)

@@ -15,12 +15,24 @@ from calibkit.stats import BinStats
 from service.store.blocks import IDS, ROW_COLUMNS, bin_totals, in_block, labels_to_blocks, row_totals
 from service.store.bulk import BulkInsert
 from service.store.database import Database
+from service.store.pending import PendingLabel, add_pending, pending_among
 from service.store.predictions import insert_predictions
 from service.store.rows import CalibrationKey, LabelRow, NewestRows, PredictionRow, decode_rows
 from service.store.schema import label_bins, labels, scope
 
 _insert_labels = BulkInsert(labels, [f.name for f in fields(LabelRow)])
 _LABELLED_AMONG = sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(IDS))
+
+
+def insert_labels(c: sa.Connection, rows: Sequence[LabelRow]) -> set[str]:
+    """Insert label rows (and add them to their blocks' sums) on ``c``, but for the prediction ids that
+    already have a label, which are returned."""
+    existing = {r[0] for r in c.execute(_LABELLED_AMONG, {"ids": [r.prediction_id for r in rows]})} if rows else set()
+    fresh = [r for r in rows if r.prediction_id not in existing]
+    if fresh:
+        _insert_labels(c, [tuple(vars(r).values()) for r in fresh])
+        c.execute(labels_to_blocks(c.dialect.name), {"ids": [r.prediction_id for r in fresh]})
+    return existing
 
 
 @dataclass
@@ -56,20 +68,20 @@ class Labels:
     def __init__(self, db: Database):
         self.db = db
 
-    def insert(self, rows: Sequence[LabelRow], new_predictions: Sequence[PredictionRow] = ()) -> set[str]:
-        """Insert labels (and offline predictions) in one transaction; returns the prediction ids that
-        already had a label (duplicates, not inserted). Committed before returning."""
+    def insert(self, rows: Sequence[LabelRow], new_predictions: Sequence[PredictionRow] = (),
+               pending: Sequence[PendingLabel] = ()) -> tuple[set[str], set[str]]:
+        """Insert labels (and offline predictions) and the labels that wait for their prediction, in one
+        transaction; returns the prediction ids refused as duplicates: (those that already had a label,
+        those that already had a pending one). The first label sent wins. Committed before returning."""
         def work(c):
             if new_predictions:
                 insert_predictions(c, new_predictions)
-            existing = {r[0] for r in c.execute(_LABELLED_AMONG, {"ids": [r.prediction_id for r in rows]})}
-            fresh = [r for r in rows if r.prediction_id not in existing]
-            if fresh:
-                _insert_labels(c, [tuple(vars(r).values()) for r in fresh])
-                c.execute(labels_to_blocks(c.dialect.name), {"ids": [r.prediction_id for r in fresh]})
-            return existing
+            waiting = pending_among(c, [r.prediction_id for r in rows] + [p.prediction_id for p in pending])
+            labelled = insert_labels(c, [r for r in rows if r.prediction_id not in waiting])
+            add_pending(c, [p for p in pending if p.prediction_id not in waiting])
+            return labelled, waiting
 
-        return self.db.run(work) if rows else set()
+        return self.db.run(work) if rows or pending else (set(), set())
 
     def window(self, key: CalibrationKey, n_bins: int, *, last: int | None = None, seconds: float | None = None,
                now: float | None = None) -> WindowSums:

@@ -8,9 +8,17 @@ import sqlalchemy as sa
 
 MIGRATION = 0x63616C6962  # the schema's creation and upgrade ("calib")
 CALIBRATIONS = 0x63616C6963  # calibration versions: version 0 from the manifest, refits, activation
+PENDING_LABELS = 0x63616C6964  # joining pending labels to their predictions
 
 
 def advisory_lock(connection: sa.Connection, key: int) -> None:
     """Wait (within the transaction's lock_timeout) until no other transaction holds ``key``."""
     if connection.dialect.name == "postgresql":
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def try_advisory_lock(connection: sa.Connection, key: int) -> bool:
+    """Take ``key`` for this transaction if no other transaction holds it; whether it was taken."""
+    if connection.dialect.name == "postgresql":
+        return bool(connection.execute(sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": key}).scalar_one())
+    return True

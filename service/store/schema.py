@@ -1,5 +1,6 @@
-"""Tables (SQLAlchemy Core). Every table is scoped by a ``CalibrationKey``; ``label_bins`` holds the
-mergeable per-bin sums of each block of ``BLOCK_LABELS`` consecutive labels (see ``service.store.labels``)."""
+"""Tables (SQLAlchemy Core). Every table but ``pending_labels`` is scoped by a ``CalibrationKey``;
+``label_bins`` holds the mergeable per-bin sums of each block of ``BLOCK_LABELS`` consecutive labels (see
+``service.store.labels``); ``pending_labels`` the labels that arrived before their prediction (``service.store.pending``)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,19 @@ calibrations = sa.Table(
     sa.Column("active", sa.Boolean, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("details", sa.Text),
+)
+
+pending_labels = sa.Table(
+    "pending_labels", metadata,
+    sa.Column("seq", BigId, primary_key=True, autoincrement=True),
+    sa.Column("prediction_id", sa.String(32), nullable=False),  # no foreign key: the prediction may come later
+    sa.Column("label", sa.Text, nullable=False),  # as sent (class name or index), JSON
+    sa.Column("received_at", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),  # pending, expired or rejected; a joined one leaves
+    sa.Column("reason", sa.Text),
+    sa.Column("resolved_at", sa.Float),
+    sa.Index("ix_pending_labels_id", "prediction_id"),
+    sa.Index("ix_pending_labels_status", "status", "seq"),
 )
 
 monitor_state = sa.Table(

@@ -53,8 +53,8 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, linear_artifact):
     output, _ = process.communicate(timeout=30)
     assert result["response"].status_code == 200, output
     assert result["response"].json()["predictions"][0]["label"] in {"a", "b", "c"}
-    # uvicorn re-raises the signal after its graceful shutdown, so the exit status says SIGTERM
-    assert process.returncode == -signal.SIGTERM
+    # a replica that drained on SIGTERM exits 0: orchestrators read a death by signal as a failure
+    assert process.returncode == 0
     assert "queued and in-flight batches finished" in output
 
 

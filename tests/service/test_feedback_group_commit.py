@@ -108,7 +108,7 @@ def test_concurrent_requests_are_committed_together_and_answered_each_with_its_o
         not_json = pool.submit(_post, base_url, content=b"{nope")
         assert too_many.result().status_code == 422 and not_json.result().status_code == 400
         writer.released.set()
-        assert first.result().json() == {"accepted": 1, "rejected": []}
+        assert first.result().json() == {"accepted": 1, "pending": [], "rejected": []}
         bodies = [a.result() for a in answers]
     assert all(b.status_code == 200 for b in bodies), [b.text for b in bodies]
     bodies = [b.json() for b in bodies]
@@ -144,9 +144,9 @@ def test_the_first_request_of_a_group_wins_a_prediction_labelled_twice(held):
         assert first.result().json()["accepted"] == 1
         a, b, c = a.result().json(), b.result().json(), c.result().json()
     assert writer.groups == [1, 3]
-    assert a == {"accepted": 1, "rejected": []}
-    assert b == {"accepted": 1, "rejected": [{"index": 0, "prediction_id": ids[0], "reason": ALREADY}]}
-    assert c == {"accepted": 0, "rejected": [{"index": 0, "prediction_id": ids[1], "reason": ALREADY},
+    assert a == {"accepted": 1, "pending": [], "rejected": []}
+    assert b == {"accepted": 1, "pending": [], "rejected": [{"index": 0, "prediction_id": ids[0], "reason": ALREADY}]}
+    assert c == {"accepted": 0, "pending": [], "rejected": [{"index": 0, "prediction_id": ids[1], "reason": ALREADY},
                                              {"index": 1, "prediction_id": ids[2], "reason": ALREADY}]}
     assert _stored_labels(app, ids) == {ids[0]: 1, ids[1]: 3, ids[2]: 0}
 
@@ -208,4 +208,4 @@ def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(repo
         finally:
             engine.dispose()
         again = _post(base_url, {"items": [{"prediction_id": i, "label": 1} for i in ids]})
-        assert again.json() == {"accepted": 4, "rejected": []}
+        assert again.json() == {"accepted": 4, "pending": [], "rejected": []}

@@ -159,8 +159,8 @@ def test_the_service_runs_as_its_manifest_says(manifest, dockerfile, pg_url, tmp
         health = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {SECRET['admin-token']}"}).json()
         assert health["ready"] and health["status"] == "ok"
         process.send_signal(signal.SIGTERM)  # what the kubelet sends after preStop
-        # uvicorn drains, runs the shutdown (prediction log and feedback writer flushed), then re-raises SIGTERM
-        assert process.wait(timeout=grace) in (0, -signal.SIGTERM), log.read_text()
+        # uvicorn drains and runs the shutdown (prediction log and feedback writer flushed); the exit is clean
+        assert process.wait(timeout=grace) == 0, log.read_text()
         assert "stopped: queued and in-flight batches finished" in log.read_text()
     finally:
         if process.poll() is None:

@@ -12,6 +12,8 @@ from calibkit.temperature import apply_temperature, softmax
 from calibkit.alarms import AlarmPolicy
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse, TimelineResponse
 from service.settings import Settings
+from service.store import Store
+from service.store.rows import PredictionRow, encode_rows, prediction_ids
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits()
@@ -38,7 +40,7 @@ def test_feedback_joins_predictions_and_calibration_equals_the_core(monitored):
     ids = [p["id"] for p in body["predictions"]]
     items = [{"prediction_id": i, "label": int(label) if k % 2 else str(label)} for k, (i, label) in enumerate(zip(ids, y))]
     r = httpx.post(f"{base_url}/feedback", json={"items": items})
-    assert r.status_code == 200 and r.json() == {"accepted": 120, "rejected": []}
+    assert r.status_code == 200 and r.json() == {"accepted": 120, "pending": [], "rejected": []}
     report = httpx.get(f"{base_url}/calibration", params={"window": "1000"}).json()
     probs = np.array([p["probabilities"] for p in body["predictions"]])
     assert report["n"] == 120 and report["calibration_version"] == 0
@@ -261,3 +263,97 @@ def test_monitoring_responses_are_typed_in_the_openapi_document(base_url, path, 
     ok = document["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
     assert ok == {"$ref": f"#/components/schemas/{model}"}
     assert document["components"]["schemas"][model]["properties"]
+
+
+def _other_replica_logs(database_url: str, ids: list[str], model: str = "digits-lenet5", version: str = "1",
+                        k: int = 10) -> None:
+    """Another replica writes the predictions ``ids`` to the shared store (its prediction log), as it would
+    after answering them."""
+    probs = softmax(np.random.default_rng(len(ids)).normal(size=(len(ids), k)) * 3)
+    rows = [PredictionRow(i, model, version, 0, time.time(), int(p.argmax()), float(p.max()), None, blob, None)
+            for i, p, blob in zip(ids, probs, encode_rows(probs))]
+    other = Store(database_url)
+    other.predictions.insert(rows)
+    other.db.engine.dispose()
+
+
+def _until(condition, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return value
+
+
+def _labelled_in_order(database_url: str) -> list[str]:
+    store = Store(database_url)
+    try:
+        query = "SELECT prediction_id FROM labels ORDER BY seq"
+        return store.db.run(lambda c: [r[0] for r in c.exec_driver_sql(query)], write=False)
+    finally:
+        store.db.engine.dispose()
+
+
+def test_a_label_sent_before_its_prediction_is_stored_waits_and_joins_in_arrival_order(monitored, database_url):
+    base_url, _ = monitored
+    ids = prediction_ids(3)
+    n_before = httpx.get(f"{base_url}/calibration").json()["n"]
+    items = [{"prediction_id": ids[0], "label": 3}, {"prediction_id": ids[1], "label": "7"},
+             {"prediction_id": ids[2], "label": 2}]
+    body = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+    assert body == {"accepted": 0, "pending": [{"index": k, "prediction_id": i} for k, i in enumerate(ids)],
+                    "rejected": []}
+    again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 5}]}).json()
+    assert again["pending"] == [] and "already has a pending label" in again["rejected"][0]["reason"]
+    unmatched = httpx.get(f"{base_url}/feedback/unmatched").json()
+    assert unmatched["pending"] == 3 and [i["prediction_id"] for i in unmatched["items"]] == ids[::-1]
+    assert httpx.get(f"{base_url}/calibration").json()["unmatched_labels"] == {"pending": 3, "expired": 0,
+                                                                               "rejected": 0}
+    _other_replica_logs(database_url, [ids[1], ids[0]])  # written in another order than the labels came
+    _until(lambda: httpx.get(f"{base_url}/feedback/unmatched").json()["pending"] == 1)
+    assert _labelled_in_order(database_url)[-2:] == ids[:2]  # joined in the order the labels arrived
+    assert httpx.get(f"{base_url}/calibration").json()["n"] == n_before + 2
+    metrics_text = httpx.get(f"{base_url}/metrics").text
+    assert 'calib_pending_labels_resolved_total{outcome="joined"} 2.0' in metrics_text
+    assert 'calib_feedback_items_total{result="pending"} 3.0' in metrics_text
+
+
+def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_listed(repository_dir, server_for,
+                                                                                     database_url):
+    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
+                        pending_label_seconds=1.0, pending_join_seconds=0.1)
+    with server_for(settings) as (base_url, _):
+        ids = prediction_ids(3)
+        old = f"{int((time.time() - 40 * 86400) * 1000):012x}" + "0" * 20
+        items = [{"prediction_id": "nope", "label": 1}, {"prediction_id": "f" * 32, "label": 1},
+                 {"prediction_id": old, "label": 1}, {"prediction_id": ids[0], "label": "eleven"},
+                 {"prediction_id": ids[0], "label": 9}, {"prediction_id": ids[1], "label": 9},
+                 {"prediction_id": ids[2], "label": 4}]
+        body = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+        reasons = {r["index"]: r["reason"] for r in body["rejected"]}
+        assert sorted(reasons) == [0, 1, 2, 3] and [p["index"] for p in body["pending"]] == [4, 5, 6]
+        assert "not a prediction id" in reasons[0] and "in the future" in reasons[1]
+        assert "beyond the retention period" in reasons[2]
+        assert "'eleven' is not a class of any served model" in reasons[3]
+        # ids[1] turns out to be a prediction of 'toy' (classes a, b, c): label 9 is refused at the join
+        _other_replica_logs(database_url, [ids[1]], model="toy", version="1", k=3)
+        unmatched = _until(lambda: (u := httpx.get(f"{base_url}/feedback/unmatched").json())["pending"] == 0 and u)
+        by_id = {i["prediction_id"]: i for i in unmatched["items"]}
+        assert by_id[ids[1]]["status"] == "rejected" and "not a class index of model toy" in by_id[ids[1]]["reason"]
+        assert by_id[ids[0]]["status"] == by_id[ids[2]]["status"] == "expired"
+        assert "no prediction with this id within 1 s" in by_id[ids[0]]["reason"]
+        assert unmatched["expired"] == 2 and unmatched["rejected"] == 1
+        expired_only = httpx.get(f"{base_url}/feedback/unmatched", params={"status": "expired"}).json()["items"]
+        assert {i["prediction_id"] for i in expired_only} == {ids[0], ids[2]}
+        metrics_text = httpx.get(f"{base_url}/metrics").text
+        assert 'calib_pending_labels_resolved_total{outcome="expired"} 2.0' in metrics_text
+        assert 'calib_pending_labels_resolved_total{outcome="rejected"} 1.0' in metrics_text
+        # the prediction arrives after its label expired: nothing joins by itself, and the label sent again counts
+        _other_replica_logs(database_url, [ids[2]])
+        assert httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[2], "label": 4}]}).json()[
+            "accepted"] == 1
+        assert httpx.get(f"{base_url}/feedback/unmatched", params={"limit": 0}).json() == {
+            "pending": 0, "expired": 2, "rejected": 1, "items": []}
+        for params, field in [({"status": "lost"}, "status"), ({"limit": -1}, "limit")]:
+            r = httpx.get(f"{base_url}/feedback/unmatched", params=params)
+            assert r.status_code == 422 and field in r.text

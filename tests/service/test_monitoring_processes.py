@@ -33,6 +33,8 @@ class Replica:
     """``python -m service`` in a subprocess, as docker-compose runs it (same flags and variables)."""
 
     def __init__(self, artifacts, database_url, **env):
+        self.args = (artifacts, database_url)
+        self.env = env
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         environment = dict(os.environ, CALIB_DATABASE_URL=database_url, CALIB_DEFAULT_MODEL="digits-lenet5",
@@ -54,6 +56,10 @@ class Replica:
     def stop(self, sig=signal.SIGTERM):
         self.process.send_signal(sig)
         return self.process.communicate(timeout=30)[0]
+
+    def restarted(self) -> "Replica":
+        """A new process with the same settings (on a new port)."""
+        return Replica(*self.args, **self.env)
 
 
 def _evaluation_passes(url) -> float:
@@ -197,3 +203,137 @@ def test_database_outage_degrades_and_recovers(repository_dir, pg_url, cuttable_
         assert httpx.get(f"{replica.url}/health").json()["status"] == "ok"
     finally:
         replica.stop()
+
+
+class LabellingClients:
+    """Clients that predict on one replica and send the labels at once to the next one (within
+    milliseconds, as behind a load balancer), resending a label that got no answer as a careful client does.
+    ``urls`` may change under them (a replica restarted on a new port)."""
+
+    def __init__(self, urls: list[str], clients: int = 8):
+        self.urls, self.clients = urls, clients
+        self.answered: list[str] = []  # every id /predict returned
+        self.outcomes: dict[str, str] = {}  # prediction id -> accepted, pending or the rejection's reason
+        self.resent: set[str] = set()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(clients)
+        self._futures = [self._pool.submit(self._client, k) for k in range(clients)]
+
+    def stop(self) -> None:
+        self._stop.set()
+        for f in self._futures:
+            f.result()
+        self._pool.shutdown()
+
+    def _client(self, k: int) -> None:
+        rng = np.random.default_rng(k)
+        with httpx.Client(timeout=10) as http:
+            for turn in itertools.count(k):
+                if self._stop.is_set():
+                    return
+                rows = rng.integers(0, len(DIGITS.y), size=rng.integers(1, 5))
+                try:
+                    url = self.urls[turn % len(self.urls)]
+                    r = http.post(f"{url}/predict", json={"inputs": DIGITS.x[rows].tolist()})
+                except httpx.TransportError:
+                    time.sleep(0.05)
+                    continue
+                if r.status_code != 200:
+                    continue
+                ids = [p["id"] for p in r.json()["predictions"]]
+                self.answered += ids
+                items = [{"prediction_id": i, "label": int(DIGITS.y[j])} for i, j in zip(ids, rows)]
+                self._label(http, turn + 1, items)
+
+    def _label(self, http: httpx.Client, turn: int, items: list[dict]) -> None:
+        deadline, attempt = time.monotonic() + 40, 0
+        while True:
+            try:
+                r = http.post(f"{self.urls[turn % len(self.urls)]}/feedback", json={"items": items})
+                if r.status_code == 200:
+                    break
+                assert r.status_code == 503, r.text
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "feedback never answered"
+            attempt += 1
+            time.sleep(0.1)
+        body = r.json()
+        for item in body["pending"]:
+            self.outcomes[item["prediction_id"]] = "pending"
+        for item in body["rejected"]:
+            self.outcomes[item["prediction_id"]] = item["reason"]
+            if attempt:
+                self.resent.add(item["prediction_id"])
+        for item in items:
+            self.outcomes.setdefault(item["prediction_id"], "accepted")
+
+
+def _stored_ids(url: str) -> tuple[set[str], set[str]]:
+    """(ids of the stored predictions, ids of the stored labels), read from the store itself."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return ({r[0] for r in c.exec_driver_sql("SELECT id FROM predictions")},
+                    {r[0] for r in c.exec_driver_sql("SELECT prediction_id FROM labels")})
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("store, replicas, durability", [
+    ("sqlite", 1, "async"), ("postgresql", 2, "async"), ("postgresql", 2, "sync")])
+def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(request, repository_dir, tmp_path, store,
+                                                                        replicas, durability):
+    """Labels sent within milliseconds of their prediction, to another replica, while one replica is killed with
+    SIGKILL and restarted and another stopped with SIGTERM and restarted: every label acknowledged (accepted or
+    pending) ends joined or listed as expired, none is refused, the replicas agree, and under sync durability
+    every id answered is stored."""
+    url = f"sqlite:///{tmp_path / 'store.db'}" if store == "sqlite" else request.getfixturevalue("pg_url")
+    env = {"CALIB_PENDING_LABEL_SECONDS": "3", "CALIB_PREDICTION_LOG_DURABILITY": durability}
+    started = [Replica(repository_dir, url, **env) for _ in range(replicas)]
+    clients = LabellingClients([r.url for r in started])
+    try:
+        time.sleep(3)
+        killed = started[0]
+        killed.stop(signal.SIGKILL)
+        assert killed.process.returncode == -signal.SIGKILL
+        started[0] = killed.restarted()
+        clients.urls[0] = started[0].url
+        time.sleep(3)
+        drained = started[-1]
+        drained.stop()
+        assert drained.process.returncode == 0, "a drained replica exits 0"
+        started[-1] = drained.restarted()
+        clients.urls[-1] = started[-1].url
+        time.sleep(2)
+    finally:
+        clients.stop()
+    try:
+        deadline = time.monotonic() + 30
+        while (unmatched := httpx.get(f"{started[0].url}/feedback/unmatched", params={"limit": 10000}).json())["pending"]:
+            assert time.monotonic() < deadline, unmatched
+            time.sleep(0.2)
+        predicted, labelled = _stored_ids(url)
+        expired = {i["prediction_id"] for i in unmatched["items"] if i["status"] == "expired"}
+        outcomes = clients.outcomes
+        acknowledged = {i for i, o in outcomes.items() if o in ("accepted", "pending")}
+        refused = {i: o for i, o in outcomes.items() if i not in acknowledged and i not in clients.resent}
+        assert not refused, refused  # none refused: not for timing, not for anything else
+        assert unmatched["rejected"] == 0, unmatched
+        assert acknowledged - labelled - expired == set(), "acknowledged labels lost"
+        assert not expired & predicted, "a label expired although its prediction was stored"
+        assert len(labelled) >= 200, len(labelled)
+        if durability == "sync":
+            assert set(clients.answered) <= predicted, "an answered id was lost under sync durability"
+            assert not expired and "pending" not in outcomes.values()
+        elif replicas > 1:
+            assert "pending" in outcomes.values(), "no label reached another replica before its prediction"
+        _evaluated(*started)
+        reports = [httpx.get(f"{r.url}/calibration", params={"window": "100000"}).json() for r in started]
+        assert all(report == reports[0] for report in reports)
+        assert reports[0]["n"] == len(labelled) and reports[0]["unmatched_labels"]["expired"] == len(expired)
+    finally:
+        for r in started:
+            r.stop()

@@ -8,7 +8,7 @@ import pytest
 
 from service.metrics import ServiceMetrics
 from service.serving.prediction_log import PredictionLog
-from service.errors import StorageUnavailable
+from service.errors import Overloaded, StorageUnavailable
 from service.store.rows import PredictionRow
 
 
@@ -155,3 +155,52 @@ def test_bulk_insert_stores_every_field_exactly(database_url):
         stored = {r.id: tuple(r) for r in c.execute(sa.select(*[predictions.c[f] for f in PredictionRow._fields]))}
     storage.db.engine.dispose()
     assert stored == {r.id: tuple(r) for r in rows}
+
+
+def test_sync_durability_answers_only_once_the_rows_are_committed_and_503_when_they_cannot_be():
+    async def scenario():
+        store, metrics = SlowStore(), ServiceMetrics()
+        log = PredictionLog(store, metrics, max_pending=100, batch_size=50, interval=10.0, durability="sync")
+        log.start()
+        first, second = log.enqueue(_rows(3)), log.enqueue(_rows(2, start=3))
+        await log.written(second)  # no full batch and a long interval: sync writes at once
+        committed = list(store.stored)
+        store.down = True
+        failed = log.enqueue(_rows(1, start=5))
+        try:
+            await log.written(failed)
+            outcome = "answered"
+        except StorageUnavailable:
+            outcome = "503"
+        await log.written(first)  # already committed: returns at once
+        full = log.enqueue(_rows(99, start=6))
+        try:
+            log.enqueue(_rows(1, start=200))
+            refused = False
+        except Overloaded:
+            refused = True
+        store.down = False
+        await log.written(full)  # kept through the failure, written in order once the store is back
+        await log.stop()
+        return committed, outcome, refused, list(store.stored), metrics
+
+    committed, outcome, refused, stored, metrics = asyncio.run(scenario())
+    assert committed == [f"{i:032x}" for i in range(5)]
+    assert outcome == "503" and refused
+    assert stored == [f"{i:032x}" for i in range(105)]
+    assert metrics.log_dropped.labels("queue_full")._value.get() == 0
+
+
+def test_async_durability_never_waits_and_tickets_count_the_rows_queued():
+    async def scenario():
+        store = SlowStore()
+        log = PredictionLog(store, ServiceMetrics(), batch_size=50, interval=10.0)
+        log.start()
+        tickets = [log.enqueue(_rows(3)), log.enqueue(_rows(4, start=3))]
+        await asyncio.sleep(0.2)
+        unwritten = list(store.stored)  # write-behind: nothing written before the interval or a full batch
+        await log.stop()
+        return tickets, unwritten, list(store.stored)
+
+    tickets, unwritten, stored = asyncio.run(scenario())
+    assert tickets == [3, 7] and unwritten == [] and len(stored) == 7

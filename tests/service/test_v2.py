@@ -172,7 +172,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     before = _labels(base_url)
     items = [{"prediction_id": i, "label": int(y)} for i, y in zip(ids, Y)]
     r = httpx.post(f"{base_url}/feedback", json={"items": items})
-    assert r.status_code == 200 and r.json() == {"accepted": len(ids), "rejected": []}, r.text
+    assert r.status_code == 200 and r.json() == {"accepted": len(ids), "pending": [], "rejected": []}, r.text
     assert _labels(base_url) == before + len(ids)
 
 

@@ -1,0 +1,121 @@
+"""Labels that arrived before their prediction was in the store (another replica had not written its
+prediction log yet, or a prediction id the store never saw). They are stored as pending, on any replica, and
+end in one of three ways, none silent: joined to their prediction once it is stored (they become rows of
+``labels``, in the order of their arrival, and leave this table), expired after the horizon, or rejected at
+the join (a label that is not a class of the prediction's model, a prediction labelled meanwhile)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import sqlalchemy as sa
+
+from service.store import locks
+from service.store.blocks import IDS
+from service.store.database import Database
+from service.store.rows import LabelRow
+from service.store.schema import pending_labels, predictions
+
+PENDING, EXPIRED, REJECTED = "pending", "expired", "rejected"
+ALREADY_LABELLED = "duplicate feedback: this prediction already has a label"
+_PENDING_AMONG = sa.select(pending_labels.c.prediction_id).where(pending_labels.c.prediction_id.in_(IDS),
+                                                                 pending_labels.c.status == PENDING)
+_ANY_PENDING = sa.select(pending_labels.c.seq).where(pending_labels.c.status == PENDING).limit(1)
+_JOINABLE = (sa.select(pending_labels.c.seq, pending_labels.c.label, predictions)
+             .join(predictions, predictions.c.id == pending_labels.c.prediction_id)
+             .where(pending_labels.c.status == PENDING).order_by(pending_labels.c.seq))
+Resolver = Callable[[list[sa.Row]], tuple[dict[int, LabelRow], dict[int, str]]]
+
+
+class PendingLabel(NamedTuple):
+    """A label stored until its prediction arrives: the prediction id, the label as sent (JSON) and when."""
+
+    prediction_id: str
+    label: str
+    received_at: float
+
+
+@dataclass
+class JoinPass:
+    """What one pass of ``PendingLabels.join`` did: the label rows it stored (in order), how many pending
+    labels it rejected and expired, and how many still wait."""
+
+    joined: list[LabelRow]
+    rejected: int
+    expired: int
+    pending: int
+
+
+def pending_among(c: sa.Connection, ids: Sequence[str]) -> set[str]:
+    """The prediction ids among ``ids`` that have a pending label."""
+    return {r[0] for r in c.execute(_PENDING_AMONG, {"ids": list(ids)})} if ids else set()
+
+
+def add_pending(c: sa.Connection, rows: Sequence[PendingLabel]) -> None:
+    if rows:
+        c.execute(pending_labels.insert(), [r._asdict() | {"status": PENDING} for r in rows])
+
+
+class PendingLabels:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def join(self, resolve: Resolver, insert: Callable[[sa.Connection, list[LabelRow]], set[str]], *, now: float,
+             horizon: float, limit: int = 5000) -> JoinPass | None:
+        """One pass, in one transaction: the pending labels whose prediction is stored (at most ``limit``, the
+        oldest first) become label rows by ``resolve`` (rows of the pending label's seq and label and the
+        prediction's columns -> label rows by seq, and the reasons of those it refuses), stored by ``insert``
+        (which returns the ids that already had a label); then those still pending after ``horizon`` seconds
+        expire. None when another replica is running a pass (PostgreSQL): one at a time keeps each label
+        joined once and in arrival order."""
+        def work(c: sa.Connection) -> JoinPass | None:
+            if c.execute(_ANY_PENDING).first() is None:  # the common case: a read, no lock, no write
+                return JoinPass([], 0, 0, 0)
+            if not locks.try_advisory_lock(c, locks.PENDING_LABELS):
+                return None
+            rows, first, reasons = c.execute(_JOINABLE.limit(limit)).all(), {}, {}
+            for row in rows:  # two pending labels for one prediction (sent to two replicas at once): the first wins
+                if row.id in first:
+                    reasons[row.seq] = ALREADY_LABELLED
+                else:
+                    first[row.id] = row
+            label_rows, refused = resolve(list(first.values()))
+            reasons |= refused
+            ordered = [label_rows[seq] for seq in sorted(label_rows)]
+            labelled = insert(c, ordered)
+            joined = [r for r in ordered if r.prediction_id not in labelled]
+            reasons |= {seq: ALREADY_LABELLED for seq, r in label_rows.items() if r.prediction_id in labelled}
+            done = [seq for seq, r in label_rows.items() if r.prediction_id not in labelled]
+            if done:
+                c.execute(pending_labels.delete().where(pending_labels.c.seq.in_(done)))
+            for seq, reason in reasons.items():
+                c.execute(pending_labels.update().where(pending_labels.c.seq == seq)
+                          .values(status=REJECTED, reason=reason, resolved_at=now))
+            expired = c.execute(pending_labels.update()
+                                .where(pending_labels.c.status == PENDING, pending_labels.c.received_at < now - horizon)
+                                .values(status=EXPIRED, reason=f"no prediction with this id within {horizon:g} s",
+                                        resolved_at=now)).rowcount
+            waiting = c.execute(sa.select(sa.func.count()).select_from(pending_labels)
+                                .where(pending_labels.c.status == PENDING)).scalar_one()
+            return JoinPass(joined, len(reasons), expired, int(waiting))
+
+        return self.db.run(work)
+
+    def unmatched(self, status: str | None, limit: int) -> dict:
+        """Counts of the labels still pending and of those that ended unmatched (expired, rejected), and the
+        ``limit`` most recent of them (of ``status`` only, if given), newest first."""
+        where = [pending_labels.c.status == status] if status else []
+        listed = sa.select(pending_labels).where(*where).order_by(pending_labels.c.seq.desc()).limit(limit)
+        by_status = sa.select(pending_labels.c.status, sa.func.count()).group_by(pending_labels.c.status)
+
+        def work(c: sa.Connection) -> dict:
+            counts = {PENDING: 0, EXPIRED: 0, REJECTED: 0} | {s: int(n) for s, n in c.execute(by_status)}
+            return counts | {"items": [r._asdict() for r in c.execute(listed)]}
+
+        return self.db.run(work, write=False)
+
+    def counts(self) -> dict[str, int]:
+        """Labels pending, expired and rejected at the join."""
+        return {k: v for k, v in self.unmatched(None, 0).items() if k != "items"}
