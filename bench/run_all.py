@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+from bench.auth import COLUMNS as AUTH_COLUMNS
+from bench.auth import goals as auth_goals
 from bench.common import RESULTS, ROOT, machine, table
 from bench.feedback_load import COLUMNS as FEEDBACK_LOAD_COLUMNS
 from bench.feedback_load import DURABILITY_COLUMNS
@@ -27,7 +29,7 @@ from bench.serving import (CEILING_COLUMNS, GAP_COLUMNS, GRPC_COLUMNS, HEAVY_COL
 SPLIT_COLUMNS = [*PHASES[:3], "queue", "inference", *PHASES[3:]]
 
 # serving also measures monitoring and memory; profile: where the server's CPU goes under the heavy model
-BENCHMARKS = ("fit_temperature", "training", "serving", "profile", "feedback_load")
+BENCHMARKS = ("fit_temperature", "training", "serving", "profile", "feedback_load", "auth")
 
 
 def main() -> None:
@@ -53,6 +55,8 @@ def _load(name: str) -> dict | None:
 
 def render() -> str:
     m = machine()
+    recorded = (_load("serving") or {}).get("machine", {}).get("commit")
+    m["commit"] = recorded or m["commit"]  # the page is of the run that measured it, not of the rendering
     out = ["# Benchmarks", "",
            f"Measured by `make bench` on {m['cores']} cores of \"{m['cpu']}\" ({m['isa']}), {m['memory_gib']} GiB, "
            f"{m['gpu'] or 'no GPU'}, Python {m['python']}, at commit `{m['commit']}`. Client (wrk) and server share "
@@ -166,6 +170,14 @@ def render() -> str:
                     "`CALIB_PREDICTION_LOG_DURABILITY=sync` against the write-behind default of the same round:", "",
                     table(feedback_load["runs"], DURABILITY_COLUMNS), ""]
         out += [*[f"- {line}" for line in feedback_load_goals(feedback_load["runs"])], ""]
+    auth = _load("auth")
+    if auth:
+        at = auth["machine"].get("commit")
+        out += ["## Token check", "", f"Single-row POST /predict of the light model, wrk at {auth['connections']} "
+                f"connections for {auth['seconds']:g} s, on two service processes in turn: the open default and one "
+                "with predict tokens (bench/auth.py)" + (f", measured at commit `{at}`" if at != m["commit"] else "")
+                + ".", "", table(auth["rows"], AUTH_COLUMNS), "",
+                *[f"- {line}" for line in auth_goals(auth["rows"], auth.get("check_us"))], ""]
     soak = _load("soak")
     if soak:
         out += ["## Memory", "", "The soak server's warm-up runs every request shape of the sweep and of the "

@@ -18,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import __version__
+from service.auth import GROUPS, AccessControl
 from service.dashboard import router as dashboard_router
 from service.endpoints import Endpoints
 from service.errors import ServiceError, StorageUnavailable
@@ -41,10 +42,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The service app for ``settings`` (environment variables when None)."""
     settings = settings or Settings()
     metrics = ServiceMetrics()
+    access = AccessControl(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        endpoints = app.state.endpoints = Endpoints.build(settings, metrics)
+        endpoints = app.state.endpoints = Endpoints.build(settings, metrics, access)
         await anyio.to_thread.run_sync(endpoints.repository.load)
         _set_switch_interval(settings)
         endpoints.monitor.feedback.export_bin_counters()
@@ -58,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         endpoints.evaluator.start()
         housekeeping = asyncio.get_running_loop().create_task(_housekeeping(endpoints))
         endpoints.ready = True
+        log.info("tokens required for: %s", ", ".join(g for g in GROUPS if access.required(g)))
         log.info("ready: %d model version(s), %d refused; store %s", len(endpoints.repository.all()),
                  len(endpoints.repository.failed),
                  "up" if endpoints.store.db.last_error is None else f"unavailable ({endpoints.store.db.last_error})")
@@ -79,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan, telemetry=telemetry,
                   description="Calibrated probabilities from ONNX models, with calibration monitoring.")
     app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
-                       direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES])
+                       direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES], access=access)
     app.include_router(rest_router)
     app.router.routes[:0] = [*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES]  # the hottest routes are matched first
     app.include_router(monitoring_router)
@@ -111,12 +114,14 @@ async def _sync_store(endpoints: Endpoints) -> bool:
 
 
 async def _housekeeping(endpoints: Endpoints) -> None:
-    """Refresh active calibrations (replicas see each other's recalibrations) and apply retention."""
+    """Refresh active calibrations (replicas see each other's recalibrations), re-read changed token files and
+    apply retention."""
     settings, store = endpoints.settings, endpoints.store
     last_purge = 0.0
     while True:
         await asyncio.sleep(settings.calibration_refresh_seconds)
         await _sync_store(endpoints)
+        endpoints.access.reload()
         if time.time() - last_purge > 3600 and store.db.last_error is None:
             cutoff = time.time() - settings.retention_days * 86400
             try:

@@ -1,26 +1,140 @@
-"""The admin token: ``Authorization: Bearer <CALIB_ADMIN_TOKEN>`` (RFC 6750; the scheme is matched
-case-insensitively, as RFC 7235 says)."""
+"""Who may call what: named bearer tokens per route group (RFC 6750 ``Authorization: Bearer <token>``, the
+scheme matched case-insensitively as RFC 7235 says).
+
+Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedback`` (POST /feedback and the
+labels it lists) and ``admin`` (/admin/*). A group holds any number of named tokens, so that two are valid
+at once while one rotates. A group without tokens is open, except admin, which is then disabled (403).
+Tokens come from ``CALIB_<GROUP>_TOKENS`` (``name:token,name:token``) and from the file that
+``CALIB_<GROUP>_TOKENS_FILE`` names (same format, or one ``name:token`` per line: a mounted Secret), re-read
+when it changes; ``CALIB_ADMIN_TOKEN`` is the admin token named ``admin``. A token is compared with every token
+of its group in constant time (``secrets.compare_digest``), and the check runs before the body is read.
+Neither tokens nor their names are logged, exported as metrics or shown by /health.
+"""
 
 from __future__ import annotations
 
+import logging
 import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 from pydantic import SecretStr
-from starlette.requests import HTTPConnection
 
 from service.errors import Forbidden, Unauthorized
 
+log = logging.getLogger("service.auth")
 
-def is_admin(request: HTTPConnection, token: SecretStr | None) -> bool:
-    """Whether the request carries the admin ``token`` (False when admin endpoints are disabled)."""
-    scheme, _, credentials = request.headers.get("authorization", "").strip().partition(" ")
-    return (token is not None and scheme.lower() == "bearer"
-            and secrets.compare_digest(credentials.strip().encode(), token.get_secret_value().encode()))
+Group = Literal["predict", "feedback", "admin"]
+GROUPS: tuple[Group, ...] = ("predict", "feedback", "admin")
+ANONYMOUS = "anonymous"
+REALM = 'Bearer realm="calibrated-serving"'
 
 
-def authorize(request: HTTPConnection, token: SecretStr | None) -> None:
-    """Raise 403 when admin endpoints are disabled, 401 without the token; checked before anything else."""
-    if token is None:
-        raise Forbidden("admin endpoints are disabled: set CALIB_ADMIN_TOKEN")
-    if not is_admin(request, token):
-        raise Unauthorized("a valid 'Authorization: Bearer <admin token>' header is required")
+def parse_tokens(text: str, source: str) -> dict[str, bytes]:
+    """``name:token`` pairs separated by commas or new lines (blank lines and ``#`` comments skipped); a pair
+    without a name or a token, or a name given twice, is refused naming ``source`` and the pair's position
+    (never the token)."""
+    tokens: dict[str, bytes] = {}
+    pairs = [p.strip() for line in text.splitlines() if not line.lstrip().startswith("#") for p in line.split(",")]
+    for position, pair in enumerate(p for p in pairs if p):
+        name, sep, token = pair.partition(":")
+        if not sep or not name.strip() or not token.strip():
+            raise ValueError(f"{source}: entry {position + 1} is not name:token")
+        if name.strip() in tokens:
+            raise ValueError(f"{source}: the name {name.strip()!r} is given twice")
+        tokens[name.strip()] = token.strip().encode()
+    return tokens
+
+
+@dataclass
+class _File:
+    path: Path
+    stamp: tuple[int, int] | None = None  # (mtime_ns, size) when last read
+    tokens: dict[str, bytes] = field(default_factory=dict)
+
+
+class AccessControl:
+    """The tokens of every group; ``check`` is what the HTTP middleware and the gRPC methods call."""
+
+    def __init__(self, settings) -> None:
+        self._fixed: dict[str, dict[str, bytes]] = {}
+        self._files: dict[str, _File] = {}
+        for group in GROUPS:
+            value: SecretStr | None = getattr(settings, f"{group}_tokens")
+            name = f"CALIB_{group.upper()}_TOKENS"
+            self._fixed[group] = parse_tokens(value.get_secret_value(), name) if value else {}
+            path = getattr(settings, f"{group}_tokens_file")
+            if path is not None:
+                self._files[group] = _File(Path(path))
+        if settings.admin_token is not None:
+            self._fixed["admin"].setdefault("admin", settings.admin_token.get_secret_value().encode())
+        self.reload(strict=True)
+
+    def reload(self, strict: bool = False) -> bool:
+        """Re-read the token files that changed; whether any did. A file that cannot be read or parsed keeps
+        its previous tokens (logged without its content), or stops the start when ``strict``."""
+        changed = False
+        for group, file in self._files.items():
+            try:
+                stat = file.path.stat()
+                stamp = (stat.st_mtime_ns, stat.st_size)
+                if stamp == file.stamp:
+                    continue
+                file.tokens = parse_tokens(file.path.read_text(), f"CALIB_{group.upper()}_TOKENS_FILE")
+                file.stamp, changed = stamp, True
+                log.info("%s tokens read from %s: %d", group, file.path, len(file.tokens))
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                if strict:
+                    raise ValueError(f"CALIB_{group.upper()}_TOKENS_FILE: {exc}") from None
+                log.error("%s tokens: %s; the previous ones stay valid", group, exc)
+        return changed
+
+    def tokens(self, group: Group) -> dict[str, bytes]:
+        file = self._files.get(group)
+        return self._fixed[group] | file.tokens if file else self._fixed[group]
+
+    def required(self, group: Group) -> bool:
+        """Whether requests of ``group`` must carry a token (admin always does)."""
+        return group == "admin" or bool(self.tokens(group))
+
+    def check(self, group: Group, authorization: str | None) -> str:
+        """The name of the token that ``authorization`` (the header's value) carries for ``group``, or
+        ``anonymous`` where the group is open. Raises ``Unauthorized`` (401) without a valid token and
+        ``Forbidden`` (403) for admin routes when no admin token is set."""
+        tokens = self.tokens(group)
+        if not tokens:
+            if group == "admin":
+                raise Forbidden("admin endpoints are disabled: set CALIB_ADMIN_TOKEN or CALIB_ADMIN_TOKENS")
+            return ANONYMOUS
+        scheme, _, credentials = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            raise Unauthorized(f"a valid 'Authorization: Bearer <token>' header is required ({group} routes)",
+                               REALM)
+        given, found = credentials.strip().encode(), None
+        for name, token in tokens.items():  # every token is compared: the time does not tell which matched
+            if secrets.compare_digest(given, token):
+                found = name
+        if found is None:
+            raise Unauthorized(f"the bearer token is not valid for {group} routes",
+                               f'{REALM}, error="invalid_token"')
+        return found
+
+    def allows(self, group: Group, authorization: str | None) -> bool:
+        """Whether ``authorization`` holds a token of ``group`` (a required one: open groups say False)."""
+        try:
+            return self.required(group) and self.check(group, authorization) != ANONYMOUS
+        except (Unauthorized, Forbidden):
+            return False
+
+
+def group_of(method: str, path: str) -> Group | None:
+    """The route group of a request, None for the routes anyone may call (health, metrics, metadata,
+    reports, the dashboard)."""
+    if path.startswith("/admin/"):
+        return "admin"
+    if path == "/feedback" or path.startswith("/feedback/"):
+        return "feedback"
+    if method == "POST" and (path == "/predict" or (path.startswith("/v2/models/") and path.endswith("/infer"))):
+        return "predict"
+    return None

@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid settings: {exc}")
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # a token file that cannot be read or parsed
+        print(f"error: {exc}")
+        return 2
     # Everything imported so far lives as long as the process: keep it out of the cyclic garbage
     # collector's full passes, which otherwise stall a request for tens of milliseconds now and then,
     # and run its young passes less often (see ``Settings.gc_threshold``).

@@ -17,6 +17,7 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from service import __version__
+from service.auth import AccessControl
 from service.errors import NotReady
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
@@ -52,11 +53,12 @@ class Endpoints:
     pending: PendingJoiner
     evaluator: Evaluator
     webhook: AlarmWebhook
+    access: AccessControl
     ready: bool = False
     grpc_port: int | None = None
 
     @classmethod
-    def build(cls, settings: Settings, metrics: ServiceMetrics) -> Endpoints:
+    def build(cls, settings: Settings, metrics: ServiceMetrics, access: AccessControl) -> Endpoints:
         """The service's parts wired together (nothing started, no model loaded, the store not touched)."""
         repository = ModelRepository(settings)
         store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
@@ -77,7 +79,8 @@ class Endpoints:
                                   on_stored=evaluator.labels_arrived, on_pending=joiner.labels_pending)
         dataplane = DataPlane(repository, settings, metrics, monitor,
                               prediction_log if settings.prediction_log else None)
-        return cls(settings, metrics, store, dataplane, monitor, prediction_log, feedback, joiner, evaluator, webhook)
+        return cls(settings, metrics, store, dataplane, monitor, prediction_log, feedback, joiner, evaluator, webhook,
+                   access)
 
     @property
     def repository(self) -> ModelRepository:

@@ -45,17 +45,17 @@ class UnsupportedMediaType(ServiceError):
 
 
 class Unauthorized(ServiceError):
-    """An admin request without the admin token."""
+    """A request to a route group that takes tokens, without a valid one (``service.auth``)."""
 
     status = 401
     code = "unauthorized"
 
-    def __init__(self, message: str):
-        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+    def __init__(self, message: str, challenge: str = "Bearer"):
+        super().__init__(message, headers={"WWW-Authenticate": challenge})
 
 
 class Forbidden(ServiceError):
-    """Admin endpoints are disabled (no ``CALIB_ADMIN_TOKEN``)."""
+    """Admin endpoints are disabled (no admin token)."""
 
     status = 403
     code = "admin_disabled"

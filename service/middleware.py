@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request ids, the request body size limit and per-route metrics.
+"""Pure ASGI middleware: request ids, route-group tokens (before the body is read), the request body size
+limit and per-route metrics.
 
 Pure ASGI (not BaseHTTPMiddleware) so bodies are streamed, never buffered twice, and the limit
 is enforced on the bytes actually received, chunked uploads included.
@@ -15,26 +16,32 @@ from collections.abc import Sequence
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge
+from service.auth import AccessControl, group_of
+from service.errors import PayloadTooLarge, ServiceError
 from service.http_errors import error_response
 from service.metrics import ServiceMetrics
 
 REQUEST_ID = "x-request-id"
 _REQUEST_ID_HEADER = REQUEST_ID.encode()
+_AUTHORIZATION = b"authorization"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class ServingMiddleware:
-    """Echo or assign ``X-Request-ID``, refuse bodies over ``max_body_bytes`` with 413, and count
-    requests and latency by route template (not raw path, which would explode label cardinality).
+    """Echo or assign ``X-Request-ID``, refuse a request of a route group without its token (401, before the
+    body is read; the token's name goes to ``scope["state"]["principal"]``), refuse bodies over
+    ``max_body_bytes`` with 413, and count requests and latency by route template (not raw path, which would
+    explode label cardinality).
 
     ``direct`` routes (plain ASGI endpoints, e.g. POST /predict) are dispatched from here, past the
     framework's routing and exception layers, with their errors answered by the same mapping
     (``service.http_errors``); an unexpected exception still propagates to the app's 500 handler.
     The router keeps these routes too, for the 405 of other methods."""
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, max_body_bytes: int, direct: Sequence[Route] = ()):
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, max_body_bytes: int, direct: Sequence[Route] = (),
+                 access: AccessControl | None = None):
         self.app = app
+        self.access = access
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.direct = {(method, route.path): route for route in direct if not route.param_convertors
@@ -46,16 +53,26 @@ class ServingMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = declared = None
+        given = declared = authorization = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 declared = value
             elif name == _REQUEST_ID_HEADER:
                 given = value.decode("latin-1")
+            elif name == _AUTHORIZATION:
+                authorization = value.decode("latin-1")
         # A tracing id, not a secret: drawn without a system call (os.urandom would hand the GIL to the
         # inference threads in the middle of every request and wait for it back)
         request_id = given if given and _SAFE_ID.match(given) else f"{random.getrandbits(128):032x}"
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        group = group_of(scope["method"], scope["path"]) if self.access is not None else None
+        if group is not None:
+            try:
+                state["principal"] = self.access.check(group, authorization)
+            except ServiceError as exc:
+                await self._refuse(scope, send, request_id, exc)
+                return
         limit = self.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject_too_large(scope, send, request_id, int(declared))
@@ -136,3 +153,16 @@ class ServingMiddleware:
                                 (_REQUEST_ID_HEADER, request_id.encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels("<rejected>", scope["method"], str(error.status)).inc()
+
+    async def _refuse(self, scope: Scope, send: Send, request_id: str, error: ServiceError) -> None:
+        """Answer a request refused for its token, in its path's error format, without reading its body (the
+        connection closes, since the body is left unread)."""
+        response = error_response(scope["path"], error)
+        response.headers[REQUEST_ID] = request_id
+        response.headers["connection"] = "close"
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)
+        self.metrics.requests.labels("<unauthorized>", scope["method"], str(error.status)).inc()

@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from calibkit.alarms import AlarmPolicy
+from service.auth import parse_tokens
 
 
 class BatchingConfig(BaseModel):
@@ -36,7 +37,9 @@ class BatchingConfig(BaseModel):
 class Settings(BaseSettings):
     """All knobs of the service; every field can be set as ``CALIB_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="CALIB_", env_nested_delimiter="__", extra="ignore")
+    # hide_input_in_errors: an invalid token setting is reported by name, never by its value
+    model_config = SettingsConfigDict(env_prefix="CALIB_", env_nested_delimiter="__", extra="ignore",
+                                      hide_input_in_errors=True)
 
     artifacts: Path = Path("artifacts")
     default_model: str | None = Field(default=None, description="model used when a request names none")
@@ -121,5 +124,26 @@ class Settings(BaseSettings):
                                         "log writes)")
     retention_days: float = Field(default=30.0, gt=0)
     calibration_refresh_seconds: float = Field(default=5.0, gt=0)
-    admin_token: SecretStr | None = Field(default=None, description="bearer token of the /admin endpoints; unset = off")
+    admin_token: SecretStr | None = Field(default=None, description="bearer token of the /admin endpoints (named "
+                                          "'admin'); with no admin token at all the admin endpoints are off")
+    predict_tokens: SecretStr | None = Field(default=None, description="bearer tokens of POST /predict and v2 infer "
+                                             "(REST and gRPC), as name:token,name:token; unset = open")
+    predict_tokens_file: Path | None = Field(default=None, description="a file of predict tokens (name:token per "
+                                             "line or comma), re-read when it changes: a mounted Secret")
+    feedback_tokens: SecretStr | None = Field(default=None, description="bearer tokens of POST /feedback and GET "
+                                              "/feedback/unmatched, as name:token,...; unset = open")
+    feedback_tokens_file: Path | None = Field(default=None, description="a file of feedback tokens, re-read when it "
+                                              "changes")
+    admin_tokens: SecretStr | None = Field(default=None, description="more bearer tokens of the /admin endpoints, "
+                                           "as name:token,... (beside admin_token)")
+    admin_tokens_file: Path | None = Field(default=None, description="a file of admin tokens, re-read when it "
+                                           "changes")
     webhook_url: str | None = Field(default=None, description="alarm transitions are POSTed here as JSON")
+
+    @field_validator("predict_tokens", "feedback_tokens", "admin_tokens")
+    @classmethod
+    def _token_list(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        """``name:token`` pairs (the message names the entry at fault, never a token)."""
+        if value is not None:
+            parse_tokens(value.get_secret_value(), f"CALIB_{info.field_name.upper()}")
+        return value

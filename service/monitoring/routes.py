@@ -9,7 +9,6 @@ from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
 from service.serving.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
-from service.auth import authorize
 from service.endpoints import CurrentEndpoints, current
 from service.schemas import (
     WINDOW_PATTERN,
@@ -98,8 +97,7 @@ async def history(endpoints: CurrentEndpoints, model: str | None = None,
 
 
 async def _admin_body(request: Request, model: type[Model]) -> Model:
-    """The body of an admin request, read only once the token is checked."""
-    authorize(request, current(request).settings.admin_token)
+    """The body of an admin request (its token was checked before: ``ServingMiddleware``)."""
     media_type(request, "application/json")
     return validate(model, decode(await request.body()))
 

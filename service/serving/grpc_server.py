@@ -124,14 +124,19 @@ def inference_response(name: str, version: str, request_id: str | None, outputs:
 
 
 def rpc(handler: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
-    """A servicer method from ``handler(self, request)``: typed errors end the call with their status
+    """A servicer method from ``handler(self, request)``: ModelInfer first checks the predict tokens (metadata
+    ``authorization: Bearer <token>``, UNAUTHENTICATED without one); typed errors end the call with their status
     (``STATUS``), anything else with INTERNAL (logged); every call is counted and timed by method and status."""
     method = handler.__name__
+    group = "predict" if method == "ModelInfer" else None
 
     @functools.wraps(handler)
     async def call(self, request, context: grpc.aio.ServicerContext):
         metrics, started, code = self.endpoints.metrics, time.perf_counter(), grpc.StatusCode.OK
         try:
+            if group is not None:
+                metadata = dict(context.invocation_metadata() or ())
+                self.endpoints.access.check(group, metadata.get("authorization"))
             return await handler(self, request)
         except ServiceError as exc:
             code = status_of(exc)

@@ -12,7 +12,6 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from service.auth import is_admin
 from service.endpoints import CurrentEndpoints, current
 from service.serving.codec import MULTIPART, Phases, PlainRoute, decode, media_type, respond, validate
 from service.serving.dataplane import DataPlane
@@ -115,7 +114,7 @@ async def models(endpoints: CurrentEndpoints) -> ModelsResponse:
 async def health(request: Request, response: Response, endpoints: CurrentEndpoints) -> HealthResponse:
     """Readiness with details: loaded models and their providers, refused artifacts; the store's last error
     only with the admin token."""
-    body = await endpoints.health(admin=is_admin(request, endpoints.settings.admin_token))
+    body = await endpoints.health(admin=endpoints.access.allows("admin", request.headers.get("authorization")))
     response.status_code = 200 if body.ready else 503
     return body
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, Pos
 
 
 @pytest.mark.parametrize("name", ["fit_temperature", "training", "monitoring", "serving", "profile",
-                                  "feedback_load"])
+                                  "feedback_load", "auth"])
 def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
     result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600, env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)))

@@ -214,7 +214,9 @@ def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization
         assert name == "MPLCONFIGDIR" or name.removeprefix("CALIB_").lower().split("__")[0] in fields, name
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
     assert secrets == {"CALIB_DATABASE_URL": {"name": "calibrated-serving", "key": "database-url"},
-                       "CALIB_ADMIN_TOKEN": {"name": "calibrated-serving", "key": "admin-token"}}
+                       "CALIB_ADMIN_TOKEN": {"name": "calibrated-serving", "key": "admin-token"},
+                       "CALIB_PREDICT_TOKENS": {"name": "calibrated-serving", "key": "predict-tokens"},
+                       "CALIB_FEEDBACK_TOKENS": {"name": "calibrated-serving", "key": "feedback-tokens"}}
     routes = set(create_app(Settings()).openapi()["paths"])
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         probe = container[kind]
@@ -301,3 +303,21 @@ def test_a_patch_that_matches_nothing_is_an_error(tmp_path):
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "calibrated-servin"}, "spec": {}}))
     with pytest.raises(AssertionError, match="patches no resource"):
         _render(overlay)
+
+
+def test_the_network_policy_admits_only_labelled_clients_and_prometheus():
+    docs = _render(K8S / "base")
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    clients, prometheus = policy["spec"]["ingress"]
+    assert {p["port"] for p in clients["ports"]} == ports == {"http", "grpc"}
+    assert [peer.get("podSelector", peer.get("namespaceSelector")) for peer in clients["from"]] == [
+        {"matchLabels": {"calibrated-serving/client": "true"}}] * 2
+    assert [p["port"] for p in prometheus["ports"]] == ["http"]
+    assert prometheus["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert "calibrated-serving/client" in (ROOT / "docs" / "security.md").read_text()

@@ -33,7 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s" / "base"
 pytestmark = pytest.mark.e2e  # PostgreSQL and service processes
 REPLICAS = 8
-SECRET = {"admin-token": "k8s-test-token"}  # the Secret's other key, database-url, is the test database
+# the Secret's keys but database-url, which is the test database
+SECRET = {"admin-token": "k8s-test-token", "predict-tokens": "app:k8s-predict-token",
+          "feedback-tokens": "labeller:k8s-feedback-token"}
+PREDICT = {"Authorization": "Bearer k8s-predict-token"}
+FEEDBACK = {"Authorization": "Bearer k8s-feedback-token"}
 
 
 def _docs(path: Path) -> list[dict]:
@@ -122,12 +126,13 @@ def _predict_and_label(url: str, n: int = 20) -> int:
     from training.data import load_digits_splits
 
     test = load_digits_splits().test
-    served = httpx.post(f"{url}/predict", json={"inputs": test.x[:n].tolist()}, timeout=30)
+    assert httpx.post(f"{url}/predict", json={"inputs": test.x[:1].tolist()}, timeout=30).status_code == 401
+    served = httpx.post(f"{url}/predict", json={"inputs": test.x[:n].tolist()}, headers=PREDICT, timeout=30)
     assert served.status_code == 200, served.text
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served.json()["predictions"], test.y[:n])]
     deadline = time.monotonic() + 20
     while True:
-        answer = httpx.post(f"{url}/feedback", json={"items": items}, timeout=30)
+        answer = httpx.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK, timeout=30)
         assert answer.status_code == 200, answer.text
         body = answer.json()
         if body["accepted"] == n or time.monotonic() > deadline:
@@ -180,7 +185,8 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
         z, y = calibrated_logits(300, n_classes=10, seed=3)
         items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"}
                  for p, t in zip(softmax(z), y)]
-        assert httpx.post(f"{url}/feedback", json={"items": items}, timeout=30).json()["accepted"] == 300
+        assert httpx.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK,
+                          timeout=30).json()["accepted"] == 300
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     finally:

@@ -9,6 +9,7 @@ PostgreSQL, and a real Prometheus scraping both with deploy/prometheus/alerts.ym
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,16 @@ from calibkit.temperature import softmax
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _interpolated(value) -> str:
+    """A compose environment value as docker-compose passes it: ``${NAME:-default}`` from the environment."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: os.environ.get(m[1], m[2]), str(value))
+
+
+ENVIRONMENT = {k: _interpolated(v) for k, v in COMPOSE["services"]["service"]["environment"].items()}
+PREDICT, FEEDBACK = ({"Authorization": f"Bearer {ENVIRONMENT[name].split(',')[0].split(':', 1)[1]}"}
+                     for name in ("CALIB_PREDICT_TOKENS", "CALIB_FEEDBACK_TOKENS"))
 pytestmark = pytest.mark.e2e  # PostgreSQL, Prometheus and two server processes
 
 
@@ -58,7 +69,7 @@ def stack(postgres):
     try:
         for _ in range(2):
             port = _free_port()
-            env = dict(os.environ, **{k: str(v) for k, v in spec["environment"].items()})
+            env = dict(os.environ, **ENVIRONMENT)
             env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0",
                        CALIB_ARTIFACTS=str(ROOT / "artifacts"),
                        CALIB_DATABASE_URL=database, CALIB_CALIBRATION_REFRESH_SECONDS="1")
@@ -111,21 +122,22 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     from training.data import load_digits_splits
 
     test = load_digits_splits().test
-    served = httpx.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}).json()
+    assert httpx.post(f"{a}/predict", json={"inputs": test.x[:1].tolist()}).status_code == 401  # tokens are on
+    served = httpx.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}, headers=PREDICT).json()
     # The latest version answers; `make run` adds versions to artifacts/, so every check below names
     # the version this test drives instead of taking whichever series comes first.
     version = served["version"]
     selector = f'model="digits-lenet5",version="{version}"'
     time.sleep(1.5)  # the replica that served the predictions writes its log every 0.5 s
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served["predictions"], test.y[:50])]
-    assert httpx.post(f"{b}/feedback", json={"items": items}).json()["accepted"] == 50
+    assert httpx.post(f"{b}/feedback", json={"items": items}, headers=FEEDBACK).json()["accepted"] == 50
 
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=42)
     for k, start in enumerate(range(0, 1200, 100)):
         scale = 1.0 if start < 400 else 2.5
         items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5", "version": version}
                  for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
-        assert httpx.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}).status_code == 200
+        assert httpx.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}, headers=FEEDBACK).status_code == 200
 
     def every_report_alarmed():  # the replicas evaluate the alarm every second, not in the request
         reports = [httpx.get(f"{u}/calibration", params={"model": "digits-lenet5", "version": version}).json()

@@ -1,0 +1,116 @@
+"""Token check benchmark: single-row POST /predict of the light model with predict tokens on, against the open
+default, in the same run.
+
+Two ``python -m service`` processes (the default artifact, SQLite, the same settings but
+``CALIB_PREDICT_TOKENS``) take wrk at 32 connections in turn, ``--rounds`` times each, alternating which goes
+first. Reports each round's requests/s and p99, and the median ratio tokens/open with its range over rounds;
+goal: at least 0.97 (the check costs at most 3%). Rounds on a shared machine drift by more than that, so the
+check itself is also timed in this process (the route group and the constant-time comparison with each token,
+as the middleware runs them), as a share of the open server's time per request.
+
+    python -m bench.auth [--seconds 5] [--rounds 7] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import PYTHON, ROOT, Server, table, wrk, write_result
+
+MODEL = "digits-lenet5"
+CONNECTIONS = 32
+GOAL_RATIO = 0.97
+TOKEN = "bench-token-0123456789abcdef0123456789abcdef"
+COLUMNS = ["round", "open_rps", "tokens_rps", "ratio", "open_p99_ms", "tokens_p99_ms"]
+_LUA = """wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {token}"
+wrk.body = io.open("{body}"):read("*a")
+"""
+
+
+def measure(seconds: float, rounds: int) -> list[dict]:
+    """``rounds`` rounds of single-row /predict on the open and the guarded process, alternately first."""
+    from training.data import load_digits_splits
+
+    work = Path(tempfile.mkdtemp(prefix="calib-bench-auth-"))
+    body = work / "body.json"
+    body.write_text(json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()}))
+    env = {"CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_DEFAULT_MODEL": MODEL, "CALIB_LOG_LEVEL": "warning"}
+    servers = {
+        "open": Server([PYTHON, "-m", "service"], "/v2/health/ready",
+                       env | {"CALIB_DATABASE_URL": f"sqlite:///{work / 'open.db'}"}),
+        "tokens": Server([PYTHON, "-m", "service"], "/v2/health/ready",
+                         env | {"CALIB_DATABASE_URL": f"sqlite:///{work / 'tokens.db'}",
+                                "CALIB_PREDICT_TOKENS": f"other:{TOKEN[::-1]},bench:{TOKEN}"}),
+    }
+    lua = _LUA.format(token=TOKEN, body=body)
+    try:
+        for server in servers.values():  # warm-up
+            wrk(f"{server.url}/predict", None, CONNECTIONS, 1.0, lua=lua)
+        rows = []
+        for i in range(rounds):
+            runs = {}
+            for name in (("open", "tokens") if i % 2 == 0 else ("tokens", "open")):
+                runs[name] = wrk(f"{servers[name].url}/predict", None, CONNECTIONS, seconds, lua=lua)
+                assert runs[name]["non_2xx"] == 0, runs[name]
+            rows.append({"round": i + 1, "open_rps": runs["open"]["requests_per_s"],
+                         "tokens_rps": runs["tokens"]["requests_per_s"],
+                         "ratio": runs["tokens"]["requests_per_s"] / runs["open"]["requests_per_s"],
+                         "open_p99_ms": runs["open"]["p99_ms"], "tokens_p99_ms": runs["tokens"]["p99_ms"]})
+        return rows
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def check_seconds(repeats: int = 200_000) -> float:
+    """Seconds per token check as the middleware runs it on a guarded /predict: the route group, then the
+    header compared with both tokens."""
+    from service.auth import AccessControl, group_of
+    from service.settings import Settings
+
+    access = AccessControl(Settings(predict_tokens=f"other:{TOKEN[::-1]},bench:{TOKEN}"))
+    header = f"Bearer {TOKEN}"
+    start = time.perf_counter()
+    for _ in range(repeats):
+        access.check(group_of("POST", "/predict"), header)
+    return (time.perf_counter() - start) / repeats
+
+
+def goals(rows: list[dict], check_us: float | None = None) -> list[str]:
+    ratios = sorted(r["ratio"] for r in rows)
+    median = ratios[len(ratios) // 2]
+    lines = [f"light /predict with predict tokens at {median:.3f}x the open default's requests/s (median of "
+             f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; goal >= {GOAL_RATIO}): "
+             f"{'met' if median >= GOAL_RATIO else 'NOT met'}"]
+    if check_us is not None:
+        per_request = 1e6 / sorted(r["open_rps"] for r in rows)[len(rows) // 2]
+        lines.append(f"the check alone: {check_us:.2f} us per request, {100 * check_us / per_request:.2f}% of the "
+                     f"open server's {per_request:.0f} us per request (its median round)")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    seconds, rounds = (1.0, 1) if args.smoke else (args.seconds, args.rounds)
+    rows = measure(seconds, rounds)
+    check_us = 1e6 * check_seconds(20_000 if args.smoke else 200_000)
+    print(table(rows, COLUMNS))
+    print("\n".join(goals(rows, check_us)))
+    write_result("auth", {"connections": CONNECTIONS, "seconds": seconds, "rows": rows, "check_us": check_us},
+                 smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    main()
