@@ -22,12 +22,12 @@ from typing import Literal
 from pydantic import SecretStr
 
 from service.errors import Forbidden, Unauthorized
+from service.store.rows import ANONYMOUS
 
 log = logging.getLogger("service.auth")
 
 Group = Literal["predict", "feedback", "admin"]
 GROUPS: tuple[Group, ...] = ("predict", "feedback", "admin")
-ANONYMOUS = "anonymous"
 REALM = 'Bearer realm="calibrated-serving"'
 
 

@@ -65,7 +65,7 @@ class Endpoints:
         monitor = Monitor(store, repository, metrics, n_bins=settings.n_bins, policy=settings.alarm,
                           alarm_window=settings.alarm_window, detail_rows=settings.detail_rows,
                           drift_rows=settings.drift_rows, n_resamples=settings.bootstrap_resamples,
-                          retention_seconds=settings.retention_days * 86400)
+                          retention_seconds=settings.retention_days * 86400, trusted=settings.trusted_sources())
         webhook = AlarmWebhook(settings.webhook_url, metrics)
         evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
                               seconds=settings.evaluate_seconds)
@@ -136,8 +136,13 @@ class Endpoints:
     async def unmatched_labels(self, status: str | None, limit: int) -> dict:
         return await anyio.to_thread.run_sync(self.store.pending.unmatched, status, limit)
 
-    async def calibration(self, model: str | None, version: str | None, window: str | None) -> dict:
-        return await anyio.to_thread.run_sync(self.monitor.reports.report, model, version, window)
+    async def calibration(self, model: str | None, version: str | None, window: str | None,
+                          by_source: bool = False) -> dict:
+        def report() -> dict:
+            body = self.monitor.reports.report(model, version, window)
+            return body | {"by_source": self.monitor.reports.by_source(model, version, window)} if by_source else body
+
+        return await anyio.to_thread.run_sync(report)
 
     async def reliability_png(self, model: str | None, version: str | None, window: str | None) -> bytes:
         return await anyio.to_thread.run_sync(self.monitor.reports.reliability_png, model, version, window)

@@ -251,6 +251,7 @@ class UnmatchedLabel(BaseModel):
     status: Literal["pending", "expired", "rejected"]
     reason: str | None
     resolved_at: float | None
+    source: str | None = Field(default=None, description="the name of the feedback token that sent it")
 
 
 class UnmatchedLabels(BaseModel):
@@ -322,6 +323,10 @@ class CalibrationReport(BaseModel):
     unmatched_labels: dict[str, int] = Field(description="labels (of every model) still waiting for their "
                                              "prediction, and those that expired or were rejected at the join "
                                              "(GET /feedback/unmatched lists them)")
+    by_source: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="with ?by_source=true: per source (the name of the feedback token that sent the "
+        "labels, or 'anonymous'), the window's label count, accuracy, mean confidence, ECE, and whether the source "
+        "counts for the alarm and the refit (CALIB_TRUSTED_LABEL_SOURCES)")
 
 
 class RecalibrateRequest(_Request):

@@ -139,6 +139,16 @@ class Settings(BaseSettings):
     admin_tokens_file: Path | None = Field(default=None, description="a file of admin tokens, re-read when it "
                                            "changes")
     webhook_url: str | None = Field(default=None, description="alarm transitions are POSTed here as JSON")
+    trusted_label_sources: str | None = Field(default=None, description="the sources (feedback token names, "
+                                              "'anonymous' for labels sent without one) whose labels count for "
+                                              "the alarm and the refit, comma-separated; unset = every source. "
+                                              "The others are stored and reported per source")
+
+    def trusted_sources(self) -> frozenset[str] | None:
+        """``trusted_label_sources`` as a set (None: every source is trusted)."""
+        if self.trusted_label_sources is None:
+            return None
+        return frozenset(s.strip() for s in self.trusted_label_sources.split(",") if s.strip())
 
     @field_validator("predict_tokens", "feedback_tokens", "admin_tokens")
     @classmethod

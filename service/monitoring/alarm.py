@@ -38,8 +38,10 @@ def saved_status(row) -> AlarmStatus:
 
 class Alarm:
     def __init__(self, store: Store, metrics_: ServiceMetrics,
-                 calibrations: CalibrationVersions, policy: AlarmPolicy, drift_rows: int):
+                 calibrations: CalibrationVersions, policy: AlarmPolicy, drift_rows: int,
+                 trusted: frozenset[str] | None = None):
         self.store = store
+        self.trusted = trusted
         self.metrics = metrics_
         self.calibrations = calibrations
         self.policy = policy
@@ -85,16 +87,18 @@ class Alarm:
 
     def _fold(self, key: CalibrationKey, last_seq: int, saved: str,
               labels_after: Callable[[int, int | None], list]) -> tuple[DetectorState, int, bool]:
-        """(detector, last label folded, whether any was) after folding the labels after ``last_seq`` into
-        the saved detector. A detector that holds no label (new, or restarted by an upgrade or new
+        """(detector, last label looked at, whether any was) after folding the labels after ``last_seq`` into
+        the saved detector: those of the trusted sources only, when they are set (the others are passed
+        over, never folded). A detector that holds no label (new, or restarted by an upgrade or new
         settings) folds the key's ``REPLAY_LABELS`` most recent labels: a store that already holds a
         million labels is not read whole, and the e-detector's guarantee holds from any start."""
         detector = load_detector(saved, self.policy)
         if detector.n[0] == 0 and last_seq > 0:
             log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
         new = labels_after(0, REPLAY_LABELS) if detector.n[0] == 0 else labels_after(last_seq, None)
-        if new:
-            detector.fold([[label.confidence for label in new]], [[label.correct for label in new]])
+        counted = new if self.trusted is None else [label for label in new if label.source in self.trusted]
+        if counted:
+            detector.fold([[label.confidence for label in counted]], [[label.correct for label in counted]])
         return detector, new[-1].seq if new else last_seq, bool(new)
 
     def _evidence(self, served: ServedModel, key: CalibrationKey, detector: DetectorState, connection) -> Evidence:

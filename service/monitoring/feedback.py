@@ -23,7 +23,7 @@ from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.labels import insert_labels
 from service.store.pending import ALREADY_LABELLED, JoinPass, PendingLabel
-from service.store.rows import LabelRow, PredictionRow, decode_rows, encode_rows, prediction_ids
+from service.store.rows import ANONYMOUS, LabelRow, PredictionRow, decode_rows, encode_rows, prediction_ids
 
 _PREDICTION_ID = re.compile("[0-9a-f]{32}")
 _CLOCK_SKEW = 300.0  # seconds a replica's clock may run ahead of another's
@@ -50,6 +50,7 @@ class _Candidate:
     label: int
     offline: bool
     logits: bytes | None = None
+    source: str = ANONYMOUS
 
 
 class FeedbackRecorder:
@@ -73,24 +74,25 @@ class FeedbackRecorder:
                 for counter in (self.metrics.labeled, self.metrics.confidence_sum, self.metrics.correct):
                     counter.labels(model.name, model.version, str(b))
 
-    def record_group(self, requests: list[list]) -> list[dict]:
+    def record_group(self, requests: list[tuple[list, str]]) -> list[dict]:
         """Validate, join and store the feedback of several requests in one transaction (committed
         before returning); one response body per request, with item indexes relative to it. The
         requests count in order, as if stored one after the other: an id labelled by an earlier
         request of the group is already labelled for the later ones. A label whose prediction is not
-        in the store yet is stored as pending (``join_pending`` joins it once the prediction is)."""
-        flat = [item for items in requests for item in items]
+        in the store yet is stored as pending (``join_pending`` joins it once the prediction is). Each request
+        comes with its source (the name of the token that sent it), which its labels keep."""
+        flat = [item for items, _ in requests for item in items]
         known = self.store.predictions.fetch({i.prediction_id for i in flat if i.prediction_id is not None})
         now = time.time()
         reasons: list[str | None] = [None] * len(flat)
         candidates, pending, earlier, index = [], {}, set(), 0
-        for items in requests:
+        for items, source in requests:
             seen = set()
             for item in items:
                 if item.prediction_id is not None and item.prediction_id in seen:
                     reasons[index] = "duplicate feedback for this prediction id in this request"
                 else:
-                    outcome = self._resolve(index, item, known, now)
+                    outcome = self._resolve(index, item, known, now, source)
                     if isinstance(outcome, str):
                         reasons[index] = outcome
                     else:
@@ -107,7 +109,7 @@ class FeedbackRecorder:
         labelled, waiting = self.store.labels.insert(list(label_rows.values()), new_predictions,
                                                      list(pending.values()))
         bodies, accepted, index = [], [], 0
-        for items in requests:
+        for items, _ in requests:
             rejected, waits, taken = [], [], 0
             for position, item in enumerate(items):
                 row = label_rows.get(index)
@@ -138,7 +140,8 @@ class FeedbackRecorder:
             reasons: list[str | None] = [None] * len(rows)
             candidates = []
             for index, row in enumerate(rows):
-                outcome = self._resolve(index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now)
+                outcome = self._resolve(index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now,
+                                        row.label_source or ANONYMOUS)
                 if isinstance(outcome, str):
                     reasons[index] = outcome
                 else:
@@ -155,14 +158,15 @@ class FeedbackRecorder:
                 self.metrics.pending_resolved.labels(outcome).inc(n)
         return done
 
-    def _resolve(self, index: int, item, known: dict, now: float) -> _Candidate | PendingLabel | str:
+    def _resolve(self, index: int, item, known: dict, now: float,
+                 source: str) -> _Candidate | PendingLabel | str:
         """The item joined with its prediction (or its own probabilities), the pending label it becomes
         when its prediction is not stored (yet), or why it is rejected. Offline probabilities are checked
         later, all rows of a model at once."""
         if item.prediction_id is not None:
             row = known.get(item.prediction_id)
             if row is None:
-                return self._pending(item, now)
+                return self._pending(item, now, source)
             try:
                 served = self.repository.get(row.model, row.version)
             except ModelNotFound:
@@ -171,7 +175,7 @@ class FeedbackRecorder:
             if isinstance(label, str):
                 return label
             return _Candidate(index, served, row.calibration_version, row.id, row.probabilities, label, False,
-                              row.logits)
+                              row.logits, source)
         try:
             served = self.repository.get(item.model, item.version)
         except ModelNotFound as exc:
@@ -183,9 +187,9 @@ class FeedbackRecorder:
         if isinstance(label, str):
             return label
         calibration_version, _ = self.calibrations.active(served)
-        return _Candidate(index, served, calibration_version, "", item.probabilities, label, True)
+        return _Candidate(index, served, calibration_version, "", item.probabilities, label, True, None, source)
 
-    def _pending(self, item, now: float) -> PendingLabel | str:
+    def _pending(self, item, now: float, source: str) -> PendingLabel | str:
         """The pending label of an item whose prediction is not stored, or why it can never be joined: an
         id this service cannot have made (``prediction_ids``: 32 hex digits, the first 12 a time in ms), one
         older than the retention period, or a label that is a class of no served model."""
@@ -201,7 +205,7 @@ class FeedbackRecorder:
         models = self.repository.all()
         if not any(isinstance(_label_index(item.label, served), int) for served in models):
             return f"label {item.label!r} is not a class of any served model"
-        return PendingLabel(prediction_id, json.dumps(item.label), now)
+        return PendingLabel(prediction_id, json.dumps(item.label), now, source)
 
     def _label_rows(self, candidates: list[_Candidate], reasons: list,
                     now: float) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
@@ -236,7 +240,7 @@ class FeedbackRecorder:
             for i, (c, blob) in enumerate(zip(group, blobs)):
                 label_rows[c.index] = LabelRow(c.prediction_id, c.served.name, c.served.version, c.calibration_version,
                                                c.label, correct[i], confidence[i], bins[i], nll[i], brier[i], now,
-                                               blob, c.logits)
+                                               blob, c.logits, c.source)
                 if offline:
                     new_predictions.append(PredictionRow(c.prediction_id, c.served.name, c.served.version,
                                                          c.calibration_version, now, predicted[i], confidence[i], None,

@@ -23,6 +23,7 @@ from service.background import BackgroundLoop
 from service.errors import InvalidInput, NotReady
 from service.monitoring import Monitor
 from service.serving.prediction_log import PredictionLog
+from service.store.rows import ANONYMOUS
 
 log = logging.getLogger("service.feedback")
 
@@ -39,7 +40,7 @@ class FeedbackWriter(BackgroundLoop):
         self.on_stored = on_stored
         self.on_pending = on_pending
         self.max_group_items = max_group_items
-        self._pending: deque[tuple[list, asyncio.Future]] = deque()
+        self._pending: deque[tuple[tuple[list, str], asyncio.Future]] = deque()
         super().__init__()
 
     @property
@@ -47,16 +48,16 @@ class FeedbackWriter(BackgroundLoop):
         """Requests waiting for a write."""
         return len(self._pending)
 
-    async def submit(self, items: list) -> dict:
-        """Store ``items`` with the group they join; the response body once they are committed.
-        Raises what the write raised (``StorageUnavailable`` when the store is down)."""
+    async def submit(self, items: list, source: str = ANONYMOUS) -> dict:
+        """Store ``items``, sent by ``source`` (a token's name), with the group they join; the response body
+        once they are committed. Raises what the write raised (``StorageUnavailable`` when the store is down)."""
         if len(items) > self.max_request_items:
             raise InvalidInput(f"holds {len(items)} items; at most {self.max_request_items} are allowed per request",
                                field="items")
         if not self._running:
             raise NotReady("the service is shutting down")
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((items, future))
+        self._pending.append(((items, source), future))
         self._wakeup.set()
         result = await future
         self.on_stored(result["accepted"])
@@ -72,22 +73,24 @@ class FeedbackWriter(BackgroundLoop):
                 continue
             await self._write(self._take())
 
-    def _take(self) -> list[tuple[list, asyncio.Future]]:
-        """The next group: queued requests in arrival order, up to ``max_group_items`` items."""
+    def _take(self) -> list[tuple[tuple[list, str], asyncio.Future]]:
+        """The next group: queued requests (items and source) in arrival order, up to ``max_group_items``
+        items."""
         group, size = [], 0
-        while self._pending and (not group or size + len(self._pending[0][0]) <= self.max_group_items):
-            items, future = self._pending.popleft()
+        while self._pending and (not group or size + len(self._pending[0][0][0]) <= self.max_group_items):
+            request, future = self._pending.popleft()
             if not future.done():  # a request cancelled while it waited is not written
-                group.append((items, future))
-                size += len(items)
+                group.append((request, future))
+                size += len(request[0])
         return group
 
-    async def _write(self, group: list[tuple[list, asyncio.Future]]) -> None:
+    async def _write(self, group: list[tuple[tuple[list, str], asyncio.Future]]) -> None:
         if not group:
             return
         try:
             await self.prediction_log.flush()
-            bodies = await anyio.to_thread.run_sync(self.monitor.feedback.record_group, [items for items, _ in group])
+            bodies = await anyio.to_thread.run_sync(self.monitor.feedback.record_group,
+                                                    [request for request, _ in group])
         except Exception as exc:  # noqa: BLE001 - StorageUnavailable, or a bug (500): nothing is acknowledged
             for _, future in group:
                 if not future.done():

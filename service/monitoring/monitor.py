@@ -18,14 +18,14 @@ from service.store import Store
 class Monitor:
     def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics, *, n_bins: int,
                  policy: AlarmPolicy, alarm_window: str, detail_rows: int, drift_rows: int, n_resamples: int,
-                 retention_seconds: float = 30 * 86400):
+                 retention_seconds: float = 30 * 86400, trusted: frozenset[str] | None = None):
         self.repository = repository
         self.calibrations = CalibrationVersions(store, repository)
         self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins, retention_seconds)
-        self.alarm = Alarm(store, metrics_, self.calibrations, policy, drift_rows)
+        self.alarm = Alarm(store, metrics_, self.calibrations, policy, drift_rows, trusted)
         self.reports = Reports(store, repository, metrics_, self.calibrations, n_bins=n_bins, policy=policy,
                                alarm_window=alarm_window, detail_rows=detail_rows, drift_rows=drift_rows,
-                               n_resamples=n_resamples)
+                               n_resamples=n_resamples, trusted=trusted)
 
     def sync(self) -> None:
         """Record the manifests' calibrations and load the active versions and alarm gauges."""
@@ -45,8 +45,8 @@ class Monitor:
     def recalibrate(self, name: str | None, version: str | None, window: str | None) -> RecalibrateResponse:
         """Refit the temperature on the window's labelled logits and make it the active calibration."""
         served, win, key, sums = self.reports.window(name, version, window)
-        y, probs, logits = self.reports.window_rows(key, win, sums.n)
-        refit = self.reports.refit(logits, y, probs)
+        y, probs, logits = self.reports.refit_rows(key, win, sums.n)
+        refit = self.reports.refit(y, probs, logits)
         if refit is None:
             raise InvalidInput(f"need at least {MIN_REFIT_LABELS} labelled online predictions with logits in "
                                f"window {win.spec} (have {len(y)})", field="window")

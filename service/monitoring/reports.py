@@ -34,8 +34,9 @@ MIN_REFIT_LABELS = 50
 class Reports:
     def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
                  calibrations: CalibrationVersions, *, n_bins: int, policy: AlarmPolicy, alarm_window: str,
-                 detail_rows: int, drift_rows: int, n_resamples: int):
+                 detail_rows: int, drift_rows: int, n_resamples: int, trusted: frozenset[str] | None = None):
         self.store = store
+        self.trusted = trusted
         self.repository = repository
         self.metrics = metrics_
         self.calibrations = calibrations
@@ -133,9 +134,10 @@ class Reports:
         if found is not None:
             return found
         y, probs, logits = self.window_rows(key, win, sums.n)
+        refit = self.refit(*((y, probs, logits) if self.trusted is None else self.refit_rows(key, win, sums.n)))
         found = {"adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
                  "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
-                 "detail_rows": len(y), "recalibration": self.refit(logits, y, probs)}
+                 "detail_rows": len(y), "recalibration": refit}
         with self._lock:
             self._detail_cache[cache_key] = found
             while len(self._detail_cache) > DETAIL_CACHE_SIZE:
@@ -151,6 +153,23 @@ class Reports:
             rows, _ = self.store.labels.newest(key, self.detail_rows, seconds=win.seconds)
         rows = rows.head(min(self.detail_rows, n))
         return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
+
+    def refit_rows(self, key: CalibrationKey, win: Window, n: int):
+        """The rows a refit uses: ``window_rows``, or, when trusted sources are set, the window's
+        ``min(detail_rows, n)`` most recent labels of those sources."""
+        if self.trusted is None:
+            return self.window_rows(key, win, n)
+        rows, _ = self.store.labels.newest(key, min(self.detail_rows, n), seconds=win.seconds, sources=self.trusted)
+        return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
+
+    def by_source(self, name: str | None, version: str | None, window: str | None) -> dict:
+        """The window's labels per source: count, accuracy, mean confidence, ECE, and whether they count for
+        the alarm and the refit."""
+        _, win, key, _ = self.window(name, version, window)
+        found = self.store.labels.by_source(key, self.n_bins, last=win.count, seconds=win.seconds)
+        return {source: {"n": stats.n, "accuracy": stats.accuracy(), "mean_confidence": stats.mean_confidence(),
+                         "ece": stats.ece(), "trusted": self.trusted is None or source in self.trusted}
+                for source, stats in sorted(found.items())}
 
     def _newest_rows(self, key: CalibrationKey) -> NewestRows:
         """The ``detail_rows`` most recent labelled rows, kept in memory: after the first fetch only the
@@ -175,7 +194,7 @@ class Reports:
                 self._newest.pop(next(iter(self._newest)))
         return rows
 
-    def refit(self, logits, y, probs) -> Refit | None:
+    def refit(self, y, probs, logits) -> Refit | None:
         """The temperature refitted on the window's labelled logits and what it would do (in-sample)."""
         if logits is None or len(y) < MIN_REFIT_LABELS:
             return None

@@ -10,6 +10,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.serving.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
 from service.endpoints import CurrentEndpoints, current
+from service.store.rows import ANONYMOUS
 from service.schemas import (
     WINDOW_PATTERN,
     ActivateRequest,
@@ -39,7 +40,8 @@ class FeedbackEndpoint:
         request = Request(scope, receive)
         media_type(request, "application/json")
         body = validate(FeedbackRequest, decode(await request.body()))
-        await respond(await current(request).feedback.submit(body.items))(scope, receive, send)
+        source = scope["state"].get("principal", ANONYMOUS)  # the token's name (``ServingMiddleware``)
+        await respond(await current(request).feedback.submit(body.items, source))(scope, receive, send)
 
 
 def feedback_contract(body: FeedbackRequest) -> FeedbackResponse:
@@ -66,9 +68,11 @@ async def unmatched_labels(endpoints: CurrentEndpoints,
 @router.get("/calibration", response_model=CalibrationReport, responses=ERRORS)
 async def calibration(endpoints: CurrentEndpoints, model: str | None = None, version: str | None = None,
                       window: str | None = Query(default=None, pattern=WINDOW_PATTERN,
-                                                 description="a label count (1000) or a duration (30s, 15m, 1h, 7d)")):
+                                                 description="a label count (1000) or a duration (30s, 15m, 1h, 7d)"),
+                      by_source: bool = Query(default=False, description="add the window's labels per source (an "
+                                              "aggregate over the window's rows)")):
     """Rolling calibration with intervals, reliability bins, reference values, drift and the alarm."""
-    return await endpoints.calibration(model, version, window)
+    return await endpoints.calibration(model, version, window, by_source)
 
 
 @router.get("/calibration/reliability.png", responses=ERRORS | {200: {"content": {"image/png": {}}}},

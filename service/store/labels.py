@@ -17,8 +17,8 @@ from service.store.bulk import BulkInsert
 from service.store.database import Database
 from service.store.pending import PendingLabel, add_pending, pending_among
 from service.store.predictions import insert_predictions
-from service.store.rows import CalibrationKey, LabelRow, NewestRows, PredictionRow, decode_rows
-from service.store.schema import label_bins, labels, scope
+from service.store.rows import ANONYMOUS, CalibrationKey, LabelRow, NewestRows, PredictionRow, decode_rows
+from service.store.schema import from_sources, label_bins, labels, scope
 
 _insert_labels = BulkInsert(labels, [f.name for f in fields(LabelRow)])
 _LABELLED_AMONG = sa.select(labels.c.prediction_id).where(labels.c.prediction_id.in_(IDS))
@@ -129,12 +129,14 @@ class Labels:
         return self.db.run(work, write=False)
 
     def newest(self, key: CalibrationKey, limit: int, *, after_seq: int = 0, count_from: int | None = None,
-               seconds: float | None = None, now: float | None = None) -> tuple[NewestRows, int | None]:
+               seconds: float | None = None, now: float | None = None,
+               sources: frozenset[str] | None = None) -> tuple[NewestRows, int | None]:
         """The most recent labelled rows with ``seq > after_seq`` (at most ``limit``, newest first; only
-        those labelled in the last ``seconds`` if given), and in the same transaction the number of
-        such labels with ``seq >= count_from`` (None unless asked): a caller holding earlier rows
-        checks with it that none of them was deleted since and no label committed late in between."""
-        where = scope(labels, key)
+        those labelled in the last ``seconds`` if given, only those sent by ``sources`` if given), and in the
+        same transaction the number of such labels with ``seq >= count_from`` (None unless asked): a caller
+        holding earlier rows checks with it that none of them was deleted since and no label committed late
+        in between."""
+        where = scope(labels, key) + from_sources(labels, sources)
         if seconds is not None:
             where.append(labels.c.labelled_at >= (now or time.time()) - seconds)
         query = (sa.select(labels.c.seq, labels.c.label, labels.c.probabilities, labels.c.logits)
@@ -154,6 +156,36 @@ class Labels:
                 logits[present] = decode_rows([rows[i].logits for i in present])
             return NewestRows(np.array([r.seq for r in rows], dtype=np.int64),
                               np.array([r.label for r in rows], dtype=np.int64), probs, logits), count
+
+        return self.db.run(work, write=False)
+
+    def by_source(self, key: CalibrationKey, n_bins: int, *, last: int | None = None, seconds: float | None = None,
+                  now: float | None = None) -> dict[str, BinStats]:
+        """The bin statistics of a window (the last ``last`` labels, those of the last ``seconds``, or all)
+        per source: an aggregate over the window's label rows, so its cost grows with the window."""
+        rows = sa.select(labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll,
+                         labels.c.brier, sa.func.coalesce(labels.c.source, ANONYMOUS).label("source")).where(
+            *scope(labels, key))
+        if seconds is not None:
+            rows = rows.where(labels.c.labelled_at >= (now or time.time()) - seconds)
+        elif last is not None:
+            rows = rows.order_by(labels.c.seq.desc()).limit(last)
+        r = rows.subquery()
+        query = (sa.select(r.c.source, r.c.conf_bin, sa.func.count(), sa.func.sum(r.c.confidence),
+                           sa.func.sum(r.c.correct), sa.func.sum(r.c.nll), sa.func.sum(r.c.brier))
+                 .group_by(r.c.source, r.c.conf_bin).order_by(r.c.source, r.c.conf_bin))
+
+        def work(c) -> dict[str, BinStats]:
+            found: dict[str, list] = {}
+            for source, *sums in c.execute(query):
+                found.setdefault(source, []).append([float(v) for v in sums])
+            out = {}
+            for source, sums in found.items():
+                bins, count, confidence, correct, nll, brier = np.array(sums).T
+                stats = BinStats.empty(None, n_bins)
+                stats.add_bins(bins.astype(int).tolist(), count, confidence, correct, nll.sum(), brier.sum())
+                out[source] = stats
+            return out
 
         return self.db.run(work, write=False)
 
@@ -179,10 +211,11 @@ class Labels:
 
     def after(self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None,
               newest: int | None = None) -> list[sa.Row]:
-        """(seq, correct, confidence) of the labels after ``seq`` (only the ``newest`` most recent of them
-        if given), in label order."""
-        query = sa.select(labels.c.seq, labels.c.correct, labels.c.confidence).where(*scope(labels, key),
-                                                                                     labels.c.seq > seq)
+        """(seq, correct, confidence, source) of the labels after ``seq`` (only the ``newest`` most recent of
+        them if given), in label order."""
+        query = sa.select(labels.c.seq, labels.c.correct, labels.c.confidence,
+                          sa.func.coalesce(labels.c.source, ANONYMOUS).label("source")).where(
+            *scope(labels, key), labels.c.seq > seq)
         query = query.order_by(labels.c.seq) if newest is None else query.order_by(labels.c.seq.desc()).limit(newest)
 
         def run(c: sa.Connection) -> list[sa.Row]:

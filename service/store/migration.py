@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from service.store import locks
 from service.store.blocks import add_to_blocks, block_sums
-from service.store.schema import SCHEMA_VERSION, label_bins, labels, metadata, predictions, schema_info
+from service.store.schema import SCHEMA_VERSION, label_bins, labels, metadata, pending_labels, predictions, schema_info
 
 log = logging.getLogger("service.store")
 
@@ -34,6 +34,19 @@ def migrate(connection: sa.Connection) -> None:
             schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
         _labels_to_v2(connection)
         log.info("schema migrated from version 1 to %d", SCHEMA_VERSION)
+    _add_columns(connection)
+
+
+def _add_columns(c: sa.Connection) -> None:
+    """Nullable columns added to tables of an existing store (older versions ignore them): the source of
+    labels and pending labels."""
+    for table in (labels, pending_labels):
+        present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present and column.nullable:
+                c.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} "
+                                  f"{column.type.compile(dialect=c.dialect)}")
+                log.info("added column %s.%s", table.name, column.name)
 
 
 def _labels_to_v2(c: sa.Connection) -> None:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from service.store import locks
 from service.store.blocks import IDS
 from service.store.database import Database
-from service.store.rows import LabelRow
+from service.store.rows import ANONYMOUS, LabelRow
 from service.store.schema import pending_labels, predictions
 
 PENDING, EXPIRED, REJECTED = "pending", "expired", "rejected"
@@ -23,7 +23,8 @@ ALREADY_LABELLED = "duplicate feedback: this prediction already has a label"
 _PENDING_AMONG = sa.select(pending_labels.c.prediction_id).where(pending_labels.c.prediction_id.in_(IDS),
                                                                  pending_labels.c.status == PENDING)
 _ANY_PENDING = sa.select(pending_labels.c.seq).where(pending_labels.c.status == PENDING).limit(1)
-_JOINABLE = (sa.select(pending_labels.c.seq, pending_labels.c.label, predictions)
+_JOINABLE = (sa.select(pending_labels.c.seq, pending_labels.c.label, pending_labels.c.source.label("label_source"),
+                       predictions)
              .join(predictions, predictions.c.id == pending_labels.c.prediction_id)
              .where(pending_labels.c.status == PENDING).order_by(pending_labels.c.seq))
 Resolver = Callable[[list[sa.Row]], tuple[dict[int, LabelRow], dict[int, str]]]
@@ -35,6 +36,7 @@ class PendingLabel(NamedTuple):
     prediction_id: str
     label: str
     received_at: float
+    source: str = ANONYMOUS
 
 
 @dataclass

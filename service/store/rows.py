@@ -11,6 +11,9 @@ from typing import NamedTuple
 import numpy as np
 
 
+ANONYMOUS = "anonymous"  # the source of labels sent where feedback takes no token
+
+
 class CalibrationKey(NamedTuple):
     """A served model version under one calibration version (0: the manifest's; refits count up).
     Labels, bin sums and alarm state are kept per key."""
@@ -54,6 +57,7 @@ class LabelRow:
     labelled_at: float
     probabilities: bytes | None = None
     logits: bytes | None = None
+    source: str = ANONYMOUS
 
 
 class NewestRows(NamedTuple):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from service.store.rows import CalibrationKey
+from service.store.rows import ANONYMOUS, CalibrationKey
 
 SCHEMA_VERSION = 2
 BigId = sa.BigInteger().with_variant(sa.Integer, "sqlite")
@@ -53,6 +53,8 @@ labels = sa.Table(
     sa.Column("labelled_at", sa.Float, nullable=False),
     sa.Column("probabilities", sa.LargeBinary),  # as served (copied from the prediction): detail metrics
     sa.Column("logits", sa.LargeBinary),  # read one index range of labels, never a join
+    sa.Column("source", sa.String(64)),  # the name of the token that sent it; NULL (labels of older versions) and
+    # "anonymous" (feedback open) are the same source
     sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
 )
@@ -92,6 +94,7 @@ pending_labels = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),  # pending, expired or rejected; a joined one leaves
     sa.Column("reason", sa.Text),
     sa.Column("resolved_at", sa.Float),
+    sa.Column("source", sa.String(64)),
     sa.Index("ix_pending_labels_id", "prediction_id"),
     sa.Index("ix_pending_labels_status", "status", "seq"),
 )
@@ -116,6 +119,13 @@ alarm_events = sa.Table(
     sa.Column("to_state", sa.String(16), nullable=False),
     sa.Column("reasons", sa.Text, nullable=False),
 )
+
+
+def from_sources(table: sa.Table, sources: frozenset[str] | None) -> list:
+    """The WHERE terms selecting the rows of ``table`` sent by ``sources`` (every row when None)."""
+    if sources is None:
+        return []
+    return [sa.func.coalesce(table.c.source, ANONYMOUS).in_(sorted(sources))]
 
 
 def scope(table: sa.Table, key: CalibrationKey) -> list:

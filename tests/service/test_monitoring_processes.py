@@ -337,3 +337,90 @@ def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(request,
     finally:
         for r in started:
             r.stop()
+
+
+def _protected(report: dict) -> dict:
+    """What labels from outside the trusted sources must not move: the e-detector (but for the store's label
+    counts), the alarm and the refit."""
+    lag = ("labels_stored", "labels_pending", "newest_folded_labelled_at")
+    return {"e_detector": {k: v for k, v in report["e_detector"].items() if k not in lag},
+            "alarm": report["alarm"], "recalibration": report["recalibration"]}
+
+
+def _label(replica: Replica, rows: np.ndarray, labels, predict: str, feedback: str) -> dict:
+    """Predict ``rows`` on ``replica`` and label them on it at once; the feedback answer once every label sent
+    is joined (pending ones included)."""
+    served = httpx.post(f"{replica.url}/predict", json={"inputs": rows.tolist()},
+                        headers={"Authorization": f"Bearer {predict}"}, timeout=30)
+    assert served.status_code == 200, served.text
+    items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served.json()["predictions"], labels)]
+    answer = httpx.post(f"{replica.url}/feedback", json={"items": items},
+                        headers={"Authorization": f"Bearer {feedback}"}, timeout=30)
+    assert answer.status_code == 200 and not answer.json()["rejected"], answer.text
+    return answer.json()
+
+
+def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_refit(repository_dir, pg_url,
+                                                                                      tmp_path):
+    """Two replicas on PostgreSQL with feedback tokens, the alarm and the refit trusting one source: a flood of
+    wrong labels without a token is refused and changes nothing, to the bit; wrong labels from a valid but
+    untrusted token are stored and reported under their source while the alarm and the refit ignore them; a
+    rotated-out token is refused while its successor works."""
+    tokens = tmp_path / "feedback-tokens"
+    tokens.write_text("labeller:token-a\nintern:token-i\n")
+    env = {"CALIB_FEEDBACK_TOKENS_FILE": str(tokens), "CALIB_PREDICT_TOKENS": "app:token-p",
+           "CALIB_TRUSTED_LABEL_SOURCES": "labeller", "CALIB_CALIBRATION_REFRESH_SECONDS": "0.5"}
+    a, b = Replica(repository_dir, pg_url, **env), Replica(repository_dir, pg_url, **env)
+
+    def report(replica: Replica, **params) -> dict:
+        return httpx.get(f"{replica.url}/calibration", params={"window": "1000", **params}).json()
+
+    try:
+        _label(a, DIGITS.x[:200], DIGITS.y[:200], "token-p", "token-a")
+        _label(b, DIGITS.x[200:300], DIGITS.y[200:300], "token-p", "token-a")
+        _evaluated(a, b)
+        before = [report(a), report(b)]
+        assert before[0] == before[1] and before[0]["n"] == 300 and before[0]["recalibration"] is not None
+        assert before[0]["e_detector"]["labels_seen"] == 300
+
+        wrong = _offline_items(100, 7, scale=4.0)
+        for item in wrong:
+            item["label"] = (item["label"] + 1) % 10
+        for replica in (a, b):
+            for headers in ({}, {"Authorization": "Bearer token-p"}, {"Authorization": "Bearer token-x"}):
+                for _ in range(10):
+                    refused = httpx.post(f"{replica.url}/feedback", json={"items": wrong}, headers=headers)
+                    assert refused.status_code == 401, refused.text
+        _evaluated(a, b)
+        assert [report(a), report(b)] == before  # nothing stored, nothing moved: to the bit
+
+        _label(a, DIGITS.x[:150], (DIGITS.y[:150] + 1) % 10, "token-p", "token-i")  # a wrong label for each
+        assert httpx.post(f"{b.url}/feedback", json={"items": wrong},
+                          headers={"Authorization": "Bearer token-i"}).json()["accepted"] == 100
+        _evaluated(a, b)
+        after = [report(a, by_source="true"), report(b, by_source="true")]
+        assert after[0] == after[1] and after[0]["n"] == 550  # stored, and in the window
+        assert _protected(after[0]) == _protected(before[0])  # the alarm and the refit ignore them
+        sources = after[0]["by_source"]
+        assert sources["intern"]["n"] == 250 and sources["intern"]["trusted"] is False
+        assert sources["labeller"]["n"] == 300 and sources["labeller"]["trusted"] is True
+        assert sources["intern"]["accuracy"] < 0.05 < 0.9 < sources["labeller"]["accuracy"]
+        unmatched = httpx.get(f"{a.url}/feedback/unmatched", headers={"Authorization": "Bearer token-i"}).json()
+        assert unmatched["pending"] == 0
+
+        tokens.write_text("labeller:token-b\nintern:token-i\n")  # the labeller's token rotated
+        deadline = time.monotonic() + 20
+        for replica in (a, b):
+            while httpx.get(f"{replica.url}/feedback/unmatched",
+                            headers={"Authorization": "Bearer token-a"}).status_code != 401:
+                assert time.monotonic() < deadline, "the rotated token file was not re-read"
+                time.sleep(0.1)
+            assert httpx.get(f"{replica.url}/feedback/unmatched",
+                             headers={"Authorization": "Bearer token-b"}).status_code == 200
+        _label(b, DIGITS.x[300:350], DIGITS.y[300:350], "token-p", "token-b")
+        _evaluated(a, b)
+        rotated = [report(a), report(b)]
+        assert rotated[0] == rotated[1] and rotated[0]["e_detector"]["labels_seen"] == 350  # the same source
+    finally:
+        a.stop()
+        b.stop()

@@ -130,7 +130,8 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     selector = f'model="digits-lenet5",version="{version}"'
     time.sleep(1.5)  # the replica that served the predictions writes its log every 0.5 s
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served["predictions"], test.y[:50])]
-    assert httpx.post(f"{b}/feedback", json={"items": items}, headers=FEEDBACK).json()["accepted"] == 50
+    answer = httpx.post(f"{b}/feedback", json={"items": items}, headers=FEEDBACK)
+    assert answer.status_code == 200 and answer.json()["accepted"] == 50, answer.text
 
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=42)
     for k, start in enumerate(range(0, 1200, 100)):

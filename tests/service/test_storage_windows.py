@@ -103,6 +103,7 @@ def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrate
         c.execute(label_bins.delete())
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN logits")
+        c.exec_driver_sql("ALTER TABLE labels DROP COLUMN source")
         c.execute(schema_info.update().values(version=1))
     fresh = Store(database_url)
     fresh.db.migrate()
@@ -115,6 +116,32 @@ def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrate
     y, probs = rows.y, rows.probs
     assert len(y) == 50 and np.isnan(rows.logits).all()
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)  # copied from the predictions
+    # the labels stored before sources existed are the anonymous source's
+    assert list(fresh.labels.by_source(KEY, N_BINS)) == ["anonymous"]
+    trusted, _ = fresh.labels.newest(KEY, 50, sources=frozenset({"anonymous"}))
+    assert list(trusted.seq) == list(rows.seq)
+    assert len(fresh.labels.newest(KEY, 50, sources=frozenset({"labeller"}))[0].seq) == 0
+    fresh.db.engine.dispose()
+    storage.db.engine.dispose()
+
+
+def test_a_store_without_label_sources_gets_the_columns_and_labels_keep_their_source(database_url):
+    storage = Store(database_url)
+    storage.db.migrate()
+    with storage.db.engine.begin() as c:  # what the previous version left behind
+        c.exec_driver_sql("ALTER TABLE labels DROP COLUMN source")
+        c.exec_driver_sql("ALTER TABLE pending_labels DROP COLUMN source")
+    fresh = Store(database_url)
+    fresh.db.migrate()
+    fresh.db.migrate()  # idempotent
+    _fill(fresh, 30)
+    rows = [LabelRow(f"{i:032x}", "m", "1", 0, 1, 1, 0.9, 13, 0.1, 0.01, 2000.0 + i, source="labeller")
+            for i in range(10_000, 10_005)]
+    fresh.labels.insert(rows, [PredictionRow(r.prediction_id, "m", "1", 0, 2000.0, 1, 0.9, None, b"\0" * 12, None)
+                               for r in rows])
+    found = fresh.labels.by_source(KEY, N_BINS)
+    assert {s: stats.n for s, stats in found.items()} == {"anonymous": 30, "labeller": 5}
+    assert found["labeller"].accuracy() == 1.0
     fresh.db.engine.dispose()
     storage.db.engine.dispose()
 
