@@ -135,6 +135,17 @@ def test_a_broken_deployment_fails_validation(what, damage, tmp_path):
     assert result.returncode != 0 and "ERROR" in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize("damage", [
+    lambda p: p["spec"]["ingress"][0].__setitem__("form", p["spec"]["ingress"][0].pop("from")),
+    lambda p: p["spec"]["ingress"][1]["ports"][0].__setitem__("protocol", ["TCP"]),
+], ids=["misspelled from", "wrong type"])
+def test_a_broken_network_policy_fails_validation(damage, tmp_path):
+    docs = _render(K8S / "base")
+    damage(_by_kind(docs)["NetworkPolicy"])
+    result = _validate(docs, tmp_path, KUBERNETES_VERSIONS[-1])
+    assert result.returncode != 0 and "ERROR" in result.stdout, result.stdout
+
+
 def _closed(schema):
     """The CRD's schema with unknown fields rejected: every object schema that lists its properties and does not
     preserve unknown fields gets additionalProperties: false (the API server would prune them silently)."""
