@@ -60,6 +60,7 @@ class AccessControl:
     def __init__(self, settings) -> None:
         self._fixed: dict[str, dict[str, bytes]] = {}
         self._files: dict[str, _File] = {}
+        self._tokens: dict[str, dict[str, bytes]] = {}  # per group, the fixed tokens and the file's together
         for group in GROUPS:
             value: SecretStr | None = getattr(settings, f"{group}_tokens")
             name = f"CALIB_{group.upper()}_TOKENS"
@@ -69,6 +70,7 @@ class AccessControl:
                 self._files[group] = _File(Path(path))
         if settings.admin_token is not None:
             self._fixed["admin"].setdefault("admin", settings.admin_token.get_secret_value().encode())
+        self._tokens = dict(self._fixed)
         self.reload(strict=True)
 
     def reload(self, strict: bool = False) -> bool:
@@ -83,6 +85,7 @@ class AccessControl:
                     continue
                 file.tokens = parse_tokens(file.path.read_text(), f"CALIB_{group.upper()}_TOKENS_FILE")
                 file.stamp, changed = stamp, True
+                self._tokens[group] = self._fixed[group] | file.tokens
                 log.info("%s tokens read from %s: %d", group, file.path, len(file.tokens))
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 if strict:
@@ -90,19 +93,15 @@ class AccessControl:
                 log.error("%s tokens: %s; the previous ones stay valid", group, exc)
         return changed
 
-    def tokens(self, group: Group) -> dict[str, bytes]:
-        file = self._files.get(group)
-        return self._fixed[group] | file.tokens if file else self._fixed[group]
-
     def required(self, group: Group) -> bool:
         """Whether requests of ``group`` must carry a token (admin always does)."""
-        return group == "admin" or bool(self.tokens(group))
+        return group == "admin" or bool(self._tokens[group])
 
     def check(self, group: Group, authorization: str | None) -> str:
         """The name of the token that ``authorization`` (the header's value) carries for ``group``, or
         ``anonymous`` where the group is open. Raises ``Unauthorized`` (401) without a valid token and
         ``Forbidden`` (403) for admin routes when no admin token is set."""
-        tokens = self.tokens(group)
+        tokens = self._tokens[group]
         if not tokens:
             if group == "admin":
                 raise Forbidden("admin endpoints are disabled: set CALIB_ADMIN_TOKEN or CALIB_ADMIN_TOKENS")
@@ -123,7 +122,7 @@ class AccessControl:
     def allows(self, group: Group, authorization: str | None) -> bool:
         """Whether ``authorization`` holds a token of ``group`` (a required one: open groups say False)."""
         try:
-            return self.required(group) and self.check(group, authorization) != ANONYMOUS
+            return self.check(group, authorization) != ANONYMOUS
         except (Unauthorized, Forbidden):
             return False
 
