@@ -7,7 +7,6 @@ is enforced on the bytes actually received, chunked uploads included.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
@@ -71,11 +70,12 @@ class ServingMiddleware:
             try:
                 state["principal"] = self.access.check(group, authorization)
             except ServiceError as exc:
-                await self._refuse(scope, send, request_id, exc)
+                await self._refuse(scope, send, request_id, exc, "<unauthorized>")
                 return
         limit = self.max_body_bytes
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await self._reject_too_large(scope, send, request_id, int(declared))
+            error = PayloadTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+            await self._refuse(scope, send, request_id, error, "<rejected>")
             return
 
         received = 0
@@ -145,18 +145,9 @@ class ServingMiddleware:
                                                   self.metrics.latency.labels(template))
         return found
 
-    async def _reject_too_large(self, scope: Scope, send: Send, request_id: str, size: int) -> None:
-        error = PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes")
-        body = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": error.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (_REQUEST_ID_HEADER, request_id.encode()), (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
-        self.metrics.requests.labels("<rejected>", scope["method"], str(error.status)).inc()
-
-    async def _refuse(self, scope: Scope, send: Send, request_id: str, error: ServiceError) -> None:
-        """Answer a request refused for its token, in its path's error format, without reading its body (the
-        connection closes, since the body is left unread)."""
+    async def _refuse(self, scope: Scope, send: Send, request_id: str, error: ServiceError, route: str) -> None:
+        """Answer a request refused before its body is read (no token, a declared body over the limit) in its
+        path's error format, counted under ``route``; the connection closes, since the body is left unread."""
         response = error_response(scope["path"], error)
         response.headers[REQUEST_ID] = request_id
         response.headers["connection"] = "close"
@@ -165,4 +156,4 @@ class ServingMiddleware:
             return {"type": "http.disconnect"}
 
         await response(scope, nothing, send)
-        self.metrics.requests.labels("<unauthorized>", scope["method"], str(error.status)).inc()
+        self.metrics.requests.labels(route, scope["method"], str(error.status)).inc()

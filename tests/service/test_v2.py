@@ -131,6 +131,12 @@ def test_v2_unknown_model_bad_json_and_bad_binary_sizes(base_url):
     assert r.status_code == 400 and "does not fit a body" in r.json()["error"]
 
 
+def test_a_body_declared_over_the_limit_is_a_413_in_the_protocols_error_format(base_url):
+    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=b"0" * (300 * 1024))
+    assert r.status_code == 413 and isinstance(r.json()["error"], str) and "exceeds the limit" in r.json()["error"]
+    assert r.headers["connection"] == "close"
+
+
 def _json_infer(base_url, x, **extra) -> dict:
     payload = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
                **extra}
