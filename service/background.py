@@ -23,6 +23,17 @@ class BackgroundLoop:
         self.loop = asyncio.get_running_loop()
         self._task = self.loop.create_task(self._loop(), name=self.name)
 
+    async def _wait(self, seconds: float) -> bool:
+        """Wait until woken (``_wakeup`` set) or ``seconds`` have passed; whether it was woken. The wake-up is
+        cleared either way."""
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
+            woken = True
+        except asyncio.TimeoutError:
+            woken = False
+        self._wakeup.clear()
+        return woken
+
     async def stop(self) -> None:
         self._running = False
         self._wakeup.set()

@@ -80,11 +80,7 @@ class Evaluator(BackgroundLoop):
     async def _loop(self) -> None:
         wait = self.seconds
         while self._running:
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=wait)
-            except asyncio.TimeoutError:
-                pass
-            self._wakeup.clear()
+            await self._wait(wait)
             if not self._running:
                 return
             try:

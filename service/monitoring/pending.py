@@ -4,7 +4,6 @@ pending. Any replica may join any pending label; one pass runs at a time across 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -41,11 +40,7 @@ class PendingJoiner(BackgroundLoop):
     async def _loop(self) -> None:
         backoff = self.interval
         while self._running:
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=backoff)
-            except asyncio.TimeoutError:
-                pass
-            self._wakeup.clear()
+            await self._wait(backoff)
             try:
                 await self.run_pass()
                 backoff = self.interval

@@ -108,12 +108,7 @@ class PredictionLog(BackgroundLoop):
         round trips and commit (on PostgreSQL that cost up to a quarter of the light model's throughput)."""
         backoff = self.interval
         while self._running:
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=backoff)
-                full_only = not self.sync
-            except asyncio.TimeoutError:
-                full_only = False
-            self._wakeup.clear()
+            full_only = await self._wait(backoff) and not self.sync
             try:
                 await self.flush(self.batch_size if full_only and self._running else 1)
                 backoff = self.interval
