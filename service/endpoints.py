@@ -138,11 +138,7 @@ class Endpoints:
 
     async def calibration(self, model: str | None, version: str | None, window: str | None,
                           by_source: bool = False) -> dict:
-        def report() -> dict:
-            body = self.monitor.reports.report(model, version, window)
-            return body | {"by_source": self.monitor.reports.by_source(model, version, window)} if by_source else body
-
-        return await anyio.to_thread.run_sync(report)
+        return await anyio.to_thread.run_sync(self.monitor.reports.report, model, version, window, by_source)
 
     async def reliability_png(self, model: str | None, version: str | None, window: str | None) -> bytes:
         return await anyio.to_thread.run_sync(self.monitor.reports.reliability_png, model, version, window)

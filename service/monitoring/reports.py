@@ -62,8 +62,8 @@ class Reports:
     def _sums(self, key: CalibrationKey, win: Window) -> WindowSums:
         return self.store.labels.window(key, self.n_bins, last=win.count, seconds=win.seconds)
 
-    def report(self, name: str | None, version: str | None, window: str | None) -> dict:
-        """The body of GET /calibration."""
+    def report(self, name: str | None, version: str | None, window: str | None, by_source: bool = False) -> dict:
+        """The body of GET /calibration (with the window per source when ``by_source``)."""
         served, win, key, sums = self.window(name, version, window)
         state_row = self.store.alarm_states.get(key)
         detector = load_detector(state_row.detector if state_row else None, self.policy)
@@ -87,6 +87,8 @@ class Reports:
         body.update(self._window_metrics(served, key, sums, win))
         body["drift"] = self._drift(served, key, sums)
         body["unmatched_labels"] = self.store.pending.counts()
+        if by_source:
+            body["by_source"] = self._by_source(key, win)
         return body
 
     def _evaluation(self, key: CalibrationKey, state_row) -> dict:
@@ -162,10 +164,9 @@ class Reports:
         rows, _ = self.store.labels.newest(key, min(self.detail_rows, n), seconds=win.seconds, sources=self.trusted)
         return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
 
-    def by_source(self, name: str | None, version: str | None, window: str | None) -> dict:
+    def _by_source(self, key: CalibrationKey, win: Window) -> dict:
         """The window's labels per source: count, accuracy, mean confidence, ECE, and whether they count for
         the alarm and the refit."""
-        _, win, key, _ = self.window(name, version, window)
         found = self.store.labels.by_source(key, self.n_bins, last=win.count, seconds=win.seconds)
         return {source: {"n": stats.n, "accuracy": stats.accuracy(), "mean_confidence": stats.mean_confidence(),
                          "ece": stats.ece(), "trusted": self.trusted is None or source in self.trusted}

@@ -27,6 +27,7 @@ _JOINABLE = (sa.select(pending_labels.c.seq, pending_labels.c.label, pending_lab
                        predictions)
              .join(predictions, predictions.c.id == pending_labels.c.prediction_id)
              .where(pending_labels.c.status == PENDING).order_by(pending_labels.c.seq))
+_BY_STATUS = sa.select(pending_labels.c.status, sa.func.count()).group_by(pending_labels.c.status)
 Resolver = Callable[[list[sa.Row]], tuple[dict[int, LabelRow], dict[int, str]]]
 
 
@@ -110,14 +111,17 @@ class PendingLabels:
         ``limit`` most recent of them (of ``status`` only, if given), newest first."""
         where = [pending_labels.c.status == status] if status else []
         listed = sa.select(pending_labels).where(*where).order_by(pending_labels.c.seq.desc()).limit(limit)
-        by_status = sa.select(pending_labels.c.status, sa.func.count()).group_by(pending_labels.c.status)
 
         def work(c: sa.Connection) -> dict:
-            counts = {PENDING: 0, EXPIRED: 0, REJECTED: 0} | {s: int(n) for s, n in c.execute(by_status)}
-            return counts | {"items": [r._asdict() for r in c.execute(listed)]}
+            items = [r._asdict() for r in c.execute(listed)] if limit else []
+            return _counts(c) | {"items": items}
 
         return self.db.run(work, write=False)
 
     def counts(self) -> dict[str, int]:
         """Labels pending, expired and rejected at the join."""
-        return {k: v for k, v in self.unmatched(None, 0).items() if k != "items"}
+        return self.db.run(_counts, write=False)
+
+
+def _counts(c: sa.Connection) -> dict[str, int]:
+    return {PENDING: 0, EXPIRED: 0, REJECTED: 0} | {s: int(n) for s, n in c.execute(_BY_STATUS)}
