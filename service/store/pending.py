@@ -86,13 +86,12 @@ class PendingLabels:
                     first[row.id] = row
             label_rows, refused = resolve(list(first.values()))
             reasons |= refused
-            ordered = [label_rows[seq] for seq in sorted(label_rows)]
-            labelled = insert(c, ordered)
-            joined = [r for r in ordered if r.prediction_id not in labelled]
-            reasons |= {seq: ALREADY_LABELLED for seq, r in label_rows.items() if r.prediction_id in labelled}
-            done = [seq for seq, r in label_rows.items() if r.prediction_id not in labelled]
-            if done:
-                c.execute(pending_labels.delete().where(pending_labels.c.seq.in_(done)))
+            ordered = sorted(label_rows.items())
+            labelled = insert(c, [r for _, r in ordered])
+            joined = {seq: r for seq, r in ordered if r.prediction_id not in labelled}
+            reasons |= {seq: ALREADY_LABELLED for seq, r in ordered if r.prediction_id in labelled}
+            if joined:
+                c.execute(pending_labels.delete().where(pending_labels.c.seq.in_(list(joined))))
             for seq, reason in reasons.items():
                 c.execute(pending_labels.update().where(pending_labels.c.seq == seq)
                           .values(status=REJECTED, reason=reason, resolved_at=now))
@@ -102,7 +101,7 @@ class PendingLabels:
                                         resolved_at=now)).rowcount
             waiting = c.execute(sa.select(sa.func.count()).select_from(pending_labels)
                                 .where(pending_labels.c.status == PENDING)).scalar_one()
-            return JoinPass(joined, len(reasons), expired, int(waiting))
+            return JoinPass(list(joined.values()), len(reasons), expired, int(waiting))
 
         return self.db.run(work)
 
