@@ -43,11 +43,18 @@ def measure(seconds: float, rounds: int) -> list[dict]:
     body.write_text(json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()}))
     env = {"CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_DEFAULT_MODEL": MODEL, "CALIB_LOG_LEVEL": "warning"}
     servers = {
-        "open": Server([PYTHON, "-m", "service"], "/v2/health/ready",
-                       env | {"CALIB_DATABASE_URL": f"sqlite:///{work / 'open.db'}"}),
-        "tokens": Server([PYTHON, "-m", "service"], "/v2/health/ready",
-                         env | {"CALIB_DATABASE_URL": f"sqlite:///{work / 'tokens.db'}",
-                                "CALIB_PREDICT_TOKENS": f"other:{TOKEN[::-1]},bench:{TOKEN}"}),
+        "open": Server(
+            [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_DATABASE_URL": f"sqlite:///{work / 'open.db'}"}
+        ),
+        "tokens": Server(
+            [PYTHON, "-m", "service"],
+            "/v2/health/ready",
+            env
+            | {
+                "CALIB_DATABASE_URL": f"sqlite:///{work / 'tokens.db'}",
+                "CALIB_PREDICT_TOKENS": f"other:{TOKEN[::-1]},bench:{TOKEN}",
+            },
+        ),
     }
     lua = _LUA.format(token=TOKEN, body=body)
     try:
@@ -56,13 +63,19 @@ def measure(seconds: float, rounds: int) -> list[dict]:
         rows = []
         for i in range(rounds):
             runs = {}
-            for name in (("open", "tokens") if i % 2 == 0 else ("tokens", "open")):
+            for name in ("open", "tokens") if i % 2 == 0 else ("tokens", "open"):
                 runs[name] = wrk(f"{servers[name].url}/predict", None, CONNECTIONS, seconds, lua=lua)
                 assert runs[name]["non_2xx"] == 0, runs[name]
-            rows.append({"round": i + 1, "open_rps": runs["open"]["requests_per_s"],
-                         "tokens_rps": runs["tokens"]["requests_per_s"],
-                         "ratio": runs["tokens"]["requests_per_s"] / runs["open"]["requests_per_s"],
-                         "open_p99_ms": runs["open"]["p99_ms"], "tokens_p99_ms": runs["tokens"]["p99_ms"]})
+            rows.append(
+                {
+                    "round": i + 1,
+                    "open_rps": runs["open"]["requests_per_s"],
+                    "tokens_rps": runs["tokens"]["requests_per_s"],
+                    "ratio": runs["tokens"]["requests_per_s"] / runs["open"]["requests_per_s"],
+                    "open_p99_ms": runs["open"]["p99_ms"],
+                    "tokens_p99_ms": runs["tokens"]["p99_ms"],
+                }
+            )
         return rows
     finally:
         for server in servers.values():
@@ -87,13 +100,17 @@ def check_seconds(repeats: int = 200_000) -> float:
 def goals(rows: list[dict], check_us: float | None = None) -> list[str]:
     ratios = sorted(r["ratio"] for r in rows)
     median = ratios[len(ratios) // 2]
-    lines = [f"light /predict with predict tokens at {median:.3f}x the open default's requests/s (median of "
-             f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; goal >= {GOAL_RATIO}): "
-             f"{'met' if median >= GOAL_RATIO else 'NOT met'}"]
+    lines = [
+        f"light /predict with predict tokens at {median:.3f}x the open default's requests/s (median of "
+        f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; goal >= {GOAL_RATIO}): "
+        f"{'met' if median >= GOAL_RATIO else 'NOT met'}"
+    ]
     if check_us is not None:
         per_request = 1e6 / sorted(r["open_rps"] for r in rows)[len(rows) // 2]
-        lines.append(f"the check alone: {check_us:.2f} us per request, {100 * check_us / per_request:.2f}% of the "
-                     f"open server's {per_request:.0f} us per request (its median round)")
+        lines.append(
+            f"the check alone: {check_us:.2f} us per request, {100 * check_us / per_request:.2f}% of the "
+            f"open server's {per_request:.0f} us per request (its median round)"
+        )
     return lines
 
 
@@ -108,8 +125,9 @@ def main() -> None:
     check_us = 1e6 * check_seconds(20_000 if args.smoke else 200_000)
     print(table(rows, COLUMNS))
     print("\n".join(goals(rows, check_us)))
-    write_result("auth", {"connections": CONNECTIONS, "seconds": seconds, "rows": rows, "check_us": check_us},
-                 smoke=args.smoke)
+    write_result(
+        "auth", {"connections": CONNECTIONS, "seconds": seconds, "rows": rows, "check_us": check_us}, smoke=args.smoke
+    )
 
 
 if __name__ == "__main__":

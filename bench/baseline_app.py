@@ -44,8 +44,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu",
-                        help="as the service's CALIB_DEVICE: the same providers and CUDA options are asked for")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="cpu",
+        help="as the service's CALIB_DEVICE: the same providers and CUDA options are asked for",
+    )
     args = parser.parse_args()
     uvicorn.run(build(args.model, args.device), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 

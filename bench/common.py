@@ -25,27 +25,49 @@ RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results"
 
 def machine() -> dict:
     """What the numbers were measured on, and at which commit."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout
     except OSError:  # no git (a copied tree on another machine)
         commit = ""
-    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
-                 "") if Path("/proc/cpuinfo").exists() else ""
+    flags = (
+        next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
     # two machines both called "AMD EPYC" differ 2-4x in speed here: the vector extensions tell them apart
     isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else None)
-    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
-            * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "gpu": gpu_name(), "python": platform.python_version(),
-            "numpy": np.__version__, "commit": commit.strip() or None}
+    return {
+        "cpu": cpu,
+        "isa": isa,
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "gpu": gpu_name(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "commit": commit.strip() or None,
+    }
 
 
 def gpu_name() -> str | None:
     """The first NVIDIA GPU's name (nvidia-smi), None without one."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
@@ -57,10 +79,20 @@ def v2_binary_request(rows: np.ndarray, outputs: tuple[str, ...] = ("probabiliti
     float32 input ``input`` and its byte size, then its raw bytes, every output in ``outputs`` asked back as raw
     bytes. Returns the body and the header's length."""
     x = np.ascontiguousarray(rows, dtype=np.float32)
-    header = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs]},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
+        },
+        separators=(",", ":"),
+    ).encode()
     return header + x.tobytes(), len(header)
 
 
@@ -75,8 +107,10 @@ def write_result(name: str, data: dict, smoke: bool = False) -> Path:
 
 def table(rows: list[dict], columns: list[str]) -> str:
     """A markdown table of ``rows`` with the given columns."""
+
     def cell(v):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
+
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
@@ -92,16 +126,27 @@ class Server:
     """A server process (``argv`` gets ``--port``) with a readiness URL, or a ``probe`` of its port for one that
     does not speak HTTP; its output goes to the file ``output`` (or nowhere)."""
 
-    def __init__(self, argv: list[str], ready_path: str | None, env: dict | None = None, cwd: Path = ROOT,
-                 output: Path | None = None, probe: Callable[[int], bool] | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        ready_path: str | None,
+        env: dict | None = None,
+        cwd: Path = ROOT,
+        output: Path | None = None,
+        probe: Callable[[int], bool] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         sink = output.open("wb") if output is not None else subprocess.DEVNULL
         # one string-hash seed for every server, so that processes compared differ only in what is compared
         # (dict and set layouts, hence their speed, otherwise differ from process to process)
-        self.process = subprocess.Popen([*argv, "--port", str(self.port)],
-                                        env=dict(os.environ, PYTHONHASHSEED="0", **(env or {})),
-                                        cwd=cwd, stdout=sink, stderr=subprocess.STDOUT if output else sink)
+        self.process = subprocess.Popen(
+            [*argv, "--port", str(self.port)],
+            env=dict(os.environ, PYTHONHASHSEED="0", **(env or {})),
+            cwd=cwd,
+            stdout=sink,
+            stderr=subprocess.STDOUT if output else sink,
+        )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
@@ -136,11 +181,28 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
         if lua is None:
             body_file = Path(tmp) / "body.json"
             body_file.write_text(body)
-            lua = (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                   f'wrk.body = io.open("{body_file}"):read("*a")\n')
+            lua = (
+                f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                f'wrk.body = io.open("{body_file}"):read("*a")\n'
+            )
         script.write_text(lua)
-        out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
-                              "--latency", "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{connections}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "30s",
+                "--latency",
+                "-s",
+                str(script),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     def latency(pct: str) -> float:
         found = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)
@@ -151,11 +213,14 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
 
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
-    return {"requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "requests": int(re.search(r"(\d+) requests in", out).group(1)),
-            "p50_ms": latency("50"), "p99_ms": latency("99"),
-            "non_2xx": int(errors.group(1)) if errors else 0,
-            "socket_errors": socket_errors.group(1).strip() if socket_errors else ""}
+    return {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "requests": int(re.search(r"(\d+) requests in", out).group(1)),
+        "p50_ms": latency("50"),
+        "p99_ms": latency("99"),
+        "non_2xx": int(errors.group(1)) if errors else 0,
+        "socket_errors": socket_errors.group(1).strip() if socket_errors else "",
+    }
 
 
 def histogram_totals(url: str) -> dict[str, list[float]]:
@@ -171,8 +236,11 @@ def histogram_totals(url: str) -> dict[str, list[float]]:
             labels = sample.labels
             if family.name == "calib_request_phase_duration_seconds" and labels.get("route") == "/predict":
                 key = labels["phase"]
-            elif family.name in ("calib_queue_duration_seconds", "calib_inference_duration_seconds",
-                                 "calib_batch_size_rows"):
+            elif family.name in (
+                "calib_queue_duration_seconds",
+                "calib_inference_duration_seconds",
+                "calib_batch_size_rows",
+            ):
                 key = f"{family.name.removeprefix('calib_').split('_')[0]}:{labels['model'].split(':')[0]}"
             elif family.name == "calib_http_request_duration_seconds" and labels.get("route") == "/predict":
                 key = "total"
@@ -196,7 +264,7 @@ def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and all its threads (``/proc/<pid>/stat`` fields
     14 and 15, in clock ticks)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # the fields after the command name, from field 3 on
+    fields = stat[stat.rindex(")") + 2 :].split()  # the fields after the command name, from field 3 on
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -40,10 +40,32 @@ GOAL_RATIO = 0.25
 GOAL_P99_MS = 100.0
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WARMUP_SECONDS = 1.0
-COLUMNS = ["store", "round", "predict_rps", "feedback_rps", "ratio", "feedback_p50_ms", "feedback_p99_ms",
-           "predict_p99_ms", "acknowledged", "answered_2xx", "stored", "non_2xx"]
-DURABILITY_COLUMNS = ["store", "round", "pending_feedback_rps", "pending_feedback_p99_ms", "pending_stored",
-                      "predict_rps", "sync_predict_rps", "sync_ratio", "predict_p99_ms", "sync_predict_p99_ms"]
+COLUMNS = [
+    "store",
+    "round",
+    "predict_rps",
+    "feedback_rps",
+    "ratio",
+    "feedback_p50_ms",
+    "feedback_p99_ms",
+    "predict_p99_ms",
+    "acknowledged",
+    "answered_2xx",
+    "stored",
+    "non_2xx",
+]
+DURABILITY_COLUMNS = [
+    "store",
+    "round",
+    "pending_feedback_rps",
+    "pending_feedback_p99_ms",
+    "pending_stored",
+    "predict_rps",
+    "sync_predict_rps",
+    "sync_ratio",
+    "predict_p99_ms",
+    "sync_predict_p99_ms",
+]
 
 _FEEDBACK_LUA = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -124,10 +146,17 @@ def answered(base: str) -> int:
     """2xx responses the service has sent to POST /feedback (its own counter)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return int(sum(sample.value for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
-                   if family.name == "calib_http_requests"
-                   for sample in family.samples if sample.name == "calib_http_requests_total"
-                   and sample.labels["route"] == "/feedback" and sample.labels["status"].startswith("2")))
+    return int(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
+            if family.name == "calib_http_requests"
+            for sample in family.samples
+            if sample.name == "calib_http_requests_total"
+            and sample.labels["route"] == "/feedback"
+            and sample.labels["status"].startswith("2")
+        )
+    )
 
 
 def settle(base: str, timeout: float = 30.0) -> None:
@@ -135,8 +164,9 @@ def settle(base: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = httpx.get(f"{base}/metrics").text
-        in_flight = next(float(line.split()[1]) for line in text.splitlines()
-                         if line.startswith("calib_http_requests_in_flight "))
+        in_flight = next(
+            float(line.split()[1]) for line in text.splitlines() if line.startswith("calib_http_requests_in_flight ")
+        )
         if in_flight <= 1:  # this request
             return
         time.sleep(0.1)
@@ -155,8 +185,12 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix="calib-bench-feedback-"))
     try:
         with store_url(store, work) as url:
-            env = {"CALIB_DATABASE_URL": url, "CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_DEFAULT_MODEL": MODEL,
-                   "CALIB_LOG_LEVEL": "warning"}
+            env = {
+                "CALIB_DATABASE_URL": url,
+                "CALIB_ARTIFACTS": str(ROOT / "artifacts"),
+                "CALIB_DEFAULT_MODEL": MODEL,
+                "CALIB_LOG_LEVEL": "warning",
+            }
             server = Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
             try:
                 predict_body = json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()})
@@ -177,8 +211,9 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
                 pending_stored = count_labels(url, "pending_labels")
             finally:
                 server.stop()
-            sync_server = Server([PYTHON, "-m", "service"], "/v2/health/ready",
-                                 env | {"CALIB_PREDICTION_LOG_DURABILITY": "sync"})
+            sync_server = Server(
+                [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_PREDICTION_LOG_DURABILITY": "sync"}
+            )
             try:
                 wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
                 sync_predict = wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, seconds)
@@ -187,27 +222,45 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     acknowledged = feedback["requests"] - feedback["non_2xx"]
-    return {"store": store, "seconds": seconds, "smoke": smoke, "connections": CONNECTIONS, "predict": predict,
-            "feedback": feedback,
-            "predict_rps": predict["requests_per_s"], "feedback_rps": feedback["requests_per_s"],
-            "ratio": feedback["requests_per_s"] / predict["requests_per_s"],
-            "feedback_p50_ms": feedback["p50_ms"], "feedback_p99_ms": feedback["p99_ms"],
-            "predict_p99_ms": predict["p99_ms"], "acknowledged": acknowledged, "answered_2xx": served,
-            "stored": stored, "non_2xx": feedback["non_2xx"], "ids_prepared": main_n,
-            "ids_ran_out": feedback["requests"] + CONNECTIONS >= main_n,
-            "every_acknowledged_label_stored": stored >= acknowledged and stored == served,
-            "pending_feedback": pending, "pending_feedback_rps": pending["requests_per_s"],
-            "pending_feedback_p99_ms": pending["p99_ms"], "pending_stored": pending_stored,
-            "every_pending_label_stored": pending_stored >= pending["requests"] - pending["non_2xx"],
-            "sync_predict": sync_predict, "sync_predict_rps": sync_predict["requests_per_s"],
-            "sync_predict_p99_ms": sync_predict["p99_ms"],
-            "sync_ratio": sync_predict["requests_per_s"] / predict["requests_per_s"]}
+    return {
+        "store": store,
+        "seconds": seconds,
+        "smoke": smoke,
+        "connections": CONNECTIONS,
+        "predict": predict,
+        "feedback": feedback,
+        "predict_rps": predict["requests_per_s"],
+        "feedback_rps": feedback["requests_per_s"],
+        "ratio": feedback["requests_per_s"] / predict["requests_per_s"],
+        "feedback_p50_ms": feedback["p50_ms"],
+        "feedback_p99_ms": feedback["p99_ms"],
+        "predict_p99_ms": predict["p99_ms"],
+        "acknowledged": acknowledged,
+        "answered_2xx": served,
+        "stored": stored,
+        "non_2xx": feedback["non_2xx"],
+        "ids_prepared": main_n,
+        "ids_ran_out": feedback["requests"] + CONNECTIONS >= main_n,
+        "every_acknowledged_label_stored": stored >= acknowledged and stored == served,
+        "pending_feedback": pending,
+        "pending_feedback_rps": pending["requests_per_s"],
+        "pending_feedback_p99_ms": pending["p99_ms"],
+        "pending_stored": pending_stored,
+        "every_pending_label_stored": pending_stored >= pending["requests"] - pending["non_2xx"],
+        "sync_predict": sync_predict,
+        "sync_predict_rps": sync_predict["requests_per_s"],
+        "sync_predict_p99_ms": sync_predict["p99_ms"],
+        "sync_ratio": sync_predict["requests_per_s"] / predict["requests_per_s"],
+    }
 
 
 def measure_rounds(stores: list[str], seconds: float, rounds: int, smoke: bool) -> list[dict]:
     """``measure`` of every store, ``rounds`` times: the stores in turn, in reverse order every other round."""
-    return [measure(store, seconds, smoke) | {"round": i + 1}
-            for i in range(rounds) for store in (stores if i % 2 == 0 else stores[::-1])]
+    return [
+        measure(store, seconds, smoke) | {"round": i + 1}
+        for i in range(rounds)
+        for store in (stores if i % 2 == 0 else stores[::-1])
+    ]
 
 
 def goals(rows: list[dict]) -> list[str]:
@@ -217,27 +270,40 @@ def goals(rows: list[dict]) -> list[str]:
     for store in dict.fromkeys(r["store"] for r in rows):
         runs = sorted((r for r in rows if r["store"] == store), key=lambda r: r["feedback_p99_ms"])
         r, p99s, ratios = runs[len(runs) // 2], [x["feedback_p99_ms"] for x in runs], [x["ratio"] for x in runs]
-        spread = (f" (median of {len(runs)} rounds; p99 {min(p99s):.1f}-{max(p99s):.1f} ms, ratio "
-                  f"{min(ratios):.2f}-{max(ratios):.2f})") if len(runs) > 1 else ""
-        lines.append(f"{store}{spread}: feedback/predict {r['ratio']:.2f} (goal >= {GOAL_RATIO}): "
-                     f"{'met' if r['ratio'] >= GOAL_RATIO else 'NOT met'}; feedback p99 {r['feedback_p99_ms']:.1f} ms "
-                     f"(goal <= {GOAL_P99_MS:.0f} ms): {'met' if r['feedback_p99_ms'] <= GOAL_P99_MS else 'NOT met'}; "
-                     f"{sum(x['stored'] for x in runs)} labels stored for {sum(x['acknowledged'] for x in runs)} 2xx "
-                     f"received by wrk and {sum(x['answered_2xx'] for x in runs)} sent by the service: "
-                     f"{'ok' if all(x['every_acknowledged_label_stored'] for x in runs) else 'LABELS MISSING'}"
-                     + ("; the ids ran out before the end (wrk stopped early: requests/s is too low)"
-                        if any(x["ids_ran_out"] for x in runs) else ""))
+        spread = (
+            (
+                f" (median of {len(runs)} rounds; p99 {min(p99s):.1f}-{max(p99s):.1f} ms, ratio "
+                f"{min(ratios):.2f}-{max(ratios):.2f})"
+            )
+            if len(runs) > 1
+            else ""
+        )
+        lines.append(
+            f"{store}{spread}: feedback/predict {r['ratio']:.2f} (goal >= {GOAL_RATIO}): "
+            f"{'met' if r['ratio'] >= GOAL_RATIO else 'NOT met'}; feedback p99 {r['feedback_p99_ms']:.1f} ms "
+            f"(goal <= {GOAL_P99_MS:.0f} ms): {'met' if r['feedback_p99_ms'] <= GOAL_P99_MS else 'NOT met'}; "
+            f"{sum(x['stored'] for x in runs)} labels stored for {sum(x['acknowledged'] for x in runs)} 2xx "
+            f"received by wrk and {sum(x['answered_2xx'] for x in runs)} sent by the service: "
+            f"{'ok' if all(x['every_acknowledged_label_stored'] for x in runs) else 'LABELS MISSING'}"
+            + (
+                "; the ids ran out before the end (wrk stopped early: requests/s is too low)"
+                if any(x["ids_ran_out"] for x in runs)
+                else ""
+            )
+        )
         if "pending_feedback_p99_ms" not in r:
             continue
         pending = sorted(x["pending_feedback_p99_ms"] for x in runs)
         sync = sorted(x["sync_ratio"] for x in runs)
         p99, ratio = pending[len(pending) // 2], sync[len(sync) // 2]
-        lines.append(f"{store}: feedback p99 when every label waits for its prediction (pending) {p99:.1f} ms "
-                     f"(rounds {pending[0]:.1f}-{pending[-1]:.1f}; goal <= {GOAL_P99_MS:.0f} ms): "
-                     f"{'met' if p99 <= GOAL_P99_MS else 'NOT met'}, "
-                     f"{'every' if all(x['every_pending_label_stored'] for x in runs) else 'NOT every'} pending "
-                     f"label stored; single-row /predict with sync durability at {ratio:.2f}x the write-behind "
-                     f"default's requests/s (rounds {sync[0]:.2f}-{sync[-1]:.2f}; no goal: the price of durable ids)")
+        lines.append(
+            f"{store}: feedback p99 when every label waits for its prediction (pending) {p99:.1f} ms "
+            f"(rounds {pending[0]:.1f}-{pending[-1]:.1f}; goal <= {GOAL_P99_MS:.0f} ms): "
+            f"{'met' if p99 <= GOAL_P99_MS else 'NOT met'}, "
+            f"{'every' if all(x['every_pending_label_stored'] for x in runs) else 'NOT every'} pending "
+            f"label stored; single-row /predict with sync durability at {ratio:.2f}x the write-behind "
+            f"default's requests/s (rounds {sync[0]:.2f}-{sync[-1]:.2f}; no goal: the price of durable ids)"
+        )
     return lines
 
 

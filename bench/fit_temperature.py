@@ -1,6 +1,6 @@
 """Benchmark: time of calibkit.temperature.fit_temperature (and the ECE grid search) on N samples.
 
-    python -m bench.fit_temperature [--n 100000] [--classes 10] [--repeats 5] [--smoke]
+python -m bench.fit_temperature [--n 100000] [--classes 10] [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -31,8 +31,17 @@ def main() -> None:
             start = time.perf_counter()
             t = fit_temperature(2.5 * z, y, objective=objective)
             times.append(time.perf_counter() - start)
-        rows.append({"objective": objective, "n": n, "classes": args.classes, "fitted_T": round(t, 4), "true_T": 2.5,
-                     "best_s": min(times), "median_s": float(np.median(times))})
+        rows.append(
+            {
+                "objective": objective,
+                "n": n,
+                "classes": args.classes,
+                "fitted_T": round(t, 4),
+                "true_T": 2.5,
+                "best_s": min(times),
+                "median_s": float(np.median(times)),
+            }
+        )
     print(table(rows, ["objective", "n", "classes", "fitted_T", "true_T", "best_s", "median_s"]))
     write_result("fit_temperature", {"results": rows}, smoke=args.smoke)
 

@@ -46,8 +46,9 @@ class BatchingFloor:
         runtimes = [create_runtime(path, settings, sessions) for _ in range(sessions)]
         self.row_shape = tuple(runtimes[0].session.get_inputs()[0].shape[1:])
         self.rows = self.calls = 0
-        self.batcher = DynamicBatcher([runtime.run for runtime in runtimes], settings.batching, "floor",
-                                      on_batch=self._count)
+        self.batcher = DynamicBatcher(
+            [runtime.run for runtime in runtimes], settings.batching, "floor", on_batch=self._count
+        )
 
     def _count(self, rows: int, _seconds: float) -> None:
         self.rows, self.calls = self.rows + rows, self.calls + 1
@@ -88,7 +89,7 @@ async def app(scope, receive, send) -> None:
         if split is None:
             x = numeric_rows(raw, "inputs")[1].astype(np.float32)
         else:
-            orjson.loads(raw[:int(split)])
+            orjson.loads(raw[: int(split)])
             x = np.frombuffer(raw, dtype=np.float32, offset=int(split))
         if not np.isfinite(x).all():
             raise ValueError("the benchmark's rows are finite")

@@ -66,7 +66,7 @@ def v2_binary_outputs(response: httpx.Response) -> dict[str, np.ndarray]:
         if size is None:
             out[output["name"]] = np.asarray(output["data"]).reshape(output["shape"])
             continue
-        raw = response.content[offset:offset + size]
+        raw = response.content[offset : offset + size]
         offset += size
         out[output["name"]] = np.frombuffer(raw, dtype=dtypes[output["datatype"]]).reshape(output["shape"])
     return out
@@ -80,9 +80,12 @@ def inputs(model: str, rows: int, seed: int = 7) -> np.ndarray:
 def served_probabilities(url: str, model: str, x: np.ndarray) -> np.ndarray:
     """The probabilities ``url`` serves for ``x`` through v2 binary tensors (float32, bit-exact)."""
     payload, header_length = v2_binary_request(x)
-    response = httpx.post(f"{url}/v2/models/{model}/infer", content=payload, timeout=60,
-                          headers={"Content-Type": "application/octet-stream",
-                                   "Inference-Header-Content-Length": str(header_length)})
+    response = httpx.post(
+        f"{url}/v2/models/{model}/infer",
+        content=payload,
+        timeout=60,
+        headers={"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header_length)},
+    )
     response.raise_for_status()
     return v2_binary_outputs(response)["probabilities"]
 
@@ -95,8 +98,12 @@ def device_report(device: str) -> dict:
     from service.serving.runtime import loaded_cuda_libraries, preload_cuda_libraries
 
     libraries = preload_cuda_libraries(device)
-    report = {"machine": machine(), "onnxruntime": ort.__version__,
-              "available_providers": ort.get_available_providers(), "cuda_libraries_after_preload": libraries}
+    report = {
+        "machine": machine(),
+        "onnxruntime": ort.__version__,
+        "available_providers": ort.get_available_providers(),
+        "cuda_libraries_after_preload": libraries,
+    }
     smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     if smi:
         name, driver, memory = (part.strip() for part in smi.splitlines()[0].split(","))
@@ -153,8 +160,12 @@ def single_row_latency(path: Path, device: str, seconds: float) -> dict:
         start = time.perf_counter()
         runtime.run(x)
         times.append(1000 * (time.perf_counter() - start))
-    return {"provider": runtime.provider, "calls": len(times), "p50_ms": float(np.percentile(times, 50)),
-            "p99_ms": float(np.percentile(times, 99))}
+    return {
+        "provider": runtime.provider,
+        "calls": len(times),
+        "p50_ms": float(np.percentile(times, 50)),
+        "p99_ms": float(np.percentile(times, 99)),
+    }
 
 
 def onnxruntime_profile(path: Path, device: str, batch: int, calls: int, work: Path) -> dict:
@@ -172,17 +183,22 @@ def onnxruntime_profile(path: Path, device: str, batch: int, calls: int, work: P
     trace = json.loads(Path(runtime.session.end_profiling()).read_text())
     runs = [e["dur"] for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"][warm:]
     nodes = [e for e in trace if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
-    nodes = nodes[len(nodes) * warm // (warm + calls):]
+    nodes = nodes[len(nodes) * warm // (warm + calls) :]
     by_op: dict[str, float] = {}
     for event in nodes:
         op = event.get("args", {}).get("op_name", "?")
         by_op[op] = by_op.get(op, 0.0) + event["dur"] / 1000 / max(1, len(runs))
     copies = sum(ms for op, ms in by_op.items() if op.startswith("Memcpy"))
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:5]
-    return {"provider": runtime.provider, "batch": batch, "runs": len(runs),
-            "model_run_ms": float(np.mean(runs)) / 1000 if runs else None,
-            "node_kernels_ms": sum(by_op.values()), "memcpy_ms": copies,
-            "top_ops": ", ".join(f"{op} {ms:.3f}" for op, ms in top)}
+    return {
+        "provider": runtime.provider,
+        "batch": batch,
+        "runs": len(runs),
+        "model_run_ms": float(np.mean(runs)) / 1000 if runs else None,
+        "node_kernels_ms": sum(by_op.values()),
+        "memcpy_ms": copies,
+        "top_ops": ", ".join(f"{op} {ms:.3f}" for op, ms in top),
+    }
 
 
 STAGES = ["parse", "validate", "batch", "encode", "total"]
@@ -205,17 +221,29 @@ def service_points(svc: Server, artifacts: Path, device: str, seconds: float, wo
             means = histogram_means(before, after, [*STAGES, f"queue:{model}", f"inference:{model}"])
             raw = raw_onnxruntime(path, SHAPES[model], seconds, (max(1, round(formed)),), device)[0]
             one = wrk(url, payload, 1, seconds, lua=lua)
-            rows.append({"model": model, "protocol": protocol, "clients": CLIENTS,
-                         "rows_per_s": loaded["requests_per_s"], "non_2xx": loaded["non_2xx"] + one["non_2xx"],
-                         "batch": formed, "raw_rows_per_s": raw["rows_per_s"],
-                         "vs_raw": loaded["requests_per_s"] / raw["rows_per_s"],
-                         "p50_1_client_ms": one["p50_ms"], "p99_1_client_ms": one["p99_ms"]}
-                        | {f"{k.split(':')[0]}_ms": None if v is None else 1000 * v for k, v in means.items()})
+            rows.append(
+                {
+                    "model": model,
+                    "protocol": protocol,
+                    "clients": CLIENTS,
+                    "rows_per_s": loaded["requests_per_s"],
+                    "non_2xx": loaded["non_2xx"] + one["non_2xx"],
+                    "batch": formed,
+                    "raw_rows_per_s": raw["rows_per_s"],
+                    "vs_raw": loaded["requests_per_s"] / raw["rows_per_s"],
+                    "p50_1_client_ms": one["p50_ms"],
+                    "p99_1_client_ms": one["p99_ms"],
+                }
+                | {f"{k.split(':')[0]}_ms": None if v is None else 1000 * v for k, v in means.items()}
+            )
     return rows
 
 
-VARIANTS = {"TF32 on": {"CALIB_CUDA_TF32": "true"}, "EXHAUSTIVE": {"CALIB_CUDA_CONV_ALGO_SEARCH": "EXHAUSTIVE"},
-            "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"}}
+VARIANTS = {
+    "TF32 on": {"CALIB_CUDA_TF32": "true"},
+    "EXHAUSTIVE": {"CALIB_CUDA_CONV_ALGO_SEARCH": "EXHAUSTIVE"},
+    "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"},
+}
 """CUDA settings measured beside the defaults (TF32 off, cuDNN's HEURISTIC algorithm choice, Python's 5 ms
 switch interval)."""
 
@@ -249,12 +277,19 @@ def baseline_points(artifacts: Path, device: str, seconds: float) -> dict[str, f
 def provider_evidence(svc: Server) -> dict:
     """What ``/health`` and ``/metrics`` say runs each model."""
     health = httpx.get(f"{svc.url}/health").json()
-    metrics = [line for line in httpx.get(f"{svc.url}/metrics").text.splitlines()
-               if line.startswith("calib_model_info{")]
-    return {"status": health["status"], "device": health["device"], "cuda_libraries": health.get("cuda_libraries"),
-            "models": {m["name"]: {k: m[k] for k in ("provider", "requested_providers", "io_binding", "sessions",
-                                                     "batch_buckets")}
-                       for m in health["models"]}, "metrics": metrics}
+    metrics = [
+        line for line in httpx.get(f"{svc.url}/metrics").text.splitlines() if line.startswith("calib_model_info{")
+    ]
+    return {
+        "status": health["status"],
+        "device": health["device"],
+        "cuda_libraries": health.get("cuda_libraries"),
+        "models": {
+            m["name"]: {k: m[k] for k in ("provider", "requested_providers", "io_binding", "sessions", "batch_buckets")}
+            for m in health["models"]
+        },
+        "metrics": metrics,
+    }
 
 
 def parity(urls: dict[str, str], reference: str) -> list[dict]:
@@ -267,9 +302,16 @@ def parity(urls: dict[str, str], reference: str) -> list[dict]:
         for name, url in urls.items():
             if name != reference:
                 got = served_probabilities(url, model, x)
-                rows.append({"model": model, "server": name, "against": reference, "rows": PARITY_ROWS,
-                             "max_abs_diff": float(np.abs(got - expected).max()),
-                             "argmax_agree": float(np.mean(got.argmax(1) == expected.argmax(1)))})
+                rows.append(
+                    {
+                        "model": model,
+                        "server": name,
+                        "against": reference,
+                        "rows": PARITY_ROWS,
+                        "max_abs_diff": float(np.abs(got - expected).max()),
+                        "argmax_agree": float(np.mean(got.argmax(1) == expected.argmax(1))),
+                    }
+                )
     return rows
 
 
@@ -278,22 +320,41 @@ def cuda_unavailable(artifacts: Path, work: Path) -> dict:
     ``CUDA_VISIBLE_DEVICES``): whether it starts, what it serves on, what it logs, and one prediction."""
     log = work / "cuda-hidden.log"
     try:
-        svc = service(artifacts, f"sqlite:///{work / 'hidden.db'}", False, "cuda", output=log,
-                      ready_path="/v2/health/live", CUDA_VISIBLE_DEVICES="", CALIB_LOG_LEVEL="info")
+        svc = service(
+            artifacts,
+            f"sqlite:///{work / 'hidden.db'}",
+            False,
+            "cuda",
+            output=log,
+            ready_path="/v2/health/live",
+            CUDA_VISIBLE_DEVICES="",
+            CALIB_LOG_LEVEL="info",
+        )
     except RuntimeError as exc:
         return {"started": False, "error": str(exc), "log": log.read_text(errors="replace")[-2000:]}
     try:
         evidence = provider_evidence(svc)
-        answer = httpx.post(f"{svc.url}/predict", content=body(HEAVY, SHAPES[HEAVY], 1), timeout=60,
-                            headers={"Content-Type": "application/json"})
+        answer = httpx.post(
+            f"{svc.url}/predict",
+            content=body(HEAVY, SHAPES[HEAVY], 1),
+            timeout=60,
+            headers={"Content-Type": "application/json"},
+        )
     finally:
         svc.stop()
-    lines = [line for line in log.read_text(errors="replace").splitlines()
-             if re.search(r"CUDA|cuda|EP Error|Falling back", line)]
-    return {"started": True, "health": evidence, "predict_status": answer.status_code,
-            "predict_error": answer.text[:300] if answer.status_code != 200 else None,
-            "predict_provider": answer.json().get("provider") if answer.status_code == 200 else None,
-            "log": lines[:12]}
+    lines = [
+        line
+        for line in log.read_text(errors="replace").splitlines()
+        if re.search(r"CUDA|cuda|EP Error|Falling back", line)
+    ]
+    return {
+        "started": True,
+        "health": evidence,
+        "predict_status": answer.status_code,
+        "predict_error": answer.text[:300] if answer.status_code != 200 else None,
+        "predict_provider": answer.json().get("provider") if answer.status_code == 200 else None,
+        "log": lines[:12],
+    }
 
 
 def goals(points: list[dict], baseline: dict, single: dict, parity_rows: list[dict], provider: str) -> list[dict]:
@@ -302,18 +363,38 @@ def goals(points: list[dict], baseline: dict, single: dict, parity_rows: list[di
     out = []
     for protocol in PROTOCOLS:
         point = heavy[protocol]
-        out.append({"goal": f"heavy on {provider}, {protocol}: rows/s at {CLIENTS} clients / no-batching baseline",
-                    "measured": point["rows_per_s"] / baseline[HEAVY], "target": ">= 3"})
-        out.append({"goal": f"heavy on {provider}, {protocol}: rows/s at {CLIENTS} clients / onnxruntime alone at "
-                            f"the formed batch ({point['batch']:.1f} rows)", "measured": point["vs_raw"],
-                    "target": ">= 0.8"})
+        out.append(
+            {
+                "goal": f"heavy on {provider}, {protocol}: rows/s at {CLIENTS} clients / no-batching baseline",
+                "measured": point["rows_per_s"] / baseline[HEAVY],
+                "target": ">= 3",
+            }
+        )
+        out.append(
+            {
+                "goal": f"heavy on {provider}, {protocol}: rows/s at {CLIENTS} clients / onnxruntime alone at "
+                f"the formed batch ({point['batch']:.1f} rows)",
+                "measured": point["vs_raw"],
+                "target": ">= 0.8",
+            }
+        )
     for point in points:
-        out.append({"goal": f"{point['model']}, {point['protocol']}: p50 at 1 client minus raw single-row p50 (ms)",
-                    "measured": point["p50_1_client_ms"] - single[point["model"]]["p50_ms"], "target": "<= 1"})
+        out.append(
+            {
+                "goal": f"{point['model']}, {point['protocol']}: p50 at 1 client minus raw single-row p50 (ms)",
+                "measured": point["p50_1_client_ms"] - single[point["model"]]["p50_ms"],
+                "target": "<= 1",
+            }
+        )
     default = [r for r in parity_rows if r["server"] == "service"]
     if default:
-        out.append({"goal": f"probabilities on {provider} (TF32 off) vs the CPU path: largest absolute difference",
-                    "measured": max(r["max_abs_diff"] for r in default), "target": "<= 1e-05"})
+        out.append(
+            {
+                "goal": f"probabilities on {provider} (TF32 off) vs the CPU path: largest absolute difference",
+                "measured": max(r["max_abs_diff"] for r in default),
+                "target": "<= 1e-05",
+            }
+        )
     for row in out:
         op, bound = row["target"].split()
         row["met"] = row["measured"] >= float(bound) if op == ">=" else row["measured"] <= float(bound)
@@ -328,8 +409,10 @@ def run(out: Path, device: str, artifacts: Path | None, seconds: float) -> dict:
         if artifacts is None:
             artifacts = both_artifacts(work)
         result: dict = {"device_asked": device, "seconds_per_point": seconds, "device": device_report(device)}
-        result["single_row"] = {model: single_row_latency(artifacts / model / "1" / "model.onnx", device, seconds / 2)
-                                for model in (HEAVY, LIGHT)}
+        result["single_row"] = {
+            model: single_row_latency(artifacts / model / "1" / "model.onnx", device, seconds / 2)
+            for model in (HEAVY, LIGHT)
+        }
         ready = time.monotonic()
         svc = service(artifacts, f"sqlite:///{work / 'main.db'}", True, device, output=work / "service.log")
         result["ready_seconds"] = time.monotonic() - ready
@@ -339,14 +422,17 @@ def run(out: Path, device: str, artifacts: Path | None, seconds: float) -> dict:
             on_cuda = result["evidence"]["models"][HEAVY]["provider"] == CUDA
             others = {"cpu": service(artifacts, f"sqlite:///{work / 'cpu.db'}", False, "cpu")}
             ready_seconds = {}
-            for name, env in (VARIANTS.items() if on_cuda else ()):
+            for name, env in VARIANTS.items() if on_cuda else ():
                 ready = time.monotonic()
                 others[name] = service(artifacts, f"sqlite:///{work / f'{len(others)}.db'}", False, device, **env)
                 ready_seconds[name] = time.monotonic() - ready
             try:
                 result["parity"] = parity({"service": svc.url} | {k: v.url for k, v in others.items()}, "cpu")
-                result["variants"] = [variant_load(name, others[name], seconds, work)
-                                      | {"ready_seconds": ready_seconds[name]} for name in others if name in VARIANTS]
+                result["variants"] = [
+                    variant_load(name, others[name], seconds, work) | {"ready_seconds": ready_seconds[name]}
+                    for name in others
+                    if name in VARIANTS
+                ]
             finally:
                 for other in others.values():
                     other.stop()
@@ -354,12 +440,14 @@ def run(out: Path, device: str, artifacts: Path | None, seconds: float) -> dict:
             svc.stop()
         result["baseline_rows_per_s"] = baseline_points(artifacts, device, seconds)
         heavy = next(p for p in result["points"] if p["model"] == HEAVY and p["protocol"] == "binary")
-        result["profile"] = onnxruntime_profile(artifacts / HEAVY / "1" / "model.onnx", device,
-                                                max(1, round(heavy["batch"])), 50, work)
+        result["profile"] = onnxruntime_profile(
+            artifacts / HEAVY / "1" / "model.onnx", device, max(1, round(heavy["batch"])), 50, work
+        )
         result["cuda_unavailable"] = cuda_unavailable(artifacts, work)
         provider = result["evidence"]["models"][HEAVY]["provider"]
-        result["goals"] = goals(result["points"], result["baseline_rows_per_s"], result["single_row"],
-                                result["parity"], provider)
+        result["goals"] = goals(
+            result["points"], result["baseline_rows_per_s"], result["single_row"], result["parity"], provider
+        )
         result["minutes"] = (time.monotonic() - started) / 60
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -369,10 +457,15 @@ def run(out: Path, device: str, artifacts: Path | None, seconds: float) -> dict:
     return result
 
 
-SWEEP = {"defaults": {}, "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"},
-         "EXHAUSTIVE": {"CALIB_CUDA_CONV_ALGO_SEARCH": "EXHAUSTIVE"},
-         "io binding off": {"CALIB_IO_BINDING": "off"}, "one session": {"CALIB_BATCHING__INSTANCES": "1"},
-         "no padding": {"CALIB_PAD_BATCHES": "off"}, "one intra-op thread": {"CALIB_INTRA_OP_THREADS": "1"}}
+SWEEP = {
+    "defaults": {},
+    "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"},
+    "EXHAUSTIVE": {"CALIB_CUDA_CONV_ALGO_SEARCH": "EXHAUSTIVE"},
+    "io binding off": {"CALIB_IO_BINDING": "off"},
+    "one session": {"CALIB_BATCHING__INSTANCES": "1"},
+    "no padding": {"CALIB_PAD_BATCHES": "off"},
+    "one intra-op thread": {"CALIB_INTRA_OP_THREADS": "1"},
+}
 """Service settings compared by ``--sweep`` on the heavy model alone."""
 
 
@@ -391,17 +484,22 @@ def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float) -> d
         route, payload, lua = single_row_requests(binary_load(work, HEAVY), HEAVY)["binary"]
         for name, env in SWEEP.items():
             ready = time.monotonic()
-            svc = service(heavy_only, f"sqlite:///{work / f'{len(rows)}.db'}", False, device,
-                          CALIB_DEFAULT_MODEL=HEAVY, **env)
+            svc = service(
+                heavy_only, f"sqlite:///{work / f'{len(rows)}.db'}", False, device, CALIB_DEFAULT_MODEL=HEAVY, **env
+            )
             try:
                 row = {"setting": name, "ready_seconds": time.monotonic() - ready}
                 wrk(svc.url + route, payload, CLIENTS, 1.0, lua=lua)
                 before = histogram_totals(svc.url)
                 row["rows_per_s"] = wrk(svc.url + route, payload, CLIENTS, seconds, lua=lua)["requests_per_s"]
-                means = histogram_means(before, histogram_totals(svc.url),
-                                        [f"batch:{HEAVY}", f"queue:{HEAVY}", f"inference:{HEAVY}"])
-                row |= {"batch": means[f"batch:{HEAVY}"], "queue_ms": 1000 * (means[f"queue:{HEAVY}"] or 0),
-                        "inference_ms": 1000 * (means[f"inference:{HEAVY}"] or 0)}
+                means = histogram_means(
+                    before, histogram_totals(svc.url), [f"batch:{HEAVY}", f"queue:{HEAVY}", f"inference:{HEAVY}"]
+                )
+                row |= {
+                    "batch": means[f"batch:{HEAVY}"],
+                    "queue_ms": 1000 * (means[f"queue:{HEAVY}"] or 0),
+                    "inference_ms": 1000 * (means[f"inference:{HEAVY}"] or 0),
+                }
                 rows.append(row)
                 print(row, flush=True)
             finally:
@@ -437,46 +535,75 @@ def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float) -> d
     return result
 
 
-POINT_COLUMNS = ["model", "protocol", "rows_per_s", "batch", "raw_rows_per_s", "vs_raw", "p50_1_client_ms",
-                 "p99_1_client_ms", "queue_ms", "inference_ms", "parse_ms", "encode_ms", "total_ms", "non_2xx"]
+POINT_COLUMNS = [
+    "model",
+    "protocol",
+    "rows_per_s",
+    "batch",
+    "raw_rows_per_s",
+    "vs_raw",
+    "p50_1_client_ms",
+    "p99_1_client_ms",
+    "queue_ms",
+    "inference_ms",
+    "parse_ms",
+    "encode_ms",
+    "total_ms",
+    "non_2xx",
+]
 
 
 def report(result: dict) -> str:
     """The run as markdown: the device, the points, parity, the profile, CUDA unavailable, the goals."""
     d = result["device"]
-    device = ", ".join(f"{k} {d.get(k)}" for k in ("gpu", "driver", "driver_cuda", "cuda_runtime", "cudnn",
-                                                   "onnxruntime") if d.get(k) is not None)
+    device = ", ".join(
+        f"{k} {d.get(k)}"
+        for k in ("gpu", "driver", "driver_cuda", "cuda_runtime", "cudnn", "onnxruntime")
+        if d.get(k) is not None
+    )
     cpu = d["machine"]
     single = [{"model": m} | v for m, v in result["single_row"].items()]
     providers = {m: v["provider"] for m, v in result["evidence"]["models"].items()}
     hidden = result["cuda_unavailable"]
-    hidden_text = (f"started: {hidden['started']}; " + (
+    hidden_text = f"started: {hidden['started']}; " + (
         f"providers {json.dumps({m: v['provider'] for m, v in hidden['health']['models'].items()})}, "
         f"/predict {hidden['predict_status']} on {hidden['predict_provider']}; log: "
-        + " / ".join(_log_gist(hidden["log"])) if hidden["started"] else hidden["error"]))
-    lines = [f"## GPU run ({result['device_asked']}): {device or 'no GPU'}",
-             f"CPU {cpu['cpu']} ({cpu['cores']} cores), commit {cpu['commit']}, {result['minutes']:.1f} minutes, "
-             f"{result['seconds_per_point']} s per point; the service ready {result['ready_seconds']:.1f} s after "
-             "its start",
-             f"\nproviders (/health): {json.dumps(providers)}; "
-             f"CUDA libraries: {len(result['evidence']['cuda_libraries'] or [])} loaded",
-             "\n### The service at 64 single-row clients and at 1 (stage means in ms)\n" + table(result["points"],
-                                                                                              POINT_COLUMNS),
-             "\nno-batching baseline rows/s at 64 clients: " + ", ".join(
-                 f"{m} {v:.0f}" for m, v in result["baseline_rows_per_s"].items()),
-             "\n### Raw single-row inference\n" + table(single, ["model", "provider", "calls", "p50_ms", "p99_ms"]),
-             "\n### Probabilities against the CPU path\n" + table(result["parity"], ["model", "server", "against",
-                                                                                     "rows", "max_abs_diff",
-                                                                                     "argmax_agree"])]
+        + " / ".join(_log_gist(hidden["log"]))
+        if hidden["started"]
+        else hidden["error"]
+    )
+    lines = [
+        f"## GPU run ({result['device_asked']}): {device or 'no GPU'}",
+        f"CPU {cpu['cpu']} ({cpu['cores']} cores), commit {cpu['commit']}, {result['minutes']:.1f} minutes, "
+        f"{result['seconds_per_point']} s per point; the service ready {result['ready_seconds']:.1f} s after "
+        "its start",
+        f"\nproviders (/health): {json.dumps(providers)}; "
+        f"CUDA libraries: {len(result['evidence']['cuda_libraries'] or [])} loaded",
+        "\n### The service at 64 single-row clients and at 1 (stage means in ms)\n"
+        + table(result["points"], POINT_COLUMNS),
+        "\nno-batching baseline rows/s at 64 clients: "
+        + ", ".join(f"{m} {v:.0f}" for m, v in result["baseline_rows_per_s"].items()),
+        "\n### Raw single-row inference\n" + table(single, ["model", "provider", "calls", "p50_ms", "p99_ms"]),
+        "\n### Probabilities against the CPU path\n"
+        + table(result["parity"], ["model", "server", "against", "rows", "max_abs_diff", "argmax_agree"]),
+    ]
     if result["variants"]:
-        lines.append("\n### Other CUDA settings, heavy model at 64 clients\n" + table(
-            result["variants"], ["variant", "json_rows_per_s", "binary_rows_per_s", "json_p50_1_client_ms",
-                                  "ready_seconds"]))
-    lines += ["\n### onnxruntime profile, heavy model at the formed batch (ms per run)\n"
-              + table([result["profile"]], ["provider", "batch", "runs", "model_run_ms", "node_kernels_ms",
-                                            "memcpy_ms", "top_ops"]),
-              f"\n### CUDA asked for where it cannot run (GPUs hidden)\n{hidden_text}",
-              "\n### Goals\n" + table(result["goals"], ["goal", "measured", "target", "met"])]
+        lines.append(
+            "\n### Other CUDA settings, heavy model at 64 clients\n"
+            + table(
+                result["variants"],
+                ["variant", "json_rows_per_s", "binary_rows_per_s", "json_p50_1_client_ms", "ready_seconds"],
+            )
+        )
+    lines += [
+        "\n### onnxruntime profile, heavy model at the formed batch (ms per run)\n"
+        + table(
+            [result["profile"]],
+            ["provider", "batch", "runs", "model_run_ms", "node_kernels_ms", "memcpy_ms", "top_ops"],
+        ),
+        f"\n### CUDA asked for where it cannot run (GPUs hidden)\n{hidden_text}",
+        "\n### Goals\n" + table(result["goals"], ["goal", "measured", "target", "met"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -487,22 +614,38 @@ because GPU machines are rare; ``recorded_section`` renders them into docs/bench
 
 def recorded_section(folder: Path = RECORDED) -> str:
     """docs/benchmarks.md's GPU section: every recorded run (``report``) and settings sweep, oldest first."""
-    out = ["## GPU runs (`python -m bench.gpu`)", "",
-           "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`; "
-           "docs/decisions/0001-gpu-run.md says what was learnt). Each run's settings are named above its tables."]
+    out = [
+        "## GPU runs (`python -m bench.gpu`)",
+        "",
+        "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`; "
+        "docs/decisions/0001-gpu-run.md says what was learnt). Each run's settings are named above its tables.",
+    ]
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
         note = f"\n*{path.name}: {data['recorded']['note']}.*\n"
         if "settings" in data:
-            out += [f"\n## GPU settings sweep ({path.stem})", note,
-                    table(data["settings"], ["setting", "ready_seconds", "rows_per_s", "batch", "queue_ms",
-                                             "inference_ms"]), "",
-                    "onnxruntime alone at batch 32, beside a pure-Python thread:", "",
-                    table(data["gil"], ["python_thread_busy", "switch_interval_ms", "batch", "sessions", "rows_per_s",
-                                        "ms_per_call"])]
+            out += [
+                f"\n## GPU settings sweep ({path.stem})",
+                note,
+                table(
+                    data["settings"], ["setting", "ready_seconds", "rows_per_s", "batch", "queue_ms", "inference_ms"]
+                ),
+                "",
+                "onnxruntime alone at batch 32, beside a pure-Python thread:",
+                "",
+                table(
+                    data["gil"],
+                    ["python_thread_busy", "switch_interval_ms", "batch", "sessions", "rows_per_s", "ms_per_call"],
+                ),
+            ]
         else:
-            out += ["\n" + report(data).replace("## GPU run", f"## GPU run {path.stem},", 1).replace(
-                "\n", "\n" + note, 1).replace("\n### ", "\n#### ")]
+            out += [
+                "\n"
+                + report(data)
+                .replace("## GPU run", f"## GPU run {path.stem},", 1)
+                .replace("\n", "\n" + note, 1)
+                .replace("\n### ", "\n#### ")
+            ]
     return "\n".join(out) + "\n"
 
 
@@ -523,12 +666,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="directory for gpu.json and gpu.md")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cuda")
-    parser.add_argument("--artifacts", type=Path, help="the two-model repository of --prepare (default: built here, "
-                                                       "which needs torch)")
+    parser.add_argument(
+        "--artifacts", type=Path, help="the two-model repository of --prepare (default: built here, which needs torch)"
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per load point")
     parser.add_argument("--smoke", action="store_true", help="one second per point")
-    parser.add_argument("--sweep", action="store_true", help="only the heavy model under each of SWEEP's settings, "
-                        "and onnxruntime alone beside a busy Python thread")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="only the heavy model under each of SWEEP's settings, and onnxruntime alone beside a busy Python thread",
+    )
     parser.add_argument("--prepare", type=Path, metavar="DIR", help="only write the two-model repository to DIR")
     args = parser.parse_args()
     if args.prepare:

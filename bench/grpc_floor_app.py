@@ -41,13 +41,21 @@ async def serve(port: int, model: Path) -> None:
         return json.dumps({"rows": floor.rows, "calls": floor.calls}).encode()
 
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers([
-        grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
-            "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                infer, request_deserializer=pb.ModelInferRequest.FromString,
-                response_serializer=pb.ModelInferResponse.SerializeToString)}),
-        grpc.method_handlers_generic_handler("floor.Floor", {"Stats": grpc.unary_unary_rpc_method_handler(stats)}),
-    ])
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "inference.GRPCInferenceService",
+                {
+                    "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                        infer,
+                        request_deserializer=pb.ModelInferRequest.FromString,
+                        response_serializer=pb.ModelInferResponse.SerializeToString,
+                    )
+                },
+            ),
+            grpc.method_handlers_generic_handler("floor.Floor", {"Stats": grpc.unary_unary_rpc_method_handler(stats)}),
+        ]
+    )
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     try:

@@ -43,16 +43,39 @@ def load(target: str, model: str, shape: tuple[int, ...], clients: int, seconds:
     with tempfile.TemporaryDirectory() as tmp:
         body, log = Path(tmp) / "request.grpc", Path(tmp) / "latency.log"
         body.write_bytes(grpc_frame(request_bytes(model, shape)))
-        out = subprocess.run(["h2load", "-c", "1", "-m", str(clients), "-D", str(max(1, round(seconds))),
-                              "--log-file", str(log), "-d", str(body), "-H", "content-type: application/grpc",
-                              "-H", "te: trailers", f"http://{target}{METHOD}"],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [
+                "h2load",
+                "-c",
+                "1",
+                "-m",
+                str(clients),
+                "-D",
+                str(max(1, round(seconds))),
+                "--log-file",
+                str(log),
+                "-d",
+                str(body),
+                "-H",
+                "content-type: application/grpc",
+                "-H",
+                "te: trailers",
+                f"http://{target}{METHOD}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         micros = np.array([int(line.split()[2]) for line in log.read_text().splitlines() if line.strip()])
     done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
     ms = micros / 1000 if len(micros) else np.array([np.nan])
-    return {"requests": int(done.group(1)), "requests_per_s": float(re.search(r"([\d.]+) req/s", out).group(1)),
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "failed": int(done.group(2)) + int(done.group(3))}
+    return {
+        "requests": int(done.group(1)),
+        "requests_per_s": float(re.search(r"([\d.]+) req/s", out).group(1)),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "failed": int(done.group(2)) + int(done.group(3)),
+    }
 
 
 def main() -> None:

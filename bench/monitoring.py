@@ -51,8 +51,17 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         probs, logits = encode_rows(p), encode_rows(z)
         now = time.time()
         ids = prediction_ids(n)
-        columns = zip(ids, pred.tolist(), conf.tolist(), y.tolist(), binning.bin_index(conf, edges).tolist(),
-                      nll.tolist(), brier.tolist(), probs, logits)
+        columns = zip(
+            ids,
+            pred.tolist(),
+            conf.tolist(),
+            y.tolist(),
+            binning.bin_index(conf, edges).tolist(),
+            nll.tolist(),
+            brier.tolist(),
+            probs,
+            logits,
+        )
         predictions, labels = [], []
         for id_, k, c, t, b, nl, br, pb, lb in columns:
             predictions.append(PredictionRow(id_, MODEL, "1", 0, now, k, c, c, pb, lb))
@@ -97,8 +106,15 @@ def calibration_latency(base: str, windows: list[int], repeats: int) -> list[dic
                     start = time.perf_counter()
                     client.get("/calibration", params={"window": str(window)}).raise_for_status()
                     times.append(1000 * (time.perf_counter() - start))
-                rows.append({"window": window, "labels_arriving": arriving, "p50_ms": float(np.percentile(times, 50)),
-                             "p99_ms": float(np.percentile(times, 99)), "requests": repeats})
+                rows.append(
+                    {
+                        "window": window,
+                        "labels_arriving": arriving,
+                        "p50_ms": float(np.percentile(times, 50)),
+                        "p99_ms": float(np.percentile(times, 99)),
+                        "requests": repeats,
+                    }
+                )
     return rows
 
 

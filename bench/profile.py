@@ -32,20 +32,23 @@ from bench.serving import HEAVY, binary_load, floor_server, heavy_artifact, serv
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"
-STAGES = [(stage, re.compile(pattern)) for stage, pattern in [
-    ("onnxruntime inference", r"onnxruntime|service/serving/runtime\.py"),
-    ("scoring: calibrated probabilities, ids", r"service/serving/scoring\.py"),
-    ("prediction log writes", r"service/serving/prediction_log\.py|sqlalchemy|service/store/"),
-    ("request validation (pydantic)", r"pydantic|^validate \(.*service/serving/codec\.py"),
-    ("request JSON parse", r"^decode \(.*service/serving/codec\.py|/json/|service/serving/numeric_json\.py"),
-    ("v2 request: header, tensors, checks", r"service/serving/v2\.py|^v2_infer \(.*service/serving/dataplane\.py"),
-    ("rows to a float32 batch", r"service/serving/preprocessing\.py"),
-    ("response body and encoding", r"^respond \(.*service/serving/(dataplane|codec)\.py"),
-    ("dynamic batcher", r"service/serving/batching\.py"),
-    ("metrics and middleware", r"prometheus_client|service/middleware\.py|service/metrics\.py"),
-    ("HTTP server (uvicorn, starlette)", r"uvicorn|starlette|h11|httptools|fastapi"),
-    ("event loop and threads", r"asyncio|threading|concurrent|anyio|selectors"),
-]]
+STAGES = [
+    (stage, re.compile(pattern))
+    for stage, pattern in [
+        ("onnxruntime inference", r"onnxruntime|service/serving/runtime\.py"),
+        ("scoring: calibrated probabilities, ids", r"service/serving/scoring\.py"),
+        ("prediction log writes", r"service/serving/prediction_log\.py|sqlalchemy|service/store/"),
+        ("request validation (pydantic)", r"pydantic|^validate \(.*service/serving/codec\.py"),
+        ("request JSON parse", r"^decode \(.*service/serving/codec\.py|/json/|service/serving/numeric_json\.py"),
+        ("v2 request: header, tensors, checks", r"service/serving/v2\.py|^v2_infer \(.*service/serving/dataplane\.py"),
+        ("rows to a float32 batch", r"service/serving/preprocessing\.py"),
+        ("response body and encoding", r"^respond \(.*service/serving/(dataplane|codec)\.py"),
+        ("dynamic batcher", r"service/serving/batching\.py"),
+        ("metrics and middleware", r"prometheus_client|service/middleware\.py|service/metrics\.py"),
+        ("HTTP server (uvicorn, starlette)", r"uvicorn|starlette|h11|httptools|fastapi"),
+        ("event loop and threads", r"asyncio|threading|concurrent|anyio|selectors"),
+    ]
+]
 OTHER = "other"
 
 
@@ -87,7 +90,7 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
             stat = (task / "stat").read_text()
         except FileNotFoundError:  # the thread ended
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
@@ -116,9 +119,12 @@ def cores_by_thread(pid: int, url: str, payload: str | None, clients: int, secon
     cores["wrk"], cores["idle"] = client / elapsed, idle / elapsed
     cores["other processes"] = max(0.0, (os.cpu_count() or 1) - sum(cores.values()))
     rate = load["requests"] / elapsed
-    return {"requests_per_s": rate,
-            "threads": [{"where": where, "cores": n, "ms_per_request": 1000 * n / max(rate, 1e-9)}
-                        for where, n in cores.items()]}
+    return {
+        "requests_per_s": rate,
+        "threads": [
+            {"where": where, "cores": n, "ms_per_request": 1000 * n / max(rate, 1e-9)} for where, n in cores.items()
+        ],
+    }
 
 
 def profile(seconds: float, clients: int, protocol: str) -> dict:
@@ -134,10 +140,26 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
         wrk(floor.url + path, payload, clients, 2.0, lua=lua)
         unprofiled = cores_by_thread(svc.process.pid, url, payload, clients, seconds, lua)
         batching_floor = cores_by_thread(floor.process.pid, floor.url + path, payload, clients, seconds, lua)
-        spy = subprocess.Popen([PY_SPY, "record",
-                                "--pid", str(svc.process.pid), "--format", "raw", "--rate", "200", "--nonblocking",
-                                "--duration", str(round(seconds) + 1), "--output", str(work / "raw.txt")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        spy = subprocess.Popen(
+            [
+                PY_SPY,
+                "record",
+                "--pid",
+                str(svc.process.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--nonblocking",
+                "--duration",
+                str(round(seconds) + 1),
+                "--output",
+                str(work / "raw.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         cpu = process_cpu_seconds(svc.process.pid)
         client_cpu = children_cpu_seconds()
         load = wrk(url, payload, clients, seconds, lua=lua)
@@ -153,13 +175,25 @@ def profile(seconds: float, clients: int, protocol: str) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     total = sum(counts.values())
     per_request_ms = 1000 * cpu / max(load["requests"], 1)
-    stages = [{"stage": stage, "share": n / total, "cpu_ms_per_request": per_request_ms * n / total}
-              for stage, n in counts.most_common()]
-    return {"protocol": protocol, "model": HEAVY, "clients": clients, "seconds": seconds,
-            "requests_per_s": load["requests_per_s"],
-            "server_cpu_ms_per_request": per_request_ms, "server_cores_busy": cpu / seconds,
-            "client_cores_busy": client_cpu / seconds, "samples": total, "stages": stages, "unprofiled": unprofiled,
-            "batching_floor": batching_floor, "compared": compared_threads(unprofiled, batching_floor)}
+    stages = [
+        {"stage": stage, "share": n / total, "cpu_ms_per_request": per_request_ms * n / total}
+        for stage, n in counts.most_common()
+    ]
+    return {
+        "protocol": protocol,
+        "model": HEAVY,
+        "clients": clients,
+        "seconds": seconds,
+        "requests_per_s": load["requests_per_s"],
+        "server_cpu_ms_per_request": per_request_ms,
+        "server_cores_busy": cpu / seconds,
+        "client_cores_busy": client_cpu / seconds,
+        "samples": total,
+        "stages": stages,
+        "unprofiled": unprofiled,
+        "batching_floor": batching_floor,
+        "compared": compared_threads(unprofiled, batching_floor),
+    }
 
 
 INFERENCE_THREADS = "inference threads"
@@ -168,6 +202,7 @@ INFERENCE_THREADS = "inference threads"
 def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
     """The service's and the batching floor's ``cores_by_thread`` side by side, inference threads summed: cores
     and milliseconds per request of each, and what the service adds per request."""
+
     def by_where(split: dict, key: str) -> Counter:
         summed: Counter = Counter()
         for row in split["threads"]:
@@ -177,16 +212,29 @@ def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
     splits = {"service": service_split, "floor": floor_split}
     cores = {side: by_where(split, "cores") for side, split in splits.items()}
     ms = {side: by_where(split, "ms_per_request") for side, split in splits.items()}
-    return [{"where": where, "service_cores": cores["service"][where], "floor_cores": cores["floor"][where],
-             "service_ms_per_request": ms["service"][where], "floor_ms_per_request": ms["floor"][where],
-             "added_ms_per_request": ms["service"][where] - ms["floor"][where]}
-            for where in dict.fromkeys([*cores["service"], *cores["floor"]])]
+    return [
+        {
+            "where": where,
+            "service_cores": cores["service"][where],
+            "floor_cores": cores["floor"][where],
+            "service_ms_per_request": ms["service"][where],
+            "floor_ms_per_request": ms["floor"][where],
+            "added_ms_per_request": ms["service"][where] - ms["floor"][where],
+        }
+        for where in dict.fromkeys([*cores["service"], *cores["floor"]])
+    ]
 
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]
 THREAD_COLUMNS = ["where", "cores", "ms_per_request"]
-COMPARED_COLUMNS = ["where", "service_cores", "floor_cores", "service_ms_per_request", "floor_ms_per_request",
-                    "added_ms_per_request"]
+COMPARED_COLUMNS = [
+    "where",
+    "service_cores",
+    "floor_cores",
+    "service_ms_per_request",
+    "floor_ms_per_request",
+    "added_ms_per_request",
+]
 
 
 def main() -> None:
@@ -195,19 +243,27 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    runs = [profile(2.0 if args.smoke else args.seconds, 4 if args.smoke else args.clients, protocol)
-            for protocol in PROTOCOLS]
+    runs = [
+        profile(2.0 if args.smoke else args.seconds, 4 if args.smoke else args.clients, protocol)
+        for protocol in PROTOCOLS
+    ]
     for result in runs:
-        print(f"{result['model']}, {PROTOCOLS[result['protocol']]} at {result['clients']} clients: "
-              f"{result['requests_per_s']:.0f} requests/s, server {result['server_cpu_ms_per_request']:.2f} CPU ms per "
-              f"request, {result['server_cores_busy']:.2f} cores busy in the server and "
-              f"{result['client_cores_busy']:.2f} in wrk")
+        print(
+            f"{result['model']}, {PROTOCOLS[result['protocol']]} at {result['clients']} clients: "
+            f"{result['requests_per_s']:.0f} requests/s, server {result['server_cpu_ms_per_request']:.2f} CPU ms per "
+            f"request, {result['server_cores_busy']:.2f} cores busy in the server and "
+            f"{result['client_cores_busy']:.2f} in wrk"
+        )
         print(table(result["stages"], COLUMNS))
-        print(f"without the profiler: {result['unprofiled']['requests_per_s']:.0f} requests/s, the machine's cores by "
-              f"thread")
+        print(
+            f"without the profiler: {result['unprofiled']['requests_per_s']:.0f} requests/s, the machine's cores by "
+            f"thread"
+        )
         print(table(result["unprofiled"]["threads"], THREAD_COLUMNS))
-        print(f"the batching floor under the same load: {result['batching_floor']['requests_per_s']:.0f} requests/s; "
-              f"the cores against the service's")
+        print(
+            f"the batching floor under the same load: {result['batching_floor']['requests_per_s']:.0f} requests/s; "
+            f"the cores against the service's"
+        )
         print(table(result["compared"], COMPARED_COLUMNS))
     write_result("profile", {"runs": runs}, smoke=args.smoke)
 

@@ -88,9 +88,19 @@ def heavy_artifact(root: Path) -> None:
     logits = predict_logits(model, splits.val.x)
     calibrator = TemperatureScaling().fit(logits, splits.val.y)
     evaluation = {"validation": before_after(logits, splits.val.y, calibrator, 20, 15)}
-    write_artifact(model=model, calibrator=calibrator, class_names=names, input_shape=(3, 32, 32),
-                   val_x=splits.val.x, val_y=splits.val.y, evaluation=evaluation, training_info=None,
-                   root=root, name=HEAVY, version="1")
+    write_artifact(
+        model=model,
+        calibrator=calibrator,
+        class_names=names,
+        input_shape=(3, 32, 32),
+        val_x=splits.val.x,
+        val_y=splits.val.y,
+        evaluation=evaluation,
+        training_info=None,
+        root=root,
+        name=HEAVY,
+        version="1",
+    )
 
 
 def raw_onnxruntime(path: Path, shape: tuple, seconds: float, batches=BATCH_SIZES, device: str = "auto") -> list[dict]:
@@ -119,8 +129,15 @@ def raw_onnxruntime(path: Path, shape: tuple, seconds: float, batches=BATCH_SIZE
         with ThreadPoolExecutor(len(runtimes)) as pool:
             n = sum(pool.map(calls, runtimes))
         elapsed = time.perf_counter() - start
-        rows.append({"batch": batch, "sessions": sessions, "provider": runtimes[0].provider,
-                     "rows_per_s": n * batch / elapsed, "ms_per_call": 1000 * elapsed * sessions / n})
+        rows.append(
+            {
+                "batch": batch,
+                "sessions": sessions,
+                "provider": runtimes[0].provider,
+                "rows_per_s": n * batch / elapsed,
+                "ms_per_call": 1000 * elapsed * sessions / n,
+            }
+        )
     return rows
 
 
@@ -138,33 +155,58 @@ def run_load(url: str, payload: str, connections: int, seconds: float, rows: int
     return result | {"rows_per_s": result["requests_per_s"] * rows}
 
 
-def service(artifacts: Path, database_url: str, log: bool, device: str, output: Path | None = None,
-            ready_path: str = "/v2/health/ready", **env) -> Server:
+def service(
+    artifacts: Path,
+    database_url: str,
+    log: bool,
+    device: str,
+    output: Path | None = None,
+    ready_path: str = "/v2/health/ready",
+    **env,
+) -> Server:
     """A service process on ``device`` (its log to ``output``), waited for until ``ready_path`` answers 200; on a
     GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
-    env = {"CALIB_ARTIFACTS": str(artifacts), "CALIB_DATABASE_URL": database_url, "CALIB_LOG_LEVEL": "warning",
-           "CALIB_GRPC_PORT": "0",
-           "CALIB_PREDICTION_LOG": "true" if log else "false", "CALIB_DEFAULT_MODEL": LIGHT,
-           "CALIB_DEVICE": device} | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda"
-                                      else {}) | env
+    env = (
+        {
+            "CALIB_ARTIFACTS": str(artifacts),
+            "CALIB_DATABASE_URL": database_url,
+            "CALIB_LOG_LEVEL": "warning",
+            "CALIB_GRPC_PORT": "0",
+            "CALIB_PREDICTION_LOG": "true" if log else "false",
+            "CALIB_DEFAULT_MODEL": LIGHT,
+            "CALIB_DEVICE": device,
+        }
+        | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda" else {})
+        | env
+    )
     return Server([PYTHON, "-m", "service"], ready_path, env, output=output)
 
 
 def baseline_server(model_path: Path, device: str) -> Server:
     """The no-batching baseline (bench/baseline_app.py) serving ``model_path`` on ``device``."""
-    return Server([PYTHON, "-m", "bench.baseline_app", "--model", str(model_path),
-                   "--device", device], "/health")
+    return Server([PYTHON, "-m", "bench.baseline_app", "--model", str(model_path), "--device", device], "/health")
 
 
 def floor_server(model_path: Path | None = None) -> Server:
     """The floor app (bench/floor_app.py) on uvicorn as the service runs it: uvloop and httptools, one
     worker, no access log; with ``model_path``, the batching floor serving that model."""
-    return Server([PYTHON, "-m", "uvicorn", "bench.floor_app:app", "--no-access-log", "--log-level", "warning"], "/",
-                  {"FLOOR_MODEL": str(model_path)} if model_path else None)
+    return Server(
+        [PYTHON, "-m", "uvicorn", "bench.floor_app:app", "--no-access-log", "--log-level", "warning"],
+        "/",
+        {"FLOOR_MODEL": str(model_path)} if model_path else None,
+    )
 
 
-def batching_floor(svc: Server, path: str, payload: str | None, clients: int, seconds: float, lua: str | None,
-                   model_path: Path, device: str) -> dict:
+def batching_floor(
+    svc: Server,
+    path: str,
+    payload: str | None,
+    clients: int,
+    seconds: float,
+    lua: str | None,
+    model_path: Path,
+    device: str,
+) -> dict:
     """The batching floor (``floor_server(model_path)``) at ``clients`` single-row clients of one protocol: its
     rows/s over onnxruntime alone at the batch size it formed (``GET /`` counts its rows and calls)."""
     before = httpx.get(svc.url).json()
@@ -175,8 +217,9 @@ def batching_floor(svc: Server, path: str, payload: str | None, clients: int, se
     return {"batching_floor_batch": formed, "batching_floor_vs_raw": rps / raw}
 
 
-def ceiling(url: str, pid: int, payload: str | None, clients: int, seconds: float, lua: str | None,
-            raw_rows_per_s: float) -> dict:
+def ceiling(
+    url: str, pid: int, payload: str | None, clients: int, seconds: float, lua: str | None, raw_rows_per_s: float
+) -> dict:
     """The most any server on this HTTP stack can reach against onnxruntime alone, for one protocol.
     onnxruntime alone keeps every core busy, so it spends t = cores / (its rows/s) CPU seconds a row; a
     server of single-row requests also spends at least the floor app's CPU f per request (``url``, process
@@ -201,9 +244,13 @@ def grpc_errors(svc: Server) -> float:
     """gRPC calls the service has ended with another status than OK (its ``calib_grpc_requests_total``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return sum(s.value for f in text_string_to_metric_families(httpx.get(f"{svc.url}/metrics").text)
-               if f.name == "calib_grpc_requests" for s in f.samples
-               if s.name.endswith("_total") and s.labels["code"] != "OK")
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(httpx.get(f"{svc.url}/metrics").text)
+        if f.name == "calib_grpc_requests"
+        for s in f.samples
+        if s.name.endswith("_total") and s.labels["code"] != "OK"
+    )
 
 
 def grpc_target(svc: Server) -> str:
@@ -278,15 +325,19 @@ def binary_load(work: Path, model: str = HEAVY) -> str:
 def single_row_requests(lua: str, model: str = HEAVY) -> dict[str, tuple[str, str | None, str | None]]:
     """``model``'s single-row request per protocol, as (path, JSON body, wrk script): JSON /predict, and v2 infer
     with binary tensors through ``lua`` (``binary_load`` of the same model)."""
-    return {"json": ("/predict", body(model, SHAPES[model], 1), None),
-            "binary": (f"/v2/models/{model}/infer", None, lua)}
+    return {
+        "json": ("/predict", body(model, SHAPES[model], 1), None),
+        "binary": (f"/v2/models/{model}/infer", None, lua),
+    }
 
 
 def binary_lua(body_file: Path, header_length: int) -> str:
     """A wrk script that POSTs the binary v2 body in ``body_file``."""
-    return (f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/octet-stream"\n'
-            f'wrk.headers["Inference-Header-Content-Length"] = "{header_length}"\n'
-            f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*a")\nf:close()\n')
+    return (
+        f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/octet-stream"\n'
+        f'wrk.headers["Inference-Header-Content-Length"] = "{header_length}"\n'
+        f'local f = io.open("{body_file}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
+    )
 
 
 def formed_batch(svc: Server, before: dict, model: str) -> float | None:
@@ -303,24 +354,33 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
                 before = histogram_totals(svc.url)
                 point = run_load(f"{svc.url}/predict", body(model, shape, rows), c, seconds, rows, c == concurrency[0])
                 formed = formed_batch(svc, before, model)
-                result["load"].append({"server": "service", "model": model, "rows": rows, "clients": c,
-                                       "mean_batch_rows": formed} | point)
+                result["load"].append(
+                    {"server": "service", "model": model, "rows": rows, "clients": c, "mean_batch_rows": formed} | point
+                )
         drained_queue(svc)  # the last REST point's queued rows must not be counted against gRPC
         grpc_load(grpc_target(svc), model, concurrency[0], 1.0)  # warm-up, discarded
         for c in concurrency:  # the same single-row load over gRPC
             before, errors = histogram_totals(svc.url), grpc_errors(svc)
             point = grpc_load(grpc_target(svc), model, c, seconds)
-            result["load"].append({"server": "service (gRPC)", "model": model, "rows": 1, "clients": c,
-                                   "mean_batch_rows": formed_batch(svc, before, model),
-                                   "rows_per_s": point["requests_per_s"],
-                                   "non_2xx": point["failed"] + grpc_errors(svc) - errors,
-                                   **{k: point[k] for k in ("requests_per_s", "p50_ms", "p99_ms")}})
+            result["load"].append(
+                {
+                    "server": "service (gRPC)",
+                    "model": model,
+                    "rows": 1,
+                    "clients": c,
+                    "mean_batch_rows": formed_batch(svc, before, model),
+                    "rows_per_s": point["requests_per_s"],
+                    "non_2xx": point["failed"] + grpc_errors(svc) - errors,
+                    **{k: point[k] for k in ("requests_per_s", "p50_ms", "p99_ms")},
+                }
+            )
         means = histogram_means(start, histogram_totals(svc.url), [*PHASES, f"queue:{model}", f"inference:{model}"])
         result["split"][model] = {k.split(":")[0]: None if v is None else 1000 * v for k, v in means.items()}
 
 
-def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rounds: int, device: str,
-                 lua: str) -> dict:
+def heavy_rounds(
+    svc: Server, artifacts: Path, clients: int, seconds: float, rounds: int, device: str, lua: str
+) -> dict:
     """The heavy model's goals measured in turn, ``rounds`` times, so that a drift of the machine's speed
     hits all alike: the service at ``clients`` single-row clients through JSON /predict and through v2
     with the binary tensor extension (the body tritonclient.http sends), onnxruntime alone at the batch
@@ -349,23 +409,43 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
                 rps = wrk(svc.url + path, side_payload, clients, seconds, lua=side_lua)["requests_per_s"]
                 formed = formed_batch(svc, before, HEAVY) or 1.0
                 raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
-                row |= {f"{side}_rows_per_s": rps, f"{side}_batch": formed, f"raw_{side}_rows_per_s": raw["rows_per_s"],
-                        f"{side}_vs_raw": rps / raw["rows_per_s"]}
-                row |= {f"{side}_{key}": value for key, value in
-                        (ceiling(floor.url + path, floor.process.pid, side_payload, clients, seconds, side_lua,
-                                 raw["rows_per_s"])
-                         | batching_floor(batching, path, side_payload, clients, seconds, side_lua, model_path,
-                                          device)).items()}
+                row |= {
+                    f"{side}_rows_per_s": rps,
+                    f"{side}_batch": formed,
+                    f"raw_{side}_rows_per_s": raw["rows_per_s"],
+                    f"{side}_vs_raw": rps / raw["rows_per_s"],
+                }
+                row |= {
+                    f"{side}_{key}": value
+                    for key, value in (
+                        ceiling(
+                            floor.url + path,
+                            floor.process.pid,
+                            side_payload,
+                            clients,
+                            seconds,
+                            side_lua,
+                            raw["rows_per_s"],
+                        )
+                        | batching_floor(batching, path, side_payload, clients, seconds, side_lua, model_path, device)
+                    ).items()
+                }
             before, errors = histogram_totals(svc.url), grpc_errors(svc)
             point = grpc_load(target, HEAVY, clients, seconds)
             formed = formed_batch(svc, before, HEAVY) or 1.0
             raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
             rps = point["requests_per_s"]
-            row |= {"grpc_rows_per_s": rps, "grpc_batch": formed, "raw_grpc_rows_per_s": raw["rows_per_s"],
-                    "grpc_vs_raw": rps / raw["rows_per_s"], "grpc_failed": point["failed"] + grpc_errors(svc) - errors}
+            row |= {
+                "grpc_rows_per_s": rps,
+                "grpc_batch": formed,
+                "raw_grpc_rows_per_s": raw["rows_per_s"],
+                "grpc_vs_raw": rps / raw["rows_per_s"],
+                "grpc_failed": point["failed"] + grpc_errors(svc) - errors,
+            }
             row |= grpc_batching_floor(grpc_floor, clients, seconds, model_path, device)
             row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
-                "requests_per_s"]
+                "requests_per_s"
+            ]
             row["json_vs_baseline"] = row["json_rows_per_s"] / row["baseline_rows_per_s"]
             measured.append(row)
     finally:
@@ -375,11 +455,13 @@ def heavy_rounds(svc: Server, artifacts: Path, clients: int, seconds: float, rou
         grpc_floor.stop()
     return {"clients": clients, "rounds": measured} | {
         key: sorted(measured, key=lambda r: r[key])[len(measured) // 2]
-        for key in ("json_vs_raw", "binary_vs_raw", "grpc_vs_raw", "json_vs_baseline")}
+        for key in ("json_vs_raw", "binary_vs_raw", "grpc_vs_raw", "json_vs_baseline")
+    }
 
 
-def logging_cpu(artifacts: Path, work: Path, clients: int, seconds: float, rounds: int, payloads: dict,
-                smoke: bool, device: str) -> list[dict]:
+def logging_cpu(
+    artifacts: Path, work: Path, clients: int, seconds: float, rounds: int, payloads: dict, smoke: bool, device: str
+) -> list[dict]:
     """CPU seconds the server process spends per 10,000 single-row /predict requests, with prediction
     logging off, to SQLite and to PostgreSQL, each in ``PROCESSES`` processes on empty stores.
 
@@ -395,15 +477,18 @@ def logging_cpu(artifacts: Path, work: Path, clients: int, seconds: float, round
     try:
         for store, log in stores.items():
             for i in range(PROCESSES):
-                url = ("postgresql+psycopg://postgres@127.0.0.1:5432/test" if store == "postgresql"
-                       else f"sqlite:///{work / f'{store}-{i}.db'}")
+                url = (
+                    "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+                    if store == "postgresql"
+                    else f"sqlite:///{work / f'{store}-{i}.db'}"
+                )
                 servers[(store, i)] = service(artifacts, url, log, device)
         for model in SHAPES:
             for svc in servers.values():
                 wrk(f"{svc.url}/predict", payloads[model], clients, 1.0)
                 drained(svc)
             for r in range(rounds):
-                for (store, i), svc in list(servers.items())[::1 if r % 2 == 0 else -1]:
+                for (store, i), svc in list(servers.items())[:: 1 if r % 2 == 0 else -1]:
                     cpu = process_cpu_seconds(svc.process.pid)
                     requests = wrk(f"{svc.url}/predict", payloads[model], clients, seconds)["requests"]
                     drained(svc)
@@ -412,16 +497,20 @@ def logging_cpu(artifacts: Path, work: Path, clients: int, seconds: float, round
     finally:
         for svc in servers.values():
             svc.stop()
-    return [{"logging": store, "model": model, "clients": clients, "processes": PROCESSES, "rounds": rounds}
-            | cpu_summary(samples[(store, model)], samples[("off", model)])
-            for model in SHAPES for store in stores]
+    return [
+        {"logging": store, "model": model, "clients": clients, "processes": PROCESSES, "rounds": rounds}
+        | cpu_summary(samples[(store, model)], samples[("off", model)])
+        for model in SHAPES
+        for store in stores
+    ]
 
 
 def drained_queue(svc: Server, timeout: float = 120.0) -> None:
     """Wait until no model of ``svc`` has rows queued for its batcher (a closed-loop load's last requests)."""
     deadline = time.monotonic() + timeout
-    while (any(m["queued_rows"] for m in httpx.get(f"{svc.url}/health").json()["models"])
-           and time.monotonic() < deadline):
+    while (
+        any(m["queued_rows"] for m in httpx.get(f"{svc.url}/health").json()["models"]) and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
 
 
@@ -437,10 +526,15 @@ def cpu_summary(samples: list[float], off: list[float]) -> dict:
     the same model without logging: the ratio of the means minus one, and its range over the ratios of
     the measurements taken in the same round and process slot."""
     ratios = [a / b - 1 for a, b in zip(samples, off)]
-    return {"cpu_s_per_10k": float(np.mean(samples)), "sd": float(np.std(samples, ddof=1)) if len(samples) > 1 else 0.0,
-            "min": float(np.min(samples)), "max": float(np.max(samples)), "measurements": len(samples),
-            "extra_cpu": float(np.mean(samples) / np.mean(off) - 1),
-            "extra_cpu_range": [round(min(ratios), 4), round(max(ratios), 4)]}
+    return {
+        "cpu_s_per_10k": float(np.mean(samples)),
+        "sd": float(np.std(samples, ddof=1)) if len(samples) > 1 else 0.0,
+        "min": float(np.min(samples)),
+        "max": float(np.max(samples)),
+        "measurements": len(samples),
+        "extra_cpu": float(np.mean(samples) / np.mean(off) - 1),
+        "extra_cpu_range": [round(min(ratios), 4), round(max(ratios), 4)],
+    }
 
 
 def mixed_load(svc: Server, payloads: dict, seconds: float, client: httpx.Client) -> None:
@@ -463,8 +557,13 @@ def soak(svc: Server, minutes: float, warm: dict, started: float, payloads: dict
             mixed_load(svc, payloads, max(1.0, min(20.0, deadline - time.monotonic())), client)
             samples.append({"minutes": (time.monotonic() - started) / 60, "rss_mib": svc.rss_mib()})
     end = samples[-1]["rss_mib"]
-    return {"warm_rss_mib": warm_rss, "end_rss_mib": end, "minutes": samples[-1]["minutes"],
-            "growth": end / warm_rss - 1, "samples": samples}
+    return {
+        "warm_rss_mib": warm_rss,
+        "end_rss_mib": end,
+        "minutes": samples[-1]["minutes"],
+        "growth": end / warm_rss - 1,
+        "samples": samples,
+    }
 
 
 async def _queue_delays(url: str, payload: str, clients: int, seconds: float) -> list[float]:
@@ -491,23 +590,37 @@ def queue_delay_check(artifacts: Path, database_url: str, seconds: float, device
         delays = asyncio.run(_queue_delays(svc.url, body(LIGHT, SHAPES[LIGHT], 1), 4, seconds))
     finally:
         svc.stop()
-    return {"max_queue_delay_ms": QUEUE_DELAY_MS, "clients": 4, "requests": len(delays),
-            "p50_ms": float(np.percentile(delays, 50)), "p99_ms": float(np.percentile(delays, 99)),
-            "max_ms": float(np.max(delays))}
+    return {
+        "max_queue_delay_ms": QUEUE_DELAY_MS,
+        "clients": 4,
+        "requests": len(delays),
+        "p50_ms": float(np.percentile(delays, 50)),
+        "p99_ms": float(np.percentile(delays, 99)),
+        "max_ms": float(np.max(delays)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per load point")
-    parser.add_argument("--soak-minutes", type=float, default=10.0, help="minutes of load on one process, for the RSS check")
+    parser.add_argument(
+        "--soak-minutes", type=float, default=10.0, help="minutes of load on one process, for the RSS check"
+    )
     parser.add_argument("--rows", type=int, default=1_000_000, help="labelled predictions stored before the start")
     parser.add_argument("--smoke", action="store_true", help="one short point per case (CI: the script runs)")
-    parser.add_argument("--heavy-only", action="store_true",
-                        help="only the heavy model's rounds (JSON and binary v2 against onnxruntime alone), about a "
-                             "minute: for iterating on the hot path")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="the service's and the baseline's device (CALIB_DEVICE); on cuda the batcher may form "
-                             f"batches of {GPU_MAX_BATCH} rows")
+    parser.add_argument(
+        "--heavy-only",
+        action="store_true",
+        help="only the heavy model's rounds (JSON and binary v2 against onnxruntime alone), about a "
+        "minute: for iterating on the hot path",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="the service's and the baseline's device (CALIB_DEVICE); on cuda the batcher may form "
+        f"batches of {GPU_MAX_BATCH} rows",
+    )
     args = parser.parse_args()
     device = args.device
     smoke = args.smoke
@@ -525,8 +638,9 @@ def main() -> None:
     payloads = {model: body(model, shape, 1) for model, shape in SHAPES.items()}
     try:
         for model, shape in SHAPES.items():
-            result["raw"][model] = raw_onnxruntime(artifacts / model / "1" / "model.onnx", shape,
-                                                   0.3 if smoke else 1.5, device=device)
+            result["raw"][model] = raw_onnxruntime(
+                artifacts / model / "1" / "model.onnx", shape, 0.3 if smoke else 1.5, device=device
+            )
             print(f"\nonnxruntime alone, {model}\n" + table(result["raw"][model], RAW_COLUMNS))
 
         sqlite_url = f"sqlite:///{work / 'bench.db'}"
@@ -557,9 +671,17 @@ def main() -> None:
             result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3, device, lua)
             calibration = monitoring.calibration_latency(svc.url, windows, 5 if smoke else 20)
             feedback = monitoring.feedback_throughput(svc.url, 2.0 if smoke else 5.0, 1000)
-            write_result("monitoring", {"rows": stored_rows, "fill_seconds": fill_seconds, "calibration": calibration,
-                                        "feedback": feedback, "server": "the soak server (prediction logging on)"},
-                         smoke=smoke)
+            write_result(
+                "monitoring",
+                {
+                    "rows": stored_rows,
+                    "fill_seconds": fill_seconds,
+                    "calibration": calibration,
+                    "feedback": feedback,
+                    "server": "the soak server (prediction logging on)",
+                },
+                smoke=smoke,
+            )
             memory = soak(svc, soak_minutes, warm, load_started, payloads) | {"after_shapes_rss_mib": shapes_rss}
             write_result("soak", memory, smoke=smoke)
         finally:
@@ -569,15 +691,19 @@ def main() -> None:
             try:
                 for rows in request_rows:
                     for c in concurrency:
-                        point = run_load(f"{baseline.url}/predict", body(None, shape, rows), c, seconds, rows,
-                                         c == concurrency[0])
-                        result["load"].append({"server": "baseline", "model": model, "rows": rows, "clients": c} | point)
+                        point = run_load(
+                            f"{baseline.url}/predict", body(None, shape, rows), c, seconds, rows, c == concurrency[0]
+                        )
+                        result["load"].append(
+                            {"server": "baseline", "model": model, "rows": rows, "clients": c} | point
+                        )
             finally:
                 baseline.stop()
 
         # 2-second measurements: the six servers are visited in turn three times per model
-        result["logging"] = logging_cpu(artifacts, work, top, min(seconds, 2.0), 1 if smoke else 3, payloads, smoke,
-                                        device)
+        result["logging"] = logging_cpu(
+            artifacts, work, top, min(seconds, 2.0), 1 if smoke else 3, payloads, smoke, device
+        )
         result["queue_delay"] = queue_delay_check(artifacts, sqlite_url, 2.0 if smoke else 6.0, device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -586,8 +712,10 @@ def main() -> None:
     print(heavy_report(result["heavy_rounds"], result["providers"][HEAVY]))
     print("\nprediction logging: server CPU seconds per 10,000 requests\n" + table(result["logging"], LOGGING_COLUMNS))
     print("\nGET /calibration\n" + table(calibration, monitoring.CALIBRATION_COLUMNS))
-    print(f"\nmemory: {memory['warm_rss_mib']:.1f} MiB after the warm-up, {memory['end_rss_mib']:.1f} MiB after "
-          f"{memory['minutes']:.1f} minutes of load")
+    print(
+        f"\nmemory: {memory['warm_rss_mib']:.1f} MiB after the warm-up, {memory['end_rss_mib']:.1f} MiB after "
+        f"{memory['minutes']:.1f} minutes of load"
+    )
     print("\ngoals (ratios within this run)\n" + table(result["goals"], ["goal", "measured", "target", "met", "note"]))
     write_result("serving", result, smoke=smoke)
 
@@ -627,45 +755,116 @@ def gap_decomposition(heavy: dict) -> list[dict]:
     service)."""
     rows = []
     for side in ("json", "binary"):
-        measured = {name: [r[f"{side}_{key}"] for r in heavy["rounds"]]
-                    for name, key in (("service", "vs_raw"), ("batching_floor", "batching_floor_vs_raw"),
-                                      ("ceiling", "ceiling"))}
+        measured = {
+            name: [r[f"{side}_{key}"] for r in heavy["rounds"]]
+            for name, key in (
+                ("service", "vs_raw"),
+                ("batching_floor", "batching_floor_vs_raw"),
+                ("ceiling", "ceiling"),
+            )
+        }
         medians = {name: float(np.median(values)) for name, values in measured.items()}
-        rows.append({"protocol": side, "rounds": len(heavy["rounds"])} | medians
-                    | {f"{name}_range": f"{min(values):.3f}-{max(values):.3f}" for name, values in measured.items()}
-                    | {"http_stack": 1 - medians["ceiling"],
-                       "batching_hand_offs": medians["ceiling"] - medians["batching_floor"],
-                       "service_work": medians["batching_floor"] - medians["service"]})
+        rows.append(
+            {"protocol": side, "rounds": len(heavy["rounds"])}
+            | medians
+            | {f"{name}_range": f"{min(values):.3f}-{max(values):.3f}" for name, values in measured.items()}
+            | {
+                "http_stack": 1 - medians["ceiling"],
+                "batching_hand_offs": medians["ceiling"] - medians["batching_floor"],
+                "service_work": medians["batching_floor"] - medians["service"],
+            }
+        )
     return rows
 
 
 def heavy_report(heavy: dict, provider: str) -> str:
     """The heavy model's rounds, per round the ceiling of this HTTP stack (``ceiling``) and the batching floor, and
     the gap to onnxruntime alone split between them (``gap_decomposition``)."""
-    return (f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
-            f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
-            f"ms per request, the ceiling they leave against onnxruntime alone, and the batching floor's ratio\n"
-            f"{table(heavy['rounds'], CEILING_COLUMNS)}\n\nthe same over gRPC, and the bare grpcio batching floor's "
-            f"ratio\n"
-            f"{table(heavy['rounds'], GRPC_COLUMNS)}\n\nthe gap to onnxruntime alone, split (medians of the rounds)\n"
-            f"{table(gap_decomposition(heavy), GAP_COLUMNS)}")
+    return (
+        f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
+        f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
+        f"ms per request, the ceiling they leave against onnxruntime alone, and the batching floor's ratio\n"
+        f"{table(heavy['rounds'], CEILING_COLUMNS)}\n\nthe same over gRPC, and the bare grpcio batching floor's "
+        f"ratio\n"
+        f"{table(heavy['rounds'], GRPC_COLUMNS)}\n\nthe gap to onnxruntime alone, split (medians of the rounds)\n"
+        f"{table(gap_decomposition(heavy), GAP_COLUMNS)}"
+    )
 
 
 RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
-LOGGING_COLUMNS = ["logging", "model", "clients", "processes", "rounds", "cpu_s_per_10k", "sd", "min", "max",
-                   "extra_cpu", "extra_cpu_range"]
-HEAVY_COLUMNS = ["json_rows_per_s", "json_batch", "raw_json_rows_per_s", "json_vs_raw", "json_ceiling",
-                 "binary_rows_per_s", "binary_batch", "raw_binary_rows_per_s", "binary_vs_raw", "binary_ceiling",
-                 "baseline_rows_per_s", "json_vs_baseline"]
-GRPC_COLUMNS = ["grpc_rows_per_s", "grpc_batch", "raw_grpc_rows_per_s", "grpc_vs_raw", "grpc_failed",
-                "grpc_batching_floor_batch", "grpc_batching_floor_vs_raw"]
-CEILING_COLUMNS = ["json_floor_ms", "json_client_ms", "json_ceiling", "json_batching_floor_batch",
-                   "json_batching_floor_vs_raw", "binary_floor_ms", "binary_client_ms", "binary_ceiling",
-                   "binary_batching_floor_batch", "binary_batching_floor_vs_raw"]
-GAP_COLUMNS = ["protocol", "rounds", "service", "service_range", "batching_floor", "batching_floor_range", "ceiling",
-               "ceiling_range", "http_stack", "batching_hand_offs", "service_work"]
-LOAD_COLUMNS = ["server", "model", "rows", "clients", "requests_per_s", "rows_per_s", "p50_ms", "p99_ms",
-                "mean_batch_rows", "non_2xx"]
+LOGGING_COLUMNS = [
+    "logging",
+    "model",
+    "clients",
+    "processes",
+    "rounds",
+    "cpu_s_per_10k",
+    "sd",
+    "min",
+    "max",
+    "extra_cpu",
+    "extra_cpu_range",
+]
+HEAVY_COLUMNS = [
+    "json_rows_per_s",
+    "json_batch",
+    "raw_json_rows_per_s",
+    "json_vs_raw",
+    "json_ceiling",
+    "binary_rows_per_s",
+    "binary_batch",
+    "raw_binary_rows_per_s",
+    "binary_vs_raw",
+    "binary_ceiling",
+    "baseline_rows_per_s",
+    "json_vs_baseline",
+]
+GRPC_COLUMNS = [
+    "grpc_rows_per_s",
+    "grpc_batch",
+    "raw_grpc_rows_per_s",
+    "grpc_vs_raw",
+    "grpc_failed",
+    "grpc_batching_floor_batch",
+    "grpc_batching_floor_vs_raw",
+]
+CEILING_COLUMNS = [
+    "json_floor_ms",
+    "json_client_ms",
+    "json_ceiling",
+    "json_batching_floor_batch",
+    "json_batching_floor_vs_raw",
+    "binary_floor_ms",
+    "binary_client_ms",
+    "binary_ceiling",
+    "binary_batching_floor_batch",
+    "binary_batching_floor_vs_raw",
+]
+GAP_COLUMNS = [
+    "protocol",
+    "rounds",
+    "service",
+    "service_range",
+    "batching_floor",
+    "batching_floor_range",
+    "ceiling",
+    "ceiling_range",
+    "http_stack",
+    "batching_hand_offs",
+    "service_work",
+]
+LOAD_COLUMNS = [
+    "server",
+    "model",
+    "rows",
+    "clients",
+    "requests_per_s",
+    "rows_per_s",
+    "p50_ms",
+    "p99_ms",
+    "mean_batch_rows",
+    "non_2xx",
+]
 
 
 def _find(records, **match):
@@ -681,14 +880,25 @@ def goals(result: dict, top: int, calibration: list[dict], feedback: dict, memor
             out += goal(result, top)
         except StopIteration:
             continue
-    out.append({"goal": "feedback labels/s (batches of 1000)", "measured": feedback["labels_per_s"],
-                "target": ">= 5000"})
+    out.append(
+        {"goal": "feedback labels/s (batches of 1000)", "measured": feedback["labels_per_s"], "target": ">= 5000"}
+    )
     worst = max(calibration, key=lambda r: r["p99_ms"])
-    out.append({"goal": "GET /calibration p99 ms, worst window (quiet or while labels arrive)",
-                "measured": worst["p99_ms"], "target": "<= 50",
-                "note": f"window {worst['window']}, labels arriving: {worst['labels_arriving']}"})
-    out.append({"goal": f"RSS change after {memory['minutes']:.1f} minutes of load, relative to after the warm-up",
-                "measured": memory["growth"], "target": "within 0.05"})
+    out.append(
+        {
+            "goal": "GET /calibration p99 ms, worst window (quiet or while labels arrive)",
+            "measured": worst["p99_ms"],
+            "target": "<= 50",
+            "note": f"window {worst['window']}, labels arriving: {worst['labels_arriving']}",
+        }
+    )
+    out.append(
+        {
+            "goal": f"RSS change after {memory['minutes']:.1f} minutes of load, relative to after the warm-up",
+            "measured": memory["growth"],
+            "target": "within 0.05",
+        }
+    )
     for row in out:
         value, target = row["measured"], row["target"]
         op, bound = target.split()[0], float(target.split()[1])
@@ -703,25 +913,44 @@ def _batching_goals(result: dict, top: int) -> list[dict]:
     load, heavy, out = result["load"], result["heavy_rounds"], []
     gpu = result["providers"][HEAVY] == CUDA
     rounds = f"median of {len(heavy['rounds'])} rounds, each measuring every side in turn"
-    for side, name in (("json", "JSON /predict"), ("binary", "v2 binary tensors (tritonclient.http's body)"),
-                       ("grpc", "gRPC ModelInfer with raw tensor contents")):
+    for side, name in (
+        ("json", "JSON /predict"),
+        ("binary", "v2 binary tensors (tritonclient.http's body)"),
+        ("grpc", "gRPC ModelInfer with raw tensor contents"),
+    ):
         r = heavy[f"{side}_vs_raw"]
-        floor = (f"; the bare grpcio batching floor reached {r['grpc_batching_floor_vs_raw']:.3f}" if side == "grpc"
-                 else "")
-        out.append({"goal": f"heavy on {result['providers'][HEAVY]}: service rows/s at {top} single-row clients "
-                            f"through {name} / onnxruntime alone at the batch size the batcher formed",
-                    "measured": r[f"{side}_vs_raw"], "target": ">= 0.8" if gpu else ">= 0.9",
-                    "note": f"{rounds}; this round: {r[f'{side}_rows_per_s']:.0f} vs {r[f'raw_{side}_rows_per_s']:.0f} "
-                            f"rows/s at {round(r[f'{side}_batch'])} rows (mean batch {r[f'{side}_batch']:.1f}){floor}"})
+        floor = (
+            f"; the bare grpcio batching floor reached {r['grpc_batching_floor_vs_raw']:.3f}" if side == "grpc" else ""
+        )
+        out.append(
+            {
+                "goal": f"heavy on {result['providers'][HEAVY]}: service rows/s at {top} single-row clients "
+                f"through {name} / onnxruntime alone at the batch size the batcher formed",
+                "measured": r[f"{side}_vs_raw"],
+                "target": ">= 0.8" if gpu else ">= 0.9",
+                "note": f"{rounds}; this round: {r[f'{side}_rows_per_s']:.0f} vs {r[f'raw_{side}_rows_per_s']:.0f} "
+                f"rows/s at {round(r[f'{side}_batch'])} rows (mean batch {r[f'{side}_batch']:.1f}){floor}",
+            }
+        )
     if gpu:
         r = heavy["json_vs_baseline"]
-        out.append({"goal": f"heavy on {CUDA}: service / no-batching baseline at {top} clients",
-                    "measured": r["json_vs_baseline"], "target": ">= 3",
-                    "note": f"{rounds}; this round: {r['json_rows_per_s']:.0f} vs {r['baseline_rows_per_s']:.0f} rows/s"})
+        out.append(
+            {
+                "goal": f"heavy on {CUDA}: service / no-batching baseline at {top} clients",
+                "measured": r["json_vs_baseline"],
+                "target": ">= 3",
+                "note": f"{rounds}; this round: {r['json_rows_per_s']:.0f} vs {r['baseline_rows_per_s']:.0f} rows/s",
+            }
+        )
     light_svc = _find(load, server="service", model=LIGHT, rows=1, clients=top)
     light_base = _find(load, server="baseline", model=LIGHT, rows=1, clients=top)
-    out.append({"goal": f"light: service requests/s / baseline at {top} clients",
-                "measured": light_svc["requests_per_s"] / light_base["requests_per_s"], "target": ">= 1.5"})
+    out.append(
+        {
+            "goal": f"light: service requests/s / baseline at {top} clients",
+            "measured": light_svc["requests_per_s"] / light_base["requests_per_s"],
+            "target": ">= 1.5",
+        }
+    )
     return out
 
 
@@ -734,26 +963,41 @@ def _latency_goal(result: dict, top: int) -> list[dict]:
             continue
         single = _find(result["load"], server="service", model=model, rows=1, clients=1)
         raw_single = _find(result["raw"][model], batch=1)["ms_per_call"]
-        out.append({"goal": f"{model} on {result['providers'][model]}: p50 at 1 client minus raw single-row "
-                            "inference (ms)", "measured": single["p50_ms"] - raw_single, "target": f"<= {bound}"})
+        out.append(
+            {
+                "goal": f"{model} on {result['providers'][model]}: p50 at 1 client minus raw single-row inference (ms)",
+                "measured": single["p50_ms"] - raw_single,
+                "target": f"<= {bound}",
+            }
+        )
     return out
 
 
 def _queue_delay_goal(result: dict, top: int) -> list[dict]:
     delay = result["queue_delay"]
-    return [{"goal": f"queue time p99 minus the configured max queue delay ({delay['max_queue_delay_ms']} ms), "
-                     f"{delay['clients']} clients (ms)", "measured": delay["p99_ms"] - delay["max_queue_delay_ms"],
-             "target": "<= 1.0"}]
+    return [
+        {
+            "goal": f"queue time p99 minus the configured max queue delay ({delay['max_queue_delay_ms']} ms), "
+            f"{delay['clients']} clients (ms)",
+            "measured": delay["p99_ms"] - delay["max_queue_delay_ms"],
+            "target": "<= 1.0",
+        }
+    ]
 
 
 def _logging_goals(result: dict, top: int) -> list[dict]:
     out = []
     for row in result["logging"]:
         if row["logging"] != "off":
-            out.append({"goal": f"{row['model']}: extra server CPU per request with prediction logging to "
-                                f"{row['logging']}", "measured": row["extra_cpu"], "target": "<= 0.10",
-                        "note": f"ratio of the means of {row['measurements']} measurements each; per measurement "
-                                f"{row['extra_cpu_range'][0]:+.3f} to {row['extra_cpu_range'][1]:+.3f}"})
+            out.append(
+                {
+                    "goal": f"{row['model']}: extra server CPU per request with prediction logging to {row['logging']}",
+                    "measured": row["extra_cpu"],
+                    "target": "<= 0.10",
+                    "note": f"ratio of the means of {row['measurements']} measurements each; per measurement "
+                    f"{row['extra_cpu_range'][0]:+.3f} to {row['extra_cpu_range'][1]:+.3f}",
+                }
+            )
     return out
 
 

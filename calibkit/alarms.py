@@ -73,23 +73,32 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
     'ok'
     """
     low, high = evidence.worst_confidence
-    where = (f"estimated gap accuracy - confidence {evidence.worst_gap:+.3f} at confidence {low:.3f}-{high:.3f} "
-             f"(tolerance {policy.tolerance})")
+    where = (
+        f"estimated gap accuracy - confidence {evidence.worst_gap:+.3f} at confidence {low:.3f}-{high:.3f} "
+        f"(tolerance {policy.tolerance})"
+    )
     if evidence.alarmed:
-        reasons = (f"miscalibration beyond the tolerance: the e-detector reached {policy.threshold:.3g} "
-                   f"(now {evidence.statistic:.3g}; false alarms <= n / {policy.threshold:.3g})", where,
-                   f"clears when the evidence of calibration reaches {policy.clear_threshold:.3g} "
-                   f"(now {evidence.clear_statistic:.3g})")
+        reasons = (
+            f"miscalibration beyond the tolerance: the e-detector reached {policy.threshold:.3g} "
+            f"(now {evidence.statistic:.3g}; false alarms <= n / {policy.threshold:.3g})",
+            where,
+            f"clears when the evidence of calibration reaches {policy.clear_threshold:.3g} "
+            f"(now {evidence.clear_statistic:.3g})",
+        )
         return _next(previous, ALARM, reasons, now)
     reasons = []
     if evidence.statistic >= policy.warn_threshold:
-        reasons.append(f"evidence of miscalibration building: e-detector {evidence.statistic:.3g} of "
-                       f"{policy.threshold:.3g}; {where}")
+        reasons.append(
+            f"evidence of miscalibration building: e-detector {evidence.statistic:.3g} of "
+            f"{policy.threshold:.3g}; {where}"
+        )
     shift = evidence.shift
     if shift is not None and shift_is_material(shift, policy):
-        reasons.append(f"confidence distribution shifted from the reference (KS D = {shift.statistic:.3f} >= "
-                       f"{policy.shift_distance:g}, p = {shift.p_value:.2g}; mean {shift.recent_mean:.3f} vs "
-                       f"{shift.reference_mean:.3f})")
+        reasons.append(
+            f"confidence distribution shifted from the reference (KS D = {shift.statistic:.3f} >= "
+            f"{policy.shift_distance:g}, p = {shift.p_value:.2g}; mean {shift.recent_mean:.3f} vs "
+            f"{shift.reference_mean:.3f})"
+        )
     return _next(previous, WARNING if reasons else OK, tuple(reasons), now)
 
 
@@ -103,8 +112,11 @@ def shift_is_material(shift: ShiftTest, policy: AlarmPolicy) -> bool:
     >>> shift_is_material(ShiftTest(0.25, 1e-9, 500, 359, 0.80, 0.96), policy)
     True
     """
-    return (shift.n_recent >= policy.min_unlabelled and shift.p_value < policy.shift_p_value
-            and shift.statistic >= policy.shift_distance)
+    return (
+        shift.n_recent >= policy.min_unlabelled
+        and shift.p_value < policy.shift_p_value
+        and shift.statistic >= policy.shift_distance
+    )
 
 
 def _next(previous: AlarmStatus, state: str, reasons: tuple[str, ...], now: float) -> AlarmStatus:

@@ -129,8 +129,9 @@ class RunsBootstrap:
         values = self.values(contrast)
         return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
-    def interval(self, contrast: str | Mapping[str, float], level: float = 0.90,
-                 method: str = "basic") -> ConfidenceInterval:
+    def interval(
+        self, contrast: str | Mapping[str, float], level: float = 0.90, method: str = "basic"
+    ) -> ConfidenceInterval:
         """Bootstrap interval of :meth:`mean`: ``"percentile"`` [q_lo, q_hi] of the resampled means, or
         ``"basic"`` (2 theta - q_hi, 2 theta - q_lo), which corrects the upward resampling bias of binned
         errors (Davison & Hinkley 1997, Sec. 5.2)."""

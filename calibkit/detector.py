@@ -100,9 +100,27 @@ from functools import cached_property
 import numpy as np
 
 FORMAT = 7
-_FIELDS = ("gap_sum", "weight", "global_gap_sum", "global_weight", "pending_gap", "pending_count", "run_gap",
-           "run_count", "table", "log_statistic", "alarmed", "clear_pending_gap", "clear_pending_count", "raised_gap",
-           "alarm_gap", "alarm_count", "log_clear", "since_alarm", "n")
+_FIELDS = (
+    "gap_sum",
+    "weight",
+    "global_gap_sum",
+    "global_weight",
+    "pending_gap",
+    "pending_count",
+    "run_gap",
+    "run_count",
+    "table",
+    "log_statistic",
+    "alarmed",
+    "clear_pending_gap",
+    "clear_pending_count",
+    "raised_gap",
+    "alarm_gap",
+    "alarm_count",
+    "log_clear",
+    "since_alarm",
+    "n",
+)
 _EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm or a Kelly bet needs it
 
 
@@ -159,8 +177,12 @@ class DetectorConfig:
         for edges in (self.edges, self.clear_edges):
             if list(edges) != sorted(edges) or not all(0 < e < 1 for e in edges):
                 raise ValueError("edges and clear_edges must be increasing and inside (0, 1)")
-        if (min(self.half_lives) <= 0 or self.prior_labels <= 0 or not 0 < self.max_bet < 1
-                or not 0 < self.clear_shrink <= 1):
+        if (
+            min(self.half_lives) <= 0
+            or self.prior_labels <= 0
+            or not 0 < self.max_bet < 1
+            or not 0 < self.clear_shrink <= 1
+        ):
             raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
         if self.clear_prior_labels <= 0:
             raise ValueError("need clear_prior_labels > 0")
@@ -174,11 +196,14 @@ class DetectorConfig:
             raise ValueError("steps need pivots, and pivots need steps")
         shares = (self.scale_weight, self.step_weight)
         if min(shares) < 0 or sum(shares) >= 1:
-            raise ValueError("need scale_weight, step_weight >= 0 summing to less than 1 (the learned detectors "
-                             "share the rest)")
+            raise ValueError(
+                "need scale_weight, step_weight >= 0 summing to less than 1 (the learned detectors share the rest)"
+            )
         if (self.scales and not self.scale_weight) or (self.stepped and not self.step_weight):
-            raise ValueError("fixed detectors need a share of the mixture: scale_weight > 0 with scales, "
-                             "step_weight > 0 with gaps or steps")
+            raise ValueError(
+                "fixed detectors need a share of the mixture: scale_weight > 0 with scales, "
+                "step_weight > 0 with gaps or steps"
+            )
 
     @property
     def learned(self) -> int:
@@ -206,8 +231,11 @@ class DetectorConfig:
         steps, the rest by the learned detectors."""
         scale = self.scale_weight if self.scales else 0.0
         step = self.step_weight if self.stepped else 0.0
-        weights = ([(1 - scale - step) / self.learned] * self.learned + [scale / max(len(self.scales), 1)]
-                   * len(self.scales) + [step / max(self.stepped, 1)] * self.stepped)
+        weights = (
+            [(1 - scale - step) / self.learned] * self.learned
+            + [scale / max(len(self.scales), 1)] * len(self.scales)
+            + [step / max(self.stepped, 1)] * self.stepped
+        )
         return np.log(np.asarray(weights))
 
     @property
@@ -287,10 +315,23 @@ class DetectorState:
     def __post_init__(self):
         s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors
         learned, kc = self.config.learned, self.config.clear_bins
-        shapes = {"gap_sum": (s, m, k), "weight": (s, m, k), "global_gap_sum": (s, m), "global_weight": (s, m),
-                  "pending_gap": (s, k), "pending_count": (s, k), "run_gap": (s, k), "run_count": (s, k),
-                  "table": (s, learned, k), "log_statistic": (s, d), "clear_pending_gap": (s, kc),
-                  "clear_pending_count": (s, kc), "raised_gap": (s, kc), "alarm_gap": (s, kc), "alarm_count": (s, kc)}
+        shapes = {
+            "gap_sum": (s, m, k),
+            "weight": (s, m, k),
+            "global_gap_sum": (s, m),
+            "global_weight": (s, m),
+            "pending_gap": (s, k),
+            "pending_count": (s, k),
+            "run_gap": (s, k),
+            "run_count": (s, k),
+            "table": (s, learned, k),
+            "log_statistic": (s, d),
+            "clear_pending_gap": (s, kc),
+            "clear_pending_count": (s, kc),
+            "raised_gap": (s, kc),
+            "alarm_gap": (s, kc),
+            "alarm_count": (s, kc),
+        }
         for name in _FIELDS:
             dtype = bool if name == "alarmed" else np.int64 if name in ("since_alarm", "n") else np.float64
             shape = shapes.get(name, (s,))
@@ -322,8 +363,9 @@ class DetectorState:
         prior, kernel = self.config.prior_labels, self.config.kernel
         overall = self.global_gap_sum / (self.global_weight + prior)
         memories = (self.gap_sum @ kernel + prior * overall[..., None]) / (self.weight @ kernel + prior)
-        adaptive = ((self.run_gap @ kernel + prior * memories[:, self.config.adaptive_prior])
-                    / (self.run_count @ kernel + prior))
+        adaptive = (self.run_gap @ kernel + prior * memories[:, self.config.adaptive_prior]) / (
+            self.run_count @ kernel + prior
+        )
         return np.concatenate([memories, adaptive[:, None, :]], axis=1)
 
     def fold(self, confidence, correct) -> Fold:
@@ -356,16 +398,17 @@ class DetectorState:
         table at once, then the CUSUM recursions label by label (a few operations on (streams, detectors))."""
         cfg = self.config
         rows = np.arange(self.streams)[:, None]
-        b = np.searchsorted(cfg.edges, c, side="left")                                   # (streams, labels)
-        gap = np.take_along_axis(self.table, b[:, None, :], axis=2)                       # (streams, detectors, labels)
+        b = np.searchsorted(cfg.edges, c, side="left")  # (streams, labels)
+        gap = np.take_along_axis(self.table, b[:, None, :], axis=2)  # (streams, detectors, labels)
         cm = c[:, None, :]
         accuracy = np.clip(cm + gap, 0.0, 1.0)
         boundary = np.clip(cm + np.sign(gap) * cfg.tolerance, _EDGE, 1 - _EDGE)
         bet = np.where(np.abs(gap) > cfg.tolerance, (accuracy - boundary) / (boundary * (1 - boundary)), 0.0)
         cap = np.where(bet > 0, cfg.max_bet / (cm + cfg.tolerance), cfg.max_bet / (1 - cm + cfg.tolerance))
         bet = np.clip(bet, -cap, cap)
-        e_value = np.concatenate([1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance,
-                                  self._fixed_e_values(c, y)], axis=1)
+        e_value = np.concatenate(
+            [1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance, self._fixed_e_values(c, y)], axis=1
+        )
         log_e = np.log(e_value)
         null = np.clip(c, _EDGE, 1 - _EDGE)
         cells = (np.broadcast_to(rows, b.shape), b)
@@ -408,7 +451,7 @@ class DetectorState:
         cm = c[:, None, :]
         scaled = 1.0 / (1.0 + np.exp(-log_odds / np.asarray(cfg.scales, dtype=np.float64)[None, :, None]))
         gapped = cm + np.asarray(cfg.gaps, dtype=np.float64)[None, :, None]
-        above = log_odds > np.asarray(cfg.pivots, dtype=np.float64)[None, :, None]        # (streams, pivots, labels)
+        above = log_odds > np.asarray(cfg.pivots, dtype=np.float64)[None, :, None]  # (streams, pivots, labels)
         steps = [cm + np.where(above, -o * m, o * m) for m in cfg.steps for o in (1.0, -1.0)]
         alternative = np.clip(np.concatenate([scaled, gapped, *steps], axis=1), _EDGE, 1 - _EDGE)
         edge = np.clip(np.clip(alternative, cm - cfg.tolerance, cm + cfg.tolerance), _EDGE, 1 - _EDGE)
@@ -455,8 +498,10 @@ class DetectorState:
         estimated gap accuracy - confidence (mean over the detectors), for reports."""
         edges = [0.0, *self.config.edges, 1.0]
         gaps, weight = self.table[0].mean(axis=0), self.weight[0, -1] + self.pending_count[0]
-        return [{"confidence_low": lo, "confidence_high": hi, "weight": float(w), "gap": float(g)}
-                for lo, hi, w, g in zip(edges[:-1], edges[1:], weight, gaps)]
+        return [
+            {"confidence_low": lo, "confidence_high": hi, "weight": float(w), "gap": float(g)}
+            for lo, hi, w, g in zip(edges[:-1], edges[1:], weight, gaps)
+        ]
 
     def worst_region(self) -> tuple[float, tuple[float, float]]:
         """(gap, (confidence low, high)) of the region of a single-stream state furthest beyond the
@@ -469,8 +514,13 @@ class DetectorState:
         """JSON form of a single-stream state (the service persists one per model and calibration version)."""
         if self.streams != 1:
             raise ValueError("only a single-stream state is persisted")
-        out = {"format": FORMAT, "tolerance": self.config.tolerance, "threshold": self.config.threshold,
-               "block": self.config.block, **self._mixture_settings(self.config)}
+        out = {
+            "format": FORMAT,
+            "tolerance": self.config.tolerance,
+            "threshold": self.config.threshold,
+            "block": self.config.block,
+            **self._mixture_settings(self.config),
+        }
         out.update({name: getattr(self, name).ravel().tolist() for name in _FIELDS})
         return out
 
@@ -478,15 +528,26 @@ class DetectorState:
     def _mixture_settings(config: DetectorConfig) -> dict:
         """The settings that make up the mixture, stored with the state: evidence gathered by another mixture is
         not this one's."""
-        return {"scales": list(config.scales), "scale_weight": config.scale_weight, "gaps": list(config.gaps),
-                "steps": list(config.steps), "pivots": list(config.pivots), "step_weight": config.step_weight}
+        return {
+            "scales": list(config.scales),
+            "scale_weight": config.scale_weight,
+            "gaps": list(config.gaps),
+            "steps": list(config.steps),
+            "pivots": list(config.pivots),
+            "step_weight": config.step_weight,
+        }
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> "DetectorState":
         """Inverse of ``to_dict``. State saved under another format, tolerance, threshold, block or mixture (an
         older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
-        if (not isinstance(data, dict) or data.get("format") != FORMAT or data.get("tolerance") != config.tolerance
-                or data.get("threshold") != config.threshold or data.get("block") != config.block
-                or any(data.get(name) != value for name, value in cls._mixture_settings(config).items())):
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != FORMAT
+            or data.get("tolerance") != config.tolerance
+            or data.get("threshold") != config.threshold
+            or data.get("block") != config.block
+            or any(data.get(name) != value for name, value in cls._mixture_settings(config).items())
+        ):
             return cls(config)
         return cls(config, 1, **{name: data[name] for name in _FIELDS})

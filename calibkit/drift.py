@@ -30,8 +30,14 @@ def confidence_shift(recent, reference) -> ShiftTest:
     if len(recent) == 0 or len(reference) == 0:
         raise ValueError("both samples need at least one confidence")
     result = stats.ks_2samp(recent, reference)
-    return ShiftTest(float(result.statistic), float(result.pvalue), len(recent), len(reference),
-                     float(recent.mean()), float(reference.mean()))
+    return ShiftTest(
+        float(result.statistic),
+        float(result.pvalue),
+        len(recent),
+        len(reference),
+        float(recent.mean()),
+        float(reference.mean()),
+    )
 
 
 class AccuracyGap(NamedTuple):

@@ -71,10 +71,7 @@ def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
     confidence, predicted = top_label(p)
     correct = (predicted == y).astype(np.float64)
     order = np.lexsort((correct, confidence))
-    gap = sum(
-        abs(correct[chunk].sum() - confidence[chunk].sum())
-        for chunk in np.array_split(order, n_bins)
-    )
+    gap = sum(abs(correct[chunk].sum() - confidence[chunk].sum()) for chunk in np.array_split(order, n_bins))
     return float(gap / len(y))
 
 

@@ -129,8 +129,11 @@ def blind_clearing_paths(confidence, correct, curves: Sequence[AccuracyCurve], s
     >>> bool(np.allclose(blind_clearing_paths(c, y, [curve], [1.0]), cusum_paths(clearing_increments(c, y, curve))))
     True
     """
-    bayes = -mixture_paths(-np.cumsum(log_ratio(correct, confidence, scaled_accuracy(confidence, curve, size)), axis=-1)
-                           for curve in curves for size in sizes)
+    bayes = -mixture_paths(
+        -np.cumsum(log_ratio(correct, confidence, scaled_accuracy(confidence, curve, size)), axis=-1)
+        for curve in curves
+        for size in sizes
+    )
     return cusum_paths(np.diff(bayes, axis=-1, prepend=0.0))
 
 
@@ -138,8 +141,7 @@ def cusum_paths(increments: np.ndarray) -> np.ndarray:
     """Page's CUSUM S_t = max(S_{t-1}, 0) + x_t, S_0 = 0, along the last axis, computed as
     W_t - min(0, min_{s < t} W_s) with W the running sum."""
     walk = np.cumsum(increments, axis=-1)
-    floor = np.minimum.accumulate(np.concatenate([np.zeros(walk.shape[:-1] + (1,)), walk[..., :-1]], axis=-1),
-                                  axis=-1)
+    floor = np.minimum.accumulate(np.concatenate([np.zeros(walk.shape[:-1] + (1,)), walk[..., :-1]], axis=-1), axis=-1)
     return walk - np.minimum(floor, 0.0)
 
 

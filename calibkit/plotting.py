@@ -38,17 +38,36 @@ def _draw(ax, ax_hist, rel: Reliability, name: str) -> None:
     n = int(rel.count.sum())
     gap = np.abs(rel.accuracy - rel.mean_confidence)
     ece = float(np.nansum(rel.count * gap) / n) if n else float("nan")
-    ax.bar(rel.lower[filled], rel.accuracy[filled], width=width[filled], align="edge",
-           color="#3b75af", edgecolor="black", linewidth=0.5, label="accuracy")
-    ax.bar(rel.lower[filled], (rel.mean_confidence - rel.accuracy)[filled], bottom=rel.accuracy[filled],
-           width=width[filled], align="edge", color="#e36b5c", alpha=0.45, edgecolor="#c23b2b",
-           hatch="//", linewidth=0.5, label="gap to confidence")
+    ax.bar(
+        rel.lower[filled],
+        rel.accuracy[filled],
+        width=width[filled],
+        align="edge",
+        color="#3b75af",
+        edgecolor="black",
+        linewidth=0.5,
+        label="accuracy",
+    )
+    ax.bar(
+        rel.lower[filled],
+        (rel.mean_confidence - rel.accuracy)[filled],
+        bottom=rel.accuracy[filled],
+        width=width[filled],
+        align="edge",
+        color="#e36b5c",
+        alpha=0.45,
+        edgecolor="#c23b2b",
+        hatch="//",
+        linewidth=0.5,
+        label="gap to confidence",
+    )
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="perfect calibration")
     title = f"{name}: ECE {ece:.4f}, n = {n}" if n else f"{name}: no labels yet"
     ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", title=title)
     ax.legend(loc="upper left", fontsize=8)
-    ax_hist.bar(rel.lower, rel.count / max(n, 1), width=width, align="edge", color="#7f7f7f", edgecolor="black",
-                linewidth=0.5)
+    ax_hist.bar(
+        rel.lower, rel.count / max(n, 1), width=width, align="edge", color="#7f7f7f", edgecolor="black", linewidth=0.5
+    )
     ax_hist.set(xlim=(0, 1), xlabel="confidence", ylabel="fraction")
 
 

@@ -35,8 +35,9 @@ def _ece_of_draws(correct_draws: np.ndarray, sums: BinSums) -> np.ndarray:
     return np.abs(correct_draws - sums.confidence_sum).sum(axis=-1) / sums.count.sum()
 
 
-def ece_interval(sums: BinSums, level: float = 0.90, n_resamples: int = 1000,
-                 seed: int | np.random.Generator | None = 0) -> EceInterval:
+def ece_interval(
+    sums: BinSums, level: float = 0.90, n_resamples: int = 1000, seed: int | np.random.Generator | None = 0
+) -> EceInterval:
     """Binomial bootstrap interval for ECE = sum_m |S_correct,m - S_conf,m| / n; see the module docstring."""
     n_total = sums.count.sum()
     if n_total <= 0:

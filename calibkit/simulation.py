@@ -35,26 +35,36 @@ class StreamOutcomes:
     alarmed_at_end: np.ndarray | None = None
 
 
-def draw(shape: TrafficShape, miscalibration: Miscalibration | None, streams: int, before: int, during: int = 0,
-         after: int = 0, seed: int = 0, ramp: int = 0, flip: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def draw(
+    shape: TrafficShape,
+    miscalibration: Miscalibration | None,
+    streams: int,
+    before: int,
+    during: int = 0,
+    after: int = 0,
+    seed: int = 0,
+    ramp: int = 0,
+    flip: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """(confidence, correct), each (streams, before + during + after): ``before`` calibrated labels,
     ``during`` labels of ``miscalibration`` (reached linearly over the first ``ramp``; with ``flip``, a gap
     whose sign turns every ``flip`` labels), ``after`` calibrated."""
     rng = np.random.default_rng(seed)
     total = before + during + after
     strength = np.zeros(total)
-    strength[before:before + during] = 1.0
+    strength[before : before + during] = 1.0
     if ramp:
-        strength[before:before + ramp] = np.linspace(0.0, 1.0, ramp)
+        strength[before : before + ramp] = np.linspace(0.0, 1.0, ramp)
     if flip:
-        strength[before:before + during] *= np.where((np.arange(during) // flip) % 2 == 0, 1.0, -1.0)
+        strength[before : before + during] *= np.where((np.arange(during) // flip) % 2 == 0, 1.0, -1.0)
     mis = miscalibration or Miscalibration("calibrated")
     confidence, correct, _ = mis.sample(shape, rng, (streams, total), strength[None, :])
     return confidence, correct
 
 
-def run_detector(confidence: np.ndarray, correct: np.ndarray, before: int, during: int = 0,
-                 config: DetectorConfig | None = None) -> StreamOutcomes:
+def run_detector(
+    confidence: np.ndarray, correct: np.ndarray, before: int, during: int = 0, config: DetectorConfig | None = None
+) -> StreamOutcomes:
     """The detector on every stream (row) of ``draw``'s arrays, phases as there."""
     streams, total = confidence.shape
     state = DetectorState(config or DetectorConfig(), streams)
@@ -71,10 +81,14 @@ def run_detector(confidence: np.ndarray, correct: np.ndarray, before: int, durin
         if stop == after:
             alarmed_at_end = state.alarmed.copy()
         start = stop
-    return StreamOutcomes(false_alarm=raised[:, :before].any(axis=1),
-                          delay=_first(raised[:, before:after]), flaps=cleared[:, before:after].sum(axis=1),
-                          clear_delay=_first(cleared[:, after:]), latched=state.alarmed.copy(),
-                          alarmed_at_end=alarmed_at_end)
+    return StreamOutcomes(
+        false_alarm=raised[:, :before].any(axis=1),
+        delay=_first(raised[:, before:after]),
+        flaps=cleared[:, before:after].sum(axis=1),
+        clear_delay=_first(cleared[:, after:]),
+        latched=state.alarmed.copy(),
+        alarmed_at_end=alarmed_at_end,
+    )
 
 
 def _first(events: np.ndarray) -> np.ndarray:
@@ -82,9 +96,17 @@ def _first(events: np.ndarray) -> np.ndarray:
     return np.where(events.any(axis=1), events.argmax(axis=1), -1) if events.shape[1] else np.full(len(events), -1)
 
 
-def simulate(shape: TrafficShape, miscalibration: Miscalibration | None, streams: int, before: int,
-             during: int = 0, after: int = 0, config: DetectorConfig | None = None, seed: int = 0,
-             ramp: int = 0) -> StreamOutcomes:
+def simulate(
+    shape: TrafficShape,
+    miscalibration: Miscalibration | None,
+    streams: int,
+    before: int,
+    during: int = 0,
+    after: int = 0,
+    config: DetectorConfig | None = None,
+    seed: int = 0,
+    ramp: int = 0,
+) -> StreamOutcomes:
     """``draw`` then ``run_detector``."""
     confidence, correct = draw(shape, miscalibration, streams, before, during, after, seed, ramp)
     return run_detector(confidence, correct, before, during, config)

@@ -45,8 +45,11 @@ class BinStats:
     def __post_init__(self) -> None:
         self.n_bins = check_n_bins(self.n_bins)
         if self.n_classes is not None:
-            if (isinstance(self.n_classes, bool) or not isinstance(self.n_classes, (int, np.integer))
-                    or self.n_classes < 2):
+            if (
+                isinstance(self.n_classes, bool)
+                or not isinstance(self.n_classes, (int, np.integer))
+                or self.n_classes < 2
+            ):
                 raise ValueError(f"n_classes must be an integer >= 2 or None, got {self.n_classes!r}")
             self.n_classes = int(self.n_classes)
         shapes = {"count": (self.n_bins,), "confidence_sum": (self.n_bins,), "correct_sum": (self.n_bins,)}
@@ -90,8 +93,14 @@ class BinStats:
         edges = binning.equal_width_edges(self.n_bins)
         confidence, predicted = metrics.top_label(p)
         top = binning.bin_sums(confidence, (predicted == y).astype(np.float64), edges)
-        self.add_bins(np.arange(self.n_bins), top.count, top.confidence_sum, top.outcome_sum,
-                      metrics.nll(p, y) * len(y), metrics.brier(p, y) * len(y))
+        self.add_bins(
+            np.arange(self.n_bins),
+            top.count,
+            top.confidence_sum,
+            top.outcome_sum,
+            metrics.nll(p, y) * len(y),
+            metrics.brier(p, y) * len(y),
+        )
         if self.n_classes is not None:
             per_class = binning.classwise_bin_sums(p, y, edges)
             self.class_count += per_class.count
@@ -99,8 +108,9 @@ class BinStats:
             self.class_label_sum += per_class.outcome_sum
         return self
 
-    def add_bins(self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0,
-                 brier_sum: float = 0.0) -> "BinStats":
+    def add_bins(
+        self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0, brier_sum: float = 0.0
+    ) -> "BinStats":
         """Add per-bin sums computed elsewhere (a store's bin totals) in place, and return self: bin
         ``bins[i]`` gets ``count[i]`` predictions whose confidences sum to ``confidence_sum[i]`` with
         ``correct_sum[i]`` correct; ``nll_sum`` and ``brier_sum`` are their total NLL and Brier terms.
@@ -130,8 +140,10 @@ class BinStats:
                 f"cannot merge statistics of {self.n_classes} classes x {self.n_bins} bins with "
                 f"{other.n_classes} classes x {other.n_bins} bins"
             )
-        summed = {name: None if getattr(self, name) is None else getattr(self, name) + getattr(other, name)
-                  for name in _ARRAYS}
+        summed = {
+            name: None if getattr(self, name) is None else getattr(self, name) + getattr(other, name)
+            for name in _ARRAYS
+        }
         return BinStats(
             n_classes=self.n_classes,
             n_bins=self.n_bins,

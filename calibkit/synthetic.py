@@ -91,8 +91,9 @@ class Miscalibration:
     pivot: float = 0.5
     only_class: int | None = None
 
-    def sample(self, shape_: TrafficShape, rng: np.random.Generator, shape: tuple[int, ...],
-               strength: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def sample(
+        self, shape_: TrafficShape, rng: np.random.Generator, shape: tuple[int, ...], strength: np.ndarray | float = 1.0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(served confidence, correct, true accuracy) of ``shape`` predictions; ``strength`` in [0, 1]
         (broadcast against ``shape``) blends from calibrated (0) to this miscalibration (1), for ramps."""
         z, labels = shape_.logits(rng, shape)

@@ -108,9 +108,7 @@ def check_logits(logits) -> np.ndarray:
     if z.shape[0] == 0:
         raise ValueError("logits is empty: at least one sample is needed")
     if z.ndim == 2 and z.shape[1] < 2:
-        raise ValueError(
-            f"logits must have at least 2 columns, got {z.shape[1]}; pass a single binary logit as (N,)"
-        )
+        raise ValueError(f"logits must have at least 2 columns, got {z.shape[1]}; pass a single binary logit as (N,)")
     if not np.all(np.isfinite(z)):
         raise ValueError(f"logits contain {int((~np.isfinite(z)).sum())} NaN or infinite values")
     return z

@@ -54,11 +54,20 @@ def main() -> None:
             send_images(client, "1", batch, y[idx])
             labels += BATCH
             report = client.get("/calibration", params={"window": "300"}).json()
-            row = {"labels": labels, "phase": phase, "ece": report["ece"], "ci": report["ece_ci"],
-                   "state": report["alarm"]["state"], "calibration_version": report["calibration_version"]}
+            row = {
+                "labels": labels,
+                "phase": phase,
+                "ece": report["ece"],
+                "ci": report["ece_ci"],
+                "state": report["alarm"]["state"],
+                "calibration_version": report["calibration_version"],
+            }
             history.append(row)
-            print(f"{labels:>6} {phase:<22} v{row['calibration_version']} ECE {row['ece']:.3f} "
-                  f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] alarm: {row['state']}", flush=True)
+            print(
+                f"{labels:>6} {phase:<22} v{row['calibration_version']} ECE {row['ece']:.3f} "
+                f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] alarm: {row['state']}",
+                flush=True,
+            )
             if stop_on_alarm and row["state"] == "alarm":
                 return
 
@@ -67,11 +76,14 @@ def main() -> None:
         stream("in-distribution", 600, shifted=False)
         stream("contrast severity 3", 1500, shifted=True, stop_on_alarm=True)
         stream("collecting shifted labels", 300, shifted=True)
-        refit = client.post("/admin/recalibrate", json={"window": "300"},
-                            headers={"Authorization": f"Bearer {TOKEN}"}).json()
-        print(f"\nrecalibrated: temperature {refit['temperature']:.3f} as calibration version "
-              f"{refit['calibration_version']} (window ECE {refit['ece_current']:.3f} -> {refit['ece_after']:.3f} "
-              f"in-sample)\n")
+        refit = client.post(
+            "/admin/recalibrate", json={"window": "300"}, headers={"Authorization": f"Bearer {TOKEN}"}
+        ).json()
+        print(
+            f"\nrecalibrated: temperature {refit['temperature']:.3f} as calibration version "
+            f"{refit['calibration_version']} (window ECE {refit['ece_current']:.3f} -> {refit['ece_after']:.3f} "
+            f"in-sample)\n"
+        )
         stream("after recalibration", 600, shifted=True)
         plot(history, args.out_dir / "rolling_ece.png")
     finally:

@@ -23,15 +23,20 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (PromQL, descriptions) as literal blocks, as in the source."""
 
 
-_Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+_Dumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None),
+)
 
 
 def render() -> str:
     """The PrometheusRule whose spec is the rule file itself."""
-    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": {"name": "calibrated-serving", "labels": {"app.kubernetes.io/name": "calibrated-serving"}},
-            "spec": yaml.safe_load(ALERTS.read_text())}
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "calibrated-serving", "labels": {"app.kubernetes.io/name": "calibrated-serving"}},
+        "spec": yaml.safe_load(ALERTS.read_text()),
+    }
     return HEADER + yaml.dump(rule, Dumper=_Dumper, sort_keys=False, width=120)
 
 

@@ -48,6 +48,7 @@ EXTERNAL = ("#ffffff", "#7b8794")
 # architecture.png
 # --------------------------------------------------------------------------------------------------
 
+
 def architecture(path: Path) -> None:
     import matplotlib
 
@@ -63,30 +64,66 @@ def architecture(path: Path) -> None:
 
     def box(x, y, w, h, colours, lw=1.6, ls="-", radius=1.2):
         fill, edge = colours
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle=f"round,pad=0,rounding_size={radius}",
-                                    facecolor=fill, edgecolor=edge, linewidth=lw, linestyle=ls))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x, y),
+                w,
+                h,
+                boxstyle=f"round,pad=0,rounding_size={radius}",
+                facecolor=fill,
+                edgecolor=edge,
+                linewidth=lw,
+                linestyle=ls,
+            )
+        )
 
     def arrow(start, end, colour="#3e4c59", lw=1.8, style="-|>", rad=0.0, ls="-"):
-        ax.annotate("", xy=end, xytext=start,
-                    arrowprops=dict(arrowstyle=style, color=colour, lw=lw, linestyle=ls, shrinkA=0, shrinkB=0,
-                                    mutation_scale=16, connectionstyle=f"arc3,rad={rad}"))
+        ax.annotate(
+            "",
+            xy=end,
+            xytext=start,
+            arrowprops=dict(
+                arrowstyle=style,
+                color=colour,
+                lw=lw,
+                linestyle=ls,
+                shrinkA=0,
+                shrinkB=0,
+                mutation_scale=16,
+                connectionstyle=f"arc3,rad={rad}",
+            ),
+        )
 
     def package(x, y, w, h, colours, title, subtitle, modules, columns=1):
         box(x, y, w, h, colours)
-        ax.text(x + 1.5, y + h - 2.2, title, fontsize=13.5, fontweight="bold", color=colours[1], va="top",
-                family="DejaVu Sans Mono")
+        ax.text(
+            x + 1.5,
+            y + h - 2.2,
+            title,
+            fontsize=13.5,
+            fontweight="bold",
+            color=colours[1],
+            va="top",
+            family="DejaVu Sans Mono",
+        )
         ax.text(x + 1.5, y + h - 5.4, subtitle, fontsize=9.5, color="#3e4c59", va="top", style="italic")
         rows = -(-len(modules) // columns)
         col_w = (w - 3) / columns
         for i, (name, what) in enumerate(modules):
             cx = x + 1.5 + (i // rows) * col_w
             cy = y + h - 9.2 - (i % rows) * 3.05
-            ax.text(cx, cy, name, fontsize=10, fontweight="bold", family="DejaVu Sans Mono", color="#1f2933",
-                    va="top")
+            ax.text(cx, cy, name, fontsize=10, fontweight="bold", family="DejaVu Sans Mono", color="#1f2933", va="top")
             ax.text(cx, cy - 1.45, what, fontsize=8.2, color="#52606d", va="top")
 
-    ax.text(2, 87.5, "Calibrated model serving: packages and the data path", fontsize=17, fontweight="bold",
-            va="top", color="#1f2933")
+    ax.text(
+        2,
+        87.5,
+        "Calibrated model serving: packages and the data path",
+        fontsize=17,
+        fontweight="bold",
+        va="top",
+        color="#1f2933",
+    )
 
     # ---- the data path ------------------------------------------------------------------------------
     steps = [
@@ -104,11 +141,29 @@ def architecture(path: Path) -> None:
     for i, (name, what, where, colours) in enumerate(steps):
         x = x0 + i * (width + gap)
         box(x, y, width, h, colours, lw=2.0, radius=2.0)
-        ax.text(x + width / 2, y + h - 4.3 if "\n" not in name else y + h - 4.9, name, ha="center", va="center",
-                fontsize=12.5 if "\n" not in name else 11, fontweight="bold", color="#1f2933", linespacing=1.0)
+        ax.text(
+            x + width / 2,
+            y + h - 4.3 if "\n" not in name else y + h - 4.9,
+            name,
+            ha="center",
+            va="center",
+            fontsize=12.5 if "\n" not in name else 11,
+            fontweight="bold",
+            color="#1f2933",
+            linespacing=1.0,
+        )
         ax.text(x + width / 2, y + 2.3, what, ha="center", va="center", fontsize=8.3, color="#3e4c59")
-        ax.text(x + width / 2, y - 1.2, where, ha="center", va="top", fontsize=8.3, color=colours[1],
-                family="DejaVu Sans Mono", linespacing=1.1)
+        ax.text(
+            x + width / 2,
+            y - 1.2,
+            where,
+            ha="center",
+            va="top",
+            fontsize=8.3,
+            color=colours[1],
+            family="DejaVu Sans Mono",
+            linespacing=1.1,
+        )
         if i:
             arrow((x - gap + 0.15, y + h / 2), (x - 0.15, y + h / 2), lw=2.2)
 
@@ -116,59 +171,132 @@ def architecture(path: Path) -> None:
     top, bottom = 58.5, 17.0
     height = top - bottom
     box(24.5, bottom - 1.8, 124.5, height + 4.0, ("#fbfcfd", "#9aa5b1"), lw=1.2, ls="--", radius=1.5)
-    ax.text(26, top + 1.1, "service/   python -m service (FastAPI, one worker per process; replicas share the store)",
-            fontsize=9.5, color="#52606d", va="center", family="DejaVu Sans Mono")
+    ax.text(
+        26,
+        top + 1.1,
+        "service/   python -m service (FastAPI, one worker per process; replicas share the store)",
+        fontsize=9.5,
+        color="#52606d",
+        va="center",
+        family="DejaVu Sans Mono",
+    )
 
-    package(2, 30, 20, top - 30, TRAINING, "training/", "python -m training run", [
-        ("data", "digits, CIFAR-10, folders"),
-        ("models", "LeNet-5, ResNet, WRN, ..."),
-        ("losses", "CE, focal, LS, MbLS, ..."),
-        ("calibrate", "temperature scaling"),
-        ("evaluate", "ECE, NLL, plots, report"),
-        ("export", "ONNX + manifest"),
-    ])
+    package(
+        2,
+        30,
+        20,
+        top - 30,
+        TRAINING,
+        "training/",
+        "python -m training run",
+        [
+            ("data", "digits, CIFAR-10, folders"),
+            ("models", "LeNet-5, ResNet, WRN, ..."),
+            ("losses", "CE, focal, LS, MbLS, ..."),
+            ("calibrate", "temperature scaling"),
+            ("evaluate", "ECE, NLL, plots, report"),
+            ("export", "ONNX + manifest"),
+        ],
+    )
     box(4.5, bottom - 1.8, 17.5, 10.3, EXTERNAL, lw=1.6)
-    ax.text(5.8, bottom + 6.6, "artifacts/", fontsize=13.5, fontweight="bold", family="DejaVu Sans Mono",
-            color="#1f2933", va="top")
-    ax.text(5.8, bottom + 3.2, "<model>/<version>/\nmodel.onnx\n+ manifest.json", fontsize=8.3,
-            family="DejaVu Sans Mono", color="#3e4c59", va="top", linespacing=1.25)
+    ax.text(
+        5.8,
+        bottom + 6.6,
+        "artifacts/",
+        fontsize=13.5,
+        fontweight="bold",
+        family="DejaVu Sans Mono",
+        color="#1f2933",
+        va="top",
+    )
+    ax.text(
+        5.8,
+        bottom + 3.2,
+        "<model>/<version>/\nmodel.onnx\n+ manifest.json",
+        fontsize=8.3,
+        family="DejaVu Sans Mono",
+        color="#3e4c59",
+        va="top",
+        linespacing=1.25,
+    )
     arrow((13.25, 30), (13.25, bottom + 8.5), lw=2.0)
     ax.text(14.0, 28.2, "export", fontsize=8.5, color="#52606d", va="center")
 
-    package(26, bottom, 37, height, SERVING, "service/serving", "calibrated probabilities, fast", [
-        ("rest", "POST /predict"),
-        ("v2", "Open Inference Protocol"),
-        ("codec", "JSON, images, binary"),
-        ("dataplane", "request -> batch -> reply"),
-        ("batching", "queue, thread per session"),
-        ("runtime", "onnxruntime sessions"),
-        ("preprocessing", "the manifest's pipeline"),
-        ("repository", "loads artifacts/"),
-        ("scoring", "ids, probabilities"),
-        ("prediction_log", "write-behind queue"),
-    ], columns=2)
-    ax.text(27.5, bottom + 2.0, "also GET /models, /health, /metrics, /docs", fontsize=8.3, color=SERVING[1],
-            family="DejaVu Sans Mono")
-    package(69, bottom, 30, height, STORE, "service/store", "SQLAlchemy: SQLite or PostgreSQL", [
-        ("schema", "tables and indexes"),
-        ("migration", "migrated at start"),
-        ("predictions", "the prediction log"),
-        ("labels + block sums", "bin sums per 4,096 labels"),
-        ("calibrations", "refitted temperatures"),
-        ("alarm_state", "detector state per version"),
-    ])
-    package(105, bottom, 42.5, height, MONITORING, "service/monitoring", "labels, rolling calibration, the alarm", [
-        ("feedback", "POST /feedback"),
-        ("feedback_writer", "group commit"),
-        ("evaluator", "background passes"),
-        ("alarm", "ok / warning / alarm"),
-        ("reports", "ECE, bins, drift"),
-        ("calibrations", "recalibrate, activate"),
-        ("routes", "/calibration, /feedback"),
-        ("webhook", "POSTs transitions"),
-    ], columns=2)
-    ax.text(106.5, bottom + 2.0, "out: /calibration, /dashboard, /metrics, webhook", fontsize=8.3,
-            color=MONITORING[1], family="DejaVu Sans Mono")
+    package(
+        26,
+        bottom,
+        37,
+        height,
+        SERVING,
+        "service/serving",
+        "calibrated probabilities, fast",
+        [
+            ("rest", "POST /predict"),
+            ("v2", "Open Inference Protocol"),
+            ("codec", "JSON, images, binary"),
+            ("dataplane", "request -> batch -> reply"),
+            ("batching", "queue, thread per session"),
+            ("runtime", "onnxruntime sessions"),
+            ("preprocessing", "the manifest's pipeline"),
+            ("repository", "loads artifacts/"),
+            ("scoring", "ids, probabilities"),
+            ("prediction_log", "write-behind queue"),
+        ],
+        columns=2,
+    )
+    ax.text(
+        27.5,
+        bottom + 2.0,
+        "also GET /models, /health, /metrics, /docs",
+        fontsize=8.3,
+        color=SERVING[1],
+        family="DejaVu Sans Mono",
+    )
+    package(
+        69,
+        bottom,
+        30,
+        height,
+        STORE,
+        "service/store",
+        "SQLAlchemy: SQLite or PostgreSQL",
+        [
+            ("schema", "tables and indexes"),
+            ("migration", "migrated at start"),
+            ("predictions", "the prediction log"),
+            ("labels + block sums", "bin sums per 4,096 labels"),
+            ("calibrations", "refitted temperatures"),
+            ("alarm_state", "detector state per version"),
+        ],
+    )
+    package(
+        105,
+        bottom,
+        42.5,
+        height,
+        MONITORING,
+        "service/monitoring",
+        "labels, rolling calibration, the alarm",
+        [
+            ("feedback", "POST /feedback"),
+            ("feedback_writer", "group commit"),
+            ("evaluator", "background passes"),
+            ("alarm", "ok / warning / alarm"),
+            ("reports", "ECE, bins, drift"),
+            ("calibrations", "recalibrate, activate"),
+            ("routes", "/calibration, /feedback"),
+            ("webhook", "POSTs transitions"),
+        ],
+        columns=2,
+    )
+    ax.text(
+        106.5,
+        bottom + 2.0,
+        "out: /calibration, /dashboard, /metrics, webhook",
+        fontsize=8.3,
+        color=MONITORING[1],
+        family="DejaVu Sans Mono",
+    )
 
     # flows between packages
     arrow((22, bottom + 3.35), (26, bottom + 3.35), lw=2.0)
@@ -182,13 +310,27 @@ def architecture(path: Path) -> None:
 
     # ---- calibkit -------------------------------------------------------------------------------------
     box(2, 1.5, 146, 9.5, CALIBKIT)
-    ax.text(3.5, 9.3, "calibkit/", fontsize=13.5, fontweight="bold", family="DejaVu Sans Mono",
-            color=CALIBKIT[1], va="top")
-    ax.text(3.5, 5.7, "pure numpy + scipy, imported\nby training/ and service/", fontsize=8.3, color="#3e4c59",
-            va="top", style="italic", linespacing=1.15)
-    modules = [("metrics", "ECE, MCE, AdaECE, NLL, Brier"), ("binning", "15 bins (lo, hi]"),
-               ("stats / BinStats", "mergeable bin sums"), ("detector", "CUSUM e-detector"),
-               ("alarms", "policy, drift test"), ("temperature", "fit and apply T")]
+    ax.text(
+        3.5, 9.3, "calibkit/", fontsize=13.5, fontweight="bold", family="DejaVu Sans Mono", color=CALIBKIT[1], va="top"
+    )
+    ax.text(
+        3.5,
+        5.7,
+        "pure numpy + scipy, imported\nby training/ and service/",
+        fontsize=8.3,
+        color="#3e4c59",
+        va="top",
+        style="italic",
+        linespacing=1.15,
+    )
+    modules = [
+        ("metrics", "ECE, MCE, AdaECE, NLL, Brier"),
+        ("binning", "15 bins (lo, hi]"),
+        ("stats / BinStats", "mergeable bin sums"),
+        ("detector", "CUSUM e-detector"),
+        ("alarms", "policy, drift test"),
+        ("temperature", "fit and apply T"),
+    ]
     for i, (name, what) in enumerate(modules):
         cx = 27 + i * 20.2
         ax.text(cx, 8.9, name, fontsize=10, fontweight="bold", family="DejaVu Sans Mono", color="#1f2933", va="top")
@@ -203,6 +345,7 @@ def architecture(path: Path) -> None:
 # reliability.png
 # --------------------------------------------------------------------------------------------------
 
+
 def reliability(path: Path) -> None:
     if not RELIABILITY.exists():
         raise SystemExit(f"{RELIABILITY} is missing: run `make artifacts` (python -m training run) first")
@@ -212,6 +355,7 @@ def reliability(path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 # dashboard.png
 # --------------------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -235,12 +379,23 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
     try:
         shutil.copytree(ROOT / "artifacts", workdir / "artifacts")
         port = _free_port()
-        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{workdir / 'monitoring.db'}", CALIB_LOG_LEVEL="warning",
-                   CALIB_DEFAULT_MODEL=MODEL, CALIB_EVALUATE_SECONDS="0.2", CALIB_GRPC_PORT="0", PYTHONPATH=str(ROOT))
+        env = dict(
+            os.environ,
+            CALIB_DATABASE_URL=f"sqlite:///{workdir / 'monitoring.db'}",
+            CALIB_LOG_LEVEL="warning",
+            CALIB_DEFAULT_MODEL=MODEL,
+            CALIB_EVALUATE_SECONDS="0.2",
+            CALIB_GRPC_PORT="0",
+            PYTHONPATH=str(ROOT),
+        )
         with open(workdir / "service.log", "wb") as log:
-            process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(workdir / "artifacts"),
-                                        "--port", str(port)], cwd=workdir, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "service", "--artifacts", str(workdir / "artifacts"), "--port", str(port)],
+                cwd=workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         base = f"http://127.0.0.1:{port}"
         client = httpx.Client(base_url=base, timeout=60)
         deadline = time.monotonic() + start_timeout
@@ -291,12 +446,28 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
         time.sleep(1.0)
 
         shot = workdir / "dashboard.png"
-        subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                        "--no-first-run", f"--user-data-dir={workdir / 'chromium'}",
-                        "--virtual-time-budget=5000", "--window-size=1280,1000", f"--screenshot={shot}",
-                        f"{base}/dashboard?model={MODEL}&version={version}"],
-                       check=True, timeout=180, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={workdir / 'chromium'}",
+                "--virtual-time-budget=5000",
+                "--window-size=1280,1000",
+                f"--screenshot={shot}",
+                f"{base}/dashboard?model={MODEL}&version={version}",
+            ],
+            check=True,
+            timeout=180,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _save_small(shot, path)
     except BaseException:
         if (workdir / "service.log").exists():

@@ -63,12 +63,20 @@ class Service:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{database}", CALIB_LOG_LEVEL="warning",
-                   CALIB_GRPC_PORT="0",
-                   CALIB_EVALUATE_SECONDS=EVALUATE_SECONDS, **env)
-        self.process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(artifacts),
-                                         "--port", str(self.port)], env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+        env = dict(
+            os.environ,
+            CALIB_DATABASE_URL=f"sqlite:///{database}",
+            CALIB_LOG_LEVEL="warning",
+            CALIB_GRPC_PORT="0",
+            CALIB_EVALUATE_SECONDS=EVALUATE_SECONDS,
+            **env,
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service", "--artifacts", str(artifacts), "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -86,8 +94,11 @@ class Service:
 
 
 def _evaluation_passes(client: httpx.Client) -> float:
-    return next(float(line.split()[1]) for line in client.get("/metrics").text.splitlines()
-                if line.startswith("calib_evaluation_duration_seconds_count"))
+    return next(
+        float(line.split()[1])
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith("calib_evaluation_duration_seconds_count")
+    )
 
 
 def evaluated(client: httpx.Client, timeout: float = 120.0) -> None:
@@ -119,7 +130,9 @@ def send_images(client, version: str, x: np.ndarray, y: np.ndarray) -> None:
 
 
 def send_offline(client, version: str, probs: np.ndarray, y: np.ndarray) -> None:
-    items = [{"probabilities": p.tolist(), "label": int(t), "model": MODEL, "version": version} for p, t in zip(probs, y)]
+    items = [
+        {"probabilities": p.tolist(), "label": int(t), "model": MODEL, "version": version} for p, t in zip(probs, y)
+    ]
     client.post("/feedback", json={"items": items}).raise_for_status()
     evaluated(client)
 
@@ -132,8 +145,12 @@ def run(args) -> dict:
     temperature = json.loads((ARTIFACT / "manifest.json").read_text())["calibration"]["params"]["temperature"]
     rng = np.random.default_rng(args.seed)
 
-    scenarios = [("synthetic, logits x1.6", "synthetic", 1.6, 0), ("synthetic, logits x2.5", "synthetic", 2.5, 0),
-                 ("digits, logits x1.6", "scale", 1.6, 0), ("digits, logits x2.5", "scale", 2.5, 0)]
+    scenarios = [
+        ("synthetic, logits x1.6", "synthetic", 1.6, 0),
+        ("synthetic, logits x2.5", "synthetic", 2.5, 0),
+        ("digits, logits x1.6", "scale", 1.6, 0),
+        ("digits, logits x2.5", "scale", 2.5, 0),
+    ]
     scenarios += [(f"{c} s{sev}", "corruption", c, sev) for c in args.corruptions for sev in args.severities]
     versions = args.runs + len(scenarios)
     workdir = Path(tempfile.mkdtemp(prefix="calib-sim-"))
@@ -148,8 +165,9 @@ def run(args) -> dict:
                 idx = rng.integers(0, len(y_pool), size=min(args.batch_in, args.labels - start))
                 send_images(client, version, x_pool[idx], y_pool[idx])
             states = _states(client, version)
-            result["false_alarm_runs"].append({"labels": args.labels, "alarm": "alarm" in states,
-                                               "warnings": states.count("warning")})
+            result["false_alarm_runs"].append(
+                {"labels": args.labels, "alarm": "alarm" in states, "warnings": states.count("warning")}
+            )
             print(f"in-distribution run {run_index + 1}: {args.labels} labels, alarm={'alarm' in states}", flush=True)
 
         for offset, (name, kind, value, severity) in enumerate(scenarios):
@@ -172,18 +190,30 @@ def run(args) -> dict:
                     logits = session.run(["logits"], {"input": x_pool[idx]})[0].astype(np.float64)
                     send_offline(client, version, apply_temperature(value * logits, temperature), y_pool[idx])
                 else:
-                    send_images(client, version, corrupt(x_pool[idx], value, severity, seed=int(rng.integers(1 << 30))),
-                                y_pool[idx])
+                    send_images(
+                        client,
+                        version,
+                        corrupt(x_pool[idx], value, severity, seed=int(rng.integers(1 << 30))),
+                        y_pool[idx],
+                    )
                 if _alarmed(client, version):
                     needed = sent
                     break
             final = client.get("/calibration", params={"model": MODEL, "version": version}).json()
-            row = {"scenario": name, "population_ece": population["ece"], "accuracy": population["accuracy"],
-                   "labels_to_alarm": needed, "final_state": final["alarm"]["state"],
-                   "window_ece": final["ece"], "window_ece_ci": final["ece_ci"]}
+            row = {
+                "scenario": name,
+                "population_ece": population["ece"],
+                "accuracy": population["accuracy"],
+                "labels_to_alarm": needed,
+                "final_state": final["alarm"]["state"],
+                "window_ece": final["ece"],
+                "window_ece_ci": final["ece_ci"],
+            }
             result["scenarios"].append(row)
-            print(f"{name}: ECE {population['ece']:.3f} -> alarm after {needed} labels ({final['alarm']['state']})",
-                  flush=True)
+            print(
+                f"{name}: ECE {population['ece']:.3f} -> alarm after {needed} labels ({final['alarm']['state']})",
+                flush=True,
+            )
     finally:
         service.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -206,17 +236,25 @@ def markdown(result: dict) -> str:
     runs = result["false_alarm_runs"]
     labels = sum(r["labels"] for r in runs)
     alarms = sum(r["alarm"] for r in runs)
-    lines = [f"False alarms: {alarms} of {len(runs)} in-distribution streams of {runs[0]['labels'] if runs else 0} "
-             f"labels ({labels} labels in all) raised an alarm; the e-detector's mean time to a false alarm is at least "
-             f"CALIB_ALARM__THRESHOLD labels (12,500 by default). Warnings (label-free drift signals) in those streams: "
-             f"{sum(r['warnings'] for r in runs)}.", "",
-             "| shift | population ECE | accuracy | labels to alarm after the shift | state |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"False alarms: {alarms} of {len(runs)} in-distribution streams of {runs[0]['labels'] if runs else 0} "
+        f"labels ({labels} labels in all) raised an alarm; the e-detector's mean time to a false alarm is at least "
+        f"CALIB_ALARM__THRESHOLD labels (12,500 by default). Warnings (label-free drift signals) in those streams: "
+        f"{sum(r['warnings'] for r in runs)}.",
+        "",
+        "| shift | population ECE | accuracy | labels to alarm after the shift | state |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for row in result["scenarios"]:
-        needed = row["labels_to_alarm"] if row["labels_to_alarm"] is not None else \
-            f"none within {result['setup']['max_shifted']}"
-        lines.append(f"| {row['scenario']} | {row['population_ece']:.3f} | {row['accuracy']:.3f} | {needed} | "
-                     f"{row['final_state']} |")
+        needed = (
+            row["labels_to_alarm"]
+            if row["labels_to_alarm"] is not None
+            else f"none within {result['setup']['max_shifted']}"
+        )
+        lines.append(
+            f"| {row['scenario']} | {row['population_ece']:.3f} | {row['accuracy']:.3f} | {needed} | "
+            f"{row['final_state']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

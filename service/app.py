@@ -61,9 +61,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         housekeeping = asyncio.get_running_loop().create_task(_housekeeping(endpoints))
         endpoints.ready = True
         log.info("tokens required for: %s", ", ".join(g for g in GROUPS if access.required(g)))
-        log.info("ready: %d model version(s), %d refused; store %s", len(endpoints.repository.all()),
-                 len(endpoints.repository.failed),
-                 "up" if endpoints.store.db.last_error is None else f"unavailable ({endpoints.store.db.last_error})")
+        log.info(
+            "ready: %d model version(s), %d refused; store %s",
+            len(endpoints.repository.all()),
+            len(endpoints.repository.failed),
+            "up" if endpoints.store.db.last_error is None else f"unavailable ({endpoints.store.db.last_error})",
+        )
         yield
         endpoints.ready = False
         housekeeping.cancel()
@@ -79,10 +82,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("stopped: queued and in-flight batches finished")
 
     telemetry = {} if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
-    app = FastAPI(title="Calibrated model serving", version=__version__, lifespan=lifespan, telemetry=telemetry,
-                  description="Calibrated probabilities from ONNX models, with calibration monitoring.")
-    app.add_middleware(ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes,
-                       direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES], access=access)
+    app = FastAPI(
+        title="Calibrated model serving",
+        version=__version__,
+        lifespan=lifespan,
+        telemetry=telemetry,
+        description="Calibrated probabilities from ONNX models, with calibration monitoring.",
+    )
+    app.add_middleware(
+        ServingMiddleware,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        direct=[*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES],
+        access=access,
+    )
     app.include_router(rest_router)
     app.router.routes[:0] = [*PREDICT_ROUTES, *FEEDBACK_ROUTES, *INFER_ROUTES]  # the hottest routes are matched first
     app.include_router(monitoring_router)
@@ -152,8 +165,9 @@ def _openapi(app: FastAPI) -> dict:
     if app.openapi_schema:
         return app.openapi_schema
     contracts = [PREDICT_CONTRACT, FEEDBACK_CONTRACT, *INFER_CONTRACTS]
-    schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                         routes=[*app.routes, *contracts])
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=[*app.routes, *contracts]
+    )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for model in (V2InferenceRequest, RecalibrateRequest, ActivateRequest):
         definition = model.model_json_schema(ref_template="#/components/schemas/{model}")

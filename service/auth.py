@@ -108,15 +108,13 @@ class AccessControl:
             return ANONYMOUS
         scheme, _, credentials = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
-            raise Unauthorized(f"a valid 'Authorization: Bearer <token>' header is required ({group} routes)",
-                               REALM)
+            raise Unauthorized(f"a valid 'Authorization: Bearer <token>' header is required ({group} routes)", REALM)
         given, found = credentials.strip().encode(), None
         for name, token in tokens.items():  # every token is compared: the time does not tell which matched
             if secrets.compare_digest(given, token):
                 found = name
         if found is None:
-            raise Unauthorized(f"the bearer token is not valid for {group} routes",
-                               f'{REALM}, error="invalid_token"')
+            raise Unauthorized(f"the bearer token is not valid for {group} routes", f'{REALM}, error="invalid_token"')
         return found
 
     def allows(self, group: Group, authorization: str | None) -> bool:

@@ -53,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn drains on SIGTERM, restores the handler it found and raises the signal again, so that the process
     # would end killed by it; a drained replica has done nothing wrong, so it is absorbed here and the exit is 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1,
-                log_level=settings.log_level, timeout_graceful_shutdown=settings.graceful_shutdown_seconds,
-                access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        workers=1,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=settings.graceful_shutdown_seconds,
+        access_log=False,
+    )
     return 0

@@ -27,8 +27,12 @@ DASHBOARD_HTML: str = resources.files("service").joinpath("static", "dashboard.h
     tags=["dashboard"],
     response_class=HTMLResponse,
     include_in_schema=True,
-    responses={200: {"description": "the calibration dashboard (one self-contained HTML page)",
-                     "content": {"text/html": {"schema": {"type": "string"}}}}},
+    responses={
+        200: {
+            "description": "the calibration dashboard (one self-contained HTML page)",
+            "content": {"text/html": {"schema": {"type": "string"}}},
+        }
+    },
 )
 async def dashboard() -> HTMLResponse:
     """Calibration dashboard: alarm state, key metrics, rolling ECE, reliability diagram, alarm history, health."""

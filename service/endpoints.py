@@ -62,25 +62,51 @@ class Endpoints:
         """The service's parts wired together (nothing started, no model loaded, the store not touched)."""
         repository = ModelRepository(settings)
         store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
-        monitor = Monitor(store, repository, metrics, n_bins=settings.n_bins, policy=settings.alarm,
-                          alarm_window=settings.alarm_window, detail_rows=settings.detail_rows,
-                          drift_rows=settings.drift_rows, n_resamples=settings.bootstrap_resamples,
-                          retention_seconds=settings.retention_days * 86400, trusted=settings.trusted_sources())
+        monitor = Monitor(
+            store,
+            repository,
+            metrics,
+            n_bins=settings.n_bins,
+            policy=settings.alarm,
+            alarm_window=settings.alarm_window,
+            detail_rows=settings.detail_rows,
+            drift_rows=settings.drift_rows,
+            n_resamples=settings.bootstrap_resamples,
+            retention_seconds=settings.retention_days * 86400,
+            trusted=settings.trusted_sources(),
+        )
         webhook = AlarmWebhook(settings.webhook_url, metrics)
-        evaluator = Evaluator(monitor, metrics, webhook, every_labels=settings.evaluate_every_labels,
-                              seconds=settings.evaluate_seconds)
-        joiner = PendingJoiner(monitor.feedback, horizon=settings.pending_label_seconds,
-                               interval=settings.pending_join_seconds, on_stored=evaluator.labels_arrived)
-        prediction_log = PredictionLog(store, metrics, max_pending=settings.prediction_log_queue,
-                                       interval=settings.prediction_log_interval_seconds,
-                                       durability=settings.prediction_log_durability,
-                                       retry_after=settings.retry_after_seconds, on_written=joiner.predictions_written)
-        feedback = FeedbackWriter(monitor, prediction_log, max_request_items=settings.max_feedback_items,
-                                  on_stored=evaluator.labels_arrived, on_pending=joiner.labels_pending)
-        dataplane = DataPlane(repository, settings, metrics, monitor,
-                              prediction_log if settings.prediction_log else None)
-        return cls(settings, metrics, store, dataplane, monitor, prediction_log, feedback, joiner, evaluator, webhook,
-                   access)
+        evaluator = Evaluator(
+            monitor, metrics, webhook, every_labels=settings.evaluate_every_labels, seconds=settings.evaluate_seconds
+        )
+        joiner = PendingJoiner(
+            monitor.feedback,
+            horizon=settings.pending_label_seconds,
+            interval=settings.pending_join_seconds,
+            on_stored=evaluator.labels_arrived,
+        )
+        prediction_log = PredictionLog(
+            store,
+            metrics,
+            max_pending=settings.prediction_log_queue,
+            interval=settings.prediction_log_interval_seconds,
+            durability=settings.prediction_log_durability,
+            retry_after=settings.retry_after_seconds,
+            on_written=joiner.predictions_written,
+        )
+        feedback = FeedbackWriter(
+            monitor,
+            prediction_log,
+            max_request_items=settings.max_feedback_items,
+            on_stored=evaluator.labels_arrived,
+            on_pending=joiner.labels_pending,
+        )
+        dataplane = DataPlane(
+            repository, settings, metrics, monitor, prediction_log if settings.prediction_log else None
+        )
+        return cls(
+            settings, metrics, store, dataplane, monitor, prediction_log, feedback, joiner, evaluator, webhook, access
+        )
 
     @property
     def repository(self) -> ModelRepository:
@@ -93,32 +119,57 @@ class Endpoints:
     async def health(self, admin: bool) -> HealthResponse:
         """Readiness with details: loaded models and their providers, refused artifacts, the store (its
         last error only for ``admin``: the driver's text names hosts, ports and databases)."""
-        models = [{"name": m.name, "version": m.version, "ready": m.ready, "provider": m.runtime.provider,
-                   "requested_providers": m.runtime.requested, "io_binding": m.runtime.io_binding,
-                   "batch_buckets": list(m.runtime.buckets),
-                   "sessions": len(m.runtimes),
-                   "queued_rows": m.batcher.queued_rows if m.batcher else 0}
-                  for m in self.repository.all()]
+        models = [
+            {
+                "name": m.name,
+                "version": m.version,
+                "ready": m.ready,
+                "provider": m.runtime.provider,
+                "requested_providers": m.runtime.requested,
+                "io_binding": m.runtime.io_binding,
+                "batch_buckets": list(m.runtime.buckets),
+                "sessions": len(m.runtimes),
+                "queued_rows": m.batcher.queued_rows if m.batcher else 0,
+            }
+            for m in self.repository.all()
+        ]
         ready = self.is_ready()
         db = self.store.db
         store_up = await anyio.to_thread.run_sync(db.ping)
         self.metrics.storage_up.set(int(store_up))
         log_ = self.prediction_log
-        storage = {"backend": db.engine.dialect.name, "up": store_up, "prediction_log_pending": log_.pending,
-                   "prediction_log": {"enabled": self.settings.prediction_log,
-                                      "durability": "sync" if log_.sync else "async",
-                                      "queued_rows": log_.pending, "max_queued_rows": log_.max_pending,
-                                      "unwritten_up_to_seconds": 0.0 if log_.sync else log_.interval,
-                                      "after_a_crash": ("every answered id is stored" if log_.sync else
-                                                        "ids answered but not yet written stay unknown; labels "
-                                                        "sent for them wait as pending, then expire")}
-                   } | ({"error": db.last_error} if admin else {})
+        storage = {
+            "backend": db.engine.dialect.name,
+            "up": store_up,
+            "prediction_log_pending": log_.pending,
+            "prediction_log": {
+                "enabled": self.settings.prediction_log,
+                "durability": "sync" if log_.sync else "async",
+                "queued_rows": log_.pending,
+                "max_queued_rows": log_.max_pending,
+                "unwritten_up_to_seconds": 0.0 if log_.sync else log_.interval,
+                "after_a_crash": (
+                    "every answered id is stored"
+                    if log_.sync
+                    else "ids answered but not yet written stay unknown; labels "
+                    "sent for them wait as pending, then expire"
+                ),
+            },
+        } | ({"error": db.last_error} if admin else {})
         status = "not_ready" if not ready else ("degraded" if self.repository.failed or not store_up else "ok")
-        return HealthResponse(status=status, ready=ready, models=models, failed_artifacts=self.repository.failed,
-                              storage=storage, device=self.settings.device,
-                              available_providers=ort.get_available_providers(), onnxruntime=ort.__version__,
-                              cuda_libraries=self.repository.cuda_libraries, grpc_port=self.grpc_port,
-                              version=__version__)
+        return HealthResponse(
+            status=status,
+            ready=ready,
+            models=models,
+            failed_artifacts=self.repository.failed,
+            storage=storage,
+            device=self.settings.device,
+            available_providers=ort.get_available_providers(),
+            onnxruntime=ort.__version__,
+            cuda_libraries=self.repository.cuda_libraries,
+            grpc_port=self.grpc_port,
+            version=__version__,
+        )
 
     def server_ready(self) -> dict:
         """The v2 server readiness (503 when no model version is ready)."""
@@ -136,15 +187,17 @@ class Endpoints:
     async def unmatched_labels(self, status: str | None, limit: int) -> dict:
         return await anyio.to_thread.run_sync(self.store.pending.unmatched, status, limit)
 
-    async def calibration(self, model: str | None, version: str | None, window: str | None,
-                          by_source: bool = False) -> dict:
+    async def calibration(
+        self, model: str | None, version: str | None, window: str | None, by_source: bool = False
+    ) -> dict:
         return await anyio.to_thread.run_sync(self.monitor.reports.report, model, version, window, by_source)
 
     async def reliability_png(self, model: str | None, version: str | None, window: str | None) -> bytes:
         return await anyio.to_thread.run_sync(self.monitor.reports.reliability_png, model, version, window)
 
-    async def timeline(self, model: str | None, version: str | None, window: int, step: int,
-                       points: int) -> TimelineResponse:
+    async def timeline(
+        self, model: str | None, version: str | None, window: int, step: int, points: int
+    ) -> TimelineResponse:
         return await anyio.to_thread.run_sync(self.monitor.reports.timeline, model, version, window, step, points)
 
     async def history(self, model: str | None, version: str | None) -> HistoryResponse:
@@ -154,8 +207,7 @@ class Endpoints:
         return await anyio.to_thread.run_sync(self.monitor.recalibrate, body.model, body.version, body.window)
 
     async def activate(self, body: ActivateRequest) -> ActivateResponse:
-        return await anyio.to_thread.run_sync(self.monitor.activate, body.model, body.version,
-                                              body.calibration_version)
+        return await anyio.to_thread.run_sync(self.monitor.activate, body.model, body.version, body.calibration_version)
 
 
 def current(connection: HTTPConnection) -> Endpoints:

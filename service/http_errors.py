@@ -34,8 +34,13 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
         problems = "; ".join(dict.fromkeys(f"{field_path(e['loc'])}: {e['msg']}" for e in errors[:5]))
         return _error(path, 422, InvalidInput.code, problems, field_path(first["loc"]))
     if isinstance(exc, StarletteHTTPException):
-        return _error(path, exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail),
-                      headers=getattr(exc, "headers", None))
+        return _error(
+            path,
+            exc.status_code,
+            _HTTP_CODES.get(exc.status_code, "http_error"),
+            str(exc.detail),
+            headers=getattr(exc, "headers", None),
+        )
     return _error(path, 500, "internal_error", "internal error; see the server log")
 
 
@@ -48,8 +53,9 @@ def field_path(loc: tuple) -> str:
     return out or "body"
 
 
-def _error(path: str, status: int, code: str, message: str, field: str | None = None,
-           headers: dict | None = None) -> JSONResponse:
+def _error(
+    path: str, status: int, code: str, message: str, field: str | None = None, headers: dict | None = None
+) -> JSONResponse:
     if path.startswith("/v2"):
         status = 400 if status == 422 else status
         return JSONResponse({"error": f"{field}: {message}" if field else message}, status, headers=headers)

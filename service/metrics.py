@@ -9,8 +9,25 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
-                   1.0, 2.5, 5.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 PHASES = ("parse", "validate", "batch", "encode")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -22,68 +39,127 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         self._phases: dict[str, dict] = {}
         r = self.registry
-        self.requests = Counter("calib_http_requests_total", "HTTP requests by route template, method and status",
-                                ["route", "method", "status"], registry=r)
-        self.latency = Histogram("calib_http_request_duration_seconds", "Total request latency by route template",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.phase = Histogram("calib_request_phase_duration_seconds",
-                               "Request time by phase: parse (read + decode JSON), validate, batch (queue + "
-                               "inference, see the two histograms below), encode (build + encode the response)",
-                               ["route", "phase"], buckets=LATENCY_BUCKETS, registry=r)
-        self.grpc_requests = Counter("calib_grpc_requests_total", "gRPC calls by method and status code",
-                                     ["method", "code"], registry=r)
-        self.grpc_latency = Histogram("calib_grpc_request_duration_seconds", "gRPC call latency by method",
-                                      ["method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "calib_http_requests_total",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "calib_http_request_duration_seconds",
+            "Total request latency by route template",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.phase = Histogram(
+            "calib_request_phase_duration_seconds",
+            "Request time by phase: parse (read + decode JSON), validate, batch (queue + "
+            "inference, see the two histograms below), encode (build + encode the response)",
+            ["route", "phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.grpc_requests = Counter(
+            "calib_grpc_requests_total", "gRPC calls by method and status code", ["method", "code"], registry=r
+        )
+        self.grpc_latency = Histogram(
+            "calib_grpc_request_duration_seconds",
+            "gRPC call latency by method",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge("calib_http_requests_in_flight", "Requests being served", registry=r)
-        self.queue = Histogram("calib_queue_duration_seconds", "Time a request waited for its batch",
-                               ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.inference = Histogram("calib_inference_duration_seconds", "onnxruntime time of a batch",
-                                   ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("calib_batch_size_rows", "Rows per onnxruntime call", ["model"],
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.rejected = Counter("calib_batcher_rejected_total", "Requests refused because the queue was full",
-                                ["model"], registry=r)
+        self.queue = Histogram(
+            "calib_queue_duration_seconds",
+            "Time a request waited for its batch",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "calib_inference_duration_seconds",
+            "onnxruntime time of a batch",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "calib_batch_size_rows", "Rows per onnxruntime call", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.rejected = Counter(
+            "calib_batcher_rejected_total", "Requests refused because the queue was full", ["model"], registry=r
+        )
         self.predictions = Counter("calib_predictions_total", "Rows predicted", ["model", "version"], registry=r)
-        self.model_info = Gauge("calib_model_info", "Loaded model versions and the provider that runs them (1)",
-                                ["model", "version", "provider", "calibration"], registry=r)
-        self.model_ready = Gauge("calib_model_ready", "1 when the model version is ready", ["model", "version"],
-                                 registry=r)
+        self.model_info = Gauge(
+            "calib_model_info",
+            "Loaded model versions and the provider that runs them (1)",
+            ["model", "version", "provider", "calibration"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "calib_model_ready", "1 when the model version is ready", ["model", "version"], registry=r
+        )
 
-        self.log_written = Counter("calib_prediction_log_written_total", "Prediction rows written to the store",
-                                   registry=r)
-        self.log_dropped = Counter("calib_prediction_log_dropped_total", "Prediction rows not logged, by reason",
-                                   ["reason"], registry=r)
-        self.storage_up = Gauge("calib_storage_up", "1 when the feedback store answered the last operation",
-                                registry=r)
-        self.feedback_items = Counter("calib_feedback_items_total", "Feedback items by result: accepted, pending "
-                                      "(stored until their prediction is) or rejected", ["result"], registry=r)
-        self.pending_labels = Gauge("calib_pending_labels", "Labels waiting for their prediction, as this replica "
-                                    "last counted them in the store", registry=r)
-        self.pending_resolved = Counter("calib_pending_labels_resolved_total", "Pending labels this replica joined "
-                                        "to their prediction, expired or rejected at the join", ["outcome"],
-                                        registry=r)
+        self.log_written = Counter(
+            "calib_prediction_log_written_total", "Prediction rows written to the store", registry=r
+        )
+        self.log_dropped = Counter(
+            "calib_prediction_log_dropped_total", "Prediction rows not logged, by reason", ["reason"], registry=r
+        )
+        self.storage_up = Gauge("calib_storage_up", "1 when the feedback store answered the last operation", registry=r)
+        self.feedback_items = Counter(
+            "calib_feedback_items_total",
+            "Feedback items by result: accepted, pending (stored until their prediction is) or rejected",
+            ["result"],
+            registry=r,
+        )
+        self.pending_labels = Gauge(
+            "calib_pending_labels",
+            "Labels waiting for their prediction, as this replica last counted them in the store",
+            registry=r,
+        )
+        self.pending_resolved = Counter(
+            "calib_pending_labels_resolved_total",
+            "Pending labels this replica joined to their prediction, expired or rejected at the join",
+            ["outcome"],
+            registry=r,
+        )
         by_bin = ["model", "version", "bin"]
         self.labeled = Counter("calib_labeled_total", "Labelled predictions per confidence bin", by_bin, registry=r)
-        self.confidence_sum = Counter("calib_confidence_sum_total", "Sum of confidences of labelled predictions per bin",
-                                      by_bin, registry=r)
-        self.correct = Counter("calib_correct_total", "Correct labelled predictions per confidence bin", by_bin,
-                               registry=r)
+        self.confidence_sum = Counter(
+            "calib_confidence_sum_total", "Sum of confidences of labelled predictions per bin", by_bin, registry=r
+        )
+        self.correct = Counter(
+            "calib_correct_total", "Correct labelled predictions per confidence bin", by_bin, registry=r
+        )
         mv = ["model", "version"]
         self.alarm_state = Gauge("calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv, registry=r)
         self.window_ece = Gauge("calib_window_ece", "ECE of the alarm window", mv, registry=r)
-        self.window_ece_low = Gauge("calib_window_ece_lower", "Lower bound of the alarm window's ECE interval", mv,
-                                    registry=r)
-        self.window_ece_high = Gauge("calib_window_ece_upper", "Upper bound of the alarm window's ECE interval", mv,
-                                     registry=r)
+        self.window_ece_low = Gauge(
+            "calib_window_ece_lower", "Lower bound of the alarm window's ECE interval", mv, registry=r
+        )
+        self.window_ece_high = Gauge(
+            "calib_window_ece_upper", "Upper bound of the alarm window's ECE interval", mv, registry=r
+        )
         self.window_labels = Gauge("calib_window_labels", "Labels in the alarm window", mv, registry=r)
-        self.e_detector = Gauge("calib_e_detector", "The alarm's e-detector: the weighted mixture of its CUSUMs "
-                                "(alarm at CALIB_ALARM__THRESHOLD)", mv, registry=r)
+        self.e_detector = Gauge(
+            "calib_e_detector",
+            "The alarm's e-detector: the weighted mixture of its CUSUMs (alarm at CALIB_ALARM__THRESHOLD)",
+            mv,
+            registry=r,
+        )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
-        self.webhook_failures = Counter("calib_webhook_failures_total", "Alarm webhooks that could not be delivered",
-                                        registry=r)
-        self.evaluation = Histogram("calib_evaluation_duration_seconds", "Alarm evaluation passes over every served "
-                                    "model version (its count: the passes completed)", buckets=LATENCY_BUCKETS,
-                                    registry=r)
+        self.webhook_failures = Counter(
+            "calib_webhook_failures_total", "Alarm webhooks that could not be delivered", registry=r
+        )
+        self.evaluation = Histogram(
+            "calib_evaluation_duration_seconds",
+            "Alarm evaluation passes over every served model version (its count: the passes completed)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
     def phases(self, route: str) -> dict:
         """The phase histograms of ``route`` by phase name (resolved once: label lookups cost per request)."""

@@ -37,14 +37,24 @@ class ServingMiddleware:
     (``service.http_errors``); an unexpected exception still propagates to the app's 500 handler.
     The router keeps these routes too, for the 405 of other methods."""
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, max_body_bytes: int, direct: Sequence[Route] = (),
-                 access: AccessControl | None = None):
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: ServiceMetrics,
+        max_body_bytes: int,
+        direct: Sequence[Route] = (),
+        access: AccessControl | None = None,
+    ):
         self.app = app
         self.access = access
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.direct = {(method, route.path): route for route in direct if not route.param_convertors
-                       for method in route.methods or ()}
+        self.direct = {
+            (method, route.path): route
+            for route in direct
+            if not route.param_convertors
+            for method in route.methods or ()
+        }
         self.patterns = [route for route in direct if route.param_convertors]
         self._metric_children: dict[tuple, tuple] = {}
 
@@ -141,8 +151,10 @@ class ServingMiddleware:
         key = (template, method, status)
         found = self._metric_children.get(key)
         if found is None:
-            found = self._metric_children[key] = (self.metrics.requests.labels(template, method, str(status)),
-                                                  self.metrics.latency.labels(template))
+            found = self._metric_children[key] = (
+                self.metrics.requests.labels(template, method, str(status)),
+                self.metrics.latency.labels(template),
+            )
         return found
 
     async def _refuse(self, scope: Scope, send: Send, request_id: str, error: ServiceError, route: str) -> None:

@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, StrictStr,
 
 Row = str | list[Any]
 WINDOW_PATTERN = r"^(?:(0*[1-9][0-9]*)|([0-9]+(?:\.[0-9]+)?)([smhd]))$"  # groups: count | amount, unit
-WINDOW = Field(default=None, pattern=WINDOW_PATTERN, description="a label count (1000) or a duration (30s, 15m, 1h, 7d)")
+WINDOW = Field(
+    default=None, pattern=WINDOW_PATTERN, description="a label count (1000) or a duration (30s, 15m, 1h, 7d)"
+)
 
 
 class _Request(BaseModel):
@@ -33,9 +35,12 @@ class PredictRequest(PredictOptions):
     """A batch of rows: nested arrays of the model's input shape (C, H, W) -- (H, W) or a flat
     C*H*W vector also work -- or base64-encoded PNG/JPEG images (optionally as data URLs)."""
 
-    inputs: list[Row] = Field(min_length=1, description="one entry per row: a nested numeric array or a base64 "
-                              "image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
-                              "preprocessing.invert in GET /models)")
+    inputs: list[Row] = Field(
+        min_length=1,
+        description="one entry per row: a nested numeric array or a base64 "
+        "image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
+        "preprocessing.invert in GET /models)",
+    )
 
 
 class ClassProbability(BaseModel):
@@ -106,10 +111,12 @@ class HealthResponse(BaseModel):
     device: str
     available_providers: list[str]
     onnxruntime: str
-    grpc_port: int | None = Field(default=None, description="the port of the Open Inference Protocol over gRPC "
-                                  "(null when gRPC is off)")
-    cuda_libraries: list[str] | None = Field(default=None, description="CUDA and cuDNN libraries loaded at start-up "
-                                             "(null when CUDA was not asked for)")
+    grpc_port: int | None = Field(
+        default=None, description="the port of the Open Inference Protocol over gRPC (null when gRPC is off)"
+    )
+    cuda_libraries: list[str] | None = Field(
+        default=None, description="CUDA and cuDNN libraries loaded at start-up (null when CUDA was not asked for)"
+    )
     version: str
 
 
@@ -158,8 +165,10 @@ class V2ResponseParameters(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    prediction_ids: str = Field(description="the rows' prediction ids, comma-separated, in order (also the "
-                                            "BYTES output tensor prediction_id); POST /feedback refers to them")
+    prediction_ids: str = Field(
+        description="the rows' prediction ids, comma-separated, in order (also the "
+        "BYTES output tensor prediction_id); POST /feedback refers to them"
+    )
 
 
 class V2InferenceResponse(BaseModel):
@@ -184,7 +193,8 @@ class V2ModelMetadata(BaseModel):
     outputs: list[V2TensorMetadata]
     parameters: dict[str, str | int | float | bool] = Field(
         description="the manifest's classes and preprocessing (each JSON-encoded in a string, as the protocol "
-        "allows only strings, numbers and booleans) and the image polarity that images sent to /predict must have")
+        "allows only strings, numbers and booleans) and the image polarity that images sent to /predict must have"
+    )
 
 
 class V2ServerMetadata(BaseModel):
@@ -200,8 +210,9 @@ class V2Error(BaseModel):
 class FeedbackItem(_Request):
     """A true label for an earlier prediction (``prediction_id``), or for probabilities scored elsewhere."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "oneOf": [{"required": ["prediction_id"]}, {"required": ["probabilities"]}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["prediction_id"]}, {"required": ["probabilities"]}]}
+    )
 
     # absent when unused, never null: the schema's oneOf says exactly one of the two is given
     prediction_id: str = Field(default=None, max_length=64)
@@ -237,10 +248,12 @@ class FeedbackResponse(BaseModel):
     then joined, or listed by GET /feedback/unmatched when it expires) or rejected (with why)."""
 
     accepted: int = Field(description="items joined with their prediction and stored")
-    pending: list[PendingItem] = Field(description="items stored to wait for their prediction: not an error; "
-                                       "they count once joined")
-    rejected: list[RejectedItem] = Field(description="items not stored: a bad label, a duplicate, an id that "
-                                         "cannot be a prediction id")
+    pending: list[PendingItem] = Field(
+        description="items stored to wait for their prediction: not an error; they count once joined"
+    )
+    rejected: list[RejectedItem] = Field(
+        description="items not stored: a bad label, a duplicate, an id that cannot be a prediction id"
+    )
 
 
 class UnmatchedLabel(BaseModel):
@@ -313,20 +326,26 @@ class CalibrationReport(BaseModel):
     calibration_test_p_value: float | None
     bins: list[ReliabilityBin]
     detail_rows: int
-    recalibration: Refit | None = Field(description="the temperature refitted on the window's most recent "
-                                        "labelled logits and what it would do (in-sample); null below the minimum")
+    recalibration: Refit | None = Field(
+        description="the temperature refitted on the window's most recent "
+        "labelled logits and what it would do (in-sample); null below the minimum"
+    )
     reference: dict[str, Any]
     drift: dict[str, Any]
     alarm: AlarmInfo
     e_detector: dict[str, Any]
     thresholds: dict[str, Any]
-    unmatched_labels: dict[str, int] = Field(description="labels (of every model) still waiting for their "
-                                             "prediction, and those that expired or were rejected at the join "
-                                             "(GET /feedback/unmatched lists them)")
+    unmatched_labels: dict[str, int] = Field(
+        description="labels (of every model) still waiting for their "
+        "prediction, and those that expired or were rejected at the join "
+        "(GET /feedback/unmatched lists them)"
+    )
     by_source: dict[str, dict[str, Any]] | None = Field(
-        default=None, description="with ?by_source=true: per source (the name of the feedback token that sent the "
+        default=None,
+        description="with ?by_source=true: per source (the name of the feedback token that sent the "
         "labels, or 'anonymous'), the window's label count, accuracy, mean confidence, ECE, and whether the source "
-        "counts for the alarm and the refit (CALIB_TRUSTED_LABEL_SOURCES)")
+        "counts for the alarm and the refit (CALIB_TRUSTED_LABEL_SOURCES)",
+    )
 
 
 class RecalibrateRequest(_Request):

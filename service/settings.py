@@ -25,9 +25,14 @@ class BatchingConfig(BaseModel):
     max_batch_size: int = Field(default=64, ge=1)
     max_queue_delay_ms: float = Field(default=0.0, ge=0)
     max_queue_rows: int = Field(default=4096, ge=1)
-    instances: int = Field(default=0, ge=0, le=64, description="onnxruntime sessions of the model, each on its own "
-                           "inference thread taking batches from the one queue (Triton's instance_group count); "
-                           "0 = 2 on machines with 2 or more cores, else 1")
+    instances: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="onnxruntime sessions of the model, each on its own "
+        "inference thread taking batches from the one queue (Triton's instance_group count); "
+        "0 = 2 on machines with 2 or more cores, else 1",
+    )
 
     def sessions(self) -> int:
         """The number of sessions ``instances`` asks for on this machine."""
@@ -38,111 +43,186 @@ class Settings(BaseSettings):
     """All knobs of the service; every field can be set as ``CALIB_<NAME>`` in the environment."""
 
     # hide_input_in_errors: an invalid token setting is reported by name, never by its value
-    model_config = SettingsConfigDict(env_prefix="CALIB_", env_nested_delimiter="__", extra="ignore",
-                                      hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix="CALIB_", env_nested_delimiter="__", extra="ignore", hide_input_in_errors=True
+    )
 
     artifacts: Path = Path("artifacts")
     default_model: str | None = Field(default=None, description="model used when a request names none")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     grpc: bool = Field(default=True, description="serve the Open Inference Protocol over gRPC too")
-    grpc_port: int = Field(default=8081, ge=0, le=65535, description="the gRPC port (0: a free one, shown in "
-                           "/health)")
+    grpc_port: int = Field(default=8081, ge=0, le=65535, description="the gRPC port (0: a free one, shown in /health)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when onnxruntime can use a GPU, else CPU; cuda: warn and fall back"
     )
-    cuda_tf32: bool = Field(default=False, description="TF32 tensor cores for CUDA matmuls and convolutions: faster "
-                            "on Ampere and newer GPUs, but probabilities then differ from the CPU path's by more "
-                            "than float32 rounding")
+    cuda_tf32: bool = Field(
+        default=False,
+        description="TF32 tensor cores for CUDA matmuls and convolutions: faster "
+        "on Ampere and newer GPUs, but probabilities then differ from the CPU path's by more "
+        "than float32 rounding",
+    )
     cuda_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
-        default="HEURISTIC", description="how cuDNN picks a convolution algorithm for each new input shape "
+        default="HEURISTIC",
+        description="how cuDNN picks a convolution algorithm for each new input shape "
         "(onnxruntime's cudnn_conv_algo_search): HEURISTIC asks cuDNN's heuristics; EXHAUSTIVE (onnxruntime's "
-        "default) benchmarks every algorithm on the first batch of each size (docs/decisions/0001-gpu-run.md)")
+        "default) benchmarks every algorithm on the first batch of each size (docs/decisions/0001-gpu-run.md)",
+    )
     pad_batches: Literal["auto", "on", "off"] = Field(
-        default="auto", description="pad every batch with zero rows up to the next power of two (or the model's "
+        default="auto",
+        description="pad every batch with zero rows up to the next power of two (or the model's "
         "max_batch_size), so that a session meets a handful of input shapes, each warmed up at load: on CUDA each "
-        "new shape costs cuDNN an algorithm search and plan; auto = on for sessions that run on CUDA")
+        "new shape costs cuDNN an algorithm search and plan; auto = on for sessions that run on CUDA",
+    )
     switch_interval_ms: float | None = Field(
-        default=None, gt=0, description="Python's thread switch interval (sys.setswitchinterval): how long the event "
+        default=None,
+        gt=0,
+        description="Python's thread switch interval (sys.setswitchinterval): how long the event "
         "loop may keep the GIL while an inference thread waits for it to hand back a finished batch; unset = "
-        "Python's default (5 ms)")
-    intra_op_threads: int = Field(default=0, ge=0, description="onnxruntime intra-op threads per session; 0 = the "
-                                  "cores shared among the model's sessions (a session with its own core never "
-                                  "waits for a sibling thread that the event loop has pre-empted)")
+        "Python's default (5 ms)",
+    )
+    intra_op_threads: int = Field(
+        default=0,
+        ge=0,
+        description="onnxruntime intra-op threads per session; 0 = the "
+        "cores shared among the model's sessions (a session with its own core never "
+        "waits for a sibling thread that the event loop has pre-empted)",
+    )
     inter_op_threads: int = Field(default=1, ge=1)
     io_binding: Literal["auto", "on", "off"] = Field(
-        default="auto", description="onnxruntime I/O binding (inputs bound in host memory, outputs to host buffers): "
-        "auto = on for sessions that run on CUDA")
+        default="auto",
+        description="onnxruntime I/O binding (inputs bound in host memory, outputs to host buffers): "
+        "auto = on for sessions that run on CUDA",
+    )
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     batching: BatchingConfig = BatchingConfig()
     max_rows_per_request: int = Field(default=1024, ge=1)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(default=4096 * 4096, ge=64, description="decoded image size limit (pixels)")
     retry_after_seconds: int = Field(default=1, ge=1)
-    store_timeout_seconds: float = Field(default=5.0, gt=0, description="the longest a store query may wait for a "
-                                         "lock or run (PostgreSQL statement and lock timeout, SQLite busy timeout, "
-                                         "pool checkout) before the request answers 503 with Retry-After")
+    store_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="the longest a store query may wait for a "
+        "lock or run (PostgreSQL statement and lock timeout, SQLite busy timeout, "
+        "pool checkout) before the request answers 503 with Retry-After",
+    )
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    gc_threshold: int = Field(default=10_000, ge=1, description="net allocations of container objects that start a "
-                              "young-generation pass of Python's cyclic garbage collector (Python's default is "
-                              "700, which spent about 7% of a light /predict's event loop in those passes); "
-                              "request objects are freed by reference counting long before, so this bounds "
-                              "cyclic garbage at a few MB")
-    opentelemetry: bool = Field(default=False, description="FastAPI's native OpenTelemetry spans, metrics and logs "
-                                "(when a provider is configured); off by default: its per-request provider lookup "
-                                "costs about a sixth of a light /predict, and /metrics already has Prometheus metrics")
-    database_url: str = Field(default="sqlite:///monitoring.db",
-                              description="SQLAlchemy URL of the feedback store; postgresql+psycopg://... for replicas")
+    gc_threshold: int = Field(
+        default=10_000,
+        ge=1,
+        description="net allocations of container objects that start a "
+        "young-generation pass of Python's cyclic garbage collector (Python's default is "
+        "700, which spent about 7% of a light /predict's event loop in those passes); "
+        "request objects are freed by reference counting long before, so this bounds "
+        "cyclic garbage at a few MB",
+    )
+    opentelemetry: bool = Field(
+        default=False,
+        description="FastAPI's native OpenTelemetry spans, metrics and logs "
+        "(when a provider is configured); off by default: its per-request provider lookup "
+        "costs about a sixth of a light /predict, and /metrics already has Prometheus metrics",
+    )
+    database_url: str = Field(
+        default="sqlite:///monitoring.db",
+        description="SQLAlchemy URL of the feedback store; postgresql+psycopg://... for replicas",
+    )
     n_bins: int = Field(default=15, ge=2, le=100)
-    alarm_window: str = Field(default="500", description="default window of GET /calibration: a label count or a duration")
+    alarm_window: str = Field(
+        default="500", description="default window of GET /calibration: a label count or a duration"
+    )
     alarm: AlarmPolicy = AlarmPolicy()
     bootstrap_resamples: int = Field(default=1000, ge=100)
-    detail_rows: int = Field(default=5000, ge=100, description="most recent labels used for AdaECE, classwise ECE and "
-                             "the refit temperature (Guo et al. 2017 fit T on 5,000 validation images); the bin "
-                             "statistics (ECE, interval, MCE, bins) always use the whole window")
-    drift_rows: int = Field(default=500, ge=10, description="recent predictions compared with the reference confidences")
+    detail_rows: int = Field(
+        default=5000,
+        ge=100,
+        description="most recent labels used for AdaECE, classwise ECE and "
+        "the refit temperature (Guo et al. 2017 fit T on 5,000 validation images); the bin "
+        "statistics (ECE, interval, MCE, bins) always use the whole window",
+    )
+    drift_rows: int = Field(
+        default=500, ge=10, description="recent predictions compared with the reference confidences"
+    )
     max_feedback_items: int = Field(default=10000, ge=1)
-    evaluate_every_labels: int = Field(default=1000, ge=1, description="labels stored by this replica that start an "
-                                       "alarm evaluation at once (otherwise one runs every evaluate_seconds)")
-    evaluate_seconds: float = Field(default=1.0, gt=0, description="seconds between alarm evaluations of every "
-                                    "served model version (they also fold in labels stored by other replicas)")
+    evaluate_every_labels: int = Field(
+        default=1000,
+        ge=1,
+        description="labels stored by this replica that start an "
+        "alarm evaluation at once (otherwise one runs every evaluate_seconds)",
+    )
+    evaluate_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="seconds between alarm evaluations of every "
+        "served model version (they also fold in labels stored by other replicas)",
+    )
     prediction_log: bool = Field(default=True, description="log every prediction for monitoring")
-    prediction_log_queue: int = Field(default=100000, ge=100, description="prediction rows queued for the store "
-                                      "at most (async: more are dropped and counted; sync: 503)")
+    prediction_log_queue: int = Field(
+        default=100000,
+        ge=100,
+        description="prediction rows queued for the store at most (async: more are dropped and counted; sync: 503)",
+    )
     prediction_log_durability: Literal["async", "sync"] = Field(
-        default="async", description="async: the answer does not wait for its rows to be written (write-behind; a "
+        default="async",
+        description="async: the answer does not wait for its rows to be written (write-behind; a "
         "process killed meanwhile loses up to prediction_log_interval_seconds of rows, whose ids then never "
         "become known); sync: each answer waits until its rows are committed, so every id answered survives a "
-        "crash (docs/api.md: the prediction log)")
-    prediction_log_interval_seconds: float = Field(default=0.5, gt=0, description="async durability: the longest "
-                                                   "a queued prediction waits for its write while the store is up")
-    pending_label_seconds: float = Field(default=300.0, gt=0, description="how long a label whose prediction is "
-                                         "not in the store waits for it (pending) before it expires")
-    pending_join_seconds: float = Field(default=0.5, gt=0, description="seconds between passes that join pending "
-                                        "labels to their predictions (also right after this replica's prediction "
-                                        "log writes)")
+        "crash (docs/api.md: the prediction log)",
+    )
+    prediction_log_interval_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="async durability: the longest a queued prediction waits for its write while the store is up",
+    )
+    pending_label_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="how long a label whose prediction is not in the store waits for it (pending) before it expires",
+    )
+    pending_join_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="seconds between passes that join pending "
+        "labels to their predictions (also right after this replica's prediction "
+        "log writes)",
+    )
     retention_days: float = Field(default=30.0, gt=0)
     calibration_refresh_seconds: float = Field(default=5.0, gt=0)
-    admin_token: SecretStr | None = Field(default=None, description="bearer token of the /admin endpoints (named "
-                                          "'admin'); with no admin token at all the admin endpoints are off")
-    predict_tokens: SecretStr | None = Field(default=None, description="bearer tokens of POST /predict and v2 infer "
-                                             "(REST and gRPC), as name:token,name:token; unset = open")
-    predict_tokens_file: Path | None = Field(default=None, description="a file of predict tokens (name:token per "
-                                             "line or comma), re-read when it changes: a mounted Secret")
-    feedback_tokens: SecretStr | None = Field(default=None, description="bearer tokens of POST /feedback and GET "
-                                              "/feedback/unmatched, as name:token,...; unset = open")
-    feedback_tokens_file: Path | None = Field(default=None, description="a file of feedback tokens, re-read when it "
-                                              "changes")
-    admin_tokens: SecretStr | None = Field(default=None, description="more bearer tokens of the /admin endpoints, "
-                                           "as name:token,... (beside admin_token)")
-    admin_tokens_file: Path | None = Field(default=None, description="a file of admin tokens, re-read when it "
-                                           "changes")
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token of the /admin endpoints (named "
+        "'admin'); with no admin token at all the admin endpoints are off",
+    )
+    predict_tokens: SecretStr | None = Field(
+        default=None,
+        description="bearer tokens of POST /predict and v2 infer "
+        "(REST and gRPC), as name:token,name:token; unset = open",
+    )
+    predict_tokens_file: Path | None = Field(
+        default=None,
+        description="a file of predict tokens (name:token per "
+        "line or comma), re-read when it changes: a mounted Secret",
+    )
+    feedback_tokens: SecretStr | None = Field(
+        default=None,
+        description="bearer tokens of POST /feedback and GET /feedback/unmatched, as name:token,...; unset = open",
+    )
+    feedback_tokens_file: Path | None = Field(
+        default=None, description="a file of feedback tokens, re-read when it changes"
+    )
+    admin_tokens: SecretStr | None = Field(
+        default=None, description="more bearer tokens of the /admin endpoints, as name:token,... (beside admin_token)"
+    )
+    admin_tokens_file: Path | None = Field(default=None, description="a file of admin tokens, re-read when it changes")
     webhook_url: str | None = Field(default=None, description="alarm transitions are POSTed here as JSON")
-    trusted_label_sources: str | None = Field(default=None, description="the sources (feedback token names, "
-                                              "'anonymous' for labels sent without one) whose labels count for "
-                                              "the alarm and the refit, comma-separated; unset = every source. "
-                                              "The others are stored and reported per source")
+    trusted_label_sources: str | None = Field(
+        default=None,
+        description="the sources (feedback token names, "
+        "'anonymous' for labels sent without one) whose labels count for "
+        "the alarm and the refit, comma-separated; unset = every source. "
+        "The others are stored and reported per source",
+    )
 
     def trusted_sources(self) -> frozenset[str] | None:
         """``trusted_label_sources`` as a set (None: every source is trusted)."""

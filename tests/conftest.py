@@ -1,7 +1,6 @@
 """Suite-wide isolation: no test writes the default feedback store into the working tree. tests/vision runs in the
 torchvision venv (``make test-vision``); the core venv, which has no torchvision, does not collect it and says so."""
 
-
 import pytest
 
 from training.vision import torchvision_available

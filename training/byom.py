@@ -35,8 +35,16 @@ def load_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def calibrate_onnx(onnx_path: Path, data_path: Path, *, method: str = "temperature", objective: str = "nll",
-                   output_name: str | None = None, probabilities: bool = False, out: Path | None = None) -> dict:
+def calibrate_onnx(
+    onnx_path: Path,
+    data_path: Path,
+    *,
+    method: str = "temperature",
+    objective: str = "nll",
+    output_name: str | None = None,
+    probabilities: bool = False,
+    out: Path | None = None,
+) -> dict:
     """Fit ``method`` on the model's outputs for ``data_path``; write the calibration JSON and,
     for temperature scaling, ``<model>.calibrated.onnx``. Returns a summary."""
     if not Path(onnx_path).is_file():
@@ -55,10 +63,15 @@ def calibrate_onnx(onnx_path: Path, data_path: Path, *, method: str = "temperatu
     save_calibrator(calibrator, out)
     before, after = softmax(z), calibrator.transform(z)
     summary = {
-        "model": str(onnx_path), "output": name, "n": int(len(y)), "calibration": calibrator.to_dict(),
+        "model": str(onnx_path),
+        "output": name,
+        "n": int(len(y)),
+        "calibration": calibrator.to_dict(),
         "written": [str(out)],
-        "in_sample": {stage: {"ece": metrics.ece(p, y), "nll": metrics.nll(p, y), "accuracy": metrics.accuracy(p, y)}
-                      for stage, p in (("before", before), ("after", after))},
+        "in_sample": {
+            stage: {"ece": metrics.ece(p, y), "nll": metrics.nll(p, y), "accuracy": metrics.accuracy(p, y)}
+            for stage, p in (("before", before), ("after", after))
+        },
         "note": "in-sample numbers (fitted and measured on the same data); evaluate on held-out data",
     }
     if method == "temperature":

@@ -44,7 +44,8 @@ def _ints(text: str) -> list[int]:
 CHECKPOINT_HELP = (
     "which epoch's weights to keep: best-accuracy (default: the highest validation accuracy, ties to the lower "
     "validation NLL; temperature scaling fixes the confidence afterwards), best-nll (the lowest validation NLL) or "
-    "last (the final epoch, the papers' protocol; the study's default)")
+    "last (the final epoch, the papers' protocol; the study's default)"
+)
 
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,17 +55,36 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data-path", type=Path, help="local data directory (cifar10, image_folder)")
     g.add_argument("--classes", type=lambda s: [c.strip() for c in s.split(",")], help="cifar10 subset, e.g. bird,cat")
     g.add_argument("--image-size", type=int)
-    g.add_argument("--model", help="lenet5, resnet20, resnet56, resnet110, resnet50, densenet_bc, wrn16_4, wrn28_10, "
-                   "or with the [vision] extra torchvision:<architecture> (resnet18/34/50/101/152, resnext*, "
-                   "wide_resnet*, densenet121/161/169/201)")
-    g.add_argument("--weights", type=Path, help="torchvision:* models: local state-dict file of pretrained weights "
-                   "(e.g. ImageNet); the classification layer is replaced; nothing is downloaded")
-    g.add_argument("--finetune", metavar="{all,head}", help="with --weights: train all layers (default) or only the "
-                   "new classification layer")
-    g.add_argument("--input-size", type=int, help="resize images to this side inside the network (e.g. 224 for "
-                   "ImageNet weights); clients still send the data set's size")
-    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None, help="standard CIFAR augmentation (random crop "
-                   "with padding, horizontal flip; torchvision's transforms, [vision] extra)")
+    g.add_argument(
+        "--model",
+        help="lenet5, resnet20, resnet56, resnet110, resnet50, densenet_bc, wrn16_4, wrn28_10, "
+        "or with the [vision] extra torchvision:<architecture> (resnet18/34/50/101/152, resnext*, "
+        "wide_resnet*, densenet121/161/169/201)",
+    )
+    g.add_argument(
+        "--weights",
+        type=Path,
+        help="torchvision:* models: local state-dict file of pretrained weights "
+        "(e.g. ImageNet); the classification layer is replaced; nothing is downloaded",
+    )
+    g.add_argument(
+        "--finetune",
+        metavar="{all,head}",
+        help="with --weights: train all layers (default) or only the new classification layer",
+    )
+    g.add_argument(
+        "--input-size",
+        type=int,
+        help="resize images to this side inside the network (e.g. 224 for "
+        "ImageNet weights); clients still send the data set's size",
+    )
+    g.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="standard CIFAR augmentation (random crop "
+        "with padding, horizontal flip; torchvision's transforms, [vision] extra)",
+    )
     g.add_argument("--loss", help="ce, label_smoothing, focal, flsd53, mbls, brier, mmce, entropy_penalty")
     g.add_argument("--loss-param", type=_loss_param, action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--epochs", type=int)
@@ -73,8 +93,11 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float)
     g.add_argument("--weight-decay", type=float)
     g.add_argument("--schedule", help="cosine, step or constant")
-    g.add_argument("--milestones", type=_floats, help="step schedule: fractions of the epochs where the lr drops 10x "
-                   "(default 0.5,0.75)")
+    g.add_argument(
+        "--milestones",
+        type=_floats,
+        help="step schedule: fractions of the epochs where the lr drops 10x (default 0.5,0.75)",
+    )
     g.add_argument("--checkpoint", metavar="{last,best-accuracy,best-nll}", help=CHECKPOINT_HELP)
     g.add_argument("--train-size", type=int, help="train on a stratified subset of this many training images")
     g.add_argument("--label-noise", type=float, help="fraction of the labels of every split changed at random")
@@ -88,11 +111,38 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace):
-    overrides = {k: getattr(args, k) for k in (
-        "dataset", "data_path", "classes", "image_size", "model", "weights", "finetune", "input_size", "augment", "loss",
-        "epochs", "batch_size", "optimizer", "lr", "weight_decay", "schedule", "milestones", "checkpoint", "train_size",
-        "label_noise", "seed", "calibration", "calibration_objective", "n_resamples", "n_resamples_shifted", "name",
-        "version")}
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "dataset",
+            "data_path",
+            "classes",
+            "image_size",
+            "model",
+            "weights",
+            "finetune",
+            "input_size",
+            "augment",
+            "loss",
+            "epochs",
+            "batch_size",
+            "optimizer",
+            "lr",
+            "weight_decay",
+            "schedule",
+            "milestones",
+            "checkpoint",
+            "train_size",
+            "label_noise",
+            "seed",
+            "calibration",
+            "calibration_objective",
+            "n_resamples",
+            "n_resamples_shifted",
+            "name",
+            "version",
+        )
+    }
     if args.loss_param:
         overrides["loss_params"] = dict(args.loss_param)
     if args.command == "study":
@@ -148,13 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing artifact version")
     p.add_argument("--no-progress", action="store_true")
 
-    p = sub.add_parser("study", help="Mukhoti et al. Table 1 over seeds: ECE before/after temperature scaling per loss",
-                       description="Defaults: the papers' protocol scaled to digits (training.study.STUDY_PROTOCOL: "
-                                   "SGD, steps at 150/350 and 250/350, final model, 30%% label noise); --config and "
-                                   "flags override it.")
+    p = sub.add_parser(
+        "study",
+        help="Mukhoti et al. Table 1 over seeds: ECE before/after temperature scaling per loss",
+        description="Defaults: the papers' protocol scaled to digits (training.study.STUDY_PROTOCOL: "
+        "SGD, steps at 150/350 and 250/350, final model, 30%% label noise); --config and "
+        "flags override it.",
+    )
     _config_flags(p)
-    p.add_argument("--seeds", type=_ints, default=None, help="comma-separated seeds (default 0,1,2,3,4); each draws "
-                   "the split, the noise and the initialisation")
+    p.add_argument(
+        "--seeds",
+        type=_ints,
+        default=None,
+        help="comma-separated seeds (default 0,1,2,3,4); each draws the split, the noise and the initialisation",
+    )
     p.add_argument("--output", type=Path, default=Path("docs/study"), help="directory for study.md and study.json")
     p.add_argument("--no-progress", action="store_true")
     return parser
@@ -174,16 +231,24 @@ def _dispatch(args: argparse.Namespace) -> int:
         config = _config(args)
         result = pipeline.train_step(config, _run_dir(args, config), progress=not args.no_progress)
         kept = result.history[result.best_epoch - 1]
-        print(f"kept epoch {result.best_epoch} of {config.epochs} ({config.checkpoint}): val accuracy "
-              f"{kept['val_accuracy']:.4f}, val NLL {kept['val_nll']:.4f}, val ECE {kept['val_ece']:.4f} -> "
-              f"{_run_dir(args, config) / pipeline.CHECKPOINT}")
+        print(
+            f"kept epoch {result.best_epoch} of {config.epochs} ({config.checkpoint}): val accuracy "
+            f"{kept['val_accuracy']:.4f}, val NLL {kept['val_nll']:.4f}, val ECE {kept['val_ece']:.4f} -> "
+            f"{_run_dir(args, config) / pipeline.CHECKPOINT}"
+        )
     elif args.command == "calibrate":
         if args.onnx is not None:
             from training.byom import calibrate_onnx
 
-            summary = calibrate_onnx(args.onnx, args.data, method=args.method or "temperature",
-                                     objective=args.objective or "nll", output_name=args.output_name,
-                                     probabilities=args.probabilities, out=args.out)
+            summary = calibrate_onnx(
+                args.onnx,
+                args.data,
+                method=args.method or "temperature",
+                objective=args.objective or "nll",
+                output_name=args.output_name,
+                probabilities=args.probabilities,
+                out=args.out,
+            )
             print(json.dumps(summary, indent=2))
             return 0
         calibrator = pipeline.calibrate_step(_run_dir(args), args.method, args.objective)
@@ -198,7 +263,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"artifact: {directory}")
     elif args.command == "run":
         config = _config(args)
-        out = pipeline.run(config, _run_dir(args, config), args.artifacts, args.overwrite, progress=not args.no_progress)
+        out = pipeline.run(
+            config, _run_dir(args, config), args.artifacts, args.overwrite, progress=not args.no_progress
+        )
         _print_test(out["evaluation"])
         _print_parity(out["parity"])
         print(f"artifact: {out['artifact']}  (report: {Path(out['artifact']) / 'report.md'})")
@@ -220,5 +287,7 @@ def _print_test(evaluation: dict) -> None:
 
 
 def _print_parity(parity: dict) -> None:
-    print(f"ONNX parity on {parity['n']} validation images: max |diff| logits {parity['max_abs_diff_logits']:.2e}, "
-          f"probabilities {parity['max_abs_diff_probabilities']:.2e}")
+    print(
+        f"ONNX parity on {parity['n']} validation images: max |diff| logits {parity['max_abs_diff_logits']:.2e}, "
+        f"probabilities {parity['max_abs_diff_probabilities']:.2e}"
+    )

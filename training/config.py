@@ -33,18 +33,32 @@ class RunConfig(BaseModel):
     data_path: Path | None = None
     classes: list[str] | None = None
     image_size: int | None = Field(default=None, ge=8)
-    model: str = Field(default="lenet5", description="a registered model, or torchvision:<architecture> with the "
-                       "[vision] extra")
-    weights: Path | None = Field(default=None, description="local state-dict file of pretrained weights for a "
-                                 "torchvision:* model; its classification layer is replaced; never downloaded")
-    finetune: Literal["all", "head"] = Field(default="all", description="with weights: train every layer, or only "
-                                             "the new classification layer on the frozen pretrained features")
-    input_size: int | None = Field(default=None, ge=8, description="side length the network sees: images are "
-                                   "resized to it (bilinear) inside the exported graph, so clients still send "
-                                   "the data set's size")
-    augment: bool = Field(default=False, description="standard CIFAR augmentation of every training image: random "
-                          "crop of the zero-padded image (padding image_size / 8) and horizontal flip, from "
-                          "torchvision's transforms ([vision] extra)")
+    model: str = Field(
+        default="lenet5", description="a registered model, or torchvision:<architecture> with the [vision] extra"
+    )
+    weights: Path | None = Field(
+        default=None,
+        description="local state-dict file of pretrained weights for a "
+        "torchvision:* model; its classification layer is replaced; never downloaded",
+    )
+    finetune: Literal["all", "head"] = Field(
+        default="all",
+        description="with weights: train every layer, or only "
+        "the new classification layer on the frozen pretrained features",
+    )
+    input_size: int | None = Field(
+        default=None,
+        ge=8,
+        description="side length the network sees: images are "
+        "resized to it (bilinear) inside the exported graph, so clients still send "
+        "the data set's size",
+    )
+    augment: bool = Field(
+        default=False,
+        description="standard CIFAR augmentation of every training image: random "
+        "crop of the zero-padded image (padding image_size / 8) and horizontal flip, from "
+        "torchvision's transforms ([vision] extra)",
+    )
     loss: str = "ce"
     loss_params: dict[str, Any] = {}
     epochs: int = Field(default=30, ge=1)
@@ -54,13 +68,21 @@ class RunConfig(BaseModel):
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=5e-4, ge=0)
     schedule: Literal["cosine", "step", "constant"] = "cosine"
-    milestones: list[float] = Field(default=[0.5, 0.75], min_length=1, description="step schedule: fractions of "
-                                    "the epochs after which the learning rate is divided by 10")
+    milestones: list[float] = Field(
+        default=[0.5, 0.75],
+        min_length=1,
+        description="step schedule: fractions of the epochs after which the learning rate is divided by 10",
+    )
     checkpoint: Literal["last", "best-accuracy", "best-nll"] = Field(
-        default="best-accuracy", description="which epoch's weights a run keeps; see docs/training.md")
+        default="best-accuracy", description="which epoch's weights a run keeps; see docs/training.md"
+    )
     train_size: int | None = Field(default=None, ge=1, description="stratified subset of the training split")
-    label_noise: float = Field(default=0.0, ge=0, lt=1, description="fraction of the labels of every split "
-                               "changed to another class at random (symmetric noise)")
+    label_noise: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="fraction of the labels of every split changed to another class at random (symmetric noise)",
+    )
     seed: int = 0
     calibration: str = "temperature"
     calibration_objective: Literal["nll", "ece"] = "nll"
@@ -105,12 +127,16 @@ class RunConfig(BaseModel):
     def _check_fine_tuning(self) -> None:
         if self.weights is not None:
             if not is_torchvision(self.model):
-                raise ValueError(f"weights: only torchvision:* models start from a weights file; model is {self.model!r}")
+                raise ValueError(
+                    f"weights: only torchvision:* models start from a weights file; model is {self.model!r}"
+                )
             if not self.weights.is_file():
                 raise ValueError(f"weights: {str(self.weights)!r} is not a file")
         if self.finetune == "head" and self.weights is None:
-            raise ValueError("finetune: head trains only a new classification layer on pretrained features, so it "
-                             "needs weights (--weights PATH, a local state-dict file)")
+            raise ValueError(
+                "finetune: head trains only a new classification layer on pretrained features, so it "
+                "needs weights (--weights PATH, a local state-dict file)"
+            )
         if self.augment:
             from training.vision import require_torchvision
 

@@ -40,11 +40,14 @@ def reported_metrics(n_bins: int = 15) -> dict[str, Callable]:
 
 def score(probs: np.ndarray, labels: np.ndarray, n_resamples: int, n_bins: int = 15, seed: int = 0) -> dict:
     """``{metric: {"value", "ci": [lo, hi]}}`` with 90% basic bootstrap intervals (see module docstring)."""
-    cis = confidence_intervals(reported_metrics(n_bins), probs, labels, n_resamples=n_resamples, seed=seed,
-                               method="basic")
+    cis = confidence_intervals(
+        reported_metrics(n_bins), probs, labels, n_resamples=n_resamples, seed=seed, method="basic"
+    )
     upper = {"accuracy": 1.0}
-    return {name: {"value": ci.estimate, "ci": [max(ci.low, 0.0), min(ci.high, upper.get(name, np.inf))]}
-            for name, ci in cis.items()}
+    return {
+        name: {"value": ci.estimate, "ci": [max(ci.low, 0.0), min(ci.high, upper.get(name, np.inf))]}
+        for name, ci in cis.items()
+    }
 
 
 def before_after(logits: np.ndarray, labels: np.ndarray, calibrator: Calibrator, n_resamples: int, n_bins: int) -> dict:
@@ -68,8 +71,10 @@ def ood_auroc(in_probs: np.ndarray, out_probs: np.ndarray) -> float:
 
 def ece_by_temperature(logits: np.ndarray, labels: np.ndarray, n_bins: int = 15) -> dict:
     """ECE of softmax(logits / T) on Mukhoti et al.'s temperature grid (the ECE-vs-T curve)."""
-    return {"temperature": ECE_GRID.tolist(),
-            "ece": [metrics.ece(apply_temperature(logits, t), labels, n_bins) for t in ECE_GRID]}
+    return {
+        "temperature": ECE_GRID.tolist(),
+        "ece": [metrics.ece(apply_temperature(logits, t), labels, n_bins) for t in ECE_GRID],
+    }
 
 
 def evaluate(logits_fn: LogitsFn, calibrator: Calibrator, splits: DataSplits, config: RunConfig) -> dict:
@@ -80,8 +85,10 @@ def evaluate(logits_fn: LogitsFn, calibrator: Calibrator, splits: DataSplits, co
         "calibration": calibrator.to_dict(),
         "validation": before_after(val_logits, y_val, calibrator, config.n_resamples_shifted, config.n_bins),
         "test": before_after(test_logits, y_test, calibrator, config.n_resamples, config.n_bins),
-        "ece_vs_temperature": {"validation": ece_by_temperature(val_logits, y_val, config.n_bins),
-                               "test": ece_by_temperature(test_logits, y_test, config.n_bins)},
+        "ece_vs_temperature": {
+            "validation": ece_by_temperature(val_logits, y_val, config.n_bins),
+            "test": ece_by_temperature(test_logits, y_test, config.n_bins),
+        },
         "shifted": {},
     }
     for name in config.corruptions:

@@ -70,9 +70,14 @@ def export_onnx(model: nn.Module, calibrator: Calibrator, input_shape: tuple[int
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
-            wrapper, (dummy,), str(path), input_names=["input"], output_names=["logits", "probabilities"],
+            wrapper,
+            (dummy,),
+            str(path),
+            input_names=["input"],
+            output_names=["logits", "probabilities"],
             dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}, "probabilities": {0: "batch"}},
-            opset_version=OPSET, dynamo=False,
+            opset_version=OPSET,
+            dynamo=False,
         )
 
 
@@ -85,7 +90,9 @@ def check_parity(model: nn.Module, calibrator: Calibrator, onnx_path: Path, x: n
         "n": len(x),
         "max_abs_logit": float(np.max(np.abs(reference_logits))),
         "max_abs_diff_logits": float(np.max(np.abs(outputs["logits"] - reference_logits))),
-        "max_abs_diff_probabilities": float(np.max(np.abs(outputs["probabilities"] - calibrator.transform(reference_logits)))),
+        "max_abs_diff_probabilities": float(
+            np.max(np.abs(outputs["probabilities"] - calibrator.transform(reference_logits)))
+        ),
     }
     logit_bound = MAX_LOGIT_REL_DIFF * max(1.0, parity["max_abs_logit"])
     if parity["max_abs_diff_logits"] > logit_bound or parity["max_abs_diff_probabilities"] > MAX_PROB_DIFF:

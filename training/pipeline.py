@@ -30,8 +30,13 @@ INK_IS_HIGH = {"digits": True}
 def load_splits(config: RunConfig) -> DataSplits:
     """The data set of ``config``, split deterministically by its seed, with the training split cut to
     ``train_size`` and ``label_noise`` applied to every split (both also drawn by the seed)."""
-    splits = load_dataset(config.dataset, path=None if config.data_path is None else str(config.data_path),
-                          classes=config.classes, image_size=config.image_size, seed=config.seed)
+    splits = load_dataset(
+        config.dataset,
+        path=None if config.data_path is None else str(config.data_path),
+        classes=config.classes,
+        image_size=config.image_size,
+        seed=config.seed,
+    )
     if config.train_size is not None:
         splits = subsample_train(splits, config.train_size, config.seed)
     if config.label_noise:
@@ -80,17 +85,27 @@ def evaluate_step(run_dir: Path) -> dict:
         "model": _describe_model(config),
         "loss": f"{config.loss} {config.loss_params or ''}".strip(),
         "training": f"{config.epochs} epochs, {config.optimizer} lr {config.lr}, {config.schedule} schedule, "
-                    f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} "
-                    f"({result.seconds:.1f} s)",
+        f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} "
+        f"({result.seconds:.1f} s)",
         "calibration": f"{calibrator.method} {calibrator.to_dict()['params'] if calibrator.method == 'temperature' else ''}"
-                       f" fitted on the validation split".replace("  ", " "),
+        f" fitted on the validation split".replace("  ", " "),
     }
-    write_report(run_dir, f"Calibration report: {config.model_name}", evaluation, summary,
-                 predict_logits(result.model, splits.test.x), splits.test.y, calibrator, config.n_bins)
+    write_report(
+        run_dir,
+        f"Calibration report: {config.model_name}",
+        evaluation,
+        summary,
+        predict_logits(result.model, splits.test.x),
+        splits.test.y,
+        calibrator,
+        config.n_bins,
+    )
     return evaluation
 
 
-def export_step(run_dir: Path, artifacts: Path, version: str | None = None, overwrite: bool = False) -> tuple[Path, dict]:
+def export_step(
+    run_dir: Path, artifacts: Path, version: str | None = None, overwrite: bool = False
+) -> tuple[Path, dict]:
     """Export the calibrated model with its manifest, report and plots to ``artifacts/<name>/<version>/``."""
     result, config = load_checkpoint(run_dir / CHECKPOINT)
     calibrator = _load_run_calibrator(run_dir)
@@ -100,12 +115,23 @@ def export_step(run_dir: Path, artifacts: Path, version: str | None = None, over
     splits = load_splits(config)
     spec = result.spec
     return write_artifact(
-        model=result.model, calibrator=calibrator, class_names=spec.class_names,
+        model=result.model,
+        calibrator=calibrator,
+        class_names=spec.class_names,
         input_shape=(spec.in_channels, spec.image_size, spec.image_size),
-        val_x=splits.val.x, val_y=splits.val.y, evaluation=evaluation,
-        training_info={"config": config.model_dump(mode="json"), "best_epoch": result.best_epoch,
-                       "train_seconds": round(result.seconds, 2), "final_epoch": result.history[-1]},
-        root=artifacts, name=config.model_name, version=version or config.version, overwrite=overwrite,
+        val_x=splits.val.x,
+        val_y=splits.val.y,
+        evaluation=evaluation,
+        training_info={
+            "config": config.model_dump(mode="json"),
+            "best_epoch": result.best_epoch,
+            "train_seconds": round(result.seconds, 2),
+            "final_epoch": result.history[-1],
+        },
+        root=artifacts,
+        name=config.model_name,
+        version=version or config.version,
+        overwrite=overwrite,
         extra_files=[run_dir / name for name in (METRICS, "report.md", "plots", CALIBRATION)],
         invert=INK_IS_HIGH.get(config.dataset, False),
     )
@@ -122,8 +148,12 @@ def run(config: RunConfig, run_dir: Path, artifacts: Path, overwrite: bool = Fal
     timings["evaluate"] = time.perf_counter() - start - sum(timings.values())
     directory, parity = export_step(run_dir, artifacts, overwrite=overwrite)
     timings["export"] = time.perf_counter() - start - sum(timings.values())
-    return {"artifact": str(directory), "parity": parity, "evaluation": evaluation,
-            "seconds": {k: round(v, 2) for k, v in timings.items()}}
+    return {
+        "artifact": str(directory),
+        "parity": parity,
+        "evaluation": evaluation,
+        "seconds": {k: round(v, 2) for k, v in timings.items()},
+    }
 
 
 def _describe_model(config: RunConfig) -> str:

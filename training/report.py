@@ -16,8 +16,13 @@ from calibkit.plotting import reliability_figure
 from calibkit.temperature import softmax
 
 METRIC_TITLES = {
-    "accuracy": "Accuracy", "ece": "ECE", "mce": "MCE", "adaptive_ece": "AdaECE",
-    "classwise_ece": "Classwise ECE", "nll": "NLL", "brier": "Brier",
+    "accuracy": "Accuracy",
+    "ece": "ECE",
+    "mce": "MCE",
+    "adaptive_ece": "AdaECE",
+    "classwise_ece": "Classwise ECE",
+    "nll": "NLL",
+    "brier": "Brier",
 }
 
 
@@ -35,7 +40,9 @@ def plot_reliability(logits: np.ndarray, labels: np.ndarray, calibrator: Calibra
     fig = reliability_figure(
         {
             "before calibration": metrics.reliability_bins(softmax(logits), labels, n_bins),
-            f"after {calibrator.method} scaling": metrics.reliability_bins(calibrator.transform(logits), labels, n_bins),
+            f"after {calibrator.method} scaling": metrics.reliability_bins(
+                calibrator.transform(logits), labels, n_bins
+            ),
         },
         title="Reliability on the test split",
     )
@@ -50,7 +57,9 @@ def plot_ece_vs_temperature(evaluation: dict, path: Path) -> None:
         ax.plot(curve["temperature"], curve["ece"], label=split)
     params = evaluation["calibration"]["params"]
     if "temperature" in params:
-        ax.axvline(params["temperature"], color="black", linestyle="--", label=f"fitted T = {params['temperature']:.3f}")
+        ax.axvline(
+            params["temperature"], color="black", linestyle="--", label=f"fitted T = {params['temperature']:.3f}"
+        )
     ax.set(xscale="log", xlabel="temperature T", ylabel="ECE (15 bins)", title="ECE versus temperature")
     ax.legend()
     fig.savefig(path, dpi=110)
@@ -69,8 +78,14 @@ def plot_ece_vs_severity(evaluation: dict, path: Path) -> None:
             per_corruption.append(values)
             ax.plot([0, *severities], values, color=color, alpha=0.25, linewidth=0.8)
         if per_corruption:
-            ax.plot([0, *severities], np.mean(per_corruption, axis=0), color=color, linewidth=2.5,
-                    marker="o", label=f"{stage} calibration (mean over corruptions)")
+            ax.plot(
+                [0, *severities],
+                np.mean(per_corruption, axis=0),
+                color=color,
+                linewidth=2.5,
+                marker="o",
+                label=f"{stage} calibration (mean over corruptions)",
+            )
     ax.set(xlabel="corruption severity (0 = clean)", ylabel="ECE (15 bins)", title="Calibration under dataset shift")
     ax.legend()
     fig.savefig(path, dpi=110)
@@ -85,36 +100,65 @@ def markdown_report(title: str, evaluation: dict, summary: dict[str, str]) -> st
     """The report: summary, test metrics before/after with 90% intervals, shift table, OOD."""
     lines = [f"# {title}", ""]
     lines += [f"- **{key}**: {value}" for key, value in summary.items()]
-    lines += ["", "## Test split", "",
-              "Point values are the plug-in estimates as the papers define them; brackets are 90% basic bootstrap "
-              "intervals for the population value. Binned calibration errors are biased upwards on small samples, "
-              "so their interval can sit below the plug-in estimate: that gap is the bootstrap's estimate of the bias.",
-              "", "| metric | before calibration | after calibration |", "| --- | --- | --- |"]
+    lines += [
+        "",
+        "## Test split",
+        "",
+        "Point values are the plug-in estimates as the papers define them; brackets are 90% basic bootstrap "
+        "intervals for the population value. Binned calibration errors are biased upwards on small samples, "
+        "so their interval can sit below the plug-in estimate: that gap is the bootstrap's estimate of the bias.",
+        "",
+        "| metric | before calibration | after calibration |",
+        "| --- | --- | --- |",
+    ]
     test = evaluation["test"]
     lines += [f"| {METRIC_TITLES[m]} | {_cell(test['before'][m])} | {_cell(test['after'][m])} |" for m in METRIC_TITLES]
-    lines += ["", "![reliability](plots/reliability.png)", "", "![ECE vs temperature](plots/ece_vs_temperature.png)", ""]
+    lines += [
+        "",
+        "![reliability](plots/reliability.png)",
+        "",
+        "![ECE vs temperature](plots/ece_vs_temperature.png)",
+        "",
+    ]
     if evaluation["shifted"]:
         severities = sorted({int(s) for by_sev in evaluation["shifted"].values() for s in by_sev})
-        lines += ["## Dataset shift: ECE before -> after calibration (90% intervals), accuracy", "",
-                  "| corruption | " + " | ".join(f"severity {s}" for s in severities) + " |",
-                  "| --- |" + " --- |" * len(severities)]
+        lines += [
+            "## Dataset shift: ECE before -> after calibration (90% intervals), accuracy",
+            "",
+            "| corruption | " + " | ".join(f"severity {s}" for s in severities) + " |",
+            "| --- |" + " --- |" * len(severities),
+        ]
         for name, by_sev in evaluation["shifted"].items():
             cells = []
             for s in severities:
                 entry = by_sev[str(s)]
-                cells.append(f"{_cell(entry['before']['ece'])} -> {_cell(entry['after']['ece'])}; "
-                             f"acc {entry['after']['accuracy']['value']:.3f}")
+                cells.append(
+                    f"{_cell(entry['before']['ece'])} -> {_cell(entry['after']['ece'])}; "
+                    f"acc {entry['after']['accuracy']['value']:.3f}"
+                )
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += ["", "![ECE vs severity](plots/ece_vs_severity.png)", ""]
     ood = evaluation["ood"]
-    lines += ["## Out-of-distribution detection", "",
-              f"Predictive-entropy AUROC, {ood['n_in']} test images vs {ood['n_out']} `{ood['kind']}` images: "
-              f"{ood['auroc_before']:.4f} before, {ood['auroc_after']:.4f} after calibration.", ""]
+    lines += [
+        "## Out-of-distribution detection",
+        "",
+        f"Predictive-entropy AUROC, {ood['n_in']} test images vs {ood['n_out']} `{ood['kind']}` images: "
+        f"{ood['auroc_before']:.4f} before, {ood['auroc_after']:.4f} after calibration.",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def write_report(directory: Path, title: str, evaluation: dict, summary: dict[str, str],
-                 test_logits: np.ndarray, test_labels: np.ndarray, calibrator: Calibrator, n_bins: int = 15) -> Path:
+def write_report(
+    directory: Path,
+    title: str,
+    evaluation: dict,
+    summary: dict[str, str],
+    test_logits: np.ndarray,
+    test_labels: np.ndarray,
+    calibrator: Calibrator,
+    n_bins: int = 15,
+) -> Path:
     """Write ``report.md`` and ``plots/*.png`` into ``directory``; returns the report path."""
     plots = directory / "plots"
     plots.mkdir(parents=True, exist_ok=True)

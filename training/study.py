@@ -46,9 +46,18 @@ STUDY_LOSSES = (
 CE, FOCAL, FLSD = "Cross-Entropy", "FL-3 (Ours)", "FLSD-53 (Ours)"
 #: The papers' protocol, scaled to digits (see the module docstring and docs/study/protocol.md).
 STUDY_PROTOCOL = {
-    "optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128,
-    "schedule": "step", "milestones": [150 / 350, 250 / 350], "epochs": 70, "checkpoint": "last",
-    "label_noise": 0.3, "calibration_objective": "ece", "n_resamples": 500,
+    "optimizer": "sgd",
+    "lr": 0.1,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
+    "batch_size": 128,
+    "schedule": "step",
+    "milestones": [150 / 350, 250 / 350],
+    "epochs": 70,
+    "checkpoint": "last",
+    "label_noise": 0.3,
+    "calibration_objective": "ece",
+    "n_resamples": 500,
 }
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 #: Bootstrapped metrics per method and stage; "error" is 1 - accuracy.
@@ -71,10 +80,22 @@ def machine() -> str:
     import torch
 
     cpuinfo = Path("/proc/cpuinfo")
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("model name")), "") if cpuinfo.exists() else ""
-    return f"{model or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, torch {torch.__version__} " \
-           f"on {torch.get_num_threads()} threads"
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "",
+        )
+        if cpuinfo.exists()
+        else ""
+    )
+    return (
+        f"{model or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"on {torch.get_num_threads()} threads"
+    )
 
 
 def train_seed(base: RunConfig, seed: int, progress: bool = True) -> tuple[dict, list[dict]]:
@@ -89,10 +110,16 @@ def train_seed(base: RunConfig, seed: int, progress: bool = True) -> tuple[dict,
         test_logits = predict_logits(result.model, splits.test.x)
         calibrator = TemperatureScaling(objective=base.calibration_objective).fit(val_logits, splits.val.y)
         run[f"{label}|pre"], run[f"{label}|post"] = softmax(test_logits), calibrator.transform(test_logits)
-        records.append({"method": label, "seed": seed, "temperature": calibrator.temperature,
-                        "epoch": result.best_epoch,
-                        "train_accuracy": result.history[result.best_epoch - 1]["train_accuracy"],
-                        "seconds": round(result.seconds, 2)})
+        records.append(
+            {
+                "method": label,
+                "seed": seed,
+                "temperature": calibrator.temperature,
+                "epoch": result.best_epoch,
+                "train_accuracy": result.history[result.best_epoch - 1]["train_accuracy"],
+                "seconds": round(result.seconds, 2),
+            }
+        )
     return run, records
 
 
@@ -137,6 +164,7 @@ def claims(boot: RunsBootstrap, temperatures: RunsBootstrap) -> list[dict]:
     """The paper's ordering as paired contrasts on the same seeds and test rows, each with its 90% interval:
     four claims that ``hold`` when the interval lies above the null value, then every method's post-T ECE
     against cross-entropy's, ``lower``/``higher`` where the interval excludes 0, else ``no difference``."""
+
     def pre(m):
         return f"{m}|pre|ece"
 
@@ -145,8 +173,12 @@ def claims(boot: RunsBootstrap, temperatures: RunsBootstrap) -> list[dict]:
 
     rows = [
         ("Cross-entropy is over-confident: T > 1", temperatures, CE, 1.0),
-        ("Temperature scaling lowers cross-entropy's ECE: ECE pre-T - post-T > 0", boot,
-         {pre(CE): 1, post(CE): -1}, 0.0),
+        (
+            "Temperature scaling lowers cross-entropy's ECE: ECE pre-T - post-T > 0",
+            boot,
+            {pre(CE): 1, post(CE): -1},
+            0.0,
+        ),
         ("FL-3 below cross-entropy before T: ECE(CE) - ECE(FL-3) > 0", boot, {pre(CE): 1, pre(FOCAL): -1}, 0.0),
         ("FLSD-53 below cross-entropy before T: ECE(CE) - ECE(FLSD-53) > 0", boot, {pre(CE): 1, pre(FLSD): -1}, 0.0),
     ]
@@ -160,8 +192,9 @@ def claims(boot: RunsBootstrap, temperatures: RunsBootstrap) -> list[dict]:
         low, high = entry["ci"]
         outcome = "lower" if high < 0 else "higher" if low > 0 else "no difference"
         agreeing = int(np.sum(np.sign(entry["per_seed"]) == np.sign(entry["mean"])))
-        out.append({"claim": f"After T: ECE({label}) - ECE(CE)", **entry, "seeds_agreeing": agreeing,
-                    "outcome": outcome})
+        out.append(
+            {"claim": f"After T: ECE({label}) - ECE(CE)", **entry, "seeds_agreeing": agreeing, "outcome": outcome}
+        )
     return out
 
 
@@ -181,9 +214,13 @@ def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEED
     temperatures = bootstrap_temperatures(records, base.n_resamples, base.seed)
     rows = []
     for label, loss, params in STUDY_LOSSES:
-        row = {"method": label, "loss": loss, "params": params,
-               "temperature": _summary(temperatures, label),
-               "epoch": sorted({r["epoch"] for r in records if r["method"] == label})}
+        row = {
+            "method": label,
+            "loss": loss,
+            "params": params,
+            "temperature": _summary(temperatures, label),
+            "epoch": sorted({r["epoch"] for r in records if r["method"] == label}),
+        }
         for name in boot.names:
             method, stage, metric = name.split("|")
             if method == label:
@@ -192,9 +229,12 @@ def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEED
     study = {
         "setup": setup_line(base, runs, seeds),
         "config": base.model_dump(mode="json", exclude={"seed", "loss", "loss_params"}),
-        "seeds": list(seeds), "machine": machine(),
+        "seeds": list(seeds),
+        "machine": machine(),
         "seconds": {"training": round(train_seconds, 1), "total": round(time.perf_counter() - start, 1)},
-        "rows": rows, "claims": claims(boot, temperatures), "per_seed": records,
+        "rows": rows,
+        "claims": claims(boot, temperatures),
+        "per_seed": records,
     }
     output.mkdir(parents=True, exist_ok=True)
     (output / "study.json").write_text(json.dumps(study, indent=2))
@@ -205,47 +245,69 @@ def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEED
 
 def setup_line(base: RunConfig, runs: Sequence[dict], seeds: Sequence[int]) -> str:
     """One line naming the data, the training protocol, the seeds and how T was fitted."""
-    data = base.dataset + (f", {base.train_size} training images" if base.train_size else "") + \
-        (f", {base.label_noise:.0%} symmetric label noise in every split" if base.label_noise else "")
+    data = (
+        base.dataset
+        + (f", {base.train_size} training images" if base.train_size else "")
+        + (f", {base.label_noise:.0%} symmetric label noise in every split" if base.label_noise else "")
+    )
     milestones = "/".join(str(int(base.epochs * m)) for m in base.milestones)
     schedule = f"step at epochs {milestones}" if base.schedule == "step" else base.schedule
-    return (f"{data} ({len(runs[0]['labels'])} test images per seed), {base.model}, {base.epochs} epochs "
-            f"{base.optimizer} lr {base.lr} momentum {base.momentum} weight decay {base.weight_decay} batch "
-            f"{base.batch_size}, {schedule}, checkpoint {base.checkpoint}; seeds {', '.join(map(str, seeds))}; "
-            f"T fitted on validation by {base.calibration_objective}")
+    return (
+        f"{data} ({len(runs[0]['labels'])} test images per seed), {base.model}, {base.epochs} epochs "
+        f"{base.optimizer} lr {base.lr} momentum {base.momentum} weight decay {base.weight_decay} batch "
+        f"{base.batch_size}, {schedule}, checkpoint {base.checkpoint}; seeds {', '.join(map(str, seeds))}; "
+        f"T fitted on validation by {base.calibration_objective}"
+    )
 
 
 def _cell(entry: dict, scale: float = 100.0, digits: int = 2) -> str:
     lo, hi = entry["ci"]
-    return (f"{scale * entry['mean']:.{digits}f} ± {scale * entry['sd']:.{digits}f} "
-            f"[{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]")
+    return (
+        f"{scale * entry['mean']:.{digits}f} ± {scale * entry['sd']:.{digits}f} "
+        f"[{scale * lo:.{digits}f}, {scale * hi:.{digits}f}]"
+    )
 
 
 def markdown(study: dict) -> str:
     """The study as markdown: setup, the main table (Mukhoti et al.'s Table 1 layout), AdaECE and classwise
     ECE, and the ordering claims."""
     lines = [
-        f"Setup: {study['setup']}.", "",
+        f"Setup: {study['setup']}.",
+        "",
         f"Machine: {study['machine']}; {study['seconds']['total']:.0f} s in all ({study['seconds']['training']:.0f} s "
         f"training). Cells: mean ± sd over the {len(study['seeds'])} seeds [90% two-level bootstrap interval: seeds, "
         "then test rows], in % except T. The intervals are basic bootstrap intervals: binned errors are biased "
         "upwards on a few hundred rows, and the interval of the population value can sit below the mean by that "
-        "bias. Protocol, choice of configuration and reading: [protocol.md](protocol.md).", "",
-        "| method | test error | ECE pre-T | ECE post-T | T |", "| --- | --- | --- | --- | --- |",
+        "bias. Protocol, choice of configuration and reading: [protocol.md](protocol.md).",
+        "",
+        "| method | test error | ECE pre-T | ECE post-T | T |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for r in study["rows"]:
         t = r["temperature"]
-        lines.append(f"| {r['method']} | {_cell(r['pre']['error'])} | {_cell(r['pre']['ece'])} | "
-                     f"{_cell(r['post']['ece'])} | {_cell(t, 1.0)} |")
-    lines += ["", "| method | AdaECE pre-T | AdaECE post-T | Classwise ECE pre-T | Classwise ECE post-T |",
-              "| --- | --- | --- | --- | --- |"]
+        lines.append(
+            f"| {r['method']} | {_cell(r['pre']['error'])} | {_cell(r['pre']['ece'])} | "
+            f"{_cell(r['post']['ece'])} | {_cell(t, 1.0)} |"
+        )
+    lines += [
+        "",
+        "| method | AdaECE pre-T | AdaECE post-T | Classwise ECE pre-T | Classwise ECE post-T |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in study["rows"]:
-        lines.append(f"| {r['method']} | {_cell(r['pre']['adaptive_ece'])} | {_cell(r['post']['adaptive_ece'])} | "
-                     f"{_cell(r['pre']['classwise_ece'], 100.0, 3)} | {_cell(r['post']['classwise_ece'], 100.0, 3)} |")
-    lines += ["", "Ordering claims: paired contrasts over the same seeds and test rows (T in units, ECE in %); a claim "
-              "holds when its 90% interval lies above the null value; seeds agreeing: seeds with the contrast's "
-              "sign.", "", "| claim | mean ± sd [90% interval] | seeds agreeing | result |",
-              "| --- | --- | --- | --- |"]
+        lines.append(
+            f"| {r['method']} | {_cell(r['pre']['adaptive_ece'])} | {_cell(r['post']['adaptive_ece'])} | "
+            f"{_cell(r['pre']['classwise_ece'], 100.0, 3)} | {_cell(r['post']['classwise_ece'], 100.0, 3)} |"
+        )
+    lines += [
+        "",
+        "Ordering claims: paired contrasts over the same seeds and test rows (T in units, ECE in %); a claim "
+        "holds when its 90% interval lies above the null value; seeds agreeing: seeds with the contrast's "
+        "sign.",
+        "",
+        "| claim | mean ± sd [90% interval] | seeds agreeing | result |",
+        "| --- | --- | --- | --- |",
+    ]
     for c in study["claims"]:
         scale = 1.0 if c["claim"].startswith("Cross-entropy is over-confident") else 100.0
         result = c["outcome"] if "outcome" in c else ("holds" if c["holds"] else "does not hold")

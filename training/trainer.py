@@ -111,8 +111,13 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
     result = TrainResult(model=model, spec=spec)
     kept_state = None
     start = time.perf_counter()
-    bar = tqdm(range(1, config.epochs + 1), desc=f"train {config.model_name}", disable=not progress, unit="epoch",
-               mininterval=1.0)
+    bar = tqdm(
+        range(1, config.epochs + 1),
+        desc=f"train {config.model_name}",
+        disable=not progress,
+        unit="epoch",
+        mininterval=1.0,
+    )
     for epoch in bar:
         # head-only fine-tuning keeps the frozen layers in eval mode: their batch-norm statistics stay pretrained
         model.train(config.finetune == "all")
@@ -139,8 +144,12 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
         result.history.append(row)
         if config.checkpoint != "last" and select_epoch(result.history, config.checkpoint) == epoch:
             kept_state = copy.deepcopy(model.state_dict())
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['train_accuracy']:.3f}",
-                        val_acc=f"{row['val_accuracy']:.3f}", val_ece=f"{row['val_ece']:.3f}")
+        bar.set_postfix(
+            loss=f"{row['train_loss']:.3f}",
+            acc=f"{row['train_accuracy']:.3f}",
+            val_acc=f"{row['val_accuracy']:.3f}",
+            val_ece=f"{row['val_ece']:.3f}",
+        )
     result.best_epoch = select_epoch(result.history, config.checkpoint)
     if kept_state is not None:
         model.load_state_dict(kept_state)
@@ -190,8 +199,14 @@ def load_checkpoint(path: Path) -> tuple[TrainResult, RunConfig]:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: run `python -m training train` first")
     data = torch.load(path, map_location="cpu", weights_only=True)
-    spec = ModelSpec(**{**data["spec"], "class_names": tuple(data["spec"]["class_names"]),
-                        "mean": tuple(data["spec"]["mean"]), "std": tuple(data["spec"]["std"])})
+    spec = ModelSpec(
+        **{
+            **data["spec"],
+            "class_names": tuple(data["spec"]["class_names"]),
+            "mean": tuple(data["spec"]["mean"]),
+            "std": tuple(data["spec"]["std"]),
+        }
+    )
     model = spec.build()
     model.load_state_dict(data["state_dict"])
     model.eval()

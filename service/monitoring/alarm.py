@@ -37,9 +37,15 @@ def saved_status(row) -> AlarmStatus:
 
 
 class Alarm:
-    def __init__(self, store: Store, metrics_: ServiceMetrics,
-                 calibrations: CalibrationVersions, policy: AlarmPolicy, drift_rows: int,
-                 trusted: frozenset[str] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        metrics_: ServiceMetrics,
+        calibrations: CalibrationVersions,
+        policy: AlarmPolicy,
+        drift_rows: int,
+        trusted: frozenset[str] | None = None,
+    ):
         self.store = store
         self.trusted = trusted
         self.metrics = metrics_
@@ -67,26 +73,54 @@ class Alarm:
 
         with self.store.alarm_states.locked(key, fresh) as state:
             row = state.row
-            detector, last_seq, folded = (prefolded if (row.last_seq, row.detector) == base else self._fold(
-                key, row.last_seq, row.detector,
-                lambda seq, newest: self.store.labels.after(key, seq, state.connection, newest)))
+            detector, last_seq, folded = (
+                prefolded
+                if (row.last_seq, row.detector) == base
+                else self._fold(
+                    key,
+                    row.last_seq,
+                    row.detector,
+                    lambda seq, newest: self.store.labels.after(key, seq, state.connection, newest),
+                )
+            )
             previous = saved_status(row)
-            status = assess(previous, self._evidence(served, key, detector, state.connection), self.policy,
-                            time.time())
-            state.save(last_seq=max(last_seq, row.last_seq), detector=json.dumps(detector.to_dict()),
-                       state=status.state, since=status.since, reasons=json.dumps(list(status.reasons)))
+            status = assess(previous, self._evidence(served, key, detector, state.connection), self.policy, time.time())
+            state.save(
+                last_seq=max(last_seq, row.last_seq),
+                detector=json.dumps(detector.to_dict()),
+                state=status.state,
+                since=status.since,
+                reasons=json.dumps(list(status.reasons)),
+            )
         self._export(key, status.state, detector)
         if status.state == previous.state:
             return status, None, folded
         self.metrics.transitions.labels(key.model, key.version, status.state).inc()
-        log.warning("calibration of %s version %s: %s -> %s: %s", key.model, key.version, previous.state, status.state,
-                    "; ".join(status.reasons) or "no reasons")
-        return status, {"model": key.model, "version": key.version, "calibration_version": key.calibration_version,
-                        "from": previous.state, "to": status.state, "reasons": list(status.reasons),
-                        "since": status.since}, folded
+        log.warning(
+            "calibration of %s version %s: %s -> %s: %s",
+            key.model,
+            key.version,
+            previous.state,
+            status.state,
+            "; ".join(status.reasons) or "no reasons",
+        )
+        return (
+            status,
+            {
+                "model": key.model,
+                "version": key.version,
+                "calibration_version": key.calibration_version,
+                "from": previous.state,
+                "to": status.state,
+                "reasons": list(status.reasons),
+                "since": status.since,
+            },
+            folded,
+        )
 
-    def _fold(self, key: CalibrationKey, last_seq: int, saved: str,
-              labels_after: Callable[[int, int | None], list]) -> tuple[DetectorState, int, bool]:
+    def _fold(
+        self, key: CalibrationKey, last_seq: int, saved: str, labels_after: Callable[[int, int | None], list]
+    ) -> tuple[DetectorState, int, bool]:
         """(detector, last label looked at, whether any was) after folding the labels after ``last_seq`` into
         the saved detector: those of the trusted sources only, when they are set (the others are passed
         over, never folded). A detector that holds no label (new, or restarted by an upgrade or new
@@ -105,9 +139,15 @@ class Alarm:
         recent = self.store.predictions.recent_confidences(key, self.drift_rows, connection)
         shift = confidence_shift(recent, served.manifest.reference.confidences) if len(recent) else None
         gap, region = detector.worst_region()
-        return Evidence(n=int(detector.n[0]), alarmed=bool(detector.alarmed[0]), statistic=float(detector.statistic[0]),
-                        clear_statistic=float(detector.clear_statistic[0]), worst_gap=gap, worst_confidence=region,
-                        shift=shift)
+        return Evidence(
+            n=int(detector.n[0]),
+            alarmed=bool(detector.alarmed[0]),
+            statistic=float(detector.statistic[0]),
+            clear_statistic=float(detector.clear_statistic[0]),
+            worst_gap=gap,
+            worst_confidence=region,
+            shift=shift,
+        )
 
     def _export(self, key: CalibrationKey, state: str, detector: DetectorState) -> None:
         self.metrics.alarm_state.labels(key.model, key.version).set(LEVELS[state])

@@ -28,8 +28,9 @@ class CalibrationVersions:
 
     def refresh(self) -> None:
         """Reload the active versions from the shared store (recalibrations made through other replicas)."""
-        self._active = {(r.model, r.version): (r.calibration_version, r.temperature)
-                        for r in self.store.calibrations.active()}
+        self._active = {
+            (r.model, r.version): (r.calibration_version, r.temperature) for r in self.store.calibrations.active()
+        }
 
     def active(self, model: ServedModel) -> tuple[int, float | None]:
         """(calibration version, temperature) in force; version 0 is the manifest's."""
@@ -45,29 +46,51 @@ class CalibrationVersions:
 
     def record_refit(self, key: CalibrationKey, temperature: float, details: dict) -> int:
         """Record a refitted temperature (fitted under ``key``) as the new active version; its number."""
-        version = self.store.calibrations.add(key.model, key.version, temperature,
-                                              details | {"fitted_from_calibration_version": key.calibration_version})
+        version = self.store.calibrations.add(
+            key.model, key.version, temperature, details | {"fitted_from_calibration_version": key.calibration_version}
+        )
         self.refresh()
         return version
 
     def activate(self, model: ServedModel, calibration_version: int) -> ActivateResponse:
         """Serve a recorded calibration version again."""
         if not self.store.calibrations.activate(model.name, model.version, calibration_version):
-            raise ModelNotFound(f"model {model.name} version {model.version} has no calibration version "
-                                f"{calibration_version}", field="calibration_version")
+            raise ModelNotFound(
+                f"model {model.name} version {model.version} has no calibration version {calibration_version}",
+                field="calibration_version",
+            )
         self.refresh()
         active, temperature = self.active(model)
-        return ActivateResponse(model=model.name, version=model.version, calibration_version=active,
-                                temperature=temperature)
+        return ActivateResponse(
+            model=model.name, version=model.version, calibration_version=active, temperature=temperature
+        )
 
     def history(self, model: ServedModel) -> HistoryResponse:
         """Every calibration version of ``model`` and its alarm transitions."""
         return HistoryResponse(
-            model=model.name, version=model.version, active_calibration_version=self.active(model)[0],
-            calibrations=[CalibrationVersionInfo(
-                calibration_version=r.calibration_version, method=r.method, temperature=r.temperature,
-                source=r.source, active=r.active, created_at=r.created_at, details=json.loads(r.details or "{}"))
-                for r in self.store.calibrations.of(model.name, model.version)],
-            alarm_events=[AlarmEvent(at=r.at, calibration_version=r.calibration_version, from_state=r.from_state,
-                                     to_state=r.to_state, reasons=json.loads(r.reasons))
-                          for r in self.store.alarm_states.history(model.name, model.version)])
+            model=model.name,
+            version=model.version,
+            active_calibration_version=self.active(model)[0],
+            calibrations=[
+                CalibrationVersionInfo(
+                    calibration_version=r.calibration_version,
+                    method=r.method,
+                    temperature=r.temperature,
+                    source=r.source,
+                    active=r.active,
+                    created_at=r.created_at,
+                    details=json.loads(r.details or "{}"),
+                )
+                for r in self.store.calibrations.of(model.name, model.version)
+            ],
+            alarm_events=[
+                AlarmEvent(
+                    at=r.at,
+                    calibration_version=r.calibration_version,
+                    from_state=r.from_state,
+                    to_state=r.to_state,
+                    reasons=json.loads(r.reasons),
+                )
+                for r in self.store.alarm_states.history(model.name, model.version)
+            ],
+        )

@@ -29,8 +29,9 @@ MAX_BACKOFF_SECONDS = 5.0
 class Evaluator(BackgroundLoop):
     name = "evaluator"
 
-    def __init__(self, monitor: Monitor, metrics: ServiceMetrics, webhook: AlarmWebhook, *, every_labels: int,
-                 seconds: float):
+    def __init__(
+        self, monitor: Monitor, metrics: ServiceMetrics, webhook: AlarmWebhook, *, every_labels: int, seconds: float
+    ):
         self.monitor = monitor
         self.metrics = metrics
         self.webhook = webhook

@@ -54,8 +54,15 @@ class _Candidate:
 
 
 class FeedbackRecorder:
-    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
-                 calibrations: CalibrationVersions, n_bins: int, retention_seconds: float = 30 * 86400):
+    def __init__(
+        self,
+        store: Store,
+        repository: ModelRepository,
+        metrics_: ServiceMetrics,
+        calibrations: CalibrationVersions,
+        n_bins: int,
+        retention_seconds: float = 30 * 86400,
+    ):
         self.store = store
         self.retention_seconds = retention_seconds
         self.repository = repository
@@ -106,8 +113,7 @@ class FeedbackRecorder:
                 index += 1
             earlier |= seen
         label_rows, new_predictions = self._label_rows(candidates, reasons, now)
-        labelled, waiting = self.store.labels.insert(list(label_rows.values()), new_predictions,
-                                                     list(pending.values()))
+        labelled, waiting = self.store.labels.insert(list(label_rows.values()), new_predictions, list(pending.values()))
         bodies, accepted, index = [], [], 0
         for items, _ in requests:
             rejected, waits, taken = [], [], 0
@@ -140,15 +146,18 @@ class FeedbackRecorder:
             reasons: list[str | None] = [None] * len(rows)
             candidates = []
             for index, row in enumerate(rows):
-                outcome = self._resolve(index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now,
-                                        row.label_source or ANONYMOUS)
+                outcome = self._resolve(
+                    index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now, row.label_source or ANONYMOUS
+                )
                 if isinstance(outcome, str):
                     reasons[index] = outcome
                 else:
                     candidates.append(outcome)
             label_rows, _ = self._label_rows(candidates, reasons, now)
-            return ({rows[i].seq: r for i, r in label_rows.items()},
-                    {rows[i].seq: reason for i, reason in enumerate(reasons) if reason})
+            return (
+                {rows[i].seq: r for i, r in label_rows.items()},
+                {rows[i].seq: reason for i, reason in enumerate(reasons) if reason},
+            )
 
         done = self.store.pending.join(resolve, insert_labels, now=now, horizon=horizon)
         if done is not None:
@@ -158,8 +167,7 @@ class FeedbackRecorder:
                 self.metrics.pending_resolved.labels(outcome).inc(n)
         return done
 
-    def _resolve(self, index: int, item, known: dict, now: float,
-                 source: str) -> _Candidate | PendingLabel | str:
+    def _resolve(self, index: int, item, known: dict, now: float, source: str) -> _Candidate | PendingLabel | str:
         """The item joined with its prediction (or its own probabilities), the pending label it becomes
         when its prediction is not stored (yet), or why it is rejected. Offline probabilities are checked
         later, all rows of a model at once."""
@@ -174,8 +182,9 @@ class FeedbackRecorder:
             label = _label_index(item.label, served)
             if isinstance(label, str):
                 return label
-            return _Candidate(index, served, row.calibration_version, row.id, row.probabilities, label, False,
-                              row.logits, source)
+            return _Candidate(
+                index, served, row.calibration_version, row.id, row.probabilities, label, False, row.logits, source
+            )
         try:
             served = self.repository.get(item.model, item.version)
         except ModelNotFound as exc:
@@ -200,15 +209,18 @@ class FeedbackRecorder:
         if made > now + _CLOCK_SKEW:
             return f"unknown prediction id {prediction_id!r}: its time is in the future"
         if made < now - self.retention_seconds:
-            return (f"unknown prediction id {prediction_id!r}: made {(now - made) / 86400:.0f} days ago, "
-                    "beyond the retention period")
+            return (
+                f"unknown prediction id {prediction_id!r}: made {(now - made) / 86400:.0f} days ago, "
+                "beyond the retention period"
+            )
         models = self.repository.all()
         if not any(isinstance(_label_index(item.label, served), int) for served in models):
             return f"label {item.label!r} is not a class of any served model"
         return PendingLabel(prediction_id, json.dumps(item.label), now, source)
 
-    def _label_rows(self, candidates: list[_Candidate], reasons: list,
-                    now: float) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
+    def _label_rows(
+        self, candidates: list[_Candidate], reasons: list, now: float
+    ) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
         """Label rows (by item index) and offline prediction rows, computed per model in a few array
         operations; offline probability rows that are not probability vectors get their reason."""
         label_rows, new_predictions = {}, []
@@ -238,13 +250,38 @@ class FeedbackRecorder:
             predicted, confidence = predicted.tolist(), confidence.tolist()
             blobs = encode_rows(probs) if offline else [c.probs for c in group]
             for i, (c, blob) in enumerate(zip(group, blobs)):
-                label_rows[c.index] = LabelRow(c.prediction_id, c.served.name, c.served.version, c.calibration_version,
-                                               c.label, correct[i], confidence[i], bins[i], nll[i], brier[i], now,
-                                               blob, c.logits, c.source)
+                label_rows[c.index] = LabelRow(
+                    c.prediction_id,
+                    c.served.name,
+                    c.served.version,
+                    c.calibration_version,
+                    c.label,
+                    correct[i],
+                    confidence[i],
+                    bins[i],
+                    nll[i],
+                    brier[i],
+                    now,
+                    blob,
+                    c.logits,
+                    c.source,
+                )
                 if offline:
-                    new_predictions.append(PredictionRow(c.prediction_id, c.served.name, c.served.version,
-                                                         c.calibration_version, now, predicted[i], confidence[i], None,
-                                                         blob, None, "offline"))
+                    new_predictions.append(
+                        PredictionRow(
+                            c.prediction_id,
+                            c.served.name,
+                            c.served.version,
+                            c.calibration_version,
+                            now,
+                            predicted[i],
+                            confidence[i],
+                            None,
+                            blob,
+                            None,
+                            "offline",
+                        )
+                    )
         return dict(sorted(label_rows.items())), new_predictions
 
     def _count(self, rows: list[LabelRow]) -> None:
@@ -268,8 +305,11 @@ def _label_index(label, served: ServedModel) -> int | str:
     if isinstance(label, bool):
         return f"label {label!r} is not a class of model {served.name}"
     if isinstance(label, str):
-        return classes.index(label) if label in classes else (
-            f"label {label!r} is not a class of model {served.name} (classes: {', '.join(classes[:20])})")
+        return (
+            classes.index(label)
+            if label in classes
+            else (f"label {label!r} is not a class of model {served.name} (classes: {', '.join(classes[:20])})")
+        )
     if isinstance(label, int) and 0 <= label < len(classes):
         return label
     return f"label {label!r} is not a class index of model {served.name} (0..{len(classes) - 1})"

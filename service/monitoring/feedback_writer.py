@@ -31,9 +31,16 @@ log = logging.getLogger("service.feedback")
 class FeedbackWriter(BackgroundLoop):
     name = "feedback-writer"
 
-    def __init__(self, monitor: Monitor, prediction_log: PredictionLog, *, max_request_items: int,
-                 on_stored: Callable[[int], None] = lambda n: None,
-                 on_pending: Callable[[int], None] = lambda n: None, max_group_items: int = 4096):
+    def __init__(
+        self,
+        monitor: Monitor,
+        prediction_log: PredictionLog,
+        *,
+        max_request_items: int,
+        on_stored: Callable[[int], None] = lambda n: None,
+        on_pending: Callable[[int], None] = lambda n: None,
+        max_group_items: int = 4096,
+    ):
         self.monitor = monitor
         self.prediction_log = prediction_log
         self.max_request_items = max_request_items
@@ -52,8 +59,9 @@ class FeedbackWriter(BackgroundLoop):
         """Store ``items``, sent by ``source`` (a token's name), with the group they join; the response body
         once they are committed. Raises what the write raised (``StorageUnavailable`` when the store is down)."""
         if len(items) > self.max_request_items:
-            raise InvalidInput(f"holds {len(items)} items; at most {self.max_request_items} are allowed per request",
-                               field="items")
+            raise InvalidInput(
+                f"holds {len(items)} items; at most {self.max_request_items} are allowed per request", field="items"
+            )
         if not self._running:
             raise NotReady("the service is shutting down")
         future = asyncio.get_running_loop().create_future()
@@ -89,8 +97,9 @@ class FeedbackWriter(BackgroundLoop):
             return
         try:
             await self.prediction_log.flush()
-            bodies = await anyio.to_thread.run_sync(self.monitor.feedback.record_group,
-                                                    [request for request, _ in group])
+            bodies = await anyio.to_thread.run_sync(
+                self.monitor.feedback.record_group, [request for request, _ in group]
+            )
         except Exception as exc:  # noqa: BLE001 - StorageUnavailable, or a bug (500): nothing is acknowledged
             for _, future in group:
                 if not future.done():

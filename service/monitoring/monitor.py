@@ -16,16 +16,38 @@ from service.store import Store
 
 
 class Monitor:
-    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics, *, n_bins: int,
-                 policy: AlarmPolicy, alarm_window: str, detail_rows: int, drift_rows: int, n_resamples: int,
-                 retention_seconds: float = 30 * 86400, trusted: frozenset[str] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        repository: ModelRepository,
+        metrics_: ServiceMetrics,
+        *,
+        n_bins: int,
+        policy: AlarmPolicy,
+        alarm_window: str,
+        detail_rows: int,
+        drift_rows: int,
+        n_resamples: int,
+        retention_seconds: float = 30 * 86400,
+        trusted: frozenset[str] | None = None,
+    ):
         self.repository = repository
         self.calibrations = CalibrationVersions(store, repository)
         self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins, retention_seconds)
         self.alarm = Alarm(store, metrics_, self.calibrations, policy, drift_rows, trusted)
-        self.reports = Reports(store, repository, metrics_, self.calibrations, n_bins=n_bins, policy=policy,
-                               alarm_window=alarm_window, detail_rows=detail_rows, drift_rows=drift_rows,
-                               n_resamples=n_resamples, trusted=trusted)
+        self.reports = Reports(
+            store,
+            repository,
+            metrics_,
+            self.calibrations,
+            n_bins=n_bins,
+            policy=policy,
+            alarm_window=alarm_window,
+            detail_rows=detail_rows,
+            drift_rows=drift_rows,
+            n_resamples=n_resamples,
+            trusted=trusted,
+        )
 
     def sync(self) -> None:
         """Record the manifests' calibrations and load the active versions and alarm gauges."""
@@ -48,12 +70,16 @@ class Monitor:
         y, probs, logits = self.reports.refit_rows(key, win, sums.n)
         refit = self.reports.refit(y, probs, logits)
         if refit is None:
-            raise InvalidInput(f"need at least {MIN_REFIT_LABELS} labelled online predictions with logits in "
-                               f"window {win.spec} (have {len(y)})", field="window")
+            raise InvalidInput(
+                f"need at least {MIN_REFIT_LABELS} labelled online predictions with logits in "
+                f"window {win.spec} (have {len(y)})",
+                field="window",
+            )
         new_version = self.calibrations.record_refit(key, refit.temperature, {"window": win.spec} | refit.model_dump())
         self.alarm.export_states()
-        return RecalibrateResponse(model=served.name, version=served.version, calibration_version=new_version,
-                                   **refit.model_dump())
+        return RecalibrateResponse(
+            model=served.name, version=served.version, calibration_version=new_version, **refit.model_dump()
+        )
 
     def activate(self, name: str | None, version: str | None, calibration_version: int) -> ActivateResponse:
         """Serve a recorded calibration version again (0 = the manifest's)."""

@@ -19,8 +19,14 @@ log = logging.getLogger("service.feedback")
 class PendingJoiner(BackgroundLoop):
     name = "pending-labels"
 
-    def __init__(self, recorder: FeedbackRecorder, *, horizon: float, interval: float,
-                 on_stored: Callable[[int], None] = lambda n: None):
+    def __init__(
+        self,
+        recorder: FeedbackRecorder,
+        *,
+        horizon: float,
+        interval: float,
+        on_stored: Callable[[int], None] = lambda n: None,
+    ):
         self.recorder = recorder
         self.horizon = horizon
         self.interval = interval

@@ -32,9 +32,21 @@ MIN_REFIT_LABELS = 50
 
 
 class Reports:
-    def __init__(self, store: Store, repository: ModelRepository, metrics_: ServiceMetrics,
-                 calibrations: CalibrationVersions, *, n_bins: int, policy: AlarmPolicy, alarm_window: str,
-                 detail_rows: int, drift_rows: int, n_resamples: int, trusted: frozenset[str] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        repository: ModelRepository,
+        metrics_: ServiceMetrics,
+        calibrations: CalibrationVersions,
+        *,
+        n_bins: int,
+        policy: AlarmPolicy,
+        alarm_window: str,
+        detail_rows: int,
+        drift_rows: int,
+        n_resamples: int,
+        trusted: frozenset[str] | None = None,
+    ):
         self.store = store
         self.trusted = trusted
         self.repository = repository
@@ -51,8 +63,9 @@ class Reports:
         self._newest: dict[CalibrationKey, NewestRows] = {}
         self._lock = threading.Lock()
 
-    def window(self, name: str | None, version: str | None,
-               window: str | None) -> tuple[ServedModel, Window, CalibrationKey, WindowSums]:
+    def window(
+        self, name: str | None, version: str | None, window: str | None
+    ) -> tuple[ServedModel, Window, CalibrationKey, WindowSums]:
         """(model, window, calibration key in force, the window's sums)."""
         served = self.repository.get(name, version)
         win = Window.parse(window) if window is not None else self.alarm_window
@@ -69,20 +82,39 @@ class Reports:
         detector = load_detector(state_row.detector if state_row else None, self.policy)
         reference = served.manifest.reference
         body = {
-            "model": served.name, "version": served.version, "calibration_version": key.calibration_version,
-            "temperature": self.calibrations.active(served)[1], "window": win.to_dict(), "n": sums.n,
-            "first_labelled_at": sums.first_labelled_at, "last_labelled_at": sums.last_labelled_at,
-            "reference": {"split": reference.split, "n": len(reference.confidences), "ece": reference.ece,
-                          "accuracy": reference.accuracy, "mean_confidence": float(np.mean(reference.confidences))},
+            "model": served.name,
+            "version": served.version,
+            "calibration_version": key.calibration_version,
+            "temperature": self.calibrations.active(served)[1],
+            "window": win.to_dict(),
+            "n": sums.n,
+            "first_labelled_at": sums.first_labelled_at,
+            "last_labelled_at": sums.last_labelled_at,
+            "reference": {
+                "split": reference.split,
+                "n": len(reference.confidences),
+                "ece": reference.ece,
+                "accuracy": reference.accuracy,
+                "mean_confidence": float(np.mean(reference.confidences)),
+            },
             "alarm": saved_status(state_row).to_dict(),
-            "e_detector": {"statistic": float(detector.statistic[0]), "threshold": self.policy.threshold,
-                           "clear_statistic": float(detector.clear_statistic[0]),
-                           "clear_threshold": self.policy.clear_threshold, "labels_seen": int(detector.n[0]),
-                           "tolerance": self.policy.tolerance, "regions": detector.regions()}
+            "e_detector": {
+                "statistic": float(detector.statistic[0]),
+                "threshold": self.policy.threshold,
+                "clear_statistic": float(detector.clear_statistic[0]),
+                "clear_threshold": self.policy.clear_threshold,
+                "labels_seen": int(detector.n[0]),
+                "tolerance": self.policy.tolerance,
+                "regions": detector.regions(),
+            }
             | self._evaluation(key, state_row),
-            "thresholds": {"tolerance": self.policy.tolerance, "e_detector": self.policy.threshold,
-                           "clear": self.policy.clear_threshold, "warning": self.policy.warn_threshold,
-                           "min_labels": self.policy.min_labels},
+            "thresholds": {
+                "tolerance": self.policy.tolerance,
+                "e_detector": self.policy.threshold,
+                "clear": self.policy.clear_threshold,
+                "warning": self.policy.warn_threshold,
+                "min_labels": self.policy.min_labels,
+            },
         }
         body.update(self._window_metrics(served, key, sums, win))
         body["drift"] = self._drift(served, key, sums)
@@ -112,16 +144,37 @@ class Reports:
     def _window_metrics(self, served: ServedModel, key: CalibrationKey, sums: WindowSums, win: Window) -> dict:
         stats = sums.stats
         if sums.n == 0:
-            empty = {k: None for k in ("accuracy", "mean_confidence", "ece", "ece_ci", "ece_ci_level", "mce",
-                                       "debiased_ece", "adaptive_ece", "classwise_ece", "brier", "nll",
-                                       "calibration_test_p_value", "recalibration")}
+            empty = {
+                k: None
+                for k in (
+                    "accuracy",
+                    "mean_confidence",
+                    "ece",
+                    "ece_ci",
+                    "ece_ci_level",
+                    "mce",
+                    "debiased_ece",
+                    "adaptive_ece",
+                    "classwise_ece",
+                    "brier",
+                    "nll",
+                    "calibration_test_p_value",
+                    "recalibration",
+                )
+            }
             return empty | {"bins": stats.reliability().to_records(), "detail_rows": 0}
         seed = _seed(key, sums.last_seq)
         ci = ece_interval(stats.sums, n_resamples=self.n_resamples, seed=seed)
         return {
-            "accuracy": stats.accuracy(), "mean_confidence": stats.mean_confidence(),
-            "ece": ci.ece, "ece_ci": [ci.low, ci.high], "ece_ci_level": ci.level,
-            "mce": stats.mce(), "debiased_ece": stats.debiased_ece(), "brier": stats.brier(), "nll": stats.nll(),
+            "accuracy": stats.accuracy(),
+            "mean_confidence": stats.mean_confidence(),
+            "ece": ci.ece,
+            "ece_ci": [ci.low, ci.high],
+            "ece_ci_level": ci.level,
+            "mce": stats.mce(),
+            "debiased_ece": stats.debiased_ece(),
+            "brier": stats.brier(),
+            "nll": stats.nll(),
             "calibration_test_p_value": consistency_test(stats.sums, n_resamples=self.n_resamples, seed=seed + 1),
             "bins": stats.reliability().to_records(),
         } | self._details(served, key, sums, win)
@@ -137,9 +190,12 @@ class Reports:
             return found
         y, probs, logits = self.window_rows(key, win, sums.n)
         refit = self.refit(*((y, probs, logits) if self.trusted is None else self.refit_rows(key, win, sums.n)))
-        found = {"adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
-                 "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
-                 "detail_rows": len(y), "recalibration": refit}
+        found = {
+            "adaptive_ece": metrics.adaptive_ece(probs, y, self.n_bins),
+            "classwise_ece": metrics.classwise_ece(probs, y, self.n_bins),
+            "detail_rows": len(y),
+            "recalibration": refit,
+        }
         with self._lock:
             self._detail_cache[cache_key] = found
             while len(self._detail_cache) > DETAIL_CACHE_SIZE:
@@ -168,9 +224,16 @@ class Reports:
         """The window's labels per source: count, accuracy, mean confidence, ECE, and whether they count for
         the alarm and the refit."""
         found = self.store.labels.by_source(key, self.n_bins, last=win.count, seconds=win.seconds)
-        return {source: {"n": stats.n, "accuracy": stats.accuracy(), "mean_confidence": stats.mean_confidence(),
-                         "ece": stats.ece(), "trusted": self.trusted is None or source in self.trusted}
-                for source, stats in sorted(found.items())}
+        return {
+            source: {
+                "n": stats.n,
+                "accuracy": stats.accuracy(),
+                "mean_confidence": stats.mean_confidence(),
+                "ece": stats.ece(),
+                "trusted": self.trusted is None or source in self.trusted,
+            }
+            for source, stats in sorted(found.items())
+        }
 
     def _newest_rows(self, key: CalibrationKey) -> NewestRows:
         """The ``detail_rows`` most recent labelled rows, kept in memory: after the first fetch only the
@@ -183,8 +246,7 @@ class Reports:
         if held is None or not len(held.seq):
             rows, _ = self.store.labels.newest(key, limit)
         else:
-            new, count = self.store.labels.newest(key, limit, after_seq=int(held.seq[0]),
-                                                  count_from=int(held.seq[-1]))
+            new, count = self.store.labels.newest(key, limit, after_seq=int(held.seq[0]), count_from=int(held.seq[-1]))
             if len(new.seq) < limit and count != len(held.seq) + len(new.seq):
                 rows, _ = self.store.labels.newest(key, limit)
             else:
@@ -201,25 +263,35 @@ class Reports:
             return None
         t = fit_temperature(logits, y)
         refit = apply_temperature(logits, t)
-        return Refit(temperature=t, n=len(y), ece_current=metrics.ece(probs, y, self.n_bins),
-                     ece_after=metrics.ece(refit, y, self.n_bins), nll_current=metrics.nll(probs, y),
-                     nll_after=metrics.nll(refit, y))
+        return Refit(
+            temperature=t,
+            n=len(y),
+            ece_current=metrics.ece(probs, y, self.n_bins),
+            ece_after=metrics.ece(refit, y, self.n_bins),
+            nll_current=metrics.nll(probs, y),
+            nll_after=metrics.nll(refit, y),
+        )
 
     def _drift(self, served: ServedModel, key: CalibrationKey, sums: WindowSums) -> dict:
         recent = self.store.predictions.recent_confidences(key, self.drift_rows)
         out = {"recent_predictions": len(recent)}
         if len(recent):
             shift = confidence_shift(recent, served.manifest.reference.confidences)
-            out.update({"ks_statistic": shift.statistic, "ks_p_value": shift.p_value,
-                        "recent_mean_confidence": shift.recent_mean, "reference_mean_confidence": shift.reference_mean,
-                        "estimated_accuracy": shift.recent_mean})
+            out.update(
+                {
+                    "ks_statistic": shift.statistic,
+                    "ks_p_value": shift.p_value,
+                    "recent_mean_confidence": shift.recent_mean,
+                    "reference_mean_confidence": shift.reference_mean,
+                    "estimated_accuracy": shift.recent_mean,
+                }
+            )
         if sums.n:
             gap = accuracy_gap(sums.n, sums.stats.confidence_sum.sum(), sums.stats.correct_sum.sum())
             out.update({"observed_accuracy": gap.observed, "expected_accuracy": gap.expected, "accuracy_gap_z": gap.z})
         return out
 
-    def timeline(self, name: str | None, version: str | None, window: int, step: int,
-                 points: int) -> TimelineResponse:
+    def timeline(self, name: str | None, version: str | None, window: int, step: int, points: int) -> TimelineResponse:
         """Rolling ECE over time: the ECE of the last ``window`` labels after every ``step`` labels,
         for the most recent ``points`` steps (the data of the dashboard's chart)."""
         served = self.repository.get(name, version)
@@ -233,13 +305,25 @@ class Reports:
                 start = max(0, end - window)
                 sums = binning.bin_sums(conf[start:end], correct[start:end], self.edges)
                 ci = ece_interval(sums, n_resamples=200, seed=int(rows[end - 1].seq))
-                out.append(TimelinePoint(seq=int(rows[end - 1].seq), labelled_at=float(rows[end - 1].labelled_at),
-                                         n=end - start, ece=ci.ece, ece_ci=[ci.low, ci.high]))
+                out.append(
+                    TimelinePoint(
+                        seq=int(rows[end - 1].seq),
+                        labelled_at=float(rows[end - 1].labelled_at),
+                        n=end - start,
+                        ece=ci.ece,
+                        ece_ci=[ci.low, ci.high],
+                    )
+                )
                 if len(out) == points:
                     break
-        return TimelineResponse(model=served.name, version=served.version,
-                                calibration_version=key.calibration_version, window=window, step=step,
-                                points=out[::-1])
+        return TimelineResponse(
+            model=served.name,
+            version=served.version,
+            calibration_version=key.calibration_version,
+            window=window,
+            step=step,
+            points=out[::-1],
+        )
 
     def reliability_png(self, name: str | None, version: str | None, window: str | None) -> bytes:
         """The window's reliability diagram with confidence histogram, as PNG."""

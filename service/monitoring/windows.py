@@ -24,13 +24,18 @@ class Window:
     def parse(cls, spec: str) -> "Window":
         match = _WINDOW.match(spec.strip()) if isinstance(spec, str) else None
         if match is None:
-            raise InvalidInput(f"window {spec!r} is neither a label count (e.g. 1000) nor a duration (e.g. 1h, 30m)",
-                               field="window")
+            raise InvalidInput(
+                f"window {spec!r} is neither a label count (e.g. 1000) nor a duration (e.g. 1h, 30m)", field="window"
+            )
         count_text, amount, unit = match.groups()
         if count_text:
             return cls(spec, count=int(count_text))
         return cls(spec, seconds=float(amount) * _UNIT_SECONDS[unit])
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec, "kind": "count" if self.count else "time",
-                "labels": self.count, "seconds": self.seconds}
+        return {
+            "spec": self.spec,
+            "kind": "count" if self.count else "time",
+            "labels": self.count,
+            "seconds": self.seconds,
+        }

@@ -36,8 +36,10 @@ RunFn = Callable[[np.ndarray], dict]
 
 def _rows(outputs: dict, start: int, stop: int) -> dict:
     """Rows ``start:stop`` of every value of a batch's outputs (nested dicts sliced alike)."""
-    return {name: _rows(value, start, stop) if isinstance(value, dict) else value[start:stop]
-            for name, value in outputs.items()}
+    return {
+        name: _rows(value, start, stop) if isinstance(value, dict) else value[start:stop]
+        for name, value in outputs.items()
+    }
 
 
 @dataclass
@@ -62,8 +64,14 @@ BatchObserver = Callable[[int, float], None]
 class DynamicBatcher:
     """Coalesces ``submit`` calls into batched ``run`` calls; see the module docstring."""
 
-    def __init__(self, run: RunFn | Sequence[RunFn], config: BatchingConfig, name: str, retry_after: int = 1,
-                 on_batch: BatchObserver | None = None):
+    def __init__(
+        self,
+        run: RunFn | Sequence[RunFn],
+        config: BatchingConfig,
+        name: str,
+        retry_after: int = 1,
+        on_batch: BatchObserver | None = None,
+    ):
         self._runs = list(run) if isinstance(run, Sequence) else [run]
         self.config = config
         self.name = name
@@ -87,8 +95,10 @@ class DynamicBatcher:
         event loop."""
         self._loop = asyncio.get_running_loop()
         self._accepting = True
-        self._threads = [threading.Thread(target=self._work, args=(run,), name=f"infer-{self.name}-{i}", daemon=True)
-                         for i, run in enumerate(self._runs)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(run,), name=f"infer-{self.name}-{i}", daemon=True)
+            for i, run in enumerate(self._runs)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -170,8 +180,9 @@ class DynamicBatcher:
         self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x))
 
     @staticmethod
-    def _deliver(batch: list[_Pending], outputs: dict[str, np.ndarray], started: float, elapsed: float,
-                 rows: int) -> None:
+    def _deliver(
+        batch: list[_Pending], outputs: dict[str, np.ndarray], started: float, elapsed: float, rows: int
+    ) -> None:
         """On the event loop: give every request its rows of every output."""
         offset = 0
         for p in batch:

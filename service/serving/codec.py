@@ -84,8 +84,9 @@ def json_body(model: type[BaseModel]) -> dict:
 
 def respond(content, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     """An orjson-encoded JSON response (numpy arrays allowed)."""
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code, headers,
-                    media_type="application/json")
+    return Response(
+        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code, headers, media_type="application/json"
+    )
 
 
 class Phases:

@@ -36,15 +36,30 @@ from service.settings import Settings
 SCORES = "_scores"  # key of the batch's ScoredBatch among its outputs (not an ONNX output name)
 PREDICTION_ID = "prediction_id"
 """The v2 output tensor (BYTES, one per row) of the rows' prediction ids, which POST /feedback takes."""
-V2_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT8": np.int8, "INT16": np.int16,
-                "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8, "UINT16": np.uint16}
+V2_DATATYPES = {
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "FP16": np.float16,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+}
 
 
 class DataPlane:
     """The service's behaviour over a model repository."""
 
-    def __init__(self, repository: ModelRepository, settings: Settings, metrics: ServiceMetrics,
-                 monitor=None, prediction_log=None):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        monitor=None,
+        prediction_log=None,
+    ):
         self.repository = repository
         self.settings = settings
         self.metrics = metrics
@@ -57,12 +72,17 @@ class DataPlane:
         for model in self.repository.all():
             label = f"{model.name}:{model.version}"
             runs = [functools.partial(self.run_batch, model, runtime) for runtime in model.runtimes]
-            model.batcher = DynamicBatcher(runs, model.batching, label,
-                                           self.settings.retry_after_seconds,
-                                           on_batch=lambda rows, s, label=label: self.metrics.observe_batch(label, rows, s))
+            model.batcher = DynamicBatcher(
+                runs,
+                model.batching,
+                label,
+                self.settings.retry_after_seconds,
+                on_batch=lambda rows, s, label=label: self.metrics.observe_batch(label, rows, s),
+            )
             model.batcher.start()
-            self.metrics.model_info.labels(model.name, model.version, model.runtime.provider,
-                                           model.manifest.calibration.method).set(1)
+            self.metrics.model_info.labels(
+                model.name, model.version, model.runtime.provider, model.manifest.calibration.method
+            ).set(1)
             self.metrics.model_ready.labels(model.name, model.version).set(1)
 
     async def stop(self) -> None:
@@ -90,8 +110,10 @@ class DataPlane:
         if found is None:
             label = f"{model.name}:{model.version}"
             found = self._metric_children[(model.name, model.version)] = (
-                self.metrics.queue.labels(label), self.metrics.predictions.labels(model.name, model.version),
-                self.metrics.rejected.labels(label))
+                self.metrics.queue.labels(label),
+                self.metrics.predictions.labels(model.name, model.version),
+                self.metrics.rejected.labels(label),
+            )
         return found
 
     def prepare(self, request: PredictRequest) -> tuple[PredictRequest, ServedModel, np.ndarray]:
@@ -99,8 +121,13 @@ class DataPlane:
         request's rows are dropped once they are that array: their Python objects are about 8 times its
         size, so memory then grows with concurrent requests by their arrays only."""
         model = self.repository.get(request.model, request.version)
-        x = to_batch(request.inputs, model.shape, model.manifest.preprocessing,
-                     max_rows=self.settings.max_rows_per_request, max_pixels=self.settings.max_image_pixels)
+        x = to_batch(
+            request.inputs,
+            model.shape,
+            model.manifest.preprocessing,
+            max_rows=self.settings.max_rows_per_request,
+            max_pixels=self.settings.max_image_pixels,
+        )
         request.inputs = []
         return request, model, x
 
@@ -116,8 +143,9 @@ class DataPlane:
         x = numeric_batch(rows, model.shape) if len(rows) <= self.settings.max_rows_per_request else None
         return None if x is None else (options, model, x)
 
-    async def predict(self, model: ServedModel, options: PredictOptions, x: np.ndarray,
-                      phases: Phases) -> tuple[dict, Timing]:
+    async def predict(
+        self, model: ServedModel, options: PredictOptions, x: np.ndarray, phases: Phases
+    ) -> tuple[dict, Timing]:
         """The /predict body for a prepared request (``respond``) and the batch's timing."""
         phases.mark("validate")
         outputs, timing = await self.infer(model, x)
@@ -130,10 +158,20 @@ class DataPlane:
         the calibration in force (``SCORES``), built once for both protocols and the prediction log."""
         outputs = runtime.run(x)
         names = model.manifest.outputs
-        calibration_version, temperature = (self.monitor.calibrations.active(model) if self.monitor is not None
-                                            else (0, model.manifest.calibration.temperature))
-        return outputs | {SCORES: score(outputs[names["logits"]], outputs[names["probabilities"]], calibration_version,
-                                        temperature, encode=self.prediction_log is not None)}
+        calibration_version, temperature = (
+            self.monitor.calibrations.active(model)
+            if self.monitor is not None
+            else (0, model.manifest.calibration.temperature)
+        )
+        return outputs | {
+            SCORES: score(
+                outputs[names["logits"]],
+                outputs[names["probabilities"]],
+                calibration_version,
+                temperature,
+                encode=self.prediction_log is not None,
+            )
+        }
 
     async def log(self, model: ServedModel, scored: ScoredBatch) -> list[str]:
         """The one logging hook of both protocols: queue a request's scored rows for the prediction log
@@ -151,16 +189,29 @@ class DataPlane:
         s: ScoredBatch = outputs[SCORES]
         classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
-        predictions = [{
-            "id": ids[i], "label": classes[k], "class_index": k, "confidence": s.confidence[i],
-            "probabilities": probs[i],
-            "top_k": None if order is None else [{"label": classes[j], "class_index": j,
-                                                  "probability": float(probs[i, j])} for j in order[i]],
-            "logits": s.logits[i] if request.return_logits else None,
-            "uncalibrated_probabilities": s.uncalibrated[i] if request.return_uncalibrated else None,
-        } for i, k in enumerate(s.predicted)]
-        return {"model": model.name, "version": model.version, "calibration_version": s.calibration_version,
-                "temperature": s.temperature, "provider": model.runtime.provider, "predictions": predictions}
+        predictions = [
+            {
+                "id": ids[i],
+                "label": classes[k],
+                "class_index": k,
+                "confidence": s.confidence[i],
+                "probabilities": probs[i],
+                "top_k": None
+                if order is None
+                else [{"label": classes[j], "class_index": j, "probability": float(probs[i, j])} for j in order[i]],
+                "logits": s.logits[i] if request.return_logits else None,
+                "uncalibrated_probabilities": s.uncalibrated[i] if request.return_uncalibrated else None,
+            }
+            for i, k in enumerate(s.predicted)
+        ]
+        return {
+            "model": model.name,
+            "version": model.version,
+            "calibration_version": s.calibration_version,
+            "temperature": s.temperature,
+            "provider": model.runtime.provider,
+            "predictions": predictions,
+        }
 
     def models(self) -> ModelsResponse:
         infos = []
@@ -174,31 +225,52 @@ class DataPlane:
     def _version_info(model: ServedModel, latest: bool) -> ModelVersionInfo:
         m = model.manifest
         return ModelVersionInfo(
-            version=model.version, latest=latest, classes=m.class_names, input=m.input.model_dump(),
-            preprocessing=m.preprocessing.model_dump(), calibration=m.calibration.model_dump(),
-            temperature=m.calibration.temperature, provider=model.runtime.provider,
-            batching=model.batching.model_dump(), ready=model.ready,
+            version=model.version,
+            latest=latest,
+            classes=m.class_names,
+            input=m.input.model_dump(),
+            preprocessing=m.preprocessing.model_dump(),
+            calibration=m.calibration.model_dump(),
+            temperature=m.calibration.temperature,
+            provider=model.runtime.provider,
+            batching=model.batching.model_dump(),
+            ready=model.ready,
         )
 
     def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
         model = self.repository.get(name, version)
         k, pre = len(model.manifest.class_names), model.manifest.preprocessing
         return V2ModelMetadata(
-            name=model.name, versions=sorted(self.repository.models[model.name], key=int),
+            name=model.name,
+            versions=sorted(self.repository.models[model.name], key=int),
             platform="onnxruntime_onnx",
             inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
-            outputs=[*(V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
-                       for o in ("logits", "probabilities")),
-                     V2TensorMetadata(name=PREDICTION_ID, datatype="BYTES", shape=[-1])],
-            parameters={"classes": json.dumps(model.manifest.class_names),
-                        "preprocessing": json.dumps(pre.model_dump()),
-                        "image_polarity": ("dark strokes on a light background (the service inverts images)"
-                                           if pre.invert else "as the training images")},
+            outputs=[
+                *(
+                    V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
+                    for o in ("logits", "probabilities")
+                ),
+                V2TensorMetadata(name=PREDICTION_ID, datatype="BYTES", shape=[-1]),
+            ],
+            parameters={
+                "classes": json.dumps(model.manifest.class_names),
+                "preprocessing": json.dumps(pre.model_dump()),
+                "image_polarity": (
+                    "dark strokes on a light background (the service inverts images)"
+                    if pre.invert
+                    else "as the training images"
+                ),
+            },
         )
 
-    async def v2_infer(self, name: str, version: str | None, request: V2InferenceRequest,
-                       values: dict[str, np.ndarray | list], phases: Phases
-                       ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
+    async def v2_infer(
+        self,
+        name: str,
+        version: str | None,
+        request: V2InferenceRequest,
+        values: dict[str, np.ndarray | list],
+        phases: Phases,
+    ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
         """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
         requested outputs (``prediction_id`` as an object array of strings) and the rows' prediction ids (which
         the response carries whether or not the tensor was requested). ``values`` holds the values of the
@@ -208,30 +280,41 @@ class DataPlane:
             raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
         tensor = request.inputs[0]
         if tensor.name != model.manifest.input.name:
-            raise InvalidInput(f"unknown input {tensor.name!r}; the model's input is {model.manifest.input.name!r}",
-                               field="inputs[0].name")
+            raise InvalidInput(
+                f"unknown input {tensor.name!r}; the model's input is {model.manifest.input.name!r}",
+                field="inputs[0].name",
+            )
         if tensor.datatype not in V2_DATATYPES:
-            raise InvalidInput(f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
-                               field="inputs[0].datatype")
+            raise InvalidInput(
+                f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
+                field="inputs[0].datatype",
+            )
         if len(tensor.shape) != 4 or tuple(tensor.shape[1:]) != model.shape or tensor.shape[0] < 1:
-            raise InvalidInput(f"shape {tensor.shape} does not match the model input [N, {', '.join(map(str, model.shape))}]",
-                               field="inputs[0].shape")
+            raise InvalidInput(
+                f"shape {tensor.shape} does not match the model input [N, {', '.join(map(str, model.shape))}]",
+                field="inputs[0].shape",
+            )
         if tensor.shape[0] > self.settings.max_rows_per_request:
-            raise InvalidInput(f"batch of {tensor.shape[0]} rows exceeds the limit of "
-                               f"{self.settings.max_rows_per_request}", field="inputs[0].shape")
+            raise InvalidInput(
+                f"batch of {tensor.shape[0]} rows exceeds the limit of {self.settings.max_rows_per_request}",
+                field="inputs[0].shape",
+            )
         x = values.get(tensor.name)
         if x is None:
             raise InvalidInput("has no data (send 'data' or use the binary tensor extension)", field="inputs[0].data")
         x = x if isinstance(x, np.ndarray) else self._v2_data(x)
         if x.size != math.prod(tensor.shape):
-            raise InvalidInput(f"holds {x.size} values but shape {tensor.shape} needs {math.prod(tensor.shape)}",
-                               field="inputs[0].data")
+            raise InvalidInput(
+                f"holds {x.size} values but shape {tensor.shape} needs {math.prod(tensor.shape)}",
+                field="inputs[0].data",
+            )
         x = x.reshape(tensor.shape).astype(np.float32, copy=False)
         if not np.isfinite(x).all():
             raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
         known = [*model.runtime.output_names, PREDICTION_ID]
-        requested = ([o.name for o in request.outputs] if request.outputs
-                     else [*model.manifest.outputs.values(), PREDICTION_ID])
+        requested = (
+            [o.name for o in request.outputs] if request.outputs else [*model.manifest.outputs.values(), PREDICTION_ID]
+        )
         unknown = [o for o in requested if o not in known]
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
@@ -241,8 +324,10 @@ class DataPlane:
         scored: ScoredBatch = outputs[SCORES]
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
         ids = await self.log(model, scored)
-        served = {model.manifest.outputs["probabilities"]: scored.probabilities,
-                  PREDICTION_ID: np.array(ids, dtype=object)}
+        served = {
+            model.manifest.outputs["probabilities"]: scored.probabilities,
+            PREDICTION_ID: np.array(ids, dtype=object),
+        }
         return model, {name: served.get(name, outputs.get(name)) for name in requested}, ids
 
     @staticmethod
@@ -253,8 +338,9 @@ class DataPlane:
         try:
             array = np.asarray(data)
         except ValueError:
-            raise InvalidInput("must be a flat or rectangular nested array of numbers",
-                               field="inputs[0].data") from None
+            raise InvalidInput(
+                "must be a flat or rectangular nested array of numbers", field="inputs[0].data"
+            ) from None
         if array.dtype == bool or array.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return array.ravel()

@@ -54,8 +54,16 @@ STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     Forbidden: grpc.StatusCode.PERMISSION_DENIED,
 }
 """The gRPC status of each typed error (REST answers the same errors with their HTTP status)."""
-CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT16": "int_contents",
-            "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents"}
+CONTENTS = {
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+}
 """The ``InferTensorContents`` field that carries each input datatype the service takes."""
 
 
@@ -80,11 +88,20 @@ def inference_request(request: pb.ModelInferRequest) -> tuple[V2InferenceRequest
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"holds {len(raw)} entries for {len(request.inputs)} inputs", field="raw_input_contents")
-    data = {"id": request.id or None, "parameters": parameters(request.parameters) or None,
-            "inputs": [{"name": t.name, "shape": list(t.shape), "datatype": t.datatype,
-                        "parameters": parameters(t.parameters) or None} for t in request.inputs],
-            "outputs": [{"name": o.name, "parameters": parameters(o.parameters) or None}
-                        for o in request.outputs] or None}
+    data = {
+        "id": request.id or None,
+        "parameters": parameters(request.parameters) or None,
+        "inputs": [
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "datatype": t.datatype,
+                "parameters": parameters(t.parameters) or None,
+            }
+            for t in request.inputs
+        ],
+        "outputs": [{"name": o.name, "parameters": parameters(o.parameters) or None} for o in request.outputs] or None,
+    }
     try:
         body = V2InferenceRequest.model_validate(data)
     except ValidationError as exc:
@@ -94,23 +111,31 @@ def inference_request(request: pb.ModelInferRequest) -> tuple[V2InferenceRequest
     for i, tensor in enumerate(request.inputs):
         dtype = V2_DATATYPES.get(tensor.datatype)
         if dtype is None:
-            raise InvalidInput(f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
-                               field=f"inputs[{i}].datatype")
+            raise InvalidInput(
+                f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
+                field=f"inputs[{i}].datatype",
+            )
         if raw:
             if len(raw[i]) % np.dtype(dtype).itemsize:
-                raise InvalidInput(f"{len(raw[i])} bytes are not a whole number of {tensor.datatype} values",
-                                   field=f"raw_input_contents[{i}]")
+                raise InvalidInput(
+                    f"{len(raw[i])} bytes are not a whole number of {tensor.datatype} values",
+                    field=f"raw_input_contents[{i}]",
+                )
             values[tensor.name] = np.frombuffer(raw[i], dtype=dtype)
         elif tensor.HasField("contents"):
             if tensor.datatype not in CONTENTS:
-                raise InvalidInput(f"{tensor.datatype} values travel only as raw_input_contents (the protocol has no "
-                                   "typed contents field for them)", field=f"inputs[{i}].contents")
+                raise InvalidInput(
+                    f"{tensor.datatype} values travel only as raw_input_contents (the protocol has no "
+                    "typed contents field for them)",
+                    field=f"inputs[{i}].contents",
+                )
             values[tensor.name] = np.asarray(getattr(tensor.contents, CONTENTS[tensor.datatype]), dtype=dtype)
     return body, values
 
 
-def inference_response(name: str, version: str, request_id: str | None, outputs: dict[str, np.ndarray],
-                       ids: list[str]) -> pb.ModelInferResponse:
+def inference_response(
+    name: str, version: str, request_id: str | None, outputs: dict[str, np.ndarray], ids: list[str]
+) -> pb.ModelInferResponse:
     """The response: every output as raw contents (FP32, or BYTES for ``prediction_id``), the prediction ids
     also as the string parameter ``prediction_ids``, and the request's id (a fresh one when it had none)."""
     response = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id or uuid.uuid4().hex)
@@ -119,7 +144,8 @@ def inference_response(name: str, version: str, request_id: str | None, outputs:
         strings = values.dtype == object
         response.outputs.add(name=output, datatype="BYTES" if strings else "FP32", shape=list(values.shape))
         response.raw_output_contents.append(
-            bytes_tensor(values) if strings else np.ascontiguousarray(values, dtype="<f4").tobytes())
+            bytes_tensor(values) if strings else np.ascontiguousarray(values, dtype="<f4").tobytes()
+        )
     return response
 
 
@@ -182,10 +208,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     async def ModelMetadata(self, request):
         meta = self.endpoints.dataplane.v2_metadata(request.name, request.version or None)
-        tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(  # noqa: E731
-            name=t.name, datatype=t.datatype, shape=t.shape) for t in items]
-        return pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=meta.platform,
-                                        inputs=tensors(meta.inputs), outputs=tensors(meta.outputs))
+        tensors = lambda items: [
+            pb.ModelMetadataResponse.TensorMetadata(  # noqa: E731
+                name=t.name, datatype=t.datatype, shape=t.shape
+            )
+            for t in items
+        ]
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=meta.versions,
+            platform=meta.platform,
+            inputs=tensors(meta.inputs),
+            outputs=tensors(meta.outputs),
+        )
 
     @rpc
     async def ModelInfer(self, request):
@@ -193,7 +228,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         body, values = inference_request(request)
         phases.mark("parse")
         model, outputs, ids = await self.endpoints.dataplane.v2_infer(
-            request.model_name, request.model_version or None, body, values, phases)
+            request.model_name, request.model_version or None, body, values, phases
+        )
         response = inference_response(model.name, model.version, body.id, outputs, ids)
         phases.mark("encode")
         return response
@@ -206,15 +242,15 @@ async def start(endpoints) -> grpc.aio.Server | None:
     if not settings.grpc:
         return None
     limit = settings.max_body_bytes
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                      ("grpc.max_send_message_length", -1)])
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(endpoints), server)
     address = f"{settings.host}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
-        raise RuntimeError(f"gRPC cannot listen on {address}: {exc} (set CALIB_GRPC_PORT, or CALIB_GRPC=false)") \
-            from None
+        raise RuntimeError(
+            f"gRPC cannot listen on {address}: {exc} (set CALIB_GRPC_PORT, or CALIB_GRPC=false)"
+        ) from None
     await server.start()
     endpoints.grpc_port = port
     log.info("gRPC (%s) on %s:%d", SERVICE, settings.host, port)

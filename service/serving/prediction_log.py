@@ -34,9 +34,17 @@ log = logging.getLogger("service.serving.prediction_log")
 class PredictionLog(BackgroundLoop):
     name = "prediction-log"
 
-    def __init__(self, store: Store, metrics: ServiceMetrics, max_pending: int = 100_000,
-                 batch_size: int = 2000, interval: float = 0.5, durability: Literal["async", "sync"] = "async",
-                 retry_after: int = 1, on_written: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        store: Store,
+        metrics: ServiceMetrics,
+        max_pending: int = 100_000,
+        batch_size: int = 2000,
+        interval: float = 0.5,
+        durability: Literal["async", "sync"] = "async",
+        retry_after: int = 1,
+        on_written: Callable[[], None] = lambda: None,
+    ):
         self.store = store
         self.metrics = metrics
         self.max_pending = max_pending
@@ -64,7 +72,7 @@ class PredictionLog(BackgroundLoop):
             if self.sync:
                 raise Overloaded("the prediction log is full: the store is not keeping up", self.retry_after)
             self.metrics.log_dropped.labels("queue_full").inc(len(rows) - max(room, 0))
-            rows = rows[:max(room, 0)]
+            rows = rows[: max(room, 0)]
         self._pending.extend(rows)
         self._queued += len(rows)
         if self.sync or len(self._pending) >= self.batch_size:
@@ -124,7 +132,7 @@ class PredictionLog(BackgroundLoop):
             # sync durability keeps every row (``enqueue`` refuses more while the queue is over its size), so
             # that rows leave the queue in ticket order
             room = len(batch) if self.sync else self.max_pending - len(self._pending)
-            kept = batch[:max(room, 0)]
+            kept = batch[: max(room, 0)]
             self._pending.extendleft(reversed(kept))
             if len(kept) < len(batch):
                 self.metrics.log_dropped.labels("storage_unavailable").inc(len(batch) - len(kept))

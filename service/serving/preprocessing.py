@@ -19,12 +19,22 @@ from calibkit.manifest import Preprocessing
 from service.errors import InvalidInput
 
 IMAGE_FORMATS = {"PNG", "JPEG"}
-_RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "nearest": Image.Resampling.NEAREST,
-             "bicubic": Image.Resampling.BICUBIC}
+_RESAMPLE = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "nearest": Image.Resampling.NEAREST,
+    "bicubic": Image.Resampling.BICUBIC,
+}
 
 
-def to_batch(rows: list, shape: tuple[int, int, int], pre: Preprocessing, *, max_rows: int, max_pixels: int,
-             field: str = "inputs") -> np.ndarray:
+def to_batch(
+    rows: list,
+    shape: tuple[int, int, int],
+    pre: Preprocessing,
+    *,
+    max_rows: int,
+    max_pixels: int,
+    field: str = "inputs",
+) -> np.ndarray:
     """Validate and convert request rows into one float32 batch."""
     if not rows:
         raise InvalidInput("must hold at least one row", field=field)
@@ -34,10 +44,14 @@ def to_batch(rows: list, shape: tuple[int, int, int], pre: Preprocessing, *, max
         fast = _numeric_batch(rows, shape)
         if fast is not None:
             return fast
-    return np.stack([
-        decode_image(r, pre, max_pixels, f"{field}[{i}]") if isinstance(r, str) else numeric_row(r, shape, f"{field}[{i}]")
-        for i, r in enumerate(rows)
-    ])
+    return np.stack(
+        [
+            decode_image(r, pre, max_pixels, f"{field}[{i}]")
+            if isinstance(r, str)
+            else numeric_row(r, shape, f"{field}[{i}]")
+            for i, r in enumerate(rows)
+        ]
+    )
 
 
 def _numeric_batch(rows: list, shape: tuple[int, int, int]) -> np.ndarray | None:
@@ -74,9 +88,12 @@ def numeric_row(row, shape: tuple[int, int, int], field: str) -> np.ndarray:
     if arr.dtype == bool or arr.dtype.kind not in "iuf":
         raise InvalidInput(f"must hold only numbers (got {arr.dtype.kind!r} values)", field=field)
     if arr.shape not in row_shapes(shape):
-        raise InvalidInput(f"has shape {list(arr.shape)}; expected {list(shape)}"
-                           + (f" or {list(shape[1:])}" if shape[0] == 1 else "")
-                           + f" or a flat vector of {math.prod(shape)} values", field=field)
+        raise InvalidInput(
+            f"has shape {list(arr.shape)}; expected {list(shape)}"
+            + (f" or {list(shape[1:])}" if shape[0] == 1 else "")
+            + f" or a flat vector of {math.prod(shape)} values",
+            field=field,
+        )
     arr = arr.astype(np.float32)
     if not np.isfinite(arr).all():
         raise InvalidInput(f"contains {int((~np.isfinite(arr)).sum())} NaN or infinite values", field=field)
@@ -89,15 +106,17 @@ def decode_image(text: str, pre: Preprocessing, max_pixels: int, field: str) -> 
     try:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidInput("is not valid base64 (a numeric row must be an array, an image a base64 string)",
-                           field=field) from None
+        raise InvalidInput(
+            "is not valid base64 (a numeric row must be an array, an image a base64 string)", field=field
+        ) from None
     try:
         with Image.open(io.BytesIO(raw)) as image:
             if image.format not in IMAGE_FORMATS:
                 raise InvalidInput(f"is a {image.format} image; send PNG or JPEG", field=field)
             if image.width * image.height > max_pixels:
-                raise InvalidInput(f"is {image.width}x{image.height} pixels; at most {max_pixels} are allowed",
-                                   field=field)
+                raise InvalidInput(
+                    f"is {image.width}x{image.height} pixels; at most {max_pixels} are allowed", field=field
+                )
             converted = image.convert(pre.color_mode).resize((pre.image_size, pre.image_size), _RESAMPLE[pre.resample])
             pixels = np.asarray(converted, dtype=np.float32)
     except InvalidInput:

@@ -86,8 +86,13 @@ class ModelRepository:
                     self._refuse(version_dir, str(exc))
                     continue
                 self.models.setdefault(served.name, {})[served.version] = served
-                log.info("loaded %s version %s from %s on %s", served.name, served.version, version_dir,
-                         served.runtime.provider)
+                log.info(
+                    "loaded %s version %s from %s on %s",
+                    served.name,
+                    served.version,
+                    version_dir,
+                    served.runtime.provider,
+                )
         self.default = self._choose_default()
 
     def _refuse(self, path: Path, error: str) -> None:
@@ -95,8 +100,12 @@ class ModelRepository:
         no absolute path of this machine in it."""
         log.error("refused artifact %s: %s", path, error)
         root = self.settings.artifacts
-        self.failed.append({"path": path.relative_to(root).as_posix(),
-                            "error": error.replace(f"{root.resolve()}/", "").replace(f"{root}/", "")})
+        self.failed.append(
+            {
+                "path": path.relative_to(root).as_posix(),
+                "error": error.replace(f"{root.resolve()}/", "").replace(f"{root}/", ""),
+            }
+        )
 
     def _choose_default(self) -> str | None:
         wanted = self.settings.default_model
@@ -109,7 +118,9 @@ class ModelRepository:
 
     def all(self) -> list[ServedModel]:
         """Every served version, by name then version."""
-        return [m for name in sorted(self.models) for _, m in sorted(self.models[name].items(), key=lambda kv: int(kv[0]))]
+        return [
+            m for name in sorted(self.models) for _, m in sorted(self.models[name].items(), key=lambda kv: int(kv[0]))
+        ]
 
     def get(self, name: str | None = None, version: str | None = None) -> ServedModel:
         """The named model (default model when None) at ``version`` (latest when None)."""
@@ -124,8 +135,10 @@ class ModelRepository:
         if version is None:
             version = max(versions, key=int)
         if version not in versions:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; versions: "
-                                f"{', '.join(sorted(versions, key=int))}", field="version")
+            raise ModelNotFound(
+                f"model {name!r} has no version {version!r}; versions: {', '.join(sorted(versions, key=int))}",
+                field="version",
+            )
         return versions[version]
 
     def latest_version(self, name: str) -> str:
@@ -152,8 +165,9 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
         raise ValueError(f"version directories must be numbers, got {directory.name!r}")
     manifest = load_manifest(directory / "manifest.json")
     if manifest.name != directory.parent.name or manifest.version != directory.name:
-        raise ValueError(f"manifest says {manifest.name}/{manifest.version} but it lies in "
-                         f"{directory.parent.name}/{directory.name}")
+        raise ValueError(
+            f"manifest says {manifest.name}/{manifest.version} but it lies in {directory.parent.name}/{directory.name}"
+        )
     model_path = directory / manifest.model_file
     if not model_path.resolve().is_relative_to(directory.resolve()):
         raise ValueError(f"model_file {manifest.model_file!r} lies outside the version folder")
@@ -161,13 +175,20 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
         raise ValueError(f"model file {model_path} is missing")
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest()
     if digest != manifest.model_sha256:
-        raise ValueError(f"{model_path} does not match the manifest's sha256 (file {digest[:12]}..., "
-                         f"manifest {manifest.model_sha256[:12]}...)")
+        raise ValueError(
+            f"{model_path} does not match the manifest's sha256 (file {digest[:12]}..., "
+            f"manifest {manifest.model_sha256[:12]}...)"
+        )
     sessions = batching.sessions()
     runtime = create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
     _check_signature(runtime, manifest)
-    runtimes = [runtime, *(create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
-                           for _ in range(sessions - 1))]
+    runtimes = [
+        runtime,
+        *(
+            create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
+            for _ in range(sessions - 1)
+        ),
+    ]
     for each in runtimes:
         _warm_up(each, manifest, batching)
     return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching)
@@ -176,7 +197,9 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
 def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
     inputs = runtime.session.get_inputs()
     if len(inputs) != 1 or inputs[0].name != manifest.input.name:
-        raise ValueError(f"ONNX inputs {[i.name for i in inputs]} do not match the manifest input {manifest.input.name!r}")
+        raise ValueError(
+            f"ONNX inputs {[i.name for i in inputs]} do not match the manifest input {manifest.input.name!r}"
+        )
     declared = inputs[0].shape[1:]
     if any(isinstance(d, int) and d != m for d, m in zip(declared, manifest.input.shape[1:])):
         raise ValueError(f"ONNX input shape {inputs[0].shape} does not match the manifest {manifest.input.shape}")
@@ -193,6 +216,8 @@ def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig
         outputs = runtime.run(np.zeros((rows, *manifest.input.shape[1:]), dtype=np.float32))
         probs = outputs[manifest.outputs["probabilities"]]
         if outputs[manifest.outputs["logits"]].shape != (rows, k) or probs.shape != (rows, k):
-            raise ValueError(f"warm-up: outputs have shapes {[o.shape for o in outputs.values()]}, expected ({rows}, {k})")
+            raise ValueError(
+                f"warm-up: outputs have shapes {[o.shape for o in outputs.values()]}, expected ({rows}, {k})"
+            )
         if not np.allclose(probs.sum(axis=1), 1.0, atol=1e-4):
             raise ValueError("warm-up: the probabilities output does not sum to 1")

@@ -40,11 +40,16 @@ class PredictEndpoint:
         request = Request(scope, receive)
         endpoints = current(request)
         phases = Phases(endpoints.metrics.phases("/predict"))
-        body, model, x = await _prepared(request, endpoints.dataplane, endpoints.settings.max_rows_per_request,
-                                         phases)
+        body, model, x = await _prepared(request, endpoints.dataplane, endpoints.settings.max_rows_per_request, phases)
         result, timing = await endpoints.dataplane.predict(model, body, x, phases)
-        response = respond(result, headers={"Server-Timing": (
-            f"queue;dur={1000 * timing.queue_seconds:.3f}, infer;dur={1000 * timing.inference_seconds:.3f}")})
+        response = respond(
+            result,
+            headers={
+                "Server-Timing": (
+                    f"queue;dur={1000 * timing.queue_seconds:.3f}, infer;dur={1000 * timing.inference_seconds:.3f}"
+                )
+            },
+        )
         phases.mark("encode")
         await response(scope, receive, send)
 
@@ -82,8 +87,7 @@ async def _uploaded(request: Request, max_files: int) -> dict:
             fields[name] = value  # text; validation converts "3" and "true" as it would 3 and true
     await form.close()
     if not rows:
-        raise InvalidInput("holds no file: upload each image as a file field (curl -F file=@image.png)",
-                           field="inputs")
+        raise InvalidInput("holds no file: upload each image as a file field (curl -F file=@image.png)", field="inputs")
     return fields | {"inputs": rows}
 
 
@@ -93,15 +97,37 @@ def predict_contract(body: PredictRequest) -> PredictResponse:
 
 
 PREDICT_ROUTES = [PlainRoute("/predict", PredictEndpoint(), methods=["POST"])]
-UPLOAD = {"type": "object", "required": ["file"], "properties": {
-    "file": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"},
-             "description": "PNG or JPEG images, one row each, in the polarity the model was trained on"},
-    **{name: {"type": "string"} for name in ("model", "version", "top_k", "return_logits", "return_uncalibrated")}}}
-PREDICT_CONTRACT = APIRoute("/predict", predict_contract, methods=["POST"], response_model=PredictResponse,
-                            responses=ERRORS, tags=["inference"], name="predict",
-                            openapi_extra={"requestBody": {"required": True, "content": {
-                                "application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}},
-                                MULTIPART: {"schema": UPLOAD}}}})
+UPLOAD = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "format": "binary"},
+            "description": "PNG or JPEG images, one row each, in the polarity the model was trained on",
+        },
+        **{name: {"type": "string"} for name in ("model", "version", "top_k", "return_logits", "return_uncalibrated")},
+    },
+}
+PREDICT_CONTRACT = APIRoute(
+    "/predict",
+    predict_contract,
+    methods=["POST"],
+    response_model=PredictResponse,
+    responses=ERRORS,
+    tags=["inference"],
+    name="predict",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/PredictRequest"}},
+                MULTIPART: {"schema": UPLOAD},
+            },
+        }
+    },
+)
 
 
 @router.get("/models", response_model=ModelsResponse, tags=["models"])
@@ -119,8 +145,12 @@ async def health(request: Request, response: Response, endpoints: CurrentEndpoin
     return body
 
 
-@router.get("/metrics", tags=["health"], response_class=Response,
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(endpoints: CurrentEndpoints) -> Response:
     """Prometheus text exposition."""
     return Response(endpoints.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -57,8 +57,16 @@ def cuda_wanted(device: str) -> bool:
     return cuda_built and (device == "cuda" or (device == "auto" and nvidia_device_present()))
 
 
-_CUDA_LIBRARIES = ("libcudart.so", "libcublas.so", "libcublasLt.so", "libcudnn", "libcufft.so", "libcurand.so",
-                   "libnvJitLink.so", "libnvrtc.so")
+_CUDA_LIBRARIES = (
+    "libcudart.so",
+    "libcublas.so",
+    "libcublasLt.so",
+    "libcudnn",
+    "libcufft.so",
+    "libcurand.so",
+    "libnvJitLink.so",
+    "libnvrtc.so",
+)
 
 
 def loaded_cuda_libraries(maps: Path = Path("/proc/self/maps")) -> list[str]:
@@ -79,8 +87,10 @@ def preload_cuda_libraries(device: str) -> list[str] | None:
         return None
     preload = getattr(ort, "preload_dlls", None)
     if preload is None:
-        log.info("onnxruntime %s has no preload_dlls(): CUDA libraries are found through LD_LIBRARY_PATH only",
-                 ort.__version__)
+        log.info(
+            "onnxruntime %s has no preload_dlls(): CUDA libraries are found through LD_LIBRARY_PATH only",
+            ort.__version__,
+        )
     else:
         try:
             preload()
@@ -149,8 +159,9 @@ class ModelRuntime:
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
 
 
-def create_runtime(path: Path, settings: Settings, sessions: int = 1, profile: Path | None = None,
-                   max_batch_size: int = 0) -> ModelRuntime:
+def create_runtime(
+    path: Path, settings: Settings, sessions: int = 1, profile: Path | None = None, max_batch_size: int = 0
+) -> ModelRuntime:
     """One of ``sessions`` sessions for ``path``, with the configured providers, threads and optimisation
     level; unless set, the intra-op threads are the machine's cores divided among the sessions. With
     ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA), it pads batches to ``batch_buckets``. With
@@ -172,11 +183,22 @@ def create_runtime(path: Path, settings: Settings, sessions: int = 1, profile: P
     session = ort.InferenceSession(str(path), options, providers=providers)
     provider = session.get_providers()[0]
     if requested[0] == CUDA and provider != CUDA:
-        log.warning("%s: CUDA was requested (device=%s) but onnxruntime could not use it; serving on %s",
-                    path, settings.device, provider)
+        log.warning(
+            "%s: CUDA was requested (device=%s) but onnxruntime could not use it; serving on %s",
+            path,
+            settings.device,
+            provider,
+        )
     io_binding = settings.io_binding == "on" or (settings.io_binding == "auto" and provider == CUDA)
-    pads = max_batch_size > 0 and (settings.pad_batches == "on"
-                                   or (settings.pad_batches == "auto" and provider == CUDA))
-    return ModelRuntime(session, provider, requested, session.get_inputs()[0].name,
-                        [o.name for o in session.get_outputs()], io_binding,
-                        batch_buckets(max_batch_size) if pads else ())
+    pads = max_batch_size > 0 and (
+        settings.pad_batches == "on" or (settings.pad_batches == "auto" and provider == CUDA)
+    )
+    return ModelRuntime(
+        session,
+        provider,
+        requested,
+        session.get_inputs()[0].name,
+        [o.name for o in session.get_outputs()],
+        io_binding,
+        batch_buckets(max_batch_size) if pads else (),
+    )

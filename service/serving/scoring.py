@@ -44,28 +44,53 @@ class ScoredBatch:
     def prediction_rows(self, model: str, version: str, now: float | None = None) -> list[PredictionRow]:
         """The rows as the prediction log stores them."""
         now = time.time() if now is None else now
-        return [PredictionRow(self.ids[i], model, version, self.calibration_version, now, k, self.confidence[i],
-                              self.raw_confidence[i], self.probability_bytes[i], self.logit_bytes[i])
-                for i, k in enumerate(self.predicted)]
+        return [
+            PredictionRow(
+                self.ids[i],
+                model,
+                version,
+                self.calibration_version,
+                now,
+                k,
+                self.confidence[i],
+                self.raw_confidence[i],
+                self.probability_bytes[i],
+                self.logit_bytes[i],
+            )
+            for i, k in enumerate(self.predicted)
+        ]
 
 
 _PER_ROW = tuple(f.name for f in fields(ScoredBatch) if f.name not in ("calibration_version", "temperature"))
 
 
-def score(logits: np.ndarray, graph_probabilities: np.ndarray, calibration_version: int, temperature: float | None,
-          *, encode: bool) -> ScoredBatch:
+def score(
+    logits: np.ndarray,
+    graph_probabilities: np.ndarray,
+    calibration_version: int,
+    temperature: float | None,
+    *,
+    encode: bool,
+) -> ScoredBatch:
     """Score one batch from the graph's outputs under the calibration in force; ``encode``: also the
     float32 encodings of probabilities and logits the prediction log stores."""
     logits = logits.astype(np.float64)
-    probs = (graph_probabilities.astype(np.float64) if calibration_version == 0
-             else apply_temperature(logits, temperature))
+    probs = (
+        graph_probabilities.astype(np.float64) if calibration_version == 0 else apply_temperature(logits, temperature)
+    )
     uncalibrated = softmax(logits)
     n = len(probs)
     predicted = probs.argmax(axis=1)
     return ScoredBatch(
-        ids=prediction_ids(n), probabilities=probs, logits=logits, uncalibrated=uncalibrated,
-        predicted=predicted.tolist(), confidence=probs[np.arange(n), predicted].tolist(),
+        ids=prediction_ids(n),
+        probabilities=probs,
+        logits=logits,
+        uncalibrated=uncalibrated,
+        predicted=predicted.tolist(),
+        confidence=probs[np.arange(n), predicted].tolist(),
         raw_confidence=uncalibrated.max(axis=1).tolist(),
         probability_bytes=encode_rows(probs) if encode else [None] * n,
         logit_bytes=encode_rows(logits) if encode else [None] * n,
-        calibration_version=calibration_version, temperature=temperature)
+        calibration_version=calibration_version,
+        temperature=temperature,
+    )

@@ -33,10 +33,16 @@ HEADER_LENGTH = "inference-header-content-length"
 ERRORS = {code: {"model": V2Error} for code in (400, 404, 413, 503)}
 # The binary tensor extension cannot be written as an OpenAPI body (the split of the bytes is given by a
 # header), so the document declares the JSON form and says how to send the binary one.
-INFER_BODY = {"requestBody": {"required": True, "description": (
-    "JSON, or with the binary tensor data extension: the JSON header followed by the raw tensor bytes, the "
-    "header's length in bytes given by the Inference-Header-Content-Length header (as tritonclient.http sends)."),
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferenceRequest"}}}}}
+INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "JSON, or with the binary tensor data extension: the JSON header followed by the raw tensor bytes, the "
+            "header's length in bytes given by the Inference-Header-Content-Length header (as tritonclient.http sends)."
+        ),
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferenceRequest"}}},
+    }
+}
 
 
 @router.get("", response_model=V2ServerMetadata)
@@ -82,8 +88,9 @@ class InferEndpoint:
         body, arrays = _parse(await request.body(), request.headers.get(HEADER_LENGTH))
         phases.mark("parse")
         params = scope["path_params"]
-        model, outputs, ids = await endpoints.dataplane.v2_infer(params["name"], params.get("version"), body, arrays,
-                                                                 phases)
+        model, outputs, ids = await endpoints.dataplane.v2_infer(
+            params["name"], params.get("version"), body, arrays, phases
+        )
         response = _encode(model.name, model.version, body, outputs, ids)
         phases.mark("encode")
         await response(scope, receive, send)
@@ -99,12 +106,24 @@ def infer_version_contract(body: V2InferenceRequest, name: str, version: str) ->
     raise NotImplementedError("documentation only: InferEndpoint serves the v2 infer routes")
 
 
-INFER_PATHS = {"/v2/models/{name}/infer": infer_contract,
-               "/v2/models/{name}/versions/{version}/infer": infer_version_contract}
+INFER_PATHS = {
+    "/v2/models/{name}/infer": infer_contract,
+    "/v2/models/{name}/versions/{version}/infer": infer_version_contract,
+}
 INFER_ROUTES = [PlainRoute(path, InferEndpoint(path), methods=["POST"]) for path in INFER_PATHS]
-INFER_CONTRACTS = [APIRoute(path, contract, methods=["POST"], response_model=V2InferenceResponse, responses=ERRORS,
-                            tags=["v2"], name="infer", openapi_extra=INFER_BODY)
-                   for path, contract in INFER_PATHS.items()]
+INFER_CONTRACTS = [
+    APIRoute(
+        path,
+        contract,
+        methods=["POST"],
+        response_model=V2InferenceResponse,
+        responses=ERRORS,
+        tags=["v2"],
+        name="infer",
+        openapi_extra=INFER_BODY,
+    )
+    for path, contract in INFER_PATHS.items()
+]
 
 
 def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[str, np.ndarray | list]]:
@@ -113,8 +132,9 @@ def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[s
     split = len(raw)
     if declared is not None:
         if not declared.isdigit() or int(declared) > len(raw):
-            raise InvalidInput(f"Inference-Header-Content-Length {declared!r} does not fit a body of {len(raw)} bytes",
-                               field="headers")
+            raise InvalidInput(
+                f"Inference-Header-Content-Length {declared!r} does not fit a body of {len(raw)} bytes", field="headers"
+            )
         split = int(declared)
     try:
         data = orjson.loads(raw[:split])
@@ -160,8 +180,9 @@ def _binary_inputs(body: V2InferenceRequest, blob: bytes) -> dict[str, np.ndarra
     return arrays
 
 
-def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str, np.ndarray],
-            ids: list[str]) -> Response:
+def _encode(
+    name: str, version: str, body: V2InferenceRequest, outputs: dict[str, np.ndarray], ids: list[str]
+) -> Response:
     binary_all = bool((body.parameters or {}).get("binary_data_output", False))
     wanted = {o.name: bool((o.parameters or {}).get("binary_data", binary_all)) for o in body.outputs or []}
     tensors, blobs = [], []
@@ -178,10 +199,19 @@ def _encode(name: str, version: str, body: V2InferenceRequest, outputs: dict[str
             tensor["data"] = values.tolist() if strings else values.ravel().tolist()
         tensors.append(tensor)
     legacy = (body.parameters or {}).get("prediction_ids_format") == "list"
-    header = orjson.dumps({"model_name": name, "model_version": version, "id": body.id or uuid.uuid4().hex,
-                           "parameters": {"prediction_ids": ids if legacy else ",".join(ids)}, "outputs": tensors})
+    header = orjson.dumps(
+        {
+            "model_name": name,
+            "model_version": version,
+            "id": body.id or uuid.uuid4().hex,
+            "parameters": {"prediction_ids": ids if legacy else ",".join(ids)},
+            "outputs": tensors,
+        }
+    )
     if not blobs:
         return Response(header, media_type="application/json")
-    return Response(header + b"".join(blobs), media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(len(header))})
-
+    return Response(
+        header + b"".join(blobs),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )

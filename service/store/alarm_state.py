@@ -25,11 +25,19 @@ class LockedAlarmState:
 
     def save(self, *, last_seq: int, detector: str, state: str, since: float | None, reasons: str) -> None:
         """Store the assessed state; a change of state is also recorded in ``alarm_events``."""
-        self.connection.execute(monitor_state.update().where(*scope(monitor_state, self.key)).values(
-            last_seq=last_seq, detector=detector, state=state, since=since, reasons=reasons, updated_at=time.time()))
+        self.connection.execute(
+            monitor_state.update()
+            .where(*scope(monitor_state, self.key))
+            .values(
+                last_seq=last_seq, detector=detector, state=state, since=since, reasons=reasons, updated_at=time.time()
+            )
+        )
         if state != self.row.state:
-            self.connection.execute(alarm_events.insert().values(
-                **self.key._asdict(), at=time.time(), from_state=self.row.state, to_state=state, reasons=reasons))
+            self.connection.execute(
+                alarm_events.insert().values(
+                    **self.key._asdict(), at=time.time(), from_state=self.row.state, to_state=state, reasons=reasons
+                )
+            )
 
 
 class AlarmStates:
@@ -46,9 +54,17 @@ class AlarmStates:
             if not c.execute(monitor_state.update().where(*where).values(updated_at=time.time())).rowcount:
                 try:
                     with c.begin_nested():
-                        c.execute(monitor_state.insert().values(
-                            **key._asdict(), last_seq=0, detector=new_detector, state=OK, since=None, reasons="[]",
-                            updated_at=time.time()))
+                        c.execute(
+                            monitor_state.insert().values(
+                                **key._asdict(),
+                                last_seq=0,
+                                detector=new_detector,
+                                state=OK,
+                                since=None,
+                                reasons="[]",
+                                updated_at=time.time(),
+                            )
+                        )
                 except IntegrityError:  # another replica created it meanwhile
                     c.execute(monitor_state.update().where(*where).values(updated_at=time.time()))
             yield LockedAlarmState(c, key, c.execute(sa.select(monitor_state).where(*where).with_for_update()).one())
@@ -62,6 +78,10 @@ class AlarmStates:
 
     def history(self, model: str, version: str, limit: int = 50) -> list[sa.Row]:
         """The newest ``limit`` transitions of a model version, newest first."""
-        query = (sa.select(alarm_events).where(alarm_events.c.model == model, alarm_events.c.version == version)
-                 .order_by(alarm_events.c.id.desc()).limit(limit))
+        query = (
+            sa.select(alarm_events)
+            .where(alarm_events.c.model == model, alarm_events.c.version == version)
+            .order_by(alarm_events.c.id.desc())
+            .limit(limit)
+        )
         return self.db.run(lambda c: c.execute(query).all(), write=False)

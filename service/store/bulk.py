@@ -39,7 +39,9 @@ class BulkInsert:
         elif dialect == "sqlite":
             full = len(rows) - len(rows) % _SQLITE_CHUNK
             for start in range(0, full, _SQLITE_CHUNK):
-                c.exec_driver_sql(self.insert_chunk, tuple(v for row in rows[start:start + _SQLITE_CHUNK] for v in row))
+                c.exec_driver_sql(
+                    self.insert_chunk, tuple(v for row in rows[start : start + _SQLITE_CHUNK] for v in row)
+                )
             if full < len(rows):
                 c.exec_driver_sql(self.insert_row, list(rows[full:]))
         else:

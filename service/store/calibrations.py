@@ -29,46 +29,81 @@ class Calibrations:
 
     def active(self) -> list[sa.Row]:
         """The active calibration version of every model version that has one."""
-        return self.db.run(lambda c: c.execute(sa.select(calibrations).where(calibrations.c.active)).all(),
-                           write=False)
+        return self.db.run(lambda c: c.execute(sa.select(calibrations).where(calibrations.c.active)).all(), write=False)
 
     def ensure_manifest(self, model: str, version: str, method: str, temperature: float | None) -> None:
         """Record calibration version 0 (the one in the manifest) once, active unless another is."""
+
         def work(c):
-            exists = c.execute(sa.select(calibrations.c.calibration_version).where(
-                *_of(model, version), calibrations.c.calibration_version == 0)).first()
+            exists = c.execute(
+                sa.select(calibrations.c.calibration_version).where(
+                    *_of(model, version), calibrations.c.calibration_version == 0
+                )
+            ).first()
             if exists is None:
-                any_active = c.execute(sa.select(calibrations.c.calibration_version).where(
-                    *_of(model, version), calibrations.c.active)).first()
-                c.execute(calibrations.insert().values(
-                    model=model, version=version, calibration_version=0, method=method, temperature=temperature,
-                    source="manifest", active=any_active is None, created_at=time.time(), details="{}"))
+                any_active = c.execute(
+                    sa.select(calibrations.c.calibration_version).where(*_of(model, version), calibrations.c.active)
+                ).first()
+                c.execute(
+                    calibrations.insert().values(
+                        model=model,
+                        version=version,
+                        calibration_version=0,
+                        method=method,
+                        temperature=temperature,
+                        source="manifest",
+                        active=any_active is None,
+                        created_at=time.time(),
+                        details="{}",
+                    )
+                )
 
         self._write(work)
 
     def add(self, model: str, version: str, temperature: float, details: dict) -> int:
         """Record a refitted temperature as a new active calibration version; returns its number."""
+
         def work(c):
-            latest = c.execute(sa.select(sa.func.max(calibrations.c.calibration_version)).where(
-                *_of(model, version))).scalar() or 0
+            latest = (
+                c.execute(
+                    sa.select(sa.func.max(calibrations.c.calibration_version)).where(*_of(model, version))
+                ).scalar()
+                or 0
+            )
             c.execute(calibrations.update().where(*_of(model, version)).values(active=False))
-            c.execute(calibrations.insert().values(
-                model=model, version=version, calibration_version=latest + 1, method="temperature",
-                temperature=temperature, source="refit", active=True, created_at=time.time(),
-                details=json.dumps(details)))
+            c.execute(
+                calibrations.insert().values(
+                    model=model,
+                    version=version,
+                    calibration_version=latest + 1,
+                    method="temperature",
+                    temperature=temperature,
+                    source="refit",
+                    active=True,
+                    created_at=time.time(),
+                    details=json.dumps(details),
+                )
+            )
             return latest + 1
 
         return self._write(work)
 
     def activate(self, model: str, version: str, calibration_version: int) -> bool:
         """Make ``calibration_version`` the active one; False when it does not exist."""
+
         def work(c):
-            found = c.execute(sa.select(calibrations.c.calibration_version).where(
-                *_of(model, version), calibrations.c.calibration_version == calibration_version)).first()
+            found = c.execute(
+                sa.select(calibrations.c.calibration_version).where(
+                    *_of(model, version), calibrations.c.calibration_version == calibration_version
+                )
+            ).first()
             if found is None:
                 return False
-            c.execute(calibrations.update().where(*_of(model, version))
-                      .values(active=calibrations.c.calibration_version == calibration_version))
+            c.execute(
+                calibrations.update()
+                .where(*_of(model, version))
+                .values(active=calibrations.c.calibration_version == calibration_version)
+            )
             return True
 
         return self._write(work)
@@ -76,6 +111,7 @@ class Calibrations:
     def _write(self, work):
         """``work(connection)`` in one unit of work that first takes the calibrations' advisory lock: every write
         goes through here, so none can read-then-write outside it."""
+
         def locked(c):
             locks.advisory_lock(c, locks.CALIBRATIONS)
             return work(c)

@@ -32,8 +32,11 @@ def create_engine(url: str, timeout: float) -> sa.Engine:
     503 in bounded time; the pool hands out a connection within it or fails."""
     if url.startswith("sqlite"):
         # a small statement cache: IN lists of varying length are a new prepared statement each
-        engine = sa.create_engine(url, connect_args={"timeout": timeout, "check_same_thread": False,
-                                                     "cached_statements": 32}, pool_pre_ping=True)
+        engine = sa.create_engine(
+            url,
+            connect_args={"timeout": timeout, "check_same_thread": False, "cached_statements": 32},
+            pool_pre_ping=True,
+        )
 
         @sa.event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection, _record):
@@ -45,11 +48,17 @@ def create_engine(url: str, timeout: float) -> sa.Engine:
 
         return engine
     milliseconds = max(1, int(timeout * 1000))
-    connect_args = {"connect_timeout": max(1, round(timeout)),
-                    "options": f"-c statement_timeout={milliseconds} -c lock_timeout={milliseconds}"} \
-        if url.startswith("postgresql") else {}
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
-                            connect_args=connect_args)
+    connect_args = (
+        {
+            "connect_timeout": max(1, round(timeout)),
+            "options": f"-c statement_timeout={milliseconds} -c lock_timeout={milliseconds}",
+        }
+        if url.startswith("postgresql")
+        else {}
+    )
+    return sa.create_engine(
+        url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout, connect_args=connect_args
+    )
 
 
 def unbounded(connection: sa.Connection) -> None:
@@ -77,7 +86,7 @@ class Database:
         try:
             if not self.schema_ready:
                 self.migrate()
-            with (self.engine.begin() if write else self.engine.connect()) as connection:
+            with self.engine.begin() if write else self.engine.connect() as connection:
                 yield connection
         except SQLAlchemyError as exc:  # OperationalError, DBAPIError and every other driver failure
             raise self._fail(exc) from exc

@@ -68,11 +68,16 @@ class Labels:
     def __init__(self, db: Database):
         self.db = db
 
-    def insert(self, rows: Sequence[LabelRow], new_predictions: Sequence[PredictionRow] = (),
-               pending: Sequence[PendingLabel] = ()) -> tuple[set[str], set[str]]:
+    def insert(
+        self,
+        rows: Sequence[LabelRow],
+        new_predictions: Sequence[PredictionRow] = (),
+        pending: Sequence[PendingLabel] = (),
+    ) -> tuple[set[str], set[str]]:
         """Insert labels (and offline predictions) and the labels that wait for their prediction, in one
         transaction; returns the prediction ids refused as duplicates: (those that already had a label,
         those that already had a pending one). The first label sent wins. Committed before returning."""
+
         def work(c):
             if new_predictions:
                 insert_predictions(c, new_predictions)
@@ -83,8 +88,15 @@ class Labels:
 
         return self.db.run(work) if rows or pending else (set(), set())
 
-    def window(self, key: CalibrationKey, n_bins: int, *, last: int | None = None, seconds: float | None = None,
-               now: float | None = None) -> WindowSums:
+    def window(
+        self,
+        key: CalibrationKey,
+        n_bins: int,
+        *,
+        last: int | None = None,
+        seconds: float | None = None,
+        now: float | None = None,
+    ) -> WindowSums:
         """Sums of the last ``last`` labels, or of the labels of the last ``seconds`` (all labels when
         neither is given): whole blocks from ``label_bins`` plus the labels of the boundary blocks."""
         if last is not None and seconds is not None:
@@ -95,19 +107,30 @@ class Labels:
             cutoff = (now or time.time()) - seconds
             spans = sa.select(label_bins.c.block).where(*key_blocks).group_by(label_bins.c.block)
             inside = spans.having(sa.func.min(label_bins.c.first_at) >= cutoff)
-            straddling = [b for (b,) in c.execute(spans.having(sa.func.min(label_bins.c.first_at) < cutoff,
-                                                               sa.func.max(label_bins.c.last_at) >= cutoff))]
+            straddling = [
+                b
+                for (b,) in c.execute(
+                    spans.having(
+                        sa.func.min(label_bins.c.first_at) < cutoff, sa.func.max(label_bins.c.last_at) >= cutoff
+                    )
+                )
+            ]
             window.add(c.execute(bin_totals(*key_blocks, label_bins.c.block.in_(inside))))
             if straddling:
-                rows = sa.select(*ROW_COLUMNS).where(*key_labels, labels.c.labelled_at >= cutoff,
-                                                     sa.or_(*(in_block(b) for b in straddling)))
+                rows = sa.select(*ROW_COLUMNS).where(
+                    *key_labels, labels.c.labelled_at >= cutoff, sa.or_(*(in_block(b) for b in straddling))
+                )
                 window.add(c.execute(row_totals(rows.subquery())))
 
         def by_count(c, window: WindowSums) -> None:
             boundary = None
             if last is not None:
-                counts = sa.select(label_bins.c.block, sa.func.sum(label_bins.c.count)).where(*key_blocks).group_by(
-                    label_bins.c.block).order_by(label_bins.c.block.desc())
+                counts = (
+                    sa.select(label_bins.c.block, sa.func.sum(label_bins.c.count))
+                    .where(*key_blocks)
+                    .group_by(label_bins.c.block)
+                    .order_by(label_bins.c.block.desc())
+                )
                 total = 0
                 for block, n in c.execute(counts):
                     if total + n > last:
@@ -117,8 +140,12 @@ class Labels:
             newer = [label_bins.c.block > boundary[0]] if boundary else []
             window.add(c.execute(bin_totals(*key_blocks, *newer)))
             if boundary and boundary[1] > 0:
-                rows = (sa.select(*ROW_COLUMNS).where(*key_labels, in_block(boundary[0]))
-                        .order_by(labels.c.seq.desc()).limit(boundary[1]))
+                rows = (
+                    sa.select(*ROW_COLUMNS)
+                    .where(*key_labels, in_block(boundary[0]))
+                    .order_by(labels.c.seq.desc())
+                    .limit(boundary[1])
+                )
                 window.add(c.execute(row_totals(rows.subquery())))
 
         def work(c):
@@ -128,9 +155,17 @@ class Labels:
 
         return self.db.run(work, write=False)
 
-    def newest(self, key: CalibrationKey, limit: int, *, after_seq: int = 0, count_from: int | None = None,
-               seconds: float | None = None, now: float | None = None,
-               sources: frozenset[str] | None = None) -> tuple[NewestRows, int | None]:
+    def newest(
+        self,
+        key: CalibrationKey,
+        limit: int,
+        *,
+        after_seq: int = 0,
+        count_from: int | None = None,
+        seconds: float | None = None,
+        now: float | None = None,
+        sources: frozenset[str] | None = None,
+    ) -> tuple[NewestRows, int | None]:
         """The most recent labelled rows with ``seq > after_seq`` (at most ``limit``, newest first; only
         those labelled in the last ``seconds`` if given, only those sent by ``sources`` if given), and in the
         same transaction the number of such labels with ``seq >= count_from`` (None unless asked): a caller
@@ -139,10 +174,17 @@ class Labels:
         where = scope(labels, key) + from_sources(labels, sources)
         if seconds is not None:
             where.append(labels.c.labelled_at >= (now or time.time()) - seconds)
-        query = (sa.select(labels.c.seq, labels.c.label, labels.c.probabilities, labels.c.logits)
-                 .where(*where, labels.c.seq > after_seq).order_by(labels.c.seq.desc()).limit(limit))
-        counted = (None if count_from is None
-                   else sa.select(sa.func.count()).select_from(labels).where(*where, labels.c.seq >= count_from))
+        query = (
+            sa.select(labels.c.seq, labels.c.label, labels.c.probabilities, labels.c.logits)
+            .where(*where, labels.c.seq > after_seq)
+            .order_by(labels.c.seq.desc())
+            .limit(limit)
+        )
+        counted = (
+            None
+            if count_from is None
+            else sa.select(sa.func.count()).select_from(labels).where(*where, labels.c.seq >= count_from)
+        )
 
         def work(c):
             rows = c.execute(query).all()
@@ -154,26 +196,53 @@ class Labels:
             present = [i for i, r in enumerate(rows) if r.logits is not None]
             if present:
                 logits[present] = decode_rows([rows[i].logits for i in present])
-            return NewestRows(np.array([r.seq for r in rows], dtype=np.int64),
-                              np.array([r.label for r in rows], dtype=np.int64), probs, logits), count
+            return NewestRows(
+                np.array([r.seq for r in rows], dtype=np.int64),
+                np.array([r.label for r in rows], dtype=np.int64),
+                probs,
+                logits,
+            ), count
 
         return self.db.run(work, write=False)
 
-    def by_source(self, key: CalibrationKey, n_bins: int, *, last: int | None = None, seconds: float | None = None,
-                  now: float | None = None) -> dict[str, BinStats]:
+    def by_source(
+        self,
+        key: CalibrationKey,
+        n_bins: int,
+        *,
+        last: int | None = None,
+        seconds: float | None = None,
+        now: float | None = None,
+    ) -> dict[str, BinStats]:
         """The bin statistics of a window (the last ``last`` labels, those of the last ``seconds``, or all)
         per source: an aggregate over the window's label rows, so its cost grows with the window."""
-        rows = sa.select(labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll,
-                         labels.c.brier, sa.func.coalesce(labels.c.source, ANONYMOUS).label("source")).where(
-            *scope(labels, key))
+        rows = sa.select(
+            labels.c.seq,
+            labels.c.conf_bin,
+            labels.c.confidence,
+            labels.c.correct,
+            labels.c.nll,
+            labels.c.brier,
+            sa.func.coalesce(labels.c.source, ANONYMOUS).label("source"),
+        ).where(*scope(labels, key))
         if seconds is not None:
             rows = rows.where(labels.c.labelled_at >= (now or time.time()) - seconds)
         elif last is not None:
             rows = rows.order_by(labels.c.seq.desc()).limit(last)
         r = rows.subquery()
-        query = (sa.select(r.c.source, r.c.conf_bin, sa.func.count(), sa.func.sum(r.c.confidence),
-                           sa.func.sum(r.c.correct), sa.func.sum(r.c.nll), sa.func.sum(r.c.brier))
-                 .group_by(r.c.source, r.c.conf_bin).order_by(r.c.source, r.c.conf_bin))
+        query = (
+            sa.select(
+                r.c.source,
+                r.c.conf_bin,
+                sa.func.count(),
+                sa.func.sum(r.c.confidence),
+                sa.func.sum(r.c.correct),
+                sa.func.sum(r.c.nll),
+                sa.func.sum(r.c.brier),
+            )
+            .group_by(r.c.source, r.c.conf_bin)
+            .order_by(r.c.source, r.c.conf_bin)
+        )
 
         def work(c) -> dict[str, BinStats]:
             found: dict[str, list] = {}
@@ -191,8 +260,12 @@ class Labels:
 
     def recent(self, key: CalibrationKey, limit: int) -> list[sa.Row]:
         """(seq, labelled_at, conf_bin, confidence, correct) of the most recent labels, oldest first."""
-        query = (sa.select(labels.c.seq, labels.c.labelled_at, labels.c.conf_bin, labels.c.confidence, labels.c.correct)
-                 .where(*scope(labels, key)).order_by(labels.c.seq.desc()).limit(limit))
+        query = (
+            sa.select(labels.c.seq, labels.c.labelled_at, labels.c.conf_bin, labels.c.confidence, labels.c.correct)
+            .where(*scope(labels, key))
+            .order_by(labels.c.seq.desc())
+            .limit(limit)
+        )
         return self.db.run(lambda c: c.execute(query).all()[::-1], write=False)
 
     def progress(self, key: CalibrationKey, folded_seq: int) -> tuple[int, int, float | None]:
@@ -204,18 +277,25 @@ class Labels:
         folded_at = sa.select(labels.c.labelled_at).where(labels.c.seq == folded_seq)
 
         def work(c):
-            return (int(c.execute(stored).scalar_one()), int(c.execute(pending).scalar_one()),
-                    c.execute(folded_at).scalar_one_or_none())
+            return (
+                int(c.execute(stored).scalar_one()),
+                int(c.execute(pending).scalar_one()),
+                c.execute(folded_at).scalar_one_or_none(),
+            )
 
         return self.db.run(work, write=False)
 
-    def after(self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None,
-              newest: int | None = None) -> list[sa.Row]:
+    def after(
+        self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None, newest: int | None = None
+    ) -> list[sa.Row]:
         """(seq, correct, confidence, source) of the labels after ``seq`` (only the ``newest`` most recent of
         them if given), in label order."""
-        query = sa.select(labels.c.seq, labels.c.correct, labels.c.confidence,
-                          sa.func.coalesce(labels.c.source, ANONYMOUS).label("source")).where(
-            *scope(labels, key), labels.c.seq > seq)
+        query = sa.select(
+            labels.c.seq,
+            labels.c.correct,
+            labels.c.confidence,
+            sa.func.coalesce(labels.c.source, ANONYMOUS).label("source"),
+        ).where(*scope(labels, key), labels.c.seq > seq)
         query = query.order_by(labels.c.seq) if newest is None else query.order_by(labels.c.seq.desc()).limit(newest)
 
         def run(c: sa.Connection) -> list[sa.Row]:

@@ -30,8 +30,10 @@ def migrate(connection: sa.Connection) -> None:
         log.info("schema created at version %d", SCHEMA_VERSION)
     elif found > SCHEMA_VERSION:
         raise RuntimeError(f"database schema version {found} is newer than this service ({SCHEMA_VERSION})")
-    elif found == 1 and connection.execute(
-            schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount:
+    elif (
+        found == 1
+        and connection.execute(schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount
+    ):
         _labels_to_v2(connection)
         log.info("schema migrated from version 1 to %d", SCHEMA_VERSION)
     _add_columns(connection)
@@ -44,8 +46,9 @@ def _add_columns(c: sa.Connection) -> None:
         present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
         for column in table.columns:
             if column.name not in present and column.nullable:
-                c.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} "
-                                  f"{column.type.compile(dialect=c.dialect)}")
+                c.exec_driver_sql(
+                    f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(dialect=c.dialect)}"
+                )
                 log.info("added column %s.%s", table.name, column.name)
 
 
@@ -56,8 +59,10 @@ def _labels_to_v2(c: sa.Connection) -> None:
     for name in ("probabilities", "logits"):
         if name not in present:
             c.exec_driver_sql(f"ALTER TABLE labels ADD COLUMN {name} {binary}")
-    served = {name: sa.select(predictions.c[name]).where(predictions.c.id == labels.c.prediction_id).scalar_subquery()
-              for name in ("probabilities", "logits")}
+    served = {
+        name: sa.select(predictions.c[name]).where(predictions.c.id == labels.c.prediction_id).scalar_subquery()
+        for name in ("probabilities", "logits")
+    }
     c.execute(labels.update().values(**served))
     c.execute(label_bins.delete())
     add_to_blocks(c, block_sums(sa.true()))

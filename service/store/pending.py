@@ -20,13 +20,16 @@ from service.store.schema import pending_labels, predictions
 
 PENDING, EXPIRED, REJECTED = "pending", "expired", "rejected"
 ALREADY_LABELLED = "duplicate feedback: this prediction already has a label"
-_PENDING_AMONG = sa.select(pending_labels.c.prediction_id).where(pending_labels.c.prediction_id.in_(IDS),
-                                                                 pending_labels.c.status == PENDING)
+_PENDING_AMONG = sa.select(pending_labels.c.prediction_id).where(
+    pending_labels.c.prediction_id.in_(IDS), pending_labels.c.status == PENDING
+)
 _ANY_PENDING = sa.select(pending_labels.c.seq).where(pending_labels.c.status == PENDING).limit(1)
-_JOINABLE = (sa.select(pending_labels.c.seq, pending_labels.c.label, pending_labels.c.source.label("label_source"),
-                       predictions)
-             .join(predictions, predictions.c.id == pending_labels.c.prediction_id)
-             .where(pending_labels.c.status == PENDING).order_by(pending_labels.c.seq))
+_JOINABLE = (
+    sa.select(pending_labels.c.seq, pending_labels.c.label, pending_labels.c.source.label("label_source"), predictions)
+    .join(predictions, predictions.c.id == pending_labels.c.prediction_id)
+    .where(pending_labels.c.status == PENDING)
+    .order_by(pending_labels.c.seq)
+)
 _BY_STATUS = sa.select(pending_labels.c.status, sa.func.count()).group_by(pending_labels.c.status)
 Resolver = Callable[[list[sa.Row]], tuple[dict[int, LabelRow], dict[int, str]]]
 
@@ -65,14 +68,22 @@ class PendingLabels:
     def __init__(self, db: Database):
         self.db = db
 
-    def join(self, resolve: Resolver, insert: Callable[[sa.Connection, list[LabelRow]], set[str]], *, now: float,
-             horizon: float, limit: int = 5000) -> JoinPass | None:
+    def join(
+        self,
+        resolve: Resolver,
+        insert: Callable[[sa.Connection, list[LabelRow]], set[str]],
+        *,
+        now: float,
+        horizon: float,
+        limit: int = 5000,
+    ) -> JoinPass | None:
         """One pass, in one transaction: the pending labels whose prediction is stored (at most ``limit``, the
         oldest first) become label rows by ``resolve`` (rows of the pending label's seq and label and the
         prediction's columns -> label rows by seq, and the reasons of those it refuses), stored by ``insert``
         (which returns the ids that already had a label); then those still pending after ``horizon`` seconds
         expire. None when another replica is running a pass (PostgreSQL): one at a time keeps each label
         joined once and in arrival order."""
+
         def work(c: sa.Connection) -> JoinPass | None:
             if c.execute(_ANY_PENDING).first() is None:  # the common case: a read, no lock, no write
                 return JoinPass([], 0, 0, 0)
@@ -93,14 +104,19 @@ class PendingLabels:
             if joined:
                 c.execute(pending_labels.delete().where(pending_labels.c.seq.in_(list(joined))))
             for seq, reason in reasons.items():
-                c.execute(pending_labels.update().where(pending_labels.c.seq == seq)
-                          .values(status=REJECTED, reason=reason, resolved_at=now))
-            expired = c.execute(pending_labels.update()
-                                .where(pending_labels.c.status == PENDING, pending_labels.c.received_at < now - horizon)
-                                .values(status=EXPIRED, reason=f"no prediction with this id within {horizon:g} s",
-                                        resolved_at=now)).rowcount
-            waiting = c.execute(sa.select(sa.func.count()).select_from(pending_labels)
-                                .where(pending_labels.c.status == PENDING)).scalar_one()
+                c.execute(
+                    pending_labels.update()
+                    .where(pending_labels.c.seq == seq)
+                    .values(status=REJECTED, reason=reason, resolved_at=now)
+                )
+            expired = c.execute(
+                pending_labels.update()
+                .where(pending_labels.c.status == PENDING, pending_labels.c.received_at < now - horizon)
+                .values(status=EXPIRED, reason=f"no prediction with this id within {horizon:g} s", resolved_at=now)
+            ).rowcount
+            waiting = c.execute(
+                sa.select(sa.func.count()).select_from(pending_labels).where(pending_labels.c.status == PENDING)
+            ).scalar_one()
             return JoinPass(list(joined.values()), len(reasons), expired, int(waiting))
 
         return self.db.run(work)

@@ -33,10 +33,16 @@ class Predictions:
             return {}
         return self.db.run(lambda c: {row.id: row for row in c.execute(_PREDICTIONS_OF, {"ids": ids})}, write=False)
 
-    def recent_confidences(self, key: CalibrationKey, limit: int, connection: sa.Connection | None = None) -> np.ndarray:
+    def recent_confidences(
+        self, key: CalibrationKey, limit: int, connection: sa.Connection | None = None
+    ) -> np.ndarray:
         """Calibrated confidences of the most recent predictions (labelled or not)."""
-        query = (sa.select(predictions.c.confidence).where(*scope(predictions, key))
-                 .order_by(predictions.c.created_at.desc()).limit(limit))
+        query = (
+            sa.select(predictions.c.confidence)
+            .where(*scope(predictions, key))
+            .order_by(predictions.c.created_at.desc())
+            .limit(limit)
+        )
 
         def work(c):
             return np.array([r[0] for r in c.execute(query)], dtype=np.float64)

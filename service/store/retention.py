@@ -13,11 +13,15 @@ from service.store.schema import label_bins, labels, pending_labels, predictions
 
 def purge(db: Database, older_than: float) -> int:
     """Delete predictions (and their labels) created before ``older_than``; returns the count."""
+
     def work(c):
         unbounded(c)
         old = sa.select(predictions.c.id).where(predictions.c.created_at < older_than)
-        touched = c.execute(sa.select(labels.c.model, labels.c.version, labels.c.calibration_version,
-                                      BLOCK).where(labels.c.prediction_id.in_(old)).distinct()).all()
+        touched = c.execute(
+            sa.select(labels.c.model, labels.c.version, labels.c.calibration_version, BLOCK)
+            .where(labels.c.prediction_id.in_(old))
+            .distinct()
+        ).all()
         c.execute(labels.delete().where(labels.c.prediction_id.in_(old)))
         for model, version, calibration_version, block in touched:
             key = CalibrationKey(model, version, calibration_version)

@@ -92,7 +92,7 @@ def prediction_ids(n: int) -> list[str]:
     indexes instead of at random pages, which keeps inserts fast in a store of millions of rows."""
     stamp = f"{time.time_ns() // 1_000_000:012x}"
     digits = os.urandom(10 * n).hex()
-    return [stamp + digits[20 * i:20 * (i + 1)] for i in range(n)]
+    return [stamp + digits[20 * i : 20 * (i + 1)] for i in range(n)]
 
 
 def encode_rows(matrix: np.ndarray) -> list[bytes]:

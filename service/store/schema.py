@@ -17,15 +17,18 @@ metadata = sa.MetaData()
 def _calibration_key(primary_key: bool = False) -> list[sa.Column]:
     """The (model, version, calibration_version) columns every table is scoped by; part of the
     primary key for tables with one row per model version and calibration version."""
-    return [sa.Column("model", sa.String(128), primary_key=primary_key, nullable=False),
-            sa.Column("version", sa.String(32), primary_key=primary_key, nullable=False),
-            sa.Column("calibration_version", sa.Integer, primary_key=primary_key, nullable=False)]
+    return [
+        sa.Column("model", sa.String(128), primary_key=primary_key, nullable=False),
+        sa.Column("version", sa.String(32), primary_key=primary_key, nullable=False),
+        sa.Column("calibration_version", sa.Integer, primary_key=primary_key, nullable=False),
+    ]
 
 
 schema_info = sa.Table("schema_info", metadata, sa.Column("version", sa.Integer, primary_key=True))
 
 predictions = sa.Table(
-    "predictions", metadata,
+    "predictions",
+    metadata,
     sa.Column("id", sa.String(32), primary_key=True),
     *_calibration_key(),
     sa.Column("created_at", sa.Float, nullable=False),
@@ -39,10 +42,12 @@ predictions = sa.Table(
 )
 
 labels = sa.Table(
-    "labels", metadata,
+    "labels",
+    metadata,
     sa.Column("seq", BigId, primary_key=True, autoincrement=True),
-    sa.Column("prediction_id", sa.String(32), sa.ForeignKey("predictions.id", ondelete="CASCADE"), nullable=False,
-              unique=True),
+    sa.Column(
+        "prediction_id", sa.String(32), sa.ForeignKey("predictions.id", ondelete="CASCADE"), nullable=False, unique=True
+    ),
     *_calibration_key(),
     sa.Column("label", sa.Integer, nullable=False),
     sa.Column("correct", sa.Integer, nullable=False),
@@ -60,7 +65,8 @@ labels = sa.Table(
 )
 
 label_bins = sa.Table(
-    "label_bins", metadata,
+    "label_bins",
+    metadata,
     *_calibration_key(primary_key=True),
     sa.Column("block", BigId, primary_key=True),
     sa.Column("conf_bin", sa.Integer, primary_key=True),
@@ -75,7 +81,8 @@ label_bins = sa.Table(
 )
 
 calibrations = sa.Table(
-    "calibrations", metadata,
+    "calibrations",
+    metadata,
     *_calibration_key(primary_key=True),
     sa.Column("method", sa.String(32), nullable=False),
     sa.Column("temperature", sa.Float),
@@ -86,7 +93,8 @@ calibrations = sa.Table(
 )
 
 pending_labels = sa.Table(
-    "pending_labels", metadata,
+    "pending_labels",
+    metadata,
     sa.Column("seq", BigId, primary_key=True, autoincrement=True),
     sa.Column("prediction_id", sa.String(32), nullable=False),  # no foreign key: the prediction may come later
     sa.Column("label", sa.Text, nullable=False),  # as sent (class name or index), JSON
@@ -100,7 +108,8 @@ pending_labels = sa.Table(
 )
 
 monitor_state = sa.Table(
-    "monitor_state", metadata,
+    "monitor_state",
+    metadata,
     *_calibration_key(primary_key=True),
     sa.Column("last_seq", BigId, nullable=False),
     sa.Column("detector", sa.Text, nullable=False),
@@ -111,7 +120,8 @@ monitor_state = sa.Table(
 )
 
 alarm_events = sa.Table(
-    "alarm_events", metadata,
+    "alarm_events",
+    metadata,
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
     *_calibration_key(),
     sa.Column("at", sa.Float, nullable=False),
@@ -130,5 +140,8 @@ def from_sources(table: sa.Table, sources: frozenset[str] | None) -> list:
 
 def scope(table: sa.Table, key: CalibrationKey) -> list:
     """The WHERE terms selecting ``key``'s rows of ``table``."""
-    return [table.c.model == key.model, table.c.version == key.version,
-            table.c.calibration_version == key.calibration_version]
+    return [
+        table.c.model == key.model,
+        table.c.version == key.version,
+        table.c.calibration_version == key.calibration_version,
+    ]

@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 
 from bench.common import process_cpu_seconds
-from bench.serving import (CUDA, HEAVY, LIGHT, _batching_goals, _latency_goal, binary_lua, cpu_summary, gap_decomposition,
-                           v2_binary_body)
+from bench.serving import (
+    CUDA,
+    HEAVY,
+    LIGHT,
+    _batching_goals,
+    _latency_goal,
+    binary_lua,
+    cpu_summary,
+    gap_decomposition,
+    v2_binary_body,
+)
 
 
 def test_process_cpu_seconds_counts_this_process_work():
@@ -40,23 +49,51 @@ def test_the_binary_body_is_the_json_header_then_the_raw_tensor():
 
 
 def _result(provider: str) -> dict:
-    heavy_round = {"json_rows_per_s": 900.0, "json_batch": 20.0, "raw_json_rows_per_s": 1000.0, "json_vs_raw": 0.9,
-                   "binary_rows_per_s": 950.0, "binary_batch": 22.0, "raw_binary_rows_per_s": 1000.0,
-                   "binary_vs_raw": 0.95, "grpc_rows_per_s": 850.0, "grpc_batch": 18.0, "raw_grpc_rows_per_s": 1000.0,
-                   "grpc_vs_raw": 0.85, "grpc_batching_floor_vs_raw": 0.88, "baseline_rows_per_s": 250.0,
-                   "json_vs_baseline": 3.6}
-    load = [{"server": server, "model": model, "rows": 1, "clients": clients, "requests_per_s": 1000.0,
-             "p50_ms": 3.0} for server in ("service", "baseline") for model in (LIGHT, HEAVY) for clients in (1, 64)]
+    heavy_round = {
+        "json_rows_per_s": 900.0,
+        "json_batch": 20.0,
+        "raw_json_rows_per_s": 1000.0,
+        "json_vs_raw": 0.9,
+        "binary_rows_per_s": 950.0,
+        "binary_batch": 22.0,
+        "raw_binary_rows_per_s": 1000.0,
+        "binary_vs_raw": 0.95,
+        "grpc_rows_per_s": 850.0,
+        "grpc_batch": 18.0,
+        "raw_grpc_rows_per_s": 1000.0,
+        "grpc_vs_raw": 0.85,
+        "grpc_batching_floor_vs_raw": 0.88,
+        "baseline_rows_per_s": 250.0,
+        "json_vs_baseline": 3.6,
+    }
+    load = [
+        {"server": server, "model": model, "rows": 1, "clients": clients, "requests_per_s": 1000.0, "p50_ms": 3.0}
+        for server in ("service", "baseline")
+        for model in (LIGHT, HEAVY)
+        for clients in (1, 64)
+    ]
     raw = {model: [{"batch": 1, "ms_per_call": 2.5}] for model in (LIGHT, HEAVY)}
-    return {"providers": {LIGHT: provider, HEAVY: provider}, "load": load, "raw": raw,
-            "heavy_rounds": {"rounds": [heavy_round], "json_vs_raw": heavy_round, "binary_vs_raw": heavy_round,
-                             "grpc_vs_raw": heavy_round, "json_vs_baseline": heavy_round}}
+    return {
+        "providers": {LIGHT: provider, HEAVY: provider},
+        "load": load,
+        "raw": raw,
+        "heavy_rounds": {
+            "rounds": [heavy_round],
+            "json_vs_raw": heavy_round,
+            "binary_vs_raw": heavy_round,
+            "grpc_vs_raw": heavy_round,
+            "json_vs_baseline": heavy_round,
+        },
+    }
 
 
 def test_the_heavy_goals_are_those_of_the_device_it_ran_on():
     cpu = _batching_goals(_result("CPUExecutionProvider"), 64)
     assert [(g["target"], g["measured"]) for g in cpu if "onnxruntime alone" in g["goal"]] == [
-        (">= 0.9", 0.9), (">= 0.9", 0.95), (">= 0.9", 0.85)]
+        (">= 0.9", 0.9),
+        (">= 0.9", 0.95),
+        (">= 0.9", 0.85),
+    ]
     grpc = next(g for g in cpu if "gRPC" in g["goal"])
     assert "bare grpcio batching floor reached 0.880" in grpc["note"]
     assert not any("baseline" in g["goal"] and "heavy" in g["goal"] for g in cpu)
@@ -66,28 +103,37 @@ def test_the_heavy_goals_are_those_of_the_device_it_ran_on():
     assert [g["goal"].split(" on ")[0] for g in _latency_goal(_result("CPUExecutionProvider"), 64)] == [LIGHT]
     gpu_latency = _latency_goal(_result(CUDA), 64)
     assert [(g["goal"].split(" on ")[0], g["target"], g["measured"]) for g in gpu_latency] == [
-        (LIGHT, "<= 1.5", 0.5), (HEAVY, "<= 1.0", 0.5)]
+        (LIGHT, "<= 1.5", 0.5),
+        (HEAVY, "<= 1.0", 0.5),
+    ]
 
 
 def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
     from bench.profile import OTHER, stage_shares
 
-    raw = "\n".join([
-        "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922);"
-        "__call__ (/r/service/serving/rest.py:40);validate (/r/service/serving/codec.py:72);"
-        "validate_python (/v/pydantic/main.py:3) 7",
-        "python -m service (1);run (/r/service/serving/batching.py:90);run (/r/service/serving/runtime.py:68) 30",
-        "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922) 5",
-        "python -m service (1);mystery (/r/elsewhere.py:1) 2",
-        "python -m service (1);__call__ (/r/service/serving/v2.py:80);_parse (/r/service/serving/v2.py:120) 3",
-        "python -m service (1);__call__ (/r/service/serving/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
-        "python -m service (1);_dispatch (/r/service/middleware.py:115);_prepared (/r/service/serving/rest.py:60);"
-        "numeric_rows (/r/service/serving/numeric_json.py:50) 6",
-        "garbage line",
-    ])
-    assert stage_shares(raw) == {"request validation (pydantic)": 7, "onnxruntime inference": 30,
-                                 "event loop and threads": 5, OTHER: 2, "v2 request: header, tensors, checks": 7,
-                                 "request JSON parse": 6}
+    raw = "\n".join(
+        [
+            "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922);"
+            "__call__ (/r/service/serving/rest.py:40);validate (/r/service/serving/codec.py:72);"
+            "validate_python (/v/pydantic/main.py:3) 7",
+            "python -m service (1);run (/r/service/serving/batching.py:90);run (/r/service/serving/runtime.py:68) 30",
+            "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922) 5",
+            "python -m service (1);mystery (/r/elsewhere.py:1) 2",
+            "python -m service (1);__call__ (/r/service/serving/v2.py:80);_parse (/r/service/serving/v2.py:120) 3",
+            "python -m service (1);__call__ (/r/service/serving/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
+            "python -m service (1);_dispatch (/r/service/middleware.py:115);_prepared (/r/service/serving/rest.py:60);"
+            "numeric_rows (/r/service/serving/numeric_json.py:50) 6",
+            "garbage line",
+        ]
+    )
+    assert stage_shares(raw) == {
+        "request validation (pydantic)": 7,
+        "onnxruntime inference": 30,
+        "event loop and threads": 5,
+        OTHER: 2,
+        "v2 request: header, tensors, checks": 7,
+        "request JSON parse": 6,
+    }
 
 
 def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
@@ -99,8 +145,14 @@ def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
     with TestClient(app) as client:
         assert client.post("/predict", content=body(HEAVY, (3, 32, 32), 1)).status_code == 200
         binary, header_length = v2_binary_body(HEAVY, (3, 32, 32), 1)
-        assert client.post(f"/v2/models/{HEAVY}/infer", content=binary,
-                           headers={"Inference-Header-Content-Length": str(header_length)}).status_code == 200
+        assert (
+            client.post(
+                f"/v2/models/{HEAVY}/infer",
+                content=binary,
+                headers={"Inference-Header-Content-Length": str(header_length)},
+            ).status_code
+            == 200
+        )
         with pytest.raises(TypeError):  # a body the service's numeric path leaves to its general one
             client.post("/predict", content=b'{"inputs": [[1, "2"]]}')
 
@@ -114,11 +166,11 @@ def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batch
     monkeypatch.setenv("FLOOR_MODEL", str(ROOT / "artifacts" / LIGHT / "1" / "model.onnx"))
     monkeypatch.setattr(floor_app, "floor", None)  # restored to None afterwards, for the floor without a model
     with TestClient(floor_app.app) as client:
-        rows = [client.post("/predict", content=body(LIGHT, (1, 8, 8), 1)).json()["probabilities"]
-                for _ in range(3)]
+        rows = [client.post("/predict", content=body(LIGHT, (1, 8, 8), 1)).json()["probabilities"] for _ in range(3)]
         binary, header_length = v2_binary_body(LIGHT, (1, 8, 8), 2)
-        answer = client.post(f"/v2/models/{LIGHT}/infer", content=binary,
-                             headers={"Inference-Header-Content-Length": str(header_length)}).json()
+        answer = client.post(
+            f"/v2/models/{LIGHT}/infer", content=binary, headers={"Inference-Header-Content-Length": str(header_length)}
+        ).json()
         counts = client.get("/").json()
     assert np.allclose(np.sum(rows, axis=2), 1.0, atol=1e-5) and np.shape(rows) == (3, 1, 10)
     assert np.shape(answer["probabilities"]) == (2, 10)
@@ -126,12 +178,32 @@ def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batch
 
 
 def test_the_gap_to_onnxruntime_alone_splits_into_stack_hand_offs_and_service_work():
-    rounds = [{"json_vs_raw": 0.80, "json_batching_floor_vs_raw": 0.86, "json_ceiling": 0.92,
-               "binary_vs_raw": 0.82, "binary_batching_floor_vs_raw": 0.93, "binary_ceiling": 0.97},
-              {"json_vs_raw": 0.84, "json_batching_floor_vs_raw": 0.88, "json_ceiling": 0.91,
-               "binary_vs_raw": 0.80, "binary_batching_floor_vs_raw": 0.95, "binary_ceiling": 0.97},
-              {"json_vs_raw": 0.82, "json_batching_floor_vs_raw": 0.85, "json_ceiling": 0.93,
-               "binary_vs_raw": 0.84, "binary_batching_floor_vs_raw": 0.91, "binary_ceiling": 0.98}]
+    rounds = [
+        {
+            "json_vs_raw": 0.80,
+            "json_batching_floor_vs_raw": 0.86,
+            "json_ceiling": 0.92,
+            "binary_vs_raw": 0.82,
+            "binary_batching_floor_vs_raw": 0.93,
+            "binary_ceiling": 0.97,
+        },
+        {
+            "json_vs_raw": 0.84,
+            "json_batching_floor_vs_raw": 0.88,
+            "json_ceiling": 0.91,
+            "binary_vs_raw": 0.80,
+            "binary_batching_floor_vs_raw": 0.95,
+            "binary_ceiling": 0.97,
+        },
+        {
+            "json_vs_raw": 0.82,
+            "json_batching_floor_vs_raw": 0.85,
+            "json_ceiling": 0.93,
+            "binary_vs_raw": 0.84,
+            "binary_batching_floor_vs_raw": 0.91,
+            "binary_ceiling": 0.98,
+        },
+    ]
     json_row, binary_row = gap_decomposition({"rounds": rounds})
     assert json_row["protocol"] == "json" and json_row["rounds"] == 3
     assert (json_row["service"], json_row["batching_floor"], json_row["ceiling"]) == pytest.approx((0.82, 0.86, 0.92))

@@ -12,11 +12,18 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, PostgreSQL, training
 
 
-@pytest.mark.parametrize("name", ["fit_temperature", "training", "monitoring", "serving", "profile",
-                                  "feedback_load", "auth"])
+@pytest.mark.parametrize(
+    "name", ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth"]
+)
 def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
-    result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--smoke"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=600, env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / f"{name}-smoke.json").read_text())
     assert data["machine"]["cores"] >= 1 and "|" in result.stdout
@@ -30,16 +37,23 @@ def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
             compared = {row["where"]: row for row in run["compared"]}
             loop = compared["event loop (MainThread)"]
             assert loop["added_ms_per_request"] == pytest.approx(
-                loop["service_ms_per_request"] - loop["floor_ms_per_request"])
-            assert compared["inference threads"]["floor_cores"] == pytest.approx(sum(
-                row["cores"] for row in run["batching_floor"]["threads"] if row["where"].startswith("infer-")))
+                loop["service_ms_per_request"] - loop["floor_ms_per_request"]
+            )
+            assert compared["inference threads"]["floor_cores"] == pytest.approx(
+                sum(row["cores"] for row in run["batching_floor"]["threads"] if row["where"].startswith("infer-"))
+            )
 
 
 def test_alarm_benchmark_prints_the_oracle_ratios_and_the_goals(tmp_path):
     # the simulations only (the HTTP parts are the feedback_load smoke run above and scripts/simulate_shift.py's tests)
-    result = subprocess.run([sys.executable, "-m", "bench.alarm", "--smoke", "--skip-http"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=900,
-                            env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.alarm", "--smoke", "--skip-http"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "alarm-smoke.json").read_text())
     rows = data["shifts"]
@@ -47,8 +61,11 @@ def test_alarm_benchmark_prints_the_oracle_ratios_and_the_goals(tmp_path):
     large = next(r for r in rows if r["shape"] == "cifar-like" and r["shift"] == "logits x2.5")
     assert large["oracle_p50"] > 0 and large["ratio"] == pytest.approx(large["delay_p50"] / large["oracle_p50"])
     assert large["clear_family_blind_ratio"] == pytest.approx(
-        large["clear_family_blind_p50"] / max(large["clear_oracle_p50"], 1.0))
+        large["clear_family_blind_p50"] / max(large["clear_oracle_p50"], 1.0)
+    )
     assert len(data["false_alarms"]) == 20 and {r["rule"] for r in data["warnings"]} == {
-        "p < 0.001", "p < 0.001 and D >= 0.1"}
+        "p < 0.001",
+        "p < 0.001 and D >= 0.1",
+    }
     assert "ratio" in result.stdout and any(g["goal"].startswith("detection") for g in data["goals"])
     assert any(g["goal"].startswith("information limit (clearing)") for g in data["goals"])

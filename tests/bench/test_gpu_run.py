@@ -24,7 +24,8 @@ def test_the_binary_body_is_the_one_tritonclient_sends():
     tensor = triton.InferInput("input", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x, binary_data=True)
     expected, expected_length = triton.InferenceServerClient.generate_request_body(
-        [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=True)])
+        [tensor], outputs=[triton.InferRequestedOutput("probabilities", binary_data=True)]
+    )
     got, length = v2_binary_request(x)
     assert json.loads(got[:length]) == json.loads(expected[:expected_length])
     assert got[length:] == expected[expected_length:] == x.tobytes()
@@ -32,11 +33,17 @@ def test_the_binary_body_is_the_one_tritonclient_sends():
 
 def test_binary_and_json_outputs_are_read_back_in_the_header_order():
     probabilities = np.array([[0.25, 0.75]], dtype=np.float32)
-    header = json.dumps({"outputs": [
-        {"name": "probabilities", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}},
-        {"name": "label", "datatype": "INT64", "shape": [1], "data": [1]}]}).encode()
-    response = httpx.Response(200, content=header + probabilities.tobytes(),
-                              headers={"Inference-Header-Content-Length": str(len(header))})
+    header = json.dumps(
+        {
+            "outputs": [
+                {"name": "probabilities", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}},
+                {"name": "label", "datatype": "INT64", "shape": [1], "data": [1]},
+            ]
+        }
+    ).encode()
+    response = httpx.Response(
+        200, content=header + probabilities.tobytes(), headers={"Inference-Header-Content-Length": str(len(header))}
+    )
     out = v2_binary_outputs(response)
     np.testing.assert_array_equal(out["probabilities"], probabilities)
     np.testing.assert_array_equal(out["label"], [1])
@@ -44,9 +51,14 @@ def test_binary_and_json_outputs_are_read_back_in_the_header_order():
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is the GPU run's load generator (make tools)")
 def test_the_gpu_run_smoke_version_runs_on_the_cpu_and_reports_every_measurement(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "bench.gpu", "--out", str(tmp_path), "--device", "cpu",
-                             "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--out", str(tmp_path), "--device", "cpu", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, BENCH_RESULTS_DIR=str(tmp_path)),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "gpu.json").read_text())
     points = {(p["model"], p["protocol"]): p for p in data["points"]}
@@ -58,18 +70,24 @@ def test_the_gpu_run_smoke_version_runs_on_the_cpu_and_reports_every_measurement
         assert point["inference_ms"] > 0 and point["queue_ms"] is not None
     assert points[(HEAVY, "json")]["parse_ms"] > 0  # the JSON stages come from /predict's own histograms
     assert {m: v["provider"] for m, v in data["evidence"]["models"].items()} == {
-        HEAVY: "CPUExecutionProvider", LIGHT: "CPUExecutionProvider"}
+        HEAVY: "CPUExecutionProvider",
+        LIGHT: "CPUExecutionProvider",
+    }
     assert any('provider="CPUExecutionProvider"' in line for line in data["evidence"]["metrics"])
     # the same inputs through two CPU services: bit-identical probabilities
     assert [(r["model"], r["max_abs_diff"], r["argmax_agree"]) for r in data["parity"]] == [
-        (HEAVY, 0.0, 1.0), (LIGHT, 0.0, 1.0)]
+        (HEAVY, 0.0, 1.0),
+        (LIGHT, 0.0, 1.0),
+    ]
     assert data["variants"] == []  # the CUDA settings are compared only where CUDA runs
     assert all(v > 0 for v in data["baseline_rows_per_s"].values()) and data["profile"]["model_run_ms"] > 0
     hidden = data["cuda_unavailable"]
     assert hidden["started"] and hidden["predict_status"] == 200
     assert hidden["predict_provider"] == "CPUExecutionProvider"
-    assert all(m["requested_providers"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-               for m in hidden["health"]["models"].values())
+    assert all(
+        m["requested_providers"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        for m in hidden["health"]["models"].values()
+    )
     assert len(data["goals"]) == 9 and all(isinstance(g["met"], bool) for g in data["goals"])
     markdown = (tmp_path / "gpu.md").read_text()
     assert "### Goals" in markdown and markdown in result.stdout

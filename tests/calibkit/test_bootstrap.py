@@ -108,8 +108,9 @@ def _ece_of(key):
 
 def test_hierarchical_bootstrap_means_over_runs_and_pairs_contrasts():
     runs = _runs(4)
-    boot = hierarchical_bootstrap({"a": _ece_of("a"), "b": _ece_of("b"), "a again": _ece_of("a")}, runs,
-                                  n_resamples=100, seed=2)
+    boot = hierarchical_bootstrap(
+        {"a": _ece_of("a"), "b": _ece_of("b"), "a again": _ece_of("a")}, runs, n_resamples=100, seed=2
+    )
     per_run = [metrics.ece(run["a"], run["labels"]) for run in runs]
     assert boot.per_run.shape == (4, 3) and boot.resampled.shape == (100, 3)
     assert boot.mean("a") == pytest.approx(np.mean(per_run))
@@ -145,8 +146,10 @@ def test_hierarchical_bootstrap_carries_the_spread_between_runs():
         ({"n_resamples": 0}, "n_resamples must be a positive integer"),
         ({"statistics": {}}, "at least one statistic"),
         ({"runs": []}, "at least one run"),
-        ({"runs": [{"labels": np.zeros(3, int), "a": np.full((2, 2), 0.5)}]},
-         "run 0 must hold non-empty arrays of one length"),
+        (
+            {"runs": [{"labels": np.zeros(3, int), "a": np.full((2, 2), 0.5)}]},
+            "run 0 must hold non-empty arrays of one length",
+        ),
     ],
 )
 def test_hierarchical_bootstrap_bad_arguments(kwargs, message):

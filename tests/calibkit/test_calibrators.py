@@ -147,7 +147,10 @@ def test_width_mismatch_and_unknown_method(over_confident):
         ({"method": "vector", "n_classes": 3, "params": {"w": [1, 1], "b": [0, 0, 0]}}, "w must be 3 finite numbers"),
         ({"method": "platt", "n_classes": 3, "params": {"a": 1, "b": 0}}, "n_classes must be 2"),
         ({"method": "histogram", "n_classes": 2, "params": {"n_bins": 2, "theta": [[2, 0], [0, 0]]}}, "values in"),
-        ({"method": "isotonic", "n_classes": 2, "params": {"x": [[0, 1]], "y": [[0, 1]]}}, "one breakpoint list per class"),
+        (
+            {"method": "isotonic", "n_classes": 2, "params": {"x": [[0, 1]], "y": [[0, 1]]}},
+            "one breakpoint list per class",
+        ),
         ({"method": "isotonic", "n_classes": 2, "params": {"x": [[1, 0], [0, 1]], "y": [[0, 1], [0, 1]]}}, "sorted"),
         ({"n_classes": 2}, "unknown calibration method None"),
     ],

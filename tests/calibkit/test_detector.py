@@ -33,7 +33,7 @@ def test_e_values_have_mean_at_most_one_under_the_null():
     edge = Miscalibration("edge", gap=0.01)
     confidence, correct, _ = edge.sample(CIFAR, rng, (500, 400))
     e = state.fold(confidence, correct).e_value
-    learned = e[:, :state.config.learned]
+    learned = e[:, : state.config.learned]
     assert (learned != 1.0).mean() > 0.1  # the detector does bet at the edge of the null
     assert learned.min() >= 0.5 - 1e-12  # max_bet: no single label can cost a learned bet more than half
     for d in range(e.shape[1]):
@@ -78,8 +78,9 @@ def test_the_default_alarm_stays_quiet_at_the_edge_of_the_tolerance(shape):
 def test_calibrated_streams_raise_nothing_and_shifts_are_caught_then_cleared():
     calibrated = simulate(CIFAR, None, streams=100, before=5_000, seed=1)
     assert not calibrated.false_alarm.any()
-    over = simulate(CIFAR, Miscalibration("x2.5", logit_scale=2.5), streams=100, before=2_000, during=1_500,
-                    after=3_000, seed=2)
+    over = simulate(
+        CIFAR, Miscalibration("x2.5", logit_scale=2.5), streams=100, before=2_000, during=1_500, after=3_000, seed=2
+    )
     assert np.mean((over.delay >= 0) & (over.delay <= 400)) >= 0.95  # population ECE 0.22
     # the clearing alternative is the gap learned from the labels since the alarm, so a large
     # miscalibration clears within a few hundred labels of its end (650 with the gap frozen at the
@@ -92,8 +93,7 @@ def test_a_persisting_shift_near_the_tolerance_rarely_clears_while_it_lasts():
     # binary logits x1.25 (population ECE 0.022, a gap of about twice the tolerance): with the clearing
     # alternative floored at 0.03 beyond the tolerance and B = 300, 11% of detected streams cleared during
     # the shift; against the learned gap itself at B = 3 x 10^4 the benchmark measures 3%
-    out = simulate(BINARY, Miscalibration("x1.25", logit_scale=1.25), streams=200, before=1_000, during=7_000,
-                   seed=4)
+    out = simulate(BINARY, Miscalibration("x1.25", logit_scale=1.25), streams=200, before=1_000, during=7_000, seed=4)
     detected = out.delay >= 0
     assert detected.mean() >= 0.6
     assert np.mean(out.flaps[detected] > 0) <= 0.05
@@ -154,8 +154,10 @@ def test_folding_in_any_chunks_gives_the_same_state_bit_for_bit(chunk):
     confidence, correct, _ = shift.sample(CIFAR, np.random.default_rng(6), (2, 1_000))
     whole, parts = DetectorState(DetectorConfig(), 2), DetectorState(DetectorConfig(), 2)
     events = whole.fold(confidence, correct)
-    raised = np.concatenate([parts.fold(confidence[:, i:i + chunk], correct[:, i:i + chunk]).raised
-                             for i in range(0, 1_000, chunk)], axis=1)
+    raised = np.concatenate(
+        [parts.fold(confidence[:, i : i + chunk], correct[:, i : i + chunk]).raised for i in range(0, 1_000, chunk)],
+        axis=1,
+    )
     for name in _FIELDS:
         np.testing.assert_array_equal(getattr(whole, name), getattr(parts, name), err_msg=name)
     np.testing.assert_array_equal(events.raised, raised)
@@ -186,8 +188,9 @@ POLICY = AlarmPolicy()
 
 
 def test_alarm_is_the_detector_state_with_its_reasons():
-    alarmed = Evidence(n=900, alarmed=True, statistic=2e6, clear_statistic=3.0, worst_gap=-0.12,
-                       worst_confidence=(0.6, 0.7))
+    alarmed = Evidence(
+        n=900, alarmed=True, statistic=2e6, clear_statistic=3.0, worst_gap=-0.12, worst_confidence=(0.6, 0.7)
+    )
     status = assess(AlarmStatus(), alarmed, POLICY, now=10.0)
     assert status.state == ALARM and status.since == 10.0
     assert "-0.120 at confidence 0.600-0.700" in status.reasons[1] and "now 3" in status.reasons[2]

@@ -39,7 +39,10 @@ def test_round_trip(tmp_path):
         ({"class_names": ["only"]}, "class_names: List should have at least 2 items"),
         ({"outputs": {"logits": "logits"}}, "outputs must name the 'logits' and 'probabilities'"),
         ({"input": {"name": "input", "shape": [None, 3, 8, 8]}}, r"input.shape \[None, 3, 8, 8\] does not match"),
-        ({"input": {"name": "input", "shape": [4, 1, 8, 8]}}, r"input.shape: Value error, shape must be \[null, C, H, W\]"),
+        (
+            {"input": {"name": "input", "shape": [4, 1, 8, 8]}},
+            r"input.shape: Value error, shape must be \[null, C, H, W\]",
+        ),
         ({"model_sha256": "xyz"}, "model_sha256"),
         ({"reference": {"confidences": [1.5], "accuracy": 0.8, "ece": 0.02}}, "confidences must lie in"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),

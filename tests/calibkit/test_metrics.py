@@ -57,7 +57,9 @@ def test_classwise_ece_takes_classes_from_probability_width():
 
 
 def test_nll_brier_accuracy_by_hand():
-    assert metrics.nll(PROBS, LABELS) == pytest.approx(-(math.log(0.9) + math.log(0.2) + math.log(0.7) + math.log(0.6)) / 4)
+    assert metrics.nll(PROBS, LABELS) == pytest.approx(
+        -(math.log(0.9) + math.log(0.2) + math.log(0.7) + math.log(0.6)) / 4
+    )
     assert metrics.brier(PROBS, LABELS) == pytest.approx((0.02 + 1.28 + 0.18 + 0.32) / 4)
     assert metrics.accuracy(PROBS, LABELS) == pytest.approx(0.75)
 

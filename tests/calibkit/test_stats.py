@@ -19,7 +19,9 @@ def _batch(n, k, seed, scale=1.0):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=6), st.integers(2, 6), st.integers(5, 20), st.integers(0, 10_000))
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=6), st.integers(2, 6), st.integers(5, 20), st.integers(0, 10_000)
+)
 def test_merging_batches_equals_one_shot_metrics(sizes, k, n_bins, seed):
     batches = [_batch(n, k, seed + i, scale=1.7) for i, n in enumerate(sizes)]
     merged = BinStats.empty(k, n_bins)
@@ -116,9 +118,16 @@ def test_statistics_without_classes_filled_from_bin_sums_equal_those_of_the_data
         confidence, predicted = p.max(axis=1), p.argmax(axis=1)
         sums = binning.bin_sums(confidence, (predicted == y).astype(float), binning.equal_width_edges(15))
         filled = np.flatnonzero(sums.count)
-        halves.append(BinStats.empty(None, 15).add_bins(filled, sums.count[filled], sums.confidence_sum[filled],
-                                                        sums.outcome_sum[filled], metrics.nll(p, y) * len(y),
-                                                        metrics.brier(p, y) * len(y)))
+        halves.append(
+            BinStats.empty(None, 15).add_bins(
+                filled,
+                sums.count[filled],
+                sums.confidence_sum[filled],
+                sums.outcome_sum[filled],
+                metrics.nll(p, y) * len(y),
+                metrics.brier(p, y) * len(y),
+            )
+        )
     merged = halves[0] + halves[1]
     assert merged.n == 300 and merged.n_classes is None
     for name in ("ece", "mce", "debiased_ece", "accuracy", "mean_confidence", "nll", "brier"):

@@ -26,8 +26,7 @@ def check_models(url: str, model: str, rows: np.ndarray) -> None:
     models.ServerReadyResponse.model_validate(httpx.get(f"{url}/v2/health/ready").json())
     models.ModelReadyResponse.model_validate(httpx.get(f"{url}/v2/models/{model}/ready").json())
     models.ModelMetadataResponse.model_validate(httpx.get(f"{url}/v2/models/{model}").json())
-    body = {"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32",
-                        "data": rows.ravel().tolist()}]}
+    body = {"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}]}
     models.InferenceRequest.model_validate(body)
     answer = httpx.post(f"{url}/v2/models/{model}/infer", json=body)
     answer.raise_for_status()
@@ -40,21 +39,33 @@ async def infer(url: str, model: str, rows: np.ndarray, binary: bool) -> dict:
     client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=30))
     tensor = InferInput("input", list(rows.shape), "FP32")
     tensor.set_data_from_numpy(rows, binary_data=binary)
-    outputs = [RequestedOutput("probabilities", {"binary_data": binary}),
-               RequestedOutput("prediction_id", {"binary_data": binary})]
+    outputs = [
+        RequestedOutput("probabilities", {"binary_data": binary}),
+        RequestedOutput("prediction_id", {"binary_data": binary}),
+    ]
     response = await client.infer(url, InferRequest(model, [tensor], request_outputs=outputs), model_name=model)
     by_name = {o.name: o for o in response.outputs}
     ids = [i.decode() if isinstance(i, bytes) else str(i) for i in by_name["prediction_id"].as_numpy().tolist()]
-    return {"probabilities": by_name["probabilities"].as_numpy().astype(np.float32).tolist(), "ids": ids,
-            "model_name": response.model_name, "id": response.id}
+    return {
+        "probabilities": by_name["probabilities"].as_numpy().astype(np.float32).tolist(),
+        "ids": ids,
+        "model_name": response.model_name,
+        "id": response.id,
+    }
 
 
 def main() -> None:
     url, model, shape = sys.argv[1], sys.argv[2], tuple(int(d) for d in sys.argv[3].split(","))
     rows = np.random.default_rng(0).random((3, *shape), dtype=np.float32)
     check_models(url, model, rows)
-    print(json.dumps({"json": asyncio.run(infer(url, model, rows, binary=False)),
-                      "binary": asyncio.run(infer(url, model, rows, binary=True))}))
+    print(
+        json.dumps(
+            {
+                "json": asyncio.run(infer(url, model, rows, binary=False)),
+                "binary": asyncio.run(infer(url, model, rows, binary=True)),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

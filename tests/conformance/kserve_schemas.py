@@ -11,8 +11,15 @@ import json
 
 from kserve.protocol.rest import v2_datamodels as models
 
-MODELS = ["ServerMetadataResponse", "ServerLiveResponse", "ServerReadyResponse", "ModelReadyResponse",
-          "ModelMetadataResponse", "InferenceRequest", "InferenceResponse"]
+MODELS = [
+    "ServerMetadataResponse",
+    "ServerLiveResponse",
+    "ServerReadyResponse",
+    "ModelReadyResponse",
+    "ModelMetadataResponse",
+    "InferenceRequest",
+    "InferenceResponse",
+]
 
 
 def main() -> None:

@@ -20,17 +20,28 @@ def main() -> None:
     rows = np.random.default_rng(0).random((3, *shape), dtype=np.float32)
     types.MetadataServerResponse.model_validate(httpx.get(f"{url}/v2").json())
     types.MetadataModelResponse.model_validate(httpx.get(f"{url}/v2/models/{model}").json())
-    request = types.InferenceRequest(inputs=[types.RequestInput(name="input", shape=list(rows.shape),
-                                                                datatype="FP32", data=rows.ravel().tolist())])
-    answer = httpx.post(f"{url}/v2/models/{model}/infer", content=request.model_dump_json(exclude_none=True),
-                        headers={"content-type": "application/json"})
+    request = types.InferenceRequest(
+        inputs=[types.RequestInput(name="input", shape=list(rows.shape), datatype="FP32", data=rows.ravel().tolist())]
+    )
+    answer = httpx.post(
+        f"{url}/v2/models/{model}/infer",
+        content=request.model_dump_json(exclude_none=True),
+        headers={"content-type": "application/json"},
+    )
     answer.raise_for_status()
     response = types.InferenceResponse.model_validate(answer.json())
     outputs = {o.name: o for o in response.outputs}
     assert outputs["prediction_id"].datatype in (types.Datatype.BYTES, "BYTES"), outputs["prediction_id"]
-    print(json.dumps({"probabilities": np.asarray(outputs["probabilities"].data.root, np.float32)
-                      .reshape(outputs["probabilities"].shape).tolist(),
-                      "ids": list(outputs["prediction_id"].data.root)}))
+    print(
+        json.dumps(
+            {
+                "probabilities": np.asarray(outputs["probabilities"].data.root, np.float32)
+                .reshape(outputs["probabilities"].shape)
+                .tolist(),
+                "ids": list(outputs["prediction_id"].data.root),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

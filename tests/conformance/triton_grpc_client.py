@@ -25,27 +25,41 @@ def infer(client, model: str, x: np.ndarray) -> dict:
     tensor = triton.InferInput("input", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
     try:
-        result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput("probabilities"),
-                                                        triton.InferRequestedOutput("prediction_id")])
+        result = client.infer(
+            model,
+            [tensor],
+            outputs=[triton.InferRequestedOutput("probabilities"), triton.InferRequestedOutput("prediction_id")],
+        )
     except InferenceServerException as exc:
         return {"status": exc.status(), "message": exc.message()}
     response = result.get_response(as_json=True)
-    return {"probabilities": result.as_numpy("probabilities").tolist(),
-            "ids": [i.decode() for i in result.as_numpy("prediction_id").tolist()],
-            "parameters": response.get("parameters", {}), "id": response.get("id"),
-            "model_version": response.get("model_version")}
+    return {
+        "probabilities": result.as_numpy("probabilities").tolist(),
+        "ids": [i.decode() for i in result.as_numpy("prediction_id").tolist()],
+        "parameters": response.get("parameters", {}),
+        "id": response.get("id"),
+        "model_version": response.get("model_version"),
+    }
 
 
 def main() -> None:
     address, shapes = sys.argv[1], json.loads(sys.argv[2])
     client = triton.InferenceServerClient(address)
-    out = {"live": client.is_server_live(), "ready": client.is_server_ready(),
-           "server": client.get_server_metadata(as_json=True), "models": {}}
+    out = {
+        "live": client.is_server_live(),
+        "ready": client.is_server_ready(),
+        "server": client.get_server_metadata(as_json=True),
+        "models": {},
+    }
     for model, shape in shapes.items():
         meta = client.get_model_metadata(model, as_json=True)
         bad = rows(shape)[:, :, :-1]  # one column short
-        out["models"][model] = {"ready": client.is_model_ready(model), "metadata": meta,
-                                "infer": infer(client, model, rows(shape)), "bad_shape": infer(client, model, bad)}
+        out["models"][model] = {
+            "ready": client.is_model_ready(model),
+            "metadata": meta,
+            "infer": infer(client, model, rows(shape)),
+            "bad_shape": infer(client, model, bad),
+        }
     out["unknown_model"] = infer(client, "no-such-model", rows(next(iter(shapes.values()))))
     try:
         client.get_model_metadata("no-such-model")

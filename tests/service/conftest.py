@@ -45,12 +45,16 @@ def build_linear_onnx(path: Path, weights: np.ndarray, bias: np.ndarray, tempera
         ],
         "linear",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *shape])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", weights.shape[1]]),
-         helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", weights.shape[1]])],
-        [numpy_helper.from_array(np.array([-1, features], dtype=np.int64), "flat_shape"),
-         numpy_helper.from_array(weights.astype(np.float32), "W"),
-         numpy_helper.from_array(bias.astype(np.float32), "b"),
-         numpy_helper.from_array(np.array(temperature, dtype=np.float32), "T")],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", weights.shape[1]]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", weights.shape[1]]),
+        ],
+        [
+            numpy_helper.from_array(np.array([-1, features], dtype=np.int64), "flat_shape"),
+            numpy_helper.from_array(weights.astype(np.float32), "W"),
+            numpy_helper.from_array(bias.astype(np.float32), "b"),
+            numpy_helper.from_array(np.array(temperature, dtype=np.float32), "T"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
@@ -58,22 +62,28 @@ def build_linear_onnx(path: Path, weights: np.ndarray, bias: np.ndarray, tempera
     onnx.save(model, str(path))
 
 
-def write_linear_artifact(root: Path, name: str = "toy", version: str = "1", classes=("a", "b", "c"),
-                          temperature: float = 2.0, seed: int = 0) -> Path:
+def write_linear_artifact(
+    root: Path, name: str = "toy", version: str = "1", classes=("a", "b", "c"), temperature: float = 2.0, seed: int = 0
+) -> Path:
     """A complete artifact ``root/name/version`` around ``build_linear_onnx``."""
     directory = root / name / version
     directory.mkdir(parents=True)
     rng = np.random.default_rng(seed)
-    build_linear_onnx(directory / "model.onnx", rng.normal(0, 3, (4, len(classes))), rng.normal(0, 1, len(classes)),
-                      temperature)
+    build_linear_onnx(
+        directory / "model.onnx", rng.normal(0, 3, (4, len(classes))), rng.normal(0, 1, len(classes)), temperature
+    )
     manifest = Manifest(
-        name=name, version=version, created_at="2026-11-22T00:00:00+00:00",
+        name=name,
+        version=version,
+        created_at="2026-11-22T00:00:00+00:00",
         model_sha256=hashlib.sha256((directory / "model.onnx").read_bytes()).hexdigest(),
-        class_names=list(classes), input=InputSpec(name="input", shape=[None, 1, 2, 2]),
+        class_names=list(classes),
+        input=InputSpec(name="input", shape=[None, 1, 2, 2]),
         outputs={"logits": "logits", "probabilities": "probabilities"},
         preprocessing=Preprocessing(color_mode="L", image_size=2),
-        calibration=CalibrationSpec(method="temperature", params={"temperature": temperature}, n_samples=100,
-                                    in_graph=True),
+        calibration=CalibrationSpec(
+            method="temperature", params={"temperature": temperature}, n_samples=100, in_graph=True
+        ),
         reference=ReferenceDistribution(confidences=[0.5, 0.7, 0.9], accuracy=0.7, ece=0.05),
     )
     write_manifest(manifest, directory)
@@ -85,12 +95,15 @@ def dockerfile() -> dict:
     """The Dockerfile's runtime stage: its CMD, EXPOSE (the first port, HTTP, and all of them), the uid of its
     user and its ENV, for the tests that hold the deployment manifests to the image."""
     text = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text().replace("\\\n", " ")
-    runtime = text[text.index("AS runtime\n"):]
+    runtime = text[text.index("AS runtime\n") :]
     env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
-    return {"cmd": yaml.safe_load(re.search(r"^CMD (.+)$", runtime, flags=re.M).group(1)),
-            "expose": int(re.search(r"^EXPOSE (\d+)", runtime, flags=re.M).group(1)),  # the HTTP port
-            "exposed": [int(p) for p in re.search(r"^EXPOSE (.+)$", runtime, flags=re.M).group(1).split()],
-            "uid": int(re.search(r"--uid (\d+)", runtime).group(1)), "env": env}
+    return {
+        "cmd": yaml.safe_load(re.search(r"^CMD (.+)$", runtime, flags=re.M).group(1)),
+        "expose": int(re.search(r"^EXPOSE (\d+)", runtime, flags=re.M).group(1)),  # the HTTP port
+        "exposed": [int(p) for p in re.search(r"^EXPOSE (.+)$", runtime, flags=re.M).group(1).split()],
+        "uid": int(re.search(r"--uid (\d+)", runtime).group(1)),
+        "env": env,
+    }
 
 
 def postgres_url() -> str:
@@ -140,8 +153,13 @@ def repository_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def server(repository_dir):
     """(base_url, app) of a server over ``repository_dir`` with the default model digits-lenet5."""
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", max_rows_per_request=64,
-                        max_body_bytes=256 * 1024, database_url=f"sqlite:///{repository_dir.parent / 'shared.db'}")
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        max_rows_per_request=64,
+        max_body_bytes=256 * 1024,
+        database_url=f"sqlite:///{repository_dir.parent / 'shared.db'}",
+    )
     with running_server(settings) as running:
         yield running
 
@@ -243,6 +261,7 @@ def webhook():
 def evaluate_now():
     """``evaluate_now(app)``: one alarm evaluation pass of a ``running_server`` app now, from the test's
     thread (the evaluator runs on the server's event loop); returns the transitions."""
+
     def run(app, timeout: float = 120.0) -> list[dict]:
         evaluator = app.state.endpoints.evaluator
         return asyncio.run_coroutine_threadsafe(evaluator.run_once(), evaluator.loop).result(timeout)

@@ -23,22 +23,52 @@ from service.store.schema import labels, monitor_state
 
 EDGES = binning.equal_width_edges(15)
 # calibrated labels, then over-confidence (population ECE 0.22): the alarm is raised within a few hundred
-CONFIDENCE, CORRECT = draw(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5), streams=1,
-                           before=400, during=800, seed=3)
+CONFIDENCE, CORRECT = draw(
+    TrafficShape("cifar-like", 10, 2.5),
+    Miscalibration("x2.5", logit_scale=2.5),
+    streams=1,
+    before=400,
+    during=800,
+    seed=3,
+)
 # the state of the Shiryaev-Roberts detector, of the per-label CUSUM detector of format 2, and of format 5 (the learned
 # and logit-scale detectors without the gaps and steps, at A = 10^4)
-OLD_DETECTORS = [json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900}),
-                 json.dumps({"format": 2, "tolerance": 0.01, "threshold": 1e6, "gap_sum": [0.0] * 57,
-                             "log_statistic": [12.0, 3.0, 1.0], "alarmed": [False], "n": [900]}),
-                 json.dumps({"format": 5, "tolerance": 0.01, "threshold": 1e4, "block": 16, "gaps": [],
-                             "scales": [0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 1.15, 1.25, 1.4, 1.6, 2.0, 2.5, 3.5],
-                             "fixed_weight": 0.5, "log_statistic": [3.0] * 17, "alarmed": [False], "n": [900]})]
+OLD_DETECTORS = [
+    json.dumps({"bets": [0.05, 0.1], "center": 0.0165, "tolerance": 0.01, "values": [3.0] * 4, "n": 900}),
+    json.dumps(
+        {
+            "format": 2,
+            "tolerance": 0.01,
+            "threshold": 1e6,
+            "gap_sum": [0.0] * 57,
+            "log_statistic": [12.0, 3.0, 1.0],
+            "alarmed": [False],
+            "n": [900],
+        }
+    ),
+    json.dumps(
+        {
+            "format": 5,
+            "tolerance": 0.01,
+            "threshold": 1e4,
+            "block": 16,
+            "gaps": [],
+            "scales": [0.35, 0.5, 0.6, 0.7, 0.8, 0.87, 1.15, 1.25, 1.4, 1.6, 2.0, 2.5, 3.5],
+            "fixed_weight": 0.5,
+            "log_statistic": [3.0] * 17,
+            "alarmed": [False],
+            "n": [900],
+        }
+    ),
+]
 
 
 class _Repository:
     def get(self, name, version):
-        manifest = SimpleNamespace(calibration=SimpleNamespace(temperature=1.0),
-                                   reference=SimpleNamespace(confidences=list(np.linspace(0.2, 1.0, 50))))
+        manifest = SimpleNamespace(
+            calibration=SimpleNamespace(temperature=1.0),
+            reference=SimpleNamespace(confidences=list(np.linspace(0.2, 1.0, 50))),
+        )
         return SimpleNamespace(name=name, version=version, manifest=manifest)
 
 
@@ -47,15 +77,42 @@ def _store(storage: Store, model: str, start: int, stop: int) -> None:
     ids = [f"{model:>5}{i:027d}" for i in range(start, stop)]
     blobs = [np.array([c, 1 - c], np.float32).tobytes() for c in conf]
     storage.labels.insert(
-        [LabelRow(i, model, "1", 0, 0, int(y), float(c), int(binning.bin_index(np.array([c]), EDGES)[0]), 0.1, 0.1,
-                  1000.0, b) for i, c, y, b in zip(ids, conf, correct, blobs)],
-        [PredictionRow(i, model, "1", 0, 1000.0, 0, float(c), None, b, None, "offline")
-         for i, c, b in zip(ids, conf, blobs)])
+        [
+            LabelRow(
+                i,
+                model,
+                "1",
+                0,
+                0,
+                int(y),
+                float(c),
+                int(binning.bin_index(np.array([c]), EDGES)[0]),
+                0.1,
+                0.1,
+                1000.0,
+                b,
+            )
+            for i, c, y, b in zip(ids, conf, correct, blobs)
+        ],
+        [
+            PredictionRow(i, model, "1", 0, 1000.0, 0, float(c), None, b, None, "offline")
+            for i, c, b in zip(ids, conf, blobs)
+        ],
+    )
 
 
 def _monitor(storage: Store) -> Monitor:
-    return Monitor(storage, _Repository(), ServiceMetrics(), n_bins=15, policy=AlarmPolicy(), alarm_window="500",
-                   detail_rows=300, drift_rows=100, n_resamples=10)
+    return Monitor(
+        storage,
+        _Repository(),
+        ServiceMetrics(),
+        n_bins=15,
+        policy=AlarmPolicy(),
+        alarm_window="500",
+        detail_rows=300,
+        drift_rows=100,
+        n_resamples=10,
+    )
 
 
 def _saved(storage: Store, model: str):
@@ -97,16 +154,25 @@ def test_a_store_filled_before_any_evaluation_is_not_read_whole(database_url):
 
 
 @pytest.mark.parametrize("old_detector", OLD_DETECTORS, ids=["shiryaev-roberts", "format-2", "format-5"])
-def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url,
-                                                                                          old_detector):
+def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_working_detector(database_url, old_detector):
     storage = Store(database_url)
     storage.db.migrate()
     _store(storage, "old", 0, 1200)
     last_seq = _saved_seq(storage)
     with storage.db.engine.begin() as c:  # the monitor row as the Shiryaev-Roberts service left it
-        c.execute(monitor_state.insert().values(model="old", version="1", calibration_version=0, last_seq=last_seq,
-                                                detector=old_detector, state="warning", since=5.0,
-                                                reasons='["e-detector not yet"]', updated_at=5.0))
+        c.execute(
+            monitor_state.insert().values(
+                model="old",
+                version="1",
+                calibration_version=0,
+                last_seq=last_seq,
+                detector=old_detector,
+                state="warning",
+                since=5.0,
+                reasons='["e-detector not yet"]',
+                updated_at=5.0,
+            )
+        )
     status, _ = _monitor(storage).update("old", "1")
     row = _saved(storage, "old")
     detector = json.loads(row.detector)

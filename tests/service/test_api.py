@@ -26,13 +26,15 @@ def _png(array: np.ndarray, fmt: str = "PNG") -> str:
 
 def test_predict_contract(base_url):
     rows = DIGITS.x[:5].tolist()
-    r = httpx.post(f"{base_url}/predict", json={"inputs": rows, "top_k": 3, "return_logits": True,
-                                                  "return_uncalibrated": True})
+    r = httpx.post(
+        f"{base_url}/predict", json={"inputs": rows, "top_k": 3, "return_logits": True, "return_uncalibrated": True}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["model"], body["version"], body["provider"]) == ("digits-lenet5", "1", "CPUExecutionProvider")
-    assert body["temperature"] == pytest.approx(load_manifest(
-        f"{_artifact_dir()}/manifest.json").calibration.temperature)
+    assert body["temperature"] == pytest.approx(
+        load_manifest(f"{_artifact_dir()}/manifest.json").calibration.temperature
+    )
     predictions = body["predictions"]
     assert len(predictions) == 5 and len({p["id"] for p in predictions}) == 5
     for p in predictions:
@@ -142,7 +144,9 @@ def test_bad_input_gets_a_4xx_naming_the_field(base_url, payload, status, field,
 
 def test_non_finite_values_gif_and_huge_images_are_refused(base_url):
     row = "[" + ",".join(["[" + ",".join(["NaN"] + ["0"] * 7) + "]"] + ["[" + ",".join(["0"] * 8) + "]"] * 7) + "]"
-    r = httpx.post(f"{base_url}/predict", content='{"inputs": [' + row + "]}", headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{base_url}/predict", content='{"inputs": [' + row + "]}", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422 and "NaN or infinite" in r.json()["error"]["message"]
     buffer = io.BytesIO()
     Image.new("L", (8, 8)).save(buffer, format="GIF")

@@ -19,8 +19,12 @@ from service.settings import Settings
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
-TOKENS = {"predict": "p-0123456789abcdef", "predict-next": "p-fedcba9876543210", "feedback": "f-0123456789abcdef",
-          "admin": "a-0123456789abcdef"}
+TOKENS = {
+    "predict": "p-0123456789abcdef",
+    "predict-next": "p-fedcba9876543210",
+    "feedback": "f-0123456789abcdef",
+    "admin": "a-0123456789abcdef",
+}
 NAMES = ("app-blue", "app-green", "labeller-one", "ops")
 
 
@@ -31,11 +35,14 @@ def _bearer(token: str) -> dict:
 @pytest.fixture
 def guarded(repository_dir, server_for, tmp_path, caplog):
     """A server with tokens on every group (two predict tokens, as in a rotation); its log captured."""
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5",
-                        database_url=f"sqlite:///{tmp_path / 'store.db'}",
-                        predict_tokens=f"{NAMES[0]}:{TOKENS['predict']},{NAMES[1]}:{TOKENS['predict-next']}",
-                        feedback_tokens=f"{NAMES[2]}:{TOKENS['feedback']}",
-                        admin_tokens=f"{NAMES[3]}:{TOKENS['admin']}")
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=f"sqlite:///{tmp_path / 'store.db'}",
+        predict_tokens=f"{NAMES[0]}:{TOKENS['predict']},{NAMES[1]}:{TOKENS['predict-next']}",
+        feedback_tokens=f"{NAMES[2]}:{TOKENS['feedback']}",
+        admin_tokens=f"{NAMES[3]}:{TOKENS['admin']}",
+    )
     caplog.set_level(logging.DEBUG)
     with server_for(settings) as (base_url, app):
         yield base_url, app
@@ -43,8 +50,12 @@ def guarded(repository_dir, server_for, tmp_path, caplog):
 
 def test_token_lists_are_parsed_and_errors_name_the_entry_never_the_token():
     assert parse_tokens("a:x1, b:y2\n# a comment\nc:z:3\n", "T") == {"a": b"x1", "b": b"y2", "c": b"z:3"}
-    for text, problem in [("a:x,noname", "entry 2 is not name:token"), (":secret-value", "entry 1"),
-                          ("a:", "entry 1"), ("a:x,a:secret-value", "'a' is given twice")]:
+    for text, problem in [
+        ("a:x,noname", "entry 2 is not name:token"),
+        (":secret-value", "entry 1"),
+        ("a:", "entry 1"),
+        ("a:x,a:secret-value", "'a' is given twice"),
+    ]:
         with pytest.raises(ValueError, match=problem) as error:
             parse_tokens(text, "CALIB_PREDICT_TOKENS")
         assert "secret-value" not in str(error.value) and "CALIB_PREDICT_TOKENS" in str(error.value)
@@ -58,19 +69,32 @@ def test_each_group_takes_only_its_own_tokens_compared_with_every_one(tmp_path):
     assert access.check("predict", "Bearer tok-a") == "a" and access.check("predict", "bearer  tok-b ") == "b"
     assert access.check("feedback", None) == ANONYMOUS  # an open group
     assert access.check("admin", "BEARER root") == "admin"
-    for header, challenge in [(None, 'Bearer realm="calibrated-serving"'), ("Basic tok-a", None), ("Bearer", None),
-                              ("Bearer tok-c", 'Bearer realm="calibrated-serving", error="invalid_token"'),
-                              ("Bearer root", None)]:
+    for header, challenge in [
+        (None, 'Bearer realm="calibrated-serving"'),
+        ("Basic tok-a", None),
+        ("Bearer", None),
+        ("Bearer tok-c", 'Bearer realm="calibrated-serving", error="invalid_token"'),
+        ("Bearer root", None),
+    ]:
         with pytest.raises(Unauthorized) as refused:
             access.check("predict", header)
         assert challenge is None or refused.value.headers["WWW-Authenticate"] == challenge
     with pytest.raises(Forbidden):
         AccessControl(Settings()).check("admin", "Bearer anything")
     assert access.allows("admin", "Bearer root") and not access.allows("feedback", None)
-    assert [group_of(m, p) for m, p in [("POST", "/predict"), ("POST", "/v2/models/m/versions/1/infer"),
-                                        ("GET", "/v2/models/m"), ("POST", "/feedback"), ("GET", "/feedback/unmatched"),
-                                        ("POST", "/admin/recalibrate"), ("GET", "/calibration"), ("GET", "/metrics")]
-            ] == ["predict", "predict", None, "feedback", "feedback", "admin", None, None]
+    assert [
+        group_of(m, p)
+        for m, p in [
+            ("POST", "/predict"),
+            ("POST", "/v2/models/m/versions/1/infer"),
+            ("GET", "/v2/models/m"),
+            ("POST", "/feedback"),
+            ("GET", "/feedback/unmatched"),
+            ("POST", "/admin/recalibrate"),
+            ("GET", "/calibration"),
+            ("GET", "/metrics"),
+        ]
+    ] == ["predict", "predict", None, "feedback", "feedback", "admin", None, None]
 
 
 def test_a_token_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_last_tokens(tmp_path):
@@ -97,8 +121,9 @@ def test_a_token_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_last_
 def test_requests_without_their_groups_token_are_refused_in_each_routes_format(guarded):
     base_url, _ = guarded
     rows = {"inputs": DIGITS.x[:2].tolist()}
-    v2 = {"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
-                      "data": DIGITS.x[0].ravel().tolist()}]}
+    v2 = {
+        "inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": DIGITS.x[0].ravel().tolist()}]
+    }
     for headers in ({}, _bearer("nope"), _bearer(TOKENS["feedback"])):
         r = httpx.post(f"{base_url}/predict", json=rows, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
@@ -110,17 +135,29 @@ def test_requests_without_their_groups_token_are_refused_in_each_routes_format(g
         r = httpx.post(f"{base_url}/predict", json=rows, headers=_bearer(TOKENS[token]))
         assert r.status_code == 200, r.text
         ids += [p["id"] for p in r.json()["predictions"]]
-    assert httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=v2,
-                      headers=_bearer(TOKENS["predict"])).status_code == 200
+    assert (
+        httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=v2, headers=_bearer(TOKENS["predict"])).status_code
+        == 200
+    )
     items = {"items": [{"prediction_id": i, "label": 1} for i in ids]}
     assert httpx.post(f"{base_url}/feedback", json=items, headers=_bearer(TOKENS["predict"])).status_code == 401
     assert httpx.get(f"{base_url}/feedback/unmatched").status_code == 401
     r = httpx.post(f"{base_url}/feedback", json=items, headers=_bearer(TOKENS["feedback"]))
     assert r.status_code == 200 and r.json()["accepted"] == 4, r.text
-    assert httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0},
-                      headers=_bearer(TOKENS["feedback"])).status_code == 401
-    assert httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0},
-                      headers=_bearer(TOKENS["admin"])).status_code == 200
+    assert (
+        httpx.post(
+            f"{base_url}/admin/calibration/activate",
+            json={"calibration_version": 0},
+            headers=_bearer(TOKENS["feedback"]),
+        ).status_code
+        == 401
+    )
+    assert (
+        httpx.post(
+            f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=_bearer(TOKENS["admin"])
+        ).status_code
+        == 200
+    )
     for path in ("/health", "/metrics", "/calibration", "/models", "/v2/models/digits-lenet5", "/v2/health/ready"):
         assert httpx.get(f"{base_url}{path}").status_code == 200, path
 
@@ -130,8 +167,9 @@ def test_the_token_is_checked_before_the_body_is_read(guarded):
     host, port = base_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as connection:
         # headers announcing a large body, of which nothing is sent: the answer comes anyway
-        connection.sendall(b"POST /feedback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: 100000\r\n\r\n")
+        connection.sendall(
+            b"POST /feedback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        )
         answer = connection.recv(65536).decode()
     assert answer.startswith("HTTP/1.1 401"), answer
     assert "connection: close" in answer.lower()
@@ -159,9 +197,12 @@ def test_no_token_nor_its_name_appears_in_logs_metrics_or_health(guarded, caplog
     httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:1].tolist()}, headers=_bearer(TOKENS["predict"]))
     httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:1].tolist()}, headers=_bearer("wrong-token-text"))
     logged = "\n".join(r.getMessage() for when in ("setup", "call") for r in caplog.get_records(when))
-    exposed = [logged, httpx.get(f"{base_url}/metrics").text,
-               httpx.get(f"{base_url}/health", headers=_bearer(TOKENS["admin"])).text,
-               httpx.get(f"{base_url}/openapi.json").text]
+    exposed = [
+        logged,
+        httpx.get(f"{base_url}/metrics").text,
+        httpx.get(f"{base_url}/health", headers=_bearer(TOKENS["admin"])).text,
+        httpx.get(f"{base_url}/openapi.json").text,
+    ]
     assert "tokens required for: predict, feedback, admin" in logged
     for text in exposed:
         for secret in [*TOKENS.values(), *NAMES, "wrong-token-text"]:

@@ -61,7 +61,7 @@ def test_a_request_larger_than_the_batch_runs_alone():
         model = CountingModel()
         batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=4, max_queue_delay_ms=1), "m")
         batcher.start()
-        (outputs, _), = await _submit_all(batcher, [np.ones((10, 1, 1), np.float32)])
+        ((outputs, _),) = await _submit_all(batcher, [np.ones((10, 1, 1), np.float32)])
         await batcher.stop()
         return model, outputs
 
@@ -72,11 +72,13 @@ def test_a_request_larger_than_the_batch_runs_alone():
 def test_full_queue_refuses_with_overloaded():
     async def scenario():
         model = CountingModel(delay=0.05)
-        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=2, max_queue_delay_ms=0, max_queue_rows=4), "m",
-                                 retry_after=3)
+        batcher = DynamicBatcher(
+            model, BatchingConfig(max_batch_size=2, max_queue_delay_ms=0, max_queue_rows=4), "m", retry_after=3
+        )
         batcher.start()
-        outcomes = await asyncio.gather(*(batcher.submit(np.ones((2, 1, 1), np.float32)) for _ in range(6)),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(batcher.submit(np.ones((2, 1, 1), np.float32)) for _ in range(6)), return_exceptions=True
+        )
         await batcher.stop()
         return outcomes
 
@@ -109,8 +111,9 @@ def test_an_inference_failure_answers_every_waiting_request():
     async def scenario():
         batcher = DynamicBatcher(broken, BatchingConfig(max_batch_size=8, max_queue_delay_ms=5), "m")
         batcher.start()
-        outcomes = await asyncio.gather(*(batcher.submit(np.ones((1, 1), np.float32)) for _ in range(3)),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(batcher.submit(np.ones((1, 1), np.float32)) for _ in range(3)), return_exceptions=True
+        )
         await batcher.stop()
         return outcomes
 
@@ -141,8 +144,9 @@ def test_concurrent_http_requests_are_batched_with_identical_results(repository_
 
         async def concurrent():
             async with httpx.AsyncClient(base_url=base_url) as client:
-                return await asyncio.gather(*(client.post("/predict", json={"model": "toy", "inputs": [r]})
-                                              for r in rows))
+                return await asyncio.gather(
+                    *(client.post("/predict", json={"model": "toy", "inputs": [r]}) for r in rows)
+                )
 
         responses = asyncio.run(concurrent())
         calls_after, rows_after = _batch_metrics(base_url)
@@ -150,21 +154,25 @@ def test_concurrent_http_requests_are_batched_with_identical_results(repository_
     assert rows_after - rows_before == 48
     assert calls_after - calls_before < 48 / 2, "48 concurrent single-row requests should share onnxruntime calls"
     for seq, conc in zip(sequential, responses[:8]):
-        assert conc.json()["predictions"][0]["probabilities"] == pytest.approx(seq["predictions"][0]["probabilities"],
-                                                                              abs=1e-7)
+        assert conc.json()["predictions"][0]["probabilities"] == pytest.approx(
+            seq["predictions"][0]["probabilities"], abs=1e-7
+        )
 
 
 def test_http_503_with_retry_after_when_the_queue_is_full(linear_artifact, server_for, tmp_path):
     linear_artifact(tmp_path, "toy", "1")
     # the first request waits 200 ms for its batch to fill, holding the only queue slot meanwhile
-    (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 64, "max_queue_delay_ms": 200,
-                                                               "max_queue_rows": 1}))
+    (tmp_path / "toy" / "serving.json").write_text(
+        json.dumps({"max_batch_size": 64, "max_queue_delay_ms": 200, "max_queue_rows": 1})
+    )
     settings = Settings(artifacts=tmp_path, retry_after_seconds=2)
     with server_for(settings) as (base_url, _):
+
         async def burst():
             async with httpx.AsyncClient(base_url=base_url) as client:
-                return await asyncio.gather(*(client.post("/predict", json={"inputs": [[0.1] * 4] * 1})
-                                              for _ in range(30)))
+                return await asyncio.gather(
+                    *(client.post("/predict", json={"inputs": [[0.1] * 4] * 1}) for _ in range(30))
+                )
 
         responses = asyncio.run(burst())
         models = httpx.get(f"{base_url}/models").json()
@@ -193,6 +201,7 @@ def test_without_a_queue_delay_a_lone_request_runs_at_once_and_load_still_batche
 
 def test_a_lone_request_waits_the_configured_queue_delay_and_no_longer():
     """The delay is timed on the inference thread: a busy event loop does not stretch it."""
+
     async def scenario():
         batcher = DynamicBatcher(CountingModel(), BatchingConfig(max_batch_size=64, max_queue_delay_ms=20), "m")
         batcher.start()

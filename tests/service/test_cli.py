@@ -20,8 +20,13 @@ def _free_port() -> int:
 
 def _start(args, env=None):
     port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "service", *args, "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", *args, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -86,8 +91,13 @@ def test_main_freezes_the_startup_heap_and_sets_the_gc_threshold(monkeypatch):
 
     served = {}
     monkeypatch.setenv("CALIB_GC_THRESHOLD", "12345")
-    monkeypatch.setattr(cli.uvicorn, "run", lambda app, **kwargs: served.update(
-        app=app, threshold=gc.get_threshold(), frozen=gc.get_freeze_count(), **kwargs))
+    monkeypatch.setattr(
+        cli.uvicorn,
+        "run",
+        lambda app, **kwargs: served.update(
+            app=app, threshold=gc.get_threshold(), frozen=gc.get_freeze_count(), **kwargs
+        ),
+    )
     before = gc.get_threshold()
     try:
         assert cli.main(["--port", "8123"]) == 0

@@ -26,18 +26,33 @@ from service.settings import Settings
 from training.data import load_digits_splits
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 MODEL = "digits-lenet5"
 
 
 def _settings(repository_dir: Path, tmp_path: Path) -> Settings:
-    return Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
-                    bootstrap_resamples=300, evaluate_seconds=3600, evaluate_every_labels=10**9)
+    return Settings(
+        artifacts=repository_dir,
+        default_model=MODEL,
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+        bootstrap_resamples=300,
+        evaluate_seconds=3600,
+        evaluate_every_labels=10**9,
+    )
 
 
 def _offline(z, y, scale: float) -> list[dict]:
-    return [{"probabilities": p.tolist(), "label": int(label), "model": MODEL} for p, label in zip(softmax(scale * z), y)]
+    return [
+        {"probabilities": p.tolist(), "label": int(label), "model": MODEL} for p, label in zip(softmax(scale * z), y)
+    ]
 
 
 def _drive_into_alarm(base_url: str, app, evaluate_now) -> dict:
@@ -46,8 +61,11 @@ def _drive_into_alarm(base_url: str, app, evaluate_now) -> dict:
     z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
     for start in range(0, 1000, 100):
         scale = 1.0 if start < 400 else 2.5
-        r = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], scale)},
-                       timeout=30)
+        r = httpx.post(
+            f"{base_url}/feedback",
+            json={"items": _offline(z[start : start + 100], y[start : start + 100], scale)},
+            timeout=30,
+        )
         assert r.status_code == 200 and r.json()["accepted"] == 100, r.text
         evaluate_now(app)
     report = httpx.get(f"{base_url}/calibration", timeout=30).json()
@@ -62,13 +80,21 @@ def test_dashboard_is_served_as_one_html_page(repository_dir, server_for, tmp_pa
         assert r.headers["content-type"].startswith("text/html")
         html = r.text
         assert "<title>Calibration dashboard</title>" in html
-        for element_id in ("alarm-state", "alarm-headline", "alarm-reasons", "summary", "timeline-chart", "reliability",
-                           "error"):
+        for element_id in (
+            "alarm-state",
+            "alarm-headline",
+            "alarm-reasons",
+            "summary",
+            "timeline-chart",
+            "reliability",
+            "error",
+        ):
             assert f'id="{element_id}"' in html
         # self-contained: nothing is loaded from another origin
-        assert "<script src" not in html and "<link rel=\"stylesheet\"" not in html
+        assert "<script src" not in html and '<link rel="stylesheet"' not in html
         assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "").replace(
-            '"http://www.w3.org/2000/svg"', "")
+            '"http://www.w3.org/2000/svg"', ""
+        )
         assert "https://" not in html
         operation = httpx.get(f"{base_url}/openapi.json").json()["paths"]["/dashboard"]["get"]
         assert "text/html" in operation["responses"]["200"]["content"] and operation["tags"] == ["dashboard"]
@@ -97,8 +123,14 @@ def test_dashboard_shows_the_alarm_in_a_real_browser(repository_dir, server_for,
         page = chromium.new_page(viewport={"width": 1360, "height": 900})
         try:
             foreign = []
-            page.on("request", lambda request: None if request.url.startswith(base_url) or request.url.startswith(
-                "data:") else foreign.append(request.url))
+            page.on(
+                "request",
+                lambda request: (
+                    None
+                    if request.url.startswith(base_url) or request.url.startswith("data:")
+                    else foreign.append(request.url)
+                ),
+            )
             console_errors = []
             page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
             page.on("pageerror", lambda error: console_errors.append(str(error)))
@@ -118,11 +150,15 @@ def test_dashboard_shows_the_alarm_in_a_real_browser(repository_dir, server_for,
             assert f"{report['thresholds']['tolerance']:.4f}" in summary
 
             line_points = page.eval_on_selector(
-                "#timeline-chart", "svg => Array.from(svg.querySelectorAll('polyline, path')).map(e =>"
+                "#timeline-chart",
+                "svg => Array.from(svg.querySelectorAll('polyline, path')).map(e =>"
                 " e.tagName === 'polyline' ? e.getAttribute('points').trim().split(/\\s+/).length"
-                " : (e.getAttribute('d').match(/[ML]/g) || []).length)")
+                " : (e.getAttribute('d').match(/[ML]/g) || []).length)",
+            )
             assert max(line_points) > 1, line_points
-            assert page.locator("#timeline-chart .threshold").count() == 0  # the alarm is the e-detector, not an ECE threshold
+            assert (
+                page.locator("#timeline-chart .threshold").count() == 0
+            )  # the alarm is the e-detector, not an ECE threshold
             assert page.locator("#timeline-chart .band").count() == 1
 
             reliability = page.locator("#reliability")
@@ -200,8 +236,13 @@ def _alarm(base_url: str, app, evaluate_now) -> None:
 STATES = {
     "no-labels": (_no_labels, "ok", "no labels", "No labels yet: send POST /feedback", "neutral"),
     "too-few-labels": (_too_few_labels, "ok", "collecting", "Collecting labels: 62 of 200", "neutral"),
-    "ok": (_enough_labels, "ok", "ok", "Calibration ok: no evidence of miscalibration beyond the tolerance (0.01)",
-           "green"),
+    "ok": (
+        _enough_labels,
+        "ok",
+        "ok",
+        "Calibration ok: no evidence of miscalibration beyond the tolerance (0.01)",
+        "green",
+    ),
     "warning": (_drifted_confidences, "warning", "warning", "Warning: confidences drifted from the reference", "amber"),
     "alarm": (_alarm, "alarm", "alarm", "Alarm: miscalibration beyond the tolerance (0.01)", "red"),
 }
@@ -221,8 +262,9 @@ STYLES = """() => {
 
 @pytest.mark.e2e  # needs Chromium
 @pytest.mark.parametrize("name", list(STATES))
-def test_dashboard_says_what_the_alarm_state_rests_on(name, repository_dir, server_for, tmp_path, evaluate_now,
-                                                      chromium):
+def test_dashboard_says_what_the_alarm_state_rests_on(
+    name, repository_dir, server_for, tmp_path, evaluate_now, chromium
+):
     """Each state reached through the API: the alarm card's text and colours agree with it."""
     from PIL import Image as image_module
 
@@ -246,8 +288,11 @@ def test_dashboard_says_what_the_alarm_state_rests_on(name, repository_dir, serv
             reasons = page.locator("#alarm-reasons li").all_text_contents()
             assert "Nothing to report" not in page.locator("body").inner_text()
             det = report["e_detector"]  # the lag: what the state rests on against what is stored
-            assert any(r.startswith(f"The alarm state rests on {det['labels_seen']} label")
-                       and f"folded of {det['labels_stored']} label" in r for r in reasons), reasons
+            assert any(
+                r.startswith(f"The alarm state rests on {det['labels_seen']} label")
+                and f"folded of {det['labels_stored']} label" in r
+                for r in reasons
+            ), reasons
             styles = page.evaluate(STYLES)
             assert {key: _tone(value) for key, value in styles.items()} == dict.fromkeys(styles, tone), styles
             assert page.locator("#error").text_content().strip() == ""
@@ -283,8 +328,9 @@ def test_dashboard_says_what_the_alarm_state_rests_on(name, repository_dir, serv
     badge = _rgb(styles["badge"])
     with image_module.open(card_shot) as image:
         pixels = image.convert("RGB").getcolors(maxcolors=1 << 20)
-    assert sum(count for count, rgb in pixels if max(abs(a - b) for a, b in zip(rgb, badge)) <= 3) > 3000, \
+    assert sum(count for count, rgb in pixels if max(abs(a - b) for a, b in zip(rgb, badge)) <= 3) > 3000, (
         "the badge colour is missing from the screenshot of the alarm card"
+    )
     if tone != "red":
         for shot in (card_shot, summary_shot):
             with image_module.open(shot) as image:
@@ -310,5 +356,5 @@ def _tone(css: str) -> str:
 
 def _rgb(css: str) -> tuple[int, int, int]:
     """(r, g, b) of a computed CSS colour like ``rgb(209, 36, 47)``."""
-    values = css[css.index("(") + 1:css.index(")")].replace("/", " ").replace(",", " ").split()
+    values = css[css.index("(") + 1 : css.index(")")].replace("/", " ").replace(",", " ").split()
     return int(float(values[0])), int(float(values[1])), int(float(values[2]))

@@ -12,8 +12,13 @@ pytestmark = pytest.mark.e2e  # scripts/demo.py spawns a server process
 
 
 def test_demo_shows_the_alarm_and_the_recovery(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py"), "--out-dir", str(tmp_path)],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     rows = re.findall(r"^\s*(\d+) (.+?)\s+v(\d) ECE ([0-9.]+) .* alarm: (\w+)$", result.stdout, re.MULTILINE)
     phases = {phase.strip() for _, phase, _, _, _ in rows}

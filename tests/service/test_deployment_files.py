@@ -32,8 +32,12 @@ def test_dockerfile_passes_hadolint():
 
 @pytest.mark.e2e  # needs docker-compose
 def test_compose_file_is_accepted_by_docker_compose():
-    result = subprocess.run([_tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config"],
-                            capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [_tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(result.stdout)
     assert {"service", "service-gpu", "postgres", "prometheus", "grafana"} <= set(config["services"])
@@ -44,21 +48,27 @@ def test_compose_file_is_accepted_by_docker_compose():
 
 @pytest.mark.e2e  # needs promtool
 def test_alert_rules_check_and_unit_tests_pass():
-    check = subprocess.run([_tool("promtool"), "check", "rules", str(PROMETHEUS / "alerts.yml")],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [_tool("promtool"), "check", "rules", str(PROMETHEUS / "alerts.yml")], capture_output=True, text=True
+    )
     assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
-    tests = subprocess.run([_tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True,
-                           cwd=PROMETHEUS)
+    tests = subprocess.run(
+        [_tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True, cwd=PROMETHEUS
+    )
     assert tests.returncode == 0 and "SUCCESS" in tests.stdout, tests.stdout + tests.stderr
 
 
 @pytest.mark.e2e  # needs promtool
 def test_prometheus_config_is_valid(tmp_path):
-    config = (PROMETHEUS / "prometheus.yml").read_text().replace("/etc/prometheus/alerts.yml",
-                                                                 str(PROMETHEUS / "alerts.yml"))
+    config = (
+        (PROMETHEUS / "prometheus.yml")
+        .read_text()
+        .replace("/etc/prometheus/alerts.yml", str(PROMETHEUS / "alerts.yml"))
+    )
     (tmp_path / "prometheus.yml").write_text(config)
-    result = subprocess.run([_tool("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("promtool"), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -72,8 +82,12 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def test_dashboard_and_alerts_only_use_metrics_the_service_exports():
-    recorded = {r["record"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
-                for r in g["rules"] if "record" in r}
+    recorded = {
+        r["record"]
+        for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
     known = _exported_series() | recorded
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "calibration.json").read_text())
     ids = [p["id"] for p in dashboard["panels"]]

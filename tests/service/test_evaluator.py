@@ -45,10 +45,17 @@ def _wait(condition, timeout=20.0, what="condition"):
         time.sleep(0.02)
 
 
-def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(repository_dir, server_for, tmp_path,
-                                                                          evaluate_now):
-    settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'e.db'}",
-                        bootstrap_resamples=300, evaluate_seconds=3600, evaluate_every_labels=100)
+def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(
+    repository_dir, server_for, tmp_path, evaluate_now
+):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model=MODEL,
+        database_url=f"sqlite:///{tmp_path / 'e.db'}",
+        bootstrap_resamples=300,
+        evaluate_seconds=3600,
+        evaluate_every_labels=100,
+    )
     with server_for(settings) as (base_url, app):
         calls = _count_updates(app)
         items = _offline(100, seed=1)
@@ -76,26 +83,51 @@ def _store_labels(url: str, probs: np.ndarray, y: np.ndarray) -> None:
     blobs, now = encode_rows(probs), time.time()
     predictions, rows = [], []
     for i, (id_, blob) in enumerate(zip(prediction_ids(n), blobs)):
-        predictions.append(PredictionRow(id_, MODEL, "1", 0, now, int(predicted[i]), float(confidence[i]), None, blob,
-                                         None, "offline"))
-        rows.append(LabelRow(id_, MODEL, "1", 0, int(y[i]), int(predicted[i] == y[i]), float(confidence[i]), bins[i],
-                             nll[i], brier[i], now, blob))
+        predictions.append(
+            PredictionRow(id_, MODEL, "1", 0, now, int(predicted[i]), float(confidence[i]), None, blob, None, "offline")
+        )
+        rows.append(
+            LabelRow(
+                id_,
+                MODEL,
+                "1",
+                0,
+                int(y[i]),
+                int(predicted[i] == y[i]),
+                float(confidence[i]),
+                bins[i],
+                nll[i],
+                brier[i],
+                now,
+                blob,
+            )
+        )
     storage.labels.insert(rows, predictions)
     storage.db.engine.dispose()
 
 
 def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach_the_webhook(
-        repository_dir, server_for, database_url, webhook):
-    settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=database_url,
-                        bootstrap_resamples=300, webhook_url=webhook.url,
-                        alarm=AlarmPolicy(min_labels=200), evaluate_seconds=0.2, evaluate_every_labels=10**9)
+    repository_dir, server_for, database_url, webhook
+):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model=MODEL,
+        database_url=database_url,
+        bootstrap_resamples=300,
+        webhook_url=webhook.url,
+        alarm=AlarmPolicy(min_labels=200),
+        evaluate_seconds=0.2,
+        evaluate_every_labels=10**9,
+    )
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=5)
     with server_for(settings) as (base_url, _):
         _store_labels(database_url, softmax(z[:400]), y[:400])
         _store_labels(database_url, softmax(2.5 * z[400:]), y[400:])
         _wait(lambda: webhook.received, timeout=30, what="an alarm transition at the webhook")  # no request sent
-        assert all(e["event"] == "calibration_alarm_transition" and (e["model"], e["version"]) == (MODEL, "1")
-                   for e in webhook.received)
+        assert all(
+            e["event"] == "calibration_alarm_transition" and (e["model"], e["version"]) == (MODEL, "1")
+            for e in webhook.received
+        )
         assert webhook.received[0]["from"] == "ok" and webhook.received[0]["to"] in {"warning", "alarm"}
 
         def report_agrees():
@@ -106,14 +138,24 @@ def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach
 
 
 @pytest.mark.e2e  # needs PostgreSQL
-def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, server_for, pg_url, cuttable_proxy,
-                                                              caplog):
-    settings = Settings(artifacts=repository_dir, default_model=MODEL, bootstrap_resamples=300,
-                        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
-                        evaluate_seconds=0.05)
+def test_a_store_outage_is_logged_once_and_evaluation_resumes(
+    repository_dir, server_for, pg_url, cuttable_proxy, caplog
+):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model=MODEL,
+        bootstrap_resamples=300,
+        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
+        evaluate_seconds=0.05,
+    )
     with caplog.at_level(logging.INFO, logger="service.monitoring.evaluator"), server_for(settings) as (base_url, app):
+
         def completed() -> float:
-            return next(s.value for s in app.state.endpoints.metrics.evaluation.collect()[0].samples if s.name.endswith("_count"))
+            return next(
+                s.value
+                for s in app.state.endpoints.metrics.evaluation.collect()[0].samples
+                if s.name.endswith("_count")
+            )
 
         _wait(lambda: completed() >= 2, what="evaluation passes")
         cuttable_proxy.cut()
@@ -122,24 +164,35 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(repository_dir, se
         assert sum("alarm evaluation paused" in m for m in messages) == 1, messages
         stalled = completed()
         cuttable_proxy.restore()
-        _wait(lambda: any("alarm evaluation resumed" in r.getMessage() for r in caplog.records), timeout=30,
-              what="the evaluator to resume")
+        _wait(
+            lambda: any("alarm evaluation resumed" in r.getMessage() for r in caplog.records),
+            timeout=30,
+            what="the evaluator to resume",
+        )
         _wait(lambda: completed() >= stalled + 3, what="passes after the outage")
         assert httpx.post(f"{base_url}/feedback", json={"items": _offline(5, seed=2)}).json()["accepted"] == 5
 
 
-def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_for, tmp_path, evaluate_now,
-                                                           webhook):
-    settings = Settings(artifacts=repository_dir, default_model=MODEL, database_url=f"sqlite:///{tmp_path / 'r.db'}",
-                        bootstrap_resamples=300, webhook_url=webhook.url,
-                        alarm=AlarmPolicy(min_labels=200), evaluate_seconds=3600, evaluate_every_labels=10**9)
+def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_for, tmp_path, evaluate_now, webhook):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model=MODEL,
+        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        bootstrap_resamples=300,
+        webhook_url=webhook.url,
+        alarm=AlarmPolicy(min_labels=200),
+        evaluate_seconds=3600,
+        evaluate_every_labels=10**9,
+    )
     z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
     with server_for(settings) as (base_url, app):
         transitions = []
         for start in range(0, 1000, 100):
             scale = 1.0 if start < 400 else 2.5
-            items = [{"probabilities": p.tolist(), "label": int(t), "model": MODEL}
-                     for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
+            items = [
+                {"probabilities": p.tolist(), "label": int(t), "model": MODEL}
+                for p, t in zip(softmax(scale * z[start : start + 100]), y[start : start + 100])
+            ]
             assert httpx.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
             transitions += evaluate_now(app)
         assert transitions and all((t["model"], t["version"]) == (MODEL, "1") for t in transitions)

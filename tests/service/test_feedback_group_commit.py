@@ -58,8 +58,9 @@ class HeldWriter:
 
 @pytest.fixture
 def held(repository_dir, server_for, database_url):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
-                        bootstrap_resamples=300)
+    settings = Settings(
+        artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url, bootstrap_resamples=300
+    )
     with server_for(settings) as (base_url, app):
         writer = HeldWriter(app)
         try:
@@ -75,15 +76,17 @@ def _ids(base_url, n):
 
 def _post(base_url, payload=None, content=None):
     if content is not None:
-        return httpx.post(f"{base_url}/feedback", content=content, headers={"content-type": "application/json"},
-                          timeout=30)
+        return httpx.post(
+            f"{base_url}/feedback", content=content, headers={"content-type": "application/json"}, timeout=30
+        )
     return httpx.post(f"{base_url}/feedback", json=payload, timeout=30)
 
 
 def _stored_labels(app, ids) -> dict:
     with app.state.endpoints.store.db.engine.connect() as c:
-        return dict(c.execute(sa.select(labels.c.prediction_id, labels.c.label)
-                              .where(labels.c.prediction_id.in_(ids))).all())
+        return dict(
+            c.execute(sa.select(labels.c.prediction_id, labels.c.label).where(labels.c.prediction_id.in_(ids))).all()
+        )
 
 
 def test_concurrent_requests_are_committed_together_and_answered_each_with_its_own_indexes(held):
@@ -134,11 +137,13 @@ def test_the_first_request_of_a_group_wins_a_prediction_labelled_twice(held):
         assert writer.entered.wait(10)
         a = pool.submit(_post, base_url, {"items": [{"prediction_id": ids[0], "label": 1}]})
         writer.wait_queued(1)
-        b = pool.submit(_post, base_url, {"items": [{"prediction_id": ids[0], "label": 2},
-                                                    {"prediction_id": ids[1], "label": 3}]})
+        b = pool.submit(
+            _post, base_url, {"items": [{"prediction_id": ids[0], "label": 2}, {"prediction_id": ids[1], "label": 3}]}
+        )
         writer.wait_queued(2)
-        c = pool.submit(_post, base_url, {"items": [{"prediction_id": ids[1], "label": 4},
-                                                    {"prediction_id": ids[2], "label": 5}]})
+        c = pool.submit(
+            _post, base_url, {"items": [{"prediction_id": ids[1], "label": 4}, {"prediction_id": ids[2], "label": 5}]}
+        )
         writer.wait_queued(3)
         writer.released.set()
         assert first.result().json()["accepted"] == 1
@@ -146,8 +151,14 @@ def test_the_first_request_of_a_group_wins_a_prediction_labelled_twice(held):
     assert writer.groups == [1, 3]
     assert a == {"accepted": 1, "pending": [], "rejected": []}
     assert b == {"accepted": 1, "pending": [], "rejected": [{"index": 0, "prediction_id": ids[0], "reason": ALREADY}]}
-    assert c == {"accepted": 0, "pending": [], "rejected": [{"index": 0, "prediction_id": ids[1], "reason": ALREADY},
-                                             {"index": 1, "prediction_id": ids[2], "reason": ALREADY}]}
+    assert c == {
+        "accepted": 0,
+        "pending": [],
+        "rejected": [
+            {"index": 0, "prediction_id": ids[1], "reason": ALREADY},
+            {"index": 1, "prediction_id": ids[2], "reason": ALREADY},
+        ],
+    }
     assert _stored_labels(app, ids) == {ids[0]: 1, ids[1]: 3, ids[2]: 0}
 
 
@@ -174,11 +185,17 @@ def test_shutdown_writes_the_queued_requests_first(held):
 
 
 @pytest.mark.e2e  # needs PostgreSQL
-def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(repository_dir, server_for, pg_url,
-                                                                              cuttable_proxy):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", bootstrap_resamples=300,
-                        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
-                        evaluate_seconds=3600, evaluate_every_labels=10**9)  # no evaluation touches the store
+def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(
+    repository_dir, server_for, pg_url, cuttable_proxy
+):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        bootstrap_resamples=300,
+        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
+        evaluate_seconds=3600,
+        evaluate_every_labels=10**9,
+    )  # no evaluation touches the store
     with server_for(settings) as (base_url, app):
         ids = _ids(base_url, 4)
         writer = HeldWriter(app)
@@ -188,7 +205,9 @@ def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(repo
                 assert writer.entered.wait(10)  # the log was flushed: every prediction is stored
                 group = []
                 for k in (1, 2, 3):
-                    payload = {"items": [{"prediction_id": ids[k], "label": k}, {"probabilities": [0.1] * 10, "label": k}]}
+                    payload = {
+                        "items": [{"prediction_id": ids[k], "label": k}, {"probabilities": [0.1] * 10, "label": k}]
+                    }
                     group.append(pool.submit(_post, base_url, payload))
                     writer.wait_queued(k)
                 cuttable_proxy.cut()

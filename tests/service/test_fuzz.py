@@ -26,9 +26,21 @@ SEMANTIC = ["/predict", "/feedback", "/admin/recalibrate", "/admin/calibration/a
 # v2 infer too (a tensor's data must fill its shape, its name and datatype must be the model's), answered
 # with the protocol's 400.
 V2_INFER = ["/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer"]
-CONFIG = SchemathesisConfig.from_dict({"operations": [
-    {"include-path": path, "checks": {"positive_data_acceptance": {"expected-statuses": [
-        "2xx", "401", "403", "404", "422" if path in SEMANTIC else "400"]}}} for path in SEMANTIC + V2_INFER]})
+CONFIG = SchemathesisConfig.from_dict(
+    {
+        "operations": [
+            {
+                "include-path": path,
+                "checks": {
+                    "positive_data_acceptance": {
+                        "expected-statuses": ["2xx", "401", "403", "404", "422" if path in SEMANTIC else "400"]
+                    }
+                },
+            }
+            for path in SEMANTIC + V2_INFER
+        ]
+    }
+)
 SCHEMA = schemathesis.openapi.from_dict(create_app().openapi(), config=CONFIG)
 OPERATIONS = {result.ok().label: result.ok() for result in SCHEMA.get_all_operations()}
 
@@ -41,8 +53,12 @@ def _takes_input(operation) -> bool:
 # Multipart form fields are strings on the wire: a schema-invalid value of another type cannot be sent as one
 # (schemathesis leaves it out, and the request that arrives is valid), so invalid /predict bodies are JSON.
 NEGATIVE_MEDIA = {"POST /predict": "application/json"}
-CASES = [(label, mode) for label in sorted(OPERATIONS) for mode in GenerationMode
-         if mode == GenerationMode.POSITIVE or _takes_input(OPERATIONS[label])]
+CASES = [
+    (label, mode)
+    for label in sorted(OPERATIONS)
+    for mode in GenerationMode
+    if mode == GenerationMode.POSITIVE or _takes_input(OPERATIONS[label])
+]
 
 
 @pytest.mark.parametrize("label, mode", CASES, ids=[f"{label}-{mode.value}" for label, mode in CASES])

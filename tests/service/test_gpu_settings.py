@@ -40,19 +40,22 @@ def fake(monkeypatch):
         monkeypatch.setattr(runtime, "nvidia_device_present", lambda: gpu_present)
         monkeypatch.setattr(runtime, "loaded_cuda_libraries", lambda: list(LIBRARIES))
         return module
+
     return install
 
 
-@pytest.mark.parametrize("device, providers, gpu_present, preloaded", [
-    ("cpu", [CUDA, CPU], True, False),
-    ("auto", [CUDA, CPU], True, True),
-    ("auto", [CUDA, CPU], False, False),  # a GPU build on a machine without a GPU: nothing to load
-    ("auto", [CPU], True, False),  # the CPU build
-    ("cuda", [CUDA, CPU], False, True),  # asked for: tried, and the provider says later whether it runs
-    ("cuda", [CPU], True, False),
-])
-def test_preload_happens_exactly_when_cuda_will_be_asked_for(fake, device, providers, gpu_present, preloaded,
-                                                             caplog):
+@pytest.mark.parametrize(
+    "device, providers, gpu_present, preloaded",
+    [
+        ("cpu", [CUDA, CPU], True, False),
+        ("auto", [CUDA, CPU], True, True),
+        ("auto", [CUDA, CPU], False, False),  # a GPU build on a machine without a GPU: nothing to load
+        ("auto", [CPU], True, False),  # the CPU build
+        ("cuda", [CUDA, CPU], False, True),  # asked for: tried, and the provider says later whether it runs
+        ("cuda", [CPU], True, False),
+    ],
+)
+def test_preload_happens_exactly_when_cuda_will_be_asked_for(fake, device, providers, gpu_present, preloaded, caplog):
     module = fake(providers, gpu_present)
     with caplog.at_level(logging.INFO, logger="service.serving.runtime"):
         found = preload_cuda_libraries(device)
@@ -77,13 +80,15 @@ def test_an_onnxruntime_without_preload_dlls_falls_back_to_the_library_path(fake
     assert any("1.20.1 has no preload_dlls()" in r.getMessage() for r in caplog.records)
 
 
-def test_the_repository_preloads_once_at_start_up_and_health_reports_the_libraries(tmp_path, linear_artifact,
-                                                                                   monkeypatch):
+def test_the_repository_preloads_once_at_start_up_and_health_reports_the_libraries(
+    tmp_path, linear_artifact, monkeypatch
+):
     linear_artifact(tmp_path, "alpha", "1")
     linear_artifact(tmp_path, "beta", "1")
     calls = []
-    monkeypatch.setattr("service.serving.repository.preload_cuda_libraries",
-                        lambda device: calls.append(device) or LIBRARIES)
+    monkeypatch.setattr(
+        "service.serving.repository.preload_cuda_libraries", lambda device: calls.append(device) or LIBRARIES
+    )
     repository = ModelRepository(Settings(artifacts=tmp_path, device="auto"))
     repository.load()
     assert calls == ["auto"] and repository.cuda_libraries == LIBRARIES
@@ -97,18 +102,25 @@ def test_the_loaded_libraries_are_read_from_the_process_memory_map(tmp_path):
         "7f01-7f02 r--p 00001000 08:01 1 /site/nvidia/cu13/lib/libcudart.so.13\n"
         "7f02-7f03 r-xp 00000000 08:01 2 /site/nvidia/cudnn/lib/libcudnn_graph.so.9\n"
         "7f03-7f04 r-xp 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
-        "7f04-7f05 rw-p 00000000 00:00 0 \n")
-    assert loaded_cuda_libraries(maps) == ["/site/nvidia/cu13/lib/libcudart.so.13",
-                                           "/site/nvidia/cudnn/lib/libcudnn_graph.so.9"]
+        "7f04-7f05 rw-p 00000000 00:00 0 \n"
+    )
+    assert loaded_cuda_libraries(maps) == [
+        "/site/nvidia/cu13/lib/libcudart.so.13",
+        "/site/nvidia/cudnn/lib/libcudnn_graph.so.9",
+    ]
     assert loaded_cuda_libraries(tmp_path / "absent") == []
 
 
 def test_cuda_sessions_get_tf32_off_unless_asked_and_the_configured_algorithm_search(fake):
     fake([CUDA, CPU], True)
     assert provider_options(Settings(device="cuda")) == [
-        (CUDA, {"use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC"}), CPU]
+        (CUDA, {"use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC"}),
+        CPU,
+    ]
     assert provider_options(Settings(device="auto", cuda_tf32=True, cuda_conv_algo_search="EXHAUSTIVE")) == [
-        (CUDA, {"use_tf32": "1", "cudnn_conv_algo_search": "EXHAUSTIVE"}), CPU]
+        (CUDA, {"use_tf32": "1", "cudnn_conv_algo_search": "EXHAUSTIVE"}),
+        CPU,
+    ]
     assert provider_options(Settings(device="cpu", cuda_tf32=True)) == [CPU]
 
 

@@ -25,16 +25,28 @@ LIGHT, LIGHT_SHAPE = "digits-lenet5", [1, 8, 8]
 
 def _grpc_client(base_url: str, shapes: dict) -> dict:
     port = httpx.get(f"{base_url}/health").json()["grpc_port"]
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "conformance" / "triton_grpc_client.py"),
-                           f"127.0.0.1:{port}", json.dumps(shapes)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "conformance" / "triton_grpc_client.py"),
+            f"127.0.0.1:{port}",
+            json.dumps(shapes),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _grpc_calls(base_url: str) -> dict[tuple[str, str], float]:
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
-    return {(s.labels["method"], s.labels["code"]): s.value for s in families["calib_grpc_requests"].samples
-            if s.name.endswith("_total")}
+    return {
+        (s.labels["method"], s.labels["code"]): s.value
+        for s in families["calib_grpc_requests"].samples
+        if s.name.endswith("_total")
+    }
 
 
 @pytest.fixture(scope="session")
@@ -48,10 +60,14 @@ def check_model(rest_probabilities, ids_take_feedback):
         meta = got["metadata"]
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [str(d) for d in [-1, *shape]]}]
         assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
-            ("logits", "FP32"), ("probabilities", "FP32"), ("prediction_id", "BYTES")]
+            ("logits", "FP32"),
+            ("probabilities", "FP32"),
+            ("prediction_id", "BYTES"),
+        ]
         infer = got["infer"]
-        np.testing.assert_array_equal(np.asarray(infer["probabilities"], np.float32),
-                                      rest_probabilities(base_url, model, shape))
+        np.testing.assert_array_equal(
+            np.asarray(infer["probabilities"], np.float32), rest_probabilities(base_url, model, shape)
+        )
         assert infer["parameters"]["prediction_ids"]["string_param"].split(",") == infer["ids"]
         assert len(set(infer["ids"])) == 3 and len(infer["id"]) == 32 and infer["model_version"] == "1"
         ids_take_feedback(base_url, infer["ids"])
@@ -68,8 +84,11 @@ def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
     folder = Path(importlib.util.find_spec("tritonclient").submodule_search_locations[0]) / "grpc"
     for module in ("model_config_pb2.py", "service_pb2.py"):
         tree = ast.parse((folder / module).read_text())
-        serialized = next(node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
-                          and getattr(node.func, "attr", "") == "AddSerializedFile")
+        serialized = next(
+            node.args[0].value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "AddSerializedFile"
+        )
         pool.AddSerializedFile(serialized)
 
     def fields(message) -> dict:
@@ -87,7 +106,9 @@ def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
         theirs = service.FindMethodByName(method)
         mine = ours.DESCRIPTOR.services_by_name["GRPCInferenceService"].FindMethodByName(method)
         assert (mine.input_type.full_name, mine.output_type.full_name) == (
-            theirs.input_type.full_name, theirs.output_type.full_name)
+            theirs.input_type.full_name,
+            theirs.output_type.full_name,
+        )
 
 
 def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url, check_model):
@@ -129,8 +150,11 @@ def test_grpc_can_be_off_and_a_taken_port_stops_the_start(repository_dir, tmp_pa
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        settings = Settings(artifacts=repository_dir, grpc_port=taken.getsockname()[1],
-                            database_url=f"sqlite:///{tmp_path / 'taken.db'}")
+        settings = Settings(
+            artifacts=repository_dir,
+            grpc_port=taken.getsockname()[1],
+            database_url=f"sqlite:///{tmp_path / 'taken.db'}",
+        )
         with pytest.raises(RuntimeError, match="did not start"), server_for(settings):
             pass
 
@@ -153,24 +177,48 @@ def _request(x: np.ndarray | None = None, **fields) -> "ours.ModelInferRequest":
 
 
 HOSTILE = {
-    "two raw entries for one input": (lambda r: r.raw_input_contents.append(b"\0" * 4),
-                                      "INVALID_ARGUMENT", "raw_input_contents: holds 2 entries for 1 inputs"),
-    "a byte short": (lambda r: r.raw_input_contents.__setitem__(0, r.raw_input_contents[0][:-1]),
-                     "INVALID_ARGUMENT", "raw_input_contents[0]: 511 bytes are not a whole number of FP32 values"),
-    "values short of the shape": (lambda r: r.raw_input_contents.__setitem__(0, r.raw_input_contents[0][:-4]),
-                                  "INVALID_ARGUMENT", "inputs[0].data: holds 127 values but shape [2, 1, 8, 8]"),
-    "NaN": (lambda r: r.raw_input_contents.__setitem__(0, np.full(128, np.nan, np.float32).tobytes()),
-            "INVALID_ARGUMENT", "inputs[0].data: contains NaN"),
-    "an unsupported datatype": (lambda r: setattr(r.inputs[0], "datatype", "BYTES"),
-                                "INVALID_ARGUMENT", "inputs[0].datatype: datatype 'BYTES' is not supported"),
-    "FP16 as typed contents": (lambda r: (r.ClearField("raw_input_contents"), setattr(r.inputs[0], "datatype", "FP16"),
-                                          r.inputs[0].contents.fp32_contents.extend([0.5] * 128)),
-                               "INVALID_ARGUMENT", "inputs[0].contents: FP16 values travel only as raw_input_contents"),
+    "two raw entries for one input": (
+        lambda r: r.raw_input_contents.append(b"\0" * 4),
+        "INVALID_ARGUMENT",
+        "raw_input_contents: holds 2 entries for 1 inputs",
+    ),
+    "a byte short": (
+        lambda r: r.raw_input_contents.__setitem__(0, r.raw_input_contents[0][:-1]),
+        "INVALID_ARGUMENT",
+        "raw_input_contents[0]: 511 bytes are not a whole number of FP32 values",
+    ),
+    "values short of the shape": (
+        lambda r: r.raw_input_contents.__setitem__(0, r.raw_input_contents[0][:-4]),
+        "INVALID_ARGUMENT",
+        "inputs[0].data: holds 127 values but shape [2, 1, 8, 8]",
+    ),
+    "NaN": (
+        lambda r: r.raw_input_contents.__setitem__(0, np.full(128, np.nan, np.float32).tobytes()),
+        "INVALID_ARGUMENT",
+        "inputs[0].data: contains NaN",
+    ),
+    "an unsupported datatype": (
+        lambda r: setattr(r.inputs[0], "datatype", "BYTES"),
+        "INVALID_ARGUMENT",
+        "inputs[0].datatype: datatype 'BYTES' is not supported",
+    ),
+    "FP16 as typed contents": (
+        lambda r: (
+            r.ClearField("raw_input_contents"),
+            setattr(r.inputs[0], "datatype", "FP16"),
+            r.inputs[0].contents.fp32_contents.extend([0.5] * 128),
+        ),
+        "INVALID_ARGUMENT",
+        "inputs[0].contents: FP16 values travel only as raw_input_contents",
+    ),
     "a wrong input name": (lambda r: setattr(r.inputs[0], "name", "pixels"), "INVALID_ARGUMENT", "inputs[0].name"),
     "an unknown output": (lambda r: r.outputs.add(name="nope"), "INVALID_ARGUMENT", "outputs: unknown outputs"),
     "an unknown version": (lambda r: setattr(r, "model_version", "9"), "NOT_FOUND", "version: model 'digits-lenet5'"),
-    "no input": (lambda r: (r.ClearField("inputs"), r.ClearField("raw_input_contents")), "INVALID_ARGUMENT",
-                 "inputs: List should have at least 1 item"),
+    "no input": (
+        lambda r: (r.ClearField("inputs"), r.ClearField("raw_input_contents")),
+        "INVALID_ARGUMENT",
+        "inputs: List should have at least 1 item",
+    ),
 }
 
 

@@ -32,16 +32,26 @@ def _digit_png(image: np.ndarray) -> bytes:
 
 @pytest.fixture(scope="module")
 def admin(repository_dir, server_for, tmp_path_factory):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", admin_token="s3cret",
-                        database_url=f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'store.db'}")
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        admin_token="s3cret",
+        database_url=f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'store.db'}",
+    )
     with server_for(settings) as running:
         yield running
 
 
-@pytest.mark.parametrize("path, headers", [
-    ("/predict", {}), ("/feedback", {}), ("/admin/recalibrate", {"Authorization": "Bearer s3cret"}),
-    ("/admin/calibration/activate", {"Authorization": "Bearer s3cret"}), ("/v2/models/digits-lenet5/infer", {}),
-])
+@pytest.mark.parametrize(
+    "path, headers",
+    [
+        ("/predict", {}),
+        ("/feedback", {}),
+        ("/admin/recalibrate", {"Authorization": "Bearer s3cret"}),
+        ("/admin/calibration/activate", {"Authorization": "Bearer s3cret"}),
+        ("/v2/models/digits-lenet5/infer", {}),
+    ],
+)
 def test_deeply_nested_json_is_a_400_and_the_server_lives_on(admin, path, headers):
     base_url, _ = admin
     r = httpx.post(f"{base_url}{path}", content=DEEP, headers={"Content-Type": "application/json", **headers})
@@ -53,9 +63,15 @@ def test_deeply_nested_json_is_a_400_and_the_server_lives_on(admin, path, header
 def test_booleans_are_not_probabilities(admin):
     """JSON true/false are refused where numbers are required (a lax parser would read them as 1.0 and 0.0)."""
     base_url, _ = admin
-    r = httpx.post(f"{base_url}/feedback", json={"items": [
-        {"probabilities": [0.5, 0.5] + [0.0] * 8, "label": 0, "model": "digits-lenet5"},
-        {"probabilities": [False, True] + [False] * 8, "label": 1, "model": "digits-lenet5"}]})
+    r = httpx.post(
+        f"{base_url}/feedback",
+        json={
+            "items": [
+                {"probabilities": [0.5, 0.5] + [0.0] * 8, "label": 0, "model": "digits-lenet5"},
+                {"probabilities": [False, True] + [False] * 8, "label": 1, "model": "digits-lenet5"},
+            ]
+        },
+    )
     assert r.status_code == 422, r.text
     assert r.json()["error"]["field"] == "items[1].probabilities[0]"
 
@@ -66,7 +82,9 @@ def test_a_body_that_is_not_json_or_an_upload_is_a_415_naming_the_supported_type
         r = httpx.post(f"{base_url}{path}", content=body, headers={"Content-Type": "text/plain"})
         assert r.status_code == 415 and r.json()["error"]["field"] == "headers.content-type"
         assert "application/json" in r.json()["error"]["message"]
-    mixed = httpx.post(f"{base_url}/predict", content=b"--x\r\n\r\n--x--", headers={"Content-Type": "multipart/mixed; boundary=x"})
+    mixed = httpx.post(
+        f"{base_url}/predict", content=b"--x\r\n\r\n--x--", headers={"Content-Type": "multipart/mixed; boundary=x"}
+    )
     assert mixed.status_code == 415 and "multipart/form-data" in mixed.json()["error"]["message"]
     upload = httpx.post(f"{base_url}/feedback", files={"file": ("a.png", b"x")})
     assert upload.status_code == 415
@@ -92,8 +110,9 @@ def test_images_upload_as_multipart_form_data_with_curl(admin, tmp_path):
     assert empty.status_code == 422 and empty.json()["error"]["field"] == "inputs"
     broken = httpx.post(f"{base_url}/predict", files={"file": ("x.png", b"not an image", "image/png")})
     assert broken.status_code == 422 and broken.json()["error"]["field"] == "inputs[0]"
-    malformed = httpx.post(f"{base_url}/predict", content=b"--x\r\nno headers",
-                           headers={"Content-Type": "multipart/form-data; boundary=x"})
+    malformed = httpx.post(
+        f"{base_url}/predict", content=b"--x\r\nno headers", headers={"Content-Type": "multipart/form-data; boundary=x"}
+    )
     assert malformed.status_code == 422 and malformed.json()["error"]["field"] in ("body", "inputs"), malformed.text
     too_many = httpx.post(f"{base_url}/predict", files=[("file", (f"{i}.png", b"x")) for i in range(1025)])
     assert too_many.status_code == 422 and "body" == too_many.json()["error"]["field"], too_many.text
@@ -106,17 +125,23 @@ def test_admin_checks_the_token_before_the_body_and_the_scheme_in_any_case(admin
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith('Bearer realm="calibrated-serving"')
         assert "window" not in r.text
     for scheme in ("bearer", "BEARER", "Bearer"):
-        r = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0},
-                       headers={"Authorization": f"{scheme} s3cret"})
+        r = httpx.post(
+            f"{base_url}/admin/calibration/activate",
+            json={"calibration_version": 0},
+            headers={"Authorization": f"{scheme} s3cret"},
+        )
         assert r.status_code == 200, r.text
-    bad = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "ten"}, headers={"Authorization": "bearer s3cret"})
+    bad = httpx.post(
+        f"{base_url}/admin/recalibrate", json={"window": "ten"}, headers={"Authorization": "bearer s3cret"}
+    )
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "window"
 
 
 @pytest.mark.e2e  # needs PostgreSQL
 def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for, pg_url):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url,
-                        store_timeout_seconds=1)
+    settings = Settings(
+        artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url, store_timeout_seconds=1
+    )
     with server_for(settings) as (base_url, app):
         engine = app.state.endpoints.store.db.engine
         held = [engine.connect() for _ in range(engine.pool.size() + engine.pool._max_overflow)]
@@ -131,8 +156,9 @@ def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for
 
 @pytest.mark.e2e  # needs PostgreSQL
 def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository_dir, server_for, pg_url):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url,
-                        store_timeout_seconds=1)
+    settings = Settings(
+        artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url, store_timeout_seconds=1
+    )
     x = load_digits_splits().test.x[:20]
     with server_for(settings) as (base_url, app):
         ids = [p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": x.tolist()}).json()["predictions"]]
@@ -144,8 +170,9 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
         release.start()
         try:
             started = time.monotonic()
-            blocked = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]},
-                                 timeout=30)
+            blocked = httpx.post(
+                f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]}, timeout=30
+            )
             waited = time.monotonic() - started
         finally:
             release.cancel()
@@ -160,18 +187,27 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
 
 def test_an_unreachable_store_tells_clients_nothing_of_it_and_logs_once(repository_dir, server_for, caplog):
     url = "postgresql+psycopg://secretuser@127.0.0.1:1/secretdb"
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=url,
-                        admin_token="s3cret", store_timeout_seconds=1)
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=url,
+        admin_token="s3cret",
+        store_timeout_seconds=1,
+    )
     with caplog.at_level(logging.WARNING, logger="service.store"):
         with server_for(settings) as (base_url, _):
-            answers = [httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": "p", "label": 0}]})
-                       for _ in range(3)]
+            answers = [
+                httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": "p", "label": 0}]})
+                for _ in range(3)
+            ]
             public = httpx.get(f"{base_url}/health").json()
             private = httpx.get(f"{base_url}/health", headers={"Authorization": "Bearer s3cret"}).json()
     for r in answers:
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert r.json()["error"] == {"code": "storage_unavailable",
-                                     "message": "the feedback store is unavailable; retry later"}
+        assert r.json()["error"] == {
+            "code": "storage_unavailable",
+            "message": "the feedback store is unavailable; retry later",
+        }
     assert public["status"] == "degraded" and "error" not in public["storage"]
     assert not any(secret in json.dumps(public) for secret in ("secretdb", "secretuser", "127.0.0.1"))
     assert private["storage"]["error"]

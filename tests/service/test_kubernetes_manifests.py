@@ -37,8 +37,11 @@ def _merge(base, patch):
         for key, value in patch.items():
             out[key] = _merge(base[key], value) if key in base else value
         return out
-    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(i, dict) and "name" in i
-                                                                   for i in base + patch):
+    if (
+        isinstance(base, list)
+        and isinstance(patch, list)
+        and all(isinstance(i, dict) and "name" in i for i in base + patch)
+    ):
         out = {item["name"]: item for item in base}
         for item in patch:
             out[item["name"]] = _merge(out[item["name"]], item) if item["name"] in out else item
@@ -56,8 +59,11 @@ def _render(directory: Path) -> list[dict]:
         docs += _render(path) if path.is_dir() else _load(path)
     for patch_ref in spec.get("patches", []):
         patch = yaml.safe_load((directory / patch_ref["path"]).read_text())
-        matches = [i for i, d in enumerate(docs) if (d["kind"], d["metadata"]["name"]) ==
-                   (patch["kind"], patch["metadata"]["name"])]
+        matches = [
+            i
+            for i, d in enumerate(docs)
+            if (d["kind"], d["metadata"]["name"]) == (patch["kind"], patch["metadata"]["name"])
+        ]
         assert len(matches) == 1, f"{patch_ref['path']} patches no resource of {directory}"
         docs[matches[0]] = _merge(docs[matches[0]], patch)
     for label in spec.get("labels", []):
@@ -108,21 +114,32 @@ def test_the_kustomize_subset_renders_what_kubectl_renders(kustomization):
     kubectl = shutil.which("kubectl")
     ours = sorted(_render(K8S / kustomization), key=lambda d: (d["kind"], d["metadata"]["name"]))
     if kubectl:
-        rendered = subprocess.run([kubectl, "kustomize", str(K8S / kustomization)], capture_output=True, text=True,
-                                  check=True).stdout
+        rendered = subprocess.run(
+            [kubectl, "kustomize", str(K8S / kustomization)], capture_output=True, text=True, check=True
+        ).stdout
         theirs = sorted(yaml.safe_load_all(rendered), key=lambda d: (d["kind"], d["metadata"]["name"]))
         assert ours == theirs
-    assert {d["kind"] for d in ours} >= ({"ServiceMonitor", "PrometheusRule"} if "operator" in kustomization
-                                         else {"Deployment", "Service", "HorizontalPodAutoscaler",
-                                               "PodDisruptionBudget", "ConfigMap"})
+    assert {d["kind"] for d in ours} >= (
+        {"ServiceMonitor", "PrometheusRule"}
+        if "operator" in kustomization
+        else {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap"}
+    )
 
 
 BROKEN = [
-    ("misspelled field", lambda d: d["spec"]["template"]["spec"].__setitem__(
-        "contianers", d["spec"]["template"]["spec"].pop("containers"))),
+    (
+        "misspelled field",
+        lambda d: d["spec"]["template"]["spec"].__setitem__(
+            "contianers", d["spec"]["template"]["spec"].pop("containers")
+        ),
+    ),
     ("wrong type", lambda d: d["spec"].__setitem__("replicas", "two")),
-    ("unknown probe field", lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"].__setitem__(
-        "httpGett", {"path": "/v2/health/ready", "port": 8000})),
+    (
+        "unknown probe field",
+        lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"].__setitem__(
+            "httpGett", {"path": "/v2/health/ready", "port": 8000}
+        ),
+    ),
 ]
 
 
@@ -135,10 +152,14 @@ def test_a_broken_deployment_fails_validation(what, damage, tmp_path):
     assert result.returncode != 0 and "ERROR" in result.stdout, result.stdout
 
 
-@pytest.mark.parametrize("damage", [
-    lambda p: p["spec"]["ingress"][0].__setitem__("form", p["spec"]["ingress"][0].pop("from")),
-    lambda p: p["spec"]["ingress"][1]["ports"][0].__setitem__("protocol", ["TCP"]),
-], ids=["misspelled from", "wrong type"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p["spec"]["ingress"][0].__setitem__("form", p["spec"]["ingress"][0].pop("from")),
+        lambda p: p["spec"]["ingress"][1]["ports"][0].__setitem__("protocol", ["TCP"]),
+    ],
+    ids=["misspelled from", "wrong type"],
+)
 def test_a_broken_network_policy_fails_validation(damage, tmp_path):
     docs = _render(K8S / "base")
     damage(_by_kind(docs)["NetworkPolicy"])
@@ -154,8 +175,11 @@ def _closed(schema):
     if not isinstance(schema, dict):
         return schema
     out = {key: _closed(value) for key, value in schema.items()}
-    if ("properties" in out and "additionalProperties" not in out
-            and not out.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -188,8 +212,10 @@ def test_the_inference_service_validates_against_kserves_crd(inference_service_s
 
 
 BROKEN_SERVICE = [
-    ("misspelled field", lambda d: d["spec"]["predictor"].__setitem__("contianers",
-                                                                      d["spec"]["predictor"].pop("containers"))),
+    (
+        "misspelled field",
+        lambda d: d["spec"]["predictor"].__setitem__("contianers", d["spec"]["predictor"].pop("containers")),
+    ),
     ("wrong type", lambda d: d["spec"]["predictor"].__setitem__("minReplicas", "two")),
     ("unknown container field", lambda d: d["spec"]["predictor"]["containers"][0].__setitem__("imagePolicy", "Always")),
 ]
@@ -217,17 +243,22 @@ def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert container["image"].split(":")[1].split("-")[0] == version
     assert container["command"] == image["cmd"] and "args" not in container
-    assert [p["containerPort"] for p in container["ports"]] == image["exposed"] == [
-        int(config["data"]["CALIB_PORT"]), int(config["data"]["CALIB_GRPC_PORT"])]
+    assert (
+        [p["containerPort"] for p in container["ports"]]
+        == image["exposed"]
+        == [int(config["data"]["CALIB_PORT"]), int(config["data"]["CALIB_GRPC_PORT"])]
+    )
     assert [p["name"] for p in container["ports"]] == ["http", "grpc"]
     fields = set(Settings.model_fields)
     for name in config["data"]:
         assert name == "MPLCONFIGDIR" or name.removeprefix("CALIB_").lower().split("__")[0] in fields, name
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
-    assert secrets == {"CALIB_DATABASE_URL": {"name": "calibrated-serving", "key": "database-url"},
-                       "CALIB_ADMIN_TOKEN": {"name": "calibrated-serving", "key": "admin-token"},
-                       "CALIB_PREDICT_TOKENS": {"name": "calibrated-serving", "key": "predict-tokens"},
-                       "CALIB_FEEDBACK_TOKENS": {"name": "calibrated-serving", "key": "feedback-tokens"}}
+    assert secrets == {
+        "CALIB_DATABASE_URL": {"name": "calibrated-serving", "key": "database-url"},
+        "CALIB_ADMIN_TOKEN": {"name": "calibrated-serving", "key": "admin-token"},
+        "CALIB_PREDICT_TOKENS": {"name": "calibrated-serving", "key": "predict-tokens"},
+        "CALIB_FEEDBACK_TOKENS": {"name": "calibrated-serving", "key": "feedback-tokens"},
+    }
     routes = set(create_app(Settings()).openapi()["paths"])
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         probe = container[kind]
@@ -274,8 +305,9 @@ def test_the_compose_file_runs_the_same_command(dockerfile):
 
 
 def test_the_prometheus_rule_is_rendered_from_the_alert_rules():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "k8s_prometheus_rule.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "k8s_prometheus_rule.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     rule = _by_kind(_render(K8S / "prometheus-operator"))["PrometheusRule"]
     assert rule["spec"] == yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
@@ -308,10 +340,14 @@ def test_the_secret_is_referenced_never_committed():
 def test_a_patch_that_matches_nothing_is_an_error(tmp_path):
     overlay = tmp_path / "overlay"
     overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(
-        {"resources": [str(K8S / "base")], "patches": [{"path": "typo.yaml"}]}))
-    (overlay / "typo.yaml").write_text(yaml.safe_dump(
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "calibrated-servin"}, "spec": {}}))
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [str(K8S / "base")], "patches": [{"path": "typo.yaml"}]})
+    )
+    (overlay / "typo.yaml").write_text(
+        yaml.safe_dump(
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "calibrated-servin"}, "spec": {}}
+        )
+    )
     with pytest.raises(AssertionError, match="patches no resource"):
         _render(overlay)
 
@@ -327,8 +363,13 @@ def test_the_network_policy_admits_only_labelled_clients_and_prometheus():
     clients, prometheus = policy["spec"]["ingress"]
     assert {p["port"] for p in clients["ports"]} == ports == {"http", "grpc"}
     assert [peer.get("podSelector", peer.get("namespaceSelector")) for peer in clients["from"]] == [
-        {"matchLabels": {"calibrated-serving/client": "true"}}] * 2
+        {"matchLabels": {"calibrated-serving/client": "true"}}
+    ] * 2
     assert [p["port"] for p in prometheus["ports"]] == ["http"]
-    assert prometheus["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-                                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    assert prometheus["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
     assert "calibrated-serving/client" in (ROOT / "docs" / "security.md").read_text()

@@ -34,8 +34,11 @@ BASE = ROOT / "deploy" / "k8s" / "base"
 pytestmark = pytest.mark.e2e  # PostgreSQL and service processes
 REPLICAS = 8
 # the Secret's keys but database-url, which is the test database
-SECRET = {"admin-token": "k8s-test-token", "predict-tokens": "app:k8s-predict-token",
-          "feedback-tokens": "labeller:k8s-feedback-token"}
+SECRET = {
+    "admin-token": "k8s-test-token",
+    "predict-tokens": "app:k8s-predict-token",
+    "feedback-tokens": "labeller:k8s-feedback-token",
+}
 PREDICT = {"Authorization": "Bearer k8s-predict-token"}
 FEEDBACK = {"Authorization": "Bearer k8s-feedback-token"}
 
@@ -62,8 +65,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pod_env(container: dict, image_env: dict[str, str], secret: dict[str, str], port: int,
-             tmp: Path) -> dict[str, str]:
+def _pod_env(
+    container: dict, image_env: dict[str, str], secret: dict[str, str], port: int, tmp: Path
+) -> dict[str, str]:
     """The container's environment as Kubernetes assembles it: image ENV, then envFrom (the ConfigMap), then env
     (literal values and Secret keys); then the replacements of the module docstring."""
     (config,) = _docs(BASE / "configmap.yaml")
@@ -81,14 +85,19 @@ def _pod_env(container: dict, image_env: dict[str, str], secret: dict[str, str],
     assert env["CALIB_PORT"] == "8000" and env["CALIB_HOST"] == "0.0.0.0" and env["CALIB_ARTIFACTS"] == "/app/artifacts"
     assert env["CALIB_GRPC_PORT"] == "8081"
     (tmp / "matplotlib").mkdir(parents=True, exist_ok=True)
-    env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0",
-               CALIB_ARTIFACTS=str(ROOT / "artifacts"),
-               MPLCONFIGDIR=str(tmp / "matplotlib"))
+    env.update(
+        CALIB_HOST="127.0.0.1",
+        CALIB_PORT=str(port),
+        CALIB_GRPC_PORT="0",
+        CALIB_ARTIFACTS=str(ROOT / "artifacts"),
+        MPLCONFIGDIR=str(tmp / "matplotlib"),
+    )
     return env
 
 
-def _start(container: dict, image_env: dict[str, str], secret: dict[str, str], tmp: Path,
-           log: Path) -> tuple[subprocess.Popen, str]:
+def _start(
+    container: dict, image_env: dict[str, str], secret: dict[str, str], tmp: Path, log: Path
+) -> tuple[subprocess.Popen, str]:
     """A process started with the container's command and environment (over the image's ``image_env``);
     (process, base URL)."""
     port = _free_port()
@@ -96,8 +105,9 @@ def _start(container: dict, image_env: dict[str, str], secret: dict[str, str], t
     assert command[0] == "python" and "args" not in container
     with log.open("w") as out:
         env = _pod_env(container, image_env, secret, port, tmp)
-        process = subprocess.Popen([sys.executable, *command[1:]], env=env, cwd=tmp, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, *command[1:]], env=env, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
+        )
     return process, f"http://127.0.0.1:{port}"
 
 
@@ -183,10 +193,12 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
     try:
         _wait_started(process, url, container, log)
         z, y = calibrated_logits(300, n_classes=10, seed=3)
-        items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"}
-                 for p, t in zip(softmax(z), y)]
-        assert httpx.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK,
-                          timeout=30).json()["accepted"] == 300
+        items = [
+            {"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"} for p, t in zip(softmax(z), y)
+        ]
+        assert (
+            httpx.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK, timeout=30).json()["accepted"] == 300
+        )
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     finally:

@@ -21,8 +21,13 @@ DIGITS = load_digits_splits()
 
 @pytest.fixture
 def monitored(repository_dir, server_for, database_url):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
-                        admin_token="s3cret", bootstrap_resamples=300)
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=database_url,
+        admin_token="s3cret",
+        bootstrap_resamples=300,
+    )
     with server_for(settings) as (base_url, app):
         yield base_url, app
 
@@ -38,7 +43,9 @@ def test_feedback_joins_predictions_and_calibration_equals_the_core(monitored):
     x, y = DIGITS.test.x[:120], DIGITS.test.y[:120]
     body = _predict(base_url, x)
     ids = [p["id"] for p in body["predictions"]]
-    items = [{"prediction_id": i, "label": int(label) if k % 2 else str(label)} for k, (i, label) in enumerate(zip(ids, y))]
+    items = [
+        {"prediction_id": i, "label": int(label) if k % 2 else str(label)} for k, (i, label) in enumerate(zip(ids, y))
+    ]
     r = httpx.post(f"{base_url}/feedback", json={"items": items})
     assert r.status_code == 200 and r.json() == {"accepted": 120, "pending": [], "rejected": []}
     report = httpx.get(f"{base_url}/calibration", params={"window": "1000"}).json()
@@ -108,16 +115,27 @@ def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
 
 
 def _offline(z, y, scale):
-    return [{"probabilities": p.tolist(), "label": int(label), "model": "digits-lenet5"}
-            for p, label in zip(softmax(scale * z), y)]
+    return [
+        {"probabilities": p.tolist(), "label": int(label), "model": "digits-lenet5"}
+        for p, label in zip(softmax(scale * z), y)
+    ]
 
 
-def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repository_dir, server_for, database_url,
-                                                                            evaluate_now, webhook):
+def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(
+    repository_dir, server_for, database_url, evaluate_now, webhook
+):
     # the alarm is evaluated after every batch, here by the test, as the old per-request evaluation did
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
-                        admin_token="s3cret", bootstrap_resamples=300, webhook_url=webhook.url,
-                        alarm=AlarmPolicy(min_labels=200), evaluate_seconds=3600, evaluate_every_labels=10**9)
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=database_url,
+        admin_token="s3cret",
+        bootstrap_resamples=300,
+        webhook_url=webhook.url,
+        alarm=AlarmPolicy(min_labels=200),
+        evaluate_seconds=3600,
+        evaluate_every_labels=10**9,
+    )
     z, y = calibrated_logits(1400, n_classes=10, logit_scale=8.0, seed=5)
     with server_for(settings) as (base_url, app):
         calm = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
@@ -126,7 +144,9 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         assert httpx.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
         states = []
         for start in range(600, 1400, 100):
-            httpx.post(f"{base_url}/feedback", json={"items": _offline(z[start:start + 100], y[start:start + 100], 2.5)})
+            httpx.post(
+                f"{base_url}/feedback", json={"items": _offline(z[start : start + 100], y[start : start + 100], 2.5)}
+            )
             evaluate_now(app)
             states.append(httpx.get(f"{base_url}/calibration").json()["alarm"]["state"])
         report = httpx.get(f"{base_url}/calibration").json()
@@ -143,15 +163,19 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
 
         # admin: refused without the token, then a refit from online predictions with logits
         assert httpx.post(f"{base_url}/admin/recalibrate", json={}).status_code == 401
-        assert httpx.post(f"{base_url}/admin/recalibrate", json={},
-                          headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert (
+            httpx.post(f"{base_url}/admin/recalibrate", json={}, headers={"Authorization": "Bearer nope"}).status_code
+            == 401
+        )
         auth = {"Authorization": "Bearer s3cret"}
         too_few = httpx.post(f"{base_url}/admin/recalibrate", json={}, headers=auth)
         assert too_few.status_code == 422 and "need at least 50" in too_few.json()["error"]["message"]
         x, labels = DIGITS.test.x[:200], DIGITS.test.y[:200]
         hot = httpx.post(f"{base_url}/predict", json={"inputs": (x * 1.0).tolist()}).json()
-        httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": p["id"], "label": int(t)}
-                                                         for p, t in zip(hot["predictions"], labels)]})
+        httpx.post(
+            f"{base_url}/feedback",
+            json={"items": [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(hot["predictions"], labels)]},
+        )
         refit = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
         assert refit.status_code == 200, refit.text
         new_t = refit.json()["temperature"]
@@ -162,29 +186,52 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(repos
         logits = np.array([p["logits"] for p in after["predictions"]])
         probs = np.array([p["probabilities"] for p in after["predictions"]])
         np.testing.assert_allclose(probs, apply_temperature(logits, new_t), atol=1e-6)
-        v2 = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json={  # the same refit over v2
-            "inputs": [{"name": "input", "datatype": "FP32", "shape": list(x[:5].shape),
-                        "data": np.asarray(x[:5], np.float32).ravel().tolist()}],
-            "outputs": [{"name": "probabilities"}]}).json()
+        v2 = httpx.post(
+            f"{base_url}/v2/models/digits-lenet5/infer",
+            json={  # the same refit over v2
+                "inputs": [
+                    {
+                        "name": "input",
+                        "datatype": "FP32",
+                        "shape": list(x[:5].shape),
+                        "data": np.asarray(x[:5], np.float32).ravel().tolist(),
+                    }
+                ],
+                "outputs": [{"name": "probabilities"}],
+            },
+        ).json()
         np.testing.assert_allclose(np.reshape(v2["outputs"][0]["data"], probs.shape), probs, atol=1e-6)
         assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
         back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
-        assert back.json() == ActivateResponse(model="digits-lenet5", version="1", calibration_version=0,
-                                               temperature=back.json()["temperature"]).model_dump()
+        assert (
+            back.json()
+            == ActivateResponse(
+                model="digits-lenet5", version="1", calibration_version=0, temperature=back.json()["temperature"]
+            ).model_dump()
+        )
         assert _predict(base_url, x[:1])["calibration_version"] == 0
         versions = httpx.get(f"{base_url}/calibration/history").json()["calibrations"]
         assert [(v["calibration_version"], v["source"], v["active"]) for v in versions] == [
-            (0, "manifest", True), (1, "refit", False)]
+            (0, "manifest", True),
+            (1, "refit", False),
+        ]
         missing = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
         assert missing.status_code == 404
     assert any(event["to"] == "alarm" and event["model"] == "digits-lenet5" for event in webhook.received)
 
 
-def test_calibration_says_how_many_labels_the_alarm_state_rests_on(repository_dir, server_for, database_url,
-                                                                     evaluate_now):
+def test_calibration_says_how_many_labels_the_alarm_state_rests_on(
+    repository_dir, server_for, database_url, evaluate_now
+):
     # the alarm is re-assessed by a background pass: until it runs, stored labels are pending, not in the state
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
-                        bootstrap_resamples=300, evaluate_seconds=3600, evaluate_every_labels=10**9)
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=database_url,
+        bootstrap_resamples=300,
+        evaluate_seconds=3600,
+        evaluate_every_labels=10**9,
+    )
     z, y = calibrated_logits(300, n_classes=10, logit_scale=8.0, seed=6)
     with server_for(settings) as (base_url, app):
         before = httpx.get(f"{base_url}/calibration").json()["e_detector"]
@@ -214,8 +261,13 @@ def test_timeline_is_the_rolling_window_ece(monitored):
     httpx.post(f"{base_url}/feedback", json={"items": _offline(z, y, 1.0)})
     body = httpx.get(f"{base_url}/calibration/timeline", params={"window": 100, "step": 50, "points": 4}).json()
     points = body["points"]
-    assert TimelineResponse.model_validate(body).window == 100 and set(points[0]) == {"seq", "labelled_at", "n",
-                                                                                      "ece", "ece_ci"}
+    assert TimelineResponse.model_validate(body).window == 100 and set(points[0]) == {
+        "seq",
+        "labelled_at",
+        "n",
+        "ece",
+        "ece_ci",
+    }
     assert [p["n"] for p in points] == [100, 100, 100, 100] and len(points) == 4
     assert points[-1]["ece"] == pytest.approx(metrics.ece(softmax(z[-100:]), y[-100:]), abs=1e-9)
     assert points[0]["ece"] == pytest.approx(metrics.ece(softmax(z[50:150]), y[50:150]), abs=1e-9)
@@ -228,8 +280,11 @@ def _assert_bin_counters_at_zero(base_url):
 
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
     for name in ("calib_labeled", "calib_confidence_sum", "calib_correct"):
-        samples = [s for s in families[name].samples if s.name.endswith("_total")
-                   and s.labels["model"] == "digits-lenet5" and s.labels["version"] == "1"]
+        samples = [
+            s
+            for s in families[name].samples
+            if s.name.endswith("_total") and s.labels["model"] == "digits-lenet5" and s.labels["version"] == "1"
+        ]
         assert sorted(int(s.labels["bin"]) for s in samples) == list(range(15))
         assert all(s.value == 0 for s in samples)
 
@@ -247,17 +302,25 @@ def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(reposito
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5",
-                        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test",
+    )
     with server_for(settings) as (base_url, _):
         assert httpx.get(f"{base_url}/health").json()["storage"]["up"] is False
         _assert_bin_counters_at_zero(base_url)
 
 
-@pytest.mark.parametrize("path, method, model", [
-    ("/calibration/timeline", "get", "TimelineResponse"), ("/calibration/history", "get", "HistoryResponse"),
-    ("/admin/recalibrate", "post", "RecalibrateResponse"),
-    ("/admin/calibration/activate", "post", "ActivateResponse")])
+@pytest.mark.parametrize(
+    "path, method, model",
+    [
+        ("/calibration/timeline", "get", "TimelineResponse"),
+        ("/calibration/history", "get", "HistoryResponse"),
+        ("/admin/recalibrate", "post", "RecalibrateResponse"),
+        ("/admin/calibration/activate", "post", "ActivateResponse"),
+    ],
+)
 def test_monitoring_responses_are_typed_in_the_openapi_document(base_url, path, method, model):
     document = httpx.get(f"{base_url}/openapi.json").json()
     ok = document["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
@@ -265,13 +328,16 @@ def test_monitoring_responses_are_typed_in_the_openapi_document(base_url, path, 
     assert document["components"]["schemas"][model]["properties"]
 
 
-def _other_replica_logs(database_url: str, ids: list[str], model: str = "digits-lenet5", version: str = "1",
-                        k: int = 10) -> None:
+def _other_replica_logs(
+    database_url: str, ids: list[str], model: str = "digits-lenet5", version: str = "1", k: int = 10
+) -> None:
     """Another replica writes the predictions ``ids`` to the shared store (its prediction log), as it would
     after answering them."""
     probs = softmax(np.random.default_rng(len(ids)).normal(size=(len(ids), k)) * 3)
-    rows = [PredictionRow(i, model, version, 0, time.time(), int(p.argmax()), float(p.max()), None, blob, None)
-            for i, p, blob in zip(ids, probs, encode_rows(probs))]
+    rows = [
+        PredictionRow(i, model, version, 0, time.time(), int(p.argmax()), float(p.max()), None, blob, None)
+        for i, p, blob in zip(ids, probs, encode_rows(probs))
+    ]
     other = Store(database_url)
     other.predictions.insert(rows)
     other.db.engine.dispose()
@@ -298,17 +364,26 @@ def test_a_label_sent_before_its_prediction_is_stored_waits_and_joins_in_arrival
     base_url, _ = monitored
     ids = prediction_ids(3)
     n_before = httpx.get(f"{base_url}/calibration").json()["n"]
-    items = [{"prediction_id": ids[0], "label": 3}, {"prediction_id": ids[1], "label": "7"},
-             {"prediction_id": ids[2], "label": 2}]
+    items = [
+        {"prediction_id": ids[0], "label": 3},
+        {"prediction_id": ids[1], "label": "7"},
+        {"prediction_id": ids[2], "label": 2},
+    ]
     body = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
-    assert body == {"accepted": 0, "pending": [{"index": k, "prediction_id": i} for k, i in enumerate(ids)],
-                    "rejected": []}
+    assert body == {
+        "accepted": 0,
+        "pending": [{"index": k, "prediction_id": i} for k, i in enumerate(ids)],
+        "rejected": [],
+    }
     again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 5}]}).json()
     assert again["pending"] == [] and "already has a pending label" in again["rejected"][0]["reason"]
     unmatched = httpx.get(f"{base_url}/feedback/unmatched").json()
     assert unmatched["pending"] == 3 and [i["prediction_id"] for i in unmatched["items"]] == ids[::-1]
-    assert httpx.get(f"{base_url}/calibration").json()["unmatched_labels"] == {"pending": 3, "expired": 0,
-                                                                               "rejected": 0}
+    assert httpx.get(f"{base_url}/calibration").json()["unmatched_labels"] == {
+        "pending": 3,
+        "expired": 0,
+        "rejected": 0,
+    }
     _other_replica_logs(database_url, [ids[1], ids[0]])  # written in another order than the labels came
     _until(lambda: httpx.get(f"{base_url}/feedback/unmatched").json()["pending"] == 1)
     assert _labelled_in_order(database_url)[-2:] == ids[:2]  # joined in the order the labels arrived
@@ -318,17 +393,28 @@ def test_a_label_sent_before_its_prediction_is_stored_waits_and_joins_in_arrival
     assert 'calib_feedback_items_total{result="pending"} 3.0' in metrics_text
 
 
-def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_listed(repository_dir, server_for,
-                                                                                     database_url):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url,
-                        pending_label_seconds=1.0, pending_join_seconds=0.1)
+def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_listed(
+    repository_dir, server_for, database_url
+):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        database_url=database_url,
+        pending_label_seconds=1.0,
+        pending_join_seconds=0.1,
+    )
     with server_for(settings) as (base_url, _):
         ids = prediction_ids(3)
         old = f"{int((time.time() - 40 * 86400) * 1000):012x}" + "0" * 20
-        items = [{"prediction_id": "nope", "label": 1}, {"prediction_id": "f" * 32, "label": 1},
-                 {"prediction_id": old, "label": 1}, {"prediction_id": ids[0], "label": "eleven"},
-                 {"prediction_id": ids[0], "label": 9}, {"prediction_id": ids[1], "label": 9},
-                 {"prediction_id": ids[2], "label": 4}]
+        items = [
+            {"prediction_id": "nope", "label": 1},
+            {"prediction_id": "f" * 32, "label": 1},
+            {"prediction_id": old, "label": 1},
+            {"prediction_id": ids[0], "label": "eleven"},
+            {"prediction_id": ids[0], "label": 9},
+            {"prediction_id": ids[1], "label": 9},
+            {"prediction_id": ids[2], "label": 4},
+        ]
         body = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
         reasons = {r["index"]: r["reason"] for r in body["rejected"]}
         assert sorted(reasons) == [0, 1, 2, 3] and [p["index"] for p in body["pending"]] == [4, 5, 6]
@@ -350,10 +436,18 @@ def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_li
         assert 'calib_pending_labels_resolved_total{outcome="rejected"} 1.0' in metrics_text
         # the prediction arrives after its label expired: nothing joins by itself, and the label sent again counts
         _other_replica_logs(database_url, [ids[2]])
-        assert httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[2], "label": 4}]}).json()[
-            "accepted"] == 1
+        assert (
+            httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[2], "label": 4}]}).json()[
+                "accepted"
+            ]
+            == 1
+        )
         assert httpx.get(f"{base_url}/feedback/unmatched", params={"limit": 0}).json() == {
-            "pending": 0, "expired": 2, "rejected": 1, "items": []}
+            "pending": 0,
+            "expired": 2,
+            "rejected": 1,
+            "items": [],
+        }
         for params, field in [({"status": "lost"}, "status"), ({"limit": -1}, "limit")]:
             r = httpx.get(f"{base_url}/feedback/unmatched", params=params)
             assert r.status_code == 422 and field in r.text

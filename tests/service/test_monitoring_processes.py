@@ -37,12 +37,21 @@ class Replica:
         self.env = env
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        environment = dict(os.environ, CALIB_DATABASE_URL=database_url, CALIB_DEFAULT_MODEL="digits-lenet5",
-                           CALIB_BOOTSTRAP_RESAMPLES="300", CALIB_EVALUATE_SECONDS="0.2")
+        environment = dict(
+            os.environ,
+            CALIB_DATABASE_URL=database_url,
+            CALIB_DEFAULT_MODEL="digits-lenet5",
+            CALIB_BOOTSTRAP_RESAMPLES="300",
+            CALIB_EVALUATE_SECONDS="0.2",
+        )
         environment.update(env)
-        self.process = subprocess.Popen([sys.executable, "-m", "service", "--artifacts", str(artifacts),
-                                         "--port", str(self.port)], env=environment,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service", "--artifacts", str(artifacts), "--port", str(self.port)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             try:
@@ -64,8 +73,11 @@ class Replica:
 
 def _evaluation_passes(url) -> float:
     text = httpx.get(f"{url}/metrics").text
-    return next(float(line.split()[1]) for line in text.splitlines()
-                if line.startswith("calib_evaluation_duration_seconds_count"))
+    return next(
+        float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("calib_evaluation_duration_seconds_count")
+    )
 
 
 def _evaluated(*replicas, timeout=60.0) -> None:
@@ -120,8 +132,13 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
     # single-label requests from 32 clients at once (they are group-committed) next to batches of 25
     # offline items, until the process is killed mid-load
     rows = np.resize(DIGITS.x, (4000, *DIGITS.x.shape[1:]))
-    ids = [p["id"] for start in range(0, 4000, 1000) for p in httpx.post(
-        f"{second.url}/predict", json={"inputs": rows[start:start + 1000].tolist()}, timeout=60).json()["predictions"]]
+    ids = [
+        p["id"]
+        for start in range(0, 4000, 1000)
+        for p in httpx.post(
+            f"{second.url}/predict", json={"inputs": rows[start : start + 1000].tolist()}, timeout=60
+        ).json()["predictions"]
+    ]
     unlabelled = iter(ids)
     acknowledged, sent, acknowledged_ids, sent_ids = [], [], [], []
     lock = threading.Lock()
@@ -196,7 +213,9 @@ def test_database_outage_degrades_and_recovers(repository_dir, pg_url, cuttable_
             assert time.monotonic() < deadline, "the service did not recover"
             time.sleep(0.2)
         # predictions made during the outage were kept and written: their feedback is accepted now
-        items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(during.json()["predictions"], DIGITS.y[:3])]
+        items = [
+            {"prediction_id": p["id"], "label": int(t)} for p, t in zip(during.json()["predictions"], DIGITS.y[:3])
+        ]
         recovered = httpx.post(f"{replica.url}/feedback", json={"items": items}).json()
         assert recovered["accepted"] == 3, recovered
         assert httpx.get(f"{replica.url}/calibration").json()["n"] == 8
@@ -276,16 +295,20 @@ def _stored_ids(url: str) -> tuple[set[str], set[str]]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as c:
-            return ({r[0] for r in c.exec_driver_sql("SELECT id FROM predictions")},
-                    {r[0] for r in c.exec_driver_sql("SELECT prediction_id FROM labels")})
+            return (
+                {r[0] for r in c.exec_driver_sql("SELECT id FROM predictions")},
+                {r[0] for r in c.exec_driver_sql("SELECT prediction_id FROM labels")},
+            )
     finally:
         engine.dispose()
 
 
-@pytest.mark.parametrize("store, replicas, durability", [
-    ("sqlite", 1, "async"), ("postgresql", 2, "async"), ("postgresql", 2, "sync")])
-def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(request, repository_dir, tmp_path, store,
-                                                                        replicas, durability):
+@pytest.mark.parametrize(
+    "store, replicas, durability", [("sqlite", 1, "async"), ("postgresql", 2, "async"), ("postgresql", 2, "sync")]
+)
+def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(
+    request, repository_dir, tmp_path, store, replicas, durability
+):
     """Labels sent within milliseconds of their prediction, to another replica, while one replica is killed with
     SIGKILL and restarted and another stopped with SIGTERM and restarted: every label acknowledged (accepted or
     pending) ends joined or listed as expired, none is refused, the replicas agree, and under sync durability
@@ -312,7 +335,9 @@ def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(request,
         clients.stop()
     try:
         deadline = time.monotonic() + 30
-        while (unmatched := httpx.get(f"{started[0].url}/feedback/unmatched", params={"limit": 10000}).json())["pending"]:
+        while (unmatched := httpx.get(f"{started[0].url}/feedback/unmatched", params={"limit": 10000}).json())[
+            "pending"
+        ]:
             assert time.monotonic() < deadline, unmatched
             time.sleep(0.2)
         predicted, labelled = _stored_ids(url)
@@ -343,33 +368,44 @@ def _protected(report: dict) -> dict:
     """What labels from outside the trusted sources must not move: the e-detector (but for the store's label
     counts), the alarm and the refit."""
     lag = ("labels_stored", "labels_pending", "newest_folded_labelled_at")
-    return {"e_detector": {k: v for k, v in report["e_detector"].items() if k not in lag},
-            "alarm": report["alarm"], "recalibration": report["recalibration"]}
+    return {
+        "e_detector": {k: v for k, v in report["e_detector"].items() if k not in lag},
+        "alarm": report["alarm"],
+        "recalibration": report["recalibration"],
+    }
 
 
 def _label(replica: Replica, rows: np.ndarray, labels, predict: str, feedback: str) -> dict:
     """Predict ``rows`` on ``replica`` and label them on it at once; the feedback answer once every label sent
     is joined (pending ones included)."""
-    served = httpx.post(f"{replica.url}/predict", json={"inputs": rows.tolist()},
-                        headers={"Authorization": f"Bearer {predict}"}, timeout=30)
+    served = httpx.post(
+        f"{replica.url}/predict",
+        json={"inputs": rows.tolist()},
+        headers={"Authorization": f"Bearer {predict}"},
+        timeout=30,
+    )
     assert served.status_code == 200, served.text
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served.json()["predictions"], labels)]
-    answer = httpx.post(f"{replica.url}/feedback", json={"items": items},
-                        headers={"Authorization": f"Bearer {feedback}"}, timeout=30)
+    answer = httpx.post(
+        f"{replica.url}/feedback", json={"items": items}, headers={"Authorization": f"Bearer {feedback}"}, timeout=30
+    )
     assert answer.status_code == 200 and not answer.json()["rejected"], answer.text
     return answer.json()
 
 
-def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_refit(repository_dir, pg_url,
-                                                                                      tmp_path):
+def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_refit(repository_dir, pg_url, tmp_path):
     """Two replicas on PostgreSQL with feedback tokens, the alarm and the refit trusting one source: a flood of
     wrong labels without a token is refused and changes nothing, to the bit; wrong labels from a valid but
     untrusted token are stored and reported under their source while the alarm and the refit ignore them; a
     rotated-out token is refused while its successor works."""
     tokens = tmp_path / "feedback-tokens"
     tokens.write_text("labeller:token-a\nintern:token-i\n")
-    env = {"CALIB_FEEDBACK_TOKENS_FILE": str(tokens), "CALIB_PREDICT_TOKENS": "app:token-p",
-           "CALIB_TRUSTED_LABEL_SOURCES": "labeller", "CALIB_CALIBRATION_REFRESH_SECONDS": "0.5"}
+    env = {
+        "CALIB_FEEDBACK_TOKENS_FILE": str(tokens),
+        "CALIB_PREDICT_TOKENS": "app:token-p",
+        "CALIB_TRUSTED_LABEL_SOURCES": "labeller",
+        "CALIB_CALIBRATION_REFRESH_SECONDS": "0.5",
+    }
     a, b = Replica(repository_dir, pg_url, **env), Replica(repository_dir, pg_url, **env)
 
     def report(replica: Replica, **params) -> dict:
@@ -395,8 +431,12 @@ def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_re
         assert [report(a), report(b)] == before  # nothing stored, nothing moved: to the bit
 
         _label(a, DIGITS.x[:150], (DIGITS.y[:150] + 1) % 10, "token-p", "token-i")  # a wrong label for each
-        assert httpx.post(f"{b.url}/feedback", json={"items": wrong},
-                          headers={"Authorization": "Bearer token-i"}).json()["accepted"] == 100
+        assert (
+            httpx.post(f"{b.url}/feedback", json={"items": wrong}, headers={"Authorization": "Bearer token-i"}).json()[
+                "accepted"
+            ]
+            == 100
+        )
         _evaluated(a, b)
         after = [report(a, by_source="true"), report(b, by_source="true")]
         assert after[0] == after[1] and after[0]["n"] == 550  # stored, and in the window
@@ -411,12 +451,16 @@ def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_re
         tokens.write_text("labeller:token-b\nintern:token-i\n")  # the labeller's token rotated
         deadline = time.monotonic() + 20
         for replica in (a, b):
-            while httpx.get(f"{replica.url}/feedback/unmatched",
-                            headers={"Authorization": "Bearer token-a"}).status_code != 401:
+            while (
+                httpx.get(f"{replica.url}/feedback/unmatched", headers={"Authorization": "Bearer token-a"}).status_code
+                != 401
+            ):
                 assert time.monotonic() < deadline, "the rotated token file was not re-read"
                 time.sleep(0.1)
-            assert httpx.get(f"{replica.url}/feedback/unmatched",
-                             headers={"Authorization": "Bearer token-b"}).status_code == 200
+            assert (
+                httpx.get(f"{replica.url}/feedback/unmatched", headers={"Authorization": "Bearer token-b"}).status_code
+                == 200
+            )
         _label(b, DIGITS.x[300:350], DIGITS.y[300:350], "token-p", "token-b")
         _evaluated(a, b)
         rotated = [report(a), report(b)]

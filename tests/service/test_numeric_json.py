@@ -17,8 +17,11 @@ from service.serving.numeric_json import numeric_rows
 NUMBERS = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False))
 LEAVES = st.one_of(NUMBERS, st.booleans(), st.none(), st.text(alphabet='0123456789.e-[]"\\ ', max_size=4))
 NESTED = st.recursive(LEAVES, lambda children: st.lists(children, max_size=4), max_leaves=40)
-FIELDS = st.dictionaries(st.sampled_from(["model", "version", "top_k", "return_logits", "x[", 'q"']),
-                         st.one_of(LEAVES, st.lists(NUMBERS, max_size=2)), max_size=3)
+FIELDS = st.dictionaries(
+    st.sampled_from(["model", "version", "top_k", "return_logits", "x[", 'q"']),
+    st.one_of(LEAVES, st.lists(NUMBERS, max_size=2)),
+    max_size=3,
+)
 
 
 def _rectangular(shape: tuple[int, ...]):
@@ -71,23 +74,33 @@ def test_it_answers_every_rectangular_array_of_numbers(inputs, top_k):
     assert found[0] == {"top_k": top_k, "model": "toy"}
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"inputs": [[1, 2], [3]]}',  # ragged
-    b'{"inputs": [[[1, 2], [], 3], [4, 5, 6]]}',  # same lengths and count of numbers, one array deeper
-    b'{"inputs": [[1, 2], [3, [4]]]}',
-    b'{"inputs": [[1, true], [3, 4]]}',
-    b'{"inputs": [[1, "2"], [3, 4]]}',
-    b'{"inputs": [[1, null], [3, 4]]}',
-    b'{"inputs": [[1, {}], [3, 4]]}',
-    b'{"inputs": [[1, 2]], "inputs": [[3, 4]]}',  # a repeated key
-    b'{"inputs": [[1, 2]], "model": "a[b"}',  # a bracket in a string
-    b'{"inputs": [[1, 2]], "top_k": [1]}',  # another field that is not a scalar
-    b'{"inputs": [[1, 2]], "x": {"y": 1}}',
-    b'{"inputs": []}', b'{"inputs": [[], []]}', b'{"inputs": 3}', b'{"rows": [[1, 2]]}', b'[[1, 2]]',
-    b'{"inputs": [[9007199254740993, 1]]}',  # an integer past 2**53
-    b'{"inputs": [[1e400, 1]]}', b'{"inputs": [[NaN, 1]]}', b'{"inputs": [[1, 2]]', b'\xff\xfe',
-    b'{"inputs": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"inputs": [[1, 2], [3]]}',  # ragged
+        b'{"inputs": [[[1, 2], [], 3], [4, 5, 6]]}',  # same lengths and count of numbers, one array deeper
+        b'{"inputs": [[1, 2], [3, [4]]]}',
+        b'{"inputs": [[1, true], [3, 4]]}',
+        b'{"inputs": [[1, "2"], [3, 4]]}',
+        b'{"inputs": [[1, null], [3, 4]]}',
+        b'{"inputs": [[1, {}], [3, 4]]}',
+        b'{"inputs": [[1, 2]], "inputs": [[3, 4]]}',  # a repeated key
+        b'{"inputs": [[1, 2]], "model": "a[b"}',  # a bracket in a string
+        b'{"inputs": [[1, 2]], "top_k": [1]}',  # another field that is not a scalar
+        b'{"inputs": [[1, 2]], "x": {"y": 1}}',
+        b'{"inputs": []}',
+        b'{"inputs": [[], []]}',
+        b'{"inputs": 3}',
+        b'{"rows": [[1, 2]]}',
+        b"[[1, 2]]",
+        b'{"inputs": [[9007199254740993, 1]]}',  # an integer past 2**53
+        b'{"inputs": [[1e400, 1]]}',
+        b'{"inputs": [[NaN, 1]]}',
+        b'{"inputs": [[1, 2]]',
+        b"\xff\xfe",
+        b'{"inputs": ' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}",
+    ],
+)
 def test_anything_else_is_left_to_the_general_path(raw):
     assert numeric_rows(raw, "inputs") is None
 

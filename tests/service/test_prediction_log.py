@@ -41,8 +41,8 @@ def test_flush_waits_for_the_batch_another_task_is_writing():
         store = SlowStore()
         log = PredictionLog(store, ServiceMetrics(), batch_size=10)
         log.enqueue(_rows(5))
-        writer = asyncio.ensure_future(log.flush())   # takes the rows out of the queue and writes them
-        await asyncio.sleep(0.01)                     # the queue is empty now, the insert still running
+        writer = asyncio.ensure_future(log.flush())  # takes the rows out of the queue and writes them
+        await asyncio.sleep(0.01)  # the queue is empty now, the insert still running
         assert log.pending == 0 and store.stored == []
         await log.flush()
         stored_when_flush_returned = list(store.stored)
@@ -86,19 +86,20 @@ class BatchRecorder(SlowStore):
 def test_under_load_the_writer_sends_full_batches_and_the_remainder_after_the_interval():
     """Rows queued while a full batch is written wait for the next full batch (or the interval),
     instead of following right away as a small batch of their own."""
+
     async def scenario():
         store = BatchRecorder()
         log = PredictionLog(store, ServiceMetrics(), batch_size=100, interval=1.0)
         log.start()
-        log.enqueue(_rows(100))                        # a full batch: written at once
-        await asyncio.sleep(0.02)                      # ... and still being written (the store takes 50 ms)
+        log.enqueue(_rows(100))  # a full batch: written at once
+        await asyncio.sleep(0.02)  # ... and still being written (the store takes 50 ms)
         log.enqueue(_rows(30, start=100))
         await asyncio.sleep(0.3)
         after_full_batch = list(store.batches)
-        log.enqueue(_rows(70, start=130))              # fills the next batch
+        log.enqueue(_rows(70, start=130))  # fills the next batch
         await asyncio.sleep(0.3)
         after_second_batch = list(store.batches)
-        log.enqueue(_rows(10, start=200))              # a remainder: written after the interval
+        log.enqueue(_rows(10, start=200))  # a remainder: written after the interval
         await asyncio.sleep(1.6)
         after_interval = list(store.batches)
         await log.stop()
@@ -121,8 +122,11 @@ def test_sqlite_bulk_inserts_use_two_statement_texts_whatever_the_batch_lengths(
     storage = Store(f"sqlite:///{tmp_path / 'log.db'}")
     storage.db.migrate()
     texts = set()
-    sa.event.listen(storage.db.engine, "before_cursor_execute",
-                    lambda conn, cursor, statement, *args: texts.add(statement) if "INSERT" in statement else None)
+    sa.event.listen(
+        storage.db.engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, *args: texts.add(statement) if "INSERT" in statement else None,
+    )
     start = 0
     for n in (1, 7, 255, 256, 257, 600, 1999):
         storage.predictions.insert(_rows(n, start))
@@ -145,11 +149,22 @@ def test_bulk_insert_stores_every_field_exactly(database_url):
     storage = Store(database_url)
     storage.db.migrate()
     rng = np.random.default_rng(0)
-    rows = [PredictionRow(f"{i:032x}", "digits-lenet5", "7", i % 3, 1.7e9 + i / 3, i % 10, float(rng.random()),
-                          None if i % 4 == 0 else float(rng.random()), rng.random(10).astype(np.float32).tobytes(),
-                          None if i % 5 == 0 else rng.random(10).astype(np.float32).tobytes(),
-                          "offline" if i % 2 else "online")
-            for i in range(300)]
+    rows = [
+        PredictionRow(
+            f"{i:032x}",
+            "digits-lenet5",
+            "7",
+            i % 3,
+            1.7e9 + i / 3,
+            i % 10,
+            float(rng.random()),
+            None if i % 4 == 0 else float(rng.random()),
+            rng.random(10).astype(np.float32).tobytes(),
+            None if i % 5 == 0 else rng.random(10).astype(np.float32).tobytes(),
+            "offline" if i % 2 else "online",
+        )
+        for i in range(300)
+    ]
     storage.predictions.insert(rows)
     with storage.db.engine.connect() as c:
         stored = {r.id: tuple(r) for r in c.execute(sa.select(*[predictions.c[f] for f in PredictionRow._fields]))}

@@ -18,14 +18,19 @@ pytestmark = pytest.mark.e2e  # client venvs of their own, built by `make confor
 def _client(venv: str, script: str, base_url: str) -> dict:
     python = ROOT / venv / "bin" / "python"
     assert python.exists(), f"{venv} is missing: run `make conformance`"
-    done = subprocess.run([str(python), str(ROOT / "tests" / "conformance" / script), base_url, MODEL,
-                           ",".join(map(str, SHAPE))], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(python), str(ROOT / "tests" / "conformance" / script), base_url, MODEL, ",".join(map(str, SHAPE))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_kserve_rest_client_and_models_accept_every_answer_json_and_binary(base_url, rest_probabilities,
-                                                                           ids_take_feedback):
+def test_kserve_rest_client_and_models_accept_every_answer_json_and_binary(
+    base_url, rest_probabilities, ids_take_feedback
+):
     result = _client(".venv-kserve", "kserve_client.py", base_url)
     expected = rest_probabilities(base_url, MODEL, SHAPE)
     for side in ("json", "binary"):
@@ -37,14 +42,19 @@ def test_kserve_rest_client_and_models_accept_every_answer_json_and_binary(base_
 
 def test_mlserver_types_accept_every_answer(base_url, rest_probabilities, ids_take_feedback):
     result = _client(".venv-mlserver", "mlserver_types.py", base_url)
-    np.testing.assert_array_equal(np.asarray(result["probabilities"], np.float32),
-                                  rest_probabilities(base_url, MODEL, SHAPE))
+    np.testing.assert_array_equal(
+        np.asarray(result["probabilities"], np.float32), rest_probabilities(base_url, MODEL, SHAPE)
+    )
     assert len(set(result["ids"])) == 3
     ids_take_feedback(base_url, result["ids"], timeout=5.0)
 
 
-ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"],
-         "additionalProperties": False}
+ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}},
+    "required": ["error"],
+    "additionalProperties": False,
+}
 
 
 def kserve_openapi(schemas: dict) -> dict:
@@ -52,23 +62,40 @@ def kserve_openapi(schemas: dict) -> dict:
     requests generated from KServe's InferenceRequest, answers held to KServe's response models, and every
     error to the protocol's ``{"error": string}``."""
     ref = lambda name: {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}  # noqa: E731
-    errors = {str(code): {"description": "error", "content": {"application/json": {"schema": ERROR}}}
-              for code in (400, 404, 413, 415, 503)}
+    errors = {
+        str(code): {"description": "error", "content": {"application/json": {"schema": ERROR}}}
+        for code in (400, 404, 413, 415, 503)
+    }
     model = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": [MODEL, "nope"]}}]
 
     def get(name: str, parameters=()) -> dict:
-        return {"get": {"parameters": list(parameters), "responses": {
-            "200": {"description": "ok", "content": ref(name)}, **errors}}}
+        return {
+            "get": {
+                "parameters": list(parameters),
+                "responses": {"200": {"description": "ok", "content": ref(name)}, **errors},
+            }
+        }
 
-    infer = {"post": {"parameters": model, "requestBody": {"required": True, "content": ref("InferenceRequest")},
-                      "responses": {"200": {"description": "ok", "content": ref("InferenceResponse")}, **errors}}}
-    return {"openapi": "3.1.0", "info": {"title": "Open Inference Protocol (KServe's models)", "version": "2"},
-            "paths": {"/v2": get("ServerMetadataResponse"), "/v2/health/live": get("ServerLiveResponse"),
-                      "/v2/health/ready": get("ServerReadyResponse"),
-                      "/v2/models/{name}": get("ModelMetadataResponse", model),
-                      "/v2/models/{name}/ready": get("ModelReadyResponse", model),
-                      "/v2/models/{name}/infer": infer},
-            "components": {"schemas": schemas}}
+    infer = {
+        "post": {
+            "parameters": model,
+            "requestBody": {"required": True, "content": ref("InferenceRequest")},
+            "responses": {"200": {"description": "ok", "content": ref("InferenceResponse")}, **errors},
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Open Inference Protocol (KServe's models)", "version": "2"},
+        "paths": {
+            "/v2": get("ServerMetadataResponse"),
+            "/v2/health/live": get("ServerLiveResponse"),
+            "/v2/health/ready": get("ServerReadyResponse"),
+            "/v2/models/{name}": get("ModelMetadataResponse", model),
+            "/v2/models/{name}/ready": get("ModelReadyResponse", model),
+            "/v2/models/{name}/infer": infer,
+        },
+        "components": {"schemas": schemas},
+    }
 
 
 def test_schemathesis_finds_no_answer_that_breaks_kserves_models(base_url):
@@ -86,8 +113,15 @@ def test_schemathesis_finds_no_answer_that_breaks_kserves_models(base_url):
     load_all_checks()
     python = ROOT / ".venv-kserve" / "bin" / "python"
     assert python.exists(), ".venv-kserve is missing: run `make conformance`"
-    schemas = json.loads(subprocess.run([str(python), str(ROOT / "tests" / "conformance" / "kserve_schemas.py")],
-                                        capture_output=True, text=True, check=True, timeout=120).stdout)
+    schemas = json.loads(
+        subprocess.run(
+            [str(python), str(ROOT / "tests" / "conformance" / "kserve_schemas.py")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+    )
     schema = schemathesis.openapi.from_dict(kserve_openapi(schemas))
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

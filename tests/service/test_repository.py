@@ -97,8 +97,9 @@ def test_asking_for_cuda_without_a_gpu_warns_and_reports_cpu(tmp_path, linear_ar
     assert any("CUDA" in r.message and "CPUExecutionProvider" in r.message for r in caplog.records)
 
 
-def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everywhere(tmp_path, linear_artifact,
-                                                                                      server_for, caplog):
+def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everywhere(
+    tmp_path, linear_artifact, server_for, caplog
+):
     linear_artifact(tmp_path, "toy", "1")
     settings = Settings(artifacts=tmp_path, device="cuda", database_url=f"sqlite:///{tmp_path / 'm.db'}")
     with caplog.at_level(logging.INFO, logger="service"), server_for(settings) as (base_url, _):
@@ -150,18 +151,30 @@ def test_metrics_exposition_parses_and_counts_by_route_template(base_url):
     httpx.get(f"{base_url}/v2/models/toy/versions/1")
     text = httpx.get(f"{base_url}/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    requests = {(s.labels["route"], s.labels["status"]): s.value for s in families["calib_http_requests"].samples
-                if s.name == "calib_http_requests_total"}
+    requests = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in families["calib_http_requests"].samples
+        if s.name == "calib_http_requests_total"
+    }
     assert requests[("/predict", "200")] >= 1 and requests[("/predict", "422")] >= 1
     assert requests[("/v2/models/{name}/versions/{version}", "200")] >= 1
-    for name in ("calib_http_request_duration_seconds", "calib_queue_duration_seconds",
-                 "calib_inference_duration_seconds", "calib_batch_size_rows"):
+    for name in (
+        "calib_http_request_duration_seconds",
+        "calib_queue_duration_seconds",
+        "calib_inference_duration_seconds",
+        "calib_batch_size_rows",
+    ):
         assert families[name].type == "histogram"
     assert families["calib_http_requests_in_flight"].type == "gauge"
-    info = {(s.labels["model"], s.labels["version"], s.labels["provider"]) for s in families["calib_model_info"].samples}
+    info = {
+        (s.labels["model"], s.labels["version"], s.labels["provider"]) for s in families["calib_model_info"].samples
+    }
     assert ("toy", "2", "CPUExecutionProvider") in info and ("digits-lenet5", "1", "CPUExecutionProvider") in info
-    inference = [s for s in families["calib_inference_duration_seconds"].samples
-                 if s.name.endswith("_count") and s.labels["model"] == "toy:2"]
+    inference = [
+        s
+        for s in families["calib_inference_duration_seconds"].samples
+        if s.name.endswith("_count") and s.labels["model"] == "toy:2"
+    ]
     assert inference and inference[0].value >= 1
 
 
@@ -199,8 +212,9 @@ def test_every_session_of_a_padding_model_is_warmed_up_at_each_bucket(tmp_path, 
     (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 8, "instances": 2}))
     seen = []
     original = runtime_module.ModelRuntime._run
-    monkeypatch.setattr(runtime_module.ModelRuntime, "_run", lambda self, x: seen.append((id(self), len(x)))
-                        or original(self, x))
+    monkeypatch.setattr(
+        runtime_module.ModelRuntime, "_run", lambda self, x: seen.append((id(self), len(x))) or original(self, x)
+    )
     repository = ModelRepository(Settings(artifacts=tmp_path, pad_batches="on"))
     repository.load()
     runtimes = repository.get("toy").runtimes

@@ -14,13 +14,31 @@ pytestmark = pytest.mark.e2e  # scripts/simulate_shift.py spawns a server proces
 def test_simulation_detects_shift_and_stays_quiet_in_distribution(tmp_path):
     out = tmp_path / "sim.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "simulate_shift.py"), "--runs", "1", "--labels", "1500",
-         "--corruptions", "contrast", "--severities", "4", "--max-shifted", "600", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "simulate_shift.py"),
+            "--runs",
+            "1",
+            "--labels",
+            "1500",
+            "--corruptions",
+            "contrast",
+            "--severities",
+            "4",
+            "--max-shifted",
+            "600",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(out.read_text())
-    assert data["false_alarm_runs"] == [{"labels": 1500, "alarm": False, "warnings": data["false_alarm_runs"][0]["warnings"]}]
+    assert data["false_alarm_runs"] == [
+        {"labels": 1500, "alarm": False, "warnings": data["false_alarm_runs"][0]["warnings"]}
+    ]
     rows = {row["scenario"]: row for row in data["scenarios"]}
     assert 0.07 < rows["synthetic, logits x2.5"]["population_ece"] < 0.09
     for name in ("synthetic, logits x2.5", "contrast s4"):

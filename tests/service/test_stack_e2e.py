@@ -35,8 +35,10 @@ def _interpolated(value) -> str:
 
 
 ENVIRONMENT = {k: _interpolated(v) for k, v in COMPOSE["services"]["service"]["environment"].items()}
-PREDICT, FEEDBACK = ({"Authorization": f"Bearer {ENVIRONMENT[name].split(',')[0].split(':', 1)[1]}"}
-                     for name in ("CALIB_PREDICT_TOKENS", "CALIB_FEEDBACK_TOKENS"))
+PREDICT, FEEDBACK = (
+    {"Authorization": f"Bearer {ENVIRONMENT[name].split(',')[0].split(':', 1)[1]}"}
+    for name in ("CALIB_PREDICT_TOKENS", "CALIB_FEEDBACK_TOKENS")
+)
 pytestmark = pytest.mark.e2e  # PostgreSQL, Prometheus and two server processes
 
 
@@ -70,12 +72,23 @@ def stack(postgres):
         for _ in range(2):
             port = _free_port()
             env = dict(os.environ, **ENVIRONMENT)
-            env.update(CALIB_HOST="127.0.0.1", CALIB_PORT=str(port), CALIB_GRPC_PORT="0",
-                       CALIB_ARTIFACTS=str(ROOT / "artifacts"),
-                       CALIB_DATABASE_URL=database, CALIB_CALIBRATION_REFRESH_SECONDS="1")
+            env.update(
+                CALIB_HOST="127.0.0.1",
+                CALIB_PORT=str(port),
+                CALIB_GRPC_PORT="0",
+                CALIB_ARTIFACTS=str(ROOT / "artifacts"),
+                CALIB_DATABASE_URL=database,
+                CALIB_CALIBRATION_REFRESH_SECONDS="1",
+            )
             assert spec["command"][0] == "python"
-            processes.append(subprocess.Popen([sys.executable, *spec["command"][1:]], env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, *spec["command"][1:]],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             _wait(f"{url}/v2/health/ready")
@@ -83,13 +96,26 @@ def stack(postgres):
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(ROOT / "deploy" / "prometheus" / "alerts.yml")],
-            "scrape_configs": [{"job_name": "calibrated-serving",
-                                "static_configs": [{"targets": [u.removeprefix("http://") for u in urls]}]}],
+            "scrape_configs": [
+                {
+                    "job_name": "calibrated-serving",
+                    "static_configs": [{"targets": [u.removeprefix("http://") for u in urls]}],
+                }
+            ],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        processes.append(subprocess.Popen(
-            ["prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        processes.append(
+            subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         prometheus = f"http://127.0.0.1:{prometheus_port}"
         _wait(f"{prometheus}/-/ready")
         yield urls, prometheus
@@ -136,13 +162,16 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=42)
     for k, start in enumerate(range(0, 1200, 100)):
         scale = 1.0 if start < 400 else 2.5
-        items = [{"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5", "version": version}
-                 for p, t in zip(softmax(scale * z[start:start + 100]), y[start:start + 100])]
+        items = [
+            {"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5", "version": version}
+            for p, t in zip(softmax(scale * z[start : start + 100]), y[start : start + 100])
+        ]
         assert httpx.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}, headers=FEEDBACK).status_code == 200
 
     def every_report_alarmed():  # the replicas evaluate the alarm every second, not in the request
-        reports = [httpx.get(f"{u}/calibration", params={"model": "digits-lenet5", "version": version}).json()
-                   for u in urls]
+        reports = [
+            httpx.get(f"{u}/calibration", params={"model": "digits-lenet5", "version": version}).json() for u in urls
+        ]
         return reports if all(r["alarm"]["state"] == "alarm" for r in reports) else None
 
     reports = _eventually(every_report_alarmed)
@@ -150,17 +179,18 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     assert len({r["ece"] for r in reports}) == 1 and reports[0]["ece"] > 0.05
 
     def every_replica_alarmed():
-        alarmed = _query(prometheus, f'calib_alarm_state{{{selector}}} == 2')
+        alarmed = _query(prometheus, f"calib_alarm_state{{{selector}}} == 2")
         return alarmed if len(alarmed) == len(urls) else None
 
     state = _eventually(every_replica_alarmed)
     assert {s["metric"]["instance"] for s in state} == {u.removeprefix("http://") for u in urls}
     alert = _eventually(lambda: _query(prometheus, f'ALERTS{{alertname="ModelMiscalibrated",{selector}}}'))
     assert alert[0]["metric"]["alertstate"] in {"pending", "firing"}
+
     # The bin counters exist from start-up (at 0, so increase() misses no label): the rule reads NaN
     # (0/0) until the labels' counts are scraped, then the shifted traffic's ECE once every replica's are.
     def rule_sees_the_shift():
-        ece = _query(prometheus, f'calib:ece_from_bins:1h{{{selector}}}')
+        ece = _query(prometheus, f"calib:ece_from_bins:1h{{{selector}}}")
         return ece if ece and float(ece[0]["value"][1]) > 0.05 else None
 
     assert float(_eventually(rule_sees_the_shift)[0]["value"][1]) > 0.05

@@ -27,17 +27,38 @@ def _fill(storage: Store, n: int, *, start: int = 0, model: str = "m", t0: float
         at = t0 + start + offset + np.arange(k)
         ids = [f"{model[:5]}{start + offset + i:027d}" for i in range(k)]
         blobs = [np.array([conf[i], 1 - conf[i]], np.float32).tobytes() for i in range(k)]
-        preds = [PredictionRow(ids[i], model, "1", 0, float(at[i]), 0, float(conf[i]), None, blobs[i], None, "offline")
-                 for i in range(k)]
-        rows = [LabelRow(ids[i], model, "1", 0, 0, int(correct[i]), float(conf[i]),
-                         int(binning.bin_index(conf[i:i + 1], EDGES)[0]), float(conf[i]), float(1 - conf[i]),
-                         float(at[i]), blobs[i]) for i in range(k)]
+        preds = [
+            PredictionRow(ids[i], model, "1", 0, float(at[i]), 0, float(conf[i]), None, blobs[i], None, "offline")
+            for i in range(k)
+        ]
+        rows = [
+            LabelRow(
+                ids[i],
+                model,
+                "1",
+                0,
+                0,
+                int(correct[i]),
+                float(conf[i]),
+                int(binning.bin_index(conf[i : i + 1], EDGES)[0]),
+                float(conf[i]),
+                float(1 - conf[i]),
+                float(at[i]),
+                blobs[i],
+            )
+            for i in range(k)
+        ]
         storage.labels.insert(rows, preds)
 
 
 def _brute_force(storage: Store, model: str = "m", *, last: int | None = None, cutoff: float | None = None):
-    query = sa.select(labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll,
-                      labels.c.labelled_at).where(labels.c.model == model).order_by(labels.c.seq.desc())
+    query = (
+        sa.select(
+            labels.c.seq, labels.c.conf_bin, labels.c.confidence, labels.c.correct, labels.c.nll, labels.c.labelled_at
+        )
+        .where(labels.c.model == model)
+        .order_by(labels.c.seq.desc())
+    )
     if cutoff is not None:
         query = query.where(labels.c.labelled_at >= cutoff)
     if last is not None:
@@ -74,7 +95,9 @@ def filled(database_url):
 def test_count_windows_equal_a_scan_of_every_row(filled):
     total = 3 * BLOCK_LABELS + 700
     for last in (1, 17, 399, 400, 401, BLOCK_LABELS, BLOCK_LABELS + 1, 2500, total - 1, total, total + 10):
-        _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last))
+        _assert_same(
+            filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last)
+        )
     _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS), _brute_force(filled))
     with filled.db.engine.connect() as c:  # the block sums really are the source: far fewer rows than labels
         assert c.execute(sa.select(sa.func.count()).select_from(label_bins)).scalar() < total / 10
@@ -83,15 +106,19 @@ def test_count_windows_equal_a_scan_of_every_row(filled):
 def test_time_windows_equal_a_scan_of_every_row(filled):
     now = 1000.0 + 3 * BLOCK_LABELS + 700
     for seconds in (0.5, 10, 399.5, 1000, 2047, 2048.5, 5000, 10**6):
-        _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, seconds=seconds, now=now),
-                     _brute_force(filled, cutoff=now - seconds))
+        _assert_same(
+            filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, seconds=seconds, now=now),
+            _brute_force(filled, cutoff=now - seconds),
+        )
 
 
 def test_purge_rebuilds_the_block_sums_it_touches(filled):
     purged = filled.purge(older_than=1000.0 + 1500)
     assert purged > 1500  # labels of both models
     for last in (100, 2000, 10**6):
-        _assert_same(filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last))
+        _assert_same(
+            filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last)
+        )
     _assert_same(filled.labels.window(CalibrationKey("other", "1", 0), N_BINS), _brute_force(filled, "other"))
 
 
@@ -111,7 +138,9 @@ def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrate
     with fresh.db.engine.connect() as c:
         assert c.execute(sa.select(schema_info.c.version)).scalar() == 2
     for last in (10, 1500, None):
-        _assert_same(fresh.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(fresh, last=last))
+        _assert_same(
+            fresh.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(fresh, last=last)
+        )
     rows, _ = fresh.labels.newest(KEY, 50)
     y, probs = rows.y, rows.probs
     assert len(y) == 50 and np.isnan(rows.logits).all()
@@ -135,10 +164,13 @@ def test_a_store_without_label_sources_gets_the_columns_and_labels_keep_their_so
     fresh.db.migrate()
     fresh.db.migrate()  # idempotent
     _fill(fresh, 30)
-    rows = [LabelRow(f"{i:032x}", "m", "1", 0, 1, 1, 0.9, 13, 0.1, 0.01, 2000.0 + i, source="labeller")
-            for i in range(10_000, 10_005)]
-    fresh.labels.insert(rows, [PredictionRow(r.prediction_id, "m", "1", 0, 2000.0, 1, 0.9, None, b"\0" * 12, None)
-                               for r in rows])
+    rows = [
+        LabelRow(f"{i:032x}", "m", "1", 0, 1, 1, 0.9, 13, 0.1, 0.01, 2000.0 + i, source="labeller")
+        for i in range(10_000, 10_005)
+    ]
+    fresh.labels.insert(
+        rows, [PredictionRow(r.prediction_id, "m", "1", 0, 2000.0, 1, 0.9, None, b"\0" * 12, None) for r in rows]
+    )
     found = fresh.labels.by_source(KEY, N_BINS)
     assert {s: stats.n for s, stats in found.items()} == {"anonymous": 30, "labeller": 5}
     assert found["labeller"].accuracy() == 1.0
@@ -155,8 +187,17 @@ def test_newest_rows_held_by_the_monitor_equal_a_fresh_fetch(database_url):
 
     storage = Store(database_url)
     storage.db.migrate()
-    monitor = Monitor(storage, None, None, n_bins=N_BINS, policy=AlarmPolicy(), alarm_window="1000", detail_rows=300,
-                      drift_rows=100, n_resamples=10)
+    monitor = Monitor(
+        storage,
+        None,
+        None,
+        n_bins=N_BINS,
+        policy=AlarmPolicy(),
+        alarm_window="1000",
+        detail_rows=300,
+        drift_rows=100,
+        n_resamples=10,
+    )
     reads, fetch = [], storage.labels.newest
 
     def recorded(*args, **kwargs):

@@ -32,7 +32,10 @@ def test_model_metadata(base_url):
     assert meta["platform"] == "onnxruntime_onnx" and meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
     assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
-        ("logits", "FP32"), ("probabilities", "FP32"), ("prediction_id", "BYTES")]
+        ("logits", "FP32"),
+        ("probabilities", "FP32"),
+        ("prediction_id", "BYTES"),
+    ]
     # every parameter value is a string, number or boolean (the protocol's rule); lists and objects JSON-encoded
     assert all(isinstance(v, str | int | float | bool) for v in meta["parameters"].values())
     # what an image must look like: the manifest's preprocessing and its polarity in words
@@ -43,21 +46,28 @@ def test_model_metadata(base_url):
 
 
 def test_json_infer_flat_and_nested(base_url):
-    flat = {"id": "req-1", "inputs": [{"name": "input", "shape": [6, 1, 8, 8], "datatype": "FP32",
-                                       "data": X.ravel().tolist()}]}
+    flat = {
+        "id": "req-1",
+        "inputs": [{"name": "input", "shape": [6, 1, 8, 8], "datatype": "FP32", "data": X.ravel().tolist()}],
+    }
     r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=flat)
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["model_name"], body["model_version"], body["id"]) == ("digits-lenet5", "1", "req-1")
     outputs = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in body["outputs"]}
     assert [(o["name"], o["datatype"], o["shape"]) for o in body["outputs"]] == [
-        ("logits", "FP32", [6, 10]), ("probabilities", "FP32", [6, 10]), ("prediction_id", "BYTES", [6])]
+        ("logits", "FP32", [6, 10]),
+        ("probabilities", "FP32", [6, 10]),
+        ("prediction_id", "BYTES", [6]),
+    ]
     assert list(outputs["prediction_id"]) == body["parameters"]["prediction_ids"].split(",")
     assert outputs["probabilities"].shape == (6, 10)
     temperature = httpx.get(f"{base_url}/models").json()["models"][0]["versions"][0]["temperature"]
     np.testing.assert_allclose(outputs["probabilities"], apply_temperature(outputs["logits"], temperature), atol=1e-6)
-    nested = {"inputs": [{"name": "input", "shape": [6, 1, 8, 8], "datatype": "FP64", "data": X.tolist()}],
-              "outputs": [{"name": "probabilities"}]}
+    nested = {
+        "inputs": [{"name": "input", "shape": [6, 1, 8, 8], "datatype": "FP64", "data": X.tolist()}],
+        "outputs": [{"name": "probabilities"}],
+    }
     body = httpx.post(f"{base_url}/v2/models/digits-lenet5/versions/1/infer", json=nested).json()
     assert [o["name"] for o in body["outputs"]] == ["probabilities"]
     assert len(body["id"]) == 32 and body["id"] != _json_infer(base_url, X[:1])["id"]  # none asked: a fresh one each
@@ -71,8 +81,10 @@ def test_tritonclient_http_works_unchanged(base_url):
     for binary in (True, False):
         tensor = triton.InferInput("input", list(X.shape), "FP32")
         tensor.set_data_from_numpy(X, binary_data=binary)
-        outputs = [triton.InferRequestedOutput("probabilities", binary_data=binary),
-                   triton.InferRequestedOutput("logits", binary_data=not binary)]
+        outputs = [
+            triton.InferRequestedOutput("probabilities", binary_data=binary),
+            triton.InferRequestedOutput("logits", binary_data=not binary),
+        ]
         result = client.infer("digits-lenet5", [tensor], outputs=outputs)
         probs, logits = result.as_numpy("probabilities"), result.as_numpy("logits")
         assert probs.shape == (6, 10) and logits.shape == (6, 10)
@@ -84,21 +96,45 @@ def test_tritonclient_http_works_unchanged(base_url):
 
 
 V2_ERRORS = [
-    ({"inputs": [{"name": "pixels", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}]}, 400,
-     "unknown input 'pixels'"),
-    ({"inputs": [{"name": "input", "shape": [1, 8, 8], "datatype": "FP32", "data": [0] * 64}]}, 400,
-     "does not match the model input [N, 1, 8, 8]"),
-    ({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "BYTES", "data": ["a"]}]}, 400,
-     "datatype 'BYTES' is not supported"),
-    ({"inputs": [{"name": "input", "shape": [2, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}]}, 400,
-     "holds 64 values but shape [2, 1, 8, 8] needs 128"),
-    ({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": ["x"] * 64}]}, 400,
-     "must hold only numbers"),
+    (
+        {"inputs": [{"name": "pixels", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}]},
+        400,
+        "unknown input 'pixels'",
+    ),
+    (
+        {"inputs": [{"name": "input", "shape": [1, 8, 8], "datatype": "FP32", "data": [0] * 64}]},
+        400,
+        "does not match the model input [N, 1, 8, 8]",
+    ),
+    (
+        {"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "BYTES", "data": ["a"]}]},
+        400,
+        "datatype 'BYTES' is not supported",
+    ),
+    (
+        {"inputs": [{"name": "input", "shape": [2, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}]},
+        400,
+        "holds 64 values but shape [2, 1, 8, 8] needs 128",
+    ),
+    (
+        {"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": ["x"] * 64}]},
+        400,
+        "must hold only numbers",
+    ),
     ({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32"}]}, 400, "has no data"),
-    ({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}],
-      "outputs": [{"name": "embeddings"}]}, 400, "unknown outputs ['embeddings']"),
-    ({"inputs": [{"name": "input", "shape": [65, 1, 8, 8], "datatype": "FP32", "data": [0] * 64 * 65}]}, 400,
-     "exceeds the limit of 64"),
+    (
+        {
+            "inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}],
+            "outputs": [{"name": "embeddings"}],
+        },
+        400,
+        "unknown outputs ['embeddings']",
+    ),
+    (
+        {"inputs": [{"name": "input", "shape": [65, 1, 8, 8], "datatype": "FP32", "data": [0] * 64 * 65}]},
+        400,
+        "exceeds the limit of 64",
+    ),
     ({"inputs": []}, 400, "at least 1 item"),
     ({"input": []}, 400, "inputs: Field required"),
 ]
@@ -116,18 +152,32 @@ def test_v2_unknown_model_bad_json_and_bad_binary_sizes(base_url):
     assert httpx.post(f"{base_url}/v2/models/nope/infer", json={"inputs": [tensor]}).status_code == 404
     r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=b"{not json")
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
-    header = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 256}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "parameters": {"binary_data_size": 256}}
+            ]
+        }
+    ).encode()
     short = header + b"\0" * 100
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=short,
-                   headers={"Inference-Header-Content-Length": str(len(header))})
+    r = httpx.post(
+        f"{base_url}/v2/models/digits-lenet5/infer",
+        content=short,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
     assert r.status_code == 400 and "does not fit" in r.json()["error"]
     extra = header + b"\0" * 300
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=extra,
-                   headers={"Inference-Header-Content-Length": str(len(header))})
+    r = httpx.post(
+        f"{base_url}/v2/models/digits-lenet5/infer",
+        content=extra,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
     assert r.status_code == 400 and "44 binary bytes are not claimed" in r.json()["error"]
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=header,
-                   headers={"Inference-Header-Content-Length": "99999"})
+    r = httpx.post(
+        f"{base_url}/v2/models/digits-lenet5/infer",
+        content=header,
+        headers={"Inference-Header-Content-Length": "99999"},
+    )
     assert r.status_code == 400 and "does not fit a body" in r.json()["error"]
 
 
@@ -138,8 +188,10 @@ def test_a_body_declared_over_the_limit_is_a_413_in_the_protocols_error_format(b
 
 
 def _json_infer(base_url, x, **extra) -> dict:
-    payload = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
-               **extra}
+    payload = {
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
+        **extra,
+    }
     r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=payload)
     assert r.status_code == 200, r.text
     return r.json()
@@ -147,11 +199,24 @@ def _json_infer(base_url, x, **extra) -> dict:
 
 def _binary_infer(base_url, x) -> tuple[dict, bytes]:
     """A request with the binary tensor extension, all outputs as binary: the response's JSON header and the bytes."""
-    header = json.dumps({"parameters": {"binary_data_output": True},
-                         "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=header + x.astype(np.float32).tobytes(),
-                   headers={"Inference-Header-Content-Length": str(len(header))})
+    header = json.dumps(
+        {
+            "parameters": {"binary_data_output": True},
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+        }
+    ).encode()
+    r = httpx.post(
+        f"{base_url}/v2/models/digits-lenet5/infer",
+        content=header + x.astype(np.float32).tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
     assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream", r.text
     split = int(r.headers["Inference-Header-Content-Length"])
     return json.loads(r.content[:split]), r.content[split:]
@@ -159,7 +224,9 @@ def _binary_infer(base_url, x) -> tuple[dict, bytes]:
 
 def _flush(app) -> None:
     """Write the prediction log's queue now, on the server's event loop."""
-    asyncio.run_coroutine_threadsafe(app.state.endpoints.prediction_log.flush(), app.state.endpoints.feedback.loop).result(30)
+    asyncio.run_coroutine_threadsafe(
+        app.state.endpoints.prediction_log.flush(), app.state.endpoints.feedback.loop
+    ).result(30)
 
 
 def _labels(base_url) -> int:
@@ -173,7 +240,8 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     _flush(app)
     stored = app.state.endpoints.store.predictions.fetch(ids)
     assert [(stored[i].model, stored[i].version, stored[i].predicted) for i in ids] == [
-        ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)]
+        ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)
+    ]
     np.testing.assert_allclose([stored[i].confidence for i in ids], probabilities.max(axis=1), atol=1e-6)
     before = _labels(base_url)
     items = [{"prediction_id": i, "label": int(y)} for i, y in zip(ids, Y)]
@@ -194,9 +262,14 @@ def test_tritonclient_binary_infer_is_logged_and_its_prediction_ids_take_feedbac
     client = triton.InferenceServerClient(url=server[0].removeprefix("http://"))
     tensor = triton.InferInput("input", list(X.shape), "FP32")
     tensor.set_data_from_numpy(X, binary_data=True)
-    result = client.infer("digits-lenet5", [tensor], outputs=[
-        triton.InferRequestedOutput("probabilities", binary_data=True),
-        triton.InferRequestedOutput("prediction_id", binary_data=True)])
+    result = client.infer(
+        "digits-lenet5",
+        [tensor],
+        outputs=[
+            triton.InferRequestedOutput("probabilities", binary_data=True),
+            triton.InferRequestedOutput("prediction_id", binary_data=True),
+        ],
+    )
     ids = [i.decode() for i in result.as_numpy("prediction_id")]
     assert len(ids) == len(X) and ids == result.get_response()["parameters"]["prediction_ids"].split(",")
     _assert_logged_and_labelled(server, ids, result.as_numpy("probabilities"))
@@ -208,8 +281,10 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
 
     def counts() -> tuple[float, float]:
         _flush(app)
-        return (registry.get_sample_value("calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) or 0.0,
-                registry.get_sample_value("calib_prediction_log_written_total") or 0.0)
+        return (
+            registry.get_sample_value("calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) or 0.0,
+            registry.get_sample_value("calib_prediction_log_written_total") or 0.0,
+        )
 
     predicted, written = counts()
     json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"].split(",")
@@ -221,19 +296,30 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
     assert len(app.state.endpoints.store.predictions.fetch(json_ids + binary_ids)) == 10
 
 
-def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_nothing(repository_dir, tmp_path,
-                                                                                     server_for):
-    settings = Settings(artifacts=repository_dir, default_model="digits-lenet5", prediction_log=False,
-                        database_url=f"sqlite:///{tmp_path / 'unlogged.db'}")
+def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_nothing(
+    repository_dir, tmp_path, server_for
+):
+    settings = Settings(
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        prediction_log=False,
+        database_url=f"sqlite:///{tmp_path / 'unlogged.db'}",
+    )
     with server_for(settings) as (base_url, app):
-        predict_ids = [p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": X.tolist()}).json()["predictions"]]
+        predict_ids = [
+            p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": X.tolist()}).json()["predictions"]
+        ]
         json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"].split(",")
         binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"].split(",")
         assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
         _flush(app)
         assert app.state.endpoints.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
-        assert app.state.endpoints.metrics.registry.get_sample_value(
-            "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) == 16
+        assert (
+            app.state.endpoints.metrics.registry.get_sample_value(
+                "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}
+            )
+            == 16
+        )
 
 
 def _phase_count(base_url: str, route: str, phase: str) -> float:
@@ -259,8 +345,9 @@ def test_infer_runs_on_the_fast_path_and_times_its_phases(base_url, route):
 
 def test_the_fields_the_protocol_allows_are_accepted_and_ignored(base_url):
     # kserve's InferRequest.to_rest() and Triton's examples send model_name; the spec's schemas allow extra fields
-    body = _json_infer(base_url, X[:2], model_name="digits-lenet5", model_version="1",
-                       outputs=[{"name": "probabilities", "extra": 1}])
+    body = _json_infer(
+        base_url, X[:2], model_name="digits-lenet5", model_version="1", outputs=[{"name": "probabilities", "extra": 1}]
+    )
     assert [o["name"] for o in body["outputs"]] == ["probabilities"]
 
 
@@ -268,11 +355,11 @@ def test_binary_prediction_ids_are_a_bytes_tensor_and_the_old_list_is_there_for_
     header, blob = _binary_infer(base_url, X[:3])
     sizes = {o["name"]: o["parameters"]["binary_data_size"] for o in header["outputs"]}
     assert [o["datatype"] for o in header["outputs"]] == ["FP32", "FP32", "BYTES"]
-    raw = blob[sizes["logits"] + sizes["probabilities"]:]
+    raw = blob[sizes["logits"] + sizes["probabilities"] :]
     ids, offset = [], 0
     while offset < len(raw):  # the extension's BYTES layout: a 4-byte little-endian length, then the bytes
-        n = int.from_bytes(raw[offset:offset + 4], "little")
-        ids.append(raw[offset + 4:offset + 4 + n].decode())
+        n = int.from_bytes(raw[offset : offset + 4], "little")
+        ids.append(raw[offset + 4 : offset + 4 + n].decode())
         offset += 4 + n
     assert len(raw) == sizes["prediction_id"] and ids == header["parameters"]["prediction_ids"].split(",")
     legacy = _json_infer(base_url, X[:2], parameters={"prediction_ids_format": "list"})

@@ -39,8 +39,10 @@ def test_select_epoch_implements_each_policy():
 def bumpy_runs():
     config = load_config(**BUMPY)
     splits = load_splits(config)
-    runs = {policy: train(config.model_copy(update={"checkpoint": policy}), splits, progress=False)
-            for policy in ("last", "best-accuracy", "best-nll")}
+    runs = {
+        policy: train(config.model_copy(update={"checkpoint": policy}), splits, progress=False)
+        for policy in ("last", "best-accuracy", "best-nll")
+    }
     return splits, runs
 
 
@@ -80,8 +82,10 @@ def test_default_policy_is_best_accuracy_and_bad_values_are_refused(capsys):
     with pytest.raises(ConfigError, match="checkpoint: Input should be 'last', 'best-accuracy' or 'best-nll'"):
         load_config(checkpoint="final")
     assert main(["train", "--checkpoint", "best", "--epochs", "1"]) == 2
-    assert "error: invalid configuration: checkpoint: Input should be 'last', 'best-accuracy' or 'best-nll'" \
+    assert (
+        "error: invalid configuration: checkpoint: Input should be 'last', 'best-accuracy' or 'best-nll'"
         in capsys.readouterr().err
+    )
     with pytest.raises(ConfigError, match=r"milestones must be increasing fractions in \(0, 1\)"):
         load_config(milestones=[0.75, 0.5])
     with pytest.raises(ConfigError, match="label_noise: Input should be less than 1"):
@@ -117,19 +121,35 @@ def test_study_defaults_to_the_papers_protocol():
     from training.study import STUDY_PROTOCOL, study_config
 
     config = study_config()
-    assert (config.checkpoint, config.optimizer, config.schedule, config.calibration_objective) == \
-        ("last", "sgd", "step", "ece")
+    assert (config.checkpoint, config.optimizer, config.schedule, config.calibration_objective) == (
+        "last",
+        "sgd",
+        "step",
+        "ece",
+    )
     assert config.milestones == pytest.approx([150 / 350, 250 / 350])
     assert config.label_noise == STUDY_PROTOCOL["label_noise"] == 0.3
-    assert study_config(epochs=3, checkpoint="best-nll").model_dump(include={"epochs", "checkpoint"}) == \
-        {"epochs": 3, "checkpoint": "best-nll"}
+    assert study_config(epochs=3, checkpoint="best-nll").model_dump(include={"epochs", "checkpoint"}) == {
+        "epochs": 3,
+        "checkpoint": "best-nll",
+    }
 
 
 def test_study_over_seeds_writes_the_table_claims_and_machine(tmp_path, capsys):
     from training.study import STUDY_LOSSES
 
-    argv = ["study", "--seeds", "0,1", "--epochs", "1", "--n-resamples", "10", "--output", str(tmp_path),
-            "--no-progress"]
+    argv = [
+        "study",
+        "--seeds",
+        "0,1",
+        "--epochs",
+        "1",
+        "--n-resamples",
+        "10",
+        "--output",
+        str(tmp_path),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     study = json.loads((tmp_path / "study.json").read_text())

@@ -35,9 +35,7 @@ def _dataset(n: int = 6, c: int = 1, size: int = 4, k: int = 2) -> ImageDataset:
 
 
 def test_image_dataset_len_subset_and_class_names_tuple():
-    ds = ImageDataset(
-        x=np.zeros((4, 1, 2, 2), np.float32), y=np.array([0, 1, 1, 0], np.int64), class_names=["a", "b"]
-    )
+    ds = ImageDataset(x=np.zeros((4, 1, 2, 2), np.float32), y=np.array([0, 1, 1, 0], np.int64), class_names=["a", "b"])
     assert len(ds) == 4 and ds.class_names == ("a", "b") and ds.num_classes == 2
     sub = ds.subset([3, 1])
     assert len(sub) == 2 and sub.y.tolist() == [0, 1] and sub.class_names == ds.class_names

@@ -24,8 +24,9 @@ def test_default_artifact_is_valid_and_calibrated():
     session = ort.InferenceSession(str(DEFAULT / "model.onnx"), providers=["CPUExecutionProvider"])
     x = load_dataset("digits").test.x
     logits, probs = session.run(["logits", "probabilities"], {manifest.input.name: x})
-    np.testing.assert_allclose(probs, apply_temperature(logits.astype(np.float64), manifest.calibration.temperature),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        probs, apply_temperature(logits.astype(np.float64), manifest.calibration.temperature), atol=1e-6
+    )
     assert manifest.metrics["test"]["after"]["accuracy"]["value"] > 0.9
     for name in ("report.md", "metrics.json", "plots/reliability.png"):
         assert (DEFAULT / name).is_file()
@@ -38,8 +39,10 @@ def test_example_configs_validate(path, tmp_path):
     settings = yaml.safe_load(path.read_text())
     weights = tmp_path / "weights.pth"
     weights.touch()
-    overrides = {"data_path": tmp_path if settings["dataset"] != "digits" else None,
-                 "weights": weights if "weights" in settings else None}
+    overrides = {
+        "data_path": tmp_path if settings["dataset"] != "digits" else None,
+        "weights": weights if "weights" in settings else None,
+    }
     if settings["model"].startswith("torchvision:") and not torchvision_available():
         with pytest.raises(ConfigError, match=f"model: {settings['model']} needs the optional \\[vision\\] extra"):
             load_config(path, **overrides)

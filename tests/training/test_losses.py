@@ -156,9 +156,9 @@ def test_entropy_penalty_value():
         total += -math.log(p[y]) - beta * h
     expected = total / 2
     assert value(ConfidencePenaltyLoss(beta=beta)) == pytest.approx(expected, rel=1e-12)
-    default_expected = ref_ce(LOGITS, TARGETS) - 0.1 * sum(
-        -sum(pk * math.log(pk) for pk in softmax_row(z)) for z in LOGITS
-    ) / 2
+    default_expected = (
+        ref_ce(LOGITS, TARGETS) - 0.1 * sum(-sum(pk * math.log(pk) for pk in softmax_row(z)) for z in LOGITS) / 2
+    )
     assert value(build_loss("entropy_penalty")) == pytest.approx(default_expected, rel=1e-12)
 
 
@@ -252,9 +252,7 @@ def test_focal_gamma_zero_equals_ce():
 
 def test_label_smoothing_zero_equals_ce():
     z, y = as_tensors()
-    assert LabelSmoothingCrossEntropy(smoothing=0.0)(z, y).item() == pytest.approx(
-        ref_ce(LOGITS, TARGETS), rel=1e-12
-    )
+    assert LabelSmoothingCrossEntropy(smoothing=0.0)(z, y).item() == pytest.approx(ref_ce(LOGITS, TARGETS), rel=1e-12)
 
 
 def test_mbls_equals_ce_when_gaps_below_margin():
@@ -263,9 +261,7 @@ def test_mbls_equals_ce_when_gaps_below_margin():
     assert MarginLabelSmoothingLoss()(z, y).item() == pytest.approx(ref_ce(LOGITS, TARGETS), rel=1e-12)
     # Gap exactly at the margin is not penalised either.
     z2, y2 = as_tensors([[10.0, 0.0, 5.0]], [2])
-    assert MarginLabelSmoothingLoss()(z2, y2).item() == pytest.approx(
-        ref_ce([[10.0, 0.0, 5.0]], [2]), rel=1e-12
-    )
+    assert MarginLabelSmoothingLoss()(z2, y2).item() == pytest.approx(ref_ce([[10.0, 0.0, 5.0]], [2]), rel=1e-12)
 
 
 def test_entropy_penalty_beta_zero_and_mmce_lam_zero_equal_ce():
@@ -380,9 +376,7 @@ def test_mbls_penalty_shrinks_large_gaps_under_sgd():
 
 
 # ------------------------------------------------------------ properties
-small_logits = st.lists(
-    st.lists(st.floats(-20, 20, allow_nan=False), min_size=3, max_size=3), min_size=1, max_size=6
-)
+small_logits = st.lists(st.lists(st.floats(-20, 20, allow_nan=False), min_size=3, max_size=3), min_size=1, max_size=6)
 
 
 @settings(max_examples=60, deadline=None)

@@ -18,8 +18,13 @@ from training.data import load_dataset, write_cifar_format
 from training.export import CalibratedClassifier, ExportError
 from training.trainer import train
 
-FAST = {"epochs": 3, "n_resamples": 50, "n_resamples_shifted": 20, "corruptions": ["gaussian_noise", "contrast"],
-        "severities": [1, 5]}
+FAST = {
+    "epochs": 3,
+    "n_resamples": 50,
+    "n_resamples_shifted": 20,
+    "corruptions": ["gaussian_noise", "contrast"],
+    "severities": [1, 5],
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +39,16 @@ def test_run_writes_a_complete_artifact(default_run):
     root, out = default_run
     directory = root / "artifacts" / "digits-lenet5" / "1"
     assert out["artifact"] == str(directory)
-    for name in ("model.onnx", "manifest.json", "metrics.json", "report.md", "calibration.json",
-                 "plots/reliability.png", "plots/ece_vs_temperature.png", "plots/ece_vs_severity.png"):
+    for name in (
+        "model.onnx",
+        "manifest.json",
+        "metrics.json",
+        "report.md",
+        "calibration.json",
+        "plots/reliability.png",
+        "plots/ece_vs_temperature.png",
+        "plots/ece_vs_severity.png",
+    ):
         assert (directory / name).is_file(), name
     assert (directory / "plots" / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     manifest = load_manifest(directory / "manifest.json")
@@ -56,14 +69,23 @@ def test_onnx_probabilities_are_temperature_scaled_logits(default_run):
     x = load_dataset("digits").test.x[:57]  # a batch size never seen at export: the batch axis is dynamic
     logits, probs = session.run(["logits", "probabilities"], {"input": x})
     assert probs.shape == (57, 10)
-    np.testing.assert_allclose(probs, apply_temperature(logits.astype(np.float64), manifest.calibration.temperature),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        probs, apply_temperature(logits.astype(np.float64), manifest.calibration.temperature), atol=1e-6
+    )
 
 
 def test_metrics_cover_test_corruptions_and_ood_with_intervals(default_run):
     root, out = default_run
     evaluation = json.loads((root / "run" / "metrics.json").read_text())
-    assert set(evaluation["test"]["before"]) == {"accuracy", "ece", "mce", "adaptive_ece", "classwise_ece", "nll", "brier"}
+    assert set(evaluation["test"]["before"]) == {
+        "accuracy",
+        "ece",
+        "mce",
+        "adaptive_ece",
+        "classwise_ece",
+        "nll",
+        "brier",
+    }
     for stage in ("before", "after"):
         for entry in evaluation["test"][stage].values():
             lo, hi = entry["ci"]
@@ -177,8 +199,22 @@ def test_cli_reports_bad_input_in_one_line(argv, message, capsys):
 
 
 def test_cli_run_prints_the_table_and_parity(tmp_path, capsys):
-    argv = ["run", "--epochs", "1", "--n-resamples", "20", "--n-resamples-shifted", "10", "--no-progress",
-            "--run-dir", str(tmp_path / "run"), "--artifacts", str(tmp_path / "artifacts"), "--name", "cli-test"]
+    argv = [
+        "run",
+        "--epochs",
+        "1",
+        "--n-resamples",
+        "20",
+        "--n-resamples-shifted",
+        "10",
+        "--no-progress",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--artifacts",
+        str(tmp_path / "artifacts"),
+        "--name",
+        "cli-test",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "ece" in out and "ONNX parity on 359 validation images" in out
@@ -212,4 +248,3 @@ def pipeline_byom(onnx_path, data, **kwargs):
     from training.byom import calibrate_onnx
 
     return calibrate_onnx(onnx_path, data, **kwargs)
-

@@ -30,8 +30,9 @@ def _imports_torchvision(path: Path) -> bool:
 
 
 def test_only_the_vision_package_imports_torchvision():
-    sources = [p for d in ("calibkit", "training", "service", "bench", "scripts", "examples")
-               for p in (ROOT / d).rglob("*.py")]
+    sources = [
+        p for d in ("calibkit", "training", "service", "bench", "scripts", "examples") for p in (ROOT / d).rglob("*.py")
+    ]
     importers = {p.relative_to(ROOT).as_posix() for p in sources if _imports_torchvision(p)}
     assert importers == {"training/vision/__init__.py", "training/vision/augmentation.py"}
 
@@ -61,11 +62,16 @@ def no_torchvision(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"model": "torchvision:resnet50"},
-     "model: torchvision:resnet50 needs the optional [vision] extra: torch 2.14.1 + torchvision 0.29.1"),
-    ({"augment": True}, "augment: the standard CIFAR augmentation needs the optional [vision] extra"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"model": "torchvision:resnet50"},
+            "model: torchvision:resnet50 needs the optional [vision] extra: torch 2.14.1 + torchvision 0.29.1",
+        ),
+        ({"augment": True}, "augment: the standard CIFAR augmentation needs the optional [vision] extra"),
+    ],
+)
 def test_what_needs_torchvision_fails_before_any_work_naming_the_extra(no_torchvision, overrides, message):
     with pytest.raises(ConfigError, match="make vision; README, 'Torchvision models'") as error:
         load_config(**overrides)
@@ -79,14 +85,19 @@ def test_the_cli_says_the_same_in_one_line_with_exit_status_2(no_torchvision, ca
     assert "\n" not in err
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"weights": "WEIGHTS"}, "weights: only torchvision:* models start from a weights file; model is 'lenet5'"),
-    ({"finetune": "head"}, "finetune: head trains only a new classification layer on pretrained features, so it "
-                           "needs weights"),
-    ({"finetune": "some"}, "finetune: Input should be 'all' or 'head'"),
-    ({"input_size": 4}, "input_size: Input should be greater than or equal to 8"),
-    ({"model": "torchvision"}, "model: unknown 'torchvision'; known: densenet_bc"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"weights": "WEIGHTS"}, "weights: only torchvision:* models start from a weights file; model is 'lenet5'"),
+        (
+            {"finetune": "head"},
+            "finetune: head trains only a new classification layer on pretrained features, so it needs weights",
+        ),
+        ({"finetune": "some"}, "finetune: Input should be 'all' or 'head'"),
+        ({"input_size": 4}, "input_size: Input should be greater than or equal to 8"),
+        ({"model": "torchvision"}, "model: unknown 'torchvision'; known: densenet_bc"),
+    ],
+)
 def test_fine_tuning_settings_are_checked_before_any_work(tmp_path, overrides, message):
     weights = tmp_path / "weights.pt"
     weights.write_bytes(b"")

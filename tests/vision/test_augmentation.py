@@ -19,7 +19,7 @@ def _placements(image: np.ndarray, pad: int):
         source = padded[..., ::-1] if flipped else padded
         for dy in range(2 * pad + 1):
             for dx in range(2 * pad + 1):
-                yield (dy, dx, flipped), source[:, dy:dy + size, dx:dx + size]
+                yield (dy, dx, flipped), source[:, dy : dy + size, dx : dx + size]
 
 
 @pytest.mark.parametrize("size, pad", [(32, 4), (8, 1)])

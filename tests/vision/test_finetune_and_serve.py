@@ -22,9 +22,31 @@ QUICK = ["--epochs", "1", "--n-resamples", "20", "--n-resamples-shifted", "10", 
 
 def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(tmp_path, cifar_root, weights_file):
     weights, run_dir, artifacts = weights_file("resnet18"), tmp_path / "run", tmp_path / "artifacts"
-    assert main(["run", "--dataset", "cifar10", "--data-path", str(cifar_root), "--classes", "bird,cat",
-                 "--model", "torchvision:resnet18", "--weights", str(weights), "--finetune", "head", *QUICK,
-                 "--run-dir", str(run_dir), "--artifacts", str(artifacts)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--dataset",
+                "cifar10",
+                "--data-path",
+                str(cifar_root),
+                "--classes",
+                "bird,cat",
+                "--model",
+                "torchvision:resnet18",
+                "--weights",
+                str(weights),
+                "--finetune",
+                "head",
+                *QUICK,
+                "--run-dir",
+                str(run_dir),
+                "--artifacts",
+                str(artifacts),
+            ]
+        )
+        == 0
+    )
     manifest = load_manifest(artifacts / "cifar10-torchvision-resnet18" / "1" / "manifest.json")
     assert manifest.class_names == ["bird", "cat"] and manifest.input.shape == [None, 3, 32, 32]
     assert manifest.training["config"]["weights"] == str(weights)
@@ -43,22 +65,42 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["model"] == "cifar10-torchvision-resnet18" and body["temperature"] == pytest.approx(
-            manifest.calibration.temperature)
+            manifest.calibration.temperature
+        )
         served = np.array([p["probabilities"] for p in body["predictions"]])
         np.testing.assert_allclose(served, expected, atol=1e-5)
-        feedback = httpx.post(server.url + "/feedback", json={"items": [
-            {"prediction_id": p["id"], "label": manifest.class_names[y]}
-            for p, y in zip(body["predictions"], labels)]}, timeout=60)
+        feedback = httpx.post(
+            server.url + "/feedback",
+            json={
+                "items": [
+                    {"prediction_id": p["id"], "label": manifest.class_names[y]}
+                    for p, y in zip(body["predictions"], labels)
+                ]
+            },
+            timeout=60,
+        )
         assert feedback.status_code == 200 and feedback.json()["accepted"] == 8
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize("recipe, architecture", [("seed000_cifar10_birdcat_lenet5_ce.yaml", "lenet5"),
-                                                  ("seed000_cifar10_birdcat_resnet50_ce.yaml", "resnet50")])
+@pytest.mark.parametrize(
+    "recipe, architecture",
+    [("seed000_cifar10_birdcat_lenet5_ce.yaml", "lenet5"), ("seed000_cifar10_birdcat_resnet50_ce.yaml", "resnet50")],
+)
 def test_the_seed000_recipe_runs_end_to_end(tmp_path, cifar_root, weights_file, recipe, architecture):
-    argv = ["run", "--config", str(ROOT / "configs" / recipe), "--data-path", str(cifar_root), *QUICK,
-            "--run-dir", str(tmp_path / "run"), "--artifacts", str(tmp_path / "artifacts")]
+    argv = [
+        "run",
+        "--config",
+        str(ROOT / "configs" / recipe),
+        "--data-path",
+        str(cifar_root),
+        *QUICK,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--artifacts",
+        str(tmp_path / "artifacts"),
+    ]
     if architecture == "resnet50":
         argv += ["--weights", str(weights_file("resnet50"))]
     assert main(argv) == 0
@@ -72,10 +114,16 @@ def test_the_seed000_recipe_runs_end_to_end(tmp_path, cifar_root, weights_file, 
         assert 0 <= manifest.metrics["test"][stage]["ece"]["value"] <= 1
 
 
-def test_the_resnet50_recipe_without_its_weights_file_says_which_file_it_needs(tmp_path, cifar_root, monkeypatch,
-                                                                               capsys):
+def test_the_resnet50_recipe_without_its_weights_file_says_which_file_it_needs(
+    tmp_path, cifar_root, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
-    argv = ["run", "--config", str(ROOT / "configs" / "seed000_cifar10_birdcat_resnet50_ce.yaml"), "--data-path",
-            str(cifar_root)]
+    argv = [
+        "run",
+        "--config",
+        str(ROOT / "configs" / "seed000_cifar10_birdcat_resnet50_ce.yaml"),
+        "--data-path",
+        str(cifar_root),
+    ]
     assert main(argv) == 2
     assert "weights: 'data/weights/resnet50-0676ba61.pth' is not a file" in capsys.readouterr().err

@@ -13,8 +13,14 @@ from training.models.network import IMAGENET_MEAN, InputAdapter, ModelSpec, clas
 from training.trainer import seed_everything, train
 from training.vision.models import check_architecture, freeze_all_but_head, load_pretrained, supported_architectures
 
-FAST = {"epochs": 1, "n_resamples": 20, "n_resamples_shifted": 10, "corruptions": ["contrast"], "severities": [3],
-        "batch_size": 32}
+FAST = {
+    "epochs": 1,
+    "n_resamples": 20,
+    "n_resamples_shifted": 10,
+    "corruptions": ["contrast"],
+    "severities": [3],
+    "batch_size": 32,
+}
 
 
 def _cifar(cifar_root, **overrides):
@@ -51,20 +57,28 @@ def test_densenet_files_with_torchvision_s_published_parameter_names_load(weight
     """torchvision's published DenseNet files name ``denselayer1.norm.1.weight`` what the module calls
     ``denselayer1.norm1.weight``, and have no batch-norm batch counters."""
     saved = torch.load(weights_file("densenet121"), weights_only=True)
-    legacy = {k.replace(".norm1.", ".norm.1.").replace(".conv2.", ".conv.2."): v for k, v in saved.items()
-              if not k.endswith("num_batches_tracked")}  # nor did PyTorch save batch counters before 0.4.1
+    legacy = {
+        k.replace(".norm1.", ".norm.1.").replace(".conv2.", ".conv.2."): v
+        for k, v in saved.items()
+        if not k.endswith("num_batches_tracked")
+    }  # nor did PyTorch save batch counters before 0.4.1
     assert any(".norm.1." in k for k in legacy)
     torch.save(legacy, tmp_path / "legacy.pth")
     net = torchvision.models.densenet121(num_classes=2)
     load_pretrained(net, "densenet121", tmp_path / "legacy.pth")
-    assert torch.equal(net.state_dict()["features.denseblock1.denselayer1.norm1.running_var"],
-                       saved["features.denseblock1.denselayer1.norm1.running_var"])
+    assert torch.equal(
+        net.state_dict()["features.denseblock1.denselayer1.norm1.running_var"],
+        saved["features.denseblock1.denselayer1.norm1.running_var"],
+    )
 
 
 def test_a_weights_file_that_does_not_fit_is_a_clear_error(weights_file, tmp_path):
     net = torchvision.models.resnet50(num_classes=2)
-    with pytest.raises(ValueError, match=r"weights: .*resnet18-imagenet.pth does not fit torchvision:resnet50: "
-                                         r"\d+ missing tensors \['layer1.0.bn3.bias'"):
+    with pytest.raises(
+        ValueError,
+        match=r"weights: .*resnet18-imagenet.pth does not fit torchvision:resnet50: "
+        r"\d+ missing tensors \['layer1.0.bn3.bias'",
+    ):
         load_pretrained(net, "resnet50", weights_file("resnet18"))
     torch.save(torchvision.models.resnet18(), tmp_path / "pickled-model.pth")
     with pytest.raises(ValueError, match="weights: .*pickled-model.pth is not a file torch can load as plain tensors"):
@@ -75,8 +89,11 @@ def test_a_weights_file_that_does_not_fit_is_a_clear_error(weights_file, tmp_pat
     state = torchvision.models.resnet50().state_dict()
     state["conv1.weight"] = torch.zeros(64, 3, 5, 5)
     torch.save(state, tmp_path / "odd.pth")
-    with pytest.raises(ValueError, match=r"1 tensors of another shape, e.g. conv1.weight \(64, 3, 5, 5\) "
-                                         r"\(expected \(64, 3, 7, 7\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"1 tensors of another shape, e.g. conv1.weight \(64, 3, 5, 5\) "
+        r"\(expected \(64, 3, 7, 7\)\)",
+    ):
         load_pretrained(net, "resnet50", tmp_path / "odd.pth")
     with pytest.raises(ConfigError, match="weights: '/nonexistent.pth' is not a file"):
         load_config(model="torchvision:resnet18", weights="/nonexistent.pth")
@@ -126,5 +143,7 @@ def test_a_densenet_on_images_too_small_for_it_says_to_resize(tmp_path, capsys):
     from training.cli import main
 
     assert main(["train", "--model", "torchvision:densenet121", "--epochs", "1", "--run-dir", str(tmp_path)]) == 2
-    assert ("torchvision:densenet121 needs images of at least 32x32, got 8x8; set input_size (--input-size)"
-            in capsys.readouterr().err)
+    assert (
+        "torchvision:densenet121 needs images of at least 32x32, got 8x8; set input_size (--input-size)"
+        in capsys.readouterr().err
+    )

@@ -20,9 +20,7 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor, loss_name: str) ->
     if not isinstance(targets, torch.Tensor):
         raise ValueError(f"{loss_name}: targets must be a torch.Tensor, got {type(targets).__name__}")
     if logits.dim() != 2:
-        raise ValueError(
-            f"{loss_name}: logits must be 2-D with shape (N, K), got shape {tuple(logits.shape)}"
-        )
+        raise ValueError(f"{loss_name}: logits must be 2-D with shape (N, K), got shape {tuple(logits.shape)}")
     if not logits.is_floating_point():
         raise ValueError(f"{loss_name}: logits must be a floating-point tensor, got dtype {logits.dtype}")
     n, k = logits.shape
@@ -31,22 +29,16 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor, loss_name: str) ->
     if n < 1:
         raise ValueError(f"{loss_name}: empty batch (N=0); the batch mean is undefined")
     if targets.dim() != 1:
-        raise ValueError(
-            f"{loss_name}: targets must be 1-D with shape (N,), got shape {tuple(targets.shape)}"
-        )
+        raise ValueError(f"{loss_name}: targets must be 1-D with shape (N,), got shape {tuple(targets.shape)}")
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-        raise ValueError(
-            f"{loss_name}: targets must be an integer (class index) tensor, got dtype {targets.dtype}"
-        )
+        raise ValueError(f"{loss_name}: targets must be an integer (class index) tensor, got dtype {targets.dtype}")
     if targets.shape[0] != n:
         raise ValueError(
             f"{loss_name}: logits and targets disagree on the batch size: "
             f"logits has N={n}, targets has {targets.shape[0]}"
         )
     if targets.device != logits.device:
-        raise ValueError(
-            f"{loss_name}: logits are on {logits.device} but targets are on {targets.device}"
-        )
+        raise ValueError(f"{loss_name}: logits are on {logits.device} but targets are on {targets.device}")
     t_min = int(targets.min())
     t_max = int(targets.max())
     if t_min < 0 or t_max >= k:
@@ -71,8 +63,7 @@ def check_real(
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(
-            f"{loss_name}: parameter '{param}' must be a real number, got {value!r} "
-            f"({type(value).__name__})"
+            f"{loss_name}: parameter '{param}' must be a real number, got {value!r} ({type(value).__name__})"
         )
     v = float(value)
     if not math.isfinite(v):

@@ -52,9 +52,7 @@ class LabelSmoothingCrossEntropy(nn.Module):
 
     def __init__(self, smoothing: float = 0.05) -> None:
         super().__init__()
-        self.smoothing = check_real(
-            self.name, "smoothing", smoothing, low=0.0, high=1.0, high_inclusive=False
-        )
+        self.smoothing = check_real(self.name, "smoothing", smoothing, low=0.0, high=1.0, high_inclusive=False)
 
     def extra_repr(self) -> str:
         return f"smoothing={self.smoothing}"

@@ -79,9 +79,7 @@ class MMCEWeightedLoss(nn.Module):
     def __init__(self, lam: float = 2.0, kernel_width: float = 0.4) -> None:
         super().__init__()
         self.lam = check_real(self.name, "lam", lam, low=0.0)
-        self.kernel_width = check_real(
-            self.name, "kernel_width", kernel_width, low=0.0, low_inclusive=False
-        )
+        self.kernel_width = check_real(self.name, "kernel_width", kernel_width, low=0.0, low_inclusive=False)
 
     def extra_repr(self) -> str:
         return f"lam={self.lam}, kernel_width={self.kernel_width}"

@@ -84,9 +84,16 @@ class ModelSpec:
             x = splits.train.x
             mean = tuple(float(v) for v in x.mean(axis=(0, 2, 3)))
             std = tuple(float(max(v, 1e-3)) for v in x.std(axis=(0, 2, 3)))
-        return cls(architecture=architecture, num_classes=splits.num_classes, in_channels=splits.in_channels,
-                   image_size=splits.image_size, class_names=splits.class_names, mean=mean, std=std,
-                   input_size=None if input_size == splits.image_size else input_size)
+        return cls(
+            architecture=architecture,
+            num_classes=splits.num_classes,
+            in_channels=splits.in_channels,
+            image_size=splits.image_size,
+            class_names=splits.class_names,
+            mean=mean,
+            std=std,
+            input_size=None if input_size == splits.image_size else input_size,
+        )
 
     @property
     def network_channels(self) -> int:
@@ -98,10 +105,16 @@ class ModelSpec:
         channels = self.network_channels
         repeat = channels if channels != self.in_channels else None
         if repeat is not None and self.in_channels != 1:
-            raise ValueError(f"{self.architecture} takes {channels} channels; images with {self.in_channels} cannot "
-                             f"be adapted (only grey images are repeated to {channels})")
-        net = build_model(self.architecture, num_classes=self.num_classes, in_channels=channels,
-                          image_size=self.input_size or self.image_size)
+            raise ValueError(
+                f"{self.architecture} takes {channels} channels; images with {self.in_channels} cannot "
+                f"be adapted (only grey images are repeated to {channels})"
+            )
+        net = build_model(
+            self.architecture,
+            num_classes=self.num_classes,
+            in_channels=channels,
+            image_size=self.input_size or self.image_size,
+        )
         layers: list[nn.Module] = [Normalize(np.array(self.mean), np.array(self.std)), net]
         if repeat is not None or self.input_size is not None:
             layers.insert(0, InputAdapter(repeat, self.input_size))

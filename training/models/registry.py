@@ -56,8 +56,10 @@ def check_model_name(name: str) -> None:
 
         check_architecture(name.removeprefix(TORCHVISION_PREFIX))
     elif name not in MODELS:
-        raise ValueError(f"unknown {name!r}; known: {', '.join(available_models())}, or "
-                         f"{TORCHVISION_PREFIX}<architecture> with the [vision] extra")
+        raise ValueError(
+            f"unknown {name!r}; known: {', '.join(available_models())}, or "
+            f"{TORCHVISION_PREFIX}<architecture> with the [vision] extra"
+        )
 
 
 def _as_int(name: str, value: object) -> int:
@@ -90,6 +92,10 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
     if is_torchvision(name):
         from training.vision.models import build_torchvision_model
 
-        return build_torchvision_model(name.removeprefix(TORCHVISION_PREFIX), num_classes=num_classes,
-                                       in_channels=in_channels, image_size=image_size)
+        return build_torchvision_model(
+            name.removeprefix(TORCHVISION_PREFIX),
+            num_classes=num_classes,
+            in_channels=in_channels,
+            image_size=image_size,
+        )
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)

@@ -29,9 +29,7 @@ class WideBasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=False)
         self.equal_shapes = stride == 1 and in_planes == planes
         self.shortcut = (
-            nn.Identity()
-            if self.equal_shapes
-            else nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False)
+            nn.Identity() if self.equal_shapes else nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

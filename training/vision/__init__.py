@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-INSTALL_HINT = ("the optional [vision] extra: torch 2.14.1 + torchvision 0.29.1 in a separate venv "
-                "(make vision; README, 'Torchvision models')")
+INSTALL_HINT = (
+    "the optional [vision] extra: torch 2.14.1 + torchvision 0.29.1 in a separate venv "
+    "(make vision; README, 'Torchvision models')"
+)
 
 
 def require_torchvision(what: str) -> ModuleType:
@@ -20,8 +22,9 @@ def require_torchvision(what: str) -> ModuleType:
     try:
         import torchvision
     except Exception as exc:  # the registry's build raises more than ImportError beside another torch
-        raise ValueError(f"{what} needs {INSTALL_HINT}; torchvision does not import here "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise ValueError(
+            f"{what} needs {INSTALL_HINT}; torchvision does not import here ({type(exc).__name__}: {exc})"
+        ) from None
     return torchvision
 
 

@@ -61,8 +61,10 @@ def build_torchvision_model(architecture: str, *, num_classes: int, in_channels:
         raise ValueError(f"torchvision:{architecture} takes 3 input channels, got {in_channels}")
     smallest = MIN_IMAGE_SIZE[_family(architecture)]
     if image_size < smallest:
-        raise ValueError(f"torchvision:{architecture} needs images of at least {smallest}x{smallest}, got "
-                         f"{image_size}x{image_size}; set input_size (--input-size) to resize them inside the network")
+        raise ValueError(
+            f"torchvision:{architecture} needs images of at least {smallest}x{smallest}, got "
+            f"{image_size}x{image_size}; set input_size (--input-size) to resize them inside the network"
+        )
     tv = require_torchvision(f"torchvision:{architecture}")
     return tv.models.get_model(architecture, weights=None, num_classes=num_classes)
 
@@ -73,12 +75,19 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"weights: {path} is not a file torch can load as plain tensors ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    if not isinstance(state, Mapping) or not state or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise ValueError(f"weights: {path} holds a {type(state).__name__}, not a state dict (parameter names to "
-                         f"tensors, as torch.save(model.state_dict(), path) writes)")
+        raise ValueError(
+            f"weights: {path} is not a file torch can load as plain tensors ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from None
+    if (
+        not isinstance(state, Mapping)
+        or not state
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
+        raise ValueError(
+            f"weights: {path} holds a {type(state).__name__}, not a state dict (parameter names to "
+            f"tensors, as torch.save(model.state_dict(), path) writes)"
+        )
     return {_DENSENET_LEGACY_KEY.sub(r"\1\2.", k): v for k, v in state.items()}
 
 
@@ -92,13 +101,20 @@ def load_pretrained(net: nn.Module, architecture: str, path: Path) -> None:
     missing = sorted(k for k in set(expected) - set(backbone) if not k.endswith(_BATCH_COUNTER))
     unexpected = sorted(set(backbone) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"weights: {path} does not fit torchvision:{architecture}: {len(missing)} missing "
-                         f"tensors {missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}")
-    wrong = [f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})" for k, v in backbone.items()
-             if v.shape != expected[k].shape]
+        raise ValueError(
+            f"weights: {path} does not fit torchvision:{architecture}: {len(missing)} missing "
+            f"tensors {missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}"
+        )
+    wrong = [
+        f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})"
+        for k, v in backbone.items()
+        if v.shape != expected[k].shape
+    ]
     if wrong:
-        raise ValueError(f"weights: {path} does not fit torchvision:{architecture}: {len(wrong)} tensors of "
-                         f"another shape, e.g. {', '.join(wrong[:3])}")
+        raise ValueError(
+            f"weights: {path} does not fit torchvision:{architecture}: {len(wrong)} tensors of "
+            f"another shape, e.g. {', '.join(wrong[:3])}"
+        )
     net.load_state_dict(backbone, strict=False)
 
 
