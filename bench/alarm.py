@@ -154,7 +154,7 @@ class Oracle:
         tolerance: float,
         streams: int,
         seed: int,
-    ) -> "Oracle":
+    ) -> Oracle:
         """The levels from ``streams`` streams of ``ORACLE_LABELS`` labels with the shift's confidences: outcomes at
         the nearest edge of the null to a(C) (detection), and outcomes of the shift itself (clearing), in chunks
         to bound memory."""

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PYTHON, ROOT, Server, table, wrk, write_result
+from bench.common import PYTHON, ROOT, Server, table, write_result, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32

@@ -119,7 +119,7 @@ def raw_onnxruntime(path: Path, shape: tuple, seconds: float, batches=BATCH_SIZE
             runtime.run(x)
         start = time.perf_counter()
 
-        def calls(runtime) -> int:
+        def calls(runtime, x=x, start=start) -> int:
             n = 0
             while time.perf_counter() - start < seconds:
                 runtime.run(x)
@@ -488,7 +488,7 @@ def logging_cpu(
                 wrk(f"{svc.url}/predict", payloads[model], clients, 1.0)
                 drained(svc)
             for r in range(rounds):
-                for (store, i), svc in list(servers.items())[:: 1 if r % 2 == 0 else -1]:
+                for (store, _i), svc in list(servers.items())[:: 1 if r % 2 == 0 else -1]:
                     cpu = process_cpu_seconds(svc.process.pid)
                     requests = wrk(f"{svc.url}/predict", payloads[model], clients, seconds)["requests"]
                     drained(svc)

@@ -28,7 +28,7 @@ class Calibrator(ABC):
     method: ClassVar[str]
     n_classes: int | None = None
 
-    def fit(self, logits, labels) -> "Calibrator":
+    def fit(self, logits, labels) -> Calibrator:
         """Fit on validation logits and labels; returns self."""
         z, y = check_logits_labels(logits, labels)
         self.n_classes = 2 if z.ndim == 1 else z.shape[1]
@@ -52,7 +52,7 @@ class Calibrator(ABC):
         return {"method": self.method, "n_classes": self.n_classes, "params": self._params()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Calibrator":
+    def from_dict(cls, data: dict) -> Calibrator:
         """Rebuild a fitted calibrator from ``to_dict`` output."""
         if not isinstance(data, dict) or not {"method", "n_classes", "params"} <= data.keys():
             raise ValueError("calibrator data must be an object with 'method', 'n_classes' and 'params'")

@@ -538,7 +538,7 @@ class DetectorState:
         }
 
     @classmethod
-    def from_dict(cls, data: dict, config: DetectorConfig) -> "DetectorState":
+    def from_dict(cls, data: dict, config: DetectorConfig) -> DetectorState:
         """Inverse of ``to_dict``. State saved under another format, tolerance, threshold, block or mixture (an
         older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
         if (

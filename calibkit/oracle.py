@@ -37,7 +37,7 @@ class AccuracyCurve:
     values: np.ndarray
 
     @classmethod
-    def fit(cls, confidence: np.ndarray, accuracy: np.ndarray, bins: int = 1_000) -> "AccuracyCurve":
+    def fit(cls, confidence: np.ndarray, accuracy: np.ndarray, bins: int = 1_000) -> AccuracyCurve:
         """From a large sample of confidences and their true accuracies P(Y = 1 | prediction): the mean
         accuracy of each of ``bins`` equally filled bins of the confidence (ties share one bin).
 

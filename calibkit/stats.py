@@ -69,12 +69,12 @@ class BinStats:
         self.nll_sum, self.brier_sum = float(self.nll_sum), float(self.brier_sum)
 
     @classmethod
-    def empty(cls, n_classes: int | None, n_bins: int = 15) -> "BinStats":
+    def empty(cls, n_classes: int | None, n_bins: int = 15) -> BinStats:
         """Statistics of no data; ``n_classes=None`` keeps top-label sums only (no class-wise ECE)."""
         return cls(n_classes=n_classes, n_bins=n_bins)
 
     @classmethod
-    def from_arrays(cls, probs, labels, n_bins: int = 15) -> "BinStats":
+    def from_arrays(cls, probs, labels, n_bins: int = 15) -> BinStats:
         """Statistics of one batch; K is taken from the width of ``probs``."""
         width = 2 if np.ndim(probs) == 1 else np.shape(probs)[1]
         return cls.empty(width, n_bins).update(probs, labels)
@@ -84,7 +84,7 @@ class BinStats:
         """Number of labelled predictions accumulated."""
         return int(round(self.count.sum()))
 
-    def update(self, probs, labels) -> "BinStats":
+    def update(self, probs, labels) -> BinStats:
         """Add a batch in place (and return self). Its width must equal ``n_classes`` (any width without
         classes)."""
         p, y = check_probs_labels(probs, labels)
@@ -110,7 +110,7 @@ class BinStats:
 
     def add_bins(
         self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0, brier_sum: float = 0.0
-    ) -> "BinStats":
+    ) -> BinStats:
         """Add per-bin sums computed elsewhere (a store's bin totals) in place, and return self: bin
         ``bins[i]`` gets ``count[i]`` predictions whose confidences sum to ``confidence_sum[i]`` with
         ``correct_sum[i]`` correct; ``nll_sum`` and ``brier_sum`` are their total NLL and Brier terms.
@@ -133,7 +133,7 @@ class BinStats:
         self.brier_sum += float(brier_sum)
         return self
 
-    def merge(self, other: "BinStats") -> "BinStats":
+    def merge(self, other: BinStats) -> BinStats:
         """A new ``BinStats`` whose sums are the element-wise sums of both."""
         if (self.n_classes, self.n_bins) != (other.n_classes, other.n_bins):
             raise ValueError(
@@ -218,7 +218,7 @@ class BinStats:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BinStats":
+    def from_dict(cls, data: dict) -> BinStats:
         """Inverse of ``to_dict``; malformed input raises ``ValueError`` naming the field."""
         if not isinstance(data, dict):
             raise ValueError(f"BinStats data must be a JSON object, got {type(data).__name__}")

@@ -172,7 +172,7 @@ def run(args) -> dict:
 
         for offset, (name, kind, value, severity) in enumerate(scenarios):
             version = str(args.runs + offset + 1)
-            for start in range(0, args.warmup, args.batch):
+            for _ in range(0, args.warmup, args.batch):
                 idx = rng.integers(0, len(y_pool), size=args.batch)
                 if kind == "synthetic":
                     z, y = calibrated_logits(args.batch, logit_scale=SYNTHETIC_SCALE, seed=int(rng.integers(1 << 30)))

@@ -3,7 +3,8 @@
 All numbers come from calibkit (one home of the math). Intervals are 90% *basic* bootstrap
 intervals over test rows (2 theta - q_hi, 2 theta - q_lo), clipped at 0: binned ECE is biased
 upwards on finite samples and its percentile interval can exclude the estimate; the basic interval
-corrects for that bias, and for mean-type metrics (accuracy, NLL, Brier) it matches the percentile one. Shift follows Ovadia et al. 2019: calibration is measured on corrupted
+corrects for that bias, and for mean-type metrics (accuracy, NLL, Brier) it matches the percentile one.
+Shift follows Ovadia et al. 2019: calibration is measured on corrupted
 copies of the test split (Hendrycks & Dietterich 2019 corruptions, severities 1..5).
 """
 

@@ -87,8 +87,15 @@ def evaluate_step(run_dir: Path) -> dict:
         "training": f"{config.epochs} epochs, {config.optimizer} lr {config.lr}, {config.schedule} schedule, "
         f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} "
         f"({result.seconds:.1f} s)",
-        "calibration": f"{calibrator.method} {calibrator.to_dict()['params'] if calibrator.method == 'temperature' else ''}"
-        f" fitted on the validation split".replace("  ", " "),
+        "calibration": " ".join(
+            part
+            for part in (
+                calibrator.method,
+                str(calibrator.to_dict()["params"]) if calibrator.method == "temperature" else "",
+                "fitted on the validation split",
+            )
+            if part
+        ),
     }
     write_report(
         run_dir,

@@ -72,7 +72,7 @@ def plot_ece_vs_severity(evaluation: dict, path: Path) -> None:
     clean = {stage: evaluation["test"][stage]["ece"]["value"] for stage in ("before", "after")}
     for stage, color in (("before", "#c23b2b"), ("after", "#3b75af")):
         per_corruption = []
-        for name, by_severity in evaluation["shifted"].items():
+        for by_severity in evaluation["shifted"].values():
             severities = sorted(int(s) for s in by_severity)
             values = [clean[stage]] + [by_severity[str(s)][stage]["ece"]["value"] for s in severities]
             per_corruption.append(values)

@@ -27,7 +27,6 @@ from training.losses import build_loss
 from training.models.network import ModelSpec, classifier_of
 from training.models.registry import TORCHVISION_PREFIX
 
-
 #: Checkpoint policies: the key each maximises over the per-epoch history (ties: the earliest epoch).
 #: ``last`` keeps the final epoch, the protocol of Guo et al. 2017 and Mukhoti et al. 2020 (full
 #: schedule, final model); ``best-accuracy`` the highest validation accuracy (ties: lower validation

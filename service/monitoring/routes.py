@@ -8,9 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
-from service.serving.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
 from service.endpoints import CurrentEndpoints, current
-from service.store.rows import ANONYMOUS
 from service.schemas import (
     WINDOW_PATTERN,
     ActivateRequest,
@@ -25,6 +23,8 @@ from service.schemas import (
     TimelineResponse,
     UnmatchedLabels,
 )
+from service.serving.codec import Model, PlainRoute, decode, json_body, media_type, respond, validate
+from service.store.rows import ANONYMOUS
 
 router = APIRouter(tags=["monitoring"])
 

@@ -21,7 +21,7 @@ class Window:
     seconds: float | None = None
 
     @classmethod
-    def parse(cls, spec: str) -> "Window":
+    def parse(cls, spec: str) -> Window:
         match = _WINDOW.match(spec.strip()) if isinstance(spec, str) else None
         if match is None:
             raise InvalidInput(

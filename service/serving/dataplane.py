@@ -13,13 +13,8 @@ import numpy as np
 from pydantic import ValidationError
 
 from service import __version__
-from service.serving.batching import DynamicBatcher, Timing
-from service.serving.codec import Phases
 from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
-from service.serving.preprocessing import numeric_batch, to_batch
-from service.serving.repository import ModelRepository, ServedModel
-from service.serving.runtime import ModelRuntime
 from service.schemas import (
     ModelInfo,
     ModelsResponse,
@@ -30,6 +25,11 @@ from service.schemas import (
     V2ModelMetadata,
     V2TensorMetadata,
 )
+from service.serving.batching import DynamicBatcher, Timing
+from service.serving.codec import Phases
+from service.serving.preprocessing import numeric_batch, to_batch
+from service.serving.repository import ModelRepository, ServedModel
+from service.serving.runtime import ModelRuntime
 from service.serving.scoring import ScoredBatch, score
 from service.settings import Settings
 

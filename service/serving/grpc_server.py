@@ -208,12 +208,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     async def ModelMetadata(self, request):
         meta = self.endpoints.dataplane.v2_metadata(request.name, request.version or None)
-        tensors = lambda items: [
-            pb.ModelMetadataResponse.TensorMetadata(  # noqa: E731
-                name=t.name, datatype=t.datatype, shape=t.shape
-            )
-            for t in items
-        ]
+
+        def tensors(items):
+            return [
+                pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype, shape=t.shape) for t in items
+            ]
+
         return pb.ModelMetadataResponse(
             name=meta.name,
             versions=meta.versions,

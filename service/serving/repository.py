@@ -17,8 +17,8 @@ import numpy as np
 from pydantic import ValidationError
 
 from calibkit.manifest import Manifest, load_manifest
-from service.serving.batching import DynamicBatcher
 from service.errors import ModelNotFound, NotReady
+from service.serving.batching import DynamicBatcher
 from service.serving.runtime import ModelRuntime, create_runtime, preload_cuda_libraries
 from service.settings import BatchingConfig, Settings
 

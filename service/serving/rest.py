@@ -13,11 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from service.endpoints import CurrentEndpoints, current
+from service.errors import InvalidInput
+from service.schemas import ErrorResponse, HealthResponse, ModelsResponse, PredictRequest, PredictResponse
 from service.serving.codec import MULTIPART, Phases, PlainRoute, decode, media_type, respond, validate
 from service.serving.dataplane import DataPlane
 from service.serving.numeric_json import WORTH_IT_BYTES, numeric_rows
-from service.errors import InvalidInput
-from service.schemas import ErrorResponse, HealthResponse, ModelsResponse, PredictRequest, PredictResponse
 
 router = APIRouter()
 

@@ -10,7 +10,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-
 ANONYMOUS = "anonymous"  # the source of labels sent where feedback takes no token
 
 

@@ -1,6 +1,7 @@
 """Tables (SQLAlchemy Core). Every table but ``pending_labels`` is scoped by a ``CalibrationKey``;
 ``label_bins`` holds the mergeable per-bin sums of each block of ``BLOCK_LABELS`` consecutive labels (see
-``service.store.labels``); ``pending_labels`` the labels that arrived before their prediction (``service.store.pending``)."""
+``service.store.labels``); ``pending_labels`` the labels that arrived before their prediction
+(``service.store.pending``)."""
 
 from __future__ import annotations
 

@@ -120,7 +120,8 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
             "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922) 5",
             "python -m service (1);mystery (/r/elsewhere.py:1) 2",
             "python -m service (1);__call__ (/r/service/serving/v2.py:80);_parse (/r/service/serving/v2.py:120) 3",
-            "python -m service (1);__call__ (/r/service/serving/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
+            "python -m service (1);__call__ (/r/service/serving/v2.py:80);"
+            "v2_infer (/r/service/serving/dataplane.py:190) 4",
             "python -m service (1);_dispatch (/r/service/middleware.py:115);_prepared (/r/service/serving/rest.py:60);"
             "numeric_rows (/r/service/serving/numeric_json.py:50) 6",
             "garbage line",

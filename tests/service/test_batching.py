@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from service.serving.batching import DynamicBatcher
 from service.errors import NotReady, Overloaded
+from service.serving.batching import DynamicBatcher
 from service.settings import BatchingConfig, Settings
 
 

@@ -8,10 +8,10 @@ run under this pytest, so its strategies are driven with hypothesis directly.)
 
 import pytest
 import schemathesis
-from schemathesis.config import SchemathesisConfig
 from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
+from schemathesis.config import SchemathesisConfig
 
 from service.app import create_app
 

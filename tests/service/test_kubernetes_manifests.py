@@ -7,11 +7,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import jsonschema
 import pytest
+import tomllib
 import yaml
 
 from service.app import create_app

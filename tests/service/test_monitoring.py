@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from calibkit import metrics
+from calibkit.alarms import AlarmPolicy
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import apply_temperature, softmax
-from calibkit.alarms import AlarmPolicy
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse, TimelineResponse
 from service.settings import Settings
 from service.store import Store

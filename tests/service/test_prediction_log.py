@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from service.errors import Overloaded, StorageUnavailable
 from service.metrics import ServiceMetrics
 from service.serving.prediction_log import PredictionLog
-from service.errors import Overloaded, StorageUnavailable
 from service.store.rows import PredictionRow
 
 

@@ -75,7 +75,7 @@ class ModelSpec:
     input_size: int | None = None
 
     @classmethod
-    def for_data(cls, architecture: str, splits, input_size: int | None = None) -> "ModelSpec":
+    def for_data(cls, architecture: str, splits, input_size: int | None = None) -> ModelSpec:
         """The spec for ``splits`` (a ``training.data.DataSplits``): normalisation statistics of its training split,
         or ImageNet's for a ``torchvision:*`` architecture."""
         if is_torchvision(architecture):

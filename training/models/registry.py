@@ -13,7 +13,7 @@ need the optional ``[vision]`` extra; this module never imports torchvision itse
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
