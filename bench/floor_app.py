@@ -1,7 +1,7 @@
 """The floor of a single-row request on the service's HTTP stack: a plain ASGI app on the same uvicorn
 (uvloop, httptools) that does only what any server of these requests must do, and no inference. It
 reads the body, turns the row into a checked float32 array with the service's own parsers (JSON
-through ``service.serving.numeric_json``, v2 binary tensors through ``numpy.frombuffer`` after the JSON
+through ``service.http.numeric_json``, v2 binary tensors through ``numpy.frombuffer`` after the JSON
 header) and answers a fixed small body. Its CPU per request, with the client's, bounds what any
 server on this stack can reach against onnxruntime alone (``bench.serving.ceiling``).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from service.serving.numeric_json import numeric_rows
+from service.http.numeric_json import numeric_rows
 
 ANSWER = orjson.dumps({"predictions": [{"label": "class0", "confidence": 0.1, "probabilities": [0.1] * 10}]})
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]

@@ -1,10 +1,14 @@
-"""Typed errors of the service, mapped to HTTP responses in one place (``service.http_errors``).
+"""Typed errors of the service, mapped to HTTP responses in one place (``service.http.errors``).
 
 Every error names the field (a JSON path into the request, when there is one) and the problem,
 so a client can fix its request without reading server logs.
 """
 
 from __future__ import annotations
+
+import re
+
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|[a-z-]+\[.*\])$")
 
 
 class ServiceError(Exception):
@@ -100,3 +104,12 @@ class StorageUnavailable(ServiceError):
 
     def __init__(self, message: str, retry_after: int = 1):
         super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+def field_path(loc: tuple) -> str:
+    """A JSON path like ``items[0].label`` from a pydantic location (union-member tags dropped)."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path") and not _TYPE_TAG.match(str(p))]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out or "body"

@@ -7,6 +7,8 @@ exact without prometheus-client's multiprocess mode.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (
@@ -174,3 +176,17 @@ class ServiceMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class Phases:
+    """Wall time of the consecutive phases of one request, each observed in its histogram."""
+
+    def __init__(self, histograms: dict):
+        self.histograms = histograms
+        self.last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now (it began at the previous mark) and start the next one."""
+        now = time.perf_counter()
+        self.histograms[phase].observe(now - self.last)
+        self.last = now

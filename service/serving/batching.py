@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,16 +31,16 @@ from service.settings import BatchingConfig
 
 log = logging.getLogger("service.serving.batching")
 
-RunFn = Callable[[np.ndarray], dict]
-"""Runs a batch; every value it returns (arrays, lists, nested dicts of them) has one entry per row."""
+RunFn = Callable[[np.ndarray], Any]
+"""Runs a batch; what it returns is sliced by rows: a dict value by value (arrays, lists, nested dicts of them),
+anything else as ``result[start:stop]``."""
 
 
-def _rows(outputs: dict, start: int, stop: int) -> dict:
-    """Rows ``start:stop`` of every value of a batch's outputs (nested dicts sliced alike)."""
-    return {
-        name: _rows(value, start, stop) if isinstance(value, dict) else value[start:stop]
-        for name, value in outputs.items()
-    }
+def _rows(outputs: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of a batch's result (see ``RunFn``)."""
+    if isinstance(outputs, dict):
+        return {name: _rows(value, start, stop) for name, value in outputs.items()}
+    return outputs[start:stop]
 
 
 @dataclass
@@ -110,8 +111,8 @@ class DynamicBatcher:
         for thread in self._threads:
             await asyncio.to_thread(thread.join)
 
-    async def submit(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], Timing]:
-        """Queue a (rows, ...) batch and wait for its rows of every output."""
+    async def submit(self, x: np.ndarray) -> tuple[Any, Timing]:
+        """Queue a (rows, ...) batch and wait for its rows of the batch's result."""
         rows = len(x)
         pending = _Pending(x, self._loop.create_future() if self._loop else None)
         with self._ready:
@@ -180,10 +181,8 @@ class DynamicBatcher:
         self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x))
 
     @staticmethod
-    def _deliver(
-        batch: list[_Pending], outputs: dict[str, np.ndarray], started: float, elapsed: float, rows: int
-    ) -> None:
-        """On the event loop: give every request its rows of every output."""
+    def _deliver(batch: list[_Pending], outputs: Any, started: float, elapsed: float, rows: int) -> None:
+        """On the event loop: give every request its rows of the batch's result."""
         offset = 0
         for p in batch:
             n = len(p.x)

@@ -1,6 +1,6 @@
-"""What the endpoints do, independent of HTTP: predict, model metadata and v2 inference.
+"""What the inference routes do, independent of the protocol: predict, model metadata and v2 inference.
 
-Routes in ``service.serving.rest`` and ``service.serving.v2`` only translate HTTP to these calls and back.
+The handlers in ``service.http`` and the gRPC servicer only translate their protocol to these calls and back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from service import __version__
 from service.errors import InvalidInput, Overloaded
-from service.metrics import ServiceMetrics
+from service.metrics import Phases, ServiceMetrics
 from service.schemas import (
     ModelInfo,
     ModelsResponse,
@@ -26,14 +26,12 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.serving.batching import DynamicBatcher, Timing
-from service.serving.codec import Phases
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
 from service.serving.runtime import ModelRuntime
-from service.serving.scoring import ScoredBatch, score
+from service.serving.scoring import InferenceResult, ScoredBatch, score
 from service.settings import Settings
 
-SCORES = "_scores"  # key of the batch's ScoredBatch among its outputs (not an ONNX output name)
 PREDICTION_ID = "prediction_id"
 """The v2 output tensor (BYTES, one per row) of the rows' prediction ids, which POST /feedback takes."""
 V2_DATATYPES = {
@@ -65,7 +63,7 @@ class DataPlane:
         self.metrics = metrics
         self.monitor = monitor
         self.prediction_log = prediction_log
-        self._metric_children: dict[tuple[str, str], tuple] = {}
+        self._model_metrics: dict[tuple[str, str], tuple] = {}
 
     async def start(self) -> None:
         """Start a batcher for every loaded model version."""
@@ -92,24 +90,24 @@ class DataPlane:
             if model.batcher is not None:
                 await model.batcher.stop()
 
-    async def infer(self, model: ServedModel, x: np.ndarray) -> tuple[dict[str, np.ndarray], Timing]:
+    async def infer(self, model: ServedModel, x: np.ndarray) -> tuple[InferenceResult, Timing]:
         """Run a batch through the model's batcher; record the queue time."""
-        queue, predictions, rejected = self._children(model)
+        queue, predictions, rejected = self._metrics_of(model)
         try:
-            outputs, timing = await model.batcher.submit(x)
+            result, timing = await model.batcher.submit(x)
         except Overloaded:
             rejected.inc()
             raise
         queue.observe(timing.queue_seconds)
         predictions.inc(len(x))
-        return outputs, timing
+        return result, timing
 
-    def _children(self, model: ServedModel) -> tuple:
+    def _metrics_of(self, model: ServedModel) -> tuple:
         """The model's queue histogram and prediction and rejection counters (label lookups done once)."""
-        found = self._metric_children.get((model.name, model.version))
+        found = self._model_metrics.get((model.name, model.version))
         if found is None:
             label = f"{model.name}:{model.version}"
-            found = self._metric_children[(model.name, model.version)] = (
+            found = self._model_metrics[(model.name, model.version)] = (
                 self.metrics.queue.labels(label),
                 self.metrics.predictions.labels(model.name, model.version),
                 self.metrics.rejected.labels(label),
@@ -132,7 +130,7 @@ class DataPlane:
         return request, model, x
 
     def prepare_numeric(self, fields: dict, rows: np.ndarray) -> tuple[PredictOptions, ServedModel, np.ndarray] | None:
-        """A /predict body whose rows arrived as one array (``service.serving.numeric_json``): its options,
+        """A /predict body whose rows arrived as one array (``service.http.numeric_json``): its options,
         model and float32 batch; None where ``prepare`` must answer (invalid options, rows the model does
         not take, too many rows), so that every error is the one the general path names."""
         try:
@@ -148,14 +146,14 @@ class DataPlane:
     ) -> tuple[dict, Timing]:
         """The /predict body for a prepared request (``respond``) and the batch's timing."""
         phases.mark("validate")
-        outputs, timing = await self.infer(model, x)
+        result, timing = await self.infer(model, x)
         phases.mark("batch")
-        ids = await self.log(model, outputs[SCORES])
-        return self.respond(model, options, outputs, ids), timing
+        ids = await self.log(model, result.scored)
+        return self.respond(model, options, result.scored, ids), timing
 
-    def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> dict:
-        """On an inference thread: the outputs of one of the model's sessions plus the batch scored under
-        the calibration in force (``SCORES``), built once for both protocols and the prediction log."""
+    def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> InferenceResult:
+        """On an inference thread: the outputs of one of the model's sessions and the batch scored under the
+        calibration in force."""
         outputs = runtime.run(x)
         names = model.manifest.outputs
         calibration_version, temperature = (
@@ -163,15 +161,14 @@ class DataPlane:
             if self.monitor is not None
             else (0, model.manifest.calibration.temperature)
         )
-        return outputs | {
-            SCORES: score(
-                outputs[names["logits"]],
-                outputs[names["probabilities"]],
-                calibration_version,
-                temperature,
-                encode=self.prediction_log is not None,
-            )
-        }
+        scored = score(
+            outputs[names["logits"]],
+            outputs[names["probabilities"]],
+            calibration_version,
+            temperature,
+            encode=self.prediction_log is not None,
+        )
+        return InferenceResult(outputs, scored)
 
     async def log(self, model: ServedModel, scored: ScoredBatch) -> list[str]:
         """The one logging hook of both protocols: queue a request's scored rows for the prediction log
@@ -183,10 +180,9 @@ class DataPlane:
                 await self.prediction_log.written(ticket)
         return scored.ids
 
-    def respond(self, model: ServedModel, request: PredictOptions, outputs: dict, ids: list[str]) -> dict:
-        """The /predict body (a ``PredictResponse`` as plain data) for the request's rows of a batch, logged
-        under ``ids``."""
-        s: ScoredBatch = outputs[SCORES]
+    def respond(self, model: ServedModel, request: PredictOptions, s: ScoredBatch, ids: list[str]) -> dict:
+        """The /predict body (a ``PredictResponse`` as plain data) for the request's scored rows, logged under
+        ``ids``."""
         classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
         predictions = [
@@ -319,16 +315,15 @@ class DataPlane:
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
         phases.mark("validate")
-        outputs, _ = await self.infer(model, x)
+        result, _ = await self.infer(model, x)
         phases.mark("batch")
-        scored: ScoredBatch = outputs[SCORES]
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
-        ids = await self.log(model, scored)
+        ids = await self.log(model, result.scored)
         served = {
-            model.manifest.outputs["probabilities"]: scored.probabilities,
+            model.manifest.outputs["probabilities"]: result.scored.probabilities,
             PREDICTION_ID: np.array(ids, dtype=object),
         }
-        return model, {name: served.get(name, outputs.get(name)) for name in requested}, ids
+        return model, {name: served.get(name, result.outputs.get(name)) for name in requested}, ids
 
     @staticmethod
     def _v2_data(data) -> np.ndarray:

@@ -31,10 +31,10 @@ from service.errors import (
     StorageUnavailable,
     Unauthorized,
     UnsupportedMediaType,
+    field_path,
 )
-from service.http_errors import field_path
+from service.metrics import Phases
 from service.schemas import V2InferenceRequest
-from service.serving.codec import Phases
 from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc

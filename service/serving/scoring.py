@@ -61,6 +61,21 @@ class ScoredBatch:
         ]
 
 
+@dataclass(frozen=True)
+class InferenceResult:
+    """One batch's graph outputs by name and its rows scored under the calibration in force, built once on an
+    inference thread for both protocols and the prediction log; ``result[a:b]`` is one request's share."""
+
+    outputs: dict[str, np.ndarray]
+    scored: ScoredBatch
+
+    def __len__(self) -> int:
+        return len(self.scored)
+
+    def __getitem__(self, rows: slice) -> InferenceResult:
+        return InferenceResult({name: value[rows] for name, value in self.outputs.items()}, self.scored[rows])
+
+
 _PER_ROW = tuple(f.name for f in fields(ScoredBatch) if f.name not in ("calibration_version", "temperature"))
 
 

@@ -114,16 +114,15 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
     raw = "\n".join(
         [
             "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922);"
-            "__call__ (/r/service/serving/rest.py:40);validate (/r/service/serving/codec.py:72);"
+            "predict (/r/service/http/inference.py:40);validate (/r/service/http/codec.py:72);"
             "validate_python (/v/pydantic/main.py:3) 7",
             "python -m service (1);run (/r/service/serving/batching.py:90);run (/r/service/serving/runtime.py:68) 30",
             "python -m service (1);_run_once (/usr/lib/python3.11/asyncio/base_events.py:1922) 5",
             "python -m service (1);mystery (/r/elsewhere.py:1) 2",
-            "python -m service (1);__call__ (/r/service/serving/v2.py:80);_parse (/r/service/serving/v2.py:120) 3",
-            "python -m service (1);__call__ (/r/service/serving/v2.py:80);"
-            "v2_infer (/r/service/serving/dataplane.py:190) 4",
-            "python -m service (1);_dispatch (/r/service/middleware.py:115);_prepared (/r/service/serving/rest.py:60);"
-            "numeric_rows (/r/service/serving/numeric_json.py:50) 6",
+            "python -m service (1);infer (/r/service/http/v2.py:80);_parse (/r/service/http/v2.py:120) 3",
+            "python -m service (1);infer (/r/service/http/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
+            "python -m service (1);_serve (/r/service/http/middleware.py:115);_prepared (/r/service/http/inference.py:60);"
+            "numeric_rows (/r/service/http/numeric_json.py:50) 6",
             "garbage line",
         ]
     )

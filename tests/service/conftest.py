@@ -263,7 +263,7 @@ def evaluate_now():
     thread (the evaluator runs on the server's event loop); returns the transitions."""
 
     def run(app, timeout: float = 120.0) -> list[dict]:
-        evaluator = app.state.endpoints.evaluator
+        evaluator = app.state.parts.evaluator
         return asyncio.run_coroutine_threadsafe(evaluator.run_once(), evaluator.loop).result(timeout)
 
     return run

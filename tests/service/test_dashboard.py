@@ -220,7 +220,7 @@ def _drifted_confidences(base_url: str, app, evaluate_now) -> None:
     noisy = np.clip(DIGITS.x[:300] + np.random.default_rng(0).normal(0.0, 0.5, DIGITS.x[:300].shape), 0.0, 1.0)
     r = httpx.post(f"{base_url}/predict", json={"inputs": noisy.astype(np.float32).tolist()}, timeout=30)
     assert r.status_code == 200, r.text
-    logged = min(len(DIGITS.y) + 300, app.state.endpoints.settings.drift_rows)
+    logged = min(len(DIGITS.y) + 300, app.state.parts.settings.drift_rows)
     deadline = time.monotonic() + 30
     while httpx.get(f"{base_url}/calibration", timeout=30).json()["drift"]["recent_predictions"] < logged:
         assert time.monotonic() < deadline, "the unlabelled predictions were not logged"

@@ -27,7 +27,7 @@ def _offline(n, seed, scale=1.0):
 
 def _count_updates(app) -> list:
     """Record every ``Monitor.update`` call of ``app`` (model, version)."""
-    monitor, calls = app.state.endpoints.monitor, []
+    monitor, calls = app.state.parts.monitor, []
     update = monitor.update
 
     def counted(name, version):
@@ -153,7 +153,7 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(
         def completed() -> float:
             return next(
                 s.value
-                for s in app.state.endpoints.metrics.evaluation.collect()[0].samples
+                for s in app.state.parts.metrics.evaluation.collect()[0].samples
                 if s.name.endswith("_count")
             )
 

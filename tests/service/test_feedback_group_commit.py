@@ -25,7 +25,7 @@ class HeldWriter:
 
     def __init__(self, app):
         self.app = app
-        self.feedback, self.labels = app.state.endpoints.monitor.feedback, app.state.endpoints.store.labels
+        self.feedback, self.labels = app.state.parts.monitor.feedback, app.state.parts.store.labels
         self.group, self.insert = self.feedback.record_group, self.labels.insert
         self.entered, self.released = threading.Event(), threading.Event()
         self.groups: list[int] = []
@@ -47,8 +47,8 @@ class HeldWriter:
     def wait_queued(self, n: int) -> None:
         """Wait until ``n`` requests wait for the next group."""
         deadline = time.monotonic() + 10
-        while self.app.state.endpoints.feedback.pending < n:
-            assert time.monotonic() < deadline, f"{self.app.state.endpoints.feedback.pending} requests queued, not {n}"
+        while self.app.state.parts.feedback.pending < n:
+            assert time.monotonic() < deadline, f"{self.app.state.parts.feedback.pending} requests queued, not {n}"
             time.sleep(0.005)
 
     def restore(self) -> None:
@@ -83,7 +83,7 @@ def _post(base_url, payload=None, content=None):
 
 
 def _stored_labels(app, ids) -> dict:
-    with app.state.endpoints.store.db.engine.connect() as c:
+    with app.state.parts.store.db.engine.connect() as c:
         return dict(
             c.execute(sa.select(labels.c.prediction_id, labels.c.label).where(labels.c.prediction_id.in_(ids))).all()
         )
@@ -165,7 +165,7 @@ def test_the_first_request_of_a_group_wins_a_prediction_labelled_twice(held):
 def test_shutdown_writes_the_queued_requests_first(held):
     base_url, app, writer = held
     ids = _ids(base_url, 4)
-    feedback_writer = app.state.endpoints.feedback
+    feedback_writer = app.state.parts.feedback
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(_post, base_url, {"items": [{"prediction_id": ids[0], "label": 1}]})
         assert writer.entered.wait(10)

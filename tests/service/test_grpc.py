@@ -245,7 +245,7 @@ def test_typed_contents_answer_as_raw_contents_do_and_a_message_past_the_limit_i
     answer = stub.ModelInfer(typed, timeout=30)
     assert raw.id == "req-7" and [o.name for o in raw.outputs] == ["logits", "probabilities", "prediction_id"]
     assert raw.raw_output_contents[1] == answer.raw_output_contents[1]  # the probabilities, to the bit
-    limit = server[1].state.endpoints.settings.max_body_bytes
+    limit = server[1].state.parts.settings.max_body_bytes
     huge = _request(np.zeros((limit // 256 + 1, *LIGHT_SHAPE), np.float32))
     with pytest.raises(grpc.RpcError) as raised:
         stub.ModelInfer(huge, timeout=30)

@@ -143,7 +143,7 @@ def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for
         artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url, store_timeout_seconds=1
     )
     with server_for(settings) as (base_url, app):
-        engine = app.state.endpoints.store.db.engine
+        engine = app.state.parts.store.db.engine
         held = [engine.connect() for _ in range(engine.pool.size() + engine.pool._max_overflow)]
         try:
             r = httpx.get(f"{base_url}/health", timeout=10)
@@ -182,7 +182,7 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
         assert waited < 5.0
         again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]})
         assert again.status_code == 200 and again.json()["accepted"] == 10
-        assert len(app.state.endpoints.store.labels.recent(CalibrationKey("digits-lenet5", "1", 0), 100)) == 20
+        assert len(app.state.parts.store.labels.recent(CalibrationKey("digits-lenet5", "1", 0), 100)) == 20
 
 
 def test_an_unreachable_store_tells_clients_nothing_of_it_and_logs_once(repository_dir, server_for, caplog):

@@ -1,4 +1,4 @@
-"""/predict's numeric JSON path (service.serving.numeric_json): where it answers, it gives what orjson and
+"""/predict's numeric JSON path (service.http.numeric_json): where it answers, it gives what orjson and
 numpy give; everywhere else it leaves the body to the general path, so that every answer, errors
 included, is the same with it and without it."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.serving import rest
-from service.serving.numeric_json import numeric_rows
+from service.http import inference
+from service.http.numeric_json import numeric_rows
 
 NUMBERS = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False))
 LEAVES = st.one_of(NUMBERS, st.booleans(), st.none(), st.text(alphabet='0123456789.e-[]"\\ ', max_size=4))
@@ -135,13 +135,13 @@ BODIES = [
 def test_predict_answers_the_same_with_and_without_it(server, monkeypatch, body):
     base_url, _ = server
     raw = json.dumps(body).encode()
-    monkeypatch.setattr(rest, "WORTH_IT_BYTES", 0)  # these small bodies too
+    monkeypatch.setattr(inference, "WORTH_IT_BYTES", 0)  # these small bodies too
     taken = []
-    monkeypatch.setattr(rest, "numeric_rows", lambda raw, key: taken.append(numeric_rows(raw, key)) or taken[-1])
+    monkeypatch.setattr(inference, "numeric_rows", lambda raw, key: taken.append(numeric_rows(raw, key)) or taken[-1])
     fast = _answer(base_url, raw)
     # left to the general path: two row forms in one request, numbers past 2**53
     assert (taken[0] is None) == (body is BODIES[4] or body is BODIES[6])
-    monkeypatch.setattr(rest, "numeric_rows", lambda raw, key: None)
+    monkeypatch.setattr(inference, "numeric_rows", lambda raw, key: None)
     assert fast == _answer(base_url, raw)
     assert fast[0] in (200, 404, 422)
 
@@ -149,7 +149,7 @@ def test_predict_answers_the_same_with_and_without_it(server, monkeypatch, body)
 def test_a_large_body_takes_it_and_a_small_one_does_not(server, monkeypatch):
     base_url, _ = server
     taken = []
-    monkeypatch.setattr(rest, "numeric_rows", lambda raw, key: taken.append(len(raw)) or numeric_rows(raw, key))
+    monkeypatch.setattr(inference, "numeric_rows", lambda raw, key: taken.append(len(raw)) or numeric_rows(raw, key))
     for rows in (1, 32):
         assert _answer(base_url, json.dumps({"inputs": [ROW.tolist()] * rows}).encode())[0] == 200
-    assert len(taken) == 1 and taken[0] >= rest.WORTH_IT_BYTES
+    assert len(taken) == 1 and taken[0] >= inference.WORTH_IT_BYTES

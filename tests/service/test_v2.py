@@ -225,7 +225,7 @@ def _binary_infer(base_url, x) -> tuple[dict, bytes]:
 def _flush(app) -> None:
     """Write the prediction log's queue now, on the server's event loop."""
     asyncio.run_coroutine_threadsafe(
-        app.state.endpoints.prediction_log.flush(), app.state.endpoints.feedback.loop
+        app.state.parts.prediction_log.flush(), app.state.parts.feedback.loop
     ).result(30)
 
 
@@ -238,7 +238,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     base_url, app = server
     assert len(ids) == len(set(ids)) == len(probabilities)
     _flush(app)
-    stored = app.state.endpoints.store.predictions.fetch(ids)
+    stored = app.state.parts.store.predictions.fetch(ids)
     assert [(stored[i].model, stored[i].version, stored[i].predicted) for i in ids] == [
         ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)
     ]
@@ -277,7 +277,7 @@ def test_tritonclient_binary_infer_is_logged_and_its_prediction_ids_take_feedbac
 
 def test_prediction_counter_equals_the_rows_v2_logs(server):
     base_url, app = server
-    registry = app.state.endpoints.metrics.registry
+    registry = app.state.parts.metrics.registry
 
     def counts() -> tuple[float, float]:
         _flush(app)
@@ -293,7 +293,7 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
     assert (len(json_ids), len(binary_ids)) == (6, 4)
     now_predicted, now_written = counts()
     assert now_predicted - predicted == now_written - written == 10
-    assert len(app.state.endpoints.store.predictions.fetch(json_ids + binary_ids)) == 10
+    assert len(app.state.parts.store.predictions.fetch(json_ids + binary_ids)) == 10
 
 
 def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_nothing(
@@ -313,9 +313,9 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
         binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"].split(",")
         assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
         _flush(app)
-        assert app.state.endpoints.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
+        assert app.state.parts.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
         assert (
-            app.state.endpoints.metrics.registry.get_sample_value(
+            app.state.parts.metrics.registry.get_sample_value(
                 "calib_predictions_total", {"model": "digits-lenet5", "version": "1"}
             )
             == 16

@@ -1,9 +1,9 @@
-"""What the routes call: one typed object over the service's parts (the shape of MLServer's
-``rest/endpoints.py``), so that a route turns HTTP into one call and the result back into HTTP.
+"""The service's parts wired together, and the calls the routes make on them.
 
-The lifespan in ``service.app`` builds it, starts its parts and puts it on ``app.state``; routes receive
-it through the ``CurrentEndpoints`` dependency (plain ASGI routes call ``current``). Blocking monitoring
-calls run in worker threads here, so no route needs to know which calls block.
+A route turns HTTP into one call on ``ServiceParts`` and the result back into HTTP (the shape of MLServer's
+``rest/endpoints.py``). The lifespan in ``service.app`` builds it, starts its parts and puts it on
+``app.state``; handlers receive it through the ``Parts`` dependency (``parts_of``). Blocking monitoring calls
+run in worker threads here, so no route needs to know which calls block.
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ from service.store import Store
 
 
 @dataclass
-class Endpoints:
+class ServiceParts:
+    """The model repository's data plane, the store, monitoring, the background writers and the access
+    control of one service process."""
+
     settings: Settings
     metrics: ServiceMetrics
     store: Store
@@ -58,7 +61,7 @@ class Endpoints:
     grpc_port: int | None = None
 
     @classmethod
-    def build(cls, settings: Settings, metrics: ServiceMetrics, access: AccessControl) -> Endpoints:
+    def build(cls, settings: Settings, metrics: ServiceMetrics, access: AccessControl) -> ServiceParts:
         """The service's parts wired together (nothing started, no model loaded, the store not touched)."""
         repository = ModelRepository(settings)
         store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
@@ -210,9 +213,9 @@ class Endpoints:
         return await anyio.to_thread.run_sync(self.monitor.activate, body.model, body.version, body.calibration_version)
 
 
-def current(connection: HTTPConnection) -> Endpoints:
-    """The app's ``Endpoints`` (a FastAPI dependency; plain ASGI routes call it with their request)."""
-    return connection.app.state.endpoints
+def parts_of(connection: HTTPConnection) -> ServiceParts:
+    """The app's ``ServiceParts`` (a FastAPI dependency; the fast handlers call it with their request)."""
+    return connection.app.state.parts
 
 
-CurrentEndpoints = Annotated[Endpoints, Depends(current)]
+Parts = Annotated[ServiceParts, Depends(parts_of)]

@@ -10,14 +10,17 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from starlette.routing import Match, Route
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.auth import AccessControl, group_of
 from service.errors import PayloadTooLarge, ServiceError
-from service.http_errors import error_response
+from service.http.errors import error_response
 from service.metrics import ServiceMetrics
 
 REQUEST_ID = "x-request-id"
@@ -32,9 +35,9 @@ class ServingMiddleware:
     ``max_body_bytes`` with 413, and count requests and latency by route template (not raw path, which would
     explode label cardinality).
 
-    ``direct`` routes (plain ASGI endpoints, e.g. POST /predict) are dispatched from here, past the
-    framework's routing and exception layers, with their errors answered by the same mapping
-    (``service.http_errors``); an unexpected exception still propagates to the app's 500 handler.
+    The handlers of the ``fast`` routes (``service.http.routes``: POST /predict, /feedback, v2 infer) are called
+    from here, past the framework's routing and exception layers, with their errors answered by the same
+    mapping (``service.http.errors``); an unexpected exception still propagates to the app's 500 handler.
     The router keeps these routes too, for the 405 of other methods."""
 
     def __init__(
@@ -42,21 +45,18 @@ class ServingMiddleware:
         app: ASGIApp,
         metrics: ServiceMetrics,
         max_body_bytes: int,
-        direct: Sequence[Route] = (),
+        fast: Sequence[APIRoute] = (),
         access: AccessControl | None = None,
     ):
         self.app = app
         self.access = access
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
-        self.direct = {
-            (method, route.path): route
-            for route in direct
-            if not route.param_convertors
-            for method in route.methods or ()
+        self.fast = {
+            (method, route.path): route for route in fast if not route.param_convertors for method in route.methods
         }
-        self.patterns = [route for route in direct if route.param_convertors]
-        self._metric_children: dict[tuple, tuple] = {}
+        self.patterns = [route for route in fast if route.param_convertors]
+        self._route_metrics: dict[tuple, tuple] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,23 +110,23 @@ class ServingMiddleware:
 
         start = time.perf_counter()
         self.metrics.in_flight.inc()
-        direct = self.direct.get((scope["method"], scope["path"])) or self._match(scope)
+        fast = self.fast.get((scope["method"], scope["path"])) or self._match(scope)
         try:
-            if direct is None:
+            if fast is None:
                 await self.app(scope, limited_receive, tagged_send)
             else:
-                scope["route"] = direct
-                await self._dispatch(direct.endpoint, scope, limited_receive, tagged_send, lambda: status is not None)
+                scope["route"] = fast
+                await self._serve(fast.endpoint, scope, limited_receive, tagged_send)
         finally:
             self.metrics.in_flight.dec()
             route = scope.get("route")
             template = getattr(route, "path", None) or "<unmatched>"
-            counter, histogram = self._children(template, scope["method"], status or 500)
+            counter, histogram = self._metrics_of(template, scope["method"], status or 500)
             counter.inc()
             histogram.observe(time.perf_counter() - start)
 
-    def _match(self, scope: Scope) -> Route | None:
-        """The direct route with path parameters (``/v2/models/{name}/infer``) that fully matches the request,
+    def _match(self, scope: Scope) -> APIRoute | None:
+        """The fast route with path parameters (``/v2/models/{name}/infer``) that fully matches the request,
         its parameters put in the scope; None leaves the request to the app (and other methods to its 405)."""
         for route in self.patterns:
             match, child = route.matches(scope)
@@ -136,22 +136,22 @@ class ServingMiddleware:
         return None
 
     @staticmethod
-    async def _dispatch(endpoint: ASGIApp, scope: Scope, receive: Receive, send: Send, started) -> None:
-        """Serve a direct route; a mapped error answers, unless the response has already started."""
+    async def _serve(handler: Callable[[Request], Awaitable[Response]], scope: Scope, receive: Receive, send: Send):
+        """Answer with a fast route's handler; an error it raises answers through the one mapping."""
         try:
-            await endpoint(scope, receive, send)
+            response = await handler(Request(scope, receive))
         except Exception as exc:
             response = error_response(scope["path"], exc)
-            if started() or response.status_code == 500:
+            if response.status_code == 500:
                 raise
-            await response(scope, receive, send)
+        await response(scope, receive, send)
 
-    def _children(self, template: str, method: str, status: int) -> tuple:
+    def _metrics_of(self, template: str, method: str, status: int) -> tuple:
         """The request counter and latency histogram of one route, method and status (looked up once)."""
         key = (template, method, status)
-        found = self._metric_children.get(key)
+        found = self._route_metrics.get(key)
         if found is None:
-            found = self._metric_children[key] = (
+            found = self._route_metrics[key] = (
                 self.metrics.requests.labels(template, method, str(status)),
                 self.metrics.latency.labels(template),
             )

@@ -1,5 +1,5 @@
 """The one mapping of errors to HTTP responses, used by the app's exception handlers and by the
-middleware's direct dispatch of plain routes.
+middleware's calls of the fast handlers.
 
 Errors of the service's own API are ``{"error": {"code", "message", "field"}}``; errors under
 ``/v2`` are ``{"error": "..."}`` with status 400 for bad input, as the v2 protocol specifies.
@@ -8,15 +8,16 @@ Anything else is a JSON 500 that tells nothing about the internals (the caller l
 
 from __future__ import annotations
 
-import re
+import logging
 
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import InvalidInput, ServiceError
+from service.errors import InvalidInput, ServiceError, field_path
 
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|[a-z-]+\[.*\])$")
+log = logging.getLogger("service")
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
@@ -44,15 +45,6 @@ def error_response(path: str, exc: Exception) -> JSONResponse:
     return _error(path, 500, "internal_error", "internal error; see the server log")
 
 
-def field_path(loc: tuple) -> str:
-    """A JSON path like ``items[0].label`` from a pydantic location (union-member tags dropped)."""
-    parts = [str(p) for p in loc if p not in ("body", "query", "path") and not _TYPE_TAG.match(str(p))]
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
-    return out or "body"
-
-
 def _error(
     path: str, status: int, code: str, message: str, field: str | None = None, headers: dict | None = None
 ) -> JSONResponse:
@@ -61,3 +53,19 @@ def _error(
         return JSONResponse({"error": f"{field}: {message}" if field else message}, status, headers=headers)
     error = {"code": code, "message": message} | ({"field": field} if field else {})
     return JSONResponse({"error": error}, status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer the service's errors, validation errors and Starlette's HTTP errors through ``error_response``;
+    log anything else and answer it as a JSON 500."""
+
+    async def mapped(request: Request, exc: Exception):
+        return error_response(request.url.path, exc)
+
+    for kind in (ServiceError, RequestValidationError, StarletteHTTPException):
+        app.add_exception_handler(kind, mapped)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(request.url.path, exc)

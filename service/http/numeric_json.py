@@ -1,15 +1,15 @@
 """A JSON body's numeric rows straight into one array, without a Python object per number.
 
 orjson turns a 3x32x32 row into 3,072 Python floats and numpy then walks them again to build the
-batch; on a heavy model that is most of a single-row JSON request's own CPU (docs/benchmarks.md).
+batch; on a heavy model that is most of a single-row JSON request's own CPU.
 simdjson's document gives the numbers of a nested array as one buffer (``as_buffer``) and its nesting
 by the lengths of its arrays, so the rows become an array with no per-number work in Python.
 
 Only a body that is certainly well formed takes this path: a JSON object, without repeated keys, whose
 ``key`` holds a non-empty rectangular nested array of numbers and whose other fields are scalars.
 Anything else (another nesting, a string or ``true`` among the numbers, invalid JSON, numbers of
-magnitude 2**53 or more, where integers could round differently) gives None, and the caller's general parser answers,
-errors included: this path changes the speed of an answer, never the answer.
+magnitude 2**53 or more, where integers could round differently) gives None, and the caller's general parser
+answers, errors included: this path changes the speed of an answer, never the answer.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ import simdjson
 
 EXACT = 2.0**53  # past this magnitude an integer's float64 may differ from numpy's direct conversion
 WORTH_IT_BYTES = 8192
-"""Below this body size orjson and numpy are as fast or faster. Body to float32 batch on a 2-core AMD EPYC
-(AVX2), this path against orjson and numpy: 483 bytes (one 8x8 row) 40 us against 11; 3.7 KB 53 against 50;
-5.4 KB 83 against 64; 14 KB 114 against 269; 21 KB (one 3x32x32 row) 109 against 374."""
+"""Below this body size orjson and numpy are as fast or faster (the measurement: docs/decisions)."""
 REUSED_BYTES = 1 << 20
 """Bodies up to this size are parsed by a parser kept per thread (simdjson keeps its buffers, sized to the
 largest document it parsed, and allocating them anew costs as much as parsing); larger ones by a new one."""

@@ -13,27 +13,12 @@ from __future__ import annotations
 
 from importlib import resources
 
-from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
-
-router = APIRouter()
 
 #: The page, read once at import (packaged as ``service/static/dashboard.html``).
 DASHBOARD_HTML: str = resources.files("service").joinpath("static", "dashboard.html").read_text(encoding="utf-8")
 
 
-@router.get(
-    "/dashboard",
-    tags=["dashboard"],
-    response_class=HTMLResponse,
-    include_in_schema=True,
-    responses={
-        200: {
-            "description": "the calibration dashboard (one self-contained HTML page)",
-            "content": {"text/html": {"schema": {"type": "string"}}},
-        }
-    },
-)
 async def dashboard() -> HTMLResponse:
     """Calibration dashboard: alarm state, key metrics, rolling ECE, reliability diagram, alarm history, health."""
     return HTMLResponse(DASHBOARD_HTML, headers={"Cache-Control": "no-cache"})

@@ -18,112 +18,53 @@ import uuid
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Request, Response
-from fastapi.routing import APIRoute
-from starlette.types import Receive, Scope, Send
+from fastapi import Request, Response
 
-from service.endpoints import CurrentEndpoints, current
 from service.errors import InvalidInput
-from service.schemas import V2Error, V2InferenceRequest, V2InferenceResponse, V2ModelMetadata, V2ServerMetadata
-from service.serving.codec import Phases, PlainRoute, validate
+from service.http.codec import validate
+from service.metrics import Phases
+from service.parts import Parts, parts_of
+from service.schemas import V2InferenceRequest, V2ModelMetadata
 from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
 
-router = APIRouter(prefix="/v2", tags=["v2"])
 HEADER_LENGTH = "inference-header-content-length"
-ERRORS = {code: {"model": V2Error} for code in (400, 404, 413, 503)}
-# The binary tensor extension cannot be written as an OpenAPI body (the split of the bytes is given by a
-# header), so the document declares the JSON form and says how to send the binary one.
-INFER_BODY = {
-    "requestBody": {
-        "required": True,
-        "description": (
-            "JSON, or with the binary tensor data extension: the JSON header followed by the raw tensor bytes, the "
-            "header's length in bytes given by the Inference-Header-Content-Length header (as tritonclient.http sends)."
-        ),
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/V2InferenceRequest"}}},
-    }
-}
 
 
-@router.get("", response_model=V2ServerMetadata)
 async def server() -> dict:
     return server_metadata()
 
 
-@router.get("/health/live", responses={200: {"content": {"application/json": {}}}})
 async def live() -> dict:
     return {"live": True}
 
 
-@router.get("/health/ready", responses={503: {"model": V2Error}})
-async def ready(endpoints: CurrentEndpoints) -> dict:
-    return endpoints.server_ready()
+async def ready(parts: Parts) -> dict:
+    return parts.server_ready()
 
 
-@router.get("/models/{name}", response_model=V2ModelMetadata, responses=ERRORS)
-@router.get("/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=ERRORS)
-async def model_metadata(endpoints: CurrentEndpoints, name: str, version: str | None = None) -> V2ModelMetadata:
-    return endpoints.dataplane.v2_metadata(name, version)
+async def model_metadata(parts: Parts, name: str, version: str | None = None) -> V2ModelMetadata:
+    return parts.dataplane.v2_metadata(name, version)
 
 
-@router.get("/models/{name}/ready", responses=ERRORS)
-@router.get("/models/{name}/versions/{version}/ready", responses=ERRORS)
-async def model_ready(endpoints: CurrentEndpoints, name: str, version: str | None = None) -> dict:
-    return endpoints.model_ready(name, version)
+async def model_ready(parts: Parts, name: str, version: str | None = None) -> dict:
+    return parts.model_ready(name, version)
 
 
-class InferEndpoint:
-    """POST /v2/models/{name}[/versions/{version}]/infer as a plain ASGI endpoint (``service.serving.codec``),
-    the fast path of /predict: the JSON header is validated by pydantic without the tensors' values. A binary
+async def infer(request: Request) -> Response:
+    """Inference in the Open Inference Protocol v2, JSON or with binary tensors.
+    \f
+    The fast path of /predict: the JSON header is validated by pydantic without the tensors' values. A binary
     tensor becomes an array without per-value Python objects (``numpy.frombuffer``), JSON ``data`` an array in
     one conversion of the parsed lists; only sizes, shapes and finiteness are checked on them."""
-
-    def __init__(self, template: str):
-        self.template = template
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
-        endpoints = current(request)
-        phases = Phases(endpoints.metrics.phases(self.template))
-        body, arrays = _parse(await request.body(), request.headers.get(HEADER_LENGTH))
-        phases.mark("parse")
-        params = scope["path_params"]
-        model, outputs, ids = await endpoints.dataplane.v2_infer(
-            params["name"], params.get("version"), body, arrays, phases
-        )
-        response = _encode(model.name, model.version, body, outputs, ids)
-        phases.mark("encode")
-        await response(scope, receive, send)
-
-
-def infer_contract(body: V2InferenceRequest, name: str) -> V2InferenceResponse:
-    """Inference in the Open Inference Protocol v2 on the model's latest version, JSON or with binary tensors."""
-    raise NotImplementedError("documentation only: InferEndpoint serves the v2 infer routes")
-
-
-def infer_version_contract(body: V2InferenceRequest, name: str, version: str) -> V2InferenceResponse:
-    """Inference in the Open Inference Protocol v2 on one version of the model, JSON or with binary tensors."""
-    raise NotImplementedError("documentation only: InferEndpoint serves the v2 infer routes")
-
-
-INFER_PATHS = {
-    "/v2/models/{name}/infer": infer_contract,
-    "/v2/models/{name}/versions/{version}/infer": infer_version_contract,
-}
-INFER_ROUTES = [PlainRoute(path, InferEndpoint(path), methods=["POST"]) for path in INFER_PATHS]
-INFER_CONTRACTS = [
-    APIRoute(
-        path,
-        contract,
-        methods=["POST"],
-        response_model=V2InferenceResponse,
-        responses=ERRORS,
-        tags=["v2"],
-        name="infer",
-        openapi_extra=INFER_BODY,
-    )
-    for path, contract in INFER_PATHS.items()
-]
+    parts = parts_of(request)
+    phases = Phases(parts.metrics.phases(request.scope["route"].path))
+    body, arrays = _parse(await request.body(), request.headers.get(HEADER_LENGTH))
+    phases.mark("parse")
+    params = request.path_params
+    model, outputs, ids = await parts.dataplane.v2_infer(params["name"], params.get("version"), body, arrays, phases)
+    response = _encode(model.name, model.version, body, outputs, ids)
+    phases.mark("encode")
+    return response
 
 
 def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[str, np.ndarray | list]]:

@@ -1,0 +1,274 @@
+"""Every HTTP route of the service, declared once.
+
+``ROUTES`` is the one table (the shape of MLServer's ``rest/app.py``): path, handler, methods and what the
+OpenAPI document says of the route. ``api_routes`` turns it into FastAPI routes, which serve the requests
+and give the document. A fast route's handler takes the request and returns the response itself (JSON by
+``service.http.codec``); ``ServingMiddleware`` calls it directly, past FastAPI's dependency solving and
+response validation, and the router keeps the route for the 405 of other methods and for the document.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+from service.http import dashboard, inference, monitoring, v2
+from service.http.codec import MULTIPART, json_body
+from service.schemas import (
+    ActivateRequest,
+    ActivateResponse,
+    CalibrationReport,
+    ErrorResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    HealthResponse,
+    HistoryResponse,
+    ModelsResponse,
+    PredictRequest,
+    PredictResponse,
+    RecalibrateRequest,
+    RecalibrateResponse,
+    TimelineResponse,
+    UnmatchedLabels,
+    V2Error,
+    V2InferenceRequest,
+    V2InferenceResponse,
+    V2ModelMetadata,
+    V2ServerMetadata,
+)
+
+PREDICT_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "request body is not valid JSON"},
+    404: {"model": ErrorResponse, "description": "unknown model or version"},
+    413: {"model": ErrorResponse, "description": "request body too large"},
+    415: {"model": ErrorResponse, "description": "Content-Type is neither application/json nor multipart/form-data"},
+    422: {"model": ErrorResponse, "description": "invalid request: the error names the field"},
+    503: {"model": ErrorResponse, "description": "overloaded (see Retry-After) or not ready"},
+}
+MONITORING_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)
+}
+ADMIN_ERRORS = MONITORING_ERRORS | {401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}}
+V2_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": V2Error} for code in (400, 404, 413, 503)}
+
+UPLOAD = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "format": "binary"},
+            "description": "PNG or JPEG images, one row each, in the polarity the model was trained on",
+        },
+        **{name: {"type": "string"} for name in ("model", "version", "top_k", "return_logits", "return_uncalibrated")},
+    },
+}
+# The binary tensor extension cannot be written as an OpenAPI body (a header gives the split of the bytes),
+# so the document declares the JSON form and says how to send the binary one.
+BINARY_TENSORS = (
+    "JSON, or with the binary tensor data extension: the JSON header followed by the raw tensor bytes, the "
+    "header's length in bytes given by the Inference-Header-Content-Length header (as tritonclient.http sends)."
+)
+TEXT = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+HTML = {
+    200: {
+        "description": "the calibration dashboard (one self-contained HTML page)",
+        "content": {"text/html": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: where, which handler, and what the OpenAPI document says of it.
+
+    ``fast``: the handler takes the ``Request`` and returns the ``Response`` (``ServingMiddleware`` calls it).
+    ``body``: the JSON body a handler reads itself (the document shows it; FastAPI does not parse it), with
+    ``body_alternatives``: other media types of the same body. ``description``: in place of the handler's
+    docstring (when one handler serves routes that the document tells apart)."""
+
+    path: str
+    handler: Callable[..., Awaitable[Any]]
+    methods: tuple[str, ...] = ("GET",)
+    fast: bool = False
+    body: type[BaseModel] | None = None
+    body_description: str | None = None
+    body_alternatives: dict[str, dict] = field(default_factory=dict)
+    response_model: Any = None
+    responses: dict[int | str, dict[str, Any]] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    response_class: type[Response] | None = None
+    description: str | None = None
+
+    def api_route(self) -> APIRoute:
+        extra: dict[str, Any] = {}
+        if self.body is not None:
+            extra = json_body(self.body)
+            extra["requestBody"]["content"] |= self.body_alternatives
+            if self.body_description:
+                extra["requestBody"]["description"] = self.body_description
+        parameters = re.findall(r"{(\w+)}", self.path)
+        if self.fast and parameters:  # read by the handler from the request, so FastAPI does not see them
+            extra["parameters"] = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string", "title": name.title()}}
+                for name in parameters
+            ]
+        given = {
+            "response_model": self.response_model,  # when None, FastAPI takes the handler's return annotation
+            "response_class": self.response_class,
+            "responses": self.responses,
+            "tags": list(self.tags),
+            "description": self.description,
+            "openapi_extra": extra,
+        }
+        options = {name: value for name, value in given.items() if value}
+        return APIRoute(self.path, self.handler, methods=list(self.methods), **options)
+
+
+ROUTES = [
+    Route(
+        "/predict",
+        inference.predict,
+        ("POST",),
+        fast=True,
+        body=PredictRequest,
+        body_alternatives={MULTIPART: {"schema": UPLOAD}},
+        response_model=PredictResponse,
+        responses=PREDICT_ERRORS,
+        tags=("inference",),
+    ),
+    Route("/models", inference.models, response_model=ModelsResponse, tags=("models",)),
+    Route(
+        "/health",
+        inference.health,
+        response_model=HealthResponse,
+        responses={503: {"model": HealthResponse}},
+        tags=("health",),
+    ),
+    Route("/metrics", inference.metrics, response_class=Response, responses=TEXT, tags=("health",)),
+    Route(
+        "/feedback",
+        monitoring.feedback,
+        ("POST",),
+        fast=True,
+        body=FeedbackRequest,
+        response_model=FeedbackResponse,
+        responses=MONITORING_ERRORS,
+        tags=("monitoring",),
+    ),
+    Route(
+        "/feedback/unmatched",
+        monitoring.unmatched_labels,
+        response_model=UnmatchedLabels,
+        responses=MONITORING_ERRORS,
+        tags=("monitoring",),
+    ),
+    Route(
+        "/calibration",
+        monitoring.calibration,
+        response_model=CalibrationReport,
+        responses=MONITORING_ERRORS,
+        tags=("monitoring",),
+    ),
+    Route(
+        "/calibration/reliability.png",
+        monitoring.reliability_png,
+        responses=MONITORING_ERRORS | {200: {"content": {"image/png": {}}}},
+        response_class=Response,
+        tags=("monitoring",),
+    ),
+    Route(
+        "/calibration/timeline",
+        monitoring.timeline,
+        response_model=TimelineResponse,
+        responses=MONITORING_ERRORS,
+        tags=("monitoring",),
+    ),
+    Route(
+        "/calibration/history",
+        monitoring.history,
+        response_model=HistoryResponse,
+        responses=MONITORING_ERRORS,
+        tags=("monitoring",),
+    ),
+    Route(
+        "/admin/recalibrate",
+        monitoring.recalibrate,
+        ("POST",),
+        body=RecalibrateRequest,
+        response_model=RecalibrateResponse,
+        responses=ADMIN_ERRORS,
+        tags=("monitoring", "admin"),
+    ),
+    Route(
+        "/admin/calibration/activate",
+        monitoring.activate,
+        ("POST",),
+        body=ActivateRequest,
+        response_model=ActivateResponse,
+        responses=ADMIN_ERRORS,
+        tags=("monitoring", "admin"),
+    ),
+    Route("/dashboard", dashboard.dashboard, response_class=HTMLResponse, responses=HTML, tags=("dashboard",)),
+    Route("/v2", v2.server, response_model=V2ServerMetadata, tags=("v2",)),
+    Route("/v2/health/live", v2.live, responses={200: {"content": {"application/json": {}}}}, tags=("v2",)),
+    Route("/v2/health/ready", v2.ready, responses={503: {"model": V2Error}}, tags=("v2",)),
+    Route("/v2/models/{name}", v2.model_metadata, response_model=V2ModelMetadata, responses=V2_ERRORS, tags=("v2",)),
+    Route(
+        "/v2/models/{name}/versions/{version}",
+        v2.model_metadata,
+        response_model=V2ModelMetadata,
+        responses=V2_ERRORS,
+        tags=("v2",),
+    ),
+    Route("/v2/models/{name}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",)),
+    Route("/v2/models/{name}/versions/{version}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",)),
+    *(
+        Route(
+            path,
+            v2.infer,
+            ("POST",),
+            fast=True,
+            body=V2InferenceRequest,
+            body_description=BINARY_TENSORS,
+            response_model=V2InferenceResponse,
+            responses=V2_ERRORS,
+            tags=("v2",),
+            description=f"Inference in the Open Inference Protocol v2 on {on}, JSON or with binary tensors.",
+        )
+        for path, on in (
+            ("/v2/models/{name}/infer", "the model's latest version"),
+            ("/v2/models/{name}/versions/{version}/infer", "one version of the model"),
+        )
+    ),
+]
+
+
+def api_routes() -> tuple[list[APIRoute], list[APIRoute]]:
+    """The table as FastAPI routes in its order, and those of them whose handlers the middleware calls."""
+    built = [(route, route.api_route()) for route in ROUTES]
+    return [api for _, api in built], [api for route, api in built if route.fast]
+
+
+def openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated document, with the schemas of the bodies that handlers read themselves."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in dict.fromkeys(route.body for route in ROUTES if route.body is not None):
+        definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, nested in definition.pop("$defs", {}).items():
+            components.setdefault(name, nested)
+        components[model.__name__] = definition
+    app.openapi_schema = schema
+    return schema
