@@ -1,95 +1,27 @@
-"""Anytime-valid miscalibration detection with hysteresis, on a stream of labelled predictions.
+"""Anytime-valid detection of miscalibration, with hysteresis, on a stream of labelled predictions.
 
-Each label is a top-label confidence C_t and an outcome Y_t = 1[predicted class is right]. The null
-hypothesis is that calibration is within a tolerance eps at every confidence level,
+Each label is a top-label confidence C_t and an outcome Y_t = 1[the predicted class is right]; the null
+hypothesis is calibration within a tolerance eps at every confidence level,
 
-    H0(eps):  |E[Y_t | C_t, past] - C_t| <= eps   for every t,
+    H0(eps):  |E[Y_t | C_t, past] - C_t| <= eps   for every t.
 
-for any distribution of confidences, any number of classes (binary included) and any label mix.
+The statistic is a weighted mixture sum_d w_d S_t^(d) of CUSUM e-detectors, log S_t = max(log S_{t-1}, 0) + log e_t.
+Learned detectors bet e_t = 1 + lambda_t (Y_t - C_t) - |lambda_t| eps, the plug-in Kelly bet on the gap per
+confidence bin estimated from earlier blocks of labels only (one detector per memory, and an adaptive one that uses
+only the labels of its current run); fixed detectors bet the likelihood ratio of a logit scaling, a constant gap or a
+step against the nearest edge of the null.
 
-**Raising (CUSUM e-detectors).** For a bet lambda_t(C_t) chosen from past labels only (predictable),
+Guarantee: for every traffic shape of H0(eps), the alarm at level A (``threshold``) keeps
+E[labels to the first false alarm] >= A and, by Ville's inequality, P(false alarm within n labels) <= n / A.
+A raised alarm clears when a CUSUM of Bern(Y; C) / Bern(Y; C + kappa g(C)), g the gap learned since the alarm,
+reaches B (``clear_threshold``); while a shift at least that large persists, P(a clear within n labels) <= n / B.
+State arrays have a leading axis of independent streams; folding labels in one call or in many gives the same
+state bit for bit.
 
-    e_t = 1 + lambda_t (Y_t - C_t) - |lambda_t| eps
-
-has E[e_t | C_t, past] <= 1 under H0(eps) and e_t >= 1 - ``max_bet`` > 0, so it is an e-value; the
-bet may depend on C_t itself, which is what lets the detector see miscalibration at every confidence
-level. The bet is the plug-in Kelly bet of Waudby-Smith & Ramdas (2023, "Estimating means of bounded
-random variables by betting"): with a the estimated accuracy at C_t and b = C_t +- eps the nearest
-edge of the null, lambda = (a - b) / (b (1 - b)), whose growth rate is KL(Bern(a) || Bern(b)); a is
-C_t plus the recent gap accuracy - confidence around C_t (exponentially weighted sums in bins of
-width 0.5 on the log-odds scale, smoothed over neighbouring bins by a Gaussian kernel and shrunk
-towards the all-bin gap), so over- and under-confidence in different regions (mean-preserving
-miscalibration) both pay. The gap estimates are refreshed every ``block`` labels (counted from the
-stream's first label), so a bet depends only on labels of earlier blocks: it stays predictable, and
-the work of a block is a few array operations. The CUSUM e-detector of Shin, Ramdas & Rinaldo (2023,
-"E-detectors: a nonparametric framework for sequential change detection")
-
-    log S_t = max(log S_{t-1}, 0) + log e_t
-
-is at most the Shiryaev-Roberts statistic R_t = (R_{t-1} + 1) e_t, and R_t - t is a supermartingale
-under H0(eps). M detectors run side by side, one per memory of the gap estimate (short memories adapt
-to large shifts within tens of labels, long ones estimate small gaps precisely), plus one adaptive
-detector whose gap estimates use only the labels since its CUSUM run began (the nonanticipating
-estimation of Lorden & Pollak 2005, "Nonanticipating estimation applied to sequential analysis and
-changepoint detection"): after a change its bets are learned from post-change labels alone, without
-the pre-change labels a decayed memory still holds. A bet that depends on when a run began is still
-predictable, so each run's product of e-values is an e-process and the tracked run is at most the
-Shiryaev-Roberts statistic built from them.
-
-**Fixed alternatives.** Beside the learned bets, F detectors bet on fixed shapes of miscalibration that
-need no learning, each the likelihood ratio Bern(Y; a(C)) / Bern(Y; e(C)) of an alternative accuracy a(C)
-against the nearest edge e(C) of the null (1 where a(C) is inside it), an e-value for every point of the band:
-
-- logit scaling a_s(C) = sigmoid(logit(C) / s) for a grid of s (over-confidence s > 1, under-confidence
-  s < 1; exact for a binary model served softmax(s z), close for the top label of many classes);
-- constant gaps a_g(C) = C + g;
-- steps: a(C) = C - o m above a pivot p on the log-odds scale and C + o m below it, for magnitudes m,
-  both orientations o = +-1 and a grid of pivots: the over-confident top and under-confident rest of
-  mean-preserving miscalibration (o = 1), or the reverse, which a learned bet sees only once each bin's
-  gap is known, and which logit scaling cannot express (its gap vanishes as C -> 1).
-
-They see such shifts within their first labels, where learned bets still wait for their first blocks and
-pay for their noisy estimates.
-
-**One mixture.** The e-detector is the weighted mean of the CUSUMs, sum_d w_d S_t^(d) (weights summing to
-1: ``scale_weight`` shared by the logit scales, ``step_weight`` by the gaps and steps, the rest by the
-learned detectors). It is at most
-sum_d w_d R_t^(d), and that minus t is a supermartingale under H0(eps), so by optional stopping the
-alarm at level A keeps, for every traffic shape of H0(eps),
-
-    E[labels to the first false alarm] >= A     and     P(false alarm within n labels) <= n / A
-
-(the second by Ville's inequality for the supermartingale sum_d w_d R_t^(d) + n - t), where a union over
-the detectors (alarm when one reaches D A) paid log D in every delay.
-
-Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
-valid tests for forecast calibration").
-
-**Clearing (hysteresis).** While the alarm is on, the alternative "the miscalibration persists" is the
-gap learned per bin from the labels since the alarm (of finished blocks, so predictable), shrunk towards
-the detectors' estimate at the raise, in bins of its own: those of the bets and more above C = 0.9985, where
-a confident model's labels crowd and a gap that is learned from shifted confidences must hold at calibrated
-ones: g(C) where |g(C)| > eps, 0 where the gap is inside the tolerance.
-The alarm clears when the CUSUM of the likelihood ratio of calibrated outcomes against it,
-
-    log K_t = max(log K_{t-1}, 0) + log[ Bern(Y_t; C_t) / Bern(Y_t; C_t + kappa g(C_t)) ],
-
-reaches log B, at least ``min_clear_labels`` labels after the alarm: the clearing oracle's test of
-``calibkit.oracle`` with a(C) - C learned instead of told. Calibrated traffic drives K up at the rate
-KL(Bern(C) || Bern(C + kappa g)) ~ kappa^2 g^2 / 2v (v = C (1 - C)). While the shift persists with a gap
-at least kappa g(C) (same sign) at every confidence, Bern(Y; C) / Bern(Y; C + kappa g) has mean at most 1,
-so the same optional-stopping argument as for raising gives E[labels to a false clear] >= B and
-P(a clear within n labels of the shift) <= n / B. The level is therefore of the order of the raising
-level (the oracle's clearing level, tuned to 1% false clears per 10,000 labels, is e^8.6-e^13.5 on the
-benchmark's rows): with B = 300 and kappa = 0.75 a persisting shift near the tolerance cleared in up to
-11% of streams. After clearing, the e-detectors restart at 1, so raising again needs fresh evidence of
-size A.
-
-The state is a set of arrays with a leading axis of independent streams, so the service (one
-stream per model version and calibration version) and the simulations of ``bench/alarm.py``
-(thousands of streams at once) run the same code. Folding labels in one call or in many gives the
-same state, bit for bit: block boundaries are fixed by the label count, and the labels of an
-unfinished block are kept as sums that are added in label order.
+References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
+detection"; Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by betting"; Lorden &
+Pollak 2005, "Nonanticipating estimation applied to sequential analysis and changepoint detection"; Arnold,
+Henzi & Ziegel 2023, "Sequentially valid tests for forecast calibration".
 """
 
 from __future__ import annotations
