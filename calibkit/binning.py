@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from calibkit.validation import expected
+
 
 class BinSums(NamedTuple):
     """Per-bin sufficient statistics: count |B_m|, sum of confidences, sum of outcomes."""
@@ -88,7 +90,7 @@ def calibration_error(sums: BinSums, norm: str = "l1") -> float:
     if norm == "max":
         filled = sums.count > 0
         return float(np.max(gap[filled] / sums.count[filled]))
-    raise ValueError(f"norm must be 'l1' or 'max', got {norm!r}")
+    raise ValueError(expected("norm", "'l1' or 'max'", norm))
 
 
 def overconfidence(sums: BinSums) -> float:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from calibkit.validation import check_probs_labels
+from calibkit.validation import check_probs_labels, expected
 
 _BATCH = 64
 
@@ -70,13 +70,13 @@ def confidence_intervals(
     if np.ndim(probs) == 1:
         p = p[:, 1]
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+        raise ValueError(expected("n_resamples", "a positive integer", n_resamples))
     if method not in ("percentile", "basic", "BCa"):
-        raise ValueError(f"method must be 'percentile', 'basic' or 'BCa', got {method!r}")
+        raise ValueError(expected("method", "'percentile', 'basic' or 'BCa'", method))
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
+        raise ValueError(expected("level", "in (0, 1)", level))
     if not metrics:
-        raise ValueError("metrics must name at least one metric")
+        raise ValueError(expected("metrics", "a mapping of at least one metric", dict(metrics)))
     functions = list(metrics.values())
 
     def statistic(idx: np.ndarray) -> np.ndarray:
@@ -136,9 +136,9 @@ class RunsBootstrap:
         ``"basic"`` (2 theta - q_hi, 2 theta - q_lo), which corrects the upward resampling bias of binned
         errors (Davison & Hinkley 1997, Sec. 5.2)."""
         if not 0.0 < level < 1.0:
-            raise ValueError(f"level must be in (0, 1), got {level!r}")
+            raise ValueError(expected("level", "in (0, 1)", level))
         if method not in ("percentile", "basic"):
-            raise ValueError(f"method must be 'percentile' or 'basic', got {method!r}")
+            raise ValueError(expected("method", "'percentile' or 'basic'", method))
         estimate = self.mean(contrast)
         resampled = self.resampled @ self._weights(contrast)
         q_low, q_high = np.quantile(resampled, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
@@ -165,16 +165,18 @@ def hierarchical_bootstrap(
     Deterministic for a fixed ``seed``.
     """
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+        raise ValueError(expected("n_resamples", "a positive integer", n_resamples))
     if not statistics:
-        raise ValueError("statistics must name at least one statistic")
+        raise ValueError(expected("statistics", "a mapping of at least one statistic", dict(statistics)))
     if not runs:
-        raise ValueError("runs must hold at least one run")
+        raise ValueError(expected("runs", "a sequence of at least one run", list(runs)))
     sizes = []
     for i, run in enumerate(runs):
         lengths = {len(v) for v in run.values()}
         if len(lengths) != 1 or 0 in lengths:
-            raise ValueError(f"run {i} must hold non-empty arrays of one length, got lengths {sorted(lengths)}")
+            raise ValueError(
+                f"Expected `runs[{i}]` to hold non-empty arrays of one length, but got lengths {sorted(lengths)}"
+            )
         sizes.append(lengths.pop())
     functions = list(statistics.values())
 

@@ -19,7 +19,7 @@ from scipy import optimize, special
 
 from calibkit import binning
 from calibkit.temperature import apply_temperature, fit_temperature, softmax
-from calibkit.validation import check_logits, check_logits_labels, check_n_bins
+from calibkit.validation import check_logits, check_logits_labels, check_n_bins, expected
 
 
 class Calibrator(ABC):
@@ -55,12 +55,13 @@ class Calibrator(ABC):
     def from_dict(cls, data: dict) -> Calibrator:
         """Rebuild a fitted calibrator from ``to_dict`` output."""
         if not isinstance(data, dict) or not {"method", "n_classes", "params"} <= data.keys():
-            raise ValueError("calibrator data must be an object with 'method', 'n_classes' and 'params'")
+            shown = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(expected("data", "an object with 'method', 'n_classes' and 'params'", shown))
         if data["method"] != cls.method:
-            raise ValueError(f"calibrator data is for method {data['method']!r}, not {cls.method!r}")
+            raise ValueError(expected("method", repr(cls.method), data["method"]))
         n_classes = data["n_classes"]
         if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
+            raise ValueError(expected("n_classes", "an integer >= 2", n_classes))
         obj = cls()
         obj.n_classes = n_classes
         try:
@@ -94,7 +95,7 @@ def _like_input(q: np.ndarray, z: np.ndarray) -> np.ndarray:
 def _finite_vector(name: str, values, length: int) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.shape != (length,) or not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be {length} finite numbers")
+        raise ValueError(expected(name, f"{length} finite numbers", arr.tolist()))
     return arr
 
 
@@ -119,7 +120,7 @@ class TemperatureScaling(Calibrator):
     def _load(self, params):
         t = float(params["temperature"])
         if not np.isfinite(t) or t <= 0:
-            raise ValueError(f"temperature must be a positive finite number, got {t!r}")
+            raise ValueError(expected("temperature", "a positive finite number", t))
         self.temperature = t
 
 
@@ -200,7 +201,7 @@ class PlattScaling(Calibrator):
 
     def _load(self, params):
         if self.n_classes != 2:
-            raise ValueError("Platt scaling is for binary problems: n_classes must be 2")
+            raise ValueError(expected("n_classes", "2 (Platt scaling is for binary problems)", self.n_classes))
         self.a, self.b = (float(v) for v in _finite_vector("a, b", [params["a"], params["b"]], 2))
 
 
@@ -245,7 +246,10 @@ class HistogramBinning(Calibrator):
         self.n_bins = check_n_bins(params["n_bins"])
         theta = np.asarray(params["theta"], dtype=np.float64)
         if theta.shape != (self.n_classes, self.n_bins) or not np.all((theta >= 0) & (theta <= 1)):
-            raise ValueError(f"theta must be a {self.n_classes} x {self.n_bins} matrix of values in [0, 1]")
+            raise ValueError(
+                f"Expected `theta` to be a {self.n_classes} x {self.n_bins} matrix of values in [0, 1], but got "
+                f"shape {theta.shape} with values in [{theta.min(initial=0.0):g}, {theta.max(initial=0.0):g}]"
+            )
         self.theta = theta
 
 
@@ -283,12 +287,19 @@ class IsotonicCalibration(Calibrator):
     def _load(self, params):
         xs, ys = params["x"], params["y"]
         if len(xs) != self.n_classes or len(ys) != self.n_classes:
-            raise ValueError(f"isotonic params need one breakpoint list per class ({self.n_classes})")
+            raise ValueError(
+                f"Expected `x` and `y` to hold one breakpoint list per class ({self.n_classes}), but got "
+                f"{len(xs)} and {len(ys)}"
+            )
         self.x, self.y = [], []
         for k, (xk, yk) in enumerate(zip(xs, ys)):
             xk, yk = np.asarray(xk, dtype=np.float64), np.asarray(yk, dtype=np.float64)
             if xk.ndim != 1 or xk.shape != yk.shape or len(xk) == 0 or np.any(np.diff(xk) < 0):
-                raise ValueError(f"isotonic breakpoints of class {k} must be equal-length, non-empty, sorted")
+                order = "unsorted" if xk.ndim == 1 and np.any(np.diff(xk) < 0) else "sorted"
+                raise ValueError(
+                    f"Expected `x[{k}]` and `y[{k}]` to be non-empty breakpoints of one length, `x[{k}]` sorted, but "
+                    f"got shapes {xk.shape} and {yk.shape}, `x[{k}]` {order}"
+                )
             self.x.append(xk)
             self.y.append(yk)
 

@@ -31,6 +31,8 @@ from functools import cached_property
 
 import numpy as np
 
+from calibkit.validation import expected
+
 FORMAT = 7
 _FIELDS = (
     "gap_sum",
@@ -103,39 +105,56 @@ class DetectorConfig:
 
     def __post_init__(self):
         if not 0.0 <= self.tolerance < 0.5:
-            raise ValueError(f"tolerance must lie in [0, 0.5), got {self.tolerance}")
-        if self.threshold <= 1 or self.clear_threshold <= 1:
-            raise ValueError("threshold and clear_threshold must exceed 1")
-        for edges in (self.edges, self.clear_edges):
+            raise ValueError(expected("tolerance", "in [0, 0.5)", self.tolerance))
+        for name in ("threshold", "clear_threshold"):
+            if getattr(self, name) <= 1:
+                raise ValueError(expected(name, "greater than 1", getattr(self, name)))
+        for name in ("edges", "clear_edges"):
+            edges = getattr(self, name)
             if list(edges) != sorted(edges) or not all(0 < e < 1 for e in edges):
-                raise ValueError("edges and clear_edges must be increasing and inside (0, 1)")
-        if (
-            min(self.half_lives) <= 0
-            or self.prior_labels <= 0
-            or not 0 < self.max_bet < 1
-            or not 0 < self.clear_shrink <= 1
-        ):
-            raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
+                raise ValueError(expected(name, "increasing and inside (0, 1)", edges))
+        if not self.half_lives or min(self.half_lives) <= 0:
+            raise ValueError(expected("half_lives", "non-empty and positive", self.half_lives))
+        if self.prior_labels <= 0:
+            raise ValueError(expected("prior_labels", "positive", self.prior_labels))
+        if not 0 < self.max_bet < 1:
+            raise ValueError(expected("max_bet", "in (0, 1)", self.max_bet))
+        if not 0 < self.clear_shrink <= 1:
+            raise ValueError(expected("clear_shrink", "in (0, 1]", self.clear_shrink))
         if self.clear_prior_labels <= 0:
-            raise ValueError("need clear_prior_labels > 0")
-        if self.block < 1 or self.min_clear_labels < 0 or not 0 <= self.adaptive_prior < len(self.half_lives):
-            raise ValueError("need block >= 1, min_clear_labels >= 0 and adaptive_prior an index of half_lives")
+            raise ValueError(expected("clear_prior_labels", "positive", self.clear_prior_labels))
+        if self.block < 1:
+            raise ValueError(expected("block", "at least 1", self.block))
+        if self.min_clear_labels < 0:
+            raise ValueError(expected("min_clear_labels", "at least 0", self.min_clear_labels))
+        if not 0 <= self.adaptive_prior < len(self.half_lives):
+            index = f"an index of `half_lives` (0 to {len(self.half_lives) - 1})"
+            raise ValueError(expected("adaptive_prior", index, self.adaptive_prior))
         if any(s <= 0 or s == 1 for s in self.scales):
-            raise ValueError("need scales > 0 other than 1")
-        if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in (*self.gaps, *self.steps)):
-            raise ValueError("need gaps and steps beyond the tolerance and inside (-1, 1)")
-        if bool(self.steps) != bool(self.pivots):
-            raise ValueError("steps need pivots, and pivots need steps")
-        shares = (self.scale_weight, self.step_weight)
-        if min(shares) < 0 or sum(shares) >= 1:
+            raise ValueError(expected("scales", "positive and other than 1", self.scales))
+        for name in ("gaps", "steps"):
+            if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in getattr(self, name)):
+                within = f"beyond the tolerance {self.tolerance} and inside (-1, 1)"
+                raise ValueError(expected(name, within, getattr(self, name)))
+        if self.steps and not self.pivots:
+            raise ValueError(expected("pivots", "non-empty when `steps` is", self.pivots))
+        if self.pivots and not self.steps:
+            raise ValueError(expected("steps", "non-empty when `pivots` is", self.steps))
+        for name in ("scale_weight", "step_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(expected(name, "at least 0", getattr(self, name)))
+        if self.scale_weight + self.step_weight >= 1:
             raise ValueError(
-                "need scale_weight, step_weight >= 0 summing to less than 1 (the learned detectors share the rest)"
+                expected(
+                    "scale_weight + step_weight",
+                    "less than 1 (the learned detectors share the rest)",
+                    self.scale_weight + self.step_weight,
+                )
             )
-        if (self.scales and not self.scale_weight) or (self.stepped and not self.step_weight):
-            raise ValueError(
-                "fixed detectors need a share of the mixture: scale_weight > 0 with scales, "
-                "step_weight > 0 with gaps or steps"
-            )
+        if self.scales and not self.scale_weight:
+            raise ValueError(expected("scale_weight", "positive when `scales` is non-empty", self.scale_weight))
+        if self.stepped and not self.step_weight:
+            raise ValueError(expected("step_weight", "positive when `gaps` or `steps` is non-empty", self.step_weight))
 
     @property
     def learned(self) -> int:
@@ -308,9 +327,15 @@ class DetectorState:
         if c.ndim == 1:
             c, y = c[:, None], y[:, None]
         if c.shape != y.shape or c.shape[0] != self.streams:
-            raise ValueError(f"need confidence and correct of shape ({self.streams}, labels), got {c.shape}, {y.shape}")
+            raise ValueError(
+                f"Expected `confidence` and `correct` to have one shape, ({self.streams}, labels) or "
+                f"({self.streams},), but got {np.shape(confidence)} and {np.shape(correct)}"
+            )
         if (self.n != self.n[0]).any():
-            raise ValueError("the streams of one state must have seen the same number of labels")
+            raise ValueError(
+                "Expected every stream of the state to have seen the same number of labels, but got "
+                f"{sorted(set(self.n.tolist()))}"
+            )
         cfg, total = self.config, c.shape[1]
         e_value = np.ones((self.streams, cfg.detectors, total))
         raised = np.zeros(c.shape, bool)
@@ -445,7 +470,7 @@ class DetectorState:
     def to_dict(self) -> dict:
         """JSON form of a single-stream state (the service persists one per model and calibration version)."""
         if self.streams != 1:
-            raise ValueError("only a single-stream state is persisted")
+            raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
         out = {
             "format": FORMAT,
             "tolerance": self.config.tolerance,

@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
+from calibkit.validation import expected
+
 
 class ShiftTest(NamedTuple):
     statistic: float
@@ -27,8 +29,9 @@ class ShiftTest(NamedTuple):
 def confidence_shift(recent, reference) -> ShiftTest:
     """KS two-sample test of recent against reference confidences."""
     recent, reference = np.asarray(recent, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    if len(recent) == 0 or len(reference) == 0:
-        raise ValueError("both samples need at least one confidence")
+    for name, sample in (("recent", recent), ("reference", reference)):
+        if len(sample) == 0:
+            raise ValueError(expected(name, "a non-empty array of confidences", sample.tolist()))
     result = stats.ks_2samp(recent, reference)
     return ShiftTest(
         float(result.statistic),
@@ -49,7 +52,7 @@ class AccuracyGap(NamedTuple):
 def accuracy_gap(n: int, confidence_sum: float, correct_sum: float) -> AccuracyGap:
     """Expected (mean confidence) vs observed accuracy; z = (observed - expected) / sqrt(e (1 - e) / n)."""
     if n <= 0:
-        raise ValueError("accuracy gap needs at least one labelled prediction")
-    expected, observed = confidence_sum / n, correct_sum / n
-    spread = np.sqrt(max(expected * (1.0 - expected), 1e-12) / n)
-    return AccuracyGap(float(expected), float(observed), float((observed - expected) / spread))
+        raise ValueError(expected("n", "at least 1 (one labelled prediction)", n))
+    mean_confidence, observed = confidence_sum / n, correct_sum / n
+    spread = np.sqrt(max(mean_confidence * (1.0 - mean_confidence), 1e-12) / n)
+    return AccuracyGap(float(mean_confidence), float(observed), float((observed - mean_confidence) / spread))

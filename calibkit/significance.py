@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from calibkit.binning import BinSums
+from calibkit.validation import expected
 
 
 class EceInterval(NamedTuple):
@@ -43,7 +44,7 @@ def ece_interval(
     if n_total <= 0:
         raise ValueError("no samples in any bin: the ECE interval is undefined for empty input")
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
+        raise ValueError(expected("level", "in (0, 1)", level))
     rng = np.random.default_rng(seed)
     count = sums.count.astype(np.int64)
     accuracy = np.divide(sums.outcome_sum, sums.count, out=np.zeros_like(sums.count), where=sums.count > 0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibkit import binning, metrics
-from calibkit.validation import check_n_bins, check_probs_labels
+from calibkit.validation import check_n_bins, check_probs_labels, expected
 
 _ARRAYS = ("count", "confidence_sum", "correct_sum", "class_count", "class_prob_sum", "class_label_sum")
 
@@ -50,21 +50,27 @@ class BinStats:
                 or not isinstance(self.n_classes, (int, np.integer))
                 or self.n_classes < 2
             ):
-                raise ValueError(f"n_classes must be an integer >= 2 or None, got {self.n_classes!r}")
+                raise ValueError(expected("n_classes", "an integer >= 2 or None", self.n_classes))
             self.n_classes = int(self.n_classes)
         shapes = {"count": (self.n_bins,), "confidence_sum": (self.n_bins,), "correct_sum": (self.n_bins,)}
         if self.n_classes is not None:
             shapes |= {name: (self.n_classes, self.n_bins) for name in _ARRAYS[3:]}
         for name in _ARRAYS[3:]:
             if name not in shapes and getattr(self, name) is not None:
-                raise ValueError(f"{name} must be None for statistics without classes")
+                raise ValueError(
+                    f"Expected `{name}` to be None for statistics without classes, but got an array of shape "
+                    f"{np.shape(getattr(self, name))}"
+                )
         for name, shape in shapes.items():
             value = getattr(self, name)
             arr = np.zeros(shape) if value is None else np.array(value, dtype=np.float64)
             if arr.shape != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+                raise ValueError(f"Expected `{name}` to have shape {shape}, but got {arr.shape}")
             if not np.all(np.isfinite(arr)) or arr.min(initial=0.0) < 0:
-                raise ValueError(f"{name} must hold finite non-negative sums")
+                raise ValueError(
+                    f"Expected `{name}` to hold finite non-negative sums, but got values in "
+                    f"[{arr.min(initial=0.0):g}, {arr.max(initial=0.0):g}]"
+                )
             setattr(self, name, arr)
         self.nll_sum, self.brier_sum = float(self.nll_sum), float(self.brier_sum)
 
@@ -122,11 +128,20 @@ class BinStats:
         bins = np.asarray(bins, dtype=np.int64)
         values = [np.asarray(v, dtype=np.float64) for v in (count, confidence_sum, correct_sum)]
         if any(v.shape != bins.shape for v in values) or bins.ndim != 1:
-            raise ValueError("bins, count, confidence_sum and correct_sum must be 1-D of one length")
+            shapes = ", ".join(str(v.shape) for v in (bins, *values))
+            raise ValueError(
+                f"Expected `bins`, `count`, `confidence_sum` and `correct_sum` to be 1-D of one length, but got "
+                f"shapes {shapes}"
+            )
         if len(bins) and (bins.min() < 0 or bins.max() >= self.n_bins):
-            raise ValueError(f"bin indexes must lie in [0, {self.n_bins})")
-        if not all(np.all(np.isfinite(v)) and v.min(initial=0.0) >= 0 for v in values):
-            raise ValueError("bin sums must be finite and non-negative")
+            outside = int(bins.min()) if bins.min() < 0 else int(bins.max())
+            raise ValueError(expected("bins", f"bin indexes in [0, {self.n_bins})", outside))
+        for name, v in zip(("count", "confidence_sum", "correct_sum"), values):
+            if not (np.all(np.isfinite(v)) and v.min(initial=0.0) >= 0):
+                raise ValueError(
+                    f"Expected `{name}` to hold finite and non-negative bin sums, but got values in "
+                    f"[{v.min(initial=0.0):g}, {v.max(initial=0.0):g}]"
+                )
         for target, v in zip((self.count, self.confidence_sum, self.correct_sum), values):
             np.add.at(target, bins, v)
         self.nll_sum += float(nll_sum)

@@ -12,7 +12,7 @@ import numpy as np
 from scipy import optimize, special
 
 from calibkit import binning
-from calibkit.validation import check_logits, check_logits_labels
+from calibkit.validation import check_logits, check_logits_labels, expected
 
 #: Search range of the NLL fit; a fit that lands on a bound means the data want a more extreme T.
 T_MIN, T_MAX = 1e-2, 1e2
@@ -58,7 +58,7 @@ def fit_temperature(logits, labels, objective: str = "nll") -> float:
         return _fit_nll(d, y)
     if objective == "ece":
         return _fit_ece(d, (z.argmax(axis=1) == y).astype(np.float64))
-    raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
+    raise ValueError(expected("objective", "'nll' or 'ece'", objective))
 
 
 def _fit_ece(d: np.ndarray, correct: np.ndarray) -> float:
@@ -89,7 +89,7 @@ def _check_temperature(temperature) -> float:
     try:
         t = float(temperature)
     except (TypeError, ValueError):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}") from None
+        raise ValueError(expected("temperature", "a positive finite number", temperature)) from None
     if not np.isfinite(t) or t <= 0:
-        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+        raise ValueError(expected("temperature", "a positive finite number", temperature))
     return t

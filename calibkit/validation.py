@@ -124,8 +124,29 @@ def check_logits_labels(logits, labels) -> tuple[np.ndarray, np.ndarray]:
 def check_n_bins(n_bins: int) -> int:
     """Return ``n_bins`` as an int, rejecting non-integers and values below 1."""
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
+        raise ValueError(expected("n_bins", "a positive integer", n_bins))
     return int(n_bins)
+
+
+def expected(name: str, requirement: str, value: object) -> str:
+    """The message of a failed parameter check, naming the parameter and the value given.
+
+    Args:
+        name: The parameter, as the caller spells it.
+        requirement: What the value should be, completing "to be ...", e.g. ``"in (0, 1)"``.
+        value: The value given; a numpy scalar is shown as the Python number it holds.
+
+    Returns:
+        ``"Expected `name` to be <requirement>, but got <value>"``, the style of torchmetrics' messages.
+
+    Examples:
+        >>> expected("max_bet", "in (0, 1)", 1.5)
+        'Expected `max_bet` to be in (0, 1), but got 1.5'
+        >>> expected("n_bins", "a positive integer", np.int64(0))
+        'Expected `n_bins` to be a positive integer, but got 0'
+    """
+    shown = value.item() if isinstance(value, np.generic) else value
+    return f"Expected `{name}` to be {requirement}, but got {shown!r}"
 
 
 def _as_float_array(name: str, values) -> np.ndarray:
