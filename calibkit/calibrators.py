@@ -29,14 +29,36 @@ class Calibrator(ABC):
     n_classes: int | None = None
 
     def fit(self, logits, labels) -> Calibrator:
-        """Fit on validation logits and labels; returns self."""
+        """Fit the calibrator on held-out (validation) logits and labels.
+
+        Args:
+            logits: Logits (N, K), or (N,) for a single-logit binary model.
+            labels: Class indices (N,).
+
+        Returns:
+            The calibrator itself, fitted.
+
+        Raises:
+            ValueError: When the inputs fail ``calibkit.validation``'s checks or the calibrator does not take
+                this number of classes.
+        """
         z, y = check_logits_labels(logits, labels)
         self.n_classes = 2 if z.ndim == 1 else z.shape[1]
         self._fit(z, y)
         return self
 
     def transform(self, logits) -> np.ndarray:
-        """Calibrated probabilities for new logits of the same width as at fit time."""
+        """Calibrated probabilities for new logits.
+
+        Args:
+            logits: Logits (N, K) of the width the calibrator was fitted on, or (N,) for a binary model.
+
+        Returns:
+            Probabilities (N, K), or (N,) positive-class probabilities for (N,) logits.
+
+        Raises:
+            ValueError: When the calibrator is not fitted or the logits have another number of classes.
+        """
         if self.n_classes is None:
             raise ValueError(f"{type(self).__name__} is not fitted yet: call fit() or load parameters first")
         z = check_logits(logits)
@@ -46,14 +68,31 @@ class Calibrator(ABC):
         return self._transform(z)
 
     def to_dict(self) -> dict:
-        """``{"method": ..., "n_classes": K, "params": {...}}``, JSON-serialisable."""
+        """The fitted calibrator as JSON-serialisable data.
+
+        Returns:
+            ``{"method": ..., "n_classes": K, "params": {...}}``, with plain floats as parameters.
+
+        Raises:
+            ValueError: When the calibrator is not fitted.
+        """
         if self.n_classes is None:
             raise ValueError(f"{type(self).__name__} is not fitted yet: nothing to save")
         return {"method": self.method, "n_classes": self.n_classes, "params": self._params()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibrator:
-        """Rebuild a fitted calibrator from ``to_dict`` output."""
+        """Rebuild a fitted calibrator from ``to_dict`` output.
+
+        Args:
+            data: What ``to_dict`` returned, as read back from JSON.
+
+        Returns:
+            The calibrator, fitted.
+
+        Raises:
+            ValueError: Naming the field when ``data`` is malformed or for another method.
+        """
         if not isinstance(data, dict) or not {"method", "n_classes", "params"} <= data.keys():
             shown = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ValueError(expected("data", "an object with 'method', 'n_classes' and 'params'", shown))
@@ -100,7 +139,13 @@ def _finite_vector(name: str, values, length: int) -> np.ndarray:
 
 
 class TemperatureScaling(Calibrator):
-    """q = softmax(z / T) (Guo et al. 2017); see ``calibkit.temperature``."""
+    """Temperature scaling: one scalar T > 0 divides every logit, q = softmax(z / T).
+
+    See ``calibkit.temperature``; ``objective`` is ``"nll"`` or ``"ece"`` as in :func:`fit_temperature`.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2.
+    """
 
     method = "temperature"
 
@@ -133,7 +178,11 @@ def _nll_and_grad(scaled: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]
 
 
 class VectorScaling(Calibrator):
-    """q = softmax(w * z + b) with per-class w, b in R^K, fitted by NLL (Guo et al. 2017, Sec. 4.2)."""
+    """Vector scaling: q = softmax(w * z + b) with per-class w, b in R^K, fitted by NLL.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2.
+    """
 
     method = "vector"
 
@@ -165,8 +214,14 @@ class VectorScaling(Calibrator):
 
 
 class PlattScaling(Calibrator):
-    """Binary only: q = sigmoid(a * s + b) with s the logit margin z_1 - z_0 (or the single logit),
-    a, b fitted by NLL (Platt 1999, as described in Guo et al. 2017, Sec. 4.1)."""
+    """Platt scaling, for binary problems only: q = sigmoid(a * s + b), a and b fitted by NLL.
+
+    s is the logit margin z_1 - z_0, or the single logit of a one-logit model.
+
+    References:
+        Platt 1999, "Probabilistic Outputs for Support Vector Machines and Comparisons to Regularized Likelihood
+        Methods"; Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.1.
+    """
 
     method = "platt"
 
@@ -212,11 +267,15 @@ def _normalise(q: np.ndarray) -> np.ndarray:
 
 
 class HistogramBinning(Calibrator):
-    """One-vs-rest histogram binning (Zadrozny & Elkan 2001; multiclass as in Guo et al. 2017).
+    """One-vs-rest histogram binning: each class probability replaced by its bin's frequency, renormalised.
 
-    For each class k, p_k = softmax(z)_k falls in one of M equal-width bins, and is replaced by
-    theta_mk, the frequency of class k among validation samples in that bin (the bin midpoint
-    where the bin was empty); rows are then renormalised to sum to 1.
+    For each class k, p_k = softmax(z)_k falls in one of M equal-width bins and is replaced by theta_mk, the
+    frequency of class k among the validation samples in that bin (the bin midpoint where the bin was empty);
+    rows are then renormalised to sum to 1.
+
+    References:
+        Zadrozny & Elkan 2001, "Obtaining calibrated probability estimates from decision trees and naive Bayesian
+        classifiers"; Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.1 and 4.2 (multiclass).
     """
 
     method = "histogram"
@@ -254,10 +313,13 @@ class HistogramBinning(Calibrator):
 
 
 class IsotonicCalibration(Calibrator):
-    """One-vs-rest isotonic regression of 1[y = k] on p_k (Zadrozny & Elkan 2002), renormalised.
+    """One-vs-rest isotonic regression of 1[y = k] on p_k, renormalised.
 
-    Fitted with scikit-learn's IsotonicRegression; stored as its breakpoints and applied with
-    linear interpolation (np.interp), which is exactly what IsotonicRegression.predict does.
+    Fitted with scikit-learn's IsotonicRegression; stored as its breakpoints and applied with linear
+    interpolation (np.interp), which is exactly what IsotonicRegression.predict does.
+
+    References:
+        Zadrozny & Elkan 2002, "Transforming classifier scores into accurate multiclass probability estimates".
     """
 
     method = "isotonic"
@@ -310,14 +372,35 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
 
 
 def build_calibrator(method: str, **options) -> Calibrator:
-    """An unfitted calibrator by name: temperature, vector, platt, histogram or isotonic."""
+    """An unfitted calibrator by name.
+
+    Args:
+        method: ``temperature``, ``vector``, ``platt``, ``histogram`` or ``isotonic``.
+        **options: The calibrator's own options, e.g. ``objective`` for temperature, ``n_bins`` for histogram.
+
+    Returns:
+        The calibrator, not fitted yet.
+
+    Raises:
+        ValueError: When ``method`` is unknown (the message lists the known ones).
+    """
     if method not in CALIBRATORS:
         raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
     return CALIBRATORS[method](**options)
 
 
 def calibrator_from_dict(data: dict) -> Calibrator:
-    """Rebuild any fitted calibrator from its ``to_dict`` output."""
+    """Rebuild any fitted calibrator from its ``to_dict`` output.
+
+    Args:
+        data: What ``Calibrator.to_dict`` returned, as read back from JSON.
+
+    Returns:
+        The calibrator of ``data["method"]``, fitted.
+
+    Raises:
+        ValueError: When the method is unknown or ``data`` is malformed.
+    """
     method = data.get("method") if isinstance(data, dict) else None
     if method not in CALIBRATORS:
         raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
@@ -325,10 +408,25 @@ def calibrator_from_dict(data: dict) -> Calibrator:
 
 
 def save_calibrator(calibrator: Calibrator, path: str | Path) -> None:
-    """Write ``calibrator.to_dict()`` as JSON."""
+    """Write a fitted calibrator to a JSON file.
+
+    Args:
+        calibrator: The fitted calibrator.
+        path: The file to write ``calibrator.to_dict()`` to.
+    """
     Path(path).write_text(json.dumps(calibrator.to_dict(), indent=2))
 
 
 def load_calibrator(path: str | Path) -> Calibrator:
-    """Read a calibrator written by ``save_calibrator``."""
+    """Read a calibrator written by :func:`save_calibrator`.
+
+    Args:
+        path: The JSON file.
+
+    Returns:
+        The calibrator, fitted.
+
+    Raises:
+        ValueError: When the file's data is malformed.
+    """
     return calibrator_from_dict(json.loads(Path(path).read_text()))

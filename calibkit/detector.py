@@ -62,24 +62,34 @@ _EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm o
 class DetectorConfig:
     """Parameters of the detector; only ``tolerance`` and ``threshold`` enter the guarantee.
 
-    - ``tolerance`` eps: a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
-    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A, and
-      P(false alarm within n labels) <= n / A.
-    - ``edges``: bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
-    - ``bandwidth``: standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
-    - ``half_lives``: one detector per memory: labels of a bin after which an old label weighs half.
-    - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the
-      adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
-    - ``max_bet``: the most a learned bet's e-value may lose (e_t >= 1 - max_bet).
-    - ``scales``: the logit scales s of fixed detectors, ``scale_weight`` their share of the mixture;
-      ``gaps``: the constant gaps g of fixed detectors that bet on accuracy C + g, ``steps``: the magnitudes m
-      and ``pivots`` the log-odds p of the step alternatives C -+ m above p, C +- m below; ``step_weight``: the
-      share of the gaps and steps together.
-    - ``block``: labels between refreshes of the gap estimates that the bets use.
-    - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
-      raise) and ``min_clear_labels``: the clearing rule; ``clear_edges``: the bins of its gap, those of the bets
-      and every 0.5 on the log-odds scale beyond them up to 12 (C = 1 - 6e-6), where a confident model's labels
-      crowd and the gap of a logit scaling changes most between the shifted and the calibrated confidences.
+    Attributes:
+        tolerance: eps; a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
+        threshold: A; the alarm is raised when the e-detector reaches A, so E[labels to a false alarm] >= A and
+            P(false alarm within n labels) <= n / A.
+        edges: Bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
+        bandwidth: Standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
+        half_lives: One learned detector per memory: the labels of a bin after which an old label weighs half.
+        prior_labels: Pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the adaptive
+            detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
+        adaptive_prior: See ``prior_labels``.
+        max_bet: The most a learned bet's e-value may lose (e_t >= 1 - max_bet).
+        scales: The logit scales s of the fixed detectors that bet on accuracy sigmoid(logit(C) / s).
+        scale_weight: The share of the logit scales in the mixture.
+        gaps: The constant gaps g of the fixed detectors that bet on accuracy C + g.
+        steps: The magnitudes m of the step alternatives: C -+ m above a pivot, C +- m below it.
+        pivots: The log-odds p of the pivots of the step alternatives.
+        step_weight: The share of the gaps and steps together in the mixture.
+        block: Labels between refreshes of the gap estimates that the bets use.
+        clear_threshold: B; the alarm clears when the evidence of calibration reaches B.
+        clear_shrink: kappa; the clearing test pits calibration against kappa times the learned gap.
+        clear_prior_labels: Pseudo-labels of the gap at the raise that the clearing gap is shrunk towards.
+        min_clear_labels: Labels after the raise before the alarm may clear.
+        clear_edges: The bins of the clearing gap: those of the bets and every 0.5 on the log-odds scale beyond
+            them up to 12 (C = 1 - 6e-6), where a confident model's labels crowd and the gap of a logit scaling
+            changes most between the shifted and the calibrated confidences.
+
+    Raises:
+        ValueError: Naming the parameter that is out of range and the value given.
     """
 
     tolerance: float = 0.01
@@ -191,10 +201,12 @@ class DetectorConfig:
 
     @property
     def n_bins(self) -> int:
+        """The bins of the bets: one more than ``edges``."""
         return len(self.edges) + 1
 
     @property
     def clear_bins(self) -> int:
+        """The bins of the clearing gap: one more than ``clear_edges``."""
         return len(self.clear_edges) + 1
 
     @cached_property
@@ -307,10 +319,15 @@ class DetectorState:
         return np.exp(np.minimum(self.log_clear, 700.0))
 
     def gaps(self) -> np.ndarray:
-        """(streams, M + 1, bins): the accuracy - confidence around each bin, from the labels of finished
-        blocks (a Gaussian kernel of ``bandwidth`` on the log-odds scale over neighbouring bins), shrunk
-        by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap, for the adaptive detector
-        (last) from the labels of its current run towards the memory ``adaptive_prior``."""
+        """The gap accuracy - confidence around each bin that the learned detectors bet on.
+
+        From the labels of finished blocks, pooled over neighbouring bins by a Gaussian kernel of ``bandwidth``
+        on the log-odds scale and shrunk by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap;
+        for the adaptive detector (last), from the labels of its current run towards the memory ``adaptive_prior``.
+
+        Returns:
+            (streams, M + 1, bins) gaps, one row per learned detector.
+        """
         prior, kernel = self.config.prior_labels, self.config.kernel
         overall = self.global_gap_sum / (self.global_weight + prior)
         memories = (self.gap_sum @ kernel + prior * overall[..., None]) / (self.weight @ kernel + prior)
@@ -320,8 +337,19 @@ class DetectorState:
         return np.concatenate([memories, adaptive[:, None, :]], axis=1)
 
     def fold(self, confidence, correct) -> Fold:
-        """Fold in labels, (streams, labels) arrays in label order (or (streams,) for one label each);
-        see the module docstring."""
+        """Fold labels into the state, in label order, raising and clearing alarms as the module docstring says.
+
+        Args:
+            confidence: Top-label confidences C_t, (streams, labels), or (streams,) for one label per stream.
+            correct: Outcomes Y_t (1 when the predicted class was right, else 0), of the same shape.
+
+        Returns:
+            What each label did: its e-values and whether it raised or cleared the alarm (``Fold``).
+
+        Raises:
+            ValueError: When the shapes differ or do not have ``streams`` rows, or when the streams of this
+                state have seen different numbers of labels.
+        """
         c = np.clip(np.asarray(confidence, dtype=np.float64), 0.0, 1.0)
         y = np.asarray(correct, dtype=np.float64)
         if c.ndim == 1:
@@ -416,9 +444,14 @@ class DetectorState:
         return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
 
     def clear_alternative(self) -> np.ndarray:
-        """(streams, clearing bins): g(C), the miscalibration that the clearing test pits calibration against: the
-        gap of each bin over the labels since the alarm (from finished blocks), shrunk by ``clear_prior_labels``
-        pseudo-labels towards the gap estimated when the alarm was raised; 0 where it is inside the tolerance."""
+        """The miscalibration g(C) that the clearing test pits calibration against.
+
+        The gap of each clearing bin over the labels since the alarm (from finished blocks), shrunk by
+        ``clear_prior_labels`` pseudo-labels towards the gap estimated when the alarm was raised.
+
+        Returns:
+            (streams, clearing bins) gaps, 0 where a gap is inside the tolerance.
+        """
         cfg = self.config
         prior = cfg.clear_prior_labels
         estimate = (self.alarm_gap + prior * self.raised_gap) / (self.alarm_count + prior)
@@ -451,8 +484,13 @@ class DetectorState:
         self.table = self.gaps()
 
     def regions(self) -> list[dict]:
-        """Per bin of a single-stream state: confidence range, labels weighed (long memory) and the
-        estimated gap accuracy - confidence (mean over the detectors), for reports."""
+        """The bins of a single-stream state as reports show them.
+
+        Returns:
+            One dict per bin: its confidence range (``confidence_low``, ``confidence_high``), the labels it weighs
+            in the longest memory (``weight``) and the estimated gap accuracy - confidence, the mean over the
+            learned detectors (``gap``).
+        """
         edges = [0.0, *self.config.edges, 1.0]
         gaps, weight = self.table[0].mean(axis=0), self.weight[0, -1] + self.pending_count[0]
         return [
@@ -461,14 +499,24 @@ class DetectorState:
         ]
 
     def worst_region(self) -> tuple[float, tuple[float, float]]:
-        """(gap, (confidence low, high)) of the region of a single-stream state furthest beyond the
-        tolerance, among those with labels."""
+        """The bin of a single-stream state whose gap is largest, among the bins with labels.
+
+        Returns:
+            (gap, (confidence low, confidence high)) of that bin.
+        """
         regions = [r for r in self.regions() if r["weight"] >= 1.0] or self.regions()
         worst = max(regions, key=lambda r: abs(r["gap"]))
         return worst["gap"], (worst["confidence_low"], worst["confidence_high"])
 
     def to_dict(self) -> dict:
-        """JSON form of a single-stream state (the service persists one per model and calibration version)."""
+        """The JSON form of a single-stream state (the service persists one per model and calibration version).
+
+        Returns:
+            The state's arrays as lists, with the layout ``format`` and the settings its evidence depends on.
+
+        Raises:
+            ValueError: When the state has more than one stream.
+        """
         if self.streams != 1:
             raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
         out = {
@@ -496,8 +544,18 @@ class DetectorState:
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> DetectorState:
-        """Inverse of ``to_dict``. State saved under another format, tolerance, threshold, block or mixture (an
-        older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
+        """Rebuild a single-stream state from ``to_dict`` output.
+
+        A state saved under another format, tolerance, threshold, block or mixture (an older service, a changed
+        configuration) is not this detector's evidence, so a fresh state is returned for it.
+
+        Args:
+            data: What ``to_dict`` returned, as read back from JSON.
+            config: The detector's configuration now.
+
+        Returns:
+            The saved state, or a fresh one when ``data`` was saved under other settings or is not a dict.
+        """
         if (
             not isinstance(data, dict)
             or data.get("format") != FORMAT

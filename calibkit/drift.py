@@ -18,6 +18,8 @@ from calibkit.validation import expected
 
 
 class ShiftTest(NamedTuple):
+    """A two-sample KS test of recent against reference confidences: D, its p-value, sizes and means."""
+
     statistic: float
     p_value: float
     n_recent: int
@@ -27,7 +29,24 @@ class ShiftTest(NamedTuple):
 
 
 def confidence_shift(recent, reference) -> ShiftTest:
-    """KS two-sample test of recent against reference confidences."""
+    """A two-sample Kolmogorov-Smirnov test of recent confidences against the reference ones.
+
+    D = sup_c |F_recent(c) - F_reference(c)|, the largest gap between the two empirical CDFs (scipy's ks_2samp).
+
+    Args:
+        recent: Recent calibrated top-label confidences.
+        reference: The reference confidences (the validation split's).
+
+    Returns:
+        D, its p-value, both sample sizes and both means.
+
+    Raises:
+        ValueError: When a sample is empty.
+
+    References:
+        Ovadia et al. 2019, "Can You Trust Your Model's Uncertainty? Evaluating Predictive Uncertainty Under
+        Dataset Shift" (confidences move under dataset shift).
+    """
     recent, reference = np.asarray(recent, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     for name, sample in (("recent", recent), ("reference", reference)):
         if len(sample) == 0:
@@ -44,13 +63,29 @@ def confidence_shift(recent, reference) -> ShiftTest:
 
 
 class AccuracyGap(NamedTuple):
+    """The accuracy a calibrated model expects (its mean confidence), the accuracy observed and their z score."""
+
     expected: float
     observed: float
     z: float
 
 
 def accuracy_gap(n: int, confidence_sum: float, correct_sum: float) -> AccuracyGap:
-    """Expected (mean confidence) vs observed accuracy; z = (observed - expected) / sqrt(e (1 - e) / n)."""
+    """The accuracy a calibrated model expects against the accuracy observed on labelled traffic.
+
+    z = (observed - expected) / sqrt(e (1 - e) / n), with e = expected = mean confidence (a normal approximation).
+
+    Args:
+        n: The number of labelled predictions.
+        confidence_sum: The sum of their top-label confidences.
+        correct_sum: The number of them that were right.
+
+    Returns:
+        The expected and observed accuracy and z.
+
+    Raises:
+        ValueError: When ``n`` is less than 1.
+    """
     if n <= 0:
         raise ValueError(expected("n", "at least 1 (one labelled prediction)", n))
     mean_confidence, observed = confidence_sum / n, correct_sum / n

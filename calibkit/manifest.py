@@ -125,7 +125,17 @@ class Manifest(_Strict):
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest; any problem is a ``ValueError`` naming the file and field."""
+    """Read and validate a manifest.
+
+    Args:
+        path: The ``manifest.json`` file.
+
+    Returns:
+        The validated manifest.
+
+    Raises:
+        ValueError: Naming the file and, for an invalid manifest, each field at fault.
+    """
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -141,7 +151,15 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
-    """Write ``manifest.json`` into ``directory``."""
+    """Write a manifest as ``manifest.json``.
+
+    Args:
+        manifest: The manifest.
+        directory: The artifact directory to write it into.
+
+    Returns:
+        The path written.
+    """
     path = Path(directory) / MANIFEST_FILE
     path.write_text(manifest.model_dump_json(indent=2))
     return path

@@ -24,11 +24,27 @@ _ARRAYS = ("count", "confidence_sum", "correct_sum", "class_count", "class_prob_
 class BinStats:
     """Per-bin sums of a stream of (probabilities, label) pairs; see the module docstring.
 
-    >>> s = BinStats.empty(n_classes=2, n_bins=5)
-    >>> _ = s.update(np.array([[0.9, 0.1], [0.8, 0.2]]), np.array([0, 1]))
-    >>> _ = s.update(np.array([[0.3, 0.7], [0.4, 0.6]]), np.array([1, 1]))
-    >>> s.n, round(s.ece(), 6), round(s.accuracy(), 6)
-    (4, 0.25, 0.75)
+    Attributes:
+        n_classes: K, or None for statistics without class-wise sums.
+        n_bins: The number M of equal-width bins.
+        count: Per top-label bin, the predictions (M,).
+        confidence_sum: Per top-label bin, the sum of confidences (M,).
+        correct_sum: Per top-label bin, the number correct (M,).
+        class_count: Per class and bin of p_k, the predictions (K, M); None without classes.
+        class_prob_sum: Per class and bin, the sum of p_k (K, M); None without classes.
+        class_label_sum: Per class and bin, the number of labels k (K, M); None without classes.
+        nll_sum: The sum of per-sample NLL terms.
+        brier_sum: The sum of per-sample Brier terms.
+
+    Raises:
+        ValueError: Naming the field when a count, shape or sum is invalid.
+
+    Examples:
+        >>> s = BinStats.empty(n_classes=2, n_bins=5)
+        >>> _ = s.update(np.array([[0.9, 0.1], [0.8, 0.2]]), np.array([0, 1]))
+        >>> _ = s.update(np.array([[0.3, 0.7], [0.4, 0.6]]), np.array([1, 1]))
+        >>> s.n, round(s.ece(), 6), round(s.accuracy(), 6)
+        (4, 0.25, 0.75)
     """
 
     n_classes: int | None
@@ -76,12 +92,29 @@ class BinStats:
 
     @classmethod
     def empty(cls, n_classes: int | None, n_bins: int = 15) -> BinStats:
-        """Statistics of no data; ``n_classes=None`` keeps top-label sums only (no class-wise ECE)."""
+        """Statistics of no data.
+
+        Args:
+            n_classes: K, or None to keep top-label sums only (no class-wise ECE).
+            n_bins: The number M of equal-width bins.
+
+        Returns:
+            Empty statistics.
+        """
         return cls(n_classes=n_classes, n_bins=n_bins)
 
     @classmethod
     def from_arrays(cls, probs, labels, n_bins: int = 15) -> BinStats:
-        """Statistics of one batch; K is taken from the width of ``probs``."""
+        """Statistics of one batch.
+
+        Args:
+            probs: Probabilities (N, K), or (N,) positive-class probabilities; K sets ``n_classes``.
+            labels: Class indices (N,).
+            n_bins: The number M of equal-width bins.
+
+        Returns:
+            The batch's statistics, with class-wise sums.
+        """
         width = 2 if np.ndim(probs) == 1 else np.shape(probs)[1]
         return cls.empty(width, n_bins).update(probs, labels)
 
@@ -91,8 +124,18 @@ class BinStats:
         return int(round(self.count.sum()))
 
     def update(self, probs, labels) -> BinStats:
-        """Add a batch in place (and return self). Its width must equal ``n_classes`` (any width without
-        classes)."""
+        """Add a batch in place.
+
+        Args:
+            probs: Probabilities (N, K) of width ``n_classes`` (any width without classes), or (N,).
+            labels: Class indices (N,).
+
+        Returns:
+            These statistics, updated.
+
+        Raises:
+            ValueError: When the inputs fail ``calibkit.validation``'s checks or have another width.
+        """
         p, y = check_probs_labels(probs, labels)
         if self.n_classes is not None and p.shape[1] != self.n_classes:
             raise ValueError(f"probs has {p.shape[1]} classes but these statistics are for {self.n_classes}")
@@ -117,13 +160,27 @@ class BinStats:
     def add_bins(
         self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0, brier_sum: float = 0.0
     ) -> BinStats:
-        """Add per-bin sums computed elsewhere (a store's bin totals) in place, and return self: bin
-        ``bins[i]`` gets ``count[i]`` predictions whose confidences sum to ``confidence_sum[i]`` with
-        ``correct_sum[i]`` correct; ``nll_sum`` and ``brier_sum`` are their total NLL and Brier terms.
+        """Add per-bin sums computed elsewhere (a store's bin totals) in place.
 
-        >>> s = BinStats.empty(None, n_bins=2).add_bins([1], [4], [3.6], [3])
-        >>> s.n, round(s.ece(), 6)
-        (4, 0.15)
+        Args:
+            bins: Top-label bin indexes, 1-D; an index may repeat.
+            count: The predictions that bin ``bins[i]`` gets, per entry.
+            confidence_sum: The sum of those predictions' confidences, per entry.
+            correct_sum: The number of those predictions that were right, per entry.
+            nll_sum: The total NLL term of those predictions.
+            brier_sum: Their total Brier term.
+
+        Returns:
+            These statistics, updated.
+
+        Raises:
+            ValueError: When the arrays differ in shape, an index is outside [0, M) or a sum is negative or
+                not finite.
+
+        Examples:
+            >>> s = BinStats.empty(None, n_bins=2).add_bins([1], [4], [3.6], [3])
+            >>> s.n, round(s.ece(), 6)
+            (4, 0.15)
         """
         bins = np.asarray(bins, dtype=np.int64)
         values = [np.asarray(v, dtype=np.float64) for v in (count, confidence_sum, correct_sum)]
@@ -149,7 +206,17 @@ class BinStats:
         return self
 
     def merge(self, other: BinStats) -> BinStats:
-        """A new ``BinStats`` whose sums are the element-wise sums of both."""
+        """Merge two statistics: every metric of the result equals the metric on both data together.
+
+        Args:
+            other: Statistics of the same ``n_classes`` and ``n_bins``.
+
+        Returns:
+            New statistics whose sums are the element-wise sums of both.
+
+        Raises:
+            ValueError: When the classes or bins differ.
+        """
         if (self.n_classes, self.n_bins) != (other.n_classes, other.n_bins):
             raise ValueError(
                 f"cannot merge statistics of {self.n_classes} classes x {self.n_bins} bins with "
@@ -227,14 +294,28 @@ class BinStats:
         return self.brier_sum / self.count.sum()
 
     def to_dict(self) -> dict:
-        """JSON-serialisable form; ``from_dict`` restores it exactly."""
+        """The statistics as JSON-serialisable data, which ``from_dict`` restores exactly.
+
+        Returns:
+            The sums as lists, with ``n_classes`` and ``n_bins``.
+        """
         out = {"n_classes": self.n_classes, "n_bins": self.n_bins, "nll_sum": self.nll_sum, "brier_sum": self.brier_sum}
         out.update({name: None if getattr(self, name) is None else getattr(self, name).tolist() for name in _ARRAYS})
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> BinStats:
-        """Inverse of ``to_dict``; malformed input raises ``ValueError`` naming the field."""
+        """Rebuild statistics from ``to_dict`` output.
+
+        Args:
+            data: What ``to_dict`` returned, as read back from JSON.
+
+        Returns:
+            The statistics.
+
+        Raises:
+            ValueError: Naming the field when ``data`` is malformed.
+        """
         if not isinstance(data, dict):
             raise ValueError(f"BinStats data must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("n_classes", "n_bins", "nll_sum", "brier_sum", *_ARRAYS) if k not in data]
