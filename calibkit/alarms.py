@@ -115,15 +115,15 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
         f"(tolerance {policy.tolerance})"
     )
     if evidence.alarmed:
-        reasons = (
+        alarm_reasons = (
             f"miscalibration beyond the tolerance: the e-detector reached {policy.threshold:.3g} "
             f"(now {evidence.statistic:.3g}; false alarms <= n / {policy.threshold:.3g})",
             where,
             f"clears when the evidence of calibration reaches {policy.clear_threshold:.3g} "
             f"(now {evidence.clear_statistic:.3g})",
         )
-        return _next(previous, ALARM, reasons, now)
-    reasons = []
+        return _next(previous, ALARM, alarm_reasons, now)
+    reasons: list[str] = []
     if evidence.statistic >= policy.warn_threshold:
         reasons.append(
             f"evidence of miscalibration building: e-detector {evidence.statistic:.3g} of "

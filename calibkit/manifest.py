@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from calibkit.validation import expected
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
 
 

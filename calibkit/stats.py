@@ -68,7 +68,11 @@ class BinStats:
             ):
                 raise ValueError(expected("n_classes", "an integer >= 2 or None", self.n_classes))
             self.n_classes = int(self.n_classes)
-        shapes = {"count": (self.n_bins,), "confidence_sum": (self.n_bins,), "correct_sum": (self.n_bins,)}
+        shapes: dict[str, tuple[int, ...]] = {
+            "count": (self.n_bins,),
+            "confidence_sum": (self.n_bins,),
+            "correct_sum": (self.n_bins,),
+        }
         if self.n_classes is not None:
             shapes |= {name: (self.n_classes, self.n_bins) for name in _ARRAYS[3:]}
         for name in _ARRAYS[3:]:
