@@ -2,8 +2,11 @@
 
 Modules: ``metrics`` (ECE, MCE, AdaECE, classwise ECE, NLL, Brier, ...), ``binning`` (the bin
 sums every binned metric is built from), ``stats`` (mergeable ``BinStats``), ``bootstrap``
-(confidence intervals), ``temperature`` (temperature scaling), ``calibrators`` (post-hoc
-calibrators behind one interface) and ``validation`` (input checks).
+(confidence intervals), ``significance`` (intervals and tests from bin sums), ``temperature``
+(temperature scaling), ``calibrators`` (post-hoc calibrators behind one interface), ``detector``
+and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
+``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
+(input checks).
 """
 
 __version__ = "0.1.0"

@@ -24,8 +24,18 @@ LEVELS = {OK: 0, WARNING: 1, ALARM: 2}
 
 @dataclass(frozen=True)
 class AlarmPolicy:
-    """Settings of the alarm (``CALIB_ALARM__<NAME>``). ``tolerance`` and ``threshold`` carry the
-    guarantee; ``min_labels`` only marks window figures of fewer labels as provisional in reports."""
+    """Settings of the alarm (``CALIB_ALARM__<NAME>``); ``tolerance`` and ``threshold`` carry the guarantee.
+
+    Attributes:
+        tolerance: eps of ``calibkit.detector``: a gap up to eps at every confidence level is calibrated enough.
+        threshold: A: the alarm is raised when the e-detector reaches A (false alarms within n labels <= n / A).
+        clear_threshold: B: the alarm clears when the evidence that calibration has returned reaches B.
+        warn_threshold: A warning when the e-detector reaches this, evidence building towards an alarm.
+        min_labels: Window figures of fewer labels are marked provisional in reports; no effect on the alarm.
+        shift_p_value: The drift test (KS, recent against reference confidences) warns only below this p-value.
+        shift_distance: The drift test warns only when its distance D is at least this (a material shift).
+        min_unlabelled: The drift test warns only with at least this many recent predictions.
+    """
 
     tolerance: float = 0.01
     threshold: float = 1.25e4
@@ -37,12 +47,23 @@ class AlarmPolicy:
     min_unlabelled: int = 200
 
     def detector(self) -> DetectorConfig:
+        """The configuration of the detector these settings ask for (its other parameters at their defaults)."""
         return DetectorConfig(tolerance=self.tolerance, threshold=self.threshold, clear_threshold=self.clear_threshold)
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """What one evaluation knows: the detector's state and the label-free drift test."""
+    """What one evaluation knows: the detector's state and the label-free drift test.
+
+    Attributes:
+        n: Labels folded into the detector.
+        alarmed: Whether the detector's alarm is raised.
+        statistic: The e-detector (``DetectorState.statistic``).
+        clear_statistic: The evidence that calibration has returned (``DetectorState.clear_statistic``).
+        worst_gap: The estimated gap accuracy - confidence of the worst region.
+        worst_confidence: That region's confidence range.
+        shift: The KS test of recent against reference confidences, None when there is none.
+    """
 
     n: int
     alarmed: bool = False
@@ -55,22 +76,38 @@ class Evidence:
 
 @dataclass(frozen=True)
 class AlarmStatus:
+    """The alarm's state (``ok``, ``warning`` or ``alarm``), the reasons for it and since when it holds."""
+
     state: str = OK
     reasons: tuple[str, ...] = field(default_factory=tuple)
     since: float | None = None
 
     def to_dict(self) -> dict:
+        """The JSON form: ``{"state": ..., "reasons": [...], "since": ...}``."""
         return {"state": self.state, "reasons": list(self.reasons), "since": self.since}
 
 
 def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: float) -> AlarmStatus:
-    """The next status; ``since`` is kept while the state does not change.
+    """The next status of the alarm, from the previous one and what the evaluation knows.
 
-    >>> policy = AlarmPolicy()
-    >>> assess(AlarmStatus(), Evidence(n=900, alarmed=True, statistic=2e6, worst_gap=-0.08), policy, 5.0).state
-    'alarm'
-    >>> assess(AlarmStatus(), Evidence(n=900, statistic=3.0), policy, 5.0).state
-    'ok'
+    ``alarm`` while the detector's alarm is raised; otherwise ``warning`` when the e-detector has reached
+    ``warn_threshold`` or the confidences have shifted materially (:func:`shift_is_material`); else ``ok``.
+
+    Args:
+        previous: The status before this evaluation.
+        evidence: The detector's state and the drift test.
+        policy: The alarm's settings.
+        now: The time of the evaluation (seconds since the epoch).
+
+    Returns:
+        The new status with its reasons; ``since`` is kept while the state does not change, else ``now``.
+
+    Examples:
+        >>> policy = AlarmPolicy()
+        >>> assess(AlarmStatus(), Evidence(n=900, alarmed=True, statistic=2e6, worst_gap=-0.08), policy, 5.0).state
+        'alarm'
+        >>> assess(AlarmStatus(), Evidence(n=900, statistic=3.0), policy, 5.0).state
+        'ok'
     """
     low, high = evidence.worst_confidence
     where = (
@@ -78,15 +115,15 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
         f"(tolerance {policy.tolerance})"
     )
     if evidence.alarmed:
-        reasons = (
+        alarm_reasons = (
             f"miscalibration beyond the tolerance: the e-detector reached {policy.threshold:.3g} "
             f"(now {evidence.statistic:.3g}; false alarms <= n / {policy.threshold:.3g})",
             where,
             f"clears when the evidence of calibration reaches {policy.clear_threshold:.3g} "
             f"(now {evidence.clear_statistic:.3g})",
         )
-        return _next(previous, ALARM, reasons, now)
-    reasons = []
+        return _next(previous, ALARM, alarm_reasons, now)
+    reasons: list[str] = []
     if evidence.statistic >= policy.warn_threshold:
         reasons.append(
             f"evidence of miscalibration building: e-detector {evidence.statistic:.3g} of "
@@ -103,14 +140,25 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
 
 
 def shift_is_material(shift: ShiftTest, policy: AlarmPolicy) -> bool:
-    """Whether the label-free drift test warns: enough recent predictions, p < ``shift_p_value`` and the KS
-    distance D (the largest gap between the two confidence CDFs) at least ``shift_distance``.
+    """Whether the label-free drift test warns: a shift that is both significant and material.
 
-    >>> policy = AlarmPolicy()
-    >>> shift_is_material(ShiftTest(0.03, 1e-6, 50_000, 359, 0.95, 0.96), policy)  # significant, but tiny
-    False
-    >>> shift_is_material(ShiftTest(0.25, 1e-9, 500, 359, 0.80, 0.96), policy)
-    True
+    A large sample makes any difference significant, so the KS distance D (the largest gap between the two
+    confidence CDFs) must reach ``shift_distance`` too.
+
+    Args:
+        shift: The KS test of recent against reference confidences.
+        policy: The alarm's settings.
+
+    Returns:
+        True when there are at least ``min_unlabelled`` recent predictions, p < ``shift_p_value`` and
+        D >= ``shift_distance``.
+
+    Examples:
+        >>> policy = AlarmPolicy()
+        >>> shift_is_material(ShiftTest(0.03, 1e-6, 50_000, 359, 0.95, 0.96), policy)  # significant, but tiny
+        False
+        >>> shift_is_material(ShiftTest(0.25, 1e-9, 500, 359, 0.80, 0.96), policy)
+        True
     """
     return (
         shift.n_recent >= policy.min_unlabelled

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from calibkit.validation import expected
+
 
 class BinSums(NamedTuple):
     """Per-bin sufficient statistics: count |B_m|, sum of confidences, sum of outcomes."""
@@ -22,26 +24,55 @@ class BinSums(NamedTuple):
 
 
 def equal_width_edges(n_bins: int) -> np.ndarray:
-    """Edges e_m = m / M, each the correctly rounded float of m/M (so 0.6 is an edge, not 0.6000000000000001).
+    """The edges of M equal-width bins of [0, 1].
 
-    >>> equal_width_edges(5).tolist()
-    [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    e_m = m / M, each the correctly rounded float of m/M (so 0.6 is an edge, not 0.6000000000000001).
+
+    Args:
+        n_bins: The number M of bins.
+
+    Returns:
+        The M + 1 edges e_0 = 0, ..., e_M = 1.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 2.
+
+    Examples:
+        >>> equal_width_edges(5).tolist()
+        [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     """
     return np.arange(n_bins + 1) / n_bins
 
 
 def bin_index(confidence: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Index m of the bin (e_m, e_{m+1}] holding each confidence; values <= e_0 go to bin 0.
+    """The bin of each confidence: index m of the bin (e_m, e_{m+1}] that holds it.
 
-    >>> bin_index(np.array([0.0, 0.1, 0.5, 0.51, 1.0]), equal_width_edges(2)).tolist()
-    [0, 0, 0, 1, 1]
+    Args:
+        confidence: Values in [0, 1], of any shape.
+        edges: Increasing bin edges e_0, ..., e_M.
+
+    Returns:
+        Bin indexes in [0, M), of the shape of ``confidence``; values <= e_0 go to bin 0.
+
+    Examples:
+        >>> bin_index(np.array([0.0, 0.1, 0.5, 0.51, 1.0]), equal_width_edges(2)).tolist()
+        [0, 0, 0, 1, 1]
     """
     idx = np.searchsorted(edges, confidence, side="left") - 1
     return np.clip(idx, 0, len(edges) - 2)
 
 
 def bin_sums(confidence: np.ndarray, outcome: np.ndarray, edges: np.ndarray) -> BinSums:
-    """Sums per bin of a confidence vector and its 0/1 outcome vector (e.g. correctness)."""
+    """The sums per bin of a confidence vector and its 0/1 outcome vector.
+
+    Args:
+        confidence: Confidences (N,), in [0, 1].
+        outcome: Outcomes (N,), 1 for an event (e.g. a correct prediction) and 0 otherwise.
+        edges: Increasing bin edges e_0, ..., e_M.
+
+    Returns:
+        Per bin the count |B_m|, the sum of confidences and the sum of outcomes, each (M,).
+    """
     idx = bin_index(confidence, edges)
     n_bins = len(edges) - 1
     return BinSums(
@@ -52,7 +83,16 @@ def bin_sums(confidence: np.ndarray, outcome: np.ndarray, edges: np.ndarray) -> 
 
 
 def classwise_bin_sums(probs: np.ndarray, labels: np.ndarray, edges: np.ndarray) -> BinSums:
-    """Bin sums of p_k against 1[y = k] for every class k at once: arrays of shape (K, M)."""
+    """The bin sums of p_k against 1[y = k] for every class k at once.
+
+    Args:
+        probs: Probabilities (N, K).
+        labels: Class indices (N,).
+        edges: Increasing bin edges e_0, ..., e_M.
+
+    Returns:
+        Per class and bin the count, the sum of p_k and the number of labels k, each (K, M).
+    """
     n_classes, n_bins = probs.shape[1], len(edges) - 1
     flat = (bin_index(probs, edges) + n_bins * np.arange(n_classes)).ravel()
     one_hot = (labels[:, None] == np.arange(n_classes)).astype(np.float64).ravel()
@@ -65,19 +105,47 @@ def classwise_bin_sums(probs: np.ndarray, labels: np.ndarray, edges: np.ndarray)
 
 
 def classwise_error(sums: BinSums) -> float:
-    """Mean over classes of the per-class l1 calibration error, from (K, M) class-wise bin sums."""
+    """The classwise calibration error: the mean over classes of each class's l1 calibration error.
+
+    CW-ECE = 1/K sum_k sum_m |B_mk| / N * |freq_k(B_mk) - mean p_k(B_mk)|.
+
+    Args:
+        sums: Class-wise bin sums, each (K, M), e.g. from :func:`classwise_bin_sums`.
+
+    Returns:
+        The classwise ECE, in [0, 1].
+
+    References:
+        Kull et al. 2019, "Beyond temperature scaling: Obtaining well-calibrated multi-class probabilities with
+        Dirichlet calibration"; Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal Loss", Sec. 5.
+    """
     return float(np.mean([calibration_error(BinSums(*(a[k] for a in sums))) for k in range(sums.count.shape[0])]))
 
 
 def calibration_error(sums: BinSums, norm: str = "l1") -> float:
-    """Binned calibration error from bin sums (Guo et al. 2017, Eqs. 2 and 3).
+    """The binned calibration error (ECE or MCE) from bin sums.
 
-    ``l1``:  ECE = sum_m |B_m|/n * |acc(B_m) - conf(B_m)| = sum_m |S_acc,m - S_conf,m| / n
+    ``l1``:  ECE = sum_m |B_m| / n * |acc(B_m) - conf(B_m)| = sum_m |S_acc,m - S_conf,m| / n
     ``max``: MCE = max over non-empty bins of |acc(B_m) - conf(B_m)|
 
-    >>> s = BinSums(np.array([2.0, 2.0]), np.array([0.6, 1.8]), np.array([1.0, 1.0]))
-    >>> round(calibration_error(s), 6), round(calibration_error(s, "max"), 6)
-    (0.3, 0.4)
+    Args:
+        sums: Bin sums, e.g. from :func:`bin_sums`.
+        norm: ``"l1"`` for the ECE, ``"max"`` for the MCE.
+
+    Returns:
+        The error, in [0, 1].
+
+    Raises:
+        ValueError: When every bin is empty or ``norm`` is neither ``"l1"`` nor ``"max"``.
+
+    References:
+        Naeini, Cooper & Hauskrecht 2015, "Obtaining Well Calibrated Probabilities Using Bayesian Binning";
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Eqs. 3 and 4.
+
+    Examples:
+        >>> s = BinSums(np.array([2.0, 2.0]), np.array([0.6, 1.8]), np.array([1.0, 1.0]))
+        >>> round(calibration_error(s), 6), round(calibration_error(s, "max"), 6)
+        (0.3, 0.4)
     """
     n = sums.count.sum()
     if n <= 0:
@@ -88,13 +156,23 @@ def calibration_error(sums: BinSums, norm: str = "l1") -> float:
     if norm == "max":
         filled = sums.count > 0
         return float(np.max(gap[filled] / sums.count[filled]))
-    raise ValueError(f"norm must be 'l1' or 'max', got {norm!r}")
+    raise ValueError(expected("norm", "'l1' or 'max'", norm))
 
 
 def overconfidence(sums: BinSums) -> float:
-    """Overconfidence error (Thulasidasan et al. 2019, Eq. 4).
+    """The overconfidence error from bin sums: the ECE of over-confident bins, weighted by confidence.
 
-    OE = sum_m |B_m|/n * conf(B_m) * max(conf(B_m) - acc(B_m), 0)
+    OE = sum_m |B_m| / n * conf(B_m) * max(conf(B_m) - acc(B_m), 0)
+
+    Args:
+        sums: Bin sums, e.g. from :func:`bin_sums`.
+
+    Returns:
+        The overconfidence error, in [0, 1].
+
+    References:
+        Thulasidasan et al. 2019, "On Mixup Training: Improved Calibration and Predictive Uncertainty for Deep
+        Neural Networks", Eq. 4.
     """
     filled = sums.count > 0
     conf = sums.confidence_sum[filled] / sums.count[filled]
@@ -104,12 +182,26 @@ def overconfidence(sums: BinSums) -> float:
 
 
 def debiased_l2_error(sums: BinSums) -> float:
-    """Debiased estimate of the binned l2 calibration error (Kumar et al. 2019, Sec. 5).
+    """A debiased estimate of the binned l2 calibration error, from bin sums.
 
-    The plug-in (acc_m - conf_m)^2 is biased upwards by the sampling variance of acc_m; the
-    estimator subtracts it per bin:
-        CE^2 = sum_m |B_m|/n * [(acc_m - conf_m)^2 - acc_m (1 - acc_m) / (|B_m| - 1)]
+    The plug-in (acc_m - conf_m)^2 is biased upwards by the sampling variance of acc_m; the estimator
+    subtracts it per bin:
+
+        CE^2 = sum_m |B_m| / n * [(acc_m - conf_m)^2 - acc_m (1 - acc_m) / (|B_m| - 1)]
+
     Bins with fewer than two samples contribute 0; the result is sqrt(max(CE^2, 0)).
+
+    Args:
+        sums: Bin sums, e.g. from :func:`bin_sums`.
+
+    Returns:
+        The debiased l2 calibration error, in [0, 1].
+
+    Raises:
+        ValueError: When every bin is empty.
+
+    References:
+        Kumar, Liang & Ma 2019, "Verified Uncertainty Calibration", Sec. 5.
     """
     n = sums.count.sum()
     if n <= 0:
@@ -135,7 +227,12 @@ class Reliability(NamedTuple):
     accuracy: np.ndarray
 
     def to_records(self) -> list[dict]:
-        """One JSON-ready dict per bin, with ``None`` where a bin is empty."""
+        """The diagram's data as JSON-ready records.
+
+        Returns:
+            One dict per bin (``lo``, ``hi``, ``count``, ``mean_confidence``, ``accuracy``), with None for the
+            mean confidence and accuracy of an empty bin.
+        """
         return [
             {
                 "lo": float(lo),
@@ -149,7 +246,18 @@ class Reliability(NamedTuple):
 
 
 def reliability(sums: BinSums, edges: np.ndarray) -> Reliability:
-    """Per-bin mean confidence and accuracy from bin sums."""
+    """The data of a reliability diagram from bin sums: per bin its mean confidence and accuracy.
+
+    Args:
+        sums: Bin sums, e.g. from :func:`bin_sums`.
+        edges: The bin edges the sums were taken over.
+
+    Returns:
+        Per bin its edges, count, mean confidence and accuracy (NaN for empty bins).
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Fig. 1.
+    """
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_conf = np.where(sums.count > 0, sums.confidence_sum / sums.count, np.nan)
         acc = np.where(sums.count > 0, sums.outcome_sum / sums.count, np.nan)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from calibkit.validation import check_probs_labels
+from calibkit.validation import check_probs_labels, expected
 
 _BATCH = 64
 
@@ -41,14 +41,32 @@ def confidence_interval(
     seed: int | np.random.Generator | None = 0,
     method: str = "percentile",
 ) -> ConfidenceInterval:
-    """Bootstrap interval of ``metric(probs, labels)`` at the given ``level``.
+    """A bootstrap confidence interval of ``metric(probs, labels)``, resampling the rows.
 
-    ``method="percentile"``: [q_{(1-level)/2}, q_{(1+level)/2}] of the metric over ``n_resamples``
-    resamples of the rows. ``"basic"`` reflects those quantiles around the estimate
-    (2 theta - q_hi, 2 theta - q_lo), which corrects a statistic's resampling bias; ``"BCa"`` is
-    scipy's bias-corrected and accelerated interval (it needs N extra jackknife evaluations).
-    Binned errors such as ECE are biased upwards on finite samples, so their percentile interval
-    can lie entirely above the estimate. Deterministic for a fixed ``seed``.
+    ``"percentile"``: [q_{(1-level)/2}, q_{(1+level)/2}] of the metric over ``n_resamples`` resamples of the
+    rows. ``"basic"`` reflects those quantiles around the estimate theta, (2 theta - q_hi, 2 theta - q_lo), which
+    corrects a statistic's resampling bias; ``"BCa"`` is scipy's bias-corrected and accelerated interval (it needs
+    N extra jackknife evaluations). Binned errors such as ECE are biased upwards on finite samples, so their
+    percentile interval can lie entirely above the estimate.
+
+    Args:
+        metric: A function of (probs, labels), e.g. ``calibkit.metrics.ece``.
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_resamples: The number of resamples.
+        level: The confidence level, in (0, 1).
+        seed: The seed of the resampling: the same seed gives the same interval.
+        method: ``"percentile"``, ``"basic"`` or ``"BCa"``.
+
+    Returns:
+        The estimate on all rows and the interval.
+
+    Raises:
+        ValueError: When an argument is out of range or the inputs fail ``calibkit.validation``'s checks.
+
+    References:
+        Efron & Tibshirani 1993, "An Introduction to the Bootstrap", Ch. 13 (percentile) and 14 (BCa);
+        Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 5.2 (basic).
     """
     return confidence_intervals({"metric": metric}, probs, labels, n_resamples, level, seed, method)["metric"]
 
@@ -62,21 +80,35 @@ def confidence_intervals(
     seed: int | np.random.Generator | None = 0,
     method: str = "percentile",
 ) -> dict[str, ConfidenceInterval]:
-    """Intervals of several metrics from the same resamples (cheaper than one call per metric).
+    """Bootstrap intervals of several metrics from the same resamples (cheaper than one call per metric).
 
-    Arguments as in :func:`confidence_interval`; returns ``{name: ConfidenceInterval}``.
+    Args:
+        metrics: Metrics by name, each a function of (probs, labels).
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_resamples: The number of resamples.
+        level: The confidence level, in (0, 1).
+        seed: The seed of the resampling.
+        method: ``"percentile"``, ``"basic"`` or ``"BCa"``, as in :func:`confidence_interval`.
+
+    Returns:
+        ``{name: ConfidenceInterval}`` in the order of ``metrics``.
+
+    Raises:
+        ValueError: When an argument is out of range, ``metrics`` is empty or the inputs fail
+            ``calibkit.validation``'s checks.
     """
     p, y = check_probs_labels(probs, labels)
     if np.ndim(probs) == 1:
         p = p[:, 1]
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+        raise ValueError(expected("n_resamples", "a positive integer", n_resamples))
     if method not in ("percentile", "basic", "BCa"):
-        raise ValueError(f"method must be 'percentile', 'basic' or 'BCa', got {method!r}")
+        raise ValueError(expected("method", "'percentile', 'basic' or 'BCa'", method))
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
+        raise ValueError(expected("level", "in (0, 1)", level))
     if not metrics:
-        raise ValueError("metrics must name at least one metric")
+        raise ValueError(expected("metrics", "a mapping of at least one metric", dict(metrics)))
     functions = list(metrics.values())
 
     def statistic(idx: np.ndarray) -> np.ndarray:
@@ -117,28 +149,68 @@ class RunsBootstrap:
         return np.array([contrast.get(name, 0.0) for name in self.names], dtype=np.float64)
 
     def values(self, contrast: str | Mapping[str, float]) -> np.ndarray:
-        """Per-run values (S,) of a statistic, or of a contrast sum_j w_j stat_j such as ``{"a": 1, "b": -1}``."""
+        """Per-run values of a statistic or of a contrast sum_j w_j stat_j.
+
+        Args:
+            contrast: A statistic's name, or weights by name such as ``{"a": 1, "b": -1}``.
+
+        Returns:
+            The (S,) values, one per run.
+
+        Raises:
+            ValueError: When ``contrast`` names an unknown statistic or none.
+        """
         return self.per_run @ self._weights(contrast)
 
     def mean(self, contrast: str | Mapping[str, float]) -> float:
-        """Mean over runs of a statistic or contrast (the estimate :meth:`interval` brackets)."""
+        """The mean over runs of a statistic or contrast (the estimate :meth:`interval` brackets).
+
+        Args:
+            contrast: A statistic's name, or weights by name.
+
+        Returns:
+            The mean.
+        """
         return float(np.mean(self.values(contrast)))
 
     def sd(self, contrast: str | Mapping[str, float]) -> float:
-        """Sample standard deviation over runs (ddof = 1; 0 for a single run) of a statistic or contrast."""
+        """The sample standard deviation over runs (ddof = 1) of a statistic or contrast.
+
+        Args:
+            contrast: A statistic's name, or weights by name.
+
+        Returns:
+            The standard deviation, 0 for a single run.
+        """
         values = self.values(contrast)
         return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
     def interval(
         self, contrast: str | Mapping[str, float], level: float = 0.90, method: str = "basic"
     ) -> ConfidenceInterval:
-        """Bootstrap interval of :meth:`mean`: ``"percentile"`` [q_lo, q_hi] of the resampled means, or
-        ``"basic"`` (2 theta - q_hi, 2 theta - q_lo), which corrects the upward resampling bias of binned
-        errors (Davison & Hinkley 1997, Sec. 5.2)."""
+        """The bootstrap interval of :meth:`mean`.
+
+        ``"percentile"``: [q_lo, q_hi] of the resampled means; ``"basic"``: (2 theta - q_hi, 2 theta - q_lo),
+        which corrects the upward resampling bias of binned errors.
+
+        Args:
+            contrast: A statistic's name, or weights by name.
+            level: The confidence level, in (0, 1).
+            method: ``"percentile"`` or ``"basic"``.
+
+        Returns:
+            The mean and its interval.
+
+        Raises:
+            ValueError: When ``level`` or ``method`` is out of range or ``contrast`` names an unknown statistic.
+
+        References:
+            Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 5.2.
+        """
         if not 0.0 < level < 1.0:
-            raise ValueError(f"level must be in (0, 1), got {level!r}")
+            raise ValueError(expected("level", "in (0, 1)", level))
         if method not in ("percentile", "basic"):
-            raise ValueError(f"method must be 'percentile' or 'basic', got {method!r}")
+            raise ValueError(expected("method", "'percentile' or 'basic'", method))
         estimate = self.mean(contrast)
         resampled = self.resampled @ self._weights(contrast)
         q_low, q_high = np.quantile(resampled, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
@@ -153,28 +225,44 @@ def hierarchical_bootstrap(
     n_resamples: int = 1000,
     seed: int | np.random.Generator | None = 0,
 ) -> RunsBootstrap:
-    """Two-level bootstrap of the mean over S runs of each statistic (Davison & Hinkley 1997, Sec. 3.8).
+    """A two-level bootstrap of the mean over S runs of each statistic: runs, then rows within each run.
 
-    A run is a mapping of row-aligned arrays (e.g. labels and the probabilities of several methods
-    on the same test rows); a statistic maps such a run to a number, e.g.
-    ``lambda run: metrics.ece(run["ce"], run["labels"])``. One resample draws S runs with
-    replacement, then the rows of each drawn run with replacement, and averages each statistic over
-    the drawn runs. Resampling runs carries the spread between runs (training seeds) into the
-    interval, resampling rows the finite test set; doing both errs wide (ibid.). Every statistic of
-    a resample sees the same rows, so contrasts between methods scored on the same rows are paired.
-    Deterministic for a fixed ``seed``.
+    One resample draws S runs with replacement, then the rows of each drawn run with replacement, and averages
+    each statistic over the drawn runs. Resampling runs carries the spread between runs (training seeds) into the
+    interval, resampling rows the finite test set; doing both errs wide. Every statistic of a resample sees the
+    same rows, so contrasts between methods scored on the same rows are paired.
+
+    Args:
+        statistics: Statistics by name, each mapping a run to a number, e.g.
+            ``lambda run: metrics.ece(run["ce"], run["labels"])``.
+        runs: The runs, each a mapping of row-aligned arrays (e.g. labels and the probabilities of several
+            methods on the same test rows).
+        n_resamples: The number R of resamples.
+        seed: The seed of the resampling: the same seed gives the same resamples.
+
+    Returns:
+        Every statistic on every run and its mean over runs on each resample (:class:`RunsBootstrap`).
+
+    Raises:
+        ValueError: When ``n_resamples`` is not a positive integer, ``statistics`` or ``runs`` is empty, or a
+            run's arrays are empty or of different lengths.
+
+    References:
+        Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 3.8.
     """
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+        raise ValueError(expected("n_resamples", "a positive integer", n_resamples))
     if not statistics:
-        raise ValueError("statistics must name at least one statistic")
+        raise ValueError(expected("statistics", "a mapping of at least one statistic", dict(statistics)))
     if not runs:
-        raise ValueError("runs must hold at least one run")
+        raise ValueError(expected("runs", "a sequence of at least one run", list(runs)))
     sizes = []
     for i, run in enumerate(runs):
         lengths = {len(v) for v in run.values()}
         if len(lengths) != 1 or 0 in lengths:
-            raise ValueError(f"run {i} must hold non-empty arrays of one length, got lengths {sorted(lengths)}")
+            raise ValueError(
+                f"Expected `runs[{i}]` to hold non-empty arrays of one length, but got lengths {sorted(lengths)}"
+            )
         sizes.append(lengths.pop())
     functions = list(statistics.values())
 

@@ -19,7 +19,7 @@ from scipy import optimize, special
 
 from calibkit import binning
 from calibkit.temperature import apply_temperature, fit_temperature, softmax
-from calibkit.validation import check_logits, check_logits_labels, check_n_bins
+from calibkit.validation import check_logits, check_logits_labels, check_n_bins, expected
 
 
 class Calibrator(ABC):
@@ -29,14 +29,36 @@ class Calibrator(ABC):
     n_classes: int | None = None
 
     def fit(self, logits, labels) -> Calibrator:
-        """Fit on validation logits and labels; returns self."""
+        """Fit the calibrator on held-out (validation) logits and labels.
+
+        Args:
+            logits: Logits (N, K), or (N,) for a single-logit binary model.
+            labels: Class indices (N,).
+
+        Returns:
+            The calibrator itself, fitted.
+
+        Raises:
+            ValueError: When the inputs fail ``calibkit.validation``'s checks or the calibrator does not take
+                this number of classes.
+        """
         z, y = check_logits_labels(logits, labels)
         self.n_classes = 2 if z.ndim == 1 else z.shape[1]
         self._fit(z, y)
         return self
 
     def transform(self, logits) -> np.ndarray:
-        """Calibrated probabilities for new logits of the same width as at fit time."""
+        """Calibrated probabilities for new logits.
+
+        Args:
+            logits: Logits (N, K) of the width the calibrator was fitted on, or (N,) for a binary model.
+
+        Returns:
+            Probabilities (N, K), or (N,) positive-class probabilities for (N,) logits.
+
+        Raises:
+            ValueError: When the calibrator is not fitted or the logits have another number of classes.
+        """
         if self.n_classes is None:
             raise ValueError(f"{type(self).__name__} is not fitted yet: call fit() or load parameters first")
         z = check_logits(logits)
@@ -46,21 +68,39 @@ class Calibrator(ABC):
         return self._transform(z)
 
     def to_dict(self) -> dict:
-        """``{"method": ..., "n_classes": K, "params": {...}}``, JSON-serialisable."""
+        """The fitted calibrator as JSON-serialisable data.
+
+        Returns:
+            ``{"method": ..., "n_classes": K, "params": {...}}``, with plain floats as parameters.
+
+        Raises:
+            ValueError: When the calibrator is not fitted.
+        """
         if self.n_classes is None:
             raise ValueError(f"{type(self).__name__} is not fitted yet: nothing to save")
         return {"method": self.method, "n_classes": self.n_classes, "params": self._params()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibrator:
-        """Rebuild a fitted calibrator from ``to_dict`` output."""
+        """Rebuild a fitted calibrator from ``to_dict`` output.
+
+        Args:
+            data: What ``to_dict`` returned, as read back from JSON.
+
+        Returns:
+            The calibrator, fitted.
+
+        Raises:
+            ValueError: Naming the field when ``data`` is malformed or for another method.
+        """
         if not isinstance(data, dict) or not {"method", "n_classes", "params"} <= data.keys():
-            raise ValueError("calibrator data must be an object with 'method', 'n_classes' and 'params'")
+            shown = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(expected("data", "an object with 'method', 'n_classes' and 'params'", shown))
         if data["method"] != cls.method:
-            raise ValueError(f"calibrator data is for method {data['method']!r}, not {cls.method!r}")
+            raise ValueError(expected("method", repr(cls.method), data["method"]))
         n_classes = data["n_classes"]
         if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
+            raise ValueError(expected("n_classes", "an integer >= 2", n_classes))
         obj = cls()
         obj.n_classes = n_classes
         try:
@@ -94,12 +134,18 @@ def _like_input(q: np.ndarray, z: np.ndarray) -> np.ndarray:
 def _finite_vector(name: str, values, length: int) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.shape != (length,) or not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be {length} finite numbers")
+        raise ValueError(expected(name, f"{length} finite numbers", arr.tolist()))
     return arr
 
 
 class TemperatureScaling(Calibrator):
-    """q = softmax(z / T) (Guo et al. 2017); see ``calibkit.temperature``."""
+    """Temperature scaling: one scalar T > 0 divides every logit, q = softmax(z / T).
+
+    See ``calibkit.temperature``; ``objective`` is ``"nll"`` or ``"ece"`` as in :func:`fit_temperature`.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2.
+    """
 
     method = "temperature"
 
@@ -119,7 +165,7 @@ class TemperatureScaling(Calibrator):
     def _load(self, params):
         t = float(params["temperature"])
         if not np.isfinite(t) or t <= 0:
-            raise ValueError(f"temperature must be a positive finite number, got {t!r}")
+            raise ValueError(expected("temperature", "a positive finite number", t))
         self.temperature = t
 
 
@@ -132,7 +178,11 @@ def _nll_and_grad(scaled: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]
 
 
 class VectorScaling(Calibrator):
-    """q = softmax(w * z + b) with per-class w, b in R^K, fitted by NLL (Guo et al. 2017, Sec. 4.2)."""
+    """Vector scaling: q = softmax(w * z + b) with per-class w, b in R^K, fitted by NLL.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2.
+    """
 
     method = "vector"
 
@@ -164,8 +214,14 @@ class VectorScaling(Calibrator):
 
 
 class PlattScaling(Calibrator):
-    """Binary only: q = sigmoid(a * s + b) with s the logit margin z_1 - z_0 (or the single logit),
-    a, b fitted by NLL (Platt 1999, as described in Guo et al. 2017, Sec. 4.1)."""
+    """Platt scaling, for binary problems only: q = sigmoid(a * s + b), a and b fitted by NLL.
+
+    s is the logit margin z_1 - z_0, or the single logit of a one-logit model.
+
+    References:
+        Platt 1999, "Probabilistic Outputs for Support Vector Machines and Comparisons to Regularized Likelihood
+        Methods"; Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.1.
+    """
 
     method = "platt"
 
@@ -200,7 +256,7 @@ class PlattScaling(Calibrator):
 
     def _load(self, params):
         if self.n_classes != 2:
-            raise ValueError("Platt scaling is for binary problems: n_classes must be 2")
+            raise ValueError(expected("n_classes", "2 (Platt scaling is for binary problems)", self.n_classes))
         self.a, self.b = (float(v) for v in _finite_vector("a, b", [params["a"], params["b"]], 2))
 
 
@@ -211,11 +267,15 @@ def _normalise(q: np.ndarray) -> np.ndarray:
 
 
 class HistogramBinning(Calibrator):
-    """One-vs-rest histogram binning (Zadrozny & Elkan 2001; multiclass as in Guo et al. 2017).
+    """One-vs-rest histogram binning: each class probability replaced by its bin's frequency, renormalised.
 
-    For each class k, p_k = softmax(z)_k falls in one of M equal-width bins, and is replaced by
-    theta_mk, the frequency of class k among validation samples in that bin (the bin midpoint
-    where the bin was empty); rows are then renormalised to sum to 1.
+    For each class k, p_k = softmax(z)_k falls in one of M equal-width bins and is replaced by theta_mk, the
+    frequency of class k among the validation samples in that bin (the bin midpoint where the bin was empty);
+    rows are then renormalised to sum to 1.
+
+    References:
+        Zadrozny & Elkan 2001, "Obtaining calibrated probability estimates from decision trees and naive Bayesian
+        classifiers"; Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.1 and 4.2 (multiclass).
     """
 
     method = "histogram"
@@ -245,15 +305,21 @@ class HistogramBinning(Calibrator):
         self.n_bins = check_n_bins(params["n_bins"])
         theta = np.asarray(params["theta"], dtype=np.float64)
         if theta.shape != (self.n_classes, self.n_bins) or not np.all((theta >= 0) & (theta <= 1)):
-            raise ValueError(f"theta must be a {self.n_classes} x {self.n_bins} matrix of values in [0, 1]")
+            raise ValueError(
+                f"Expected `theta` to be a {self.n_classes} x {self.n_bins} matrix of values in [0, 1], but got "
+                f"shape {theta.shape} with values in [{theta.min(initial=0.0):g}, {theta.max(initial=0.0):g}]"
+            )
         self.theta = theta
 
 
 class IsotonicCalibration(Calibrator):
-    """One-vs-rest isotonic regression of 1[y = k] on p_k (Zadrozny & Elkan 2002), renormalised.
+    """One-vs-rest isotonic regression of 1[y = k] on p_k, renormalised.
 
-    Fitted with scikit-learn's IsotonicRegression; stored as its breakpoints and applied with
-    linear interpolation (np.interp), which is exactly what IsotonicRegression.predict does.
+    Fitted with scikit-learn's IsotonicRegression; stored as its breakpoints and applied with linear
+    interpolation (np.interp), which is exactly what IsotonicRegression.predict does.
+
+    References:
+        Zadrozny & Elkan 2002, "Transforming classifier scores into accurate multiclass probability estimates".
     """
 
     method = "isotonic"
@@ -283,12 +349,19 @@ class IsotonicCalibration(Calibrator):
     def _load(self, params):
         xs, ys = params["x"], params["y"]
         if len(xs) != self.n_classes or len(ys) != self.n_classes:
-            raise ValueError(f"isotonic params need one breakpoint list per class ({self.n_classes})")
+            raise ValueError(
+                f"Expected `x` and `y` to hold one breakpoint list per class ({self.n_classes}), but got "
+                f"{len(xs)} and {len(ys)}"
+            )
         self.x, self.y = [], []
         for k, (xk, yk) in enumerate(zip(xs, ys)):
             xk, yk = np.asarray(xk, dtype=np.float64), np.asarray(yk, dtype=np.float64)
             if xk.ndim != 1 or xk.shape != yk.shape or len(xk) == 0 or np.any(np.diff(xk) < 0):
-                raise ValueError(f"isotonic breakpoints of class {k} must be equal-length, non-empty, sorted")
+                order = "unsorted" if xk.ndim == 1 and np.any(np.diff(xk) < 0) else "sorted"
+                raise ValueError(
+                    f"Expected `x[{k}]` and `y[{k}]` to be non-empty breakpoints of one length, `x[{k}]` sorted, but "
+                    f"got shapes {xk.shape} and {yk.shape}, `x[{k}]` {order}"
+                )
             self.x.append(xk)
             self.y.append(yk)
 
@@ -299,14 +372,35 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
 
 
 def build_calibrator(method: str, **options) -> Calibrator:
-    """An unfitted calibrator by name: temperature, vector, platt, histogram or isotonic."""
+    """An unfitted calibrator by name.
+
+    Args:
+        method: ``temperature``, ``vector``, ``platt``, ``histogram`` or ``isotonic``.
+        **options: The calibrator's own options, e.g. ``objective`` for temperature, ``n_bins`` for histogram.
+
+    Returns:
+        The calibrator, not fitted yet.
+
+    Raises:
+        ValueError: When ``method`` is unknown (the message lists the known ones).
+    """
     if method not in CALIBRATORS:
         raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
     return CALIBRATORS[method](**options)
 
 
 def calibrator_from_dict(data: dict) -> Calibrator:
-    """Rebuild any fitted calibrator from its ``to_dict`` output."""
+    """Rebuild any fitted calibrator from its ``to_dict`` output.
+
+    Args:
+        data: What ``Calibrator.to_dict`` returned, as read back from JSON.
+
+    Returns:
+        The calibrator of ``data["method"]``, fitted.
+
+    Raises:
+        ValueError: When the method is unknown or ``data`` is malformed.
+    """
     method = data.get("method") if isinstance(data, dict) else None
     if method not in CALIBRATORS:
         raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
@@ -314,10 +408,25 @@ def calibrator_from_dict(data: dict) -> Calibrator:
 
 
 def save_calibrator(calibrator: Calibrator, path: str | Path) -> None:
-    """Write ``calibrator.to_dict()`` as JSON."""
+    """Write a fitted calibrator to a JSON file.
+
+    Args:
+        calibrator: The fitted calibrator.
+        path: The file to write ``calibrator.to_dict()`` to.
+    """
     Path(path).write_text(json.dumps(calibrator.to_dict(), indent=2))
 
 
 def load_calibrator(path: str | Path) -> Calibrator:
-    """Read a calibrator written by ``save_calibrator``."""
+    """Read a calibrator written by :func:`save_calibrator`.
+
+    Args:
+        path: The JSON file.
+
+    Returns:
+        The calibrator, fitted.
+
+    Raises:
+        ValueError: When the file's data is malformed.
+    """
     return calibrator_from_dict(json.loads(Path(path).read_text()))

@@ -1,95 +1,27 @@
-"""Anytime-valid miscalibration detection with hysteresis, on a stream of labelled predictions.
+"""Anytime-valid detection of miscalibration, with hysteresis, on a stream of labelled predictions.
 
-Each label is a top-label confidence C_t and an outcome Y_t = 1[predicted class is right]. The null
-hypothesis is that calibration is within a tolerance eps at every confidence level,
+Each label is a top-label confidence C_t and an outcome Y_t = 1[the predicted class is right]; the null
+hypothesis is calibration within a tolerance eps at every confidence level,
 
-    H0(eps):  |E[Y_t | C_t, past] - C_t| <= eps   for every t,
+    H0(eps):  |E[Y_t | C_t, past] - C_t| <= eps   for every t.
 
-for any distribution of confidences, any number of classes (binary included) and any label mix.
+The statistic is a weighted mixture sum_d w_d S_t^(d) of CUSUM e-detectors, log S_t = max(log S_{t-1}, 0) + log e_t.
+Learned detectors bet e_t = 1 + lambda_t (Y_t - C_t) - |lambda_t| eps, the plug-in Kelly bet on the gap per
+confidence bin estimated from earlier blocks of labels only (one detector per memory, and an adaptive one that uses
+only the labels of its current run); fixed detectors bet the likelihood ratio of a logit scaling, a constant gap or a
+step against the nearest edge of the null.
 
-**Raising (CUSUM e-detectors).** For a bet lambda_t(C_t) chosen from past labels only (predictable),
+Guarantee: for every traffic shape of H0(eps), the alarm at level A (``threshold``) keeps
+E[labels to the first false alarm] >= A and, by Ville's inequality, P(false alarm within n labels) <= n / A.
+A raised alarm clears when a CUSUM of Bern(Y; C) / Bern(Y; C + kappa g(C)), g the gap learned since the alarm,
+reaches B (``clear_threshold``); while a shift at least that large persists, P(a clear within n labels) <= n / B.
+State arrays have a leading axis of independent streams; folding labels in one call or in many gives the same
+state bit for bit.
 
-    e_t = 1 + lambda_t (Y_t - C_t) - |lambda_t| eps
-
-has E[e_t | C_t, past] <= 1 under H0(eps) and e_t >= 1 - ``max_bet`` > 0, so it is an e-value; the
-bet may depend on C_t itself, which is what lets the detector see miscalibration at every confidence
-level. The bet is the plug-in Kelly bet of Waudby-Smith & Ramdas (2023, "Estimating means of bounded
-random variables by betting"): with a the estimated accuracy at C_t and b = C_t +- eps the nearest
-edge of the null, lambda = (a - b) / (b (1 - b)), whose growth rate is KL(Bern(a) || Bern(b)); a is
-C_t plus the recent gap accuracy - confidence around C_t (exponentially weighted sums in bins of
-width 0.5 on the log-odds scale, smoothed over neighbouring bins by a Gaussian kernel and shrunk
-towards the all-bin gap), so over- and under-confidence in different regions (mean-preserving
-miscalibration) both pay. The gap estimates are refreshed every ``block`` labels (counted from the
-stream's first label), so a bet depends only on labels of earlier blocks: it stays predictable, and
-the work of a block is a few array operations. The CUSUM e-detector of Shin, Ramdas & Rinaldo (2023,
-"E-detectors: a nonparametric framework for sequential change detection")
-
-    log S_t = max(log S_{t-1}, 0) + log e_t
-
-is at most the Shiryaev-Roberts statistic R_t = (R_{t-1} + 1) e_t, and R_t - t is a supermartingale
-under H0(eps). M detectors run side by side, one per memory of the gap estimate (short memories adapt
-to large shifts within tens of labels, long ones estimate small gaps precisely), plus one adaptive
-detector whose gap estimates use only the labels since its CUSUM run began (the nonanticipating
-estimation of Lorden & Pollak 2005, "Nonanticipating estimation applied to sequential analysis and
-changepoint detection"): after a change its bets are learned from post-change labels alone, without
-the pre-change labels a decayed memory still holds. A bet that depends on when a run began is still
-predictable, so each run's product of e-values is an e-process and the tracked run is at most the
-Shiryaev-Roberts statistic built from them.
-
-**Fixed alternatives.** Beside the learned bets, F detectors bet on fixed shapes of miscalibration that
-need no learning, each the likelihood ratio Bern(Y; a(C)) / Bern(Y; e(C)) of an alternative accuracy a(C)
-against the nearest edge e(C) of the null (1 where a(C) is inside it), an e-value for every point of the band:
-
-- logit scaling a_s(C) = sigmoid(logit(C) / s) for a grid of s (over-confidence s > 1, under-confidence
-  s < 1; exact for a binary model served softmax(s z), close for the top label of many classes);
-- constant gaps a_g(C) = C + g;
-- steps: a(C) = C - o m above a pivot p on the log-odds scale and C + o m below it, for magnitudes m,
-  both orientations o = +-1 and a grid of pivots: the over-confident top and under-confident rest of
-  mean-preserving miscalibration (o = 1), or the reverse, which a learned bet sees only once each bin's
-  gap is known, and which logit scaling cannot express (its gap vanishes as C -> 1).
-
-They see such shifts within their first labels, where learned bets still wait for their first blocks and
-pay for their noisy estimates.
-
-**One mixture.** The e-detector is the weighted mean of the CUSUMs, sum_d w_d S_t^(d) (weights summing to
-1: ``scale_weight`` shared by the logit scales, ``step_weight`` by the gaps and steps, the rest by the
-learned detectors). It is at most
-sum_d w_d R_t^(d), and that minus t is a supermartingale under H0(eps), so by optional stopping the
-alarm at level A keeps, for every traffic shape of H0(eps),
-
-    E[labels to the first false alarm] >= A     and     P(false alarm within n labels) <= n / A
-
-(the second by Ville's inequality for the supermartingale sum_d w_d R_t^(d) + n - t), where a union over
-the detectors (alarm when one reaches D A) paid log D in every delay.
-
-Sequentially valid tests of calibration of this kind are Arnold, Henzi & Ziegel (2023, "Sequentially
-valid tests for forecast calibration").
-
-**Clearing (hysteresis).** While the alarm is on, the alternative "the miscalibration persists" is the
-gap learned per bin from the labels since the alarm (of finished blocks, so predictable), shrunk towards
-the detectors' estimate at the raise, in bins of its own: those of the bets and more above C = 0.9985, where
-a confident model's labels crowd and a gap that is learned from shifted confidences must hold at calibrated
-ones: g(C) where |g(C)| > eps, 0 where the gap is inside the tolerance.
-The alarm clears when the CUSUM of the likelihood ratio of calibrated outcomes against it,
-
-    log K_t = max(log K_{t-1}, 0) + log[ Bern(Y_t; C_t) / Bern(Y_t; C_t + kappa g(C_t)) ],
-
-reaches log B, at least ``min_clear_labels`` labels after the alarm: the clearing oracle's test of
-``calibkit.oracle`` with a(C) - C learned instead of told. Calibrated traffic drives K up at the rate
-KL(Bern(C) || Bern(C + kappa g)) ~ kappa^2 g^2 / 2v (v = C (1 - C)). While the shift persists with a gap
-at least kappa g(C) (same sign) at every confidence, Bern(Y; C) / Bern(Y; C + kappa g) has mean at most 1,
-so the same optional-stopping argument as for raising gives E[labels to a false clear] >= B and
-P(a clear within n labels of the shift) <= n / B. The level is therefore of the order of the raising
-level (the oracle's clearing level, tuned to 1% false clears per 10,000 labels, is e^8.6-e^13.5 on the
-benchmark's rows): with B = 300 and kappa = 0.75 a persisting shift near the tolerance cleared in up to
-11% of streams. After clearing, the e-detectors restart at 1, so raising again needs fresh evidence of
-size A.
-
-The state is a set of arrays with a leading axis of independent streams, so the service (one
-stream per model version and calibration version) and the simulations of ``bench/alarm.py``
-(thousands of streams at once) run the same code. Folding labels in one call or in many gives the
-same state, bit for bit: block boundaries are fixed by the label count, and the labels of an
-unfinished block are kept as sums that are added in label order.
+References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
+detection"; Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by betting"; Lorden &
+Pollak 2005, "Nonanticipating estimation applied to sequential analysis and changepoint detection"; Arnold,
+Henzi & Ziegel 2023, "Sequentially valid tests for forecast calibration".
 """
 
 from __future__ import annotations
@@ -98,6 +30,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+
+from calibkit.validation import expected
 
 FORMAT = 7
 _FIELDS = (
@@ -128,24 +62,34 @@ _EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm o
 class DetectorConfig:
     """Parameters of the detector; only ``tolerance`` and ``threshold`` enter the guarantee.
 
-    - ``tolerance`` eps: a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
-    - ``threshold`` A: raise when the e-detector reaches A; E[labels to a false alarm] >= A, and
-      P(false alarm within n labels) <= n / A.
-    - ``edges``: bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
-    - ``bandwidth``: standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
-    - ``half_lives``: one detector per memory: labels of a bin after which an old label weighs half.
-    - ``prior_labels``: pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the
-      adaptive detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
-    - ``max_bet``: the most a learned bet's e-value may lose (e_t >= 1 - max_bet).
-    - ``scales``: the logit scales s of fixed detectors, ``scale_weight`` their share of the mixture;
-      ``gaps``: the constant gaps g of fixed detectors that bet on accuracy C + g, ``steps``: the magnitudes m
-      and ``pivots`` the log-odds p of the step alternatives C -+ m above p, C +- m below; ``step_weight``: the
-      share of the gaps and steps together.
-    - ``block``: labels between refreshes of the gap estimates that the bets use.
-    - ``clear_threshold`` B, ``clear_shrink`` kappa, ``clear_prior_labels`` (pseudo-labels of the gap at the
-      raise) and ``min_clear_labels``: the clearing rule; ``clear_edges``: the bins of its gap, those of the bets
-      and every 0.5 on the log-odds scale beyond them up to 12 (C = 1 - 6e-6), where a confident model's labels
-      crowd and the gap of a logit scaling changes most between the shifted and the calibrated confidences.
+    Attributes:
+        tolerance: eps; a gap |accuracy - confidence| up to eps at every confidence level is calibrated enough.
+        threshold: A; the alarm is raised when the e-detector reaches A, so E[labels to a false alarm] >= A and
+            P(false alarm within n labels) <= n / A.
+        edges: Bin edges of the confidence, every 0.5 on the log-odds scale (logit(C) = -2.5 ... 6.5).
+        bandwidth: Standard deviation, on the log-odds scale, of the kernel that pools neighbouring bins.
+        half_lives: One learned detector per memory: the labels of a bin after which an old label weighs half.
+        prior_labels: Pseudo-labels that shrink a bin's gap estimate towards the all-bin gap (for the adaptive
+            detector: towards the estimate of the memory ``adaptive_prior``, an index of ``half_lives``).
+        adaptive_prior: See ``prior_labels``.
+        max_bet: The most a learned bet's e-value may lose (e_t >= 1 - max_bet).
+        scales: The logit scales s of the fixed detectors that bet on accuracy sigmoid(logit(C) / s).
+        scale_weight: The share of the logit scales in the mixture.
+        gaps: The constant gaps g of the fixed detectors that bet on accuracy C + g.
+        steps: The magnitudes m of the step alternatives: C -+ m above a pivot, C +- m below it.
+        pivots: The log-odds p of the pivots of the step alternatives.
+        step_weight: The share of the gaps and steps together in the mixture.
+        block: Labels between refreshes of the gap estimates that the bets use.
+        clear_threshold: B; the alarm clears when the evidence of calibration reaches B.
+        clear_shrink: kappa; the clearing test pits calibration against kappa times the learned gap.
+        clear_prior_labels: Pseudo-labels of the gap at the raise that the clearing gap is shrunk towards.
+        min_clear_labels: Labels after the raise before the alarm may clear.
+        clear_edges: The bins of the clearing gap: those of the bets and every 0.5 on the log-odds scale beyond
+            them up to 12 (C = 1 - 6e-6), where a confident model's labels crowd and the gap of a logit scaling
+            changes most between the shifted and the calibrated confidences.
+
+    Raises:
+        ValueError: Naming the parameter that is out of range and the value given.
     """
 
     tolerance: float = 0.01
@@ -171,39 +115,56 @@ class DetectorConfig:
 
     def __post_init__(self):
         if not 0.0 <= self.tolerance < 0.5:
-            raise ValueError(f"tolerance must lie in [0, 0.5), got {self.tolerance}")
-        if self.threshold <= 1 or self.clear_threshold <= 1:
-            raise ValueError("threshold and clear_threshold must exceed 1")
-        for edges in (self.edges, self.clear_edges):
+            raise ValueError(expected("tolerance", "in [0, 0.5)", self.tolerance))
+        for name in ("threshold", "clear_threshold"):
+            if getattr(self, name) <= 1:
+                raise ValueError(expected(name, "greater than 1", getattr(self, name)))
+        for name in ("edges", "clear_edges"):
+            edges = getattr(self, name)
             if list(edges) != sorted(edges) or not all(0 < e < 1 for e in edges):
-                raise ValueError("edges and clear_edges must be increasing and inside (0, 1)")
-        if (
-            min(self.half_lives) <= 0
-            or self.prior_labels <= 0
-            or not 0 < self.max_bet < 1
-            or not 0 < self.clear_shrink <= 1
-        ):
-            raise ValueError("need half_lives > 0, prior_labels > 0, 0 < max_bet < 1 and 0 < clear_shrink <= 1")
+                raise ValueError(expected(name, "increasing and inside (0, 1)", edges))
+        if not self.half_lives or min(self.half_lives) <= 0:
+            raise ValueError(expected("half_lives", "non-empty and positive", self.half_lives))
+        if self.prior_labels <= 0:
+            raise ValueError(expected("prior_labels", "positive", self.prior_labels))
+        if not 0 < self.max_bet < 1:
+            raise ValueError(expected("max_bet", "in (0, 1)", self.max_bet))
+        if not 0 < self.clear_shrink <= 1:
+            raise ValueError(expected("clear_shrink", "in (0, 1]", self.clear_shrink))
         if self.clear_prior_labels <= 0:
-            raise ValueError("need clear_prior_labels > 0")
-        if self.block < 1 or self.min_clear_labels < 0 or not 0 <= self.adaptive_prior < len(self.half_lives):
-            raise ValueError("need block >= 1, min_clear_labels >= 0 and adaptive_prior an index of half_lives")
+            raise ValueError(expected("clear_prior_labels", "positive", self.clear_prior_labels))
+        if self.block < 1:
+            raise ValueError(expected("block", "at least 1", self.block))
+        if self.min_clear_labels < 0:
+            raise ValueError(expected("min_clear_labels", "at least 0", self.min_clear_labels))
+        if not 0 <= self.adaptive_prior < len(self.half_lives):
+            index = f"an index of `half_lives` (0 to {len(self.half_lives) - 1})"
+            raise ValueError(expected("adaptive_prior", index, self.adaptive_prior))
         if any(s <= 0 or s == 1 for s in self.scales):
-            raise ValueError("need scales > 0 other than 1")
-        if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in (*self.gaps, *self.steps)):
-            raise ValueError("need gaps and steps beyond the tolerance and inside (-1, 1)")
-        if bool(self.steps) != bool(self.pivots):
-            raise ValueError("steps need pivots, and pivots need steps")
-        shares = (self.scale_weight, self.step_weight)
-        if min(shares) < 0 or sum(shares) >= 1:
+            raise ValueError(expected("scales", "positive and other than 1", self.scales))
+        for name in ("gaps", "steps"):
+            if any(abs(g) <= self.tolerance or abs(g) >= 1 for g in getattr(self, name)):
+                within = f"beyond the tolerance {self.tolerance} and inside (-1, 1)"
+                raise ValueError(expected(name, within, getattr(self, name)))
+        if self.steps and not self.pivots:
+            raise ValueError(expected("pivots", "non-empty when `steps` is", self.pivots))
+        if self.pivots and not self.steps:
+            raise ValueError(expected("steps", "non-empty when `pivots` is", self.steps))
+        for name in ("scale_weight", "step_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(expected(name, "at least 0", getattr(self, name)))
+        if self.scale_weight + self.step_weight >= 1:
             raise ValueError(
-                "need scale_weight, step_weight >= 0 summing to less than 1 (the learned detectors share the rest)"
+                expected(
+                    "scale_weight + step_weight",
+                    "less than 1 (the learned detectors share the rest)",
+                    self.scale_weight + self.step_weight,
+                )
             )
-        if (self.scales and not self.scale_weight) or (self.stepped and not self.step_weight):
-            raise ValueError(
-                "fixed detectors need a share of the mixture: scale_weight > 0 with scales, "
-                "step_weight > 0 with gaps or steps"
-            )
+        if self.scales and not self.scale_weight:
+            raise ValueError(expected("scale_weight", "positive when `scales` is non-empty", self.scale_weight))
+        if self.stepped and not self.step_weight:
+            raise ValueError(expected("step_weight", "positive when `gaps` or `steps` is non-empty", self.step_weight))
 
     @property
     def learned(self) -> int:
@@ -240,10 +201,12 @@ class DetectorConfig:
 
     @property
     def n_bins(self) -> int:
+        """The bins of the bets: one more than ``edges``."""
         return len(self.edges) + 1
 
     @property
     def clear_bins(self) -> int:
+        """The bins of the clearing gap: one more than ``clear_edges``."""
         return len(self.clear_edges) + 1
 
     @cached_property
@@ -356,10 +319,15 @@ class DetectorState:
         return np.exp(np.minimum(self.log_clear, 700.0))
 
     def gaps(self) -> np.ndarray:
-        """(streams, M + 1, bins): the accuracy - confidence around each bin, from the labels of finished
-        blocks (a Gaussian kernel of ``bandwidth`` on the log-odds scale over neighbouring bins), shrunk
-        by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap, for the adaptive detector
-        (last) from the labels of its current run towards the memory ``adaptive_prior``."""
+        """The gap accuracy - confidence around each bin that the learned detectors bet on.
+
+        From the labels of finished blocks, pooled over neighbouring bins by a Gaussian kernel of ``bandwidth``
+        on the log-odds scale and shrunk by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap;
+        for the adaptive detector (last), from the labels of its current run towards the memory ``adaptive_prior``.
+
+        Returns:
+            (streams, M + 1, bins) gaps, one row per learned detector.
+        """
         prior, kernel = self.config.prior_labels, self.config.kernel
         overall = self.global_gap_sum / (self.global_weight + prior)
         memories = (self.gap_sum @ kernel + prior * overall[..., None]) / (self.weight @ kernel + prior)
@@ -369,16 +337,33 @@ class DetectorState:
         return np.concatenate([memories, adaptive[:, None, :]], axis=1)
 
     def fold(self, confidence, correct) -> Fold:
-        """Fold in labels, (streams, labels) arrays in label order (or (streams,) for one label each);
-        see the module docstring."""
+        """Fold labels into the state, in label order, raising and clearing alarms as the module docstring says.
+
+        Args:
+            confidence: Top-label confidences C_t, (streams, labels), or (streams,) for one label per stream.
+            correct: Outcomes Y_t (1 when the predicted class was right, else 0), of the same shape.
+
+        Returns:
+            What each label did: its e-values and whether it raised or cleared the alarm (``Fold``).
+
+        Raises:
+            ValueError: When the shapes differ or do not have ``streams`` rows, or when the streams of this
+                state have seen different numbers of labels.
+        """
         c = np.clip(np.asarray(confidence, dtype=np.float64), 0.0, 1.0)
         y = np.asarray(correct, dtype=np.float64)
         if c.ndim == 1:
             c, y = c[:, None], y[:, None]
         if c.shape != y.shape or c.shape[0] != self.streams:
-            raise ValueError(f"need confidence and correct of shape ({self.streams}, labels), got {c.shape}, {y.shape}")
+            raise ValueError(
+                f"Expected `confidence` and `correct` to have one shape, ({self.streams}, labels) or "
+                f"({self.streams},), but got {np.shape(confidence)} and {np.shape(correct)}"
+            )
         if (self.n != self.n[0]).any():
-            raise ValueError("the streams of one state must have seen the same number of labels")
+            raise ValueError(
+                "Expected every stream of the state to have seen the same number of labels, but got "
+                f"{sorted(set(self.n.tolist()))}"
+            )
         cfg, total = self.config, c.shape[1]
         e_value = np.ones((self.streams, cfg.detectors, total))
         raised = np.zeros(c.shape, bool)
@@ -459,9 +444,14 @@ class DetectorState:
         return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
 
     def clear_alternative(self) -> np.ndarray:
-        """(streams, clearing bins): g(C), the miscalibration that the clearing test pits calibration against: the
-        gap of each bin over the labels since the alarm (from finished blocks), shrunk by ``clear_prior_labels``
-        pseudo-labels towards the gap estimated when the alarm was raised; 0 where it is inside the tolerance."""
+        """The miscalibration g(C) that the clearing test pits calibration against.
+
+        The gap of each clearing bin over the labels since the alarm (from finished blocks), shrunk by
+        ``clear_prior_labels`` pseudo-labels towards the gap estimated when the alarm was raised.
+
+        Returns:
+            (streams, clearing bins) gaps, 0 where a gap is inside the tolerance.
+        """
         cfg = self.config
         prior = cfg.clear_prior_labels
         estimate = (self.alarm_gap + prior * self.raised_gap) / (self.alarm_count + prior)
@@ -494,8 +484,13 @@ class DetectorState:
         self.table = self.gaps()
 
     def regions(self) -> list[dict]:
-        """Per bin of a single-stream state: confidence range, labels weighed (long memory) and the
-        estimated gap accuracy - confidence (mean over the detectors), for reports."""
+        """The bins of a single-stream state as reports show them.
+
+        Returns:
+            One dict per bin: its confidence range (``confidence_low``, ``confidence_high``), the labels it weighs
+            in the longest memory (``weight``) and the estimated gap accuracy - confidence, the mean over the
+            learned detectors (``gap``).
+        """
         edges = [0.0, *self.config.edges, 1.0]
         gaps, weight = self.table[0].mean(axis=0), self.weight[0, -1] + self.pending_count[0]
         return [
@@ -504,16 +499,26 @@ class DetectorState:
         ]
 
     def worst_region(self) -> tuple[float, tuple[float, float]]:
-        """(gap, (confidence low, high)) of the region of a single-stream state furthest beyond the
-        tolerance, among those with labels."""
+        """The bin of a single-stream state whose gap is largest, among the bins with labels.
+
+        Returns:
+            (gap, (confidence low, confidence high)) of that bin.
+        """
         regions = [r for r in self.regions() if r["weight"] >= 1.0] or self.regions()
         worst = max(regions, key=lambda r: abs(r["gap"]))
         return worst["gap"], (worst["confidence_low"], worst["confidence_high"])
 
     def to_dict(self) -> dict:
-        """JSON form of a single-stream state (the service persists one per model and calibration version)."""
+        """The JSON form of a single-stream state (the service persists one per model and calibration version).
+
+        Returns:
+            The state's arrays as lists, with the layout ``format`` and the settings its evidence depends on.
+
+        Raises:
+            ValueError: When the state has more than one stream.
+        """
         if self.streams != 1:
-            raise ValueError("only a single-stream state is persisted")
+            raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
         out = {
             "format": FORMAT,
             "tolerance": self.config.tolerance,
@@ -539,8 +544,18 @@ class DetectorState:
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> DetectorState:
-        """Inverse of ``to_dict``. State saved under another format, tolerance, threshold, block or mixture (an
-        older service, a changed configuration) is not this detector's evidence: a fresh state is returned."""
+        """Rebuild a single-stream state from ``to_dict`` output.
+
+        A state saved under another format, tolerance, threshold, block or mixture (an older service, a changed
+        configuration) is not this detector's evidence, so a fresh state is returned for it.
+
+        Args:
+            data: What ``to_dict`` returned, as read back from JSON.
+            config: The detector's configuration now.
+
+        Returns:
+            The saved state, or a fresh one when ``data`` was saved under other settings or is not a dict.
+        """
         if (
             not isinstance(data, dict)
             or data.get("format") != FORMAT

@@ -14,8 +14,12 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
+from calibkit.validation import expected
+
 
 class ShiftTest(NamedTuple):
+    """A two-sample KS test of recent against reference confidences: D, its p-value, sizes and means."""
+
     statistic: float
     p_value: float
     n_recent: int
@@ -25,10 +29,28 @@ class ShiftTest(NamedTuple):
 
 
 def confidence_shift(recent, reference) -> ShiftTest:
-    """KS two-sample test of recent against reference confidences."""
+    """A two-sample Kolmogorov-Smirnov test of recent confidences against the reference ones.
+
+    D = sup_c |F_recent(c) - F_reference(c)|, the largest gap between the two empirical CDFs (scipy's ks_2samp).
+
+    Args:
+        recent: Recent calibrated top-label confidences.
+        reference: The reference confidences (the validation split's).
+
+    Returns:
+        D, its p-value, both sample sizes and both means.
+
+    Raises:
+        ValueError: When a sample is empty.
+
+    References:
+        Ovadia et al. 2019, "Can You Trust Your Model's Uncertainty? Evaluating Predictive Uncertainty Under
+        Dataset Shift" (confidences move under dataset shift).
+    """
     recent, reference = np.asarray(recent, dtype=np.float64), np.asarray(reference, dtype=np.float64)
-    if len(recent) == 0 or len(reference) == 0:
-        raise ValueError("both samples need at least one confidence")
+    for name, sample in (("recent", recent), ("reference", reference)):
+        if len(sample) == 0:
+            raise ValueError(expected(name, "a non-empty array of confidences", sample.tolist()))
     result = stats.ks_2samp(recent, reference)
     return ShiftTest(
         float(result.statistic),
@@ -41,15 +63,31 @@ def confidence_shift(recent, reference) -> ShiftTest:
 
 
 class AccuracyGap(NamedTuple):
+    """The accuracy a calibrated model expects (its mean confidence), the accuracy observed and their z score."""
+
     expected: float
     observed: float
     z: float
 
 
 def accuracy_gap(n: int, confidence_sum: float, correct_sum: float) -> AccuracyGap:
-    """Expected (mean confidence) vs observed accuracy; z = (observed - expected) / sqrt(e (1 - e) / n)."""
+    """The accuracy a calibrated model expects against the accuracy observed on labelled traffic.
+
+    z = (observed - expected) / sqrt(e (1 - e) / n), with e = expected = mean confidence (a normal approximation).
+
+    Args:
+        n: The number of labelled predictions.
+        confidence_sum: The sum of their top-label confidences.
+        correct_sum: The number of them that were right.
+
+    Returns:
+        The expected and observed accuracy and z.
+
+    Raises:
+        ValueError: When ``n`` is less than 1.
+    """
     if n <= 0:
-        raise ValueError("accuracy gap needs at least one labelled prediction")
-    expected, observed = confidence_sum / n, correct_sum / n
-    spread = np.sqrt(max(expected * (1.0 - expected), 1e-12) / n)
-    return AccuracyGap(float(expected), float(observed), float((observed - expected) / spread))
+        raise ValueError(expected("n", "at least 1 (one labelled prediction)", n))
+    mean_confidence, observed = confidence_sum / n, correct_sum / n
+    spread = np.sqrt(max(mean_confidence * (1.0 - mean_confidence), 1e-12) / n)
+    return AccuracyGap(float(mean_confidence), float(observed), float((observed - mean_confidence) / spread))

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+from calibkit.validation import expected
+
+SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
 
 
@@ -32,7 +34,7 @@ class InputSpec(_Strict):
     @classmethod
     def _batch_dynamic(cls, shape):
         if shape[0] is not None or any(d is None or d < 1 for d in shape[1:]):
-            raise ValueError("shape must be [null, C, H, W] with positive C, H, W")
+            raise ValueError(expected("shape", "[null, C, H, W] with positive C, H, W", shape))
         return shape
 
 
@@ -80,8 +82,9 @@ class ReferenceDistribution(_Strict):
     @field_validator("confidences")
     @classmethod
     def _in_unit_interval(cls, values):
-        if any(not 0.0 <= v <= 1.0 for v in values):
-            raise ValueError("confidences must lie in [0, 1]")
+        outside = [v for v in values if not 0.0 <= v <= 1.0]
+        if outside:
+            raise ValueError(f"Expected `confidences` to lie in [0, 1], but got {outside[0]!r}")
         return sorted(values)
 
 
@@ -106,18 +109,33 @@ class Manifest(_Strict):
     @model_validator(mode="after")
     def _consistent(self):
         if len(set(self.class_names)) != len(self.class_names):
-            raise ValueError("class_names must be unique")
+            repeated = sorted({name for name in self.class_names if self.class_names.count(name) > 1})
+            raise ValueError(f"Expected `class_names` to be unique, but got {repeated} more than once")
         if not {"logits", "probabilities"} <= self.outputs.keys():
-            raise ValueError("outputs must name the 'logits' and 'probabilities' outputs")
+            raise ValueError(
+                f"Expected `outputs` to name the 'logits' and 'probabilities' outputs, but got {sorted(self.outputs)}"
+            )
         channels = 1 if self.preprocessing.color_mode == "L" else 3
-        expected = [None, channels, self.preprocessing.image_size, self.preprocessing.image_size]
-        if self.input.shape != expected:
-            raise ValueError(f"input.shape {self.input.shape} does not match preprocessing (expected {expected})")
+        wanted = [None, channels, self.preprocessing.image_size, self.preprocessing.image_size]
+        if self.input.shape != wanted:
+            raise ValueError(
+                f"Expected `input.shape` to be {wanted} (from `preprocessing`), but got {self.input.shape}"
+            )
         return self
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest; any problem is a ``ValueError`` naming the file and field."""
+    """Read and validate a manifest.
+
+    Args:
+        path: The ``manifest.json`` file.
+
+    Returns:
+        The validated manifest.
+
+    Raises:
+        ValueError: Naming the file and, for an invalid manifest, each field at fault.
+    """
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -133,7 +151,15 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
-    """Write ``manifest.json`` into ``directory``."""
+    """Write a manifest as ``manifest.json``.
+
+    Args:
+        manifest: The manifest.
+        directory: The artifact directory to write it into.
+
+    Returns:
+        The path written.
+    """
     path = Path(directory) / MANIFEST_FILE
     path.write_text(manifest.model_dump_json(indent=2))
     return path

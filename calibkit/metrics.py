@@ -35,7 +35,14 @@ __all__ = [
 
 
 def top_label(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Confidence max_k p_k and predicted class argmax_k p_k (ties go to the lowest index)."""
+    """The top-label confidence and predicted class of each row.
+
+    Args:
+        probs: Probabilities (N, K), already checked.
+
+    Returns:
+        (confidence max_k p_k, predicted class argmax_k p_k), each (N,); ties go to the lowest index.
+    """
     return probs.max(axis=1), probs.argmax(axis=1)
 
 
@@ -47,24 +54,74 @@ def _top_label_sums(probs, labels, n_bins: int) -> tuple[binning.BinSums, np.nda
 
 
 def ece(probs, labels, n_bins: int = 15) -> float:
-    """Expected calibration error (Guo et al. 2017, Eq. 3).
+    """Expected calibration error of the top-label confidence.
 
-    ECE = sum_m |B_m|/N * |acc(B_m) - conf(B_m)| over M equal-width bins of top-label confidence.
+    ECE = sum_m |B_m| / N * |acc(B_m) - conf(B_m)|, over M equal-width bins B_m of top-label confidence.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-width confidence bins.
+
+    Returns:
+        The ECE, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Naeini, Cooper & Hauskrecht 2015, "Obtaining Well Calibrated Probabilities Using Bayesian Binning";
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Eq. 3.
     """
     return binning.calibration_error(_top_label_sums(probs, labels, n_bins)[0], "l1")
 
 
 def mce(probs, labels, n_bins: int = 15) -> float:
-    """Maximum calibration error (Guo et al. 2017, Eq. 4): max over non-empty bins of |acc - conf|."""
+    """Maximum calibration error of the top-label confidence.
+
+    MCE = max_m |acc(B_m) - conf(B_m)|, over the non-empty ones of M equal-width bins B_m.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-width confidence bins.
+
+    Returns:
+        The MCE, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Naeini, Cooper & Hauskrecht 2015, "Obtaining Well Calibrated Probabilities Using Bayesian Binning";
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Eq. 4.
+    """
     return binning.calibration_error(_top_label_sums(probs, labels, n_bins)[0], "max")
 
 
 def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
-    """Adaptive ECE (Mukhoti et al. 2020, Sec. 5): ECE over equal-mass bins.
+    """Adaptive ECE: the ECE over equal-mass bins of top-label confidence.
 
-    Samples sorted by confidence are split into ``n_bins`` consecutive groups whose sizes differ
-    by at most one; AdaECE = sum_m |B_m|/N * |acc(B_m) - conf(B_m)|. Ties in confidence are
-    ordered incorrect-before-correct so the result does not depend on the order of the input.
+    AdaECE = sum_m |B_m| / N * |acc(B_m) - conf(B_m)|, where the samples sorted by confidence are split into
+    M consecutive groups B_m whose sizes differ by at most one. Ties in confidence are ordered
+    incorrect-before-correct, so the result does not depend on the order of the input.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-mass bins.
+
+    Returns:
+        The AdaECE, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal Loss", Sec. 5.
     """
     p, y = check_probs_labels(probs, labels)
     n_bins = check_n_bins(n_bins)
@@ -76,10 +133,26 @@ def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def classwise_ece(probs, labels, n_bins: int = 15) -> float:
-    """Classwise ECE (Kull et al. 2019; Mukhoti et al. 2020, Sec. 5).
+    """Classwise ECE: the ECE of every class probability, averaged over the classes.
 
-    CW-ECE = 1/K sum_k sum_m |B_mk|/N * |freq_k(B_mk) - mean p_k(B_mk)|, with bins B_mk over
-    p_k for every sample. K is the width of ``probs``, not the number of labels seen.
+    CW-ECE = 1/K sum_k sum_m |B_mk| / N * |freq_k(B_mk) - mean p_k(B_mk)|, with M equal-width bins B_mk of
+    p_k over every sample. K is the width of ``probs``, not the number of labels seen.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-width confidence bins.
+
+    Returns:
+        The classwise ECE, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Kull et al. 2019, "Beyond temperature scaling: Obtaining well-calibrated multi-class probabilities with
+        Dirichlet calibration"; Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal Loss", Sec. 5.
     """
     p, y = check_probs_labels(probs, labels)
     edges = binning.equal_width_edges(check_n_bins(n_bins))
@@ -87,54 +160,168 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def debiased_ece(probs, labels, n_bins: int = 15) -> float:
-    """Debiased top-label l2 calibration error (Kumar et al. 2019); see ``binning.debiased_l2_error``."""
+    """Debiased l2 calibration error of the top-label confidence.
+
+    CE^2 = sum_m |B_m| / N * [(acc_m - conf_m)^2 - acc_m (1 - acc_m) / (|B_m| - 1)], over M equal-width bins
+    (those with fewer than two samples add 0); the result is sqrt(max(CE^2, 0)). See
+    ``binning.debiased_l2_error``.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-width confidence bins.
+
+    Returns:
+        The debiased l2 calibration error, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Kumar, Liang & Ma 2019, "Verified Uncertainty Calibration", Sec. 5.
+    """
     return binning.debiased_l2_error(_top_label_sums(probs, labels, n_bins)[0])
 
 
 def overconfidence_error(probs, labels, n_bins: int = 15) -> float:
-    """Overconfidence error (Thulasidasan et al. 2019): ECE restricted to over-confident bins,
-    weighted by confidence; see ``binning.overconfidence``."""
+    """Overconfidence error: the ECE restricted to over-confident bins, weighted by confidence.
+
+    OE = sum_m |B_m| / N * conf(B_m) * max(conf(B_m) - acc(B_m), 0), over M equal-width bins B_m.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-width confidence bins.
+
+    Returns:
+        The overconfidence error, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Thulasidasan et al. 2019, "On Mixup Training: Improved Calibration and Predictive Uncertainty for Deep
+        Neural Networks", Eq. 4.
+    """
     return binning.overconfidence(_top_label_sums(probs, labels, n_bins)[0])
 
 
 def reliability_bins(probs, labels, n_bins: int = 15) -> binning.Reliability:
-    """Per-bin lower/upper edge, count, mean confidence and accuracy (a reliability diagram)."""
+    """The data of a reliability diagram: per equal-width bin of top-label confidence, its accuracy.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+        n_bins: The number M of equal-width confidence bins.
+
+    Returns:
+        Per bin its lower and upper edge, count, mean confidence and accuracy (NaN for empty bins).
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
+            positive integer.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Fig. 1.
+    """
     sums, edges = _top_label_sums(probs, labels, n_bins)
     return binning.reliability(sums, edges)
 
 
 def accuracy(probs, labels) -> float:
-    """Fraction of samples whose argmax class equals the label."""
+    """The fraction of samples whose argmax class is the label.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+
+    Returns:
+        The accuracy, in [0, 1].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
+    """
     p, y = check_probs_labels(probs, labels)
     return float(np.mean(p.argmax(axis=1) == y))
 
 
 def nll(probs, labels) -> float:
-    """Negative log-likelihood -1/N sum_i log p_{i, y_i}.
+    """Negative log-likelihood of the labels.
 
-    Probabilities are clipped below at machine epsilon (as scikit-learn's log_loss does), so a
-    confident mistake costs at most -log(eps) ~ 36 instead of an infinite score.
+    NLL = -1/N sum_i log p_{i, y_i}. Probabilities are clipped below at machine epsilon (as scikit-learn's
+    log_loss does), so a confident mistake costs at most -log(eps) ~ 36 instead of an infinite score.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+
+    Returns:
+        The mean NLL, at least 0.
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 2 (NLL as a measure of calibration).
     """
     return float(np.mean(nll_terms(probs, labels)))
 
 
 def nll_terms(probs, labels) -> np.ndarray:
-    """Per-sample terms -log p_{i, y_i} of :func:`nll` (clipped the same way), e.g. to store with each label."""
+    """Per-sample terms -log p_{i, y_i} of :func:`nll`, clipped the same way (e.g. to store with each label).
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+
+    Returns:
+        The (N,) terms.
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
+    """
     p, y = check_probs_labels(probs, labels)
     return -np.log(np.clip(p[np.arange(len(y)), y], np.finfo(np.float64).eps, 1.0))
 
 
 def brier(probs, labels) -> float:
-    """Brier score as Brier 1950 defines it: 1/N sum_i sum_k (p_ik - 1[y_i = k])^2, in [0, 2].
+    """Brier score, as Brier 1950 defines it.
 
-    A binary (N,) input is the two columns [1 - p, p] like everywhere in calibkit, so its score is
-    twice the one-column (p - y)^2 that scikit-learn's ``brier_score_loss`` reports.
+    BS = 1/N sum_i sum_k (p_ik - 1[y_i = k])^2. A binary (N,) input is the two columns [1 - p, p], like
+    everywhere in calibkit, so its score is twice the one-column (p - y)^2 of scikit-learn's
+    ``brier_score_loss``.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+
+    Returns:
+        The Brier score, in [0, 2].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
+
+    References:
+        Brier 1950, "Verification of Forecasts Expressed in Terms of Probability".
     """
     return float(np.mean(brier_terms(probs, labels)))
 
 
 def brier_terms(probs, labels) -> np.ndarray:
-    """Per-sample terms sum_k (p_ik - 1[y_i = k])^2 of :func:`brier`."""
+    """Per-sample terms sum_k (p_ik - 1[y_i = k])^2 of :func:`brier`.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
+        labels: Class indices (N,).
+
+    Returns:
+        The (N,) terms, each in [0, 2].
+
+    Raises:
+        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
+    """
     p, y = check_probs_labels(probs, labels)
     p[np.arange(len(y)), y] -= 1.0
     return np.sum(p**2, axis=1)

@@ -16,8 +16,18 @@ from calibkit.binning import Reliability
 
 
 def reliability_figure(panels: Mapping[str, Reliability], title: str | None = None):
-    """A matplotlib Figure with one column per panel (e.g. {"before": ..., "after": ...}):
-    reliability diagram on top, confidence histogram below."""
+    """Reliability diagrams side by side, each over its confidence histogram.
+
+    Args:
+        panels: Reliability data by panel title, e.g. ``{"before": ..., "after": ...}``.
+        title: The figure's title, if any.
+
+    Returns:
+        A matplotlib Figure with one column per panel: the reliability diagram on top, the histogram below.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Fig. 1.
+    """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -72,7 +82,14 @@ def _draw(ax, ax_hist, rel: Reliability, name: str) -> None:
 
 
 def figure_png(fig) -> bytes:
-    """The figure rendered as PNG bytes."""
+    """Render a figure as PNG.
+
+    Args:
+        fig: A matplotlib Figure.
+
+    Returns:
+        The PNG bytes.
+    """
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     return buffer.getvalue()

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from calibkit.binning import BinSums
+from calibkit.validation import expected
 
 
 class EceInterval(NamedTuple):
@@ -38,12 +39,33 @@ def _ece_of_draws(correct_draws: np.ndarray, sums: BinSums) -> np.ndarray:
 def ece_interval(
     sums: BinSums, level: float = 0.90, n_resamples: int = 1000, seed: int | np.random.Generator | None = 0
 ) -> EceInterval:
-    """Binomial bootstrap interval for ECE = sum_m |S_correct,m - S_conf,m| / n; see the module docstring."""
+    """A binomial (parametric) bootstrap interval of the binned ECE, from bin sums alone.
+
+    ECE = sum_m |S_correct,m - S_conf,m| / n. Per bin the number correct is redrawn as Binomial(n_m, acc_m), and
+    the basic interval (2 ECE - q_hi, 2 ECE - q_lo), clipped at 0, corrects the upward bias of the binned ECE on
+    small windows.
+
+    Args:
+        sums: Top-label bin sums.
+        level: The confidence level, in (0, 1).
+        n_resamples: The number of redraws.
+        seed: The seed of the redraws.
+
+    Returns:
+        The observed ECE and its interval.
+
+    Raises:
+        ValueError: When every bin is empty or ``level`` is outside (0, 1).
+
+    References:
+        Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 2.2 (parametric bootstrap) and
+        5.2 (basic interval).
+    """
     n_total = sums.count.sum()
     if n_total <= 0:
         raise ValueError("no samples in any bin: the ECE interval is undefined for empty input")
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
+        raise ValueError(expected("level", "in (0, 1)", level))
     rng = np.random.default_rng(seed)
     count = sums.count.astype(np.int64)
     accuracy = np.divide(sums.outcome_sum, sums.count, out=np.zeros_like(sums.count), where=sums.count > 0)
@@ -54,9 +76,25 @@ def ece_interval(
 
 
 def consistency_test(sums: BinSums, n_resamples: int = 1000, seed: int | np.random.Generator | None = 0) -> float:
-    """p-value of the observed ECE under 'the confidences are calibrated' (Broecker & Smith 2007).
+    """The p-value of the observed ECE under "the confidences are calibrated" (consistency resampling).
 
-    p = (1 + #{null ECE >= observed ECE}) / (1 + n_resamples), never 0.
+    Each bin's correct count is drawn as Binomial(n_m, conf_m), conf_m its mean confidence, and
+    p = (1 + #{null ECE >= observed ECE}) / (1 + n_resamples), never 0. The null is at least as wide as the
+    exact one, so the test errs towards fewer rejections (see the module docstring).
+
+    Args:
+        sums: Top-label bin sums.
+        n_resamples: The number of draws from the null.
+        seed: The seed of the draws.
+
+    Returns:
+        The p-value, in (0, 1].
+
+    Raises:
+        ValueError: When every bin is empty.
+
+    References:
+        Broecker & Smith 2007, "Increasing the reliability of reliability diagrams".
     """
     n_total = sums.count.sum()
     if n_total <= 0:

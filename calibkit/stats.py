@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calibkit import binning, metrics
-from calibkit.validation import check_n_bins, check_probs_labels
+from calibkit.validation import check_n_bins, check_probs_labels, expected
 
 _ARRAYS = ("count", "confidence_sum", "correct_sum", "class_count", "class_prob_sum", "class_label_sum")
 
@@ -24,11 +24,27 @@ _ARRAYS = ("count", "confidence_sum", "correct_sum", "class_count", "class_prob_
 class BinStats:
     """Per-bin sums of a stream of (probabilities, label) pairs; see the module docstring.
 
-    >>> s = BinStats.empty(n_classes=2, n_bins=5)
-    >>> _ = s.update(np.array([[0.9, 0.1], [0.8, 0.2]]), np.array([0, 1]))
-    >>> _ = s.update(np.array([[0.3, 0.7], [0.4, 0.6]]), np.array([1, 1]))
-    >>> s.n, round(s.ece(), 6), round(s.accuracy(), 6)
-    (4, 0.25, 0.75)
+    Attributes:
+        n_classes: K, or None for statistics without class-wise sums.
+        n_bins: The number M of equal-width bins.
+        count: Per top-label bin, the predictions (M,).
+        confidence_sum: Per top-label bin, the sum of confidences (M,).
+        correct_sum: Per top-label bin, the number correct (M,).
+        class_count: Per class and bin of p_k, the predictions (K, M); None without classes.
+        class_prob_sum: Per class and bin, the sum of p_k (K, M); None without classes.
+        class_label_sum: Per class and bin, the number of labels k (K, M); None without classes.
+        nll_sum: The sum of per-sample NLL terms.
+        brier_sum: The sum of per-sample Brier terms.
+
+    Raises:
+        ValueError: Naming the field when a count, shape or sum is invalid.
+
+    Examples:
+        >>> s = BinStats.empty(n_classes=2, n_bins=5)
+        >>> _ = s.update(np.array([[0.9, 0.1], [0.8, 0.2]]), np.array([0, 1]))
+        >>> _ = s.update(np.array([[0.3, 0.7], [0.4, 0.6]]), np.array([1, 1]))
+        >>> s.n, round(s.ece(), 6), round(s.accuracy(), 6)
+        (4, 0.25, 0.75)
     """
 
     n_classes: int | None
@@ -50,32 +66,59 @@ class BinStats:
                 or not isinstance(self.n_classes, (int, np.integer))
                 or self.n_classes < 2
             ):
-                raise ValueError(f"n_classes must be an integer >= 2 or None, got {self.n_classes!r}")
+                raise ValueError(expected("n_classes", "an integer >= 2 or None", self.n_classes))
             self.n_classes = int(self.n_classes)
-        shapes = {"count": (self.n_bins,), "confidence_sum": (self.n_bins,), "correct_sum": (self.n_bins,)}
+        shapes: dict[str, tuple[int, ...]] = {
+            "count": (self.n_bins,),
+            "confidence_sum": (self.n_bins,),
+            "correct_sum": (self.n_bins,),
+        }
         if self.n_classes is not None:
             shapes |= {name: (self.n_classes, self.n_bins) for name in _ARRAYS[3:]}
         for name in _ARRAYS[3:]:
             if name not in shapes and getattr(self, name) is not None:
-                raise ValueError(f"{name} must be None for statistics without classes")
+                raise ValueError(
+                    f"Expected `{name}` to be None for statistics without classes, but got an array of shape "
+                    f"{np.shape(getattr(self, name))}"
+                )
         for name, shape in shapes.items():
             value = getattr(self, name)
             arr = np.zeros(shape) if value is None else np.array(value, dtype=np.float64)
             if arr.shape != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+                raise ValueError(f"Expected `{name}` to have shape {shape}, but got {arr.shape}")
             if not np.all(np.isfinite(arr)) or arr.min(initial=0.0) < 0:
-                raise ValueError(f"{name} must hold finite non-negative sums")
+                raise ValueError(
+                    f"Expected `{name}` to hold finite non-negative sums, but got values in "
+                    f"[{arr.min(initial=0.0):g}, {arr.max(initial=0.0):g}]"
+                )
             setattr(self, name, arr)
         self.nll_sum, self.brier_sum = float(self.nll_sum), float(self.brier_sum)
 
     @classmethod
     def empty(cls, n_classes: int | None, n_bins: int = 15) -> BinStats:
-        """Statistics of no data; ``n_classes=None`` keeps top-label sums only (no class-wise ECE)."""
+        """Statistics of no data.
+
+        Args:
+            n_classes: K, or None to keep top-label sums only (no class-wise ECE).
+            n_bins: The number M of equal-width bins.
+
+        Returns:
+            Empty statistics.
+        """
         return cls(n_classes=n_classes, n_bins=n_bins)
 
     @classmethod
     def from_arrays(cls, probs, labels, n_bins: int = 15) -> BinStats:
-        """Statistics of one batch; K is taken from the width of ``probs``."""
+        """Statistics of one batch.
+
+        Args:
+            probs: Probabilities (N, K), or (N,) positive-class probabilities; K sets ``n_classes``.
+            labels: Class indices (N,).
+            n_bins: The number M of equal-width bins.
+
+        Returns:
+            The batch's statistics, with class-wise sums.
+        """
         width = 2 if np.ndim(probs) == 1 else np.shape(probs)[1]
         return cls.empty(width, n_bins).update(probs, labels)
 
@@ -85,8 +128,18 @@ class BinStats:
         return int(round(self.count.sum()))
 
     def update(self, probs, labels) -> BinStats:
-        """Add a batch in place (and return self). Its width must equal ``n_classes`` (any width without
-        classes)."""
+        """Add a batch in place.
+
+        Args:
+            probs: Probabilities (N, K) of width ``n_classes`` (any width without classes), or (N,).
+            labels: Class indices (N,).
+
+        Returns:
+            These statistics, updated.
+
+        Raises:
+            ValueError: When the inputs fail ``calibkit.validation``'s checks or have another width.
+        """
         p, y = check_probs_labels(probs, labels)
         if self.n_classes is not None and p.shape[1] != self.n_classes:
             raise ValueError(f"probs has {p.shape[1]} classes but these statistics are for {self.n_classes}")
@@ -111,22 +164,45 @@ class BinStats:
     def add_bins(
         self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0, brier_sum: float = 0.0
     ) -> BinStats:
-        """Add per-bin sums computed elsewhere (a store's bin totals) in place, and return self: bin
-        ``bins[i]`` gets ``count[i]`` predictions whose confidences sum to ``confidence_sum[i]`` with
-        ``correct_sum[i]`` correct; ``nll_sum`` and ``brier_sum`` are their total NLL and Brier terms.
+        """Add per-bin sums computed elsewhere (a store's bin totals) in place.
 
-        >>> s = BinStats.empty(None, n_bins=2).add_bins([1], [4], [3.6], [3])
-        >>> s.n, round(s.ece(), 6)
-        (4, 0.15)
+        Args:
+            bins: Top-label bin indexes, 1-D; an index may repeat.
+            count: The predictions that bin ``bins[i]`` gets, per entry.
+            confidence_sum: The sum of those predictions' confidences, per entry.
+            correct_sum: The number of those predictions that were right, per entry.
+            nll_sum: The total NLL term of those predictions.
+            brier_sum: Their total Brier term.
+
+        Returns:
+            These statistics, updated.
+
+        Raises:
+            ValueError: When the arrays differ in shape, an index is outside [0, M) or a sum is negative or
+                not finite.
+
+        Examples:
+            >>> s = BinStats.empty(None, n_bins=2).add_bins([1], [4], [3.6], [3])
+            >>> s.n, round(s.ece(), 6)
+            (4, 0.15)
         """
         bins = np.asarray(bins, dtype=np.int64)
         values = [np.asarray(v, dtype=np.float64) for v in (count, confidence_sum, correct_sum)]
         if any(v.shape != bins.shape for v in values) or bins.ndim != 1:
-            raise ValueError("bins, count, confidence_sum and correct_sum must be 1-D of one length")
+            shapes = ", ".join(str(v.shape) for v in (bins, *values))
+            raise ValueError(
+                f"Expected `bins`, `count`, `confidence_sum` and `correct_sum` to be 1-D of one length, but got "
+                f"shapes {shapes}"
+            )
         if len(bins) and (bins.min() < 0 or bins.max() >= self.n_bins):
-            raise ValueError(f"bin indexes must lie in [0, {self.n_bins})")
-        if not all(np.all(np.isfinite(v)) and v.min(initial=0.0) >= 0 for v in values):
-            raise ValueError("bin sums must be finite and non-negative")
+            outside = int(bins.min()) if bins.min() < 0 else int(bins.max())
+            raise ValueError(expected("bins", f"bin indexes in [0, {self.n_bins})", outside))
+        for name, v in zip(("count", "confidence_sum", "correct_sum"), values):
+            if not (np.all(np.isfinite(v)) and v.min(initial=0.0) >= 0):
+                raise ValueError(
+                    f"Expected `{name}` to hold finite and non-negative bin sums, but got values in "
+                    f"[{v.min(initial=0.0):g}, {v.max(initial=0.0):g}]"
+                )
         for target, v in zip((self.count, self.confidence_sum, self.correct_sum), values):
             np.add.at(target, bins, v)
         self.nll_sum += float(nll_sum)
@@ -134,7 +210,17 @@ class BinStats:
         return self
 
     def merge(self, other: BinStats) -> BinStats:
-        """A new ``BinStats`` whose sums are the element-wise sums of both."""
+        """Merge two statistics: every metric of the result equals the metric on both data together.
+
+        Args:
+            other: Statistics of the same ``n_classes`` and ``n_bins``.
+
+        Returns:
+            New statistics whose sums are the element-wise sums of both.
+
+        Raises:
+            ValueError: When the classes or bins differ.
+        """
         if (self.n_classes, self.n_bins) != (other.n_classes, other.n_bins):
             raise ValueError(
                 f"cannot merge statistics of {self.n_classes} classes x {self.n_bins} bins with "
@@ -212,14 +298,28 @@ class BinStats:
         return self.brier_sum / self.count.sum()
 
     def to_dict(self) -> dict:
-        """JSON-serialisable form; ``from_dict`` restores it exactly."""
+        """The statistics as JSON-serialisable data, which ``from_dict`` restores exactly.
+
+        Returns:
+            The sums as lists, with ``n_classes`` and ``n_bins``.
+        """
         out = {"n_classes": self.n_classes, "n_bins": self.n_bins, "nll_sum": self.nll_sum, "brier_sum": self.brier_sum}
         out.update({name: None if getattr(self, name) is None else getattr(self, name).tolist() for name in _ARRAYS})
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> BinStats:
-        """Inverse of ``to_dict``; malformed input raises ``ValueError`` naming the field."""
+        """Rebuild statistics from ``to_dict`` output.
+
+        Args:
+            data: What ``to_dict`` returned, as read back from JSON.
+
+        Returns:
+            The statistics.
+
+        Raises:
+            ValueError: Naming the field when ``data`` is malformed.
+        """
         if not isinstance(data, dict):
             raise ValueError(f"BinStats data must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("n_classes", "n_bins", "nll_sum", "brier_sum", *_ARRAYS) if k not in data]

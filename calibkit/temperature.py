@@ -12,7 +12,7 @@ import numpy as np
 from scipy import optimize, special
 
 from calibkit import binning
-from calibkit.validation import check_logits, check_logits_labels
+from calibkit.validation import check_logits, check_logits_labels, expected
 
 #: Search range of the NLL fit; a fit that lands on a bound means the data want a more extreme T.
 T_MIN, T_MAX = 1e-2, 1e2
@@ -21,17 +21,39 @@ ECE_GRID = np.round(np.arange(1, 201) * 0.05, 10)
 
 
 def softmax(logits) -> np.ndarray:
-    """Numerically stable softmax over the last axis (max-subtracted, via scipy.special)."""
+    """Softmax over the last axis, softmax(z)_k = exp(z_k) / sum_j exp(z_j), computed stably (scipy.special).
+
+    Args:
+        logits: Logits of any shape.
+
+    Returns:
+        Probabilities of the same shape, each row summing to 1.
+    """
     return special.softmax(np.asarray(logits, dtype=np.float64), axis=-1)
 
 
 def apply_temperature(logits, temperature: float) -> np.ndarray:
-    """Calibrated probabilities softmax(z / T) for (N, K) logits, sigmoid(z / T) for (N,) binary logits.
+    """Calibrated probabilities by temperature scaling: q = softmax(z / T).
 
-    >>> apply_temperature(np.array([[2.0, 0.0]]), 2.0).round(6).tolist()
-    [[0.731059, 0.268941]]
-    >>> apply_temperature(np.array([0.0, 4.0]), 2.0).round(6).tolist()
-    [0.5, 0.880797]
+    Args:
+        logits: Logits (N, K), or (N,) single binary logits, for which q = sigmoid(z / T).
+        temperature: T > 0.
+
+    Returns:
+        Probabilities (N, K), or (N,) positive-class probabilities for (N,) logits.
+
+    Raises:
+        ValueError: When ``temperature`` is not a positive finite number or the logits fail
+            ``calibkit.validation``'s checks.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2.
+
+    Examples:
+        >>> apply_temperature(np.array([[2.0, 0.0]]), 2.0).round(6).tolist()
+        [[0.731059, 0.268941]]
+        >>> apply_temperature(np.array([0.0, 4.0]), 2.0).round(6).tolist()
+        [0.5, 0.880797]
     """
     z = check_logits(logits)
     t = _check_temperature(temperature)
@@ -41,13 +63,27 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:
 
 
 def fit_temperature(logits, labels, objective: str = "nll") -> float:
-    """Fit the temperature T > 0 on validation logits and labels.
+    """Fit the temperature T > 0 of temperature scaling on held-out (validation) logits and labels.
 
-    ``objective="nll"``: T* = argmin_T -1/N sum_i log softmax(z_i / T)_{y_i} (Guo et al. 2017),
-    minimised over log T in [log T_MIN, log T_MAX] with scipy's bounded Brent method. NLL is
-    convex in 1/T, hence unimodal in log T, so the 1-D search finds the global minimum.
-    ``objective="ece"``: the T of ``ECE_GRID`` with the lowest 15-bin ECE (Mukhoti et al. 2020);
-    ties go to the smallest T.
+    ``objective="nll"``: T* = argmin_T -1/N sum_i log softmax(z_i / T)_{y_i}, minimised over log T in
+    [log T_MIN, log T_MAX] with scipy's bounded Brent method. NLL is convex in 1/T, hence unimodal in log T, so
+    the 1-D search finds the global minimum. ``objective="ece"``: the T of ``ECE_GRID`` with the lowest 15-bin
+    ECE; ties go to the smallest T.
+
+    Args:
+        logits: Logits (N, K), or (N,) for a single-logit binary model.
+        labels: Class indices (N,).
+        objective: ``"nll"`` or ``"ece"``.
+
+    Returns:
+        The fitted temperature.
+
+    Raises:
+        ValueError: When ``objective`` is neither or the inputs fail ``calibkit.validation``'s checks.
+
+    References:
+        Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2 (NLL);
+        Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal Loss", Sec. 5 (ECE grid).
     """
     z, y = check_logits_labels(logits, labels)
     if z.ndim == 1:
@@ -58,7 +94,7 @@ def fit_temperature(logits, labels, objective: str = "nll") -> float:
         return _fit_nll(d, y)
     if objective == "ece":
         return _fit_ece(d, (z.argmax(axis=1) == y).astype(np.float64))
-    raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
+    raise ValueError(expected("objective", "'nll' or 'ece'", objective))
 
 
 def _fit_ece(d: np.ndarray, correct: np.ndarray) -> float:
@@ -89,7 +125,7 @@ def _check_temperature(temperature) -> float:
     try:
         t = float(temperature)
     except (TypeError, ValueError):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}") from None
+        raise ValueError(expected("temperature", "a positive finite number", temperature)) from None
     if not np.isfinite(t) or t <= 0:
-        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+        raise ValueError(expected("temperature", "a positive finite number", temperature))
     return t

@@ -13,7 +13,19 @@ PROB_SUM_ATOL = 1e-4
 
 
 def check_labels(labels, n_samples: int, n_classes: int) -> np.ndarray:
-    """Return ``labels`` as an int64 vector of length ``n_samples`` with values in [0, n_classes)."""
+    """Check class labels against the predictions they label.
+
+    Args:
+        labels: Class indices: integers, booleans or whole floats.
+        n_samples: The number of predictions (rows).
+        n_classes: The number of classes K.
+
+    Returns:
+        The labels as an int64 vector (N,) with values in [0, K).
+
+    Raises:
+        ValueError: Naming ``labels`` and the problem: shape, length, type, non-finite or out-of-range values.
+    """
     try:
         y = np.asarray(labels)
     except ValueError as exc:
@@ -43,10 +55,19 @@ def check_labels(labels, n_samples: int, n_classes: int) -> np.ndarray:
 
 
 def check_probs(probs) -> np.ndarray:
-    """Return probabilities as a float64 (N, K) matrix.
+    """Check probabilities: finite, in [0, 1], rows summing to 1 within ``PROB_SUM_ATOL``.
 
-    A 1-D input is a binary problem given as the positive-class probability p, and becomes
-    the two columns [1 - p, p] (so the predicted class is 1 exactly when p > 0.5).
+    A 1-D input is a binary problem given as the positive-class probability p, and becomes the two columns
+    [1 - p, p] (so the predicted class is 1 exactly when p > 0.5).
+
+    Args:
+        probs: Probabilities (N, K) with K >= 2, or (N,) positive-class probabilities.
+
+    Returns:
+        A float64 (N, K) matrix, clipped to [0, 1].
+
+    Raises:
+        ValueError: Naming ``probs`` and the problem, with the offending values or row.
     """
     p = _as_float_array("probs", probs)
     if p.ndim == 1:
@@ -75,8 +96,14 @@ def check_probs(probs) -> np.ndarray:
 
 
 def row_problems(probs: np.ndarray) -> list[str | None]:
-    """Per row of a float (N, K) matrix, why it is not a probability vector (the checks of
-    :func:`check_probs`, vectorised), or None when it is one."""
+    """Why each row of a matrix is not a probability vector: the checks of :func:`check_probs`, per row.
+
+    Args:
+        probs: A float (N, K) matrix.
+
+    Returns:
+        Per row the problem (non-finite values, values outside [0, 1], a sum other than 1), or None.
+    """
     p = np.asarray(probs, dtype=np.float64)
     finite = np.isfinite(p).all(axis=1)
     safe = np.where(np.isfinite(p), p, 0.5)
@@ -95,13 +122,34 @@ def row_problems(probs: np.ndarray) -> list[str | None]:
 
 
 def check_probs_labels(probs, labels) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a (probabilities, labels) pair; see :func:`check_probs` and :func:`check_labels`."""
+    """Check a (probabilities, labels) pair with :func:`check_probs` and :func:`check_labels`.
+
+    Args:
+        probs: Probabilities (N, K), or (N,) positive-class probabilities.
+        labels: Class indices (N,).
+
+    Returns:
+        (probabilities (N, K) float64, labels (N,) int64).
+
+    Raises:
+        ValueError: Naming the argument and the problem.
+    """
     p = check_probs(probs)
     return p, check_labels(labels, p.shape[0], p.shape[1])
 
 
 def check_logits(logits) -> np.ndarray:
-    """Return logits as float64, (N, K) with K >= 2, or (N,) for a single-logit binary model."""
+    """Check logits: real, finite, non-empty, (N, K) with K >= 2 or (N,) for a single-logit binary model.
+
+    Args:
+        logits: The logits.
+
+    Returns:
+        The logits as float64, of the same shape.
+
+    Raises:
+        ValueError: Naming ``logits`` and the problem.
+    """
     z = _as_float_array("logits", logits)
     if z.ndim not in (1, 2):
         raise ValueError(f"logits must be (N, K) or (N,) for binary problems, got shape {z.shape}")
@@ -115,17 +163,59 @@ def check_logits(logits) -> np.ndarray:
 
 
 def check_logits_labels(logits, labels) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a (logits, labels) pair; a 1-D logit vector is a binary problem with classes {0, 1}."""
+    """Check a (logits, labels) pair; a 1-D logit vector is a binary problem with classes {0, 1}.
+
+    Args:
+        logits: Logits (N, K), or (N,) for a single-logit binary model.
+        labels: Class indices (N,).
+
+    Returns:
+        (logits float64, labels (N,) int64).
+
+    Raises:
+        ValueError: Naming the argument and the problem.
+    """
     z = check_logits(logits)
     n_classes = 2 if z.ndim == 1 else z.shape[1]
     return z, check_labels(labels, z.shape[0], n_classes)
 
 
 def check_n_bins(n_bins: int) -> int:
-    """Return ``n_bins`` as an int, rejecting non-integers and values below 1."""
+    """Check a number of bins.
+
+    Args:
+        n_bins: The number of bins: an integer of at least 1 (not a bool).
+
+    Returns:
+        ``n_bins`` as an int.
+
+    Raises:
+        ValueError: Naming ``n_bins`` and the value given.
+    """
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
+        raise ValueError(expected("n_bins", "a positive integer", n_bins))
     return int(n_bins)
+
+
+def expected(name: str, requirement: str, value: object) -> str:
+    """The message of a failed parameter check, naming the parameter and the value given.
+
+    Args:
+        name: The parameter, as the caller spells it.
+        requirement: What the value should be, completing "to be ...", e.g. ``"in (0, 1)"``.
+        value: The value given; a numpy scalar is shown as the Python number it holds.
+
+    Returns:
+        ``"Expected `name` to be <requirement>, but got <value>"``, the style of torchmetrics' messages.
+
+    Examples:
+        >>> expected("max_bet", "in (0, 1)", 1.5)
+        'Expected `max_bet` to be in (0, 1), but got 1.5'
+        >>> expected("n_bins", "a positive integer", np.int64(0))
+        'Expected `n_bins` to be a positive integer, but got 0'
+    """
+    shown = value.item() if isinstance(value, np.generic) else value
+    return f"Expected `{name}` to be {requirement}, but got {shown!r}"
 
 
 def _as_float_array(name: str, values) -> np.ndarray:

@@ -113,16 +113,16 @@ class Settings(BaseSettings):
         default=10_000,
         ge=1,
         description="net allocations of container objects that start a "
-        "young-generation pass of Python's cyclic garbage collector (Python's default is "
-        "700, which spent about 7% of a light /predict's event loop in those passes); "
+        "young-generation pass of Python's cyclic garbage collector (Python's default is 700): "
+        "each pass runs on the event loop, so fewer passes leave it more time for requests; "
         "request objects are freed by reference counting long before, so this bounds "
         "cyclic garbage at a few MB",
     )
     opentelemetry: bool = Field(
         default=False,
         description="FastAPI's native OpenTelemetry spans, metrics and logs "
-        "(when a provider is configured); off by default: its per-request provider lookup "
-        "costs about a sixth of a light /predict, and /metrics already has Prometheus metrics",
+        "(when a provider is configured); off by default: it looks the provider up on every "
+        "request, on the hot path, and /metrics already has Prometheus metrics",
     )
     database_url: str = Field(
         default="sqlite:///monitoring.db",

@@ -113,7 +113,7 @@ class PredictionLog(BackgroundLoop):
         """Write full batches as soon as they fill, and whatever is queued after ``interval`` without a
         full batch. Never the remainder right after a full batch: under load, the rows queued while a
         batch was written would otherwise go out as a stream of small batches, each paying the store's
-        round trips and commit (on PostgreSQL that cost up to a quarter of the light model's throughput)."""
+        round trips and commit."""
         backoff = self.interval
         while self._running:
             full_only = await self._wait(backoff) and not self.sync

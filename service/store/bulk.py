@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 # SQLite inserts: full chunks of _SQLITE_CHUNK rows by one multi-row statement, the rest row by row. Two
 # statement texts per table only: the driver caches prepared statements by text, and a text per batch
-# length would fill that cache with statements of thousands of parameters (hundreds of MiB).
+# length would fill that cache with statements of thousands of parameters.
 _SQLITE_CHUNK = 256
 # binary COPY needs each column's exact wire type
 _BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea"}
@@ -16,10 +16,10 @@ _BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.L
 
 class BulkInsert:
     """Bulk insert of plain tuples (``columns`` of ``table``, in order) by the driver's fastest path:
-    binary COPY on PostgreSQL (no text formatting in the driver nor parsing in the server: a quarter
-    less CPU per row in all than text COPY); on SQLite, multi-row INSERT statements. SQLAlchemy's
-    per-row bind processing costs 2-4x more, and an executemany steps SQLite once per row, handing the
-    GIL back and forth with the event loop each time."""
+    binary COPY on PostgreSQL (no text formatting in the driver nor parsing in the server, so less CPU per
+    row than text COPY); on SQLite, multi-row INSERT statements. Both skip SQLAlchemy's per-row bind
+    processing, and an executemany would step SQLite once per row, handing the GIL back and forth with the
+    event loop each time."""
 
     def __init__(self, table: sa.Table, columns: Sequence[str]):
         names, placeholders = ", ".join(columns), f"({', '.join('?' * len(columns))})"

@@ -70,9 +70,9 @@ def test_binary_vector_input_reaches_the_metric_as_a_vector():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"n_resamples": 0}, "n_resamples must be a positive integer"),
-        ({"level": 1.0}, r"level must be in \(0, 1\)"),
-        ({"method": "normal"}, "method must be 'percentile', 'basic' or 'BCa'"),
+        ({"n_resamples": 0}, "Expected `n_resamples` to be a positive integer"),
+        ({"level": 1.0}, r"Expected `level` to be in \(0, 1\)"),
+        ({"method": "normal"}, "Expected `method` to be 'percentile', 'basic' or 'BCa'"),
     ],
 )
 def test_bad_arguments(kwargs, message):
@@ -143,12 +143,12 @@ def test_hierarchical_bootstrap_carries_the_spread_between_runs():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"n_resamples": 0}, "n_resamples must be a positive integer"),
+        ({"n_resamples": 0}, "Expected `n_resamples` to be a positive integer"),
         ({"statistics": {}}, "at least one statistic"),
         ({"runs": []}, "at least one run"),
         (
             {"runs": [{"labels": np.zeros(3, int), "a": np.full((2, 2), 0.5)}]},
-            "run 0 must hold non-empty arrays of one length",
+            r"Expected `runs\[0\]` to hold non-empty arrays of one length",
         ),
     ],
 )
@@ -159,5 +159,5 @@ def test_hierarchical_bootstrap_bad_arguments(kwargs, message):
     boot = hierarchical_bootstrap({"a": _ece_of("a")}, _runs(2, n=20), n_resamples=5)
     with pytest.raises(ValueError, match=r"unknown statistics \['c'\]"):
         boot.interval({"c": 1})
-    with pytest.raises(ValueError, match="method must be 'percentile' or 'basic'"):
+    with pytest.raises(ValueError, match="Expected `method` to be 'percentile' or 'basic'"):
         boot.interval("a", method="BCa")

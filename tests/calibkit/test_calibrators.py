@@ -143,9 +143,15 @@ def test_width_mismatch_and_unknown_method(over_confident):
     [
         ({"method": "temperature", "n_classes": 3, "params": {"temperature": -1}}, "positive finite"),
         ({"method": "temperature", "n_classes": 3, "params": {}}, "params are malformed"),
-        ({"method": "temperature", "n_classes": 1, "params": {"temperature": 1}}, "n_classes must be an integer >= 2"),
-        ({"method": "vector", "n_classes": 3, "params": {"w": [1, 1], "b": [0, 0, 0]}}, "w must be 3 finite numbers"),
-        ({"method": "platt", "n_classes": 3, "params": {"a": 1, "b": 0}}, "n_classes must be 2"),
+        (
+            {"method": "temperature", "n_classes": 1, "params": {"temperature": 1}},
+            "Expected `n_classes` to be an integer >= 2",
+        ),
+        (
+            {"method": "vector", "n_classes": 3, "params": {"w": [1, 1], "b": [0, 0, 0]}},
+            "Expected `w` to be 3 finite numbers",
+        ),
+        ({"method": "platt", "n_classes": 3, "params": {"a": 1, "b": 0}}, "Expected `n_classes` to be 2"),
         ({"method": "histogram", "n_classes": 2, "params": {"n_bins": 2, "theta": [[2, 0], [0, 0]]}}, "values in"),
         (
             {"method": "isotonic", "n_classes": 2, "params": {"x": [[0, 1]], "y": [[0, 1]]}},

@@ -35,16 +35,22 @@ def test_round_trip(tmp_path):
     "change, message",
     [
         ({"version": "v1"}, "version: String should match pattern"),
-        ({"class_names": ["a", "a"]}, "class_names must be unique"),
+        ({"class_names": ["a", "a"]}, "Expected `class_names` to be unique"),
         ({"class_names": ["only"]}, "class_names: List should have at least 2 items"),
-        ({"outputs": {"logits": "logits"}}, "outputs must name the 'logits' and 'probabilities'"),
-        ({"input": {"name": "input", "shape": [None, 3, 8, 8]}}, r"input.shape \[None, 3, 8, 8\] does not match"),
+        ({"outputs": {"logits": "logits"}}, "Expected `outputs` to name the 'logits' and 'probabilities'"),
+        (
+            {"input": {"name": "input", "shape": [None, 3, 8, 8]}},
+            r"Expected `input.shape` to be .*, but got \[None, 3, 8, 8\]",
+        ),
         (
             {"input": {"name": "input", "shape": [4, 1, 8, 8]}},
-            r"input.shape: Value error, shape must be \[null, C, H, W\]",
+            r"input.shape: Value error, Expected `shape` to be \[null, C, H, W\]",
         ),
         ({"model_sha256": "xyz"}, "model_sha256"),
-        ({"reference": {"confidences": [1.5], "accuracy": 0.8, "ece": 0.02}}, "confidences must lie in"),
+        (
+            {"reference": {"confidences": [1.5], "accuracy": 0.8, "ece": 0.02}},
+            r"Expected `confidences` to lie in \[0, 1\], but got 1.5",
+        ),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
         ({"schema_version": 2}, "schema_version"),
     ],

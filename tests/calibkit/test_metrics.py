@@ -182,7 +182,7 @@ def test_bad_input_raises_a_named_value_error(probs, labels, message):
 
 @pytest.mark.parametrize("n_bins", [0, -3, 2.5, True, "15"])
 def test_bad_bin_count_is_rejected(n_bins):
-    with pytest.raises(ValueError, match="n_bins must be a positive integer"):
+    with pytest.raises(ValueError, match="Expected `n_bins` to be a positive integer"):
         metrics.ece(PROBS, LABELS, n_bins=n_bins)
 
 

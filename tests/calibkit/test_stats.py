@@ -87,10 +87,10 @@ def test_mismatched_statistics_do_not_merge():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"count": [1.0, 2.0]}, r"count must have shape \(15,\)"),
+        ({"count": [1.0, 2.0]}, r"Expected `count` to have shape \(15,\)"),
         ({"correct_sum": [-1.0] * 15}, "finite non-negative"),
-        ({"n_classes": 1}, "n_classes must be an integer >= 2"),
-        ({"n_bins": 0}, "n_bins must be a positive integer"),
+        ({"n_classes": 1}, "Expected `n_classes` to be an integer >= 2"),
+        ({"n_bins": 0}, "Expected `n_bins` to be a positive integer"),
     ],
 )
 def test_from_dict_rejects_malformed_data(change, message):
@@ -135,7 +135,7 @@ def test_statistics_without_classes_filled_from_bin_sums_equal_those_of_the_data
     with pytest.raises(ValueError, match="without classes"):
         merged.classwise_ece()
     assert BinStats.from_dict(merged.to_dict()).to_dict() == merged.to_dict()
-    with pytest.raises(ValueError, match=r"bin indexes must lie in \[0, 15\)"):
+    with pytest.raises(ValueError, match=r"Expected `bins` to be bin indexes in \[0, 15\)"):
         BinStats.empty(None, 15).add_bins([15], [1], [0.5], [1])
     with pytest.raises(ValueError, match="finite and non-negative"):
         BinStats.empty(None, 15).add_bins([0], [-1], [0.5], [1])

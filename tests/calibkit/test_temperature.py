@@ -78,12 +78,12 @@ def test_separable_data_wants_a_small_temperature():
 
 @pytest.mark.parametrize("t", [0, -1, np.nan, np.inf, "hot", None])
 def test_bad_temperature(t):
-    with pytest.raises(ValueError, match="temperature must be a positive"):
+    with pytest.raises(ValueError, match="Expected `temperature` to be a positive"):
         apply_temperature(np.zeros((1, 3)), t)
 
 
 def test_bad_fit_input():
-    with pytest.raises(ValueError, match="objective must be 'nll' or 'ece'"):
+    with pytest.raises(ValueError, match="Expected `objective` to be 'nll' or 'ece'"):
         fit_temperature(np.zeros((2, 3)), np.array([0, 1]), objective="brier")
     with pytest.raises(ValueError, match="logits contain 1 NaN"):
         fit_temperature(np.array([[np.nan, 0.0]]), np.array([0]))

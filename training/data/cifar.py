@@ -187,7 +187,8 @@ def write_cifar_format(
         raise ValueError(f"labels must have shape ({x.shape[0]},); got {y.shape}")
     names = [str(n) for n in label_names]
     if y.size and (y.min() < 0 or y.max() >= len(names)):
-        raise ValueError(f"labels must lie in [0, {len(names)})")
+        outside = int(y.min()) if y.min() < 0 else int(y.max())
+        raise ValueError(f"labels must lie in [0, {len(names)}); got {outside}")
     if not 1 <= n_train_batches <= len(TRAIN_FILES):
         raise ValueError(f"n_train_batches must be in 1..{len(TRAIN_FILES)}; got {n_train_batches}")
     if x.shape[0] < n_train_batches + 1:
