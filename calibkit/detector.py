@@ -33,7 +33,7 @@ import numpy as np
 
 from calibkit.validation import expected
 
-FORMAT = 7
+STATE_FORMAT = 7
 _FIELDS = (
     "gap_sum",
     "weight",
@@ -520,7 +520,7 @@ class DetectorState:
         if self.streams != 1:
             raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
         out = {
-            "format": FORMAT,
+            "format": STATE_FORMAT,
             "tolerance": self.config.tolerance,
             "threshold": self.config.threshold,
             "block": self.config.block,
@@ -558,7 +558,7 @@ class DetectorState:
         """
         if (
             not isinstance(data, dict)
-            or data.get("format") != FORMAT
+            or data.get("format") != STATE_FORMAT
             or data.get("tolerance") != config.tolerance
             or data.get("threshold") != config.threshold
             or data.get("block") != config.block

@@ -38,7 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         parts = app.state.parts = ServiceParts.build(settings, metrics, access)
         await anyio.to_thread.run_sync(parts.repository.load)
         _set_switch_interval(settings)
-        parts.monitor.feedback.export_bin_counters()
+        parts.monitor.labels.export_bin_counters()
         if not await _sync_store(parts):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
         await parts.dataplane.start()

@@ -22,7 +22,7 @@ from service.errors import NotReady
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
 from service.monitoring.evaluator import Evaluator
-from service.monitoring.feedback_writer import FeedbackWriter
+from service.monitoring.group_commit import FeedbackGroupCommit
 from service.monitoring.pending import PendingJoiner
 from service.monitoring.webhook import AlarmWebhook
 from service.schemas import (
@@ -52,7 +52,7 @@ class ServiceParts:
     dataplane: DataPlane
     monitor: Monitor
     prediction_log: PredictionLog
-    feedback: FeedbackWriter
+    feedback: FeedbackGroupCommit
     pending: PendingJoiner
     evaluator: Evaluator
     webhook: AlarmWebhook
@@ -83,7 +83,7 @@ class ServiceParts:
             monitor, metrics, webhook, every_labels=settings.evaluate_every_labels, seconds=settings.evaluate_seconds
         )
         joiner = PendingJoiner(
-            monitor.feedback,
+            monitor.labels,
             horizon=settings.pending_label_seconds,
             interval=settings.pending_join_seconds,
             on_stored=evaluator.labels_arrived,
@@ -97,7 +97,7 @@ class ServiceParts:
             retry_after=settings.retry_after_seconds,
             on_written=joiner.predictions_written,
         )
-        feedback = FeedbackWriter(
+        feedback = FeedbackGroupCommit(
             monitor,
             prediction_log,
             max_request_items=settings.max_feedback_items,

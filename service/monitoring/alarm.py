@@ -13,7 +13,7 @@ from calibkit.alarms import LEVELS, AlarmPolicy, AlarmStatus, Evidence, assess
 from calibkit.detector import DetectorState
 from calibkit.drift import confidence_shift
 from service.metrics import ServiceMetrics
-from service.monitoring.calibrations import CalibrationVersions
+from service.monitoring.calibrations import ActiveCalibrations
 from service.serving.repository import ServedModel
 from service.store import Store
 from service.store.rows import CalibrationKey
@@ -40,15 +40,15 @@ class Alarm:
     def __init__(
         self,
         store: Store,
-        metrics_: ServiceMetrics,
-        calibrations: CalibrationVersions,
+        metrics: ServiceMetrics,
+        calibrations: ActiveCalibrations,
         policy: AlarmPolicy,
         drift_rows: int,
         trusted: frozenset[str] | None = None,
     ):
         self.store = store
         self.trusted = trusted
-        self.metrics = metrics_
+        self.metrics = metrics
         self.calibrations = calibrations
         self.policy = policy
         self.drift_rows = drift_rows
@@ -61,7 +61,7 @@ class Alarm:
             if self.calibrations.is_active(key):
                 self._export(key, row.state, load_detector(row.detector, self.policy))
 
-    def update(self, served: ServedModel, key: CalibrationKey) -> tuple[AlarmStatus, dict | None, bool]:
+    def assess(self, served: ServedModel, key: CalibrationKey) -> tuple[AlarmStatus, dict | None, bool]:
         """Fold ``key``'s new labels into its detector and re-assess: (status, the transition or None, whether any
         label was folded). The labels are folded before the row lock is taken (on SQLite it is the
         database write lock, which feedback needs too); under the lock the fold is kept when the row is

@@ -13,7 +13,7 @@ from service.store import Store
 from service.store.rows import CalibrationKey
 
 
-class CalibrationVersions:
+class ActiveCalibrations:
     def __init__(self, store: Store, repository: ModelRepository):
         self.store = store
         self.repository = repository

@@ -1,6 +1,6 @@
 """Alarm evaluation off the request path.
 
-A background task calls ``Monitor.update`` for every served model version every
+A background task calls ``Monitor.assess`` for every served model version every
 ``evaluate_seconds``, and at once when this replica has stored ``evaluate_every_labels`` new labels
 since the last pass. The periodic pass also folds in labels committed by other replicas sharing the
 store (an update without new labels is cheap). Transitions go to the webhook. A store outage is
@@ -68,7 +68,7 @@ class Evaluator(BackgroundLoop):
         transitions = []
         for served in self.monitor.repository.all():
             try:
-                _, transition = self.monitor.update(served.name, served.version)
+                _, transition = self.monitor.assess(served.name, served.version)
             except StorageUnavailable as exc:
                 return transitions, exc
             except Exception:  # one version's failure must not stop the others' evaluation

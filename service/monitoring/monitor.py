@@ -7,8 +7,8 @@ from calibkit.alarms import AlarmPolicy, AlarmStatus
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
 from service.monitoring.alarm import Alarm
-from service.monitoring.calibrations import CalibrationVersions
-from service.monitoring.feedback import FeedbackRecorder
+from service.monitoring.calibrations import ActiveCalibrations
+from service.monitoring.labels import LabelRecorder
 from service.monitoring.reports import MIN_REFIT_LABELS, Reports
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse
 from service.serving.repository import ModelRepository
@@ -20,7 +20,7 @@ class Monitor:
         self,
         store: Store,
         repository: ModelRepository,
-        metrics_: ServiceMetrics,
+        metrics: ServiceMetrics,
         *,
         n_bins: int,
         policy: AlarmPolicy,
@@ -32,13 +32,13 @@ class Monitor:
         trusted: frozenset[str] | None = None,
     ):
         self.repository = repository
-        self.calibrations = CalibrationVersions(store, repository)
-        self.feedback = FeedbackRecorder(store, repository, metrics_, self.calibrations, n_bins, retention_seconds)
-        self.alarm = Alarm(store, metrics_, self.calibrations, policy, drift_rows, trusted)
+        self.calibrations = ActiveCalibrations(store, repository)
+        self.labels = LabelRecorder(store, repository, metrics, self.calibrations, n_bins, retention_seconds)
+        self.alarm = Alarm(store, metrics, self.calibrations, policy, drift_rows, trusted)
         self.reports = Reports(
             store,
             repository,
-            metrics_,
+            metrics,
             self.calibrations,
             n_bins=n_bins,
             policy=policy,
@@ -54,12 +54,12 @@ class Monitor:
         self.calibrations.sync()
         self.alarm.export_states()
 
-    def update(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
-        """Re-assess the alarm of a model version with its new labels (``Alarm.update``) and refresh the
+    def assess(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
+        """Re-assess the alarm of a model version with its new labels (``Alarm.assess``) and refresh the
         window gauges when there were any: (status, the transition or None)."""
         served = self.repository.get(name, version)
         key = self.calibrations.key(served)
-        status, transition, folded = self.alarm.update(served, key)
+        status, transition, folded = self.alarm.assess(served, key)
         if folded:
             self.reports.export_window(served, key)
         return status, transition

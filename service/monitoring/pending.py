@@ -11,7 +11,7 @@ import anyio
 
 from service.background import BackgroundLoop
 from service.errors import StorageUnavailable
-from service.monitoring.feedback import FeedbackRecorder
+from service.monitoring.labels import LabelRecorder
 
 log = logging.getLogger("service.feedback")
 
@@ -21,7 +21,7 @@ class PendingJoiner(BackgroundLoop):
 
     def __init__(
         self,
-        recorder: FeedbackRecorder,
+        recorder: LabelRecorder,
         *,
         horizon: float,
         interval: float,

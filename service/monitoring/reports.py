@@ -18,7 +18,7 @@ from calibkit.significance import consistency_test, ece_interval
 from calibkit.temperature import apply_temperature, fit_temperature
 from service.metrics import ServiceMetrics
 from service.monitoring.alarm import load_detector, saved_status
-from service.monitoring.calibrations import CalibrationVersions
+from service.monitoring.calibrations import ActiveCalibrations
 from service.monitoring.windows import Window
 from service.schemas import Refit, TimelinePoint, TimelineResponse
 from service.serving.repository import ModelRepository, ServedModel
@@ -36,8 +36,8 @@ class Reports:
         self,
         store: Store,
         repository: ModelRepository,
-        metrics_: ServiceMetrics,
-        calibrations: CalibrationVersions,
+        metrics: ServiceMetrics,
+        calibrations: ActiveCalibrations,
         *,
         n_bins: int,
         policy: AlarmPolicy,
@@ -50,7 +50,7 @@ class Reports:
         self.store = store
         self.trusted = trusted
         self.repository = repository
-        self.metrics = metrics_
+        self.metrics = metrics
         self.calibrations = calibrations
         self.n_bins = n_bins
         self.edges = binning.equal_width_edges(n_bins)

@@ -116,7 +116,7 @@ class DataPlane:
 
     def prepare(self, request: PredictRequest) -> tuple[PredictRequest, ServedModel, np.ndarray]:
         """The request, the model it names and its rows as one float32 batch (422 naming the row). The
-        request's rows are dropped once they are that array: their Python objects are about 8 times its
+        request's rows are dropped once they are that array: their Python objects are many times its
         size, so memory then grows with concurrent requests by their arrays only."""
         model = self.repository.get(request.model, request.version)
         x = to_batch(

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -38,6 +39,9 @@ from service.schemas import V2InferenceRequest
 from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from service.parts import ServiceParts
 
 log = logging.getLogger("service.serving.grpc")
 
@@ -158,11 +162,11 @@ def rpc(handler: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
 
     @functools.wraps(handler)
     async def call(self, request, context: grpc.aio.ServicerContext):
-        metrics, started, code = self.endpoints.metrics, time.perf_counter(), grpc.StatusCode.OK
+        metrics, started, code = self.parts.metrics, time.perf_counter(), grpc.StatusCode.OK
         try:
             if group is not None:
                 metadata = dict(context.invocation_metadata() or ())
-                self.endpoints.access.check(group, metadata.get("authorization"))
+                self.parts.access.check(group, metadata.get("authorization"))
             return await handler(self, request)
         except ServiceError as exc:
             code = status_of(exc)
@@ -181,9 +185,9 @@ def rpc(handler: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """Each call turns protobuf into one call on the service's parts and the result back into protobuf (``rpc``)."""
 
-    def __init__(self, endpoints):
-        self.endpoints = endpoints
-        self.phase_histograms = endpoints.metrics.phases("gRPC ModelInfer")
+    def __init__(self, parts: ServiceParts):
+        self.parts = parts
+        self.phase_histograms = parts.metrics.phases("gRPC ModelInfer")
 
     @rpc
     async def ServerLive(self, request):
@@ -191,12 +195,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def ServerReady(self, request):
-        return pb.ServerReadyResponse(ready=self.endpoints.is_ready())
+        return pb.ServerReadyResponse(ready=self.parts.is_ready())
 
     @rpc
     async def ModelReady(self, request):
         try:
-            self.endpoints.model_ready(request.name, request.version or None)
+            self.parts.model_ready(request.name, request.version or None)
         except NotReady:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
@@ -207,7 +211,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     async def ModelMetadata(self, request):
-        meta = self.endpoints.dataplane.v2_metadata(request.name, request.version or None)
+        meta = self.parts.dataplane.v2_metadata(request.name, request.version or None)
 
         def tensors(items):
             return [
@@ -227,7 +231,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         phases = Phases(self.phase_histograms)
         body, values = inference_request(request)
         phases.mark("parse")
-        model, outputs, ids = await self.endpoints.dataplane.v2_infer(
+        model, outputs, ids = await self.parts.dataplane.v2_infer(
             request.model_name, request.model_version or None, body, values, phases
         )
         response = inference_response(model.name, model.version, body.id, outputs, ids)
@@ -235,15 +239,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-async def start(endpoints) -> grpc.aio.Server | None:
+async def start(parts: ServiceParts) -> grpc.aio.Server | None:
     """The gRPC server on ``settings.host:settings.grpc_port`` (0: a free port), started, its port recorded on
-    ``endpoints.grpc_port``; None when ``settings.grpc`` is off. A port that cannot be bound stops the start."""
-    settings = endpoints.settings
+    ``parts.grpc_port``; None when ``settings.grpc`` is off. A port that cannot be bound stops the start."""
+    settings = parts.settings
     if not settings.grpc:
         return None
     limit = settings.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(endpoints), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(parts), server)
     address = f"{settings.host}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
@@ -252,6 +256,6 @@ async def start(endpoints) -> grpc.aio.Server | None:
             f"gRPC cannot listen on {address}: {exc} (set CALIB_GRPC_PORT, or CALIB_GRPC=false)"
         ) from None
     await server.start()
-    endpoints.grpc_port = port
+    parts.grpc_port = port
     log.info("gRPC (%s) on %s:%d", SERVICE, settings.host, port)
     return server

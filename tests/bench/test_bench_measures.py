@@ -121,8 +121,8 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
             "python -m service (1);mystery (/r/elsewhere.py:1) 2",
             "python -m service (1);infer (/r/service/http/v2.py:80);_parse (/r/service/http/v2.py:120) 3",
             "python -m service (1);infer (/r/service/http/v2.py:80);v2_infer (/r/service/serving/dataplane.py:190) 4",
-            "python -m service (1);_serve (/r/service/http/middleware.py:115);_prepared (/r/service/http/inference.py:60);"
-            "numeric_rows (/r/service/http/numeric_json.py:50) 6",
+            "python -m service (1);_serve (/r/service/http/middleware.py:115);"
+            "_prepared (/r/service/http/inference.py:60);numeric_rows (/r/service/http/numeric_json.py:50) 6",
             "garbage line",
         ]
     )

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from calibkit import binning
 from calibkit.alarms import AlarmPolicy
-from calibkit.detector import FORMAT
+from calibkit.detector import STATE_FORMAT
 from calibkit.simulation import draw
 from calibkit.synthetic import Miscalibration, TrafficShape
 from service.metrics import ServiceMetrics
@@ -126,11 +126,11 @@ def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evalua
     often = _monitor(storage)
     for start in range(0, 1200, 50):  # evaluated every 50 labels by one process
         _store(storage, "a", start, start + 50)
-        often.update("a", "1")
+        often.assess("a", "1")
     _store(storage, "b", 0, 700)
-    _monitor(storage).update("b", "1")  # evaluated by a process that is then restarted ...
+    _monitor(storage).assess("b", "1")  # evaluated by a process that is then restarted ...
     _store(storage, "b", 700, 1200)
-    status, _ = _monitor(storage).update("b", "1")  # ... and by another replica, once
+    status, _ = _monitor(storage).assess("b", "1")  # ... and by another replica, once
     a, b = _saved(storage, "a"), _saved(storage, "b")
     assert a.state == b.state == status.state == "alarm"
     detector_a, detector_b = json.loads(a.detector), json.loads(b.detector)
@@ -144,11 +144,11 @@ def test_a_store_filled_before_any_evaluation_is_not_read_whole(database_url):
     storage.db.migrate()
     _store(storage, "big", 0, 1100)
     with patch.object(alarm, "REPLAY_LABELS", 300):
-        _monitor(storage).update("big", "1")
+        _monitor(storage).assess("big", "1")
     row = _saved(storage, "big")
     assert json.loads(row.detector)["n"] == [300] and row.last_seq == _saved_seq(storage)
     _store(storage, "big", 1100, 1200)
-    _monitor(storage).update("big", "1")  # from then on every new label is folded
+    _monitor(storage).assess("big", "1")  # from then on every new label is folded
     assert json.loads(_saved(storage, "big").detector)["n"] == [400]
     storage.db.engine.dispose()
 
@@ -173,10 +173,10 @@ def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_workin
                 updated_at=5.0,
             )
         )
-    status, _ = _monitor(storage).update("old", "1")
+    status, _ = _monitor(storage).assess("old", "1")
     row = _saved(storage, "old")
     detector = json.loads(row.detector)
-    assert detector["format"] == FORMAT and detector["n"] == [1200]  # the recent labels were replayed
+    assert detector["format"] == STATE_FORMAT and detector["n"] == [1200]  # the recent labels were replayed
     assert status.state == row.state == "alarm" and row.last_seq == last_seq
     with storage.db.engine.connect() as c:
         assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar_one() == 1200

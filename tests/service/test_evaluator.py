@@ -25,16 +25,16 @@ def _offline(n, seed, scale=1.0):
     return [{"probabilities": p.tolist(), "label": int(t), "model": MODEL} for p, t in zip(softmax(scale * z), y)]
 
 
-def _count_updates(app) -> list:
-    """Record every ``Monitor.update`` call of ``app`` (model, version)."""
+def _count_assessments(app) -> list:
+    """Record every ``Monitor.assess`` call of ``app`` (model, version)."""
     monitor, calls = app.state.parts.monitor, []
-    update = monitor.update
+    assess = monitor.assess
 
     def counted(name, version):
         calls.append((name, version))
-        return update(name, version)
+        return assess(name, version)
 
-    monitor.update = counted
+    monitor.assess = counted
     return calls
 
 
@@ -57,7 +57,7 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(
         evaluate_every_labels=100,
     )
     with server_for(settings) as (base_url, app):
-        calls = _count_updates(app)
+        calls = _count_assessments(app)
         items = _offline(100, seed=1)
         assert httpx.post(f"{base_url}/feedback", json={"items": items[:99]}).json()["accepted"] == 99
         for window in (None, "1000", "1h"):
@@ -152,9 +152,7 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(
 
         def completed() -> float:
             return next(
-                s.value
-                for s in app.state.parts.metrics.evaluation.collect()[0].samples
-                if s.name.endswith("_count")
+                s.value for s in app.state.parts.metrics.evaluation.collect()[0].samples if s.name.endswith("_count")
             )
 
         _wait(lambda: completed() >= 2, what="evaluation passes")

@@ -25,12 +25,12 @@ class HeldWriter:
 
     def __init__(self, app):
         self.app = app
-        self.feedback, self.labels = app.state.parts.monitor.feedback, app.state.parts.store.labels
-        self.group, self.insert = self.feedback.record_group, self.labels.insert
+        self.recorder, self.labels = app.state.parts.monitor.labels, app.state.parts.store.labels
+        self.group, self.insert = self.recorder.record_group, self.labels.insert
         self.entered, self.released = threading.Event(), threading.Event()
         self.groups: list[int] = []
         self.transactions = 0
-        self.feedback.record_group = self._group
+        self.recorder.record_group = self._group
         self.labels.insert = self._insert
 
     def _group(self, requests):
@@ -53,7 +53,7 @@ class HeldWriter:
 
     def restore(self) -> None:
         self.released.set()
-        del self.feedback.record_group, self.labels.insert
+        del self.recorder.record_group, self.labels.insert
 
 
 @pytest.fixture

@@ -224,9 +224,7 @@ def _binary_infer(base_url, x) -> tuple[dict, bytes]:
 
 def _flush(app) -> None:
     """Write the prediction log's queue now, on the server's event loop."""
-    asyncio.run_coroutine_threadsafe(
-        app.state.parts.prediction_log.flush(), app.state.parts.feedback.loop
-    ).result(30)
+    asyncio.run_coroutine_threadsafe(app.state.parts.prediction_log.flush(), app.state.parts.feedback.loop).result(30)
 
 
 def _labels(base_url) -> int:

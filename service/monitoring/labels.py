@@ -1,6 +1,6 @@
 """Labelled feedback: each item is joined with the prediction it labels (or carries probabilities scored
 elsewhere), checked, turned into a label row and stored; the requests of one group commit go in one
-transaction (``service.monitoring.feedback_writer``). A label whose prediction is not stored yet waits as a
+transaction (``service.monitoring.group_commit``). A label whose prediction is not stored yet waits as a
 pending label until it is (``join_pending``, run by ``service.monitoring.pending``). Alarms are assessed
 elsewhere (``service.monitoring.evaluator``), never here."""
 
@@ -18,7 +18,7 @@ from calibkit import binning, metrics
 from calibkit.validation import row_problems
 from service.errors import ModelNotFound
 from service.metrics import ServiceMetrics
-from service.monitoring.calibrations import CalibrationVersions
+from service.monitoring.calibrations import ActiveCalibrations
 from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.labels import insert_labels
@@ -53,20 +53,20 @@ class _Candidate:
     source: str = ANONYMOUS
 
 
-class FeedbackRecorder:
+class LabelRecorder:
     def __init__(
         self,
         store: Store,
         repository: ModelRepository,
-        metrics_: ServiceMetrics,
-        calibrations: CalibrationVersions,
+        metrics: ServiceMetrics,
+        calibrations: ActiveCalibrations,
         n_bins: int,
         retention_seconds: float = 30 * 86400,
     ):
         self.store = store
         self.retention_seconds = retention_seconds
         self.repository = repository
-        self.metrics = metrics_
+        self.metrics = metrics
         self.calibrations = calibrations
         self.n_bins = n_bins
         self.edges = binning.equal_width_edges(n_bins)

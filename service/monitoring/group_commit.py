@@ -4,7 +4,7 @@ Requests queue their items here; one task writes them. The requests that arrive 
 progress form the next group (up to ``max_group_items`` items, and always at least one request):
 the prediction log is flushed once (the predictions they label are then stored), and all their
 items are joined, checked and stored in one transaction in a worker thread
-(``FeedbackRecorder.record_group``). Each request is answered with its own result only after that
+(``LabelRecorder.record_group``). Each request is answered with its own result only after that
 commit; a failed write fails every request of its group, so nothing of it is acknowledged. The count
 of labels stored goes to ``on_stored`` (the evaluator, which starts a pass after enough of them), that of
 labels stored as pending to ``on_pending`` (the pending-label joiner).
@@ -28,8 +28,8 @@ from service.store.rows import ANONYMOUS
 log = logging.getLogger("service.feedback")
 
 
-class FeedbackWriter(BackgroundLoop):
-    name = "feedback-writer"
+class FeedbackGroupCommit(BackgroundLoop):
+    name = "feedback-group-commit"
 
     def __init__(
         self,
@@ -97,9 +97,7 @@ class FeedbackWriter(BackgroundLoop):
             return
         try:
             await self.prediction_log.flush()
-            bodies = await anyio.to_thread.run_sync(
-                self.monitor.feedback.record_group, [request for request, _ in group]
-            )
+            bodies = await anyio.to_thread.run_sync(self.monitor.labels.record_group, [request for request, _ in group])
         except Exception as exc:  # noqa: BLE001 - StorageUnavailable, or a bug (500): nothing is acknowledged
             for _, future in group:
                 if not future.done():
