@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools proto conformance test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
+.PHONY: run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,12 @@ proto: $(VENV)/.installed-dev
 
 ## conformance: the venvs of kserve's client and MLServer's types, which the protocol conformance tests run
 conformance: .venv-kserve/.installed .venv-mlserver/.installed
+
+## lint: the formatting check and lint of ruff (120 columns) over the tree, and mypy on calibkit and service
+lint: $(VENV)/.installed-dev
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 ## test: install the dev extra, the tools and the conformance venvs, and run the test suite
 test: $(VENV)/.installed-dev tools conformance

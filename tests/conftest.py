@@ -1,4 +1,5 @@
-"""Suite-wide isolation: no test writes the default feedback store into the working tree. tests/vision runs in the
+"""Suite-wide isolation (no test writes the default feedback store into the working tree) and the real
+PostgreSQL for the tests that use it. tests/vision runs in the
 torchvision venv (``make test-vision``); the core venv, which has no torchvision, does not collect it and says so."""
 
 import pytest
@@ -37,3 +38,29 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.e2e)
+
+
+def postgres_url() -> str:
+    """The machine's PostgreSQL (database test), emptied of this service's tables."""
+    import sqlalchemy as sa
+
+    from service.store.schema import metadata
+
+    url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        metadata.drop_all(connection)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """The real PostgreSQL, emptied of this service's tables."""
+    return postgres_url()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """``postgres_url()``: the real PostgreSQL, emptied of this service's tables, for module fixtures."""
+    return postgres_url

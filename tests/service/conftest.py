@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 import shutil
 import socket
 import threading
@@ -21,7 +20,6 @@ import numpy as np
 import onnx
 import pytest
 import uvicorn
-import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from calibkit.manifest import CalibrationSpec, InputSpec, Manifest, Preprocessing, ReferenceDistribution, write_manifest
@@ -88,36 +86,6 @@ def write_linear_artifact(
     )
     write_manifest(manifest, directory)
     return directory
-
-
-@pytest.fixture(scope="session")
-def dockerfile() -> dict:
-    """The Dockerfile's runtime stage: its CMD, EXPOSE (the first port, HTTP, and all of them), the uid of its
-    user and its ENV, for the tests that hold the deployment manifests to the image."""
-    text = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text().replace("\\\n", " ")
-    runtime = text[text.index("AS runtime\n") :]
-    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.+)$", runtime, flags=re.M))))
-    return {
-        "cmd": yaml.safe_load(re.search(r"^CMD (.+)$", runtime, flags=re.M).group(1)),
-        "expose": int(re.search(r"^EXPOSE (\d+)", runtime, flags=re.M).group(1)),  # the HTTP port
-        "exposed": [int(p) for p in re.search(r"^EXPOSE (.+)$", runtime, flags=re.M).group(1).split()],
-        "uid": int(re.search(r"--uid (\d+)", runtime).group(1)),
-        "env": env,
-    }
-
-
-def postgres_url() -> str:
-    """The machine's PostgreSQL (database test), emptied of this service's tables."""
-    import sqlalchemy as sa
-
-    from service.store.schema import metadata
-
-    url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-    engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        metadata.drop_all(connection)
-    engine.dispose()
-    return url
 
 
 @contextmanager
@@ -220,21 +188,9 @@ def server_for():
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
-def database_url(request, tmp_path) -> str:
+def database_url(request, tmp_path, postgres) -> str:
     """Each monitoring test runs on an SQLite file and on the real PostgreSQL."""
-    return f"sqlite:///{tmp_path / 'monitoring.db'}" if request.param == "sqlite" else postgres_url()
-
-
-@pytest.fixture
-def pg_url() -> str:
-    """The real PostgreSQL, emptied of this service's tables."""
-    return postgres_url()
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    """``postgres_url()``: the real PostgreSQL, emptied of this service's tables, for module fixtures."""
-    return postgres_url
+    return f"sqlite:///{tmp_path / 'monitoring.db'}" if request.param == "sqlite" else postgres()
 
 
 @pytest.fixture

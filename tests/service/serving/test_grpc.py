@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.serving.protocol import grpc_predict_v2_pb2 as ours
 from service.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIGHT, LIGHT_SHAPE = "digits-lenet5", [1, 8, 8]
 
 

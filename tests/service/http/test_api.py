@@ -50,7 +50,7 @@ def test_predict_contract(base_url):
 def _artifact_dir():
     from pathlib import Path
 
-    return Path(__file__).resolve().parents[2] / "artifacts" / "digits-lenet5" / "1"
+    return Path(__file__).resolve().parents[3] / "artifacts" / "digits-lenet5" / "1"
 
 
 def test_probabilities_are_temperature_scaled_logits_and_match_onnx(base_url):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODEL, SHAPE = "digits-lenet5", (1, 8, 8)
 pytestmark = pytest.mark.e2e  # client venvs of their own, built by `make conformance`
 
