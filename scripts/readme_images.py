@@ -127,12 +127,12 @@ def architecture(path: Path) -> None:
 
     # ---- the data path ------------------------------------------------------------------------------
     steps = [
-        ("predict", "POST /predict, /v2 infer", "serving: rest, v2, codec", SERVING),
+        ("predict", "POST /predict, /v2 infer", "http: inference, v2,\ncodec, routes", SERVING),
         ("batch", "dynamic batching", "serving: batching", SERVING),
         ("onnxruntime", "one call per batch", "serving: runtime", SERVING),
         ("calibrated\nprobabilities", "softmax(z / T), ids", "serving: scoring", SERVING),
         ("log", "write-behind rows", "serving: prediction_log", SERVING),
-        ("feedback", "POST /feedback labels", "monitoring: feedback,\nfeedback_writer", MONITORING),
+        ("feedback", "POST /feedback labels", "monitoring: labels,\ngroup_commit", MONITORING),
         ("bin sums", "per block of 4,096 labels", "store: labels + block sums", STORE),
         ("alarm", "e-detector, drift test", "monitoring: evaluator,\nalarm; calibkit.detector", MONITORING),
     ]
@@ -228,12 +228,12 @@ def architecture(path: Path) -> None:
         37,
         height,
         SERVING,
-        "service/serving",
+        "service/http + serving",
         "calibrated probabilities, fast",
         [
-            ("rest", "POST /predict"),
-            ("v2", "Open Inference Protocol"),
-            ("codec", "JSON, images, binary"),
+            ("http/routes", "every route, declared once"),
+            ("http/v2", "Open Inference Protocol"),
+            ("http/codec", "JSON in and out"),
             ("dataplane", "request -> batch -> reply"),
             ("batching", "queue, thread per session"),
             ("runtime", "onnxruntime sessions"),
@@ -278,13 +278,13 @@ def architecture(path: Path) -> None:
         "service/monitoring",
         "labels, rolling calibration, the alarm",
         [
-            ("feedback", "POST /feedback"),
-            ("feedback_writer", "group commit"),
+            ("labels", "join, check, store labels"),
+            ("group_commit", "POST /feedback batches"),
             ("evaluator", "background passes"),
             ("alarm", "ok / warning / alarm"),
             ("reports", "ECE, bins, drift"),
             ("calibrations", "recalibrate, activate"),
-            ("routes", "/calibration, /feedback"),
+            ("pending", "labels before predictions"),
             ("webhook", "POSTs transitions"),
         ],
         columns=2,
