@@ -25,7 +25,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from calibkit.synthetic import calibrated_logits
+from bench.alarm.traffic import calibrated_logits
 from calibkit.temperature import softmax
 from service.store.schema import label_bins, labels, schema_info
 

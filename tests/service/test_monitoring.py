@@ -6,9 +6,9 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.alarm.traffic import calibrated_logits
 from calibkit import metrics
 from calibkit.alarms import AlarmPolicy
-from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import apply_temperature, softmax
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse, TimelineResponse
 from service.settings import Settings

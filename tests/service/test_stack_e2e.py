@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from calibkit.synthetic import calibrated_logits
+from bench.alarm.traffic import calibrated_logits
 from calibkit.temperature import softmax
 
 ROOT = Path(__file__).resolve().parents[2]

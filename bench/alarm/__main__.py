@@ -9,7 +9,7 @@
    at least 2.5x its median, so no goal row is censored), then ``AFTER`` calibrated labels: logit scale
    x1.25, x1.5, x2.5, x0.5; mean-preserving miscalibration (over-confident above the median confidence,
    under-confident below); over-confidence of one class; a ramp to x2.5 over 2,000 labels.
-   Each row is measured against its oracle (``calibkit.oracle``): a CUSUM told a(C) = E[Y | C] of the shift,
+   Each row is measured against its oracle (``bench.alarm.oracle``): a CUSUM told a(C) = E[Y | C] of the shift,
    its level tuned on tolerance-edge traffic of the row's confidences to at most 1% false alarms per
    10,000 labels; for clearing, a CUSUM told that the shift has ended, its level tuned so that at most 1%
    of streams would clear within 10,000 labels of a shift that persists. Two oracles that know less measure the
@@ -48,13 +48,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from bench.alarm import oracle
+from bench.alarm.simulation import StreamOutcomes, draw, run_detector
+from bench.alarm.traffic import Miscalibration, TrafficShape, population_ece
 from bench.common import PYTHON, RESULTS, ROOT, machine, table, write_result
-from calibkit import binning, oracle
+from calibkit import binning
 from calibkit.alarms import AlarmPolicy, shift_is_material
 from calibkit.detector import DetectorConfig
 from calibkit.drift import confidence_shift
-from calibkit.simulation import StreamOutcomes, draw, run_detector
-from calibkit.synthetic import Miscalibration, TrafficShape, population_ece
 
 SHAPES = [
     TrafficShape("digits-like", 10, 20.0),
@@ -473,7 +474,7 @@ def markdown(result: dict) -> str:
         f"{ORACLE_LABELS:,} labels of a persisting shift; `clear_p50` and `clear_ratio` over the streams "
         "alarmed when the shift ended. `clear_family_blind_p50`: a clearing oracle told only that the shift is "
         "one of the 35 of `family_blind_p50`, learning which from the labels since it began (the CUSUM of the "
-        "Bayes factor of calibrated outcomes against their mixture, `calibkit.oracle.blind_clearing_paths`), "
+        "Bayes factor of calibrated outcomes against their mixture, `bench.alarm.oracle.blind_clearing_paths`), "
         "tuned the same way; `clear_family_blind_ratio` over the clearing oracle. `latched`: still alarmed at "
         "the end; `clear_oracle_latched` and `clear_family_blind_latched`: the shares of streams the clearing "
         "oracles had not cleared by the end.",
