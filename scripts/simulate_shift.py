@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from this checkout
 
 from bench.alarm.traffic import calibrated_logits  # noqa: E402
+from bench.common import free_port  # noqa: E402
 from calibkit import metrics  # noqa: E402
 from calibkit.temperature import apply_temperature, softmax  # noqa: E402
 from training.data import available_corruptions, corrupt, load_digits_splits  # noqa: E402
@@ -62,9 +62,7 @@ class Service:
     """``python -m service`` on a free loopback port, with an httpx client to it."""
 
     def __init__(self, artifacts: Path, database: Path, **env: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         env = dict(
             os.environ,
             CALIB_DATABASE_URL=f"sqlite:///{database}",
