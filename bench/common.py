@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: machine description, processes, wrk runs and result files."""
+"""Shared pieces of the benchmarks: machine description, free ports, processes, wrk runs and result files."""
 
 from __future__ import annotations
 
@@ -18,43 +18,23 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from training.machine import hardware
+
 ROOT = Path(__file__).resolve().parents[1]
 # BENCH_RESULTS_DIR moves the JSON results elsewhere (the tests point it at a temporary directory)
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results")
 
 
 def machine() -> dict:
-    """What the numbers were measured on, and at which commit."""
-    cpu = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else ""
-    )
+    """What the numbers were measured on (``training.machine.hardware``, the GPU, the Python and numpy versions),
+    and at which commit."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
         ).stdout
     except OSError:  # no git (a copied tree on another machine)
         commit = ""
-    flags = (
-        next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-        if Path("/proc/cpuinfo").exists()
-        else ""
-    )
-    # two machines both called "AMD EPYC" differ 2-4x in speed here: the vector extensions tell them apart
-    isa = "AVX-512" if " avx512f" in flags else ("AVX2" if " avx2" in flags else None)
-    return {
-        "cpu": cpu,
-        "isa": isa,
-        "cores": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    return hardware() | {
         "gpu": gpu_name(),
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -117,6 +97,7 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server started next (the system picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

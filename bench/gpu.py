@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 
 from bench.common import Server, histogram_means, histogram_totals, machine, table, v2_binary_request, wrk
-from bench.serving import (
+from bench.serving.measure import (
     CUDA,
     HEAVY,
     LIGHT,

@@ -3,7 +3,7 @@ batching server of these requests must do. It decodes the message, takes the raw
 sends the row through the service's own dynamic batcher to onnxruntime sessions made as the service makes them
 (``bench.floor_app.BatchingFloor``), and answers the row's probabilities as raw contents: no validation beyond
 that, no scoring, prediction log, metrics or ids. Its rows/s against onnxruntime alone is what a batching
-gRPC server reaches on this machine with nothing the service adds (``bench.serving.heavy_rounds``).
+gRPC server reaches on this machine with nothing the service adds (``bench.serving.measure.heavy_rounds``).
 ``/floor.Floor/Stats`` answers the rows and onnxruntime calls it has run, as JSON bytes.
 
     FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m bench.grpc_floor_app --port 8002

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
-from bench.serving import HEAVY, binary_load, floor_server, heavy_artifact, service, single_row_requests
+from bench.serving.measure import HEAVY, binary_load, floor_server, heavy_artifact, service, single_row_requests
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"

@@ -22,15 +22,14 @@ from bench.profile import COLUMNS as PROFILE_COLUMNS
 from bench.profile import COMPARED_COLUMNS as PROFILE_COMPARED_COLUMNS
 from bench.profile import PROTOCOLS as PROFILE_PROTOCOLS
 from bench.profile import THREAD_COLUMNS as PROFILE_THREAD_COLUMNS
-from bench.serving import (
+from bench.serving.measure import PHASES, RAW_COLUMNS
+from bench.serving.render import (
     CEILING_COLUMNS,
     GAP_COLUMNS,
     GRPC_COLUMNS,
     HEAVY_COLUMNS,
     LOAD_COLUMNS,
     LOGGING_COLUMNS,
-    PHASES,
-    RAW_COLUMNS,
     gap_decomposition,
 )
 

@@ -55,7 +55,7 @@ _FIELDS = (
     "since_alarm",
     "n",
 )
-_EDGE = 1e-3  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm or a Kelly bet needs it
+_BET_EDGE = 1e-3  # bets and likelihood ratios keep probabilities this far from 0 and 1: a label's evidence is bounded
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ class DetectorState:
         gap = np.take_along_axis(self.table, b[:, None, :], axis=2)  # (streams, detectors, labels)
         cm = c[:, None, :]
         accuracy = np.clip(cm + gap, 0.0, 1.0)
-        boundary = np.clip(cm + np.sign(gap) * cfg.tolerance, _EDGE, 1 - _EDGE)
+        boundary = np.clip(cm + np.sign(gap) * cfg.tolerance, _BET_EDGE, 1 - _BET_EDGE)
         bet = np.where(np.abs(gap) > cfg.tolerance, (accuracy - boundary) / (boundary * (1 - boundary)), 0.0)
         cap = np.where(bet > 0, cfg.max_bet / (cm + cfg.tolerance), cfg.max_bet / (1 - cm + cfg.tolerance))
         bet = np.clip(bet, -cap, cap)
@@ -395,7 +395,7 @@ class DetectorState:
             [1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance, self._fixed_e_values(c, y)], axis=1
         )
         log_e = np.log(e_value)
-        null = np.clip(c, _EDGE, 1 - _EDGE)
+        null = np.clip(c, _BET_EDGE, 1 - _BET_EDGE)
         cells = (np.broadcast_to(rows, b.shape), b)
         np.add.at(self.pending_gap, cells, y - c)
         np.add.at(self.pending_count, cells, 1.0)
@@ -438,8 +438,8 @@ class DetectorState:
         gapped = cm + np.asarray(cfg.gaps, dtype=np.float64)[None, :, None]
         above = log_odds > np.asarray(cfg.pivots, dtype=np.float64)[None, :, None]  # (streams, pivots, labels)
         steps = [cm + np.where(above, -o * m, o * m) for m in cfg.steps for o in (1.0, -1.0)]
-        alternative = np.clip(np.concatenate([scaled, gapped, *steps], axis=1), _EDGE, 1 - _EDGE)
-        edge = np.clip(np.clip(alternative, cm - cfg.tolerance, cm + cfg.tolerance), _EDGE, 1 - _EDGE)
+        alternative = np.clip(np.concatenate([scaled, gapped, *steps], axis=1), _BET_EDGE, 1 - _BET_EDGE)
+        edge = np.clip(np.clip(alternative, cm - cfg.tolerance, cm + cfg.tolerance), _BET_EDGE, 1 - _BET_EDGE)
         ratio = np.where(y[:, None, :] > 0.5, alternative / edge, (1 - alternative) / (1 - edge))
         return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
 
@@ -461,7 +461,7 @@ class DetectorState:
         """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the alternative g of
         ``clear_alternative``."""
         shift = self.config.clear_shrink * np.take_along_axis(self.clear_alternative(), b, axis=1)
-        alternative = np.clip(null + shift, _EDGE, 1 - _EDGE)
+        alternative = np.clip(null + shift, _BET_EDGE, 1 - _BET_EDGE)
         return np.where(y > 0.5, np.log(null / alternative), np.log((1 - null) / (1 - alternative)))
 
     def _end_block(self) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -357,16 +356,11 @@ def reliability(path: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def dashboard(path: Path, start_timeout: float = 120.0) -> None:
     import httpx
     import numpy as np
 
+    from bench.common import free_port
     from training.data import corrupt, load_digits_splits
 
     splits = load_digits_splits()
@@ -378,7 +372,7 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
     process = client = None
     try:
         shutil.copytree(ROOT / "artifacts", workdir / "artifacts")
-        port = _free_port()
+        port = free_port()
         env = dict(
             os.environ,
             CALIB_DATABASE_URL=f"sqlite:///{workdir / 'monitoring.db'}",

@@ -7,7 +7,7 @@ model version per scenario so every scenario has its own monitoring state, then:
 - detection: per shift scenario, ``--warmup`` in-distribution labels then shifted ones until the
   alarm is raised (or ``--max-shifted``): corruptions at severities 1..5 go through /predict and
   /feedback; over-confident logits (scaled by 1.6 and 2.5) go through offline feedback, both for
-  the digits model and for a calibrated synthetic source of 87% accuracy (calibkit.synthetic),
+  the digits model and for a calibrated synthetic source of 87% accuracy (bench.alarm.traffic),
   whose confidences leave room for over-confidence (the digits model's are already near 1).
 Prints a markdown table and writes JSON.
 
@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,12 +30,15 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-from calibkit import metrics
-from calibkit.synthetic import calibrated_logits
-from calibkit.temperature import apply_temperature, softmax
-from training.data import available_corruptions, corrupt, load_digits_splits
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from this checkout
+
+from bench.alarm.traffic import calibrated_logits  # noqa: E402
+from bench.common import free_port  # noqa: E402
+from calibkit import metrics  # noqa: E402
+from calibkit.temperature import apply_temperature, softmax  # noqa: E402
+from training.data import available_corruptions, corrupt, load_digits_splits  # noqa: E402
+
 ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"
 MODEL = "digits-lenet5"
 #: Logit spread of the synthetic source: 10 classes, about 87% accuracy, calibrated by construction.
@@ -60,9 +62,7 @@ class Service:
     """``python -m service`` on a free loopback port, with an httpx client to it."""
 
     def __init__(self, artifacts: Path, database: Path, **env: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         env = dict(
             os.environ,
             CALIB_DATABASE_URL=f"sqlite:///{database}",

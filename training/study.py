@@ -15,8 +15,6 @@ excludes zero. Why this configuration: docs/study/protocol.md.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -30,6 +28,7 @@ from calibkit.calibrators import TemperatureScaling
 from calibkit.temperature import softmax
 from training.config import RunConfig, load_config
 from training.inference import predict_logits
+from training.machine import hardware
 from training.pipeline import load_splits
 from training.trainer import train
 
@@ -75,25 +74,13 @@ def study_config(path: str | Path | None = None, **overrides) -> RunConfig:
     return load_config(path, defaults=STUDY_PROTOCOL, **overrides)
 
 
-def machine() -> str:
+def measured_on() -> str:
     """CPU model, core count and torch's thread count: what the study's time was measured on."""
     import torch
 
-    cpuinfo = Path("/proc/cpuinfo")
-    model = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in cpuinfo.read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            "",
-        )
-        if cpuinfo.exists()
-        else ""
-    )
+    cpu = hardware()
     return (
-        f"{model or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"{cpu['cpu'] or 'unknown CPU'}, {cpu['cores']} cores, torch {torch.__version__} "
         f"on {torch.get_num_threads()} threads"
     )
 
@@ -230,7 +217,7 @@ def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEED
         "setup": setup_line(base, runs, seeds),
         "config": base.model_dump(mode="json", exclude={"seed", "loss", "loss_params"}),
         "seeds": list(seeds),
-        "machine": machine(),
+        "machine": measured_on(),
         "seconds": {"training": round(train_seconds, 1), "total": round(time.perf_counter() - start, 1)},
         "rows": rows,
         "claims": claims(boot, temperatures),

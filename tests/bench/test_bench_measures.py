@@ -8,17 +8,9 @@ import numpy as np
 import pytest
 
 from bench.common import process_cpu_seconds
-from bench.serving import (
-    CUDA,
-    HEAVY,
-    LIGHT,
-    _batching_goals,
-    _latency_goal,
-    binary_lua,
-    cpu_summary,
-    gap_decomposition,
-    v2_binary_body,
-)
+from bench.serving.goals import _batching_goals, _latency_goal
+from bench.serving.measure import CUDA, HEAVY, LIGHT, binary_lua, cpu_summary, v2_binary_body
+from bench.serving.render import gap_decomposition
 
 
 def test_process_cpu_seconds_counts_this_process_work():
@@ -140,7 +132,7 @@ def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
     from starlette.testclient import TestClient
 
     from bench.floor_app import app
-    from bench.serving import body
+    from bench.serving.measure import body
 
     with TestClient(app) as client:
         assert client.post("/predict", content=body(HEAVY, (3, 32, 32), 1)).status_code == 200
@@ -161,7 +153,7 @@ def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batch
     from starlette.testclient import TestClient
 
     from bench import floor_app
-    from bench.serving import ROOT, body
+    from bench.serving.measure import ROOT, body
 
     monkeypatch.setenv("FLOOR_MODEL", str(ROOT / "artifacts" / LIGHT / "1" / "model.onnx"))
     monkeypatch.setattr(floor_app, "floor", None)  # restored to None afterwards, for the floor without a model

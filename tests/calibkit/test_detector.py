@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
+from bench.alarm.oracle import unconditional_median
+from bench.alarm.simulation import draw, run_detector, simulate
+from bench.alarm.traffic import Miscalibration, TrafficShape
 from calibkit.alarms import ALARM, OK, WARNING, AlarmPolicy, AlarmStatus, Evidence, assess
 from calibkit.detector import _FIELDS, DetectorConfig, DetectorState
 from calibkit.drift import ShiftTest
-from calibkit.oracle import unconditional_median
-from calibkit.simulation import draw, run_detector, simulate
-from calibkit.synthetic import Miscalibration, TrafficShape
 
 CIFAR = TrafficShape("cifar-like", 10, 2.5)
 DIGITS = TrafficShape("digits-like", 10, 20.0)

@@ -14,7 +14,6 @@ logs a store failure: the migration's advisory lock makes the others wait until 
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from calibkit.synthetic import calibrated_logits
+from bench.alarm.traffic import calibrated_logits
+from bench.common import free_port
 from calibkit.temperature import softmax
 from service.store.schema import label_bins, labels, schema_info
 
@@ -57,12 +57,6 @@ def _inference_service_container() -> dict:
     (service,) = _docs(ROOT / "deploy" / "kserve" / "inferenceservice.yaml")
     (container,) = service["spec"]["predictor"]["containers"]
     return container
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pod_env(
@@ -100,7 +94,7 @@ def _start(
 ) -> tuple[subprocess.Popen, str]:
     """A process started with the container's command and environment (over the image's ``image_env``);
     (process, base URL)."""
-    port = _free_port()
+    port = free_port()
     command = container["command"]
     assert command[0] == "python" and "args" not in container
     with log.open("w") as out:

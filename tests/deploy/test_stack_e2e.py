@@ -11,7 +11,6 @@ PostgreSQL, and a real Prometheus scraping both with deploy/prometheus/alerts.ym
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from calibkit.synthetic import calibrated_logits
+from bench.alarm.traffic import calibrated_logits
+from bench.common import free_port
 from calibkit.temperature import softmax
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,12 +40,6 @@ PREDICT, FEEDBACK = (
     for name in ("CALIB_PREDICT_TOKENS", "CALIB_FEEDBACK_TOKENS")
 )
 pytestmark = pytest.mark.e2e  # PostgreSQL, Prometheus and two server processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(url: str, timeout: float = 40) -> None:
@@ -70,7 +64,7 @@ def stack(postgres):
     database = postgres()
     try:
         for _ in range(2):
-            port = _free_port()
+            port = free_port()
             env = dict(os.environ, **ENVIRONMENT)
             env.update(
                 CALIB_HOST="127.0.0.1",
@@ -92,7 +86,7 @@ def stack(postgres):
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
             _wait(f"{url}/v2/health/ready")
-        prometheus_port = _free_port()
+        prometheus_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(ROOT / "deploy" / "prometheus" / "alerts.yml")],

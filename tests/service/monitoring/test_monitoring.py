@@ -6,9 +6,10 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.alarm.traffic import calibrated_logits
+from bench.common import free_port
 from calibkit import metrics
 from calibkit.alarms import AlarmPolicy
-from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import apply_temperature, softmax
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse, TimelineResponse
 from service.settings import Settings
@@ -297,11 +298,7 @@ def test_bin_counters_are_exported_at_zero_before_any_label(monitored):
 
 def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(repository_dir, server_for):
     """The counters live in the process: a store that cannot be reached at start-up does not hold them back."""
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",

@@ -3,7 +3,6 @@
 import itertools
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -15,18 +14,13 @@ import httpx
 import numpy as np
 import pytest
 
-from calibkit.synthetic import calibrated_logits
+from bench.alarm.traffic import calibrated_logits
+from bench.common import free_port
 from calibkit.temperature import softmax
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
 pytestmark = pytest.mark.e2e  # server processes (python -m service), some on PostgreSQL
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Replica:
@@ -35,7 +29,7 @@ class Replica:
     def __init__(self, artifacts, database_url, **env):
         self.args = (artifacts, database_url)
         self.env = env
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         environment = dict(
             os.environ,

@@ -127,7 +127,7 @@ def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url, check_m
 
 @pytest.mark.e2e  # builds the heavy model with torch
 def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, tmp_path, server_for, check_model):
-    from bench.serving import HEAVY, SHAPES, heavy_artifact
+    from bench.serving.measure import HEAVY, SHAPES, heavy_artifact
 
     if not (repository_dir.parent / "heavy").exists():
         heavy_artifact(repository_dir.parent / "heavy")

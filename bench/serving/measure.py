@@ -1,33 +1,9 @@
-"""Serving benchmark: raw onnxruntime, the service and the no-batching baseline side by side, plus
-monitoring latency and a memory soak on the same long-lived service process.
-
-Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) and a heavy one
-(an untrained CIFAR ResNet-56 on 32x32x3, where inference dominates).
-
-1. onnxruntime alone (the service's providers, sessions, thread and I/O binding settings) at batch
-   sizes 1..512.
-2. One service process ("soak server": both models, prediction logging to SQLite, a store
-   pre-filled with ``--rows`` labelled predictions) is warmed up, then measured: closed-loop wrk
-   load (1, 4, 16, 64 clients; single-row and 32-row requests), the batch sizes it formed and its
-   own phase histograms; the heavy model's goals in rounds (the service through JSON /predict and
-   through v2 binary tensors, onnxruntime alone at each batch size formed, and the baseline, in
-   turn); GET /calibration latency and POST /feedback throughput (bench.monitoring); then steady
-   mixed load until ``--soak-minutes`` of load, sampling its RSS.
-3. The no-batching baseline (bench/baseline_app.py) under the same load; the server CPU time per
-   request with prediction logging off, to SQLite and to PostgreSQL at 64 clients (two processes
-   each, visited in interleaved rounds); the configured max queue delay checked from the
-   Server-Timing header at a load that does not saturate the machine.
-Goals are ratios within this one run, and those of the device the heavy model really ran on
-(``/health``): ``--device cuda`` on a machine with a GPU and onnxruntime-gpu runs the same benchmark
-with the GPU goals. Prints tables; writes serving.json, monitoring.json, soak.json.
-
-    python -m bench.serving [--seconds 4] [--soak-minutes 10] [--rows 1000000] [--device cuda] [--smoke]
-    python -m bench.serving --heavy-only    # the heavy model's rounds alone, about a minute
-"""
+"""The serving benchmark's measurements: onnxruntime alone, the service, the no-batching baseline and the floor
+apps under closed-loop load, the prediction log's CPU cost, the queue delay, monitoring latency and a memory soak.
+``goals`` judges what they return and ``render`` prints it."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -35,6 +11,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -51,10 +28,10 @@ from bench.common import (
     process_cpu_seconds,
     table,
     v2_binary_request,
-    write_result,
     wrk,
 )
 
+LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
 LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
 SHAPES = {LIGHT: (1, 8, 8), HEAVY: (3, 32, 32)}
 BATCH_SIZES = (1, 8, 32, 128, 512)
@@ -465,8 +442,8 @@ def logging_cpu(
     """CPU seconds the server process spends per 10,000 single-row /predict requests, with prediction
     logging off, to SQLite and to PostgreSQL, each in ``PROCESSES`` processes on empty stores.
 
-    Requests/s of two identical processes differed here by up to 17%, more than the cost to be
-    measured; the CPU time a process spends per request is a far steadier measure. Each measurement is
+    Requests/s of two identical processes differ by more than the cost to be measured; the CPU time a
+    process spends per request is a far steadier measure. Each measurement is
     a ``seconds`` wrk run at ``clients`` clients; the process's user + system time (``/proc/<pid>/stat``)
     is read before it and after the prediction log has written every row of it, so the writes count.
     The load visits every process in turn, in reverse order every other round, ``rounds`` times. The
@@ -600,37 +577,44 @@ def queue_delay_check(artifacts: Path, database_url: str, seconds: float, device
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per load point")
-    parser.add_argument(
-        "--soak-minutes", type=float, default=10.0, help="minutes of load on one process, for the RSS check"
-    )
-    parser.add_argument("--rows", type=int, default=1_000_000, help="labelled predictions stored before the start")
-    parser.add_argument("--smoke", action="store_true", help="one short point per case (CI: the script runs)")
-    parser.add_argument(
-        "--heavy-only",
-        action="store_true",
-        help="only the heavy model's rounds (JSON and binary v2 against onnxruntime alone), about a "
-        "minute: for iterating on the hot path",
-    )
-    parser.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="the service's and the baseline's device (CALIB_DEVICE); on cuda the batcher may form "
-        f"batches of {GPU_MAX_BATCH} rows",
-    )
-    args = parser.parse_args()
-    device = args.device
-    smoke = args.smoke
-    if args.heavy_only:
-        heavy_only(args.seconds, 1 if smoke else 3, device, smoke)
-        return
-    seconds = 1.0 if smoke else args.seconds
-    concurrency = (4,) if smoke else (1, 4, 16, 64)
-    request_rows = (1,) if smoke else (1, 32)
-    stored_rows, soak_minutes = (5_000, 0.1) if smoke else (args.rows, args.soak_minutes)
+RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one run measured: the serving results (serving.json), the monitoring results measured on the soak
+    server (monitoring.json) and its memory over the soak (soak.json)."""
+
+    serving: dict
+    monitoring: dict
+    soak: dict
+
+
+def run(
+    seconds: float,
+    concurrency: tuple[int, ...],
+    request_rows: tuple[int, ...],
+    stored_rows: int,
+    soak_minutes: float,
+    smoke: bool,
+    device: str,
+) -> Measured:
+    """Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) and a heavy one (an
+    untrained CIFAR ResNet-56 on 32x32x3, where inference dominates), served on ``device``.
+
+    1. onnxruntime alone (the service's providers, sessions, thread and I/O binding settings) at batch sizes
+       ``BATCH_SIZES``.
+    2. One service process ("soak server": both models, prediction logging to SQLite, a store pre-filled with
+       ``stored_rows`` labelled predictions) is warmed up, then measured: closed-loop wrk load (``concurrency``
+       clients; requests of ``request_rows`` rows), the batch sizes it formed and its own phase histograms; the
+       heavy model's goals in rounds (the service through JSON /predict and through v2 binary tensors, onnxruntime
+       alone at each batch size formed, and the baseline, in turn); GET /calibration latency and POST /feedback
+       throughput (bench.monitoring); then steady mixed load until ``soak_minutes`` of load, sampling its RSS.
+    3. The no-batching baseline (bench/baseline_app.py) under the same load; the server CPU time per request with
+       prediction logging off, to SQLite and to PostgreSQL at the top concurrency (``PROCESSES`` processes each,
+       visited in interleaved rounds); the configured max queue delay checked from the Server-Timing header at a
+       load that does not saturate the machine.
+    """
     top = concurrency[-1]
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     artifacts = both_artifacts(work)
@@ -671,19 +655,14 @@ def main() -> None:
             result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3, device, lua)
             calibration = monitoring.calibration_latency(svc.url, windows, 5 if smoke else 20)
             feedback = monitoring.feedback_throughput(svc.url, 2.0 if smoke else 5.0, 1000)
-            write_result(
-                "monitoring",
-                {
-                    "rows": stored_rows,
-                    "fill_seconds": fill_seconds,
-                    "calibration": calibration,
-                    "feedback": feedback,
-                    "server": "the soak server (prediction logging on)",
-                },
-                smoke=smoke,
-            )
+            measured_monitoring = {
+                "rows": stored_rows,
+                "fill_seconds": fill_seconds,
+                "calibration": calibration,
+                "feedback": feedback,
+                "server": "the soak server (prediction logging on)",
+            }
             memory = soak(svc, soak_minutes, warm, load_started, payloads) | {"after_shapes_rss_mib": shapes_rss}
-            write_result("soak", memory, smoke=smoke)
         finally:
             svc.stop()
         for model, shape in SHAPES.items():
@@ -707,17 +686,7 @@ def main() -> None:
         result["queue_delay"] = queue_delay_check(artifacts, sqlite_url, 2.0 if smoke else 6.0, device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result["goals"] = goals(result, top, calibration, feedback, memory)
-    print("\nclosed-loop load (wrk, loopback)\n" + table(result["load"], LOAD_COLUMNS))
-    print(heavy_report(result["heavy_rounds"], result["providers"][HEAVY]))
-    print("\nprediction logging: server CPU seconds per 10,000 requests\n" + table(result["logging"], LOGGING_COLUMNS))
-    print("\nGET /calibration\n" + table(calibration, monitoring.CALIBRATION_COLUMNS))
-    print(
-        f"\nmemory: {memory['warm_rss_mib']:.1f} MiB after the warm-up, {memory['end_rss_mib']:.1f} MiB after "
-        f"{memory['minutes']:.1f} minutes of load"
-    )
-    print("\ngoals (ratios within this run)\n" + table(result["goals"], ["goal", "measured", "target", "met", "note"]))
-    write_result("serving", result, smoke=smoke)
+    return Measured(result, measured_monitoring, memory)
 
 
 def both_artifacts(work: Path) -> Path:
@@ -728,7 +697,7 @@ def both_artifacts(work: Path) -> Path:
     return artifacts
 
 
-def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
+def heavy_only(seconds: float, rounds: int, device: str) -> dict:
     """``heavy_rounds`` alone on a fresh service (prediction logging on, a small SQLite store), after a warm-up."""
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     try:
@@ -738,268 +707,8 @@ def heavy_only(seconds: float, rounds: int, device: str, smoke: bool) -> None:
             lua = binary_load(work)
             for path, payload, script in single_row_requests(lua).values():
                 wrk(svc.url + path, payload, 64, seconds, lua=script)
-            heavy = heavy_rounds(svc, artifacts, 64, seconds, rounds, device, lua)
+            return heavy_rounds(svc, artifacts, 64, seconds, rounds, device, lua)
         finally:
             svc.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(heavy_report(heavy, "the machine's provider"))
-    write_result("serving_heavy", heavy, smoke=smoke)
-
-
-def gap_decomposition(heavy: dict) -> list[dict]:
-    """Per protocol, the heavy rounds' medians (and ranges) of the service, the batching floor and the ceiling
-    against onnxruntime alone, and the gap between the service and onnxruntime alone split in three: what the
-    HTTP stack's parsing and answering take (1 - ceiling), what batching and the hand-offs to the inference
-    threads and back take (ceiling - batching floor), and what the service adds to that (batching floor -
-    service)."""
-    rows = []
-    for side in ("json", "binary"):
-        measured = {
-            name: [r[f"{side}_{key}"] for r in heavy["rounds"]]
-            for name, key in (
-                ("service", "vs_raw"),
-                ("batching_floor", "batching_floor_vs_raw"),
-                ("ceiling", "ceiling"),
-            )
-        }
-        medians = {name: float(np.median(values)) for name, values in measured.items()}
-        rows.append(
-            {"protocol": side, "rounds": len(heavy["rounds"])}
-            | medians
-            | {f"{name}_range": f"{min(values):.3f}-{max(values):.3f}" for name, values in measured.items()}
-            | {
-                "http_stack": 1 - medians["ceiling"],
-                "batching_hand_offs": medians["ceiling"] - medians["batching_floor"],
-                "service_work": medians["batching_floor"] - medians["service"],
-            }
-        )
-    return rows
-
-
-def heavy_report(heavy: dict, provider: str) -> str:
-    """The heavy model's rounds, per round the ceiling of this HTTP stack (``ceiling``) and the batching floor, and
-    the gap to onnxruntime alone split between them (``gap_decomposition``)."""
-    return (
-        f"\nheavy model at {heavy['clients']} clients on {provider}: the service (JSON, binary v2), onnxruntime "
-        f"alone, the baseline in turn\n{table(heavy['rounds'], HEAVY_COLUMNS)}\n\nthe floor app's and wrk's CPU "
-        f"ms per request, the ceiling they leave against onnxruntime alone, and the batching floor's ratio\n"
-        f"{table(heavy['rounds'], CEILING_COLUMNS)}\n\nthe same over gRPC, and the bare grpcio batching floor's "
-        f"ratio\n"
-        f"{table(heavy['rounds'], GRPC_COLUMNS)}\n\nthe gap to onnxruntime alone, split (medians of the rounds)\n"
-        f"{table(gap_decomposition(heavy), GAP_COLUMNS)}"
-    )
-
-
-RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
-LOGGING_COLUMNS = [
-    "logging",
-    "model",
-    "clients",
-    "processes",
-    "rounds",
-    "cpu_s_per_10k",
-    "sd",
-    "min",
-    "max",
-    "extra_cpu",
-    "extra_cpu_range",
-]
-HEAVY_COLUMNS = [
-    "json_rows_per_s",
-    "json_batch",
-    "raw_json_rows_per_s",
-    "json_vs_raw",
-    "json_ceiling",
-    "binary_rows_per_s",
-    "binary_batch",
-    "raw_binary_rows_per_s",
-    "binary_vs_raw",
-    "binary_ceiling",
-    "baseline_rows_per_s",
-    "json_vs_baseline",
-]
-GRPC_COLUMNS = [
-    "grpc_rows_per_s",
-    "grpc_batch",
-    "raw_grpc_rows_per_s",
-    "grpc_vs_raw",
-    "grpc_failed",
-    "grpc_batching_floor_batch",
-    "grpc_batching_floor_vs_raw",
-]
-CEILING_COLUMNS = [
-    "json_floor_ms",
-    "json_client_ms",
-    "json_ceiling",
-    "json_batching_floor_batch",
-    "json_batching_floor_vs_raw",
-    "binary_floor_ms",
-    "binary_client_ms",
-    "binary_ceiling",
-    "binary_batching_floor_batch",
-    "binary_batching_floor_vs_raw",
-]
-GAP_COLUMNS = [
-    "protocol",
-    "rounds",
-    "service",
-    "service_range",
-    "batching_floor",
-    "batching_floor_range",
-    "ceiling",
-    "ceiling_range",
-    "http_stack",
-    "batching_hand_offs",
-    "service_work",
-]
-LOAD_COLUMNS = [
-    "server",
-    "model",
-    "rows",
-    "clients",
-    "requests_per_s",
-    "rows_per_s",
-    "p50_ms",
-    "p99_ms",
-    "mean_batch_rows",
-    "non_2xx",
-]
-
-
-def _find(records, **match):
-    return next(r for r in records if all(r[k] == v for k, v in match.items()))
-
-
-def goals(result: dict, top: int, calibration: list[dict], feedback: dict, memory: dict) -> list[dict]:
-    """Every goal whose measurements this run made (a smoke run makes only some); the heavy model's
-    batching and latency goals are those of the device it ran on."""
-    out = []
-    for goal in (_batching_goals, _latency_goal, _queue_delay_goal, _logging_goals):
-        try:
-            out += goal(result, top)
-        except StopIteration:
-            continue
-    out.append(
-        {"goal": "feedback labels/s (batches of 1000)", "measured": feedback["labels_per_s"], "target": ">= 5000"}
-    )
-    worst = max(calibration, key=lambda r: r["p99_ms"])
-    out.append(
-        {
-            "goal": "GET /calibration p99 ms, worst window (quiet or while labels arrive)",
-            "measured": worst["p99_ms"],
-            "target": "<= 50",
-            "note": f"window {worst['window']}, labels arriving: {worst['labels_arriving']}",
-        }
-    )
-    out.append(
-        {
-            "goal": f"RSS change after {memory['minutes']:.1f} minutes of load, relative to after the warm-up",
-            "measured": memory["growth"],
-            "target": "within 0.05",
-        }
-    )
-    for row in out:
-        value, target = row["measured"], row["target"]
-        op, bound = target.split()[0], float(target.split()[1])
-        row["met"] = {">=": value >= bound, "<=": value <= bound, "within": abs(value) <= bound}[op]
-        row.setdefault("note", "")
-    return out
-
-
-def _batching_goals(result: dict, top: int) -> list[dict]:
-    """On a CPU: the service within 10% of onnxruntime alone at the batch it formed, through JSON and
-    binary v2. On a GPU: at least 0.8 of onnxruntime alone and 3 times the no-batching baseline."""
-    load, heavy, out = result["load"], result["heavy_rounds"], []
-    gpu = result["providers"][HEAVY] == CUDA
-    rounds = f"median of {len(heavy['rounds'])} rounds, each measuring every side in turn"
-    for side, name in (
-        ("json", "JSON /predict"),
-        ("binary", "v2 binary tensors (tritonclient.http's body)"),
-        ("grpc", "gRPC ModelInfer with raw tensor contents"),
-    ):
-        r = heavy[f"{side}_vs_raw"]
-        floor = (
-            f"; the bare grpcio batching floor reached {r['grpc_batching_floor_vs_raw']:.3f}" if side == "grpc" else ""
-        )
-        out.append(
-            {
-                "goal": f"heavy on {result['providers'][HEAVY]}: service rows/s at {top} single-row clients "
-                f"through {name} / onnxruntime alone at the batch size the batcher formed",
-                "measured": r[f"{side}_vs_raw"],
-                "target": ">= 0.8" if gpu else ">= 0.9",
-                "note": f"{rounds}; this round: {r[f'{side}_rows_per_s']:.0f} vs {r[f'raw_{side}_rows_per_s']:.0f} "
-                f"rows/s at {round(r[f'{side}_batch'])} rows (mean batch {r[f'{side}_batch']:.1f}){floor}",
-            }
-        )
-    if gpu:
-        r = heavy["json_vs_baseline"]
-        out.append(
-            {
-                "goal": f"heavy on {CUDA}: service / no-batching baseline at {top} clients",
-                "measured": r["json_vs_baseline"],
-                "target": ">= 3",
-                "note": f"{rounds}; this round: {r['json_rows_per_s']:.0f} vs {r['baseline_rows_per_s']:.0f} rows/s",
-            }
-        )
-    light_svc = _find(load, server="service", model=LIGHT, rows=1, clients=top)
-    light_base = _find(load, server="baseline", model=LIGHT, rows=1, clients=top)
-    out.append(
-        {
-            "goal": f"light: service requests/s / baseline at {top} clients",
-            "measured": light_svc["requests_per_s"] / light_base["requests_per_s"],
-            "target": ">= 1.5",
-        }
-    )
-    return out
-
-
-def _latency_goal(result: dict, top: int) -> list[dict]:
-    """p50 at one client over raw single-row inference: the light model (HTTP dominates) everywhere,
-    and on a GPU the heavy one too."""
-    out = []
-    for model, bound in ((LIGHT, "1.5"), (HEAVY, "1.0")):
-        if model == HEAVY and result["providers"][HEAVY] != CUDA:
-            continue
-        single = _find(result["load"], server="service", model=model, rows=1, clients=1)
-        raw_single = _find(result["raw"][model], batch=1)["ms_per_call"]
-        out.append(
-            {
-                "goal": f"{model} on {result['providers'][model]}: p50 at 1 client minus raw single-row inference (ms)",
-                "measured": single["p50_ms"] - raw_single,
-                "target": f"<= {bound}",
-            }
-        )
-    return out
-
-
-def _queue_delay_goal(result: dict, top: int) -> list[dict]:
-    delay = result["queue_delay"]
-    return [
-        {
-            "goal": f"queue time p99 minus the configured max queue delay ({delay['max_queue_delay_ms']} ms), "
-            f"{delay['clients']} clients (ms)",
-            "measured": delay["p99_ms"] - delay["max_queue_delay_ms"],
-            "target": "<= 1.0",
-        }
-    ]
-
-
-def _logging_goals(result: dict, top: int) -> list[dict]:
-    out = []
-    for row in result["logging"]:
-        if row["logging"] != "off":
-            out.append(
-                {
-                    "goal": f"{row['model']}: extra server CPU per request with prediction logging to {row['logging']}",
-                    "measured": row["extra_cpu"],
-                    "target": "<= 0.10",
-                    "note": f"ratio of the means of {row['measurements']} measurements each; per measurement "
-                    f"{row['extra_cpu_range'][0]:+.3f} to {row['extra_cpu_range'][1]:+.3f}",
-                }
-            )
-    return out
-
-
-if __name__ == "__main__":
-    main()

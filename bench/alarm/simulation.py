@@ -1,7 +1,7 @@
 """Seeded simulation of the alarm on many streams at once: calibrated labels, then (optionally) a
 miscalibration, then calibrated labels again; what the detector did in each phase of each stream.
 
-    >>> from calibkit.synthetic import TrafficShape, Miscalibration
+    >>> from bench.alarm.traffic import TrafficShape, Miscalibration
     >>> out = simulate(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5),
     ...                streams=20, before=500, during=1500, after=1500, seed=0)
     >>> bool(out.false_alarm.any()), bool((out.delay >= 0).all()), bool(out.latched.any())
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.alarm.traffic import Miscalibration, TrafficShape
 from calibkit.detector import DetectorConfig, DetectorState
-from calibkit.synthetic import Miscalibration, TrafficShape
 
 CHUNK_VALUES = 20_000_000  # e-values (streams x detectors x labels) folded per call: bounds the memory of a fold
 

@@ -1,8 +1,8 @@
-"""calibkit.oracle: the family-blind clearing oracle learns which shift it is told of."""
+"""bench.alarm.oracle: the family-blind clearing oracle learns which shift it is told of."""
 
 import numpy as np
 
-from calibkit import oracle
+from bench.alarm import oracle
 
 
 def _streams(rng, accuracy, streams, labels):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_EDGE = 1e-6  # probabilities are kept in [_EDGE, 1 - _EDGE] where a logarithm needs it
+_LOG_EDGE = 1e-6  # keeps log Bern finite, no more: the oracle is told a(C), the detector clips at its _BET_EDGE
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class AccuracyCurve:
 
 def log_ratio(y: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """log Bern(y; p) / Bern(y; q), elementwise."""
-    p, q = np.clip(p, _EDGE, 1 - _EDGE), np.clip(q, _EDGE, 1 - _EDGE)
+    p, q = np.clip(p, _LOG_EDGE, 1 - _LOG_EDGE), np.clip(q, _LOG_EDGE, 1 - _LOG_EDGE)
     return np.where(y > 0.5, np.log(p / q), np.log((1 - p) / (1 - q)))
 
 
@@ -76,7 +76,7 @@ def detection_increments(confidence, correct, curve: AccuracyCurve, tolerance: f
 
 def scaled_accuracy(confidence: np.ndarray, curve: AccuracyCurve, size: float) -> np.ndarray:
     """The shift of the same shape as ``curve`` but ``size`` times as large: C + size (a(C) - C)."""
-    return np.clip(confidence + size * (curve(confidence) - confidence), _EDGE, 1 - _EDGE)
+    return np.clip(confidence + size * (curve(confidence) - confidence), _LOG_EDGE, 1 - _LOG_EDGE)
 
 
 def scaled_curve_increments(confidence, correct, curve: AccuracyCurve, size: float, tolerance: float) -> np.ndarray:
