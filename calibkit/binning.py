@@ -18,7 +18,7 @@ from calibkit.validation import expected
 class BinSums(NamedTuple):
     """Per-bin sufficient statistics: count |B_m|, sum of confidences, sum of outcomes."""
 
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # a field named count shadows tuple.count, deliberately
     confidence_sum: np.ndarray
     outcome_sum: np.ndarray
 
@@ -222,7 +222,7 @@ class Reliability(NamedTuple):
 
     lower: np.ndarray
     upper: np.ndarray
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # a field named count shadows tuple.count, deliberately
     mean_confidence: np.ndarray
     accuracy: np.ndarray
 

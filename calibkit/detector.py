@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import cast
 
 import numpy as np
 
@@ -249,31 +250,36 @@ class Fold:
     cleared: np.ndarray
 
 
+# The default of a state array: None, which __post_init__ replaces with zeros of the field's shape (typed as an
+# array, which every field holds once the state exists)
+_UNSET = cast(np.ndarray, None)
+
+
 @dataclass
 class DetectorState:
     """The detector's sufficient state for ``streams`` independent streams (arrays, leading axis = stream)."""
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     streams: int = 1
-    gap_sum: np.ndarray = None
-    weight: np.ndarray = None
-    global_gap_sum: np.ndarray = None
-    global_weight: np.ndarray = None
-    pending_gap: np.ndarray = None
-    pending_count: np.ndarray = None
-    run_gap: np.ndarray = None
-    run_count: np.ndarray = None
-    table: np.ndarray = None
-    log_statistic: np.ndarray = None
-    alarmed: np.ndarray = None
-    clear_pending_gap: np.ndarray = None
-    clear_pending_count: np.ndarray = None
-    raised_gap: np.ndarray = None
-    alarm_gap: np.ndarray = None
-    alarm_count: np.ndarray = None
-    log_clear: np.ndarray = None
-    since_alarm: np.ndarray = None
-    n: np.ndarray = None
+    gap_sum: np.ndarray = _UNSET
+    weight: np.ndarray = _UNSET
+    global_gap_sum: np.ndarray = _UNSET
+    global_weight: np.ndarray = _UNSET
+    pending_gap: np.ndarray = _UNSET
+    pending_count: np.ndarray = _UNSET
+    run_gap: np.ndarray = _UNSET
+    run_count: np.ndarray = _UNSET
+    table: np.ndarray = _UNSET
+    log_statistic: np.ndarray = _UNSET
+    alarmed: np.ndarray = _UNSET
+    clear_pending_gap: np.ndarray = _UNSET
+    clear_pending_count: np.ndarray = _UNSET
+    raised_gap: np.ndarray = _UNSET
+    alarm_gap: np.ndarray = _UNSET
+    alarm_count: np.ndarray = _UNSET
+    log_clear: np.ndarray = _UNSET
+    since_alarm: np.ndarray = _UNSET
+    n: np.ndarray = _UNSET
 
     def __post_init__(self):
         s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors

@@ -11,12 +11,16 @@ service's store fills one per window from its per-block bin sums (``add_bins``),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 
 from calibkit import binning, metrics
 from calibkit.validation import check_n_bins, check_probs_labels, expected
 
+# The default of the top-label sums: None, which __post_init__ replaces with zeros (typed as an array, which
+# they hold once the statistics exist)
+_UNSET = cast(np.ndarray, None)
 _ARRAYS = ("count", "confidence_sum", "correct_sum", "class_count", "class_prob_sum", "class_label_sum")
 
 
@@ -49,12 +53,12 @@ class BinStats:
 
     n_classes: int | None
     n_bins: int = 15
-    count: np.ndarray = field(default=None, repr=False)
-    confidence_sum: np.ndarray = field(default=None, repr=False)
-    correct_sum: np.ndarray = field(default=None, repr=False)
-    class_count: np.ndarray = field(default=None, repr=False)
-    class_prob_sum: np.ndarray = field(default=None, repr=False)
-    class_label_sum: np.ndarray = field(default=None, repr=False)
+    count: np.ndarray = field(default=_UNSET, repr=False)
+    confidence_sum: np.ndarray = field(default=_UNSET, repr=False)
+    correct_sum: np.ndarray = field(default=_UNSET, repr=False)
+    class_count: np.ndarray | None = field(default=None, repr=False)
+    class_prob_sum: np.ndarray | None = field(default=None, repr=False)
+    class_label_sum: np.ndarray | None = field(default=None, repr=False)
     nll_sum: float = 0.0
     brier_sum: float = 0.0
 
@@ -226,7 +230,7 @@ class BinStats:
                 f"cannot merge statistics of {self.n_classes} classes x {self.n_bins} bins with "
                 f"{other.n_classes} classes x {other.n_bins} bins"
             )
-        summed = {
+        summed: dict[str, Any] = {
             name: None if getattr(self, name) is None else getattr(self, name) + getattr(other, name)
             for name in _ARRAYS
         }
@@ -271,6 +275,8 @@ class BinStats:
         self._require_data()
         if self.n_classes is None:
             raise ValueError("these statistics were built without classes: no class-wise sums")
+        # __post_init__ gives statistics with classes all three class-wise sums
+        assert self.class_count is not None and self.class_prob_sum is not None and self.class_label_sum is not None
         return binning.classwise_error(binning.BinSums(self.class_count, self.class_prob_sum, self.class_label_sum))
 
     def reliability(self) -> binning.Reliability:

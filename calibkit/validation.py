@@ -6,6 +6,8 @@ message names the argument and the problem: a metric never silently returns a wr
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 #: Largest allowed deviation of a probability row sum from 1 (float32 softmax is within ~1e-6).
@@ -105,7 +107,8 @@ def row_problems(probs: np.ndarray) -> list[str | None]:
         Per row the problem (non-finite values, values outside [0, 1], a sum other than 1), or None.
     """
     p = np.asarray(probs, dtype=np.float64)
-    finite = np.isfinite(p).all(axis=1)
+    # an array: numpy's stubs type any reduction over an axis as possibly a scalar
+    finite = cast(np.ndarray, np.isfinite(p).all(axis=1))
     safe = np.where(np.isfinite(p), p, 0.5)
     in_range = (safe.min(axis=1) >= -PROB_SUM_ATOL) & (safe.max(axis=1) <= 1.0 + PROB_SUM_ATOL)
     sums = safe.sum(axis=1)

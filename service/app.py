@@ -9,6 +9,7 @@ import logging
 import sys
 import time
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import FastAPI
@@ -23,6 +24,10 @@ from service.metrics import ServiceMetrics
 from service.parts import ServiceParts
 from service.serving import grpc_server as grpc_api
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    # the annotation only: fastapi.telemetry is newer than the oldest fastapi that pyproject.toml allows
+    from fastapi.telemetry import TelemetryConfig
 
 log = logging.getLogger("service")
 
@@ -70,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         parts.store.db.engine.dispose()
         log.info("stopped: queued and in-flight batches finished")
 
-    telemetry = {} if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
+    telemetry: TelemetryConfig = {} if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
     routes, fast = api_routes()
     app = FastAPI(
         title="Calibrated model serving",

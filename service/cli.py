@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         workers=1,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=settings.graceful_shutdown_seconds,
+        # uvicorn's annotation says int, but it only hands the value to asyncio.wait_for, which takes a float
+        timeout_graceful_shutdown=settings.graceful_shutdown_seconds,  # type: ignore[arg-type]
         access_log=False,
     )
     return 0

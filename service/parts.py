@@ -9,7 +9,7 @@ run in worker threads here, so no route needs to know which calls block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import anyio
 import onnxruntime as ort
@@ -159,7 +159,9 @@ class ServiceParts:
                 ),
             },
         } | ({"error": db.last_error} if admin else {})
-        status = "not_ready" if not ready else ("degraded" if self.repository.failed or not store_up else "ok")
+        status: Literal["ok", "degraded", "not_ready"] = (
+            "not_ready" if not ready else ("degraded" if self.repository.failed or not store_up else "ok")
+        )
         return HealthResponse(
             status=status,
             ready=ready,

@@ -214,10 +214,12 @@ class FeedbackItem(_Request):
         extra="forbid", json_schema_extra={"oneOf": [{"required": ["prediction_id"]}, {"required": ["probabilities"]}]}
     )
 
-    # absent when unused, never null: the schema's oneOf says exactly one of the two is given
-    prediction_id: str = Field(default=None, max_length=64)
+    # absent when unused, never null: the schema's oneOf says exactly one of the two is given (the types leave
+    # out None, which would admit a null, so the None defaults need their type: ignore)
+    prediction_id: str = Field(default=None, max_length=64)  # type: ignore[assignment]
     label: StrictStr | StrictInt = Field(description="class name or class index")
-    probabilities: list[Annotated[float, Strict()]] = Field(default=None, max_length=100_000)  # no true/false
+    # strict floats: no true/false
+    probabilities: list[Annotated[float, Strict()]] = Field(default=None, max_length=100_000)  # type: ignore[arg-type]
     model: str | None = None
     version: str | None = None
 

@@ -235,5 +235,6 @@ class Settings(BaseSettings):
     def _token_list(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         """``name:token`` pairs (the message names the entry at fault, never a token)."""
         if value is not None:
+            assert info.field_name is not None  # set for a field validator
             parse_tokens(value.get_secret_value(), f"CALIB_{info.field_name.upper()}")
         return value

@@ -103,6 +103,8 @@ def mixture_paths(paths: Iterable[np.ndarray]) -> np.ndarray:
             total = total * np.exp(top - peak) + np.exp(path - peak)
             top = peak
         count += 1
+    if top is None or total is None:
+        raise ValueError("mixture_paths needs at least one path")
     return top + np.log(total / count)
 
 

@@ -11,6 +11,7 @@ miscalibration, then calibrated labels again; what the detector did in each phas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -82,7 +83,8 @@ def run_detector(
             alarmed_at_end = state.alarmed.copy()
         start = stop
     return StreamOutcomes(
-        false_alarm=raised[:, :before].any(axis=1),
+        # an array: numpy's stubs type any reduction over an axis as possibly a scalar
+        false_alarm=cast(np.ndarray, raised[:, :before].any(axis=1)),
         delay=_first(raised[:, before:after]),
         flaps=cleared[:, before:after].sum(axis=1),
         clear_delay=_first(cleared[:, after:]),

@@ -53,7 +53,10 @@ class ServingMiddleware:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.fast = {
-            (method, route.path): route for route in fast if not route.param_convertors for method in route.methods
+            (method, route.path): route
+            for route in fast
+            if not route.param_convertors
+            for method in route.methods or ()
         }
         self.patterns = [route for route in fast if route.param_convertors]
         self._route_metrics: dict[tuple, tuple] = {}
@@ -76,7 +79,7 @@ class ServingMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         group = group_of(scope["method"], scope["path"]) if self.access is not None else None
-        if group is not None:
+        if self.access is not None and group is not None:
             try:
                 state["principal"] = self.access.check(group, authorization)
             except ServiceError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import TypeGuard
 
 import numpy as np
 import simdjson
@@ -61,7 +62,7 @@ def numeric_rows(raw: bytes, key: str) -> tuple[dict, np.ndarray] | None:
         rows = document[key]
         shape = _rectangular_shape(rows)
         # every array of that shape holds one "["; any more is an array nested deeper or a bracket in a string
-        if shape is None or raw.count(b"[") != _arrays(shape):
+        if shape is None or not isinstance(rows, simdjson.Array) or raw.count(b"[") != _arrays(shape):
             return None
         values = np.frombuffer(rows.as_buffer(of_type="d"), dtype=np.float64)
     except Exception:  # noqa: BLE001 - any simdjson error (invalid JSON or UTF-8, a number out of range, nesting
@@ -86,9 +87,15 @@ def _rectangular_shape(array) -> tuple[int, ...] | None:
         shape.append(length)
         if not isinstance(level[0][0], simdjson.Array):
             return tuple(shape)
-        level = [child for a in level for child in a]
-        if not all(isinstance(child, simdjson.Array) for child in level):
+        children = [child for a in level for child in a]
+        if not _all_arrays(children):
             return None
+        level = children
+
+
+def _all_arrays(values: list) -> TypeGuard[list[simdjson.Array]]:
+    """Whether every value is a simdjson array."""
+    return all(isinstance(value, simdjson.Array) for value in values)
 
 
 def _arrays(shape: tuple[int, ...]) -> int:

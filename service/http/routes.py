@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.routing import BaseRoute
 
 from service.http import dashboard, inference, monitoring, v2
 from service.http.codec import MULTIPART, json_body
@@ -78,8 +79,8 @@ BINARY_TENSORS = (
     "JSON, or with the binary tensor data extension: the JSON header followed by the raw tensor bytes, the "
     "header's length in bytes given by the Inference-Header-Content-Length header (as tritonclient.http sends)."
 )
-TEXT = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
-HTML = {
+TEXT: dict[int | str, dict[str, Any]] = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+HTML: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the calibration dashboard (one self-contained HTML page)",
         "content": {"text/html": {"schema": {"type": "string"}}},
@@ -253,7 +254,7 @@ ROUTES = [
 ]
 
 
-def api_routes() -> tuple[list[APIRoute], list[APIRoute]]:
+def api_routes() -> tuple[list[BaseRoute], list[APIRoute]]:
     """The table as FastAPI routes in its order, and those of them whose handlers the middleware calls."""
     built = [(route, route.api_route()) for route in ROUTES]
     return [api for _, api in built], [api for route, api in built if route.fast]

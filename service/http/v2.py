@@ -15,6 +15,7 @@ instead (deprecated, for one release).
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import numpy as np
 import orjson
@@ -81,12 +82,12 @@ def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[s
         data = orjson.loads(raw[:split])
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"is not valid JSON: {exc}", field="body") from None
-    values = {}
+    values: dict[int, Any] = {}
     if isinstance(data, dict) and isinstance(data.get("inputs"), list):
         data = dict(data)
         data["inputs"] = [_without_data(tensor, values, i) for i, tensor in enumerate(data["inputs"])]
     body = validate(V2InferenceRequest, data)
-    arrays = _binary_inputs(body, raw[split:])
+    arrays: dict[str, np.ndarray | list] = dict(_binary_inputs(body, raw[split:]))
     for i, tensor in enumerate(body.inputs):
         if i in values and tensor.name not in arrays:
             arrays[tensor.name] = values[i]
@@ -131,7 +132,11 @@ def _encode(
         strings = values.dtype == object
         if not strings:
             values = np.ascontiguousarray(values, dtype=np.float32)
-        tensor = {"name": output, "datatype": "BYTES" if strings else "FP32", "shape": list(values.shape)}
+        tensor: dict[str, Any] = {
+            "name": output,
+            "datatype": "BYTES" if strings else "FP32",
+            "shape": list(values.shape),
+        }
         if wanted.get(output, binary_all):
             raw = bytes_tensor(values) if strings else values.tobytes()
             tensor["parameters"] = {"binary_data_size": len(raw)}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from calibkit.alarms import LEVELS, AlarmPolicy, AlarmStatus, Evidence, assess
 from calibkit.detector import DetectorState
@@ -68,7 +68,7 @@ class Alarm:
         still the one it started from, and redone otherwise. A transition is stored, logged and counted."""
         seen = self.store.alarm_states.get(key)
         fresh = json.dumps(load_detector(None, self.policy).to_dict())
-        base = (seen.last_seq, seen.detector) if seen else (0, fresh)
+        base: tuple[int, str] = (seen.last_seq, seen.detector) if seen else (0, fresh)
         prefolded = self._fold(key, *base, lambda seq, newest: self.store.labels.after(key, seq, newest=newest))
 
         with self.store.alarm_states.locked(key, fresh) as state:
@@ -119,7 +119,7 @@ class Alarm:
         )
 
     def _fold(
-        self, key: CalibrationKey, last_seq: int, saved: str, labels_after: Callable[[int, int | None], list]
+        self, key: CalibrationKey, last_seq: int, saved: str, labels_after: Callable[[int, int | None], Sequence]
     ) -> tuple[DetectorState, int, bool]:
         """(detector, last label looked at, whether any was) after folding the labels after ``last_seq`` into
         the saved detector: those of the trusted sources only, when they are set (the others are passed

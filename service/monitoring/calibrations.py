@@ -84,7 +84,9 @@ class ActiveCalibrations:
                 for r in self.store.calibrations.of(model.name, model.version)
             ],
             alarm_events=[
-                AlarmEvent(
+                # the field names, not the aliases "from" and "to": populate_by_name allows them, which mypy
+                # cannot see without pydantic's plugin
+                AlarmEvent(  # type: ignore[call-arg]
                     at=r.at,
                     calibration_version=r.calibration_version,
                     from_state=r.from_state,

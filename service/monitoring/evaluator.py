@@ -65,7 +65,7 @@ class Evaluator(BackgroundLoop):
 
     def _evaluate_all(self) -> tuple[list[dict], StorageUnavailable | None]:
         """Update every served model version (in a worker thread); stops at the first store failure."""
-        transitions = []
+        transitions: list[dict] = []
         for served in self.monitor.repository.all():
             try:
                 _, transition = self.monitor.assess(served.name, served.version)

@@ -84,7 +84,8 @@ class FeedbackGroupCommit(BackgroundLoop):
     def _take(self) -> list[tuple[tuple[list, str], asyncio.Future]]:
         """The next group: queued requests (items and source) in arrival order, up to ``max_group_items``
         items."""
-        group, size = [], 0
+        group: list[tuple[tuple[list, str], asyncio.Future]] = []
+        size = 0
         while self._pending and (not group or size + len(self._pending[0][0][0]) <= self.max_group_items):
             request, future = self._pending.popleft()
             if not future.done():  # a request cancelled while it waited is not written

@@ -10,7 +10,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -114,18 +114,19 @@ class LabelRecorder:
             earlier |= seen
         label_rows, new_predictions = self._label_rows(candidates, reasons, now)
         labelled, waiting = self.store.labels.insert(list(label_rows.values()), new_predictions, list(pending.values()))
-        bodies, accepted, index = [], [], 0
+        bodies: list[dict] = []
+        accepted: list[LabelRow] = []
+        index = 0
         for items, _ in requests:
             rejected, waits, taken = [], [], 0
             for position, item in enumerate(items):
-                row = label_rows.get(index)
                 reason = reasons[index] or _duplicate(item.prediction_id, labelled, waiting)
                 if reason:
                     rejected.append({"index": position, "prediction_id": item.prediction_id, "reason": reason})
                 elif index in pending:
                     waits.append({"index": position, "prediction_id": item.prediction_id})
-                else:
-                    accepted.append(row)
+                else:  # neither rejected nor pending: joined, so it has its label row
+                    accepted.append(label_rows[index])
                     taken += 1
                 index += 1
             bodies.append({"accepted": taken, "pending": waits, "rejected": rejected})
@@ -144,7 +145,7 @@ class LabelRecorder:
 
         def resolve(rows: list) -> tuple[dict[int, LabelRow], dict[int, str]]:
             reasons: list[str | None] = [None] * len(rows)
-            candidates = []
+            candidates: list[_Candidate] = []
             for index, row in enumerate(rows):
                 outcome = self._resolve(
                     index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now, row.label_source or ANONYMOUS
@@ -152,6 +153,7 @@ class LabelRecorder:
                 if isinstance(outcome, str):
                     reasons[index] = outcome
                 else:
+                    assert isinstance(outcome, _Candidate)  # its prediction is known: never pending again
                     candidates.append(outcome)
             label_rows, _ = self._label_rows(candidates, reasons, now)
             return (
@@ -237,8 +239,8 @@ class LabelRecorder:
                     reasons[c.index] = problem
                 keep = [i for i, problem in enumerate(problems) if problem is None]
                 group, probs = [group[i] for i in keep], np.clip(probs[keep], 0.0, 1.0)
-            else:
-                probs = decode_rows([c.probs for c in group])
+            else:  # online candidates hold their stored blob
+                probs = decode_rows([cast(bytes, c.probs) for c in group])
             if not group:
                 continue
             y = np.array([c.label for c in group])
@@ -248,7 +250,7 @@ class LabelRecorder:
             nll, brier = metrics.nll_terms(probs, y).tolist(), metrics.brier_terms(probs, y).tolist()
             correct = (predicted == y).astype(int).tolist()
             predicted, confidence = predicted.tolist(), confidence.tolist()
-            blobs = encode_rows(probs) if offline else [c.probs for c in group]
+            blobs = encode_rows(probs) if offline else [cast(bytes, c.probs) for c in group]
             for i, (c, blob) in enumerate(zip(group, blobs)):
                 label_rows[c.index] = LabelRow(
                     c.prediction_id,

@@ -274,7 +274,7 @@ class Reports:
 
     def _drift(self, served: ServedModel, key: CalibrationKey, sums: WindowSums) -> dict:
         recent = self.store.predictions.recent_confidences(key, self.drift_rows)
-        out = {"recent_predictions": len(recent)}
+        out: dict[str, float] = {"recent_predictions": len(recent)}
         if len(recent):
             shift = confidence_shift(recent, served.manifest.reference.confidences)
             out.update(

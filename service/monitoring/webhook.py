@@ -23,7 +23,7 @@ class AlarmWebhook:
     def notify(self, transition: dict) -> None:
         """Deliver ``transition`` in the background (nothing without a URL)."""
         if self.url:
-            task = asyncio.get_running_loop().create_task(self._post(transition))
+            task = asyncio.get_running_loop().create_task(self._post(self.url, transition))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -32,10 +32,10 @@ class AlarmWebhook:
         if self._tasks:
             await asyncio.gather(*self._tasks)
 
-    async def _post(self, transition: dict) -> None:
+    async def _post(self, url: str, transition: dict) -> None:
         try:
             async with httpx.AsyncClient(timeout=self.timeout) as client:
-                response = await client.post(self.url, json={"event": "calibration_alarm_transition", **transition})
+                response = await client.post(url, json={"event": "calibration_alarm_transition", **transition})
                 response.raise_for_status()
         except httpx.HTTPError as exc:
             self.metrics.webhook_failures.inc()

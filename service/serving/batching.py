@@ -114,9 +114,9 @@ class DynamicBatcher:
     async def submit(self, x: np.ndarray) -> tuple[Any, Timing]:
         """Queue a (rows, ...) batch and wait for its rows of the batch's result."""
         rows = len(x)
-        pending = _Pending(x, self._loop.create_future() if self._loop else None)
+        pending = _Pending(x, self._loop.create_future()) if self._loop else None
         with self._ready:
-            if not self._accepting:
+            if not self._accepting or pending is None:  # no loop: not started, so not accepting either
                 raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
             if self._queued_rows + rows > self.config.max_queue_rows:
                 raise Overloaded(
@@ -165,6 +165,7 @@ class DynamicBatcher:
         return batch
 
     def _run_batch(self, run: RunFn, batch: list[_Pending]) -> None:
+        assert self._loop is not None  # start() set it before it started this inference thread
         started = time.perf_counter()
         try:
             x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])

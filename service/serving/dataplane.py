@@ -75,7 +75,7 @@ class DataPlane:
                 model.batching,
                 label,
                 self.settings.retry_after_seconds,
-                on_batch=lambda rows, s, label=label: self.metrics.observe_batch(label, rows, s),
+                on_batch=functools.partial(self.metrics.observe_batch, label),
             )
             model.batcher.start()
             self.metrics.model_info.labels(
@@ -93,6 +93,7 @@ class DataPlane:
     async def infer(self, model: ServedModel, x: np.ndarray) -> tuple[InferenceResult, Timing]:
         """Run a batch through the model's batcher; record the queue time."""
         queue, predictions, rejected = self._metrics_of(model)
+        assert model.batcher is not None  # start() gave every loaded model version one
         try:
             result, timing = await model.batcher.submit(x)
         except Overloaded:
@@ -323,7 +324,8 @@ class DataPlane:
             model.manifest.outputs["probabilities"]: result.scored.probabilities,
             PREDICTION_ID: np.array(ids, dtype=object),
         }
-        return model, {name: served.get(name, result.outputs.get(name)) for name in requested}, ids
+        # every requested name is known: served here or an output of the graph
+        return model, {name: served[name] if name in served else result.outputs[name] for name in requested}, ids
 
     @staticmethod
     def _v2_data(data) -> np.ndarray:

@@ -47,7 +47,7 @@ class ServedModel:
     @property
     def shape(self) -> tuple[int, int, int]:
         """Per-row input shape (C, H, W)."""
-        return tuple(self.manifest.input.shape[1:])
+        return _row_shape(self.manifest)
 
     @property
     def ready(self) -> bool:
@@ -208,12 +208,19 @@ def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
         raise ValueError(f"ONNX outputs {runtime.output_names} lack {sorted(missing)} named in the manifest")
 
 
+def _row_shape(manifest: Manifest) -> tuple[int, int, int]:
+    """The manifest's per-row input shape (C, H, W): its input shape past the dynamic batch axis."""
+    c, h, w = manifest.input.shape[1:]
+    assert c is not None and h is not None and w is not None  # InputSpec admits None on the batch axis only
+    return c, h, w
+
+
 def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig) -> None:
     """Run one row and the largest batch, or every bucket of a padding session, once (allocations, kernel and
     algorithm choice) and check the outputs' shapes."""
     k = len(manifest.class_names)
     for rows in runtime.buckets or sorted({1, batching.max_batch_size}):
-        outputs = runtime.run(np.zeros((rows, *manifest.input.shape[1:]), dtype=np.float32))
+        outputs = runtime.run(np.zeros((rows, *_row_shape(manifest)), dtype=np.float32))
         probs = outputs[manifest.outputs["probabilities"]]
         if outputs[manifest.outputs["logits"]].shape != (rows, k) or probs.shape != (rows, k):
             raise ValueError(

@@ -7,6 +7,7 @@ is baked in) and ``softmax(logits / T)`` under a refitted temperature T (Guo et 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -28,8 +29,8 @@ class ScoredBatch:
     predicted: list[int]
     confidence: list[float]
     raw_confidence: list[float]
-    probability_bytes: list[bytes | None]
-    logit_bytes: list[bytes | None]
+    probability_bytes: Sequence[bytes | None]
+    logit_bytes: Sequence[bytes | None]
     calibration_version: int
     temperature: float | None
 
@@ -44,6 +45,9 @@ class ScoredBatch:
     def prediction_rows(self, model: str, version: str, now: float | None = None) -> list[PredictionRow]:
         """The rows as the prediction log stores them."""
         now = time.time() if now is None else now
+        probability_bytes = [b for b in self.probability_bytes if b is not None]
+        if len(probability_bytes) != len(self):
+            raise ValueError("rows scored without encode=True have no encodings to log")
         return [
             PredictionRow(
                 self.ids[i],
@@ -54,7 +58,7 @@ class ScoredBatch:
                 k,
                 self.confidence[i],
                 self.raw_confidence[i],
-                self.probability_bytes[i],
+                probability_bytes[i],
                 self.logit_bytes[i],
             )
             for i, k in enumerate(self.predicted)
@@ -90,9 +94,11 @@ def score(
     """Score one batch from the graph's outputs under the calibration in force; ``encode``: also the
     float32 encodings of probabilities and logits the prediction log stores."""
     logits = logits.astype(np.float64)
-    probs = (
-        graph_probabilities.astype(np.float64) if calibration_version == 0 else apply_temperature(logits, temperature)
-    )
+    if calibration_version == 0:
+        probs = graph_probabilities.astype(np.float64)
+    else:
+        assert temperature is not None  # every refitted calibration version is a temperature
+        probs = apply_temperature(logits, temperature)
     uncalibrated = softmax(logits)
     n = len(probs)
     predicted = probs.argmax(axis=1)

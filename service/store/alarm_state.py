@@ -4,7 +4,7 @@ log of its transitions."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import sqlalchemy as sa
@@ -69,14 +69,14 @@ class AlarmStates:
                     c.execute(monitor_state.update().where(*where).values(updated_at=time.time()))
             yield LockedAlarmState(c, key, c.execute(sa.select(monitor_state).where(*where).with_for_update()).one())
 
-    def all(self) -> list[sa.Row]:
+    def all(self) -> Sequence[sa.Row]:
         return self.db.run(lambda c: c.execute(sa.select(monitor_state)).all(), write=False)
 
     def get(self, key: CalibrationKey) -> sa.Row | None:
         query = sa.select(monitor_state).where(*scope(monitor_state, key))
         return self.db.run(lambda c: c.execute(query).first(), write=False)
 
-    def history(self, model: str, version: str, limit: int = 50) -> list[sa.Row]:
+    def history(self, model: str, version: str, limit: int = 50) -> Sequence[sa.Row]:
         """The newest ``limit`` transitions of a model version, newest first."""
         query = (
             sa.select(alarm_events)

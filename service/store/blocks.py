@@ -7,10 +7,15 @@ not on the number of labels."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from service.store.schema import label_bins, labels
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects import postgresql, sqlite
 
 BLOCK_LABELS = 4096
 BLOCK = (labels.c.seq // BLOCK_LABELS).label("block")
@@ -24,7 +29,7 @@ ROW_COLUMNS = (
     labels.c.labelled_at,
 )
 _SUM_COLUMNS = ("count", "confidence_sum", "correct_sum", "nll_sum", "brier_sum", "first_at", "last_at", "last_seq")
-IDS = sa.bindparam("ids", expanding=True)
+IDS: sa.BindParameter[str] = sa.bindparam("ids", expanding=True)
 
 
 def in_block(block: int):
@@ -60,6 +65,9 @@ def add_to_blocks(c: sa.Connection, sums: sa.Select) -> None:
 
 def _block_upsert(dialect: str, sums: sa.Select):
     """The statement adding ``sums`` into ``label_bins`` on ``dialect``."""
+    insert: Callable[[sa.Table], sqlite.Insert | postgresql.Insert]
+    least: Callable[..., sa.ColumnElement[Any]]
+    greatest: Callable[..., sa.ColumnElement[Any]]
     if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert
 

@@ -32,7 +32,9 @@ class BulkInsert:
     def __call__(self, c: sa.Connection, rows: Sequence[tuple]) -> None:
         dialect = c.dialect.name
         if dialect == "postgresql" and c.dialect.driver == "psycopg":
-            with c.connection.driver_connection.cursor() as cursor, cursor.copy(self.copy) as copy:
+            driver_connection = c.connection.driver_connection
+            assert driver_connection is not None  # None only once the connection is detached or invalidated
+            with driver_connection.cursor() as cursor, cursor.copy(self.copy) as copy:
                 copy.set_types(self.copy_types)
                 for row in rows:
                     copy.write_row(row)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
@@ -22,12 +23,12 @@ class Calibrations:
     def __init__(self, db: Database):
         self.db = db
 
-    def of(self, model: str, version: str) -> list[sa.Row]:
+    def of(self, model: str, version: str) -> Sequence[sa.Row]:
         """Every calibration version of a model version, oldest first."""
         query = sa.select(calibrations).where(*_of(model, version)).order_by(calibrations.c.calibration_version)
         return self.db.run(lambda c: c.execute(query).all(), write=False)
 
-    def active(self) -> list[sa.Row]:
+    def active(self) -> Sequence[sa.Row]:
         """The active calibration version of every model version that has one."""
         return self.db.run(lambda c: c.execute(sa.select(calibrations).where(calibrations.c.active)).all(), write=False)
 

@@ -103,7 +103,7 @@ class Labels:
             raise ValueError("a window is a label count or a duration, not both")
         key_blocks, key_labels = scope(label_bins, key), scope(labels, key)
 
-        def by_time(c, window: WindowSums) -> None:
+        def by_time(c, window: WindowSums, seconds: float) -> None:
             cutoff = (now or time.time()) - seconds
             spans = sa.select(label_bins.c.block).where(*key_blocks).group_by(label_bins.c.block)
             inside = spans.having(sa.func.min(label_bins.c.first_at) >= cutoff)
@@ -150,7 +150,10 @@ class Labels:
 
         def work(c):
             window = WindowSums(BinStats.empty(None, n_bins))
-            (by_time if seconds is not None else by_count)(c, window)
+            if seconds is not None:
+                by_time(c, window, seconds)
+            else:
+                by_count(c, window)
             return window
 
         return self.db.run(work, write=False)
@@ -258,7 +261,7 @@ class Labels:
 
         return self.db.run(work, write=False)
 
-    def recent(self, key: CalibrationKey, limit: int) -> list[sa.Row]:
+    def recent(self, key: CalibrationKey, limit: int) -> Sequence[sa.Row]:
         """(seq, labelled_at, conf_bin, confidence, correct) of the most recent labels, oldest first."""
         query = (
             sa.select(labels.c.seq, labels.c.labelled_at, labels.c.conf_bin, labels.c.confidence, labels.c.correct)
@@ -287,7 +290,7 @@ class Labels:
 
     def after(
         self, key: CalibrationKey, seq: int, connection: sa.Connection | None = None, newest: int | None = None
-    ) -> list[sa.Row]:
+    ) -> Sequence[sa.Row]:
         """(seq, correct, confidence, source) of the labels after ``seq`` (only the ``newest`` most recent of
         them if given), in label order."""
         query = sa.select(
@@ -298,7 +301,7 @@ class Labels:
         ).where(*scope(labels, key), labels.c.seq > seq)
         query = query.order_by(labels.c.seq) if newest is None else query.order_by(labels.c.seq.desc()).limit(newest)
 
-        def run(c: sa.Connection) -> list[sa.Row]:
+        def run(c: sa.Connection) -> Sequence[sa.Row]:
             rows = c.execute(query).all()
             return rows if newest is None else rows[::-1]
 
