@@ -139,10 +139,11 @@ def service(
     device: str,
     output: Path | None = None,
     ready_path: str = "/v2/health/ready",
+    cwd: Path = ROOT,
     **env,
 ) -> Server:
-    """A service process on ``device`` (its log to ``output``), waited for until ``ready_path`` answers 200; on a
-    GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
+    """A service process on ``device`` run from the source tree ``cwd`` (its log to ``output``), waited for until
+    ``ready_path`` answers 200; on a GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
     env = (
         {
             "CALIB_ARTIFACTS": str(artifacts),
@@ -156,7 +157,7 @@ def service(
         | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda" else {})
         | env
     )
-    return Server([PYTHON, "-m", "service"], ready_path, env, output=output)
+    return Server([PYTHON, "-m", "service"], ready_path, env, cwd=cwd, output=output)
 
 
 def baseline_server(model_path: Path, device: str) -> Server:

@@ -206,3 +206,22 @@ def test_the_gap_to_onnxruntime_alone_splits_into_stack_hand_offs_and_service_wo
     for row in (json_row, binary_row):
         assert row["http_stack"] + row["batching_hand_offs"] + row["service_work"] == pytest.approx(1 - row["service"])
     assert binary_row["service_work"] == pytest.approx(0.93 - 0.82)
+
+
+def test_a_tree_comparison_holds_only_within_the_rounds_spread():
+    from bench.trees import summary
+
+    def rows(light: list[float], after_factor: float) -> list[dict]:
+        out = []
+        for r, value in enumerate(light):
+            for tree, factor in (("before", 1.0), ("after", after_factor)):
+                ratios = {"light_vs_baseline": value * factor, "json_vs_raw": 0.8, "binary_vs_raw": 0.8}
+                out.append({"round": r + 1, "tree": tree} | ratios)
+        return out
+
+    steady = {s["ratio"]: s for s in summary(rows([3.0, 3.3, 2.7], 1.05), "before", "after")}
+    assert steady["light_vs_baseline"]["within the rounds' spread"]  # 5% inside a 22% spread
+    assert steady["light_vs_baseline"]["after / before"].startswith("1.050")
+    assert steady["json_vs_raw"]["within the rounds' spread"]  # no change in no spread
+    fallen = {s["ratio"]: s for s in summary(rows([3.0, 3.1, 2.95], 0.8), "before", "after")}
+    assert not fallen["light_vs_baseline"]["within the rounds' spread"]  # 20% down, rounds 5% apart
