@@ -3,7 +3,8 @@
 Modules: ``metrics`` (ECE, MCE, AdaECE, classwise ECE, NLL, Brier, ...), ``binning`` (the bin
 sums every binned metric is built from), ``stats`` (mergeable ``BinStats``), ``bootstrap``
 (confidence intervals), ``significance`` (intervals and tests from bin sums), ``temperature``
-(temperature scaling), ``calibrators`` (post-hoc calibrators behind one interface), ``detector``
+(temperature scaling), ``calibrators`` (post-hoc calibrators behind one interface), ``conformal``
+(split conformal prediction sets: LAC, APS, RAPS, Mondrian, p-values), ``detector``
 and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
 ``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
 (input checks).
