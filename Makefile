@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm artifacts study simulate k8s-rules clean
+.PHONY: run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm bench-conformal artifacts study simulate k8s-rules clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -101,6 +101,11 @@ bench: $(VENV)/.installed-dev tools
 ## shift through /predict, and single-label feedback throughput (docs/alarm_benchmark.md)
 bench-alarm: $(VENV)/.installed-dev tools
 	$(PY) -m bench.alarm
+
+## bench-conformal: split conformal prediction sets on exchangeable data (coverage against its exact law, set
+## sizes, coverage by set size and class) and their cost per batch (docs/conformal_benchmark.md)
+bench-conformal: $(VENV)/.installed-dev
+	$(PY) -m bench.conformal
 
 ## k8s-rules: render deploy/prometheus/alerts.yml as the PrometheusRule of deploy/k8s/prometheus-operator
 k8s-rules: $(VENV)/.installed-dev

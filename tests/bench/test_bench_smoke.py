@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, Pos
 
 
 @pytest.mark.parametrize(
-    "name", ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth"]
+    "name", ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth", "conformal"]
 )
 def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
     result = subprocess.run(

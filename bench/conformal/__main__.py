@@ -1,0 +1,57 @@
+"""Benchmark of split conformal prediction sets (``make bench-conformal``), of calibkit.conformal alone.
+
+Measures (``measure.run`` says what), judges the goals (``goals``), prints the tables and writes
+bench/results/conformal.json and docs/conformal_benchmark.md (``render``).
+
+    python -m bench.conformal [--splits 1000] [--repeats 1000] [--seed 0] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from bench.common import RESULTS, machine, write_result
+from bench.conformal.goals import goals
+from bench.conformal.measure import run
+from bench.conformal.render import PAGE, markdown
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.conformal", description=__doc__.splitlines()[0])
+    parser.add_argument("--splits", type=int, default=1_000, help="random calibration/test splits per data set")
+    parser.add_argument("--repeats", type=int, default=1_000, help="timed calls per method and operation")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="a few-second run that checks the benchmark works")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite docs/conformal_benchmark.md from bench/results/conformal.json, goals recomputed",
+    )
+    args = parser.parse_args()
+    if args.splits < 2:
+        parser.error(f"--splits: expected at least 2, got {args.splits}")
+    if args.repeats < 1:
+        parser.error(f"--repeats: expected at least 1, got {args.repeats}")
+    if args.report_only:
+        result = json.loads((RESULTS / "conformal.json").read_text())
+        result["goals"] = goals(result)
+        PAGE.write_text(markdown(result))
+        return
+    if args.smoke:
+        args.splits, args.repeats = 20, 20
+    start = time.perf_counter()
+    result = run(args)
+    result["goals"] = goals(result)
+    result["seconds"] = time.perf_counter() - start
+    path = write_result("conformal", result, smoke=args.smoke)
+    report = markdown({"machine": machine(), **result})
+    print(report)
+    if not args.smoke:
+        PAGE.write_text(report)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

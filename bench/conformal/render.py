@@ -1,0 +1,110 @@
+"""The conformal benchmark's page, docs/conformal_benchmark.md: the goals, then the tables of ``measure``'s rows."""
+
+from __future__ import annotations
+
+from bench.common import ROOT, table
+from bench.conformal.goals import GOAL_COLUMNS
+from bench.conformal.measure import (
+    BIN_COLUMNS,
+    CLASS_COLUMNS,
+    COST_ALPHA,
+    COST_CALIBRATION,
+    COST_COLUMNS,
+    EXCHANGEABLE_COLUMNS,
+    MIX,
+)
+
+PAGE = ROOT / "docs" / "conformal_benchmark.md"
+
+
+def markdown(result: dict) -> str:
+    m, setup = result["machine"], result["setup"]
+    digits, synthetic = result["sources"]["digits"], result["sources"]["cifar-like"]
+    k_regs = ", ".join(
+        f"{r['data']} alpha {r['alpha']:g}: {r['k_reg']}"
+        for r in result["exchangeable"]
+        if r["method"] == "RAPS randomized"
+    )
+    mix = result["cost_mix"]
+    lines = [
+        "# Conformal benchmark",
+        "",
+        f'Measured by `make bench-conformal` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
+        f"{m['memory_gib']} GiB, Python {m['python']}, numpy {m['numpy']}, at commit `{m['commit']}`, in "
+        f"{result['seconds']:.0f} s. Split conformal classification of `calibkit.conformal` alone: serving, "
+        "feedback and the adaptive threshold come later, and their goals are listed below as not yet measured.",
+        "",
+        "## Goals",
+        "",
+        table(result["goals"], GOAL_COLUMNS),
+        "",
+        "## Data",
+        "",
+        f"- **digits**: the committed default model `artifacts/digits-lenet5/1` (onnxruntime, its calibrated "
+        f"`probabilities` output) on the {digits['pool']} images of the digits test split as `training.data` "
+        f"loads them, which the model, its temperature and its reference never saw (accuracy "
+        f"{digits['accuracy']:.3f}, mean top-label confidence {digits['mean_confidence']:.3f}). Each split "
+        f"permutes them: {digits['n_cal']} for calibration, {digits['n_test']} for test. Label probabilities tied "
+        f"within the pool: {digits['tied_label_probabilities']}. RAPS's `k_reg` is tuned on the "
+        f"{digits['tuning']} images of the validation split (the temperature's), which no split uses.",
+        f"- **cifar-like**: the calibrated synthetic traffic of `bench.alarm.traffic` (logits N(0, "
+        f"{synthetic['logit_scale']:g}^2) over 10 classes, labels drawn from their softmax; accuracy "
+        f"{synthetic['accuracy']:.3f}, mean top-label confidence {synthetic['mean_confidence']:.3f}). Each split "
+        f"draws its own {synthetic['n_cal']} calibration and {synthetic['n_test']} test rows; `k_reg` is tuned on "
+        f"a separate sample of {synthetic['tuning']}.",
+        f"- {setup['splits']} splits per data set, seeded. RAPS: `k_reg` from `pick_k_reg` at each alpha on the "
+        f"tuning part ({k_regs}); lambda = {setup['lambda']:g}, the small value of Angelopoulos et al.'s "
+        "adaptiveness runs: it trims the noisy tail of a set without turning RAPS into a fixed top-k, which a "
+        "large lambda does at the cost of coverage by set size.",
+        "",
+        "## Coverage on exchangeable data",
+        "",
+        "`coverage`: the mean over splits of the share of test labels in their set, with its standard error "
+        "`coverage_se` (over splits; for digits, given the pool). `exact_mean`: 1 - l / (n + 1), l = n + 1 - "
+        "ceil((n + 1)(1 - alpha)), the mean of sets from scores without ties. `excess`: coverage - (1 - alpha). "
+        "Given the calibration set, coverage is Beta(n + 1 - l, l); a split's count of covered test labels out of "
+        "m is then BetaBinomial(m, n + 1 - l, l), exactly, for i.i.d. draws and for random splits of a fixed pool "
+        "alike. `ks_d`, `ks_p`: KS test of the counts, through the randomized probability integral transform, "
+        "against that law; run for LAC and the randomized APS and RAPS, whose scores have no ties (LAC's but for "
+        "the tied probabilities counted above). The non-randomized APS and RAPS sets always hold the top label: "
+        "they are conservative, and only their excess is reported. `size`: mean set size.",
+        "",
+        table(result["exchangeable"], EXCHANGEABLE_COLUMNS),
+        "",
+        "## Coverage by set size",
+        "",
+        f"Test labels pooled over the splits, by the size of their set, in bins of at least "
+        f"{setup['min_bin_labels']} labels (sizes 0 and 1 share the first bin, as in the RAPS paper: an empty "
+        "randomized set covers nothing by definition). `examples`: distinct test rows among them (digits reuses "
+        "its pool across splits). LAC is shown for its conditional weakness: its small sets, the confident "
+        "inputs, are covered more than its large ones.",
+        "",
+        table(result["bins"], BIN_COLUMNS),
+        "",
+        "## Coverage by class",
+        "",
+        "`marginal`: one threshold for all classes; `mondrian`: one per class (`classwise_quantiles`), for "
+        "coverage given the class. `worst_class`, `worst_coverage`: the class whose test labels the sets held "
+        "least often, pooled over the splits. A class with fewer than 1 / alpha - 1 calibration labels gets a "
+        f"Mondrian threshold of +inf, so every set holds it: digits has about {digits['n_cal'] / 10:.0f} "
+        "calibration labels per class, which at alpha 0.05 leaves some classes in every set.",
+        "",
+        table(result["classes"], CLASS_COLUMNS),
+        "",
+        "## Cost per batch",
+        "",
+        f"`SplitConformal.sets` (at alpha {COST_ALPHA:g}) and `SplitConformal.p_values` on batches of 64 rows, "
+        f"validation included, calibrated on {COST_CALIBRATION:,} rows, cycling over 32 batches; one thread, "
+        "median and 90th percentile of the wall time per call. At 1,000 classes the rows are logits N(0, 1) plus "
+        f"a boost: U(8, 14) on one class for {MIX[0]:.0%} of the rows (peaked), U(5, 8) on each of 5 classes for "
+        f"{MIX[1]:.0%} (ambiguous between a few), none for {MIX[2]:.0%} (flat, an input unlike any class); labels "
+        f"drawn from the probabilities. Median top probability {mix['1000']['top_p50']:.2f}, "
+        f"{mix['1000']['top_below_0.5']:.0%} of rows below 0.5, top-1 accuracy {mix['1000']['top1']:.2f}, top-5 "
+        f"{mix['1000']['top5']:.2f}, `k_reg` {mix['1000']['k_reg']}. APS and RAPS sets that reach past the top 32 "
+        "labels are sorted whole. At 10 classes, the cifar-like traffic (`k_reg` "
+        f"{mix['10']['k_reg']}). `mean_set_size`: over the timed batches.",
+        "",
+        table(result["cost"], [*COST_COLUMNS, "mean_set_size"]),
+        "",
+    ]
+    return "\n".join(lines)
