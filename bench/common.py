@@ -85,6 +85,34 @@ def write_result(name: str, data: dict, smoke: bool = False) -> Path:
     return path
 
 
+def publish(
+    name: str,
+    run: Callable[[], dict],
+    goals: Callable[[dict], list],
+    markdown: Callable[[dict], str],
+    page: Path,
+    smoke: bool,
+    report_only: bool = False,
+) -> None:
+    """Measure (``run``), judge the goals, write bench/results/<name>.json and print the page, which is written to
+    ``page`` unless ``smoke``; ``report_only`` renders the page again from the stored result, goals recomputed."""
+    if report_only:
+        result = json.loads((RESULTS / f"{name}.json").read_text())
+        result["goals"] = goals(result)
+        page.write_text(markdown(result))
+        return
+    start = time.perf_counter()
+    result = run()
+    result["goals"] = goals(result)
+    result["seconds"] = time.perf_counter() - start
+    path = write_result(name, result, smoke=smoke)
+    report = markdown({"machine": machine(), **result})
+    print(report)
+    if not smoke:
+        page.write_text(report)
+    print(f"wrote {path}")
+
+
 def table(rows: list[dict], columns: list[str]) -> str:
     """A markdown table of ``rows`` with the given columns."""
 

@@ -9,13 +9,11 @@ bench/results/alarm.json and docs/alarm_benchmark.md (``render``).
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 from bench.alarm.goals import goals
 from bench.alarm.measure import run
 from bench.alarm.render import PAGE, markdown
-from bench.common import RESULTS, machine, write_result
+from bench.common import publish
 
 
 def main() -> None:
@@ -33,24 +31,10 @@ def main() -> None:
         help="rewrite docs/alarm_benchmark.md from bench/results/alarm.json, goals recomputed",
     )
     args = parser.parse_args()
-    if args.report_only:
-        result = json.loads((RESULTS / "alarm.json").read_text())
-        result["goals"] = goals(result)
-        PAGE.write_text(markdown({"machine": machine(), **result}))
-        return
     if args.smoke:
         args.streams, args.shift_streams, args.oracle_streams, args.labels = 20, 20, 50, 1_000
         args.warning_predictions = 10_000
-    start = time.perf_counter()
-    result = run(args)
-    result["goals"] = goals(result)
-    result["seconds"] = time.perf_counter() - start
-    path = write_result("alarm", result, smoke=args.smoke)
-    report = markdown({"machine": machine(), **result})
-    print(report)
-    if not args.smoke:
-        PAGE.write_text(report)
-    print(f"wrote {path}")
+    publish("alarm", lambda: run(args), goals, markdown, PAGE, args.smoke, args.report_only)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,8 @@ bench/results/conformal.json and docs/conformal_benchmark.md (``render``).
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
-from bench.common import RESULTS, machine, write_result
+from bench.common import publish
 from bench.conformal.goals import goals
 from bench.conformal.measure import run
 from bench.conformal.render import PAGE, markdown
@@ -34,23 +32,9 @@ def main() -> None:
         parser.error(f"--splits: expected at least 2, got {args.splits}")
     if args.repeats < 1:
         parser.error(f"--repeats: expected at least 1, got {args.repeats}")
-    if args.report_only:
-        result = json.loads((RESULTS / "conformal.json").read_text())
-        result["goals"] = goals(result)
-        PAGE.write_text(markdown(result))
-        return
     if args.smoke:
         args.splits, args.repeats = 20, 20
-    start = time.perf_counter()
-    result = run(args)
-    result["goals"] = goals(result)
-    result["seconds"] = time.perf_counter() - start
-    path = write_result("conformal", result, smoke=args.smoke)
-    report = markdown({"machine": machine(), **result})
-    print(report)
-    if not args.smoke:
-        PAGE.write_text(report)
-    print(f"wrote {path}")
+    publish("conformal", lambda: run(args), goals, markdown, PAGE, args.smoke, args.report_only)
 
 
 if __name__ == "__main__":
