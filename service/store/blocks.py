@@ -119,6 +119,7 @@ def bin_totals(*where) -> sa.Select:
     )
 
 
-def row_totals(rows: sa.Subquery) -> sa.Select:
-    """Per-bin totals of individual label rows (a subquery of ``ROW_COLUMNS``), as ``bin_totals``."""
-    return sa.select(rows.c.conf_bin, *_row_sums(rows.c)).group_by(rows.c.conf_bin)
+def row_totals(rows: sa.Subquery, *by) -> sa.Select:
+    """Per-bin totals of individual label rows (a subquery of ``ROW_COLUMNS``), as ``bin_totals``; with ``by``,
+    per value of those columns too, which lead each row."""
+    return sa.select(*by, rows.c.conf_bin, *_row_sums(rows.c)).group_by(*by, rows.c.conf_bin)

@@ -219,44 +219,24 @@ class Labels:
     ) -> dict[str, BinStats]:
         """The bin statistics of a window (the last ``last`` labels, those of the last ``seconds``, or all)
         per source: an aggregate over the window's label rows, so its cost grows with the window."""
-        rows = sa.select(
-            labels.c.seq,
-            labels.c.conf_bin,
-            labels.c.confidence,
-            labels.c.correct,
-            labels.c.nll,
-            labels.c.brier,
-            sa.func.coalesce(labels.c.source, ANONYMOUS).label("source"),
-        ).where(*scope(labels, key))
+        source_of = sa.func.coalesce(labels.c.source, ANONYMOUS).label("source")
+        rows = sa.select(*ROW_COLUMNS, source_of).where(*scope(labels, key))
         if seconds is not None:
             rows = rows.where(labels.c.labelled_at >= (now or time.time()) - seconds)
         elif last is not None:
             rows = rows.order_by(labels.c.seq.desc()).limit(last)
         r = rows.subquery()
-        query = (
-            sa.select(
-                r.c.source,
-                r.c.conf_bin,
-                sa.func.count(),
-                sa.func.sum(r.c.confidence),
-                sa.func.sum(r.c.correct),
-                sa.func.sum(r.c.nll),
-                sa.func.sum(r.c.brier),
-            )
-            .group_by(r.c.source, r.c.conf_bin)
-            .order_by(r.c.source, r.c.conf_bin)
-        )
+        query = row_totals(r, r.c.source).order_by(r.c.source, r.c.conf_bin)
 
         def work(c) -> dict[str, BinStats]:
             found: dict[str, list] = {}
-            for source, *sums in c.execute(query):
-                found.setdefault(source, []).append([float(v) for v in sums])
+            for source, *totals in c.execute(query):
+                found.setdefault(source, []).append(totals)
             out = {}
-            for source, sums in found.items():
-                bins, count, confidence, correct, nll, brier = np.array(sums).T
-                stats = BinStats.empty(None, n_bins)
-                stats.add_bins(bins.astype(int).tolist(), count, confidence, correct, nll.sum(), brier.sum())
-                out[source] = stats
+            for source, totals in found.items():
+                window = WindowSums(BinStats.empty(None, n_bins))
+                window.add(totals)
+                out[source] = window.stats
             return out
 
         return self.db.run(work, write=False)
