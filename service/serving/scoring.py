@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import cast
 
 import numpy as np
 
@@ -45,9 +46,9 @@ class ScoredBatch:
     def prediction_rows(self, model: str, version: str, now: float | None = None) -> list[PredictionRow]:
         """The rows as the prediction log stores them."""
         now = time.time() if now is None else now
-        probability_bytes = [b for b in self.probability_bytes if b is not None]
-        if len(probability_bytes) != len(self):
+        if len(self) and self.probability_bytes[0] is None:  # ``score`` encodes every row of a batch or none
             raise ValueError("rows scored without encode=True have no encodings to log")
+        probability_bytes = cast(Sequence[bytes], self.probability_bytes)
         return [
             PredictionRow(
                 self.ids[i],
