@@ -87,7 +87,7 @@ def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[s
         data = dict(data)
         data["inputs"] = [_without_data(tensor, values, i) for i, tensor in enumerate(data["inputs"])]
     body = validate(V2InferenceRequest, data)
-    arrays: dict[str, np.ndarray | list] = dict(_binary_inputs(body, raw[split:]))
+    arrays = _binary_inputs(body, raw[split:])
     for i, tensor in enumerate(body.inputs):
         if i in values and tensor.name not in arrays:
             arrays[tensor.name] = values[i]
@@ -103,8 +103,10 @@ def _without_data(tensor, values: dict, index: int):
     return tensor
 
 
-def _binary_inputs(body: V2InferenceRequest, blob: bytes) -> dict[str, np.ndarray]:
-    arrays, offset = {}, 0
+def _binary_inputs(body: V2InferenceRequest, blob: bytes) -> dict[str, np.ndarray | list]:
+    """The binary tensors after the JSON header, by input name (the JSON ``data`` of the others joins them)."""
+    arrays: dict[str, np.ndarray | list] = {}
+    offset = 0
     for i, tensor in enumerate(body.inputs):
         size = (tensor.parameters or {}).get("binary_data_size")
         if size is None:
