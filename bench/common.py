@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import re
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -177,6 +179,29 @@ class Server:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+    def interrupt(self) -> None:
+        """Stop a launcher that writes its results on Ctrl-C (py-spy): SIGINT to it, then SIGTERM to the server it
+        started, which outlives it."""
+        children = [
+            int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if parent_pid(stat) == self.process.pid
+        ]
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def parent_pid(stat: Path) -> int | None:
+    """The parent's pid in a ``/proc/<pid>/stat`` file (field 4, after the parenthesised command name)."""
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}

@@ -17,6 +17,7 @@ Goals are ratios within this run (docs/benchmarks.md). Writes ``gpu.json`` and `
     python -m bench.gpu --prepare DIR                    # the two-model repository (needs torch), to carry
     python -m bench.gpu --out DIR --artifacts DIR --device cuda
     python -m bench.gpu --out DIR --device cpu --smoke   # the rehearsal, a few seconds per point
+    python -m bench.gpu --sweep --out DIR --artifacts DIR --device cuda --py-spy PATH   # where the time goes
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 from bench.common import Server, histogram_means, histogram_totals, machine, table, v2_binary_request, wrk
 from bench.serving.measure import (
     CUDA,
+    GPU_MAX_BATCH,
     HEAVY,
     LIGHT,
     SHAPES,
@@ -241,11 +243,14 @@ def service_points(svc: Server, artifacts: Path, device: str, seconds: float, wo
 
 VARIANTS = {
     "TF32 on": {"CALIB_CUDA_TF32": "true"},
-    "EXHAUSTIVE": {"CALIB_CUDA_CONV_ALGO_SEARCH": "EXHAUSTIVE"},
-    "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"},
+    "one session for all buckets": {"CALIB_BUCKET_SESSIONS": "off"},
+    "one session for all buckets, DEFAULT search": {
+        "CALIB_BUCKET_SESSIONS": "off",
+        "CALIB_CUDA_CONV_ALGO_SEARCH": "DEFAULT",
+    },
 }
-"""CUDA settings measured beside the defaults (TF32 off, cuDNN's HEURISTIC algorithm choice, Python's 5 ms
-switch interval)."""
+"""CUDA settings measured beside the defaults (TF32 off, cuDNN's HEURISTIC algorithm choice, batches padded to
+buckets with a session per bucket)."""
 
 
 def variant_load(name: str, svc: Server, seconds: float, work: Path) -> dict:
@@ -460,52 +465,141 @@ def run(out: Path, device: str, artifacts: Path | None, seconds: float) -> dict:
 SWEEP = {
     "defaults": {},
     "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"},
-    "EXHAUSTIVE": {"CALIB_CUDA_CONV_ALGO_SEARCH": "EXHAUSTIVE"},
     "io binding off": {"CALIB_IO_BINDING": "off"},
     "one session": {"CALIB_BATCHING__INSTANCES": "1"},
     "no padding": {"CALIB_PAD_BATCHES": "off"},
+    "one session for all buckets": {"CALIB_BUCKET_SESSIONS": "off"},
     "one intra-op thread": {"CALIB_INTRA_OP_THREADS": "1"},
 }
-"""Service settings compared by ``--sweep`` on the heavy model alone."""
+"""Service settings compared by ``--sweep`` on the heavy model alone, each run twice: in this order, then in the
+reverse one, so that a setting's effect can be told from drift over the sweep."""
+
+SWEEP_COLUMNS = ["round", "setting", "ready_seconds", "rows_per_s", "batch", "queue_ms", "inference_ms"]
 
 
-def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float) -> dict:
+def sweep_point(artifacts: Path, device: str, seconds: float, work: Path, name: str, env: dict, **launch) -> dict:
+    """The heavy model's rows/s and stage means at CLIENTS binary single-row clients under one setting."""
+    route, payload, lua = single_row_requests(binary_load(work, HEAVY), HEAVY)["binary"]
+    ready = time.monotonic()
+    db = f"sqlite:///{work / f'{time.monotonic_ns()}.db'}"
+    svc = service(artifacts, db, False, device, CALIB_DEFAULT_MODEL=HEAVY, **env, **launch)
+    try:
+        row = {"setting": name, "ready_seconds": time.monotonic() - ready}
+        wrk(svc.url + route, payload, CLIENTS, 1.0, lua=lua)
+        before = histogram_totals(svc.url)
+        row["rows_per_s"] = wrk(svc.url + route, payload, CLIENTS, seconds, lua=lua)["requests_per_s"]
+        means = histogram_means(
+            before, histogram_totals(svc.url), [f"batch:{HEAVY}", f"queue:{HEAVY}", f"inference:{HEAVY}"]
+        )
+    finally:
+        if launch.get("launcher"):
+            svc.interrupt()
+        else:
+            svc.stop()
+    return row | {
+        "batch": means[f"batch:{HEAVY}"],
+        "queue_ms": 1000 * (means[f"queue:{HEAVY}"] or 0),
+        "inference_ms": 1000 * (means[f"inference:{HEAVY}"] or 0),
+    }
+
+
+def batcher_alone(artifacts: Path, device: str, seconds: float, instances: int = 0, model_name: str = HEAVY) -> dict:
+    """The service's own model loading, sessions and dynamic batcher, without HTTP: CLIENTS asyncio tasks in this
+    process, each submitting one row at a time. Its rows/s, mean batch and mean onnxruntime call per batch, set
+    against the service's, tell whether the gap lies in the batcher and sessions or in HTTP and the event loop."""
+    import asyncio
+
+    from service.serving.batching import DynamicBatcher
+    from service.serving.repository import load_version
+    from service.settings import BatchingConfig, Settings
+
+    batching = BatchingConfig(max_batch_size=GPU_MAX_BATCH if device == "cuda" else 64, instances=instances)
+    model = load_version(artifacts / model_name / "1", Settings(device=device, batching=batching), batching)
+    calls: list[tuple[int, float]] = []
+
+    def timed(runtime):
+        def run(x: np.ndarray) -> dict:
+            started = time.perf_counter()
+            out = runtime.run(x)
+            calls.append((len(x), time.perf_counter() - started))
+            return out
+
+        return run
+
+    async def load(batcher: DynamicBatcher, x: np.ndarray, until: float) -> int:
+        async def client() -> int:
+            n = 0
+            while time.perf_counter() < until:
+                await batcher.submit(x)
+                n += 1
+            return n
+
+        return sum(await asyncio.gather(*(client() for _ in range(CLIENTS))))
+
+    async def measure() -> dict:
+        batcher = DynamicBatcher([timed(r) for r in model.runtimes], batching, model_name)
+        batcher.start()
+        x = inputs(model_name, 1)
+        await load(batcher, x, time.perf_counter() + 1.0)
+        calls.clear()
+        started = time.perf_counter()
+        rows = await load(batcher, x, started + seconds)
+        elapsed = time.perf_counter() - started
+        await batcher.stop()
+        return {
+            "model": model_name,
+            "sessions": len(model.runtimes),
+            "provider": model.runtimes[0].provider,
+            "rows_per_s": rows / elapsed,
+            "batch": float(np.mean([n for n, _ in calls])),
+            "onnxruntime_ms": 1000 * float(np.mean([t for _, t in calls])),
+        }
+
+    return asyncio.run(measure())
+
+
+def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float, py_spy: str | None = None) -> dict:
     """Where the heavy model's time goes in the service: its rows/s and stage means at CLIENTS binary clients
-    under each of SWEEP's settings, and onnxruntime alone at batch 32 in this process with and without a
-    pure-Python thread holding the GIL between switch intervals (as the event loop does under load)."""
+    under each of SWEEP's settings (twice, ``sweep_point``), the same load on the batcher alone
+    (``batcher_alone``), onnxruntime alone at batch 32 in this process with and without a pure-Python thread
+    holding the GIL between switch intervals (as the event loop does under load), and, given ``py_spy``, the
+    service's native stacks under the defaults (py-spy's raw format, every thread, idle ones included)."""
     import sys
     import threading
 
     work = Path(tempfile.mkdtemp(prefix="calib-gpu-"))
     heavy_only = work / "artifacts"
     shutil.copytree(artifacts / HEAVY, heavy_only / HEAVY)
-    rows: list[dict] = []
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"settings": [], "batcher_alone": [], "gil": [], "py_spy": None}
     try:
-        route, payload, lua = single_row_requests(binary_load(work, HEAVY), HEAVY)["binary"]
-        for name, env in SWEEP.items():
-            ready = time.monotonic()
-            svc = service(
-                heavy_only, f"sqlite:///{work / f'{len(rows)}.db'}", False, device, CALIB_DEFAULT_MODEL=HEAVY, **env
-            )
-            try:
-                row = {"setting": name, "ready_seconds": time.monotonic() - ready}
-                wrk(svc.url + route, payload, CLIENTS, 1.0, lua=lua)
-                before = histogram_totals(svc.url)
-                row["rows_per_s"] = wrk(svc.url + route, payload, CLIENTS, seconds, lua=lua)["requests_per_s"]
-                means = histogram_means(
-                    before, histogram_totals(svc.url), [f"batch:{HEAVY}", f"queue:{HEAVY}", f"inference:{HEAVY}"]
-                )
-                row |= {
-                    "batch": means[f"batch:{HEAVY}"],
-                    "queue_ms": 1000 * (means[f"queue:{HEAVY}"] or 0),
-                    "inference_ms": 1000 * (means[f"inference:{HEAVY}"] or 0),
-                }
-                rows.append(row)
+        for round_, names in enumerate((list(SWEEP), list(reversed(SWEEP))), start=1):
+            for name in names:
+                row = {"round": round_} | sweep_point(heavy_only, device, seconds, work, name, SWEEP[name])
+                result["settings"].append(row)
                 print(row, flush=True)
-            finally:
-                svc.stop()
+        for instances in (0, 1):
+            row = batcher_alone(artifacts, device, seconds, instances)
+            result["batcher_alone"].append(row)
+            print(row, flush=True)
+        if py_spy:
+            stacks = out / "py-spy.txt"
+            launcher = [py_spy, "record", "--native", "--idle", "--threads", "--rate", "100", "--format", "raw"]
+            try:
+                row = sweep_point(
+                    heavy_only,
+                    device,
+                    seconds,
+                    work,
+                    "defaults, under py-spy",
+                    {},
+                    launcher=[*launcher, "-o", str(stacks), "--"],
+                )
+                result["py_spy"] = row | {"stacks": stacks.name, "samples": raw_samples(stacks)}
+            except Exception as exc:  # noqa: BLE001 - the sweep's figures stand without the profile
+                result["py_spy"] = {"error": repr(exc)}
+            print(result["py_spy"], flush=True)
         path = artifacts / HEAVY / "1" / "model.onnx"
-        gil = []
         for busy, interval in ((False, 0.005), (True, 0.005), (True, 0.0005)):
             stop = threading.Event()
 
@@ -523,16 +617,27 @@ def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float) -> d
             finally:
                 stop.set()
                 sys.setswitchinterval(0.005)
-            gil.append({"python_thread_busy": busy, "switch_interval_ms": 1000 * interval} | raw)
-            print(gil[-1], flush=True)
+            result["gil"].append({"python_thread_busy": busy, "switch_interval_ms": 1000 * interval} | raw)
+            print(result["gil"][-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"settings": rows, "gil": gil}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(result, indent=2))
-    print(table(rows, ["setting", "ready_seconds", "rows_per_s", "batch", "queue_ms", "inference_ms"]))
-    print(table(gil, ["python_thread_busy", "switch_interval_ms", "batch", "sessions", "rows_per_s", "ms_per_call"]))
+        (out / "sweep.json").write_text(json.dumps(result, indent=2))
+    print(table(result["settings"], SWEEP_COLUMNS))
+    print(table(result["batcher_alone"], ["sessions", "provider", "rows_per_s", "batch", "onnxruntime_ms"]))
+    print(
+        table(
+            result["gil"],
+            ["python_thread_busy", "switch_interval_ms", "batch", "sessions", "rows_per_s", "ms_per_call"],
+        )
+    )
     return result
+
+
+def raw_samples(path: Path) -> int:
+    """The samples in a py-spy raw (collapsed-stack) file: each line ends in its count."""
+    if not path.is_file():
+        return 0
+    return sum(int(line.rsplit(" ", 1)[1]) for line in path.read_text().splitlines() if line.strip())
 
 
 POINT_COLUMNS = [
@@ -613,23 +718,32 @@ because GPU machines are rare; ``recorded_section`` renders them into docs/bench
 
 
 def recorded_section(folder: Path = RECORDED) -> str:
-    """docs/benchmarks.md's GPU section: every recorded run (``report``) and settings sweep, oldest first."""
+    """docs/benchmarks.md's GPU section: every recorded run (``report``) and settings sweep, by the session that
+    recorded it (``recorded.session``, 1 when absent) and then by name."""
     out = [
         "## GPU runs (`python -m bench.gpu`)",
         "",
         "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`; "
-        "docs/decisions/0001-gpu-run.md says what was learnt). Each run's settings are named above its tables.",
+        "docs/decisions/0001-gpu-run.md and 0020-bucket-sessions.md say what was learnt). Each run's settings are "
+        "named above its tables.",
     ]
-    for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text())
+    recorded = [(path, json.loads(path.read_text())) for path in folder.glob("*.json")]
+    for path, data in sorted(recorded, key=lambda r: (r[1]["recorded"].get("session", 1), r[0].name)):
         note = f"\n*{path.name}: {data['recorded']['note']}.*\n"
         if "settings" in data:
             out += [
                 f"\n## GPU settings sweep ({path.stem})",
                 note,
-                table(
-                    data["settings"], ["setting", "ready_seconds", "rows_per_s", "batch", "queue_ms", "inference_ms"]
-                ),
+                table(data["settings"], [c for c in SWEEP_COLUMNS if c in data["settings"][0]]),
+            ]
+            if data.get("batcher_alone"):
+                out += [
+                    "",
+                    "The service's batcher and sessions alone (no HTTP), at the same load:",
+                    "",
+                    table(data["batcher_alone"], ["sessions", "provider", "rows_per_s", "batch", "onnxruntime_ms"]),
+                ]
+            out += [
                 "",
                 "onnxruntime alone at batch 32, beside a pure-Python thread:",
                 "",
@@ -677,6 +791,7 @@ def main() -> None:
         help="only the heavy model under each of SWEEP's settings, and onnxruntime alone beside a busy Python thread",
     )
     parser.add_argument("--prepare", type=Path, metavar="DIR", help="only write the two-model repository to DIR")
+    parser.add_argument("--py-spy", help="with --sweep: the py-spy binary that records the service's stacks")
     args = parser.parse_args()
     if args.prepare:
         work = Path(tempfile.mkdtemp(prefix="calib-gpu-"))
@@ -688,7 +803,7 @@ def main() -> None:
     if args.out is None:
         parser.error("--out is required (or --prepare)")
     if args.sweep:
-        settings_sweep(args.out, args.device, args.artifacts, 1.0 if args.smoke else args.seconds)
+        settings_sweep(args.out, args.device, args.artifacts, 1.0 if args.smoke else args.seconds, args.py_spy)
         return
     result = run(args.out, args.device, args.artifacts, 1.0 if args.smoke else args.seconds)
     print(report(result))

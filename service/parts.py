@@ -131,6 +131,7 @@ class ServiceParts:
                 "requested_providers": m.runtime.requested,
                 "io_binding": m.runtime.io_binding,
                 "batch_buckets": list(m.runtime.buckets),
+                "bucket_sessions": bool(m.runtime.bucket_sessions),
                 "sessions": len(m.runtimes),
                 "queued_rows": m.batcher.queued_rows if m.batcher else 0,
             }

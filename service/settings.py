@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         "max_batch_size), so that a session meets a handful of input shapes, each warmed up at load: on CUDA each "
         "new shape costs cuDNN an algorithm search and plan; auto = on for sessions that run on CUDA",
     )
+    bucket_sessions: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="with padding, a session of its own for each bucket size, so that every session meets one "
+        "input shape: onnxruntime's CUDA convolutions keep the cuDNN descriptors and plan of the last shape only and "
+        "rebuild them whenever the shape changes; auto = on for padding sessions that run on CUDA",
+    )
     switch_interval_ms: float | None = Field(
         default=None,
         gt=0,

@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,10 +141,12 @@ def service(
     output: Path | None = None,
     ready_path: str = "/v2/health/ready",
     cwd: Path = ROOT,
+    launcher: Sequence[str] = (),
     **env,
 ) -> Server:
-    """A service process on ``device`` run from the source tree ``cwd`` (its log to ``output``), waited for until
-    ``ready_path`` answers 200; on a GPU its batcher may form batches of up to GPU_MAX_BATCH rows."""
+    """A service process on ``device`` run from the source tree ``cwd`` (its log to ``output``; ``launcher``, such
+    as a profiler, starts it), waited for until ``ready_path`` answers 200; on a GPU its batcher may form batches
+    of up to GPU_MAX_BATCH rows."""
     env = (
         {
             "CALIB_ARTIFACTS": str(artifacts),
@@ -157,7 +160,7 @@ def service(
         | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda" else {})
         | env
     )
-    return Server([PYTHON, "-m", "service"], ready_path, env, cwd=cwd, output=output)
+    return Server([*launcher, PYTHON, "-m", "service"], ready_path, env, cwd=cwd, output=output)
 
 
 def baseline_server(model_path: Path, device: str) -> Server:

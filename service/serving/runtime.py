@@ -16,7 +16,10 @@ start-up whenever CUDA will be asked for.
 Dynamic batching hands a session a new batch size at almost every call; on CUDA each new input shape
 costs cuDNN an algorithm search and an execution plan for every convolution, far longer than the call.
 With ``pad_batches`` a session pads each batch to the next of a few bucket sizes (``batch_buckets``),
-all warmed up at load, and slices the outputs back.
+all warmed up at load, and slices the outputs back. Padding alone is not enough: onnxruntime's CUDA
+convolution keeps the cuDNN descriptors and plan of the last input shape only, so a session that alternates
+between bucket sizes rebuilds them for every convolution at nearly every call. With ``bucket_sessions`` each
+bucket size gets a session of its own, which meets one shape only.
 
 CUDA's TF32 tensor cores round matmul and convolution inputs to a 10-bit mantissa, so probabilities
 drift from the CPU path's by more than float32 rounding; ``cuda_tf32`` is off by default, so that a
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -126,7 +129,8 @@ def batch_buckets(max_batch_size: int) -> tuple[int, ...]:
 @dataclass
 class ModelRuntime:
     """One onnxruntime session: its input/output names, the provider that actually runs it, and the batch
-    sizes it pads to (``buckets``; none: every batch runs as it comes)."""
+    sizes it pads to (``buckets``; none: every batch runs as it comes), each with a session of its own in
+    ``bucket_sessions`` (none: ``session`` runs them all)."""
 
     session: ort.InferenceSession
     provider: str
@@ -135,27 +139,30 @@ class ModelRuntime:
     output_names: list[str]
     io_binding: bool = False
     buckets: tuple[int, ...] = ()
+    bucket_sessions: dict[int, ort.InferenceSession] = field(default_factory=dict)
 
     def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """All outputs on a float32 batch (blocking; call it off the event loop). A batch smaller than a
         bucket is padded with zero rows up to the smallest such bucket, and the outputs cut back to its rows;
-        a batch larger than every bucket runs as it is."""
+        a batch larger than every bucket runs as it is. Each bucket runs on its own session when it has one."""
         rows = len(x)
         size = next((b for b in self.buckets if b >= rows), rows)
+        # a batch larger than every bucket goes to the largest bucket's session, off the single-row path
+        session = self.bucket_sessions.get(min(size, self.buckets[-1]) if self.buckets else size, self.session)
         if size == rows:
-            return self._run(x)
+            return self._run(session, x)
         padded = np.zeros((size, *x.shape[1:]), dtype=np.float32)
         padded[:rows] = x
-        return {name: value[:rows] for name, value in self._run(padded).items()}
+        return {name: value[:rows] for name, value in self._run(session, padded).items()}
 
-    def _run(self, x: np.ndarray) -> dict[str, np.ndarray]:
+    def _run(self, session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
         if not self.io_binding:
-            return dict(zip(self.output_names, self.session.run(self.output_names, {self.input_name: x})))
-        binding = self.session.io_binding()
+            return dict(zip(self.output_names, session.run(self.output_names, {self.input_name: x})))
+        binding = session.io_binding()
         binding.bind_cpu_input(self.input_name, np.ascontiguousarray(x))
         for name in self.output_names:
             binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
 
 
@@ -164,7 +171,8 @@ def create_runtime(
 ) -> ModelRuntime:
     """One of ``sessions`` sessions for ``path``, with the configured providers, threads and optimisation
     level; unless set, the intra-op threads are the machine's cores divided among the sessions. With
-    ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA), it pads batches to ``batch_buckets``. With
+    ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA), it pads batches to ``batch_buckets``, each bucket
+    run by a session of its own with ``bucket_sessions`` on (auto: on CUDA). With
     ``profile``, onnxruntime's profiler traces every run to a JSON file of that prefix (``end_profiling``)."""
     options = ort.SessionOptions()
     if profile is not None:
@@ -193,6 +201,10 @@ def create_runtime(
     pads = max_batch_size > 0 and (
         settings.pad_batches == "on" or (settings.pad_batches == "auto" and provider == CUDA)
     )
+    buckets = batch_buckets(max_batch_size) if pads else ()
+    own = bool(buckets) and (
+        settings.bucket_sessions == "on" or (settings.bucket_sessions == "auto" and provider == CUDA)
+    )
     return ModelRuntime(
         session,
         provider,
@@ -200,5 +212,11 @@ def create_runtime(
         session.get_inputs()[0].name,
         [o.name for o in session.get_outputs()],
         io_binding,
-        batch_buckets(max_batch_size) if pads else (),
+        buckets,
+        {
+            size: session if i == 0 else ort.InferenceSession(str(path), options, providers=providers)
+            for i, size in enumerate(buckets)
+        }
+        if own
+        else {},
     )

@@ -108,6 +108,7 @@ def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everyw
         families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
     model = health["models"][0]
     assert (model["provider"], model["requested_providers"], model["io_binding"]) == (CPU, [CUDA, CPU], False)
+    assert (model["batch_buckets"], model["bucket_sessions"]) == ([], False)  # CUDA-only defaults, off on the CPU
     assert predicted["provider"] == CPU
     assert {s.labels["provider"] for s in families["calib_model_info"].samples} == {CPU}
     messages = [r.getMessage() for r in caplog.records]
@@ -198,7 +199,7 @@ def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, 
     assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64) and batch_buckets(1) == (1,)
     shapes = []
     run = padded._run
-    padded._run = lambda x: shapes.append(len(x)) or run(x)
+    padded._run = lambda session, x: shapes.append(len(x)) or run(session, x)
     for rows in (1, 3, 5, 6, 9):  # 9 rows: larger than every bucket, run as they come
         x = np.random.default_rng(rows).random((rows, 1, 2, 2), dtype=np.float32)
         expected, got = plain.run(x), padded.run(x)
@@ -207,13 +208,40 @@ def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, 
     assert shapes == [1, 4, 6, 6, 9]
 
 
+def test_with_bucket_sessions_every_session_meets_one_input_shape(tmp_path, linear_artifact):
+    path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
+    plain = create_runtime(path, Settings(pad_batches="off"), max_batch_size=6)
+    shared = create_runtime(path, Settings(pad_batches="on"), max_batch_size=6)
+    own = create_runtime(path, Settings(pad_batches="on", bucket_sessions="on"), max_batch_size=6)
+    assert shared.bucket_sessions == {}  # auto: a session per bucket only for sessions on CUDA
+    assert sorted(own.bucket_sessions) == [1, 2, 4, 6] and own.bucket_sessions[1] is own.session
+    assert len({id(s) for s in own.bucket_sessions.values()}) == 4
+    shapes: dict[int, set[int]] = {}
+    run = own._run
+    own._run = lambda session, x: shapes.setdefault(id(session), set()).add(len(x)) or run(session, x)
+    # 9 rows: larger than every bucket, run as they come by the largest bucket's session
+    for rows in (1, 3, 5, 6, 2, 4, 1, 9):
+        x = np.random.default_rng(rows).random((rows, 1, 2, 2), dtype=np.float32)
+        expected, got = plain.run(x), own.run(x)
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name])
+    assert shapes == {
+        id(own.bucket_sessions[1]): {1},
+        id(own.bucket_sessions[2]): {2},
+        id(own.bucket_sessions[4]): {4},
+        id(own.bucket_sessions[6]): {6, 9},
+    }
+
+
 def test_every_session_of_a_padding_model_is_warmed_up_at_each_bucket(tmp_path, linear_artifact, monkeypatch):
     linear_artifact(tmp_path, "toy", "1")
     (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 8, "instances": 2}))
     seen = []
     original = runtime_module.ModelRuntime._run
     monkeypatch.setattr(
-        runtime_module.ModelRuntime, "_run", lambda self, x: seen.append((id(self), len(x))) or original(self, x)
+        runtime_module.ModelRuntime,
+        "_run",
+        lambda self, session, x: seen.append((id(self), len(x))) or original(self, session, x),
     )
     repository = ModelRepository(Settings(artifacts=tmp_path, pad_batches="on"))
     repository.load()
