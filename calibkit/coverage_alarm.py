@@ -1,0 +1,329 @@
+"""An anytime-valid alarm for "the prediction sets cover less than their target", from the misses of served sets.
+
+Each label gives err_t = 1 when the set served for it missed the label (``calibkit.adaptive_conformal.misses_of``).
+The null hypothesis is that the sets cover at least 1 - alpha at every time, given the past:
+
+    H0(alpha):  P(err_t = 1 | past) <= alpha   for every t.
+
+The statistic is a weighted mixture M_t = sum_j w_j S_t^(j) of CUSUM e-detectors (Shin, Ramdas & Rinaldo 2023),
+log S_t^(j) = max(log S_{t-1}^(j), 0) + log e_t^(j), each built from the betting e-value
+
+    e_t^(j) = 1 + lambda_j (err_t - alpha),   lambda_j = (p_j - alpha) / (alpha (1 - alpha)),
+
+which is >= 0 for lambda_j in [0, 1 / alpha] and has E[e_t | past] <= 1 under H0 (Waudby-Smith & Ramdas 2023).
+lambda_j is the Kelly bet against the miss rate p_j, where e_t^(j) equals the likelihood ratio Bern(err; p_j) /
+Bern(err; alpha): the detector of alternative j is the CUSUM of an oracle told the rate p_j, and the mixture over
+rates p_j = alpha (1 + r_j) (``rises``; capped half-way from alpha to 1) pays log(1 / w_j) for not knowing which.
+The alarm is raised when M_t reaches A (``threshold``).
+
+Guarantees under H0(alpha), for every sequence of conditional miss rates at most alpha:
+
+- Each S^(j) is an e-detector, E[S_tau] <= E[tau] for every stopping time tau (Shin et al., e-CUSUM), so is the
+  weighted mean M. For the first time tau_A that M reaches A, E[tau_A] >= A (the average run length to a false
+  alarm), and, stopping at min(tau_A, n), P(a false alarm within n labels) <= n / A. ``threshold_for(n, rate)``
+  = n / rate is the A that makes this bound ``rate`` (10^6 for 1% per 10,000 labels).
+- Every e-value rises with err_t (lambda_j >= 0), and the recursion and the mixture are nondecreasing in each
+  e-value. Coupling err_t = 1[U_t < p_t] with 1[U_t < alpha] through the same uniforms shows that independent
+  misses at exactly rate alpha are the least favourable null: the false-alarm probability within n labels at
+  any null is at most the one at i.i.d. Bernoulli(alpha) misses, which a seeded simulation measures (the
+  conformal benchmark does, and ``tests/calibkit/test_coverage_alarm.py``).
+
+The default A = ``DEFAULT_THRESHOLD`` = 10^5 rests on both: the bound n / A proves an average run length of at
+least 10^5 labels and at most 1% false alarms per 1,000 labels at every null, and the least favourable null,
+simulated, keeps the rate per 10,000 labels under 1% for alpha from 0.02 to 0.5 (the benchmark's figures). The
+bound is loose for e-values this close to 1: a CUSUM of small increments runs at the null many times A before it
+reaches A (Siegmund's approximation puts the factor near 1 / KL(alpha || p)). A = 10^6, which proves 1% per
+10,000 with no simulation, would delay every alarm by about log(10) / KL(p || alpha) labels more.
+
+The state is the log S^(j), the labels folded and the label at which each stream raised; it has a leading axis of
+independent streams (for simulations) and folding labels in one call or in many gives the same state bit for
+bit, so a service that derives it by folding the stored labels in order agrees across replicas and restarts.
+``to_dict`` / ``from_dict`` carry a single-stream state through JSON exactly.
+
+Miss indicators of ACI-served sets (``calibkit.adaptive_conformal``) are not under H0 at every instant: ACI
+raises its level alpha_t after a run of covered labels, and then misses more often than alpha for a while, by
+design. Their long-run rate is alpha, and the alarm's mixture needs sustained excess, but its guarantee is for
+the null above; it answers "is the served coverage below target now", the question to ask of static sets, or of
+adaptive ones that stopped keeping up.
+
+References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
+detection", New England Journal of Statistics in Data Science; Waudby-Smith & Ramdas 2023, "Estimating means of
+bounded random variables by betting", JRSS-B; Page 1954, "Continuous inspection schemes", Biometrika (CUSUM).
+
+>>> state = CoverageAlarmState.fresh(CoverageAlarmConfig(alpha=0.1, threshold=100.0))
+>>> state = state.fold([0] * 20 + [1] * 15)  # fifteen misses in a row
+>>> bool(state.alarmed[0]), int(state.raised_at[0])
+(True, 25)
+>>> CoverageAlarmState.from_dict(json.loads(json.dumps(state.to_dict())), state.config) == state
+True
+"""
+
+from __future__ import annotations
+
+import json  # noqa: F401  (the doctest uses it)
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from calibkit.adaptive_conformal import check_misses
+from calibkit.validation import expected
+
+__all__ = [
+    "DEFAULT_LABELS",
+    "DEFAULT_RATE",
+    "DEFAULT_THRESHOLD",
+    "STATE_FORMAT",
+    "CoverageAlarmConfig",
+    "CoverageAlarmState",
+    "threshold_for",
+]
+
+#: The false-alarm budget the default threshold is for: at most DEFAULT_RATE per DEFAULT_LABELS labels.
+DEFAULT_LABELS, DEFAULT_RATE = 10_000, 0.01
+#: A, the default threshold (the module docstring says why).
+DEFAULT_THRESHOLD = 1e5
+#: The layout of ``to_dict``.
+STATE_FORMAT = 1
+
+
+def threshold_for(labels: int = DEFAULT_LABELS, rate: float = DEFAULT_RATE) -> float:
+    """A = labels / rate: the level at which P(a false alarm within ``labels`` labels) <= ``rate`` under H0.
+
+    Args:
+        labels: n, an integer >= 1.
+        rate: The allowed probability, in (0, 1).
+
+    Returns:
+        A.
+
+    Raises:
+        ValueError: Naming ``labels`` or ``rate`` when one is out of range.
+
+    Examples:
+        >>> threshold_for(10_000, 0.01)
+        1000000.0
+    """
+    if isinstance(labels, bool) or not isinstance(labels, (int, np.integer)) or labels < 1:
+        raise ValueError(expected("labels", "an integer >= 1", labels))
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 < rate < 1:
+        raise ValueError(expected("rate", "in (0, 1)", rate))
+    return float(labels) / float(rate)
+
+
+@dataclass(frozen=True)
+class CoverageAlarmConfig:
+    """The alarm's settings; ``alpha`` and ``threshold`` make the guarantee, ``rises`` and ``weights`` its speed.
+
+    Attributes:
+        alpha: The target miscoverage (the sets' target coverage is 1 - alpha), in (0, 1).
+        threshold: A > 1: the alarm is raised when the mixture reaches A (``DEFAULT_THRESHOLD``, or
+            ``threshold_for`` for the bound alone).
+        rises: r_j > 0: the mixture bets on miss rates p_j = alpha (1 + r_j), each capped at (1 + alpha) / 2.
+        weights: w_j, positive, one per rise, normalised to sum to 1; None for equal weights.
+
+    Raises:
+        ValueError: Naming the field and the value when one is out of range.
+    """
+
+    alpha: float = 0.1
+    threshold: float = DEFAULT_THRESHOLD
+    rises: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    weights: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
+            raise ValueError(expected("alpha", "in (0, 1)", self.alpha))
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, (int, float))
+            or not (math.isfinite(self.threshold) and self.threshold > 1)
+        ):
+            raise ValueError(expected("threshold", "a finite number > 1", self.threshold))
+        rises = tuple(self.rises) if isinstance(self.rises, (tuple, list)) else None
+        if not rises or not all(isinstance(r, (int, float)) and math.isfinite(r) and r > 0 for r in rises):
+            raise ValueError(expected("rises", "a non-empty sequence of finite numbers > 0", self.rises))
+        object.__setattr__(self, "rises", tuple(float(r) for r in rises))
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if self.weights is not None:
+            w = tuple(self.weights) if isinstance(self.weights, (tuple, list)) else None
+            if (
+                w is None
+                or len(w) != len(rises)
+                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in w)
+            ):
+                raise ValueError(expected("weights", f"{len(rises)} finite numbers > 0 (one per rise)", self.weights))
+            object.__setattr__(self, "weights", tuple(float(x) for x in w))
+
+    @cached_property
+    def rates(self) -> np.ndarray:
+        """p_j: the miss rates the mixture bets on."""
+        return np.minimum(self.alpha * (1.0 + np.asarray(self.rises)), (1.0 + self.alpha) / 2.0)
+
+    @cached_property
+    def bets(self) -> np.ndarray:
+        """lambda_j = (p_j - alpha) / (alpha (1 - alpha)), in (0, 1 / alpha)."""
+        return (self.rates - self.alpha) / (self.alpha * (1.0 - self.alpha))
+
+    @cached_property
+    def log_e(self) -> np.ndarray:
+        """(2, J): log e^(j) after a covered label (row 0) and after a miss (row 1)."""
+        return np.stack([np.log1p(-self.bets * self.alpha), np.log1p(self.bets * (1.0 - self.alpha))])
+
+    @cached_property
+    def log_weights(self) -> np.ndarray:
+        """log w_j."""
+        w = np.ones(len(self.rises)) if self.weights is None else np.asarray(self.weights)
+        return np.log(w / w.sum())
+
+    @cached_property
+    def log_threshold(self) -> float:
+        """log A."""
+        return math.log(self.threshold)
+
+    def to_dict(self) -> dict:
+        """The settings as JSON data."""
+        weights = None if self.weights is None else list(self.weights)
+        return {"alpha": self.alpha, "threshold": self.threshold, "rises": list(self.rises), "weights": weights}
+
+
+@dataclass(frozen=True, eq=False)
+class CoverageAlarmState:
+    """The alarm's state for ``streams`` independent streams; frozen: ``fold`` returns a new state.
+
+    Attributes:
+        config: The settings.
+        log_statistic: log S^(j), (streams, J).
+        labels: The labels folded into every stream.
+        raised_at: Per stream, the index (from 0) of the label at which the alarm was raised; -1 while it was not.
+    """
+
+    config: CoverageAlarmConfig
+    log_statistic: np.ndarray
+    labels: int
+    raised_at: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, CoverageAlarmConfig):
+            raise ValueError(expected("config", "a CoverageAlarmConfig", self.config))
+        log_s = np.array(self.log_statistic, dtype=np.float64)
+        if log_s.ndim != 2 or log_s.shape[1] != len(self.config.rises) or not np.all(np.isfinite(log_s)):
+            raise ValueError(
+                expected("log_statistic", f"finite, of shape (streams, {len(self.config.rises)})", log_s.shape)
+            )
+        if isinstance(self.labels, bool) or not isinstance(self.labels, (int, np.integer)) or self.labels < 0:
+            raise ValueError(expected("labels", "an integer >= 0", self.labels))
+        raised = np.array(self.raised_at, dtype=np.int64)
+        if raised.shape != (log_s.shape[0],) or np.any((raised < -1) | (raised >= max(int(self.labels), 0))):
+            raise ValueError(expected("raised_at", f"{log_s.shape[0]} label indices or -1", self.raised_at))
+        for array in (log_s, raised):
+            array.setflags(write=False)
+        object.__setattr__(self, "log_statistic", log_s)
+        object.__setattr__(self, "raised_at", raised)
+        object.__setattr__(self, "labels", int(self.labels))
+
+    @classmethod
+    def fresh(cls, config: CoverageAlarmConfig | None = None, streams: int = 1) -> CoverageAlarmState:
+        """The state before any label: log S = 0 (S = 1), not raised."""
+        cfg = config or CoverageAlarmConfig()
+        if isinstance(streams, bool) or not isinstance(streams, (int, np.integer)) or streams < 1:
+            raise ValueError(expected("streams", "an integer >= 1", streams))
+        return cls(cfg, np.zeros((int(streams), len(cfg.rises))), 0, np.full(int(streams), -1))
+
+    @property
+    def streams(self) -> int:
+        return self.log_statistic.shape[0]
+
+    @property
+    def log_mixture(self) -> np.ndarray:
+        """log M_t = log sum_j w_j S_t^(j), per stream."""
+        return _log_mixture(self.log_statistic, self.config.log_weights)
+
+    @property
+    def statistic(self) -> np.ndarray:
+        """M_t per stream: the alarm is raised when it reaches ``threshold``."""
+        return np.exp(np.minimum(self.log_mixture, 700.0))
+
+    @property
+    def alarmed(self) -> np.ndarray:
+        """Per stream, whether the alarm has been raised."""
+        return self.raised_at >= 0
+
+    def fold(self, errs) -> CoverageAlarmState:
+        """The state after the miss indicators ``errs``, in order: (labels,) for a single stream, (streams, labels)
+        otherwise. Any split into chunks gives the same state bit for bit.
+
+        Raises:
+            ValueError: Naming ``errs`` when an entry is not 0 / 1 or the shape does not match the streams.
+        """
+        e = np.asarray(errs)
+        if e.ndim <= 1:
+            e = check_misses(e)[None, :]
+        elif e.ndim == 2:
+            e = check_misses(e.ravel()).reshape(e.shape)
+        if e.ndim != 2 or e.shape[0] != self.streams:
+            raise ValueError(expected("errs", f"(labels,) or ({self.streams}, labels) miss indicators", np.shape(errs)))
+        cfg = self.config
+        log_s = self.log_statistic.copy()
+        raised = self.raised_at.copy()
+        for t in range(e.shape[1]):
+            log_s = np.maximum(log_s, 0.0) + cfg.log_e[e[:, t]]
+            up = (raised < 0) & (_log_mixture(log_s, cfg.log_weights) >= cfg.log_threshold)
+            raised[up] = self.labels + t
+        return CoverageAlarmState(cfg, log_s, self.labels + e.shape[1], raised)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, CoverageAlarmState)
+            and self.config == other.config
+            and self.labels == other.labels
+            and np.array_equal(self.log_statistic, other.log_statistic)
+            and np.array_equal(self.raised_at, other.raised_at)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_dict(self) -> dict:
+        """A single-stream state as JSON data (Python's JSON writes floats so that they read back bit for bit).
+
+        Raises:
+            ValueError: When the state has more than one stream.
+        """
+        if self.streams != 1:
+            raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
+        return {
+            "format": STATE_FORMAT,
+            **self.config.to_dict(),
+            "log_statistic": self.log_statistic[0].tolist(),
+            "labels": self.labels,
+            "raised_at": int(self.raised_at[0]),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, config: CoverageAlarmConfig) -> CoverageAlarmState:
+        """Rebuild a single-stream state from ``to_dict`` output, for ``config``.
+
+        A state saved under another format or other settings is not this alarm's evidence: a fresh state is
+        returned for it.
+
+        Raises:
+            ValueError: Naming ``data`` when it has this format and settings but malformed fields.
+        """
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != STATE_FORMAT
+            or any(data.get(k) != v for k, v in config.to_dict().items())
+        ):
+            return cls.fresh(config)
+        try:
+            return cls(config, np.array([data["log_statistic"]]), data["labels"], np.array([data["raised_at"]]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(expected("data", "to_dict's output", f"missing or malformed {exc}")) from None
+
+
+def _log_mixture(log_s: np.ndarray, log_w: np.ndarray) -> np.ndarray:
+    terms = log_s + log_w
+    top = terms.max(axis=1)
+    return top + np.log(np.exp(terms - top[:, None]).sum(axis=1))

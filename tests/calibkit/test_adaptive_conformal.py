@@ -1,0 +1,178 @@
+"""calibkit.adaptive_conformal: the deterministic long-run bounds, the states' folds and JSON forms, the checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from calibkit.adaptive_conformal import (
+    DEFAULT_METHOD,
+    DEFAULT_STEP,
+    ACIState,
+    QuantileTracker,
+    aci_thresholds,
+    misses_of,
+    start,
+)
+from calibkit.conformal import SplitConformal
+
+
+def _calibrator(n: int = 200, seed: int = 0) -> SplitConformal:
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(5), size=n)
+    y = rng.integers(0, 5, n)
+    return SplitConformal.fit(p, y, "lac")
+
+
+def _run(state, calibrator, scores):
+    """Serve the state's threshold for each score in turn, fold the miss; the misses."""
+    errs = []
+    for s in scores:
+        err = int(misses_of(s, state.threshold(calibrator)))
+        errs.append(err)
+        state = state.update(err)
+    return state, np.asarray(errs)
+
+
+ADVERSARIES = {
+    # scores that flip between always missed and always covered, in long blocks
+    "blocks": lambda rng, t: np.where((np.arange(t) // 500) % 2 == 0, 1.0, 0.0),
+    "uniform": lambda rng, t: rng.uniform(size=t),
+    "drift": lambda rng, t: np.clip(np.linspace(0.0, 1.0, t) + rng.normal(0, 0.1, t), 0, 1),
+    "constant high": lambda rng, t: np.ones(t),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIES))
+@pytest.mark.parametrize("gamma", [0.005, 0.01, 0.05])
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.3])
+def test_aci_bound_holds_on_adversarial_sequences(name, gamma, alpha):
+    cal = _calibrator()
+    t = 3_000
+    scores = ADVERSARIES[name](np.random.default_rng(1), t)
+    state, errs = _run(ACIState(alpha, gamma), cal, scores)
+    running = np.cumsum(errs) / np.arange(1, t + 1)
+    bound = (max(alpha, 1 - alpha) + gamma) / (gamma * np.arange(1, t + 1))
+    assert np.all(np.abs(running - alpha) <= bound + 1e-12)
+    assert state.bound == pytest.approx(bound[-1])
+    assert -gamma - 1e-12 <= state.level <= 1 + gamma + 1e-12
+
+
+def test_aci_bound_against_a_reactive_adversary():
+    """An adversary that sees the threshold: misses whenever the set is not full, covers only when it must."""
+    cal, alpha, gamma = _calibrator(), 0.1, 0.02
+    state, errs = ACIState(alpha, gamma), []
+    for _ in range(2_000):
+        q = state.threshold(cal)
+        err = 0 if q == math.inf else 1
+        errs.append(err)
+        state = state.update(err)
+    t = np.arange(1, len(errs) + 1)
+    assert np.all(np.abs(np.cumsum(errs) / t - alpha) <= (0.9 + gamma) / (gamma * t) + 1e-12)
+
+
+@pytest.mark.parametrize("eta", [0.005, 0.02, 0.1])
+def test_quantile_tracker_bound_with_bounded_scores(eta):
+    cal, alpha = _calibrator(), 0.1
+    rng = np.random.default_rng(2)
+    scores = np.where((np.arange(4_000) // 700) % 2 == 0, rng.uniform(0.8, 1.0, 4_000), rng.uniform(0, 0.3, 4_000))
+    state, errs = _run(QuantileTracker.started(cal, alpha, eta), cal, scores)
+    t = np.arange(1, len(errs) + 1)
+    assert np.all(np.abs(np.cumsum(errs) / t - alpha) <= (1.0 + eta) / (eta * t) + 1e-12)
+    assert state.bound(1.0) == pytest.approx((1.0 + eta) / (eta * len(errs)))
+
+
+def test_aci_thresholds_match_the_static_quantile():
+    cal = _calibrator(n=99)
+    levels = np.concatenate([np.linspace(0.001, 0.999, 997), [0.1, 0.05, 0.2, 1 / 100, 0.059]])
+    expected = [cal.quantile(a) for a in levels]
+    assert aci_thresholds(cal.scores, levels).tolist() == expected
+    assert aci_thresholds(cal.scores, [0.0, -0.3, 1.0, 1.2]).tolist() == [math.inf, math.inf, -math.inf, -math.inf]
+
+
+def test_sets_are_full_and_empty_outside_the_unit_interval():
+    rng = np.random.default_rng(3)
+    p, y = rng.dirichlet(np.ones(4), 100), rng.integers(0, 4, 100)
+    cal = SplitConformal.fit(p, y, "aps")  # non-randomized APS would otherwise always hold the top label
+    assert ACIState(0.1, 0.5, labels=20, misses=0).sets(cal, p[:5]).sum() == 0  # alpha_t = 1.1
+    assert ACIState(0.1, 0.5, labels=3, misses=3).sets(cal, p[:5]).all()  # alpha_t = -1.25
+    assert ACIState(0.1, 0.01).sets(cal, p[:5]).tolist() == cal.sets(p[:5], 0.1).tolist()
+
+
+@pytest.mark.parametrize("make", [lambda: ACIState(0.1, 0.013), lambda: QuantileTracker(0.07, 0.0123, 0.8137)])
+def test_folding_in_chunks_equals_folding_at_once(make):
+    errs = (np.random.default_rng(4).random(1_001) < 0.13).astype(int)
+    whole = make().fold(errs)
+    chunked = make()
+    for part in np.array_split(errs, [1, 2, 50, 333, 334, 900]):
+        chunked = chunked.fold(part)
+    one = make()
+    for e in errs:
+        one = one.update(int(e))
+    assert whole == chunked == one
+    assert whole.level == chunked.level == one.level
+    assert (whole.labels, whole.misses) == (1_001, int(errs.sum()))
+
+
+@pytest.mark.parametrize("cls", [ACIState, QuantileTracker])
+def test_to_dict_round_trips_exactly_through_json(cls):
+    state = ACIState(0.1, 0.1 / 3, 0.1 + 1e-17) if cls is ACIState else QuantileTracker(0.1, 1 / 7, 0.1 + 0.2)
+    state = state.fold((np.random.default_rng(5).random(777) < 0.2).astype(int))
+    back = cls.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state and back.level == state.level
+    assert type(back) is cls
+
+
+def test_from_dict_refuses_another_method_or_format():
+    data = ACIState(0.1).to_dict()
+    with pytest.raises(ValueError, match="`data`"):
+        QuantileTracker.from_dict(data)
+    with pytest.raises(ValueError, match="`data`"):
+        ACIState.from_dict({**data, "format": 0})
+    with pytest.raises(ValueError, match="`data`"):
+        ACIState.from_dict({**data, "extra": 1})
+
+
+def test_start_and_defaults():
+    cal = _calibrator()
+    assert DEFAULT_METHOD == "aci"
+    state = start(cal, 0.1)
+    assert isinstance(state, ACIState) and state.gamma == DEFAULT_STEP and state.threshold(cal) == cal.quantile(0.1)
+    tracker = start(cal, 0.1, "quantile", 0.02)
+    assert isinstance(tracker, QuantileTracker) and tracker.threshold() == cal.quantile(0.1)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: ACIState(0.0), "alpha"),
+        (lambda: ACIState(1.5), "alpha"),
+        (lambda: ACIState(float("nan")), "alpha"),
+        (lambda: ACIState("0.1"), "alpha"),  # type: ignore[arg-type]
+        (lambda: ACIState(0.1, 0.0), "gamma"),
+        (lambda: ACIState(0.1, -1.0), "gamma"),
+        (lambda: ACIState(0.1, math.inf), "gamma"),
+        (lambda: ACIState(0.1, 0.01, 1.5), "start"),
+        (lambda: ACIState(0.1, 0.01, labels=-1), "labels"),
+        (lambda: ACIState(0.1, 0.01, labels=2, misses=3), "misses"),
+        (lambda: ACIState(0.1, 0.01, labels=2.0), "labels"),  # type: ignore[arg-type]
+        (lambda: ACIState(0.1).fold([0, 2]), "errs"),
+        (lambda: ACIState(0.1).fold([0.5]), "errs"),
+        (lambda: ACIState(0.1).fold([[0, 1]]), "errs"),
+        (lambda: ACIState(0.1).fold(["a"]), "errs"),
+        (lambda: QuantileTracker(0.1, 0.0, 0.5), "eta"),
+        (lambda: QuantileTracker(0.1, 0.01, math.nan), "start"),
+        (lambda: QuantileTracker(0.1, 0.01, 0.5).bound(0.0), "score_range"),
+        (lambda: ACIState(0.1).threshold("cal"), "calibrator"),  # type: ignore[arg-type]
+        (lambda: start(_calibrator(), 0.1, "pid"), "method"),
+        (lambda: start(_calibrator(), 0.1, "quantile"), "step"),
+        (lambda: aci_thresholds([0.3, 0.1], 0.1), "sorted_scores"),
+        (lambda: aci_thresholds([0.1, 0.3], math.nan), "levels"),
+    ],
+)
+def test_bad_arguments_raise_naming_them(call, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        call()
