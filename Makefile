@@ -103,7 +103,8 @@ bench-alarm: $(VENV)/.installed-dev tools
 	$(PY) -m bench.alarm
 
 ## bench-conformal: split conformal prediction sets on exchangeable data (coverage against its exact law, set
-## sizes, coverage by set size and class) and their cost per batch (docs/conformal_benchmark.md)
+## sizes, coverage by set size and class), their cost per batch, adaptive sets under shift and the coverage
+## alarm (docs/conformal_benchmark.md)
 bench-conformal: $(VENV)/.installed-dev
 	$(PY) -m bench.conformal
 

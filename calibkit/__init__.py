@@ -4,7 +4,8 @@ Modules: ``metrics`` (ECE, MCE, AdaECE, classwise ECE, NLL, Brier, ...), ``binni
 sums every binned metric is built from), ``stats`` (mergeable ``BinStats``), ``bootstrap``
 (confidence intervals), ``significance`` (intervals and tests from bin sums), ``temperature``
 (temperature scaling), ``calibrators`` (post-hoc calibrators behind one interface), ``conformal``
-(split conformal prediction sets: LAC, APS, RAPS, Mondrian, p-values), ``detector``
+(split conformal prediction sets: LAC, APS, RAPS, Mondrian, p-values), ``adaptive_conformal`` (ACI and the
+quantile tracker under shift), ``coverage_alarm`` (the anytime-valid coverage alarm), ``detector``
 and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
 ``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
 (input checks).

@@ -452,6 +452,7 @@ def run(args) -> dict:
        set size, coverage by set size (``size_bins``) and by class, marginal and Mondrian.
     2. Cost: ``SplitConformal.sets`` and ``.p_values`` per batch of ``COST_ROWS`` rows at 1,000 and 10 classes,
        ``--repeats`` times each.
+    3. Under shift, and the coverage alarm: ``bench.conformal.shift.run``.
     """
     sources = [digits_source(), synthetic_source(args.seed + 100)]
     out: dict = {"setup": vars(args) | {"alphas": list(ALPHAS), "lambda": LAMBDA, "min_bin_labels": MIN_BIN_LABELS}}
@@ -467,4 +468,7 @@ def run(args) -> dict:
             out[key] += value
     print(table([], COST_COLUMNS), flush=True)
     out["cost"], out["cost_mix"] = cost_rows(args.repeats, args.seed + 200)
+    from bench.conformal import shift
+
+    out["shift"] = shift.run(args)
     return out

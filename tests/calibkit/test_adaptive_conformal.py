@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from calibkit.adaptive_conformal import (
+    DEFAULT_GAMMA,
     DEFAULT_METHOD,
     DEFAULT_STEP,
     ACIState,
@@ -138,11 +139,12 @@ def test_from_dict_refuses_another_method_or_format():
 
 def test_start_and_defaults():
     cal = _calibrator()
-    assert DEFAULT_METHOD == "aci"
-    state = start(cal, 0.1)
-    assert isinstance(state, ACIState) and state.gamma == DEFAULT_STEP and state.threshold(cal) == cal.quantile(0.1)
-    tracker = start(cal, 0.1, "quantile", 0.02)
-    assert isinstance(tracker, QuantileTracker) and tracker.threshold() == cal.quantile(0.1)
+    assert DEFAULT_METHOD == "quantile"
+    state = start(cal, 0.1, "aci")
+    assert isinstance(state, ACIState) and state.gamma == DEFAULT_GAMMA and state.threshold(cal) == cal.quantile(0.1)
+    tracker = start(cal, 0.1)
+    assert isinstance(tracker, QuantileTracker) and tracker.eta == DEFAULT_STEP
+    assert tracker.threshold() == cal.quantile(0.1)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +170,7 @@ def test_start_and_defaults():
         (lambda: QuantileTracker(0.1, 0.01, 0.5).bound(0.0), "score_range"),
         (lambda: ACIState(0.1).threshold("cal"), "calibrator"),  # type: ignore[arg-type]
         (lambda: start(_calibrator(), 0.1, "pid"), "method"),
-        (lambda: start(_calibrator(), 0.1, "quantile"), "step"),
+        (lambda: start(_calibrator(), 0.1, "quantile", 0.0), "eta"),
         (lambda: aci_thresholds([0.3, 0.1], 0.1), "sorted_scores"),
         (lambda: aci_thresholds([0.1, 0.3], math.nan), "levels"),
     ],

@@ -1,0 +1,390 @@
+"""The conformal benchmark under shift: static split conformal against the adaptive thresholds of
+``calibkit.adaptive_conformal`` on streams of labels in order, and the coverage alarm of ``calibkit.coverage_alarm``
+against an oracle CUSUM told the drop; rows for ``goals`` and ``render``.
+
+A stream is ``BEFORE`` labels of the data the static calibrator was fitted on, then ``AFTER`` labels of a shift:
+the digits model under each corruption and severity of ``training.data.corruptions`` (the digits test split holds
+359 images, so the stream resamples with replacement from the clean split and from ``CORRUPTION_DRAWS`` corrupted
+copies of it), and CIFAR-like synthetic traffic whose served probabilities change temperature or whose label mix
+shifts (``bench.alarm.traffic``). Every threshold is LAC's (the smallest sets at a given coverage).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from bench.alarm import oracle
+from bench.alarm.traffic import TrafficShape
+from bench.common import ROOT, table
+from calibkit.adaptive_conformal import QuantileTracker, aci_thresholds, misses_of
+from calibkit.conformal import SCORE_ATOL, SplitConformal, conformity_scores
+from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, threshold_for
+from calibkit.temperature import softmax
+
+ALPHA = 0.1
+BEFORE, AFTER = 2_000, 8_000  # 10,000 labels per stream; the shift at label 2,000
+WINDOW = 2_000  # coverage over the labels right after the shift
+LONG_RUN_TOLERANCE, WINDOW_TOLERANCE, MAX_SIZE_RATIO = 0.01, 0.03, 1.25
+GAMMAS = (0.002, 0.005, 0.01, 0.02, 0.05)  # ACI's steps, on the level scale
+ETAS = (0.002, 0.005, 0.01, 0.02, 0.05)  # the quantile tracker's steps, on LAC's score scale [0, 1]
+CORRUPTION_DRAWS = 4  # corrupted copies of the digits test split per corruption and severity (noise differs)
+REPLICATES = 3  # streams per shift, each with its own resampling
+CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
+SYNTHETIC_SHIFTS = (
+    ("temperature x2.5 (over-confident)", CIFAR_LIKE, 2.5),
+    ("temperature x0.5 (under-confident)", CIFAR_LIKE, 0.5),
+    ("label shift (class 0 logit +3)", TrafficShape("label-shifted", 10, 2.5, class_offset=3.0), 1.0),
+)
+SYNTHETIC_CAL, ORACLE_SAMPLE = 2_000, 50_000
+# the alarm
+ALARM_LABELS, ALARM_RATE = 10_000, 0.01
+DROP_FROM, DROP_TO = 0.10, 0.15
+DROP_BEFORE, DROP_DURING = 1_000, 9_000
+STREAM_COLUMNS = [
+    "data",
+    "shift",
+    "streams",
+    "static_after",
+    "static_window",
+    "long_run",
+    "window",
+    "size",
+    "oracle_size",
+    "size_ratio",
+]
+METHOD_COLUMNS = [
+    "method",
+    "step",
+    "streams",
+    "long_run_worst",
+    "window_worst",
+    "size_ratio_worst",
+    "mean_size",
+    "covers",
+    "met",
+    "chosen",
+]
+ALARM_COLUMNS = ["case", "alpha", "threshold", "streams", "labels", "false_alarms", "rate", "ci95_high"]
+DELAY_COLUMNS = ["detector", "threshold", "streams", "mean_delay", "median_delay", "ratio", "ratio_ci90", "missed"]
+
+
+@dataclass(frozen=True)
+class Shift:
+    """One shift: the static calibrator, the clean and shifted pools (probabilities, labels) the stream draws from
+    (uniformly, with replacement), so the oracle's population is the shifted pool itself."""
+
+    data: str
+    name: str
+    calibrator: SplitConformal
+    clean: tuple[np.ndarray, np.ndarray]
+    shifted: tuple[np.ndarray, np.ndarray]
+
+
+def digits_shifts(draws: int, kinds: tuple[str, ...] | None = None) -> list[Shift]:
+    """The committed digits model: static LAC calibrator on the validation split (the temperature's, which the
+    conformal benchmark's splits never use), streams from the test split, clean then corrupted."""
+    import onnxruntime as ort
+
+    from training.data import available_corruptions, corrupt, load_digits_splits
+
+    artifact = ROOT / "artifacts" / "digits-lenet5" / "1"
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
+    output = manifest["outputs"]["probabilities"]
+    splits = load_digits_splits()
+
+    def probs(x: np.ndarray) -> np.ndarray:
+        p = session.run([output], {manifest["input"]["name"]: x.astype(np.float32)})[0].astype(np.float64)
+        return p / p.sum(axis=1, keepdims=True)
+
+    calibrator = SplitConformal.fit(probs(splits.val.x), splits.val.y, "lac")
+    clean = (probs(splits.test.x), splits.test.y)
+    out = []
+    for kind in kinds or available_corruptions():
+        for severity in range(1, 6):
+            x = np.concatenate([corrupt(splits.test.x, kind, severity, seed=s) for s in range(draws)])
+            out.append(
+                Shift("digits", f"{kind} {severity}", calibrator, clean, (probs(x), np.tile(splits.test.y, draws)))
+            )
+    return out
+
+
+def synthetic_shifts(seed: int) -> list[Shift]:
+    """CIFAR-like traffic: a static calibrator on ``SYNTHETIC_CAL`` calibrated rows; pools of ``ORACLE_SAMPLE`` rows
+    of the clean traffic and of each shift (served probabilities softmax(s z), or another label mix)."""
+    rng = np.random.default_rng(seed)
+    z, y = CIFAR_LIKE.logits(rng, (SYNTHETIC_CAL,))
+    calibrator = SplitConformal.fit(softmax(z), y, "lac")
+    z, y = CIFAR_LIKE.logits(rng, (ORACLE_SAMPLE,))
+    clean = (softmax(z), y)
+    out = []
+    for name, shape, scale in SYNTHETIC_SHIFTS:
+        z, y = shape.logits(rng, (ORACLE_SAMPLE,))
+        out.append(Shift("cifar-like", name, calibrator, clean, (softmax(z * scale), y)))
+    return out
+
+
+def draw_streams(shift: Shift, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities (replicates, BEFORE + AFTER, K), labels) of ``replicates`` streams, resampled from the
+    pools."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for (p, y), n in ((shift.clean, BEFORE), (shift.shifted, AFTER)):
+        index = rng.integers(0, len(y), (replicates, n))
+        parts.append((p[index], y[index]))
+    return np.concatenate([a[0] for a in parts], axis=1), np.concatenate([a[1] for a in parts], axis=1)
+
+
+def run_rule(
+    scores: np.ndarray, threshold: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """An online rule on streams (rows) of true-label scores, label by label: the thresholds served and the
+    misses. ``threshold(labels, misses)`` maps the counts so far, (streams,), to the thresholds."""
+    streams, total = scores.shape
+    misses = np.zeros(streams, np.int64)
+    served, errs = np.empty(scores.shape), np.empty(scores.shape, np.int64)
+    for t in range(total):
+        q = threshold(np.full(streams, t), misses)
+        err = misses_of(scores[:, t], q)
+        served[:, t], errs[:, t] = q, err
+        misses += err
+    return served, errs
+
+
+def aci_rule(calibrator: SplitConformal, gamma: float) -> Callable:
+    """ACI's threshold from the counts, as ``ACIState(ALPHA, gamma, labels=t, misses=m).threshold`` computes it."""
+    return lambda t, m: aci_thresholds(calibrator.scores, ALPHA + gamma * (t * ALPHA - m))
+
+
+def quantile_rule(calibrator: SplitConformal, eta: float) -> Callable:
+    """The tracker's threshold from the counts, as ``QuantileTracker.started(...)`` then ``fold`` computes it."""
+    q1 = QuantileTracker.started(calibrator, ALPHA, eta).start
+    return lambda t, m: q1 + eta * (m - t * ALPHA)
+
+
+def set_sizes(probs: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """|{k : 1 - p_k <= q}| (within ``SCORE_ATOL``), the LAC set's size, per row."""
+    return ((1.0 - probs) - thresholds[..., None] <= SCORE_ATOL).sum(axis=-1)
+
+
+def oracle_size(shift: Shift, coverage: float) -> float:
+    """The mean LAC set size of split conformal calibrated on the shifted pool at ``coverage``: the threshold is the
+    pool's scores' ``coverage`` quantile (the pool is the population the stream resamples), its sizes on the
+    pool."""
+    p, y = shift.shifted
+    scores = np.sort(conformity_scores(p, y, "lac"))
+    q = scores[min(len(scores) - 1, max(0, int(np.ceil(coverage * len(scores))) - 1))]
+    return float(set_sizes(p, np.full(len(y), q)).mean())
+
+
+def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[dict], list[dict], dict]:
+    """Per shift, the static threshold and every ACI and tracker step on ``replicates`` streams (the streams of the
+    shifts that share a calibrator run together); per method and step, the worst stream on each goal. Returns
+    (one row per shift, method and step; one row per method and step; the chosen method and step)."""
+    per_method: dict[tuple[str, float], list[dict]] = {}
+    groups: dict[int, list[int]] = {}
+    for i, shift in enumerate(shifts):
+        groups.setdefault(id(shift.calibrator), []).append(i)
+    for members in groups.values():
+        calibrator = shifts[members[0]].calibrator
+        drawn = [draw_streams(shifts[i], replicates, seed + i) for i in members]
+        probs = np.concatenate([p for p, _ in drawn])
+        labels = np.concatenate([y for _, y in drawn])
+        scores = conformity_scores(probs.reshape(-1, probs.shape[-1]), labels.ravel(), "lac").reshape(labels.shape)
+        static = misses_of(scores, calibrator.quantile(ALPHA))
+        rules = [("ACI", g, aci_rule(calibrator, g)) for g in GAMMAS]
+        rules += [("quantile tracker", e, quantile_rule(calibrator, e)) for e in ETAS]
+        for method, step, rule in rules:
+            served, errs = run_rule(scores, rule)
+            size = set_sizes(probs[:, BEFORE:], served[:, BEFORE:]).mean(axis=1)
+            long_run = 1 - errs.mean(axis=1)
+            window = 1 - errs[:, BEFORE : BEFORE + WINDOW].mean(axis=1)
+            after = 1 - errs[:, BEFORE:].mean(axis=1)
+            for j, i in enumerate(members):
+                rows = slice(j * replicates, (j + 1) * replicates)
+                oracle_sizes = np.array([oracle_size(shifts[i], c) for c in after[rows]])
+                per_method.setdefault((method, step), []).append(
+                    {
+                        "method": method,
+                        "step": step,
+                        "data": shifts[i].data,
+                        "shift": shifts[i].name,
+                        "streams": replicates,
+                        "static_after": float(1 - static[rows, BEFORE:].mean()),
+                        "static_window": float(1 - static[rows, BEFORE : BEFORE + WINDOW].mean()),
+                        "long_run": _worst(long_run[rows], 1 - ALPHA),
+                        "window": _worst(window[rows], 1 - ALPHA),
+                        "size": float(size[rows].mean()),
+                        "oracle_size": float(oracle_sizes.mean()),
+                        "size_ratio": float((size[rows] / oracle_sizes).max()),
+                        "coverage_after": float(after[rows].mean()),
+                    }
+                )
+    summary = []
+    for (method, step), rows in per_method.items():
+        long_run = max(rows, key=lambda r: abs(r["long_run"] - (1 - ALPHA)))["long_run"]
+        window = max(rows, key=lambda r: abs(r["window"] - (1 - ALPHA)))["window"]
+        ratio = max(r["size_ratio"] for r in rows)
+        covers = abs(long_run - (1 - ALPHA)) <= LONG_RUN_TOLERANCE and abs(window - (1 - ALPHA)) <= WINDOW_TOLERANCE
+        summary.append(
+            {
+                "method": method,
+                "step": step,
+                "streams": sum(r["streams"] for r in rows),
+                "long_run_worst": long_run,
+                "window_worst": window,
+                "size_ratio_worst": ratio,
+                "covers": covers,
+                "met": covers and ratio <= MAX_SIZE_RATIO,
+                "mean_size": float(np.mean([r["size"] for r in rows])),
+            }
+        )
+    # the choice: among the steps that meet both coverage goals on every stream, the smallest worst size ratio
+    meeting = [s for s in summary if s["covers"]] or summary
+    best = min(meeting, key=lambda s: (s["size_ratio_worst"], s["mean_size"]))
+    for s in summary:
+        s["chosen"] = s is best
+        print(table([s], METHOD_COLUMNS).splitlines()[-1], flush=True)
+    every = [row for rows in per_method.values() for row in rows]
+    return every, summary, {"method": best["method"], "step": best["step"]}
+
+
+def _worst(values: np.ndarray, target: float) -> float:
+    """The value farthest from ``target``."""
+    return float(values[np.argmax(np.abs(values - target))])
+
+
+# --- the alarm ---------------------------------------------------------------------------------------------------
+
+
+def false_alarm_rows(streams: int, seed: int, alphas=(0.05, 0.1, 0.2)) -> list[dict]:
+    """The default alarm (and the union-bound threshold at alpha 0.1) on ``streams`` streams of ``ALARM_LABELS``
+    i.i.d. misses at exactly alpha, the least favourable null: the share of streams that raised, with its 95%
+    Clopper-Pearson upper bound."""
+    rows = []
+    cases = [("default", a, None) for a in alphas] + [("union bound", 0.1, threshold_for(ALARM_LABELS, ALARM_RATE))]
+    for i, (case, alpha, threshold) in enumerate(cases):
+        config = CoverageAlarmConfig(alpha=alpha) if threshold is None else CoverageAlarmConfig(alpha, threshold)
+        raised = 0
+        rng = np.random.default_rng(seed + i)
+        for start in range(0, streams, 2_000):
+            n = min(2_000, streams - start)
+            errs = (rng.random((n, ALARM_LABELS)) < alpha).astype(np.int64)
+            raised += int(CoverageAlarmState.fresh(config, n).fold(errs).alarmed.sum())
+        rows.append(
+            {
+                "case": case,
+                "alpha": alpha,
+                "threshold": config.threshold,
+                "streams": streams,
+                "labels": ALARM_LABELS,
+                "false_alarms": raised,
+                "rate": raised / streams,
+                "ci95_high": float(stats.beta.ppf(0.975, raised + 1, streams - raised)) if raised < streams else 1.0,
+            }
+        )
+        print(table([rows[-1]], ALARM_COLUMNS).splitlines()[-1], flush=True)
+    return rows
+
+
+def delay_rows(streams: int, oracle_streams: int, seed: int) -> tuple[list[dict], dict]:
+    """Coverage drops from ``1 - DROP_FROM`` to ``1 - DROP_TO`` after ``DROP_BEFORE`` labels: labels from the drop to
+    the alarm of the default detector, of the union-bound threshold, of the oracle CUSUM of log Bern(err; 0.15) /
+    Bern(err; 0.10) and of a rate-blind oracle (the mixture of the oracle CUSUMs of the detector's rates, told the
+    drop is to one of them), the oracles' levels set so that ``ALARM_RATE`` of ``oracle_streams`` null streams of
+    ``ALARM_LABELS`` labels raise. Streams that raised before the drop are left out of every detector's delays."""
+    rng = np.random.default_rng(seed)
+    config = CoverageAlarmConfig(alpha=DROP_FROM)
+    log_ratio = np.log([(1 - DROP_TO) / (1 - DROP_FROM), DROP_TO / DROP_FROM])
+
+    def blind(errs: np.ndarray) -> np.ndarray:
+        return oracle.mixture_paths(oracle.cusum_paths(config.log_e[:, j][errs]) for j in range(len(config.rises)))
+
+    peaks, blind_peaks = [], []
+    for start in range(0, oracle_streams, 1_000):
+        errs = (rng.random((min(1_000, oracle_streams - start), ALARM_LABELS)) < DROP_FROM).astype(np.int64)
+        peaks.append(oracle.cusum_paths(log_ratio[errs]).max(axis=1))
+        blind_peaks.append(blind(errs).max(axis=1))
+    level = oracle.tuned_level(np.concatenate(peaks), ALARM_RATE)
+    blind_level = oracle.tuned_level(np.concatenate(blind_peaks), ALARM_RATE)
+
+    rates = np.r_[np.full(DROP_BEFORE, DROP_FROM), np.full(DROP_DURING, DROP_TO)]
+    errs = (rng.random((streams, len(rates))) < rates).astype(np.int64)
+    delays = {}
+    for name, threshold in (("detector (default)", config.threshold), ("detector (union bound)", threshold_for())):
+        state = CoverageAlarmState.fresh(CoverageAlarmConfig(DROP_FROM, threshold), streams).fold(errs)
+        delays[name] = (threshold, state.raised_at - DROP_BEFORE)
+    for name, paths, lev in (
+        ("oracle CUSUM told the drop", oracle.cusum_paths(log_ratio[errs]), level),
+        ("rate-blind oracle", blind(errs), blind_level),
+    ):
+        above = paths >= lev
+        delays[name] = (float(np.exp(lev)), np.where(above.any(axis=1), above.argmax(axis=1), -1) - DROP_BEFORE)
+    early = np.zeros(streams, bool)
+    for _, d in delays.values():
+        early |= (d < 0) & (d >= -DROP_BEFORE)  # raised before the drop (-1 - DROP_BEFORE: never raised)
+    kept = ~early
+
+    def late(d: np.ndarray) -> np.ndarray:
+        """Delays of the kept streams, a stream never raised counted as the whole shift."""
+        return np.where(d[kept] < 0, DROP_DURING, d[kept]).astype(np.float64)
+
+    reference = late(delays["oracle CUSUM told the drop"][1])
+    picks = np.random.default_rng(seed + 1).integers(0, int(kept.sum()), (400, int(kept.sum())))
+    rows = []
+    for name, (threshold, d) in delays.items():
+        mine = late(d)
+        ratios = mine[picks].mean(axis=1) / reference[picks].mean(axis=1)
+        rows.append(
+            {
+                "detector": name,
+                "threshold": threshold,
+                "streams": int(kept.sum()),
+                "mean_delay": float(mine.mean()),
+                "median_delay": float(np.median(mine)),
+                "ratio": float(mine.mean() / reference.mean()),
+                "ratio_ci90": [float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))],
+                "missed": int((d[kept] < 0).sum()),
+            }
+        )
+        print(table([rows[-1]], DELAY_COLUMNS).splitlines()[-1], flush=True)
+    return rows, {"early": int(early.sum()), "oracle_level": level, "blind_level": blind_level}
+
+
+def run(args) -> dict:
+    """The shift streams (digits corruptions and synthetic shifts), the choice of rule and step, and the alarm."""
+    smoke = args.smoke
+    shifts = digits_shifts(1 if smoke else CORRUPTION_DRAWS, ("gaussian_noise",) if smoke else None)
+    shifts += synthetic_shifts(args.seed + 300)[: 1 if smoke else None]
+    replicates = 1 if smoke else REPLICATES
+    print(table([], METHOD_COLUMNS), flush=True)
+    rows, methods, chosen = shift_rows(shifts, replicates, args.seed + 400)
+    print(table([], STREAM_COLUMNS), flush=True)
+    for row in rows:
+        print(table([row], STREAM_COLUMNS).splitlines()[-1], flush=True)
+    print(table([], ALARM_COLUMNS), flush=True)
+    false_alarms = false_alarm_rows(200 if smoke else 10_000, args.seed + 500)
+    print(table([], DELAY_COLUMNS), flush=True)
+    delays, about = delay_rows(100 if smoke else 4_000, 200 if smoke else 4_000, args.seed + 600)
+    return {
+        "streams": rows,
+        "methods": methods,
+        "chosen": chosen,
+        "false_alarms": false_alarms,
+        "delays": delays,
+        "delay_setup": about,
+        "shift_setup": {
+            "alpha": ALPHA,
+            "before": BEFORE,
+            "after": AFTER,
+            "window": WINDOW,
+            "replicates": replicates,
+            "corruption_draws": 1 if smoke else CORRUPTION_DRAWS,
+            "digits_pool": int(len(shifts[0].clean[1])) if shifts else 0,
+        },
+    }
