@@ -3,20 +3,30 @@
 Every artifact ``artifacts/<name>/<version>/`` holds ``model.onnx`` and ``manifest.json``; this
 module is the one definition of that JSON. ``load_manifest`` turns any problem into a
 ``ValueError`` naming the field, so a broken artifact is refused with a clear message.
+
+An artifact may also hold ``conformal.json``, the split-conformal calibrators fitted on a part of the
+validation split kept apart from the temperature's (``ConformalSpec`` names it, with its SHA-256);
+``load_conformal`` reads it back as ``calibkit.conformal.SplitConformal`` objects, checked against the manifest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from calibkit.conformal import METHODS, SplitConformal
 from calibkit.validation import expected
 
 SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
+#: The conformal calibrators' file beside the model, and the version of its layout.
+CONFORMAL_FILE = "conformal.json"
+CONFORMAL_FORMAT = 1
 
 
 class _Strict(BaseModel):
@@ -88,6 +98,31 @@ class ReferenceDistribution(_Strict):
         return sorted(values)
 
 
+class ConformalSpec(_Strict):
+    """The split-conformal calibrators of ``file`` (``conformal.json``): which methods it holds, the one served by
+    default, at which coverage, and on how many calibration rows they were fitted (rows of the validation split
+    the temperature never saw, scored with the ``probabilities`` output).
+
+    ``sha256`` is the hex SHA-256 of the file's bytes, checked by ``load_conformal`` before the file is used.
+    """
+
+    file: str = Field(default=CONFORMAL_FILE, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    methods: list[str] = Field(min_length=1)
+    default_method: str
+    default_coverage: float = Field(default=0.9, gt=0, lt=1)
+    calibration_rows: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _known_methods(self):
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or len(set(self.methods)) != len(self.methods):
+            raise ValueError(expected("methods", f"distinct names among {list(METHODS)}", self.methods))
+        if self.default_method not in self.methods:
+            raise ValueError(expected("default_method", f"one of `methods` {self.methods}", self.default_method))
+        return self
+
+
 class Manifest(_Strict):
     """Everything the service needs to serve, explain and monitor one model version."""
 
@@ -105,6 +140,7 @@ class Manifest(_Strict):
     metrics: dict[str, Any] = {}
     reference: ReferenceDistribution
     training: dict[str, Any] | None = None
+    conformal: ConformalSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -163,3 +199,64 @@ def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
     path = Path(directory) / MANIFEST_FILE
     path.write_text(manifest.model_dump_json(indent=2))
     return path
+
+
+def load_conformal(directory: str | Path, spec: ConformalSpec, class_names: Sequence[str]) -> dict[str, SplitConformal]:
+    """Read the conformal calibrators that ``spec`` describes, after checking them against it.
+
+    The file is ``{"format": 1, "calibrators": {method: SplitConformal.to_dict(), ...}, "split": {...}}``.
+    It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods`` is present, with
+    ``n_classes == len(class_names)`` and ``spec.calibration_rows`` scores.
+
+    Args:
+        directory: The artifact directory that holds ``spec.file``.
+        spec: The manifest's ``conformal`` entry.
+        class_names: The manifest's class names.
+
+    Returns:
+        ``{method: SplitConformal}`` for each method of ``spec.methods``.
+
+    Raises:
+        ValueError: Naming the file and what is wrong with it.
+    """
+    path = Path(directory) / spec.file
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no conformal file") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != spec.sha256:
+        raise ValueError(f"{path}: sha256 {digest} differs from the manifest's {spec.sha256}")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != CONFORMAL_FORMAT:
+        shown = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: {expected('format', str(CONFORMAL_FORMAT), shown)}")
+    calibrators = data.get("calibrators")
+    if not isinstance(calibrators, dict):
+        raise ValueError(f"{path}: {expected('calibrators', 'an object of calibrators by method', calibrators)}")
+    missing = [m for m in spec.methods if m not in calibrators]
+    if missing:
+        raise ValueError(f"{path}: the manifest's methods {missing} are not in `calibrators` {sorted(calibrators)}")
+    loaded = {}
+    for method in spec.methods:
+        try:
+            calibrator = SplitConformal.from_dict(calibrators[method])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: calibrators.{method}: {exc}") from None
+        if calibrator.method != method:
+            raise ValueError(f"{path}: calibrators.{method}: {expected('method', repr(method), calibrator.method)}")
+        if calibrator.n_classes != len(class_names):
+            raise ValueError(
+                f"{path}: calibrators.{method}: "
+                f"{expected('n_classes', f'{len(class_names)} (the class names)', calibrator.n_classes)}"
+            )
+        if len(calibrator.scores) != spec.calibration_rows:
+            raise ValueError(
+                f"{path}: calibrators.{method}: has {len(calibrator.scores)} scores but the manifest's "
+                f"calibration_rows is {spec.calibration_rows}"
+            )
+        loaded[method] = calibrator
+    return loaded

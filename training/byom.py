@@ -4,6 +4,10 @@ The user's model is run on onnxruntime over validation inputs; the calibrator is
 logits (or on log-probabilities when it outputs probabilities: softmax(log p) = p). For temperature
 scaling a calibrated copy of the graph is written too, with outputs ``logits`` and
 ``probabilities`` = softmax(logits / T), so any ONNX consumer gets calibrated probabilities.
+
+As in a training run, the data are split (``conformal_fraction``, seeded, stratified by class): the calibrator is
+fitted on one part, and the conformal scores of the other part under the calibrated probabilities (those of the
+calibrated graph's ``probabilities`` output for temperature scaling) go to ``<model>.conformal.json``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from calibkit import metrics
 from calibkit.calibrators import build_calibrator, save_calibrator
 from calibkit.temperature import softmax
 from calibkit.validation import check_probs
+from training.conformal import DEFAULT_FRACTION, calibration_split, fit_conformal, write_conformal
 from training.inference import onnx_outputs, onnx_session
 
 
@@ -44,9 +49,12 @@ def calibrate_onnx(
     output_name: str | None = None,
     probabilities: bool = False,
     out: Path | None = None,
+    conformal_fraction: float = DEFAULT_FRACTION,
+    seed: int = 0,
 ) -> dict:
-    """Fit ``method`` on the model's outputs for ``data_path``; write the calibration JSON and,
-    for temperature scaling, ``<model>.calibrated.onnx``. Returns a summary."""
+    """Fit ``method`` on the model's outputs for part of ``data_path``; write the calibration JSON,
+    for temperature scaling ``<model>.calibrated.onnx``, and unless ``conformal_fraction`` is 0 the conformal
+    scores of the other part in ``<model>.conformal.json`` beside the calibration JSON. Returns a summary."""
     if not Path(onnx_path).is_file():
         raise FileNotFoundError(f"no ONNX model at {onnx_path}")
     x, y = load_npz(data_path)
@@ -57,8 +65,10 @@ def calibrate_onnx(
         raise ValueError(f"--output-name {name!r} is not an output of {onnx_path}; outputs: {', '.join(names)}")
     raw = onnx_outputs(session, x)[name]
     z = np.log(np.clip(check_probs(raw), 1e-300, 1.0)) if probabilities else raw
+    split = calibration_split(y, conformal_fraction, seed)
+    fitted = split.temperature
     options = {"objective": objective} if method == "temperature" else {}
-    calibrator = build_calibrator(method, **options).fit(z, y)
+    calibrator = build_calibrator(method, **options).fit(z[fitted], y[fitted])
     out = out or Path(onnx_path).with_suffix(".calibration.json")
     save_calibrator(calibrator, out)
     before, after = softmax(z), calibrator.transform(z)
@@ -68,19 +78,47 @@ def calibrate_onnx(
         "n": int(len(y)),
         "calibration": calibrator.to_dict(),
         "written": [str(out)],
-        "in_sample": {
-            stage: {"ece": metrics.ece(p, y), "nll": metrics.nll(p, y), "accuracy": metrics.accuracy(p, y)}
-            for stage, p in (("before", before), ("after", after))
-        },
+        "in_sample": _scores(before, after, y, fitted),
         "note": "in-sample numbers (fitted and measured on the same data); evaluate on held-out data",
     }
+    served = after
     if method == "temperature":
         calibrated = Path(onnx_path).with_name(Path(onnx_path).stem + ".calibrated.onnx")
         append_temperature(Path(onnx_path), calibrated, name, calibrator.temperature, probabilities)
-        check = onnx_outputs(onnx_session(calibrated), x)
-        summary["max_abs_diff_probabilities"] = float(np.max(np.abs(check["probabilities"] - after)))
+        served = onnx_outputs(onnx_session(calibrated), x)["probabilities"]
+        summary["max_abs_diff_probabilities"] = float(np.max(np.abs(served - after)))
         summary["written"].append(str(calibrated))
+    if len(split.conformal):
+        conformal_out = Path(out).with_name(Path(onnx_path).stem + ".conformal.json")
+        spec = write_conformal(fit_conformal(served, y, split), conformal_out)
+        summary["conformal"] = {
+            "file": str(conformal_out),
+            "sha256": spec.sha256,
+            "methods": spec.methods,
+            "calibration_rows": spec.calibration_rows,
+            "calibration_fitted_on_rows": len(fitted),
+            "seed": split.seed,
+            "fraction": split.fraction,
+        }
+        summary["held_out"] = _scores(before, after, y, split.conformal)
+        summary["note"] = (
+            f"in_sample: the {len(fitted)} rows the calibration was fitted on; held_out: the other "
+            f"{len(split.conformal)}, which fitted the conformal scores instead"
+        )
+        summary["written"].append(str(conformal_out))
     return summary
+
+
+def _scores(before: np.ndarray, after: np.ndarray, y: np.ndarray, rows: np.ndarray) -> dict:
+    """ECE, NLL and accuracy of the uncalibrated and calibrated probabilities on ``rows``."""
+    return {
+        stage: {
+            "ece": metrics.ece(p[rows], y[rows]),
+            "nll": metrics.nll(p[rows], y[rows]),
+            "accuracy": metrics.accuracy(p[rows], y[rows]),
+        }
+        for stage, p in (("before", before), ("after", after))
+    }
 
 
 def append_temperature(src: Path, dst: Path, output: str, temperature: float, probabilities: bool) -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from training import pipeline
 from training.config import ConfigError, load_config
+from training.conformal import DEFAULT_FRACTION
 
 DEFAULT_RUN_DIR = Path("runs")
 DEFAULT_ARTIFACTS = Path("artifacts")
@@ -45,6 +46,13 @@ CHECKPOINT_HELP = (
     "which epoch's weights to keep: best-accuracy (default: the highest validation accuracy, ties to the lower "
     "validation NLL; temperature scaling fixes the confidence afterwards), best-nll (the lowest validation NLL) or "
     "last (the final epoch, the papers' protocol; the study's default)"
+)
+
+
+CONFORMAL_FRACTION_HELP = (
+    "share of the validation split kept apart (stratified, drawn by the seed) for the conformal scores written to "
+    "conformal.json; the calibration is fitted on the rest (default 0.5; 0: no conformal scores, calibration on all "
+    "of validation)"
 )
 
 
@@ -104,6 +112,7 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int)
     g.add_argument("--calibration", help="temperature (default), vector, platt, histogram, isotonic")
     g.add_argument("--calibration-objective", help="nll (default) or ece (grid search)")
+    g.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP)
     g.add_argument("--n-resamples", type=int, help="bootstrap resamples on the test split")
     g.add_argument("--n-resamples-shifted", type=int, help="bootstrap resamples per corrupted set")
     g.add_argument("--name", help="artifact name (default <dataset>-<model>[-<loss>])")
@@ -137,6 +146,7 @@ def _config(args: argparse.Namespace):
             "seed",
             "calibration",
             "calibration_objective",
+            "conformal_fraction",
             "n_resamples",
             "n_resamples_shifted",
             "name",
@@ -175,12 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, help="a run directory written by `train`")
     p.add_argument("--method", help="temperature, vector, platt, histogram, isotonic")
     p.add_argument("--objective", help="temperature objective: nll or ece")
+    p.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP.replace("validation split", "data"))
     byom = p.add_argument_group("bring your own model (instead of --run-dir)")
     byom.add_argument("--onnx", type=Path, help="your ONNX classifier")
     byom.add_argument("--data", type=Path, help=".npz with x (N, C, H, W) float32 inputs and y (N,) labels")
     byom.add_argument("--output-name", help="ONNX output holding logits (default: 'logits' or the first output)")
     byom.add_argument("--probabilities", action="store_true", help="the output holds probabilities, not logits")
-    byom.add_argument("--out", type=Path, help="calibration JSON to write (default <onnx>.calibration.json)")
+    byom.add_argument(
+        "--out",
+        type=Path,
+        help="calibration JSON to write (default <onnx>.calibration.json); <onnx stem>.conformal.json goes beside it",
+    )
+    byom.add_argument("--seed", type=int, default=0, help="draws the conformal split and the randomized scores")
 
     p = sub.add_parser("evaluate", help="metrics before/after calibration on test, corruptions and OOD; report + plots")
     p.add_argument("--run-dir", type=Path, required=True)
@@ -248,10 +264,12 @@ def _dispatch(args: argparse.Namespace) -> int:
                 output_name=args.output_name,
                 probabilities=args.probabilities,
                 out=args.out,
+                conformal_fraction=DEFAULT_FRACTION if args.conformal_fraction is None else args.conformal_fraction,
+                seed=args.seed,
             )
             print(json.dumps(summary, indent=2))
             return 0
-        calibrator = pipeline.calibrate_step(_run_dir(args), args.method, args.objective)
+        calibrator = pipeline.calibrate_step(_run_dir(args), args.method, args.objective, args.conformal_fraction)
         print(f"{calibrator.method}: {json.dumps(calibrator.to_dict()['params'])[:200]}")
     elif args.command == "evaluate":
         evaluation = pipeline.evaluate_step(args.run_dir)

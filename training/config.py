@@ -86,6 +86,13 @@ class RunConfig(BaseModel):
     seed: int = 0
     calibration: str = "temperature"
     calibration_objective: Literal["nll", "ece"] = "nll"
+    conformal_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description="share of the validation split kept apart for the conformal scores (stratified, drawn by the "
+        "seed); the calibration is fitted on the rest. 0: no conformal scores, calibration on all of validation",
+    )
     n_bins: int = Field(default=15, ge=1)
     n_resamples: int = Field(default=1000, ge=10, description="bootstrap resamples on the test split")
     n_resamples_shifted: int = Field(default=200, ge=10, description="bootstrap resamples per corrupted set")

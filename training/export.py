@@ -2,7 +2,9 @@
 
 The exported graph has one input and two outputs: ``logits`` and ``probabilities`` =
 softmax((w * logits + b) / T), which is temperature scaling (w = 1, b = 0; Guo et al. 2017) or
-vector scaling (T = 1). Any ONNX consumer therefore gets calibrated probabilities.
+vector scaling (T = 1). Any ONNX consumer therefore gets calibrated probabilities. When the calibration
+was fitted on a part of the validation split, the conformal scores of the other part are computed from the exported
+graph's ``probabilities`` output, the probabilities the service serves, and written to ``conformal.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 
 from calibkit.calibrators import Calibrator, TemperatureScaling, VectorScaling
 from calibkit.manifest import (
+    CONFORMAL_FILE,
     CalibrationSpec,
     InputSpec,
     Manifest,
@@ -26,6 +29,7 @@ from calibkit.manifest import (
     ReferenceDistribution,
     write_manifest,
 )
+from training.conformal import CalibrationSplit, fit_conformal, write_conformal
 from training.inference import onnx_outputs, onnx_session, predict_logits
 
 OPSET = 17
@@ -127,8 +131,13 @@ def write_artifact(
     overwrite: bool = False,
     extra_files: list[Path] = (),
     invert: bool = False,
+    split: CalibrationSplit | None = None,
 ) -> tuple[Path, dict]:
-    """Export, check parity and write ``root/name/version/`` (model.onnx, manifest.json, extras).
+    """Export, check parity and write ``root/name/version/`` (model.onnx, manifest.json, conformal.json, extras).
+
+    ``split`` says which validation rows fitted the calibration; when it has conformal rows, their conformal scores
+    under the exported ``probabilities`` output go to ``conformal.json``, named with its SHA-256 in the manifest.
+    None: the calibration was fitted on every validation row, and there are no conformal scores.
 
     Returns the artifact directory and the parity numbers.
     """
@@ -144,6 +153,10 @@ def write_artifact(
     parity = check_parity(model, calibrator, onnx_path, val_x)
 
     val_probs = calibrator.transform(predict_logits(model, val_x))
+    conformal = None
+    if split is not None and len(split.conformal):
+        served = onnx_outputs(onnx_session(onnx_path), val_x)["probabilities"]
+        conformal = write_conformal(fit_conformal(served, val_y, split), directory / CONFORMAL_FILE)
     channels, size, _ = input_shape
     manifest = Manifest(
         name=name,
@@ -158,7 +171,7 @@ def write_artifact(
             method=calibrator.method,
             params=calibrator.to_dict()["params"],
             objective=getattr(calibrator, "objective", None),
-            n_samples=len(val_y),
+            n_samples=len(val_y) if split is None else len(split.temperature),
             in_graph=True,
         ),
         metrics={split: evaluation[split] for split in ("validation", "test") if split in evaluation},
@@ -168,6 +181,7 @@ def write_artifact(
             ece=float(evaluation["validation"]["after"]["ece"]["value"]),
         ),
         training=(training_info or {}) | {"export_parity": parity, "torch": torch.__version__, "opset": OPSET},
+        conformal=conformal,
     )
     write_manifest(manifest, directory)
     for extra in extra_files:

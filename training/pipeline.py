@@ -11,10 +11,12 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from calibkit.calibrators import Calibrator, build_calibrator, load_calibrator, save_calibrator
 from training.config import RunConfig
+from training.conformal import CONFORMAL_FILE, CalibrationSplit, calibration_split, fit_conformal, read_split
 from training.data import DataSplits, load_dataset, subsample_train, with_label_noise
 from training.evaluation import evaluate
 from training.export import write_artifact
@@ -55,21 +57,38 @@ def train_step(config: RunConfig, run_dir: Path, progress: bool = True) -> Train
     return result
 
 
-def fit_calibration(config: RunConfig, model, splits: DataSplits) -> Calibrator:
-    """Fit ``config.calibration`` on the validation split's logits."""
+def fit_calibration(config: RunConfig, model, splits: DataSplits, rows: np.ndarray | None = None) -> Calibrator:
+    """Fit ``config.calibration`` on the validation split's logits (only its ``rows`` when given)."""
     options = {"objective": config.calibration_objective} if config.calibration == "temperature" else {}
-    return build_calibrator(config.calibration, **options).fit(predict_logits(model, splits.val.x), splits.val.y)
+    logits, labels = predict_logits(model, splits.val.x), splits.val.y
+    if rows is not None:
+        logits, labels = logits[rows], labels[rows]
+    return build_calibrator(config.calibration, **options).fit(logits, labels)
 
 
-def calibrate_step(run_dir: Path, method: str | None = None, objective: str | None = None) -> Calibrator:
-    """Fit post-hoc calibration on the validation split and write ``calibration.json``."""
+def calibrate_step(
+    run_dir: Path, method: str | None = None, objective: str | None = None, conformal_fraction: float | None = None
+) -> Calibrator:
+    """Split the validation split (``conformal_fraction``, by the seed), fit post-hoc calibration on the temperature
+    part and write ``calibration.json``; fit the conformal scores of the calibrated probabilities on the other part
+    and write ``conformal.json`` (none when the fraction is 0: calibration on all of validation)."""
     result, config = load_checkpoint(run_dir / CHECKPOINT)
     if method is not None:
         config.calibration = method
     if objective is not None:
         config.calibration_objective = objective
-    calibrator = fit_calibration(config, result.model, load_splits(config))
+    if conformal_fraction is not None:
+        config.conformal_fraction = conformal_fraction
+    splits = load_splits(config)
+    split = calibration_split(splits.val.y, config.conformal_fraction, config.seed)
+    calibrator = fit_calibration(config, result.model, splits, split.temperature)
     save_calibrator(calibrator, run_dir / CALIBRATION)
+    conformal_path = run_dir / CONFORMAL_FILE
+    if len(split.conformal):
+        probs = calibrator.transform(predict_logits(result.model, splits.val.x))
+        conformal_path.write_text(json.dumps(fit_conformal(probs, splits.val.y, split), indent=1))
+    else:
+        conformal_path.unlink(missing_ok=True)
     return calibrator
 
 
@@ -78,6 +97,7 @@ def evaluate_step(run_dir: Path) -> dict:
     result, config = load_checkpoint(run_dir / CHECKPOINT)
     calibrator = _load_run_calibrator(run_dir)
     splits = load_splits(config)
+    split = read_split(run_dir / CONFORMAL_FILE, splits.val.y)
     evaluation = evaluate(lambda x: predict_logits(result.model, x), calibrator, splits, config)
     (run_dir / METRICS).write_text(json.dumps(evaluation, indent=2))
     summary = {
@@ -92,7 +112,7 @@ def evaluate_step(run_dir: Path) -> dict:
             for part in (
                 calibrator.method,
                 str(calibrator.to_dict()["params"]) if calibrator.method == "temperature" else "",
-                "fitted on the validation split",
+                _fitted_on(split),
             )
             if part
         ),
@@ -120,6 +140,7 @@ def export_step(
         raise FileNotFoundError(f"no {METRICS} in {run_dir}: run `python -m training evaluate` first")
     evaluation = json.loads((run_dir / METRICS).read_text())
     splits = load_splits(config)
+    split = read_split(run_dir / CONFORMAL_FILE, splits.val.y)
     spec = result.spec
     return write_artifact(
         model=result.model,
@@ -141,6 +162,7 @@ def export_step(
         overwrite=overwrite,
         extra_files=[run_dir / name for name in (METRICS, "report.md", "plots", CALIBRATION)],
         invert=INK_IS_HIGH.get(config.dataset, False),
+        split=split,
     )
 
 
@@ -161,6 +183,15 @@ def run(config: RunConfig, run_dir: Path, artifacts: Path, overwrite: bool = Fal
         "evaluation": evaluation,
         "seconds": {k: round(v, 2) for k, v in timings.items()},
     }
+
+
+def _fitted_on(split: CalibrationSplit) -> str:
+    if not len(split.conformal):
+        return "fitted on the validation split"
+    return (
+        f"fitted on {len(split.temperature)} of the {split.rows} validation rows; conformal scores (LAC, APS, RAPS) "
+        f"on the other {len(split.conformal)} (seed {split.seed}, stratified)"
+    )
 
 
 def _describe_model(config: RunConfig) -> str:

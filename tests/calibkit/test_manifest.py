@@ -1,10 +1,13 @@
 """calibkit.manifest: the training/service contract validates and names what is wrong."""
 
+import hashlib
 import json
 
+import numpy as np
 import pytest
 
-from calibkit.manifest import Manifest, load_manifest, write_manifest
+from calibkit.conformal import SplitConformal
+from calibkit.manifest import ConformalSpec, Manifest, load_conformal, load_manifest, write_manifest
 
 
 def _valid() -> dict:
@@ -66,4 +69,110 @@ def test_missing_and_malformed_files(tmp_path):
         load_manifest(tmp_path / "manifest.json")
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
+        load_manifest(tmp_path / "manifest.json")
+
+
+def _conformal_artifact(directory, n_classes: int = 3, rows: int = 40) -> dict:
+    """A conformal.json of LAC and APS on random probabilities, and the manifest entry naming it."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(n_classes), size=rows)
+    labels = rng.integers(0, n_classes, size=rows)
+    data = {
+        "format": 1,
+        "calibrators": {
+            "lac": SplitConformal.fit(probs, labels, "lac").to_dict(),
+            "aps": SplitConformal.fit(probs, labels, "aps", u=rng).to_dict(),
+        },
+        "split": {"fitted_on": "validation", "rows": rows, "seed": 0, "fraction": 0.5},
+    }
+    raw = json.dumps(data).encode()
+    (directory / "conformal.json").write_bytes(raw)
+    return {
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "methods": ["lac", "aps"],
+        "default_method": "aps",
+        "calibration_rows": rows,
+    }
+
+
+def test_conformal_round_trip(tmp_path):
+    spec = _conformal_artifact(tmp_path)
+    manifest = Manifest.model_validate(_valid() | {"conformal": spec})
+    write_manifest(manifest, tmp_path)
+    loaded = load_manifest(tmp_path / "manifest.json")
+    assert loaded == manifest
+    assert loaded.conformal is not None
+    assert (loaded.conformal.file, loaded.conformal.default_coverage) == ("conformal.json", 0.9)
+    calibrators = load_conformal(tmp_path, loaded.conformal, loaded.class_names)
+    written = json.loads((tmp_path / "conformal.json").read_text())["calibrators"]
+    assert list(calibrators) == ["lac", "aps"]
+    for method, calibrator in calibrators.items():
+        assert calibrator.to_dict() == written[method]
+    assert calibrators["aps"].randomized and not calibrators["lac"].randomized
+
+
+def test_a_manifest_without_conformal_still_loads(tmp_path):
+    """A manifest written before the conformal field (same schema_version 1) loads with ``conformal`` None."""
+    (tmp_path / "manifest.json").write_text(json.dumps(_valid()))
+    assert load_manifest(tmp_path / "manifest.json").conformal is None
+
+
+def test_a_tampered_conformal_file_is_refused(tmp_path):
+    spec = ConformalSpec.model_validate(_conformal_artifact(tmp_path))
+    data = json.loads((tmp_path / "conformal.json").read_text())
+    data["calibrators"]["lac"]["scores"][-1] = 1.0  # a wider LAC quantile: sets that over-cover
+    (tmp_path / "conformal.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"conformal.json: sha256 [0-9a-f]{64} differs from the manifest's"):
+        load_conformal(tmp_path, spec, ["0", "1", "2"])
+
+
+def _rewritten(directory, spec: dict, change) -> ConformalSpec:
+    data = json.loads((directory / "conformal.json").read_text())
+    change(data)
+    raw = json.dumps(data).encode()
+    (directory / "conformal.json").write_bytes(raw)
+    return ConformalSpec.model_validate(spec | {"sha256": hashlib.sha256(raw).hexdigest()})
+
+
+@pytest.mark.parametrize(
+    "change, class_names, message",
+    [
+        (lambda d: d["calibrators"].pop("aps"), 3, r"the manifest's methods \['aps'\] are not in `calibrators`"),
+        (lambda d: None, 4, r"calibrators.lac: Expected `n_classes` to be 4 \(the class names\), but got 3"),
+        (lambda d: d.update(format=2), 3, "Expected `format` to be 1, but got 2"),
+        (lambda d: d["calibrators"]["lac"].update(method="aps"), 3, "calibrators.lac: Expected `method` to be 'lac'"),
+        (lambda d: d["calibrators"]["aps"]["scores"].pop(), 3, "calibrators.aps: has 39 scores but the manifest's"),
+        (lambda d: d["calibrators"]["lac"].pop("scores"), 3, "calibrators.lac: Expected `data` to be an object with"),
+    ],
+)
+def test_a_conformal_file_that_does_not_fit_the_manifest_is_refused(tmp_path, change, class_names, message):
+    spec = _rewritten(tmp_path, _conformal_artifact(tmp_path), change)
+    with pytest.raises(ValueError, match=message):
+        load_conformal(tmp_path, spec, [str(k) for k in range(class_names)])
+
+
+def test_a_missing_conformal_file_is_named(tmp_path):
+    spec = ConformalSpec.model_validate(_conformal_artifact(tmp_path) | {"file": "other.json"})
+    with pytest.raises(ValueError, match="other.json: no conformal file"):
+        load_conformal(tmp_path, spec, ["0", "1", "2"])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"methods": ["lac", "thr"]}, r"Expected `methods` to be distinct names among \['lac', 'aps', 'raps'\]"),
+        ({"methods": ["lac", "lac"]}, "Expected `methods` to be distinct names"),
+        ({"methods": []}, "conformal.methods: List should have at least 1 item"),
+        ({"default_method": "raps"}, r"Expected `default_method` to be one of `methods` \['lac', 'aps'\]"),
+        ({"default_coverage": 1.0}, "conformal.default_coverage: Input should be less than 1"),
+        ({"calibration_rows": 0}, "conformal.calibration_rows: Input should be greater than or equal to 1"),
+        ({"sha256": "abc"}, "conformal.sha256: String should match pattern"),
+        ({"file": "../model.onnx"}, "conformal.file: String should match pattern"),
+        ({"extra": 1}, "conformal.extra: Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_conformal_entries_name_the_field(tmp_path, change, message):
+    spec = _conformal_artifact(tmp_path) | change
+    (tmp_path / "manifest.json").write_text(json.dumps(_valid() | {"conformal": spec}))
+    with pytest.raises(ValueError, match=message):
         load_manifest(tmp_path / "manifest.json")

@@ -7,9 +7,12 @@ import onnxruntime as ort
 import pytest
 import yaml
 
-from calibkit.manifest import load_manifest
+from calibkit.calibrators import TemperatureScaling
+from calibkit.conformal import SplitConformal
+from calibkit.manifest import load_conformal, load_manifest
 from calibkit.temperature import apply_temperature
 from training.config import ConfigError, load_config
+from training.conformal import calibration_split
 from training.data import load_dataset
 from training.export import sha256_of
 from training.vision import torchvision_available
@@ -30,6 +33,24 @@ def test_default_artifact_is_valid_and_calibrated():
     assert manifest.metrics["test"]["after"]["accuracy"]["value"] > 0.9
     for name in ("report.md", "metrics.json", "plots/reliability.png"):
         assert (DEFAULT / name).is_file()
+
+
+def test_default_artifact_fits_temperature_and_conformal_scores_on_disjoint_parts():
+    """The temperature is the NLL fit on the temperature part of validation alone, and the conformal scores are those
+    of the other part under the served ``probabilities`` output."""
+    manifest = load_manifest(DEFAULT / "manifest.json")
+    assert manifest.conformal is not None and manifest.conformal.default_method == "raps"
+    calibrators = load_conformal(DEFAULT, manifest.conformal, manifest.class_names)
+    val = load_dataset("digits").val
+    split = calibration_split(val.y, 0.5, seed=0)
+    assert manifest.calibration.n_samples == len(split.temperature)
+    assert manifest.conformal.calibration_rows == len(split.conformal)
+    session = ort.InferenceSession(str(DEFAULT / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits, served = (a.astype(np.float64) for a in session.run(["logits", "probabilities"], {"input": val.x}))
+    refit = TemperatureScaling().fit(logits[split.temperature], val.y[split.temperature]).temperature
+    assert refit == pytest.approx(manifest.calibration.temperature, rel=1e-5)
+    lac = SplitConformal.fit(served[split.conformal], val.y[split.conformal], "lac")
+    np.testing.assert_array_equal(calibrators["lac"].scores, lac.scores)
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)

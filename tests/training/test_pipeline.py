@@ -45,6 +45,7 @@ def test_run_writes_a_complete_artifact(default_run):
         "metrics.json",
         "report.md",
         "calibration.json",
+        "conformal.json",
         "plots/reliability.png",
         "plots/ece_vs_temperature.png",
         "plots/ece_vs_severity.png",
@@ -57,6 +58,8 @@ def test_run_writes_a_complete_artifact(default_run):
     assert manifest.preprocessing.color_mode == "L"
     assert manifest.calibration.method == "temperature" and manifest.calibration.in_graph
     assert len(manifest.reference.confidences) == 359
+    assert manifest.calibration.n_samples == 179 and manifest.conformal is not None
+    assert manifest.conformal.calibration_rows == 180
     assert set(manifest.metrics) == {"validation", "test"}
     assert out["parity"]["max_abs_diff_probabilities"] < 1e-5
 

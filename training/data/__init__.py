@@ -10,7 +10,7 @@ from .dataset import DataSplits, ImageDataset
 from .digits import load_digits_splits
 from .image_folder import load_image_folder
 from .ood import OOD_KINDS, ood_dataset
-from .splits import stratified_split
+from .splits import split_off_fraction, stratified_split
 from .training_set import subsample_train, with_label_noise
 
 DATASETS = ("digits", "cifar10", "image_folder")
@@ -28,6 +28,7 @@ __all__ = [
     "load_digits_splits",
     "load_image_folder",
     "ood_dataset",
+    "split_off_fraction",
     "stratified_split",
     "subsample_train",
     "with_label_noise",

@@ -71,3 +71,19 @@ def stratified_split(
         np.sort(val).astype(np.int64),
         np.sort(test).astype(np.int64),
     )
+
+
+def split_off_fraction(labels: np.ndarray | Sequence[int], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted int64 index arrays ``(kept, split_off)``: ``round(n * fraction)`` rows split off, stratified by class.
+
+    One call of scikit-learn's ``train_test_split`` with ``random_state=seed``, so the same labels, fraction and
+    seed give the same rows. ``fraction`` 0 splits nothing off.
+    """
+    y = np.asarray(labels)
+    if y.ndim != 1 or y.size == 0:
+        raise ValueError(f"labels must be a non-empty 1-D array; got shape {y.shape}")
+    if not 0.0 <= float(fraction) < 1.0:
+        raise ValueError(f"Expected `fraction` to be in [0, 1), but got {fraction!r}")
+    everything = np.arange(len(y), dtype=np.int64)
+    kept, out = _split_off(everything, y, int(round(len(y) * float(fraction))), seed)
+    return np.sort(kept).astype(np.int64), np.sort(out).astype(np.int64)

@@ -1,0 +1,158 @@
+"""Split conformal calibrators fitted on a part of the validation split that the temperature never saw.
+
+The validation split is cut in two, seeded and stratified by class: the **temperature part** fits the post-hoc
+calibration (temperature scaling), the **conformal part** fits the split-conformal scores (``calibkit.conformal``)
+of the probabilities under that fitted calibration. The conformal guarantee, P(y in C(x)) >= 1 - alpha, needs the
+calibration scores to be exchangeable with the test scores given the whole fitted predictor, temperature included
+(Vovk, Gammerman & Shafer 2005; Angelopoulos et al. 2021 split their calibration set in two for the same reason when
+they tune RAPS). Rows that fitted the temperature are not: it was chosen to fit them.
+
+``conformal.json`` holds ``{"format": 1, "calibrators": {"lac", "aps", "raps"}, "split": ..., "draws": ...,
+"raps": ...}``: LAC non-randomized; APS and RAPS randomized with one seeded uniform draw per calibration row (the
+service draws per served row); RAPS with ``k_reg`` from ``pick_k_reg`` at alpha 0.1 on the temperature part (a
+tuning split apart from the conformal part) and lambda 0.01.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibkit.conformal import SplitConformal, pick_k_reg
+from calibkit.manifest import CONFORMAL_FILE, CONFORMAL_FORMAT, ConformalSpec
+from training.data import split_off_fraction
+
+#: The share of the validation split kept for the conformal scores (Angelopoulos et al. 2021 halve theirs).
+DEFAULT_FRACTION = 0.5
+#: RAPS's k_reg is picked for this miscoverage; lambda is the paper's penalty for small k_reg.
+RAPS_ALPHA, RAPS_LAMBDA = 0.1, 0.01
+#: What the artifact serves by default: RAPS at 90% coverage.
+DEFAULT_METHOD, DEFAULT_COVERAGE = "raps", 0.9
+
+
+@dataclass(frozen=True)
+class CalibrationSplit:
+    """Row indices of the validation split: ``temperature`` fits the calibration, ``conformal`` the conformal
+    scores (empty when ``fraction`` is 0). Drawn by ``seed``, stratified by class."""
+
+    temperature: np.ndarray
+    conformal: np.ndarray
+    seed: int
+    fraction: float
+
+    @property
+    def rows(self) -> int:
+        """The number of validation rows split."""
+        return len(self.temperature) + len(self.conformal)
+
+
+def calibration_split(labels, fraction: float, seed: int) -> CalibrationSplit:
+    """Split the validation rows into the temperature part and ``round(n * fraction)`` conformal rows.
+
+    Args:
+        labels: The validation labels (n,).
+        fraction: The conformal part's share, in [0, 1); 0 keeps every row for the temperature.
+        seed: Draws the split (scikit-learn's ``train_test_split``, stratified by class).
+
+    Returns:
+        The split.
+
+    Raises:
+        ValueError: Naming ``conformal_fraction`` when it is outside [0, 1) or leaves a part without some class.
+    """
+    try:
+        temperature, conformal = split_off_fraction(labels, fraction, seed)
+    except ValueError as exc:
+        raise ValueError(f"conformal_fraction {fraction!r}: {exc}") from None
+    if fraction > 0 and len(conformal) == 0:
+        raise ValueError(f"conformal_fraction {fraction!r} of {len(temperature)} rows leaves no conformal rows")
+    return CalibrationSplit(temperature, conformal, int(seed), float(fraction))
+
+
+def fit_conformal(probs: np.ndarray, labels: np.ndarray, split: CalibrationSplit) -> dict:
+    """The content of ``conformal.json``: LAC, APS and RAPS fitted on the conformal rows of ``probs``.
+
+    Args:
+        probs: Calibrated probabilities (n, K) of the whole validation split, as the model serves them.
+        labels: Its labels (n,).
+        split: Which rows are the temperature part (RAPS's ``k_reg`` is tuned there) and which the conformal part.
+
+    Returns:
+        ``{"format", "calibrators", "split", "draws", "raps"}``, JSON-serialisable.
+
+    Raises:
+        ValueError: When the split has no conformal rows.
+    """
+    if len(split.conformal) == 0:
+        raise ValueError("conformal_fraction 0 leaves no rows for the conformal scores")
+    p, y = np.asarray(probs, dtype=np.float64), np.asarray(labels)
+    p_cal, y_cal = p[split.conformal], y[split.conformal]
+    k_reg = pick_k_reg(p[split.temperature], y[split.temperature], RAPS_ALPHA)
+    draws = np.random.default_rng(split.seed).random(len(y_cal))
+    calibrators = {
+        "lac": SplitConformal.fit(p_cal, y_cal, "lac"),
+        "aps": SplitConformal.fit(p_cal, y_cal, "aps", u=draws),
+        "raps": SplitConformal.fit(p_cal, y_cal, "raps", k_reg=k_reg, lam=RAPS_LAMBDA, u=draws),
+    }
+    return {
+        "format": CONFORMAL_FORMAT,
+        "calibrators": {method: calibrator.to_dict() for method, calibrator in calibrators.items()},
+        "split": {
+            "fitted_on": "validation",
+            "rows": len(y_cal),
+            "seed": split.seed,
+            "fraction": split.fraction,
+            "validation_rows": split.rows,
+            "temperature_rows": len(split.temperature),
+        },
+        "draws": {
+            "generator": "numpy.random.default_rng(seed).random(rows)",
+            "seed": split.seed,
+            "used_by": ["aps", "raps"],
+        },
+        "raps": {"k_reg_alpha": RAPS_ALPHA, "k_reg_fitted_on": "temperature part", "lambda": RAPS_LAMBDA},
+    }
+
+
+def write_conformal(data: dict, path: Path) -> ConformalSpec:
+    """Write ``data`` (``fit_conformal``'s) to ``path`` and return the manifest entry with the file's SHA-256."""
+    raw = json.dumps(data, indent=1).encode()
+    path.write_bytes(raw)
+    return ConformalSpec(
+        file=path.name,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        methods=list(data["calibrators"]),
+        default_method=DEFAULT_METHOD,
+        default_coverage=DEFAULT_COVERAGE,
+        calibration_rows=data["split"]["rows"],
+    )
+
+
+def read_split(path: Path, labels) -> CalibrationSplit:
+    """The split a run's ``conformal.json`` was fitted on, drawn again from its seed and fraction; a run without
+    the file (``conformal_fraction`` 0, or calibrated before the split existed) fitted on every validation row."""
+    if not path.is_file():
+        return calibration_split(labels, 0.0, 0)
+    recorded = json.loads(path.read_text())["split"]
+    split = calibration_split(labels, recorded["fraction"], recorded["seed"])
+    if len(split.conformal) != recorded["rows"]:
+        raise ValueError(
+            f"{path}: the split of seed {recorded['seed']} and fraction {recorded['fraction']} has "
+            f"{len(split.conformal)} conformal rows, not the {recorded['rows']} recorded; calibrate again"
+        )
+    return split
+
+
+__all__ = [
+    "CONFORMAL_FILE",
+    "DEFAULT_FRACTION",
+    "CalibrationSplit",
+    "calibration_split",
+    "fit_conformal",
+    "read_split",
+    "write_conformal",
+]
