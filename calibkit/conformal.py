@@ -335,10 +335,12 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
       row's draw, so the label at which the scores cross q is in with probability (q - s(x, k, 1)) / p_k; sets can
       be empty. Exact coverage, as MAPIE's ``include_last_label="randomized"`` for APS.
 
-    Scores within ``SCORE_ATOL`` of q count as equal to it. A +inf threshold gives every class. One threshold:
-    the top ``PREFIX_WIDTH`` + 1 labels of each row by a partition, then cumulative sums and comparisons; the rows
-    whose set reaches further are sorted whole. A threshold per class (Mondrian) needs the label ranks, an
-    argsort.
+    Scores within ``SCORE_ATOL`` of q count as equal to it. A +inf threshold gives every class. One threshold,
+    at least ``BUCKET_MIN_CLASSES`` classes: the labels are bucketed by probability, buckets wholly in or out of
+    the set are decided by their mass bounds, and only the labels of the buckets the threshold falls in are
+    sorted (``_bucket_sets``). Fewer classes, or a row too close to the threshold to tell: the top
+    ``PREFIX_WIDTH`` + 1 labels by a partition, then the rows whose set reaches further sorted whole. A threshold
+    per class (Mondrian) needs the label ranks, an argsort.
 
     Args:
         probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
@@ -778,6 +780,17 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
         if strict:
             return top | (stat - q < -SCORE_ATOL)
         return stat - q <= SCORE_ATOL
+    if p.shape[1] >= BUCKET_MIN_CLASSES and math.isfinite(q):
+        out, settled = _bucket_sets(p, q, k_reg, lam, draws)
+        if not settled.all():
+            rest = ~settled
+            out[rest] = _prefix_sets(p[rest], q, k_reg, lam, None if draws is None else draws[rest])
+        return out
+    return _prefix_sets(p, q, k_reg, lam, draws)
+
+
+def _prefix_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> np.ndarray:
+    """One-threshold APS / RAPS sets from the sorted rows: the top labels first, the rows they do not settle whole."""
     width = PREFIX_WIDTH + 1
     if width >= p.shape[1]:
         return _one_threshold_sets(p, _Ranked.sort(p), q, k_reg, lam, draws)[0]
@@ -787,6 +800,127 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
         rest_draws = None if draws is None else draws[rest]
         out[rest] = _one_threshold_sets(p[rest], _Ranked.sort(p[rest]), q, k_reg, lam, rest_draws)[0]
     return out
+
+
+#: One-threshold APS / RAPS sets first group each row's labels into buckets by the leading bits of their
+#: probability (the exponent and ``BUCKET_BITS`` bits of the mantissa; all below 2^-``BUCKET_BINADES`` share one):
+#: ``BUCKET_BITS`` = 2 is a quarter of a binade per bucket.
+BUCKET_BITS = 2
+BUCKET_BINADES = 30
+#: Rows of at least this many classes take the buckets; fewer are sorted whole, which costs less.
+BUCKET_MIN_CLASSES = 64
+
+
+def _bucket_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> tuple[np.ndarray, np.ndarray]:
+    """(sets, settled): one-threshold APS / RAPS sets without sorting the rows, and which rows they decide.
+
+    A set is a top group {k : p_k >= v}. Labels in a bucket B have more probability than those in any lower
+    bucket, so the mass above a label of B lies in [A_B, A_B + W_B], A_B the mass of the buckets above B and W_B
+    its own, and its rank between the counts above B and above B plus B's size: a bucket whose bounds lie wholly
+    below the threshold is in, wholly above it is out. Only labels in the buckets in between are sorted, with the
+    mass and count above those buckets as offsets. The masses here are summed in another order than the sorted
+    cumulative sum, so they differ from it by at most gamma = 4 (K + buckets + 8) 2^-53 (1 + 2 |q| + lam K)
+    (Higham 2002, section 4.2, for sums of non-negative terms); a comparison is taken only when it clears the
+    threshold by more than gamma, so it is the one the sorted sums would make. A row where some label is closer
+    than that is not settled: the caller sorts it whole.
+    """
+    n, k = p.shape
+    top = 1023 << BUCKET_BITS  # the key of 1.0
+    low = top - (BUCKET_BINADES << BUCKET_BITS)
+    nb = top - low + 1
+    shift = 52 - BUCKET_BITS
+    base = np.arange(n)[:, None] * nb
+    key = np.ascontiguousarray(p).view(np.int64) >> shift
+    key += base - low
+    np.maximum(key, base, out=key)
+    flat = key.ravel()
+    w = np.bincount(flat, weights=p.ravel(), minlength=n * nb).reshape(n, nb)
+    above = np.zeros((n, nb))
+    np.cumsum(w[:, :0:-1], axis=1, out=above[:, -2::-1])
+    gap = 4.0 * (k + nb + 8) * 2.0**-53 * (1.0 + 2.0 * abs(q) + lam * k)
+    if lam == 0:
+        hi, lo, nonempty = above + w, above, w > 0
+        nonempty[:, 0] = True  # zeros have no mass
+    else:
+        count = np.bincount(flat, minlength=n * nb).reshape(n, nb)
+        count_above = np.zeros((n, nb), dtype=np.int64)
+        np.cumsum(count[:, :0:-1], axis=1, out=count_above[:, -2::-1])
+        nonempty = count > 0
+        if draws is None:  # ranks m in [count above, count above + size - 1]
+            hi = above + w + _penalty(count_above + count - 1, k_reg, lam)
+            lo = above + _penalty(count_above, k_reg, lam)
+        else:  # the last rank of the label's tie group, in [count above + 1, count above + size]
+            hi = above + w + _penalty(count_above + count, k_reg, lam)
+            lo = above + _penalty(count_above + 1, k_reg, lam)
+    if draws is None:
+        inside = hi - q < -SCORE_ATOL - gap
+        # the top bucket (nothing above it) holds the most probable label, which is always in
+        outside = (lo - q >= -SCORE_ATOL + gap) & (above > 0)
+    else:
+        inside = hi - q <= SCORE_ATOL - gap
+        outside = lo - q > SCORE_ATOL + gap
+    inside &= nonempty
+    between = nonempty & ~inside & ~outside
+    columns = np.arange(nb)
+    # v: the least probability in the set, from the lowest bucket wholly in (its lower edge), lowered below by the
+    # labels of the buckets in between that are in
+    lowest_in = np.where(inside, columns, nb).min(axis=1)
+    v = _bucket_edge(lowest_in, low, shift)
+    if not between.any():
+        return p >= v[:, None], np.ones(n, dtype=bool)
+    # the labels of the buckets from the first to the last in between, sorted, each row padded below its least
+    # probability with values without ties, so that the tie groups are those of the labels
+    first = np.where(between, columns, nb).min(axis=1)
+    last = np.where(between, columns, -1).max(axis=1)
+    span = (columns >= first[:, None]) & (columns <= last[:, None])
+    where = np.flatnonzero(span.ravel()[flat])
+    r = where // k
+    sizes = np.bincount(r, minlength=n)
+    padded = np.tile(-1.0 - np.arange(sizes.max()), (n, 1))
+    padded[r, np.arange(len(r)) - (np.cumsum(sizes) - sizes)[r]] = p.ravel()[where]
+    ranked = _Ranked(-np.sort(-padded, axis=1))
+    rows = np.arange(n)
+    mass_above = above[rows, last][:, None]  # last = -1 where no bucket is in between: no labels either
+    offset = 0 if lam == 0 else count_above[rows, last][:, None]
+    groups = ranked.groups()
+    if groups is None:
+        first_pos = last_pos = ranked.positions[None, :]
+    else:
+        first_pos, last_pos = groups
+    real = ranked.positions[None, :] <= sizes[:, None]
+    if draws is None:
+        before = np.zeros(ranked.values.shape)
+        before[:, 1:] = ranked.cumsum[:, :-1]
+        mass = mass_above + (before if groups is None else np.take_along_axis(before, first_pos - 1, axis=1))
+        m = offset + first_pos - 1
+        d = (mass if lam == 0 else mass + _penalty(m, k_reg, lam)) - q
+        is_in = (d < -SCORE_ATOL - gap) | (m == 0)
+        is_out = (d >= -SCORE_ATOL + gap) & (m > 0)
+    else:
+        own = ranked.cumsum if groups is None else np.take_along_axis(ranked.cumsum, first_pos - 1, axis=1)
+        score = mass_above + own - draws[:, None] * ranked.values
+        if lam != 0:
+            score = score + _penalty(offset + last_pos, k_reg, lam)
+        d = score - q
+        is_in = d <= SCORE_ATOL - gap
+        is_out = d > SCORE_ATOL + gap
+    settled = ~(real & ~is_in & ~is_out).any(axis=1)
+    v = np.minimum(v, np.where(real & is_in, ranked.values, np.inf).min(axis=1))
+    return p >= v[:, None], settled
+
+
+def _bucket_edge(index: np.ndarray, low: int, shift: int) -> np.ndarray:
+    """The least probability of bucket ``index`` (0 for the lowest, +inf past the top)."""
+    bits = (index.astype(np.int64) + low) << shift
+    edge = bits.view(np.float64).copy()
+    edge[index <= 0] = 0.0
+    edge[index >= (1023 << BUCKET_BITS) - low + 1] = np.inf
+    return edge
+
+
+def _penalty(m: np.ndarray, k_reg: int, lam: float) -> np.ndarray:
+    """lam (m - k_reg)^+ for integer ranks m, computed as ``_Ranked.penalty`` computes it."""
+    return lam * np.maximum(0.0, (m - k_reg).astype(np.float64))
 
 
 def _one_threshold_sets(

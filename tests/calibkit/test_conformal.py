@@ -721,3 +721,45 @@ def test_refusals_name_the_parameter_and_the_value(call, name, shown):
 def test_calibration_labels_are_named_when_malformed():
     with pytest.raises(ValueError, match="calibration_labels: labels has 1 entries"):
         p_values(PROBS, [0.1, 0.2], "lac", calibration_labels=[0])
+
+
+def _adversarial_rows(rng, n_classes):
+    """Flat rows, ties in hundredths, zeros, and peaked rows, with thresholds at and around their cumulative masses."""
+    flat = np.full((4, n_classes), 1.0 / n_classes)
+    counts = 1 + rng.multinomial(1000 - n_classes, rng.dirichlet(np.full(n_classes, 0.3)), size=8)
+    sparse = rng.dirichlet(np.full(n_classes, 0.05), size=8)
+    sparse[sparse < 1e-6] = 0.0
+    peaked = _softmax(rng.normal(size=(8, n_classes)) + 12.0 * (np.arange(n_classes) == 3))
+    probs = np.concatenate([flat, counts / 1000, sparse / sparse.sum(axis=1, keepdims=True), peaked])
+    masses = np.cumsum(-np.sort(-probs, axis=1), axis=1)
+    at = masses[:, [0, 1, 5, n_classes // 2, n_classes - 2, n_classes - 1]].ravel()
+    return probs, np.concatenate([at, at - SCORE_ATOL, at + SCORE_ATOL, [0.0, 0.5, 0.9, 1.0, 1.3]])
+
+
+@pytest.mark.parametrize("randomized", [False, True], ids=["non-randomized", "randomized"])
+@pytest.mark.parametrize("method, params", [("aps", {}), ("raps", {"k_reg": 2, "lam": 0.05})], ids=["aps", "raps"])
+def test_bucketed_sets_equal_the_sorted_rows_on_flat_tied_and_peaked_rows(method, params, randomized, monkeypatch):
+    """Rows of many classes are bucketed by probability and only the labels near the threshold sorted; where a
+    mass is too close to the threshold to tell, the row is sorted whole. Either way the sets are those of the
+    sorted rows, at thresholds equal to the cumulative masses and one SCORE_ATOL either side of them."""
+    rng = np.random.default_rng(11)
+    for n_classes in (70, 300):
+        probs, thresholds = _adversarial_rows(rng, n_classes)
+        u = rng.uniform(size=len(probs)) if randomized else None
+        for q in thresholds:
+            q = float(q) + params.get("lam", 0.0) * 3
+            monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 2)
+            bucketed = prediction_sets(probs, q, method, u=u, **params)
+            monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 10**9)
+            assert np.array_equal(bucketed, prediction_sets(probs, q, method, u=u, **params)), q
+
+
+def test_bucketed_sets_settle_rows_away_from_the_threshold_and_leave_the_rest_to_the_sort():
+    """A threshold at a row's exact cumulative mass plus SCORE_ATOL cannot be told from the bucket sums: that
+    row is left unsettled (and sorted whole by the caller); the other rows are settled."""
+    rng = np.random.default_rng(5)
+    probs = _softmax(rng.normal(size=(6, 200)) * 2)
+    q = float(np.cumsum(-np.sort(-probs[0]))[9]) + SCORE_ATOL
+    sets, settled = conformal._bucket_sets(probs, q, 0, 0.0, None)
+    assert not settled[0] and settled[1:].all()
+    assert np.array_equal(sets[1:], prediction_sets(probs[1:], q, "aps"))
