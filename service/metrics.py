@@ -153,6 +153,38 @@ class ServiceMetrics:
             registry=r,
         )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
+        sets = [*mv, "method", "coverage"]
+        self.coverage_observed = Gauge(
+            "calib_set_coverage",
+            "Share of labels the served prediction sets held, since the version's first",
+            sets,
+            registry=r,
+        )
+        self.coverage_threshold = Gauge(
+            "calib_set_threshold",
+            "The score threshold the sets are served at (adapted from the labels, or static)",
+            sets,
+            registry=r,
+        )
+        self.coverage_statistic = Gauge(
+            "calib_set_coverage_e_detector",
+            "The coverage alarm's e-detector mixture (alarm at its threshold)",
+            sets,
+            registry=r,
+        )
+        self.coverage_alarm = Gauge(
+            "calib_set_coverage_alarm",
+            "1 while the coverage alarm says the sets cover less than their target",
+            sets,
+            registry=r,
+        )
+        self.set_size = Histogram(
+            "calib_set_size",
+            "Classes per served prediction set",
+            mv,
+            buckets=(0, 1, 2, 3, 5, 10, 20, 50, 100),
+            registry=r,
+        )
         self.webhook_failures = Counter(
             "calib_webhook_failures_total", "Alarm webhooks that could not be delivered", registry=r
         )

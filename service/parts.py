@@ -77,6 +77,9 @@ class ServiceParts:
             n_resamples=settings.bootstrap_resamples,
             retention_seconds=settings.retention_days * 86400,
             trusted=settings.trusted_sources(),
+            set_adaptation=settings.conformal_adaptation,
+            set_step=settings.conformal_step,
+            coverage_alarm_threshold=settings.coverage_alarm_threshold,
         )
         webhook = AlarmWebhook(settings.webhook_url, metrics)
         evaluator = Evaluator(
@@ -196,7 +199,7 @@ class ServiceParts:
     async def calibration(
         self, model: str | None, version: str | None, window: str | None, by_source: bool = False
     ) -> dict:
-        return await anyio.to_thread.run_sync(self.monitor.reports.report, model, version, window, by_source)
+        return await anyio.to_thread.run_sync(self.monitor.report, model, version, window, by_source)
 
     async def reliability_png(self, model: str | None, version: str | None, window: str | None) -> bytes:
         return await anyio.to_thread.run_sync(self.monitor.reports.reliability_png, model, version, window)

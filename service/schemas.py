@@ -29,6 +29,17 @@ class PredictOptions(_Request):
     top_k: int | None = Field(default=None, ge=1, description="also list the k most probable classes")
     return_logits: bool = False
     return_uncalibrated: bool = Field(default=False, description="also return softmax(logits) without calibration")
+    coverage: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the prediction sets' coverage 1 - alpha: each row's set holds its true label with at least "
+        "this probability on data like the calibration split's; the model's default when omitted",
+    )
+    set_method: Literal["lac", "aps", "raps"] | None = Field(
+        default=None, description="the conformal score of the sets (LAC, APS or RAPS); the model's default when omitted"
+    )
+    return_p_values: bool = Field(default=False, description="also return each class's conformal p-value")
 
 
 class PredictRequest(PredictOptions):
@@ -58,6 +69,21 @@ class Prediction(BaseModel):
     top_k: list[ClassProbability] | None = None
     logits: list[float] | None = None
     uncalibrated_probabilities: list[float] | None = None
+    prediction_set: list[str] | None = Field(
+        default=None, description="the labels of the row's conformal prediction set, most probable first"
+    )
+    set_size: int | None = None
+    p_values: list[float] | None = Field(default=None, description="each class's conformal p-value, when asked for")
+
+
+class SetsInfo(BaseModel):
+    """How a response's prediction sets were made."""
+
+    method: Literal["lac", "aps", "raps"]
+    coverage: float
+    threshold: float | None = Field(description="the score threshold; null when the set is every class")
+    threshold_version: str = Field(description="the conformal scores' checksum and the labels folded into it")
+    randomized: bool = Field(description="APS and RAPS: one uniform draw per row, from its prediction id")
 
 
 class PredictResponse(BaseModel):
@@ -66,6 +92,7 @@ class PredictResponse(BaseModel):
     calibration_version: int = Field(description="0 = the manifest's calibration; higher = refitted in service")
     temperature: float | None = Field(description="temperature of the calibration (null for other methods)")
     provider: str = Field(description="onnxruntime execution provider that computed the result")
+    conformal: SetsInfo | None = Field(default=None, description="the prediction sets; null when none are served")
     predictions: list[Prediction]
 
 
@@ -90,6 +117,10 @@ class ModelVersionInfo(BaseModel):
     provider: str
     batching: dict[str, Any]
     ready: bool
+    prediction_sets: dict[str, Any] = Field(
+        description="whether the version serves conformal prediction sets (and why not), its methods, default "
+        "method and coverage, calibration rows and threshold version"
+    )
 
 
 class ModelInfo(BaseModel):
@@ -334,6 +365,12 @@ class CalibrationReport(BaseModel):
     )
     reference: dict[str, Any]
     drift: dict[str, Any]
+    coverage: dict[str, Any] | None = Field(
+        default=None,
+        description="the served prediction sets over the window, per set choice (method, coverage): observed "
+        "coverage with its Wilson interval, mean set size, coverage per class and by set size; the adapted "
+        "threshold against the static one with its version and long-run bound; the coverage alarm",
+    )
     alarm: AlarmInfo
     e_detector: dict[str, Any]
     thresholds: dict[str, Any]

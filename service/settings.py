@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validato
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from calibkit.alarms import AlarmPolicy
+from calibkit.coverage_alarm import DEFAULT_THRESHOLD
 from service.auth import parse_tokens
 
 
@@ -73,6 +74,35 @@ class Settings(BaseSettings):
         description="pad every batch with zero rows up to the next power of two (or the model's "
         "max_batch_size), so that a session meets a handful of input shapes, each warmed up at load: on CUDA each "
         "new shape costs cuDNN an algorithm search and plan; auto = on for sessions that run on CUDA",
+    )
+    conformal_method: Literal["lac", "aps", "raps"] | None = Field(
+        default=None,
+        description="the prediction sets' default score when a request names none; unset: the artifact's default",
+    )
+    conformal_coverage: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the prediction sets' default coverage 1 - alpha when a request names none; unset: the "
+        "artifact's default",
+    )
+    conformal_adaptation: Literal["quantile", "aci", "off"] = Field(
+        default="quantile",  # calibkit.adaptive_conformal.DEFAULT_METHOD, the rule its benchmark chose
+        description="how each set choice's threshold adapts online from the labels, so long-run coverage holds "
+        "under shift: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023), "
+        "adaptive conformal inference (Gibbs & Candès 2021), or off (the static split-conformal threshold)",
+    )
+    conformal_step: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the adaptation's step (eta or gamma) per label; unset: the rule's default",
+    )
+    coverage_alarm_threshold: float = Field(
+        default=DEFAULT_THRESHOLD,
+        gt=1,
+        description="A of the coverage alarm: while the sets cover their target, P(a false alarm within n labels) "
+        "<= n / A",
     )
     bucket_sessions: Literal["auto", "on", "off"] = Field(
         default="auto",

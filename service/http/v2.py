@@ -26,7 +26,7 @@ from service.http.codec import validate
 from service.metrics import Phases
 from service.parts import Parts, parts_of
 from service.schemas import V2InferenceRequest, V2ModelMetadata
-from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
+from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata, v2_datatype
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -62,8 +62,10 @@ async def infer(request: Request) -> Response:
     body, arrays = _parse(await request.body(), request.headers.get(HEADER_LENGTH))
     phases.mark("parse")
     params = request.path_params
-    model, outputs, ids = await parts.dataplane.v2_infer(params["name"], params.get("version"), body, arrays, phases)
-    response = _encode(model.name, model.version, body, outputs, ids)
+    model, outputs, ids, info = await parts.dataplane.v2_infer(
+        params["name"], params.get("version"), body, arrays, phases
+    )
+    response = _encode(model.name, model.version, body, outputs, ids, info)
     phases.mark("encode")
     return response
 
@@ -125,20 +127,17 @@ def _binary_inputs(body: V2InferenceRequest, blob: bytes) -> dict[str, np.ndarra
 
 
 def _encode(
-    name: str, version: str, body: V2InferenceRequest, outputs: dict[str, np.ndarray], ids: list[str]
+    name: str, version: str, body: V2InferenceRequest, outputs: dict[str, np.ndarray], ids: list[str], info: dict
 ) -> Response:
     binary_all = bool((body.parameters or {}).get("binary_data_output", False))
     wanted = {o.name: bool((o.parameters or {}).get("binary_data", binary_all)) for o in body.outputs or []}
     tensors, blobs = [], []
     for output, values in outputs.items():
-        strings = values.dtype == object
+        datatype = v2_datatype(values)
+        strings = datatype == "BYTES"
         if not strings:
-            values = np.ascontiguousarray(values, dtype=np.float32)
-        tensor: dict[str, Any] = {
-            "name": output,
-            "datatype": "BYTES" if strings else "FP32",
-            "shape": list(values.shape),
-        }
+            values = np.ascontiguousarray(values, dtype=bool if datatype == "BOOL" else np.float32)
+        tensor: dict[str, Any] = {"name": output, "datatype": datatype, "shape": list(values.shape)}
         if wanted.get(output, binary_all):
             raw = bytes_tensor(values) if strings else values.tobytes()
             tensor["parameters"] = {"binary_data_size": len(raw)}
@@ -152,7 +151,7 @@ def _encode(
             "model_name": name,
             "model_version": version,
             "id": body.id or uuid.uuid4().hex,
-            "parameters": {"prediction_ids": ids if legacy else ",".join(ids)},
+            "parameters": {"prediction_ids": ids if legacy else ",".join(ids), **info},
             "outputs": tensors,
         }
     )

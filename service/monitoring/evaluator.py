@@ -76,6 +76,12 @@ class Evaluator(BackgroundLoop):
                 continue
             if transition is not None:
                 transitions.append(transition)
+            try:
+                transitions += self.monitor.coverage.assess(served)
+            except StorageUnavailable as exc:
+                return transitions, exc
+            except Exception:  # the sets' coverage must not stop the calibration's evaluation
+                log.exception("coverage evaluation of %s version %s failed", served.name, served.version)
         return transitions, None
 
     async def _loop(self) -> None:

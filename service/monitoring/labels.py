@@ -19,6 +19,7 @@ from calibkit.validation import row_problems
 from service.errors import ModelNotFound
 from service.metrics import ServiceMetrics
 from service.monitoring.calibrations import ActiveCalibrations
+from service.serving.conformal import covered, set_size
 from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.labels import insert_labels
@@ -51,6 +52,7 @@ class _Candidate:
     offline: bool
     logits: bytes | None = None
     source: str = ANONYMOUS
+    served_set: tuple[bytes, float, str] | None = None  # (packed members, coverage, method) served with it
 
 
 class LabelRecorder:
@@ -184,8 +186,18 @@ class LabelRecorder:
             label = _label_index(item.label, served)
             if isinstance(label, str):
                 return label
+            served_set = (row.set_members, row.set_coverage, row.set_method) if row.set_members is not None else None
             return _Candidate(
-                index, served, row.calibration_version, row.id, row.probabilities, label, False, row.logits, source
+                index,
+                served,
+                row.calibration_version,
+                row.id,
+                row.probabilities,
+                label,
+                False,
+                row.logits,
+                source,
+                served_set,
             )
         try:
             served = self.repository.get(item.model, item.version)
@@ -252,6 +264,10 @@ class LabelRecorder:
             predicted, confidence = predicted.tolist(), confidence.tolist()
             blobs = encode_rows(probs) if offline else [cast(bytes, c.probs) for c in group]
             for i, (c, blob) in enumerate(zip(group, blobs)):
+                sets: tuple = (None, None, None, None)
+                if c.served_set is not None:
+                    members, set_coverage, set_method = c.served_set
+                    sets = (int(covered(members, c.label)), set_size(members), set_coverage, set_method)
                 label_rows[c.index] = LabelRow(
                     c.prediction_id,
                     c.served.name,
@@ -267,6 +283,7 @@ class LabelRecorder:
                     blob,
                     c.logits,
                     c.source,
+                    *sets,
                 )
                 if offline:
                     new_predictions.append(

@@ -3,13 +3,17 @@ store, and the few operations that span them. All methods are blocking and run i
 
 from __future__ import annotations
 
+from calibkit.adaptive_conformal import DEFAULT_METHOD
 from calibkit.alarms import AlarmPolicy, AlarmStatus
+from calibkit.coverage_alarm import DEFAULT_THRESHOLD
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
 from service.monitoring.alarm import Alarm
 from service.monitoring.calibrations import ActiveCalibrations
+from service.monitoring.coverage import CoverageMonitor
 from service.monitoring.labels import LabelRecorder
 from service.monitoring.reports import MIN_REFIT_LABELS, Reports
+from service.monitoring.windows import Window
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse
 from service.serving.repository import ModelRepository
 from service.store import Store
@@ -30,11 +34,23 @@ class Monitor:
         n_resamples: int,
         retention_seconds: float = 30 * 86400,
         trusted: frozenset[str] | None = None,
+        set_adaptation: str = DEFAULT_METHOD,
+        set_step: float | None = None,
+        coverage_alarm_threshold: float = DEFAULT_THRESHOLD,
     ):
         self.repository = repository
         self.calibrations = ActiveCalibrations(store, repository)
         self.labels = LabelRecorder(store, repository, metrics, self.calibrations, n_bins, retention_seconds)
         self.alarm = Alarm(store, metrics, self.calibrations, policy, drift_rows, trusted)
+        self.coverage = CoverageMonitor(
+            store,
+            repository,
+            metrics,
+            adaptation=set_adaptation,
+            step=set_step,
+            alarm_threshold=coverage_alarm_threshold,
+            trusted=trusted,
+        )
         self.reports = Reports(
             store,
             repository,
@@ -53,6 +69,7 @@ class Monitor:
         """Record the manifests' calibrations and load the active versions and alarm gauges."""
         self.calibrations.sync()
         self.alarm.export_states()
+        self.coverage.load()
 
     def assess(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
         """Re-assess the alarm of a model version with its new labels (``Alarm.assess``) and refresh the
@@ -63,6 +80,15 @@ class Monitor:
         if folded:
             self.reports.export_window(served, key)
         return status, transition
+
+    def report(self, name: str | None, version: str | None, window: str | None, by_source: bool = False) -> dict:
+        """The body of GET /calibration: the calibration report and the coverage of the served prediction sets
+        over the same window."""
+        body = self.reports.report(name, version, window, by_source)
+        served = self.repository.get(name, version)
+        win = Window.parse(window) if window is not None else self.reports.alarm_window
+        body["coverage"] = self.coverage.report(served, win)
+        return body
 
     def recalibrate(self, name: str | None, version: str | None, window: str | None) -> RecalibrateResponse:
         """Refit the temperature on the window's labelled logits and make it the active calibration."""

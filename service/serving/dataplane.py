@@ -26,6 +26,7 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.serving.batching import DynamicBatcher, Timing
+from service.serving.conformal import ServedSets, SetChoice
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
 from service.serving.runtime import ModelRuntime
@@ -34,6 +35,10 @@ from service.settings import Settings
 
 PREDICTION_ID = "prediction_id"
 """The v2 output tensor (BYTES, one per row) of the rows' prediction ids, which POST /feedback takes."""
+PREDICTION_SET = "prediction_set"
+"""The v2 output tensor (BOOL, [N, K]) of the rows' conformal prediction sets, when named in ``outputs``."""
+P_VALUES = "conformal_p_values"
+"""The v2 output tensor (FP32, [N, K]) of the rows' conformal p-values per class, when named in ``outputs``."""
 V2_DATATYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
@@ -146,11 +151,13 @@ class DataPlane:
         self, model: ServedModel, options: PredictOptions, x: np.ndarray, phases: Phases
     ) -> tuple[dict, Timing]:
         """The /predict body for a prepared request (``respond``) and the batch's timing."""
+        choice = model.sets.choice(options.set_method, options.coverage, options.return_p_values)
         phases.mark("validate")
         result, timing = await self.infer(model, x)
         phases.mark("batch")
-        ids = await self.log(model, result.scored)
-        return self.respond(model, options, result.scored, ids), timing
+        sets = self.sets_for(model, result, choice)
+        ids = await self.log(model, result.scored, sets)
+        return self.respond(model, options, result.scored, ids, sets), timing
 
     def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> InferenceResult:
         """On an inference thread: the outputs of one of the model's sessions and the batch scored under the
@@ -169,23 +176,38 @@ class DataPlane:
             temperature,
             encode=self.prediction_log is not None,
         )
-        return InferenceResult(outputs, scored)
+        sets = model.sets
+        default = sets.choice(None, None, False)
+        served = None if default is None else sets.sets(outputs[names["probabilities"]], scored.ids, default)
+        return InferenceResult(outputs, scored, served)
 
-    async def log(self, model: ServedModel, scored: ScoredBatch) -> list[str]:
-        """The one logging hook of both protocols: queue a request's scored rows for the prediction log
-        unless logging is disabled, and under sync durability wait until they are committed; their
-        prediction ids (answered either way)."""
+    @staticmethod
+    def sets_for(model: ServedModel, result: InferenceResult, choice: SetChoice | None) -> ServedSets | None:
+        """A request's sets: its share of the batch's when it asks for the default choice, else its own."""
+        if choice is None or (result.sets is not None and result.sets.choice == choice):
+            return result.sets if choice is not None else None
+        probs = result.outputs[model.manifest.outputs["probabilities"]]
+        return model.sets.sets(probs, result.scored.ids, choice)
+
+    async def log(self, model: ServedModel, scored: ScoredBatch, sets: ServedSets | None = None) -> list[str]:
+        """The one logging hook of both protocols: queue a request's scored rows, with the sets served with them,
+        for the prediction log unless logging is disabled, and under sync durability wait until they are
+        committed; their prediction ids (answered either way)."""
         if self.prediction_log is not None:
-            ticket = self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version))
+            ticket = self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version, sets=sets))
             if self.prediction_log.sync:
                 await self.prediction_log.written(ticket)
         return scored.ids
 
-    def respond(self, model: ServedModel, request: PredictOptions, s: ScoredBatch, ids: list[str]) -> dict:
+    def respond(
+        self, model: ServedModel, request: PredictOptions, s: ScoredBatch, ids: list[str], sets: ServedSets | None
+    ) -> dict:
         """The /predict body (a ``PredictResponse`` as plain data) for the request's scored rows, logged under
-        ``ids``."""
+        ``ids``, with their prediction sets (None: none served)."""
         classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
+        members = _set_members(probs, sets.members) if sets is not None else None
+        p_values = sets.p_values if sets is not None else None
         predictions = [
             {
                 "id": ids[i],
@@ -198,6 +220,9 @@ class DataPlane:
                 else [{"label": classes[j], "class_index": j, "probability": float(probs[i, j])} for j in order[i]],
                 "logits": s.logits[i] if request.return_logits else None,
                 "uncalibrated_probabilities": s.uncalibrated[i] if request.return_uncalibrated else None,
+                "prediction_set": None if members is None else [classes[j] for j in members[i]],
+                "set_size": None if members is None else len(members[i]),
+                "p_values": None if p_values is None else p_values[i],
             }
             for i, k in enumerate(s.predicted)
         ]
@@ -207,6 +232,7 @@ class DataPlane:
             "calibration_version": s.calibration_version,
             "temperature": s.temperature,
             "provider": model.runtime.provider,
+            "conformal": None if sets is None else sets.info(),
             "predictions": predictions,
         }
 
@@ -232,6 +258,7 @@ class DataPlane:
             provider=model.runtime.provider,
             batching=model.batching.model_dump(),
             ready=model.ready,
+            prediction_sets=model.sets.describe(),
         )
 
     def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
@@ -248,6 +275,14 @@ class DataPlane:
                     for o in ("logits", "probabilities")
                 ),
                 V2TensorMetadata(name=PREDICTION_ID, datatype="BYTES", shape=[-1]),
+                *(
+                    [
+                        V2TensorMetadata(name=PREDICTION_SET, datatype="BOOL", shape=[-1, k]),
+                        V2TensorMetadata(name=P_VALUES, datatype="FP32", shape=[-1, k]),
+                    ]
+                    if model.sets.available
+                    else []
+                ),
             ],
             parameters={
                 "classes": json.dumps(model.manifest.class_names),
@@ -267,11 +302,13 @@ class DataPlane:
         request: V2InferenceRequest,
         values: dict[str, np.ndarray | list],
         phases: Phases,
-    ) -> tuple[ServedModel, dict[str, np.ndarray], list[str]]:
+    ) -> tuple[ServedModel, dict[str, np.ndarray], list[str], dict]:
         """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
-        requested outputs (``prediction_id`` as an object array of strings) and the rows' prediction ids (which
-        the response carries whether or not the tensor was requested). ``values`` holds the values of the
-        request's inputs by name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed."""
+        requested outputs (``prediction_id`` as an object array of strings, ``prediction_set`` as booleans), the
+        rows' prediction ids (which the response carries whether or not the tensor was requested) and the
+        response's parameters about the sets (empty without them). ``values`` holds the values of the request's
+        inputs by name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed. The sets'
+        coverage and method are the request parameters ``coverage`` and ``set_method``."""
         model = self.repository.get(name, version)
         if len(request.inputs) != 1:
             raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
@@ -308,24 +345,51 @@ class DataPlane:
         x = x.reshape(tensor.shape).astype(np.float32, copy=False)
         if not np.isfinite(x).all():
             raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
-        known = [*model.runtime.output_names, PREDICTION_ID]
+        known = [*model.runtime.output_names, PREDICTION_ID, PREDICTION_SET, P_VALUES]
         requested = (
             [o.name for o in request.outputs] if request.outputs else [*model.manifest.outputs.values(), PREDICTION_ID]
         )
         unknown = [o for o in requested if o not in known]
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
+        choice = self._v2_choice(model, request.parameters or {}, requested)
         phases.mark("validate")
         result, _ = await self.infer(model, x)
         phases.mark("batch")
+        sets = self.sets_for(model, result, choice)
+        ids = await self.log(model, result.scored, sets)
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
-        ids = await self.log(model, result.scored)
         served = {
             model.manifest.outputs["probabilities"]: result.scored.probabilities,
             PREDICTION_ID: np.array(ids, dtype=object),
         }
+        info = {}
+        if sets is not None:
+            served[PREDICTION_SET] = sets.members
+            if sets.p_values is not None:
+                served[P_VALUES] = sets.p_values
+            info = {("set_method" if k == "method" else k): v for k, v in sets.info().items() if v is not None}
         # every requested name is known: served here or an output of the graph
-        return model, {name: served[name] if name in served else result.outputs[name] for name in requested}, ids
+        outputs = {name: served[name] if name in served else result.outputs[name] for name in requested}
+        return model, outputs, ids, info
+
+    @staticmethod
+    def _v2_choice(model: ServedModel, parameters: dict, requested: list[str]) -> SetChoice | None:
+        """The sets a v2 request asks for, through its outputs or its ``coverage`` / ``set_method`` parameters
+        (422 naming the parameter when one is malformed, or when the version serves no sets)."""
+        coverage, method = parameters.get("coverage"), parameters.get("set_method")
+        if coverage is not None and (
+            isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < coverage < 1
+        ):
+            raise InvalidInput(f"must be a number in (0, 1), got {coverage!r}", field="parameters.coverage")
+        if method is not None and method not in ("lac", "aps", "raps"):
+            raise InvalidInput(f"must be 'lac', 'aps' or 'raps', got {method!r}", field="parameters.set_method")
+        wanted = PREDICTION_SET in requested or P_VALUES in requested
+        if not wanted and coverage is None and method is None:
+            return None
+        if wanted and not model.sets.available:
+            raise InvalidInput(f"this model version serves no prediction sets: {model.sets.reason}", field="outputs")
+        return model.sets.choice(method, coverage, P_VALUES in requested, field="parameters.")
 
     @staticmethod
     def _v2_data(data) -> np.ndarray:
@@ -341,6 +405,18 @@ class DataPlane:
         if array.dtype == bool or array.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return array.ravel()
+
+
+def _set_members(probs: np.ndarray, members: np.ndarray) -> list[list[int]]:
+    """Each row's set as class indices, most probable first (ties in class order)."""
+    order = np.argsort(-probs, axis=1, kind="stable")
+    inside = np.take_along_axis(members, order, axis=1)
+    return [row[keep].tolist() for row, keep in zip(order, inside)]
+
+
+def v2_datatype(values: np.ndarray) -> str:
+    """The v2 datatype an output is answered in: BYTES for strings, BOOL for sets, FP32 for every number."""
+    return "BYTES" if values.dtype == object else "BOOL" if values.dtype == bool else "FP32"
 
 
 def bytes_tensor(values: np.ndarray) -> bytes:

@@ -36,7 +36,7 @@ from service.errors import (
 )
 from service.metrics import Phases
 from service.schemas import V2InferenceRequest
-from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata
+from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata, v2_datatype
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 
@@ -138,17 +138,33 @@ def inference_request(request: pb.ModelInferRequest) -> tuple[V2InferenceRequest
 
 
 def inference_response(
-    name: str, version: str, request_id: str | None, outputs: dict[str, np.ndarray], ids: list[str]
+    name: str,
+    version: str,
+    request_id: str | None,
+    outputs: dict[str, np.ndarray],
+    ids: list[str],
+    info: dict | None = None,
 ) -> pb.ModelInferResponse:
-    """The response: every output as raw contents (FP32, or BYTES for ``prediction_id``), the prediction ids
-    also as the string parameter ``prediction_ids``, and the request's id (a fresh one when it had none)."""
+    """The response: every output as raw contents (FP32; BYTES for ``prediction_id``; BOOL, one byte per value,
+    for ``prediction_set``), the prediction ids also as the string parameter ``prediction_ids``, the sets'
+    method, coverage, threshold and its version as parameters (``info``), and the request's id (a fresh one
+    when it had none)."""
     response = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id or uuid.uuid4().hex)
     response.parameters["prediction_ids"].string_param = ",".join(ids)
+    for key, value in (info or {}).items():
+        if isinstance(value, bool):
+            response.parameters[key].bool_param = value
+        elif isinstance(value, str):
+            response.parameters[key].string_param = value
+        else:
+            response.parameters[key].double_param = float(value)
     for output, values in outputs.items():
-        strings = values.dtype == object
-        response.outputs.add(name=output, datatype="BYTES" if strings else "FP32", shape=list(values.shape))
+        datatype = v2_datatype(values)
+        response.outputs.add(name=output, datatype=datatype, shape=list(values.shape))
         response.raw_output_contents.append(
-            bytes_tensor(values) if strings else np.ascontiguousarray(values, dtype="<f4").tobytes()
+            bytes_tensor(values)
+            if datatype == "BYTES"
+            else np.ascontiguousarray(values, dtype=bool if datatype == "BOOL" else "<f4").tobytes()
         )
     return response
 
@@ -231,10 +247,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         phases = Phases(self.phase_histograms)
         body, values = inference_request(request)
         phases.mark("parse")
-        model, outputs, ids = await self.parts.dataplane.v2_infer(
+        model, outputs, ids, info = await self.parts.dataplane.v2_infer(
             request.model_name, request.model_version or None, body, values, phases
         )
-        response = inference_response(model.name, model.version, body.id, outputs, ids)
+        response = inference_response(model.name, model.version, body.id, outputs, ids, info)
         phases.mark("encode")
         return response
 

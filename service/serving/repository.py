@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from calibkit.manifest import Manifest, load_manifest
 from service.errors import ModelNotFound, NotReady
 from service.serving.batching import DynamicBatcher
+from service.serving.conformal import ModelSets
 from service.serving.runtime import ModelRuntime, create_runtime, preload_cuda_libraries
 from service.settings import BatchingConfig, Settings
 
@@ -38,6 +39,7 @@ class ServedModel:
     runtimes: list[ModelRuntime]
     batching: BatchingConfig
     batcher: DynamicBatcher | None = None
+    sets: ModelSets = field(default_factory=lambda: ModelSets({}, reason="not loaded"))
 
     @property
     def runtime(self) -> ModelRuntime:
@@ -191,7 +193,8 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
     ]
     for each in runtimes:
         _warm_up(each, manifest, batching)
-    return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching)
+    sets = ModelSets.load(directory, manifest, settings.conformal_method, settings.conformal_coverage)
+    return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching, sets=sets)
 
 
 def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:

@@ -14,6 +14,7 @@ from typing import cast
 import numpy as np
 
 from calibkit.temperature import apply_temperature, softmax
+from service.serving.conformal import ServedSets
 from service.store.rows import PredictionRow, encode_rows, prediction_ids
 
 
@@ -43,12 +44,16 @@ class ScoredBatch:
         per_row = {name: getattr(self, name)[rows] for name in _PER_ROW}
         return ScoredBatch(**per_row, calibration_version=self.calibration_version, temperature=self.temperature)
 
-    def prediction_rows(self, model: str, version: str, now: float | None = None) -> list[PredictionRow]:
-        """The rows as the prediction log stores them."""
+    def prediction_rows(
+        self, model: str, version: str, now: float | None = None, sets: ServedSets | None = None
+    ) -> list[PredictionRow]:
+        """The rows as the prediction log stores them, with the prediction sets served with them (packed bits)."""
         now = time.time() if now is None else now
         if len(self) and self.probability_bytes[0] is None:  # ``score`` encodes every row of a batch or none
             raise ValueError("rows scored without encode=True have no encodings to log")
         probability_bytes = cast(Sequence[bytes], self.probability_bytes)
+        packed: Sequence[bytes | None] = [None] * len(self) if sets is None else sets.packed()
+        coverage, method = (None, None) if sets is None else (sets.choice.coverage, sets.choice.method)
         return [
             PredictionRow(
                 self.ids[i],
@@ -61,6 +66,10 @@ class ScoredBatch:
                 self.raw_confidence[i],
                 probability_bytes[i],
                 self.logit_bytes[i],
+                "online",
+                packed[i],
+                coverage,
+                method,
             )
             for i, k in enumerate(self.predicted)
         ]
@@ -68,17 +77,23 @@ class ScoredBatch:
 
 @dataclass(frozen=True)
 class InferenceResult:
-    """One batch's graph outputs by name and its rows scored under the calibration in force, built once on an
-    inference thread for both protocols and the prediction log; ``result[a:b]`` is one request's share."""
+    """One batch's graph outputs by name, its rows scored under the calibration in force and their prediction
+    sets under the model's default choice (None without sets), built once on an inference thread for both
+    protocols and the prediction log; ``result[a:b]`` is one request's share."""
 
     outputs: dict[str, np.ndarray]
     scored: ScoredBatch
+    sets: ServedSets | None = None
 
     def __len__(self) -> int:
         return len(self.scored)
 
     def __getitem__(self, rows: slice) -> InferenceResult:
-        return InferenceResult({name: value[rows] for name, value in self.outputs.items()}, self.scored[rows])
+        return InferenceResult(
+            {name: value[rows] for name, value in self.outputs.items()},
+            self.scored[rows],
+            None if self.sets is None else self.sets[rows],
+        )
 
 
 _PER_ROW = tuple(f.name for f in fields(ScoredBatch) if f.name not in ("calibration_version", "temperature"))

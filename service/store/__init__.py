@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from service.store.alarm_state import AlarmStates
 from service.store.calibrations import Calibrations
+from service.store.coverage import CoverageStates
 from service.store.database import Database
 from service.store.labels import Labels
 from service.store.pending import PendingLabels
@@ -21,6 +22,7 @@ class Store:
         self.pending = PendingLabels(self.db)
         self.calibrations = Calibrations(self.db)
         self.alarm_states = AlarmStates(self.db)
+        self.coverage = CoverageStates(self.db)
 
     def purge(self, older_than: float) -> int:
         """Delete predictions (and their labels) created before ``older_than``, and pending labels received

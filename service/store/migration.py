@@ -41,8 +41,8 @@ def migrate(connection: sa.Connection) -> None:
 
 def _add_columns(c: sa.Connection) -> None:
     """Nullable columns added to tables of an existing store (older versions ignore them): the source of
-    labels and pending labels."""
-    for table in (labels, pending_labels):
+    labels and pending labels, the prediction sets of predictions and labels; and indexes added since."""
+    for table in (labels, pending_labels, predictions):
         present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
         for column in table.columns:
             if column.name not in present and column.nullable:
@@ -50,6 +50,8 @@ def _add_columns(c: sa.Connection) -> None:
                     f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(dialect=c.dialect)}"
                 )
                 log.info("added column %s.%s", table.name, column.name)
+        for index in table.indexes:
+            index.create(c, checkfirst=True)
 
 
 def _labels_to_v2(c: sa.Connection) -> None:

@@ -37,6 +37,9 @@ class PredictionRow(NamedTuple):
     probabilities: bytes
     logits: bytes | None
     source: str = "online"
+    set_members: bytes | None = None
+    set_coverage: float | None = None
+    set_method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,10 @@ class LabelRow:
     probabilities: bytes | None = None
     logits: bytes | None = None
     source: str = ANONYMOUS
+    covered: int | None = None
+    set_size: int | None = None
+    set_coverage: float | None = None
+    set_method: str | None = None
 
 
 class NewestRows(NamedTuple):

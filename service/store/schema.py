@@ -39,6 +39,10 @@ predictions = sa.Table(
     sa.Column("probabilities", sa.LargeBinary, nullable=False),
     sa.Column("logits", sa.LargeBinary),
     sa.Column("source", sa.String(16), nullable=False),
+    # the prediction set served with the row (NULL: none): its members as packed bits, coverage and score
+    sa.Column("set_members", sa.LargeBinary),
+    sa.Column("set_coverage", sa.Float),
+    sa.Column("set_method", sa.String(8)),
     sa.Index("ix_predictions_model_time", "model", "version", "calibration_version", "created_at"),
 )
 
@@ -61,7 +65,13 @@ labels = sa.Table(
     sa.Column("logits", sa.LargeBinary),  # read one index range of labels, never a join
     sa.Column("source", sa.String(64)),  # the name of the token that sent it; NULL (labels of older versions) and
     # "anonymous" (feedback open) are the same source
+    # whether the set served with the prediction held the label (NULL: no set), its size, coverage and score
+    sa.Column("covered", sa.Integer),
+    sa.Column("set_size", sa.Integer),
+    sa.Column("set_coverage", sa.Float),
+    sa.Column("set_method", sa.String(8)),
     sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
+    sa.Index("ix_labels_sets", "model", "version", "seq"),
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
 )
 
@@ -117,6 +127,16 @@ monitor_state = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("since", sa.Float),
     sa.Column("reasons", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+coverage_state = sa.Table(
+    "coverage_state",
+    metadata,
+    sa.Column("model", sa.String(128), primary_key=True),
+    sa.Column("version", sa.String(32), primary_key=True),
+    sa.Column("last_seq", BigId, nullable=False),
+    sa.Column("states", sa.Text, nullable=False),  # JSON: the adaptive threshold and coverage alarm per set choice
     sa.Column("updated_at", sa.Float, nullable=False),
 )
 

@@ -22,7 +22,17 @@ import pytest
 import uvicorn
 from onnx import TensorProto, helper, numpy_helper
 
-from calibkit.manifest import CalibrationSpec, InputSpec, Manifest, Preprocessing, ReferenceDistribution, write_manifest
+from calibkit.conformal import SplitConformal
+from calibkit.manifest import (
+    CalibrationSpec,
+    ConformalSpec,
+    InputSpec,
+    Manifest,
+    Preprocessing,
+    ReferenceDistribution,
+    load_manifest,
+    write_manifest,
+)
 from service.app import create_app
 from service.settings import Settings
 
@@ -86,6 +96,37 @@ def write_linear_artifact(
     )
     write_manifest(manifest, directory)
     return directory
+
+
+def write_conformal(directory, seed: int = 0, default_method: str = "aps", default_coverage: float = 0.8) -> dict:
+    """Give a five-class artifact LAC, randomized APS and randomized RAPS calibrators fitted on calibrated
+    Dirichlet probabilities (labels drawn from them), as ``conformal.json`` checksummed in its manifest; the
+    calibrators by method."""
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.full(5, 0.6), size=400)
+    labels = np.array([rng.choice(5, p=p) for p in probs])
+    calibrators = {
+        "lac": SplitConformal.fit(probs, labels, "lac"),
+        "aps": SplitConformal.fit(probs, labels, "aps", u=rng),
+        "raps": SplitConformal.fit(probs, labels, "raps", k_reg=1, lam=0.05, u=rng),
+    }
+    raw = json.dumps(
+        {
+            "format": 1,
+            "calibrators": {m: c.to_dict() for m, c in calibrators.items()},
+            "split": {"fitted_on": "validation", "rows": 400, "seed": seed, "fraction": 0.5},
+        }
+    ).encode()
+    (directory / "conformal.json").write_bytes(raw)
+    spec = ConformalSpec(
+        sha256=hashlib.sha256(raw).hexdigest(),
+        methods=sorted(calibrators),
+        default_method=default_method,
+        default_coverage=default_coverage,
+        calibration_rows=400,
+    )
+    write_manifest(load_manifest(directory / "manifest.json").model_copy(update={"conformal": spec}), directory)
+    return calibrators
 
 
 @contextmanager
@@ -287,3 +328,9 @@ def cuttable_proxy():
     proxy = CuttableProxy()
     yield proxy
     proxy.close()
+
+
+@pytest.fixture(scope="session")
+def add_conformal():
+    """``write_conformal(directory, ...)``: conformal calibrators for a five-class linear artifact."""
+    return write_conformal

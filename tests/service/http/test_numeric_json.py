@@ -106,11 +106,13 @@ def test_anything_else_is_left_to_the_general_path(raw):
 
 
 def _answer(base_url: str, body: bytes) -> tuple[int, dict]:
-    """Status and JSON answer of /predict, without what differs between two requests (ids, the request id)."""
+    """Status and JSON answer of /predict, without what differs between two requests (ids, the randomized sets
+    drawn from them, the request id)."""
     response = httpx.post(f"{base_url}/predict", content=body, headers={"Content-Type": "application/json"})
     answer = response.json()
     for prediction in answer.get("predictions", []):
-        prediction.pop("id")
+        for varies in ("id", "prediction_set", "set_size"):
+            prediction.pop(varies)
     answer.pop("request_id", None)
     return response.status_code, answer
 

@@ -35,6 +35,8 @@ def test_model_metadata(base_url):
         ("logits", "FP32"),
         ("probabilities", "FP32"),
         ("prediction_id", "BYTES"),
+        ("prediction_set", "BOOL"),  # the default artifact has conformal scores: its sets, when named in outputs
+        ("conformal_p_values", "FP32"),
     ]
     # every parameter value is a string, number or boolean (the protocol's rule); lists and objects JSON-encoded
     assert all(isinstance(v, str | int | float | bool) for v in meta["parameters"].values())

@@ -59,10 +59,13 @@ def check_model(rest_probabilities, ids_take_feedback):
         assert got["ready"] is True
         meta = got["metadata"]
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [str(d) for d in [-1, *shape]]}]
+        versions = {m["name"]: m["versions"][0] for m in httpx.get(f"{base_url}/models").json()["models"]}
+        with_sets = [("prediction_set", "BOOL"), ("conformal_p_values", "FP32")]
         assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
             ("logits", "FP32"),
             ("probabilities", "FP32"),
             ("prediction_id", "BYTES"),
+            *(with_sets if versions[model]["prediction_sets"]["available"] else []),
         ]
         infer = got["infer"]
         np.testing.assert_array_equal(

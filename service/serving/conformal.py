@@ -1,0 +1,184 @@
+"""Prediction sets served per request: a model version's conformal calibrators, its default method and coverage,
+and the sets (and p-values) of a batch's rows.
+
+A set is computed from the probabilities of the artifact's own calibration (the ONNX graph's ``probabilities``
+output), the ones its conformal scores were fitted on, even after an in-service refit of the temperature: split
+conformal's guarantee holds for scores exchangeable with the calibration split's (Angelopoulos et al. 2021,
+"Uncertainty sets for image classifiers using conformal prediction"; ``calibkit.conformal``). Randomized APS and
+RAPS sets draw one uniform number per row from the row's prediction id (its 52 random bits after the timestamp),
+so that any replica, the prediction log and a later audit recompute the same set from the same row.
+
+The threshold's version names what the sets were computed with: the conformal file's checksum, and the number
+of labels the adaptive threshold has folded in (0: the static split-conformal quantile); the adapted levels come
+from ``service.monitoring.coverage``, which folds the stored labels in order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibkit.adaptive_conformal import ACIState, QuantileTracker
+from calibkit.conformal import SplitConformal
+from calibkit.manifest import Manifest, load_conformal
+from service.errors import InvalidInput
+
+_ID_DRAW = slice(12, 25)
+"""The 13 hex digits (52 random bits) of a prediction id that give its row's uniform draw: past the 12-digit
+millisecond timestamp (``service.store.rows.prediction_ids``)."""
+
+
+def covered(packed: bytes, label: int) -> bool:
+    """Whether a logged set (``ServedSets.packed``) holds class ``label``."""
+    return bool(packed[label // 8] >> (7 - label % 8) & 1)
+
+
+def set_size(packed: bytes) -> int:
+    """The number of classes in a logged set."""
+    return int(np.unpackbits(np.frombuffer(packed, dtype=np.uint8)).sum())
+
+
+def row_draws(ids: list[str]) -> np.ndarray:
+    """One uniform draw in [0, 1) per prediction id, a function of the id alone."""
+    return np.array([int(i[_ID_DRAW], 16) for i in ids], dtype=np.float64) / float(16**13)
+
+
+@dataclass(frozen=True)
+class SetChoice:
+    """What a request asks for: the score, the coverage 1 - alpha, and whether it wants the p-values."""
+
+    method: str
+    coverage: float
+    p_values: bool = False
+
+
+@dataclass(frozen=True)
+class ServedSets:
+    """The sets of some rows under one choice: membership (N, K), optional p-values (N, K), the threshold and
+    its version. ``sets[a:b]`` is a request's share of a batch's sets."""
+
+    choice: SetChoice
+    members: np.ndarray
+    p_values: np.ndarray | None
+    threshold: float
+    threshold_version: str
+    randomized: bool
+
+    def __getitem__(self, rows: slice) -> ServedSets:
+        p = None if self.p_values is None else self.p_values[rows]
+        return ServedSets(self.choice, self.members[rows], p, self.threshold, self.threshold_version, self.randomized)
+
+    def packed(self) -> list[bytes]:
+        """Each row's membership as packed bits (``numpy.packbits``, class 0 the first bit), as the log stores it."""
+        return [row.tobytes() for row in np.packbits(self.members, axis=1)]
+
+    def info(self) -> dict:
+        """The response's description of the sets (a threshold of +inf, the full set, is null)."""
+        return {
+            "method": self.choice.method,
+            "coverage": self.choice.coverage,
+            "threshold": self.threshold if math.isfinite(self.threshold) else None,
+            "threshold_version": self.threshold_version,
+            "randomized": self.randomized,
+        }
+
+
+class ModelSets:
+    """A model version's conformal calibrators by method, with its defaults, or the reason it serves no sets."""
+
+    def __init__(
+        self,
+        calibrators: dict[str, SplitConformal],
+        default_method: str | None = None,
+        default_coverage: float | None = None,
+        checksum: str = "",
+        reason: str | None = None,
+    ):
+        self.calibrators = calibrators
+        self.default_method = default_method
+        self.default_coverage = default_coverage
+        self.checksum = checksum
+        self.reason = reason
+        self._adapted: dict[tuple[str, float], ACIState | QuantileTracker] = {}
+
+    def adapt(self, states: dict[tuple[str, float], ACIState | QuantileTracker]) -> None:
+        """Serve these adaptive levels by (method, coverage) from now on (``service.monitoring.coverage``)."""
+        self._adapted = dict(states)
+
+    @classmethod
+    def load(
+        cls, directory: Path, manifest: Manifest, method: str | None = None, coverage: float | None = None
+    ) -> ModelSets:
+        """The calibrators of an artifact version (checked against the manifest's checksum), with the defaults
+        of the settings (``method``, ``coverage``) or else the manifest's; an artifact without conformal scores
+        serves no sets and says why. Raises ``ValueError`` when the scores are there but do not match."""
+        spec = manifest.conformal
+        if spec is None:
+            return cls({}, reason="the artifact has no conformal scores (exported before prediction sets existed)")
+        calibrators = load_conformal(directory, spec, manifest.class_names)
+        chosen = method or spec.default_method
+        if chosen not in calibrators:
+            raise ValueError(f"conformal method {chosen!r} is not in the artifact's {sorted(calibrators)}")
+        return cls(calibrators, chosen, coverage or spec.default_coverage, spec.sha256[:12])
+
+    @property
+    def available(self) -> bool:
+        return bool(self.calibrators)
+
+    def describe(self) -> dict:
+        """What ``/models`` says about the version's sets."""
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        return {
+            "available": True,
+            "methods": sorted(self.calibrators),
+            "default_method": self.default_method,
+            "default_coverage": self.default_coverage,
+            "calibration_rows": {m: len(c.scores) for m, c in self.calibrators.items()},
+            "threshold_version": self.version(0),
+        }
+
+    def version(self, folded: int) -> str:
+        """The threshold's version: the conformal file's checksum and the labels folded into it."""
+        return f"{self.checksum}:{folded}"
+
+    def choice(self, method: str | None, coverage: float | None, p_values: bool, field: str = "") -> SetChoice | None:
+        """A request's choice, with the defaults for what it leaves out; None when it asks for nothing and the
+        version has no sets. Asking a version without sets for them is a 422 naming the field and the reason."""
+        if not self.available:
+            asked = [name for name, value in (("coverage", coverage), ("set_method", method)) if value is not None]
+            if p_values:
+                asked.append("return_p_values")
+            if asked:
+                raise InvalidInput(
+                    f"this model version serves no prediction sets: {self.reason}", field=field + asked[0]
+                )
+            return None
+        chosen = method or self.default_method
+        if chosen not in self.calibrators:
+            raise InvalidInput(
+                f"{chosen!r} is not a set method of this model version; it has {sorted(self.calibrators)}",
+                field=field + "set_method",
+            )
+        assert self.default_coverage is not None  # set whenever there are calibrators
+        return SetChoice(chosen, self.default_coverage if coverage is None else coverage, p_values)
+
+    def sets(self, probs: np.ndarray, ids: list[str], choice: SetChoice) -> ServedSets:
+        """The sets (and, when asked, p-values) of rows with probabilities ``probs`` (N, K) and prediction ids
+        ``ids``: at the adapted level of the choice when one is served (``adapt``), else at the static
+        split-conformal threshold. The p-values are the static calibration scores' (Vovk et al. 2005)."""
+        calibrator = self.calibrators[choice.method]
+        alpha = 1.0 - choice.coverage
+        draws = row_draws(ids) if calibrator.randomized and calibrator.method != "lac" else None
+        adapted = self._adapted.get((choice.method, choice.coverage))
+        if adapted is None:
+            members = calibrator.sets(probs, alpha, u=draws)
+            threshold, version = float(np.max(calibrator.quantile(alpha))), self.version(0)
+        else:
+            members = adapted.sets(calibrator, probs, u=draws)
+            threshold, version = adapted.threshold(calibrator), self.version(adapted.labels)
+        p = calibrator.p_values(probs, u=draws).astype(np.float32) if choice.p_values else None
+        return ServedSets(choice, members, p, threshold, version, draws is not None)
