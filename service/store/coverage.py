@@ -89,6 +89,6 @@ class CoverageStates:
         ).where(labels.c.model == model, labels.c.version == version, labels.c.covered.is_not(None))
         if seconds is not None:
             query = query.where(labels.c.labelled_at >= time.time() - seconds)
-        if last is not None:
-            query = query.order_by(labels.c.seq.desc()).limit(last)
+        if last is not None:  # a count past any store's labels is every label (and past SQL's integers)
+            query = query.order_by(labels.c.seq.desc()).limit(min(last, 2**62))
         return self.db.run(lambda c: c.execute(query).all(), write=False)

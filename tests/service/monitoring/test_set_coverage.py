@@ -134,3 +134,15 @@ def test_with_adaptation_off_the_sets_keep_the_static_threshold(artifacts, tmp_p
         assert choice["threshold_version"].endswith(":0") and choice["alarm"]["state"] == "alarm"
         body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
         assert body["conformal"]["threshold_version"].endswith(":0")
+
+
+def test_a_window_past_every_label_reports_them_all(artifacts, tmp_path, server_for):
+    with server_for(settings_for(artifacts, f"sqlite:///{tmp_path / 'm.db'}")) as (url, _):
+        served = predict(url, 20, seed=4)
+        time.sleep(1.0)
+        feedback(url, [{"prediction_id": p["id"], "label": 0} for p in served])
+        settled([url], 20)
+        for window in ("99999999999999999999999", "1000000d"):
+            response = httpx.get(f"{url}/calibration", params={"window": window})
+            assert response.status_code == 200, response.text
+            assert sum(c["n"] for c in response.json()["coverage"]["choices"]) == 20
