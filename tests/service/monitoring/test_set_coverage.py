@@ -31,7 +31,6 @@ def settings_for(artifacts, database_url: str, **extra) -> Settings:
         database_url=database_url,
         evaluate_seconds=0.2,
         evaluate_every_labels=50,
-        coverage_alarm_threshold=200.0,
         bootstrap_resamples=200,
         **extra,
     )
@@ -85,8 +84,11 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
         calm = settled([a, b], 300)
         assert calm[0] == calm[1]
         choice = next(c for c in calm[0]["choices"] if c["method"] == "aps" and c["coverage"] == 0.8)
+        # labels drawn from the probabilities: no alarm (a false one has probability <= 300 / A = 0.3%), and the
+        # sets cover about their target (their calibration split is not this toy model's, and randomized sets
+        # draw from the random prediction ids, so only roughly)
         assert choice["alarm"]["state"] == "ok" and choice["n"] == 300
-        assert choice["interval"][0] <= 0.8 <= choice["interval"][1] + 0.05
+        assert 0.65 < choice["observed"] < 0.95
 
         # the shift: the labels fall outside the served sets, on the least probable class
         after = predict(a, 400, seed=2)
