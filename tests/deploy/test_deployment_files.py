@@ -51,7 +51,7 @@ def test_alert_rules_check_and_unit_tests_pass():
     check = subprocess.run(
         [_tool("promtool"), "check", "rules", str(PROMETHEUS / "alerts.yml")], capture_output=True, text=True
     )
-    assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 10 rules found" in check.stdout, check.stdout + check.stderr
     tests = subprocess.run(
         [_tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True, cwd=PROMETHEUS
     )
@@ -93,7 +93,16 @@ def test_dashboard_and_alerts_only_use_metrics_the_service_exports():
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
-    for topic in ("request rate", "latency", "batch", "rolling ece", "alarm state", "reliability"):
+    for topic in (
+        "request rate",
+        "latency",
+        "batch",
+        "rolling ece",
+        "alarm state",
+        "reliability",
+        "set coverage",
+        "set size",
+    ):
         assert topic in titles
     used = set()
     for panel in dashboard["panels"]:

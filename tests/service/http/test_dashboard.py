@@ -5,7 +5,8 @@ probabilities, then over-confident ones), opens the page and checks what an oper
 ``alarm`` badge, the ECE in the summary, the rolling-ECE chart, the reliability diagram, no error
 message, and a non-blank full-page screenshot. The state tests reach each alarm state through the
 HTTP API (no labels, too few labels, ok, warning from drifted confidences, alarm) and check that the
-alarm card says what the state rests on, in colours that agree with it. It needs the system Chromium
+alarm card says what the state rests on, in colours that agree with it, and the prediction sets card
+what the coverage block of /calibration says. It needs the system Chromium
 (/usr/bin/chromium) and the ``playwright`` Python package (no browser download): `make tools`
 installs Chromium from Debian and the dev extra installs playwright.
 """
@@ -38,7 +39,7 @@ CHROMIUM_ARGS = [
 MODEL = "digits-lenet5"
 
 
-def _settings(repository_dir: Path, tmp_path: Path) -> Settings:
+def _settings(repository_dir: Path, tmp_path: Path, **extra) -> Settings:
     return Settings(
         artifacts=repository_dir,
         default_model=MODEL,
@@ -46,6 +47,7 @@ def _settings(repository_dir: Path, tmp_path: Path) -> Settings:
         bootstrap_resamples=300,
         evaluate_seconds=3600,
         evaluate_every_labels=10**9,
+        **extra,
     )
 
 
@@ -85,6 +87,7 @@ def test_dashboard_is_served_as_one_html_page(repository_dir, server_for, tmp_pa
             "alarm-headline",
             "alarm-reasons",
             "summary",
+            "prediction-sets",
             "timeline-chart",
             "reliability",
             "error",
@@ -299,6 +302,8 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
 
             if name == "no-labels":
                 assert report["n"] == 0
+                assert report["coverage"]["available"] and report["coverage"]["choices"] == []
+                assert "No labelled prediction sets yet" in page.locator("#prediction-sets").text_content()
                 assert any("Calibration is unchecked" in reason for reason in reasons), reasons
                 assert "no labels yet" in page.locator('[data-metric="ece"]').text_content()
             elif name == "too-few-labels":
@@ -309,6 +314,10 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
             elif name == "ok":
                 assert report["n"] >= 200
                 assert any(reason.startswith("E-detector") for reason in reasons), reasons
+                (choice,) = report["coverage"]["choices"]  # the default set choice, served with each prediction
+                assert choice["n"] == report["n"] and choice["alarm"]["state"] == "ok"
+                row = _sets_row(page, choice)
+                assert row.get_attribute("data-alarm") == "ok" and "below target" not in row.text_content()
             elif name == "warning":
                 assert report["n"] >= 200
                 assert report["alarm"]["reasons"][0].startswith("confidence distribution shifted")
@@ -337,6 +346,64 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
                 pixels = image.convert("RGB").getcolors(maxcolors=1 << 20)
             reds = sum(count for count, (r, g, b) in pixels if r > 180 and g < 80 and b < 80)
             assert reds == 0, f"{reds} red pixels in {shot.name} while the state is {name}"
+
+
+def _sets_row(page, choice: dict):
+    """The prediction sets card's row of a set choice of the coverage block, checked against the block: the observed
+    coverage with its interval, the target and n, the mean set size, the threshold against the static one."""
+    row = page.locator(f'#prediction-sets tr[data-choice="{choice["method"]}@{choice["coverage"]}"]')
+    assert row.count() == 1, page.locator("#prediction-sets").inner_html()
+    text = row.text_content()
+    low, high = choice["interval"]
+    for expected in (
+        f"{choice['method']} @ {100 * choice['coverage']:.1f}%",
+        f"{100 * choice['observed']:.1f}% [{100 * low:.1f}%, {100 * high:.1f}%]",
+        f"target {100 * choice['coverage']:.1f}% · n = {choice['n']}",
+        f"{choice['mean_set_size']:.2f}",
+        f"{choice['threshold']:.4f} (static {choice['static_threshold']:.4f})",
+        f"{choice['labels_folded']} labels folded",
+    ):
+        assert expected in text, (expected, text)
+    return row
+
+
+@pytest.mark.e2e  # needs Chromium
+def test_dashboard_shows_the_prediction_sets_coverage_alarm(
+    repository_dir, server_for, tmp_path, evaluate_now, chromium
+):
+    """Labels outside the served sets (each prediction's least probable digit): the coverage alarm is raised and the
+    prediction sets card shows it, with the observed coverage below its target."""
+    with server_for(_settings(repository_dir, tmp_path, coverage_alarm_threshold=200.0)) as (base_url, app):
+        r = httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x.tolist()}, timeout=30)
+        assert r.status_code == 200, r.text
+        items = [
+            {"prediction_id": p["id"], "label": int(np.argmin(p["probabilities"]))} for p in r.json()["predictions"]
+        ]
+        r = httpx.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
+        assert r.status_code == 200 and r.json()["accepted"] == len(items), r.text
+        evaluate_now(app)
+        block = httpx.get(f"{base_url}/calibration", timeout=30).json()["coverage"]
+        (choice,) = block["choices"]
+        assert choice["alarm"]["state"] == "alarm" and choice["below_target"], choice
+        assert choice["labels_folded"] == len(items) and choice["threshold"] != choice["static_threshold"]
+        page = chromium.new_page(viewport={"width": 1360, "height": 900})
+        try:
+            console_errors = []
+            page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: console_errors.append(str(error)))
+            page.goto(f"{base_url}/dashboard", wait_until="domcontentloaded")
+            page.wait_for_selector('body[data-loaded="true"]', timeout=20_000)
+            row = _sets_row(page, choice)
+            assert row.get_attribute("data-alarm") == "alarm"
+            assert row.locator(".pill").text_content() == "alarm"
+            assert "below target" in row.locator("td.bad").text_content()
+            assert "since " in row.text_content()
+            assert "alarm at 200" in page.locator("#sets-hint").text_content()
+            assert "n / 200" in page.locator("#prediction-sets .note").text_content()
+            assert page.locator("#error").text_content().strip() == ""
+            assert not console_errors, console_errors
+        finally:
+            page.close()
 
 
 def _tone(css: str) -> str:
