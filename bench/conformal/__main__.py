@@ -3,7 +3,8 @@
 Measures (``measure.run`` says what), judges the goals (``goals``), prints the tables and writes
 bench/results/conformal.json and docs/conformal_benchmark.md (``render``).
 
-    python -m bench.conformal [--splits 1000] [--repeats 1000] [--seed 0] [--smoke]
+    python -m bench.conformal [--splits 1000] [--repeats 1000] [--seed 0] [--serving-seconds 4]
+        [--serving-rounds 7] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=1_000, help="random calibration/test splits per data set")
     parser.add_argument("--repeats", type=int, default=1_000, help="timed calls per method and operation")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--serving-seconds", type=float, default=4.0, help="seconds of load per version, round and request size"
+    )
+    parser.add_argument("--serving-rounds", type=int, default=7, help="alternating rounds of sets in /predict")
     parser.add_argument("--smoke", action="store_true", help="a few-second run that checks the benchmark works")
     parser.add_argument(
         "--report-only",
@@ -32,6 +37,11 @@ def main() -> None:
         parser.error(f"--splits: expected at least 2, got {args.splits}")
     if args.repeats < 1:
         parser.error(f"--repeats: expected at least 1, got {args.repeats}")
+    if args.serving_seconds < 1 or args.serving_rounds < 1:
+        parser.error(
+            f"--serving-seconds, --serving-rounds: expected at least 1, got {args.serving_seconds}, "
+            f"{args.serving_rounds}"
+        )
     if args.smoke:
         args.splits, args.repeats = 20, 20
     publish("conformal", lambda: run(args), goals, markdown, PAGE, args.smoke, args.report_only)

@@ -1,7 +1,7 @@
 """The conformal benchmark's goals (issue 43), judged on the rows of ``measure``: coverage on exchangeable data
 and its exact law, set sizes and coverage by set size, the cost per batch, coverage under shift with and without
-adaptation, and the coverage alarm; the goal that needs serving is listed as not yet measured, so that the table
-shows the whole issue."""
+adaptation, the coverage alarm, and the serving cost of sets (``bench.conformal.serving``); a goal whose
+measurement is missing from the result is listed as not yet measured, so that the table shows the whole issue."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ COVERAGE_TOLERANCE = 0.005
 LAW_LEVEL = 0.01
 #: The worst bin of coverage by set size at least 1 - alpha - BIN_SLACK.
 BIN_SLACK = 0.05
-#: Sets and p-values of 64 rows at 1,000 classes within this many milliseconds.
+#: Sets of 64 rows at 1,000 classes within this many milliseconds (p-values, served on request only, are reported).
 COST_MS = 0.5
+#: Sets in /predict on the light model: rows/s with sets at least this share of rows/s without (a cost of 5%).
+SERVING_RATIO = 0.95
 #: Under shift: long-run coverage, and coverage over the window after the shift, within these of target; mean set
 #: size within this factor of the oracle's.
 LONG_RUN_POINTS, WINDOW_POINTS, SIZE_RATIO = 0.01, 0.03, 1.25
@@ -149,19 +151,29 @@ def goals(result: dict) -> list[dict]:
         }
     )
 
-    for op in ("sets", "p_values"):
-        big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] == op]
-        slow = max(big, key=lambda r: r["median_ms"])
-        out.append(
-            {
-                "goal": f"cost: {op.replace('_', '-')} of 64 rows at 1,000 classes, median <= {COST_MS:g} ms "
-                "per method",
-                "rows": len(big),
-                "met": all(r["median_ms"] <= COST_MS for r in big),
-                "worst": f"{slow['median_ms']:.3f} ms, {slow['method']} "
-                f"({sum(r['median_ms'] <= COST_MS for r in big)} of {len(big)} met)",
-            }
-        )
+    big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] == "sets"]
+    slow = max(big, key=lambda r: r["median_ms"])
+    out.append(
+        {
+            "goal": f"cost: sets of 64 rows at 1,000 classes, median <= {COST_MS:g} ms per method",
+            "rows": len(big),
+            "met": all(r["median_ms"] <= COST_MS for r in big),
+            "worst": f"{slow['median_ms']:.3f} ms, {slow['method']} "
+            f"({sum(r['median_ms'] <= COST_MS for r in big)} of {len(big)} met)",
+        }
+    )
+    big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] == "p_values"]
+    slow = max(big, key=lambda r: r["median_ms"])
+    out.append(
+        {
+            "goal": "cost: p-values of 64 rows at 1,000 classes, median per method (reported: the issue asks for "
+            "p-values on request only, and sets its cost goal on sets)",
+            "rows": len(big),
+            "met": "reported",
+            "worst": f"{slow['median_ms']:.3f} ms, {slow['method']} "
+            f"({sum(r['median_ms'] <= COST_MS for r in big)} of {len(big)} within {COST_MS:g} ms)",
+        }
+    )
     small = [r for r in result["cost"] if r["classes"] == 10]
     slow = max(small, key=lambda r: r["median_ms"])
     out.append(
@@ -172,11 +184,34 @@ def goals(result: dict) -> list[dict]:
             "worst": f"{slow['median_ms']:.3f} ms, {slow['op'].replace('_', '-')} {slow['method']}",
         }
     )
-    pending = NOT_YET if "shift" not in result else NOT_YET[:1]
+    pending = [] if "serving" in result else NOT_YET[:1]
+    if "serving" in result:
+        out.append(serving_goal(result["serving"]))
     if "shift" in result:
         out += shift_goals(result["shift"])
+    else:
+        pending += NOT_YET[1:]
     out += [{"goal": goal, "rows": 0, "met": "not yet measured", "worst": f"needs {needs}"} for goal, needs in pending]
     return out
+
+
+def serving_goal(serving: dict) -> dict:
+    """Sets in /predict on the light model: the median over alternating rounds of rows/s with sets over rows/s
+    without, at each request size (``bench.conformal.serving``), against ``SERVING_RATIO``."""
+    summary = serving["summary"]
+    low = min(summary, key=lambda s: s["median_ratio"])
+    shown = "; ".join(
+        f"{s['rows']}-row {s['median_ratio']:.3f} (rounds {s['low']:.3f}-{s['high']:.3f}, spread {s['spread']:.2f}x)"
+        for s in summary
+    )
+    return {
+        "goal": f"sets on the light model cost at most {1 - SERVING_RATIO:.0%} of /predict throughput: median "
+        f"ratio of rows/s with sets over without >= {SERVING_RATIO:g} ({serving['clients']} clients, single-row "
+        "and 8-row requests)",
+        "rows": sum(s["rounds"] for s in summary),
+        "met": all(s["median_ratio"] >= SERVING_RATIO for s in summary),
+        "worst": f"{low['median_ratio']:.3f} at {low['rows']}-row; {shown}",
+    }
 
 
 def shift_goals(shift: dict) -> list[dict]:

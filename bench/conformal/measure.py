@@ -453,6 +453,8 @@ def run(args) -> dict:
     2. Cost: ``SplitConformal.sets`` and ``.p_values`` per batch of ``COST_ROWS`` rows at 1,000 and 10 classes,
        ``--repeats`` times each.
     3. Under shift, and the coverage alarm: ``bench.conformal.shift.run``.
+    4. Sets in /predict: ``bench.conformal.serving.run``, ``--serving-rounds`` alternating rounds of
+       ``--serving-seconds`` (one round of a second per version and request size with ``--smoke``).
     """
     sources = [digits_source(), synthetic_source(args.seed + 100)]
     out: dict = {"setup": vars(args) | {"alphas": list(ALPHAS), "lambda": LAMBDA, "min_bin_labels": MIN_BIN_LABELS}}
@@ -468,7 +470,9 @@ def run(args) -> dict:
             out[key] += value
     print(table([], COST_COLUMNS), flush=True)
     out["cost"], out["cost_mix"] = cost_rows(args.repeats, args.seed + 200)
-    from bench.conformal import shift
+    from bench.conformal import serving, shift
 
     out["shift"] = shift.run(args)
+    print(table([], serving.ROUND_COLUMNS), flush=True)
+    out["serving"] = serving.run(1.0, 1) if args.smoke else serving.run(args.serving_seconds, args.serving_rounds)
     return out

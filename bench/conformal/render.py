@@ -105,8 +105,8 @@ def markdown(result: dict) -> str:
         f'Measured by `make bench-conformal` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
         f"{m['memory_gib']} GiB, Python {m['python']}, numpy {m['numpy']}, at commit `{m['commit']}`, in "
         f"{result['seconds']:.0f} s. Split conformal classification of `calibkit.conformal`, the adaptive thresholds "
-        "of `calibkit.adaptive_conformal` and the alarm of `calibkit.coverage_alarm`; serving comes later, and its "
-        "goal is listed below as not yet measured.",
+        "of `calibkit.adaptive_conformal`, the alarm of `calibkit.coverage_alarm`, and the cost of sets in the "
+        "service's /predict.",
         "",
         "## Goals",
         "",
@@ -182,6 +182,34 @@ def markdown(result: dict) -> str:
         table(result["cost"], [*COST_COLUMNS, "mean_set_size"]),
         "",
     ]
+    if "serving" in result:
+        lines += serving_section(result["serving"])
     if "shift" in result:
         lines += shift_section(result["shift"])
     return "\n".join(lines)
+
+
+def serving_section(serving: dict) -> list[str]:
+    """The section on sets in /predict: the summary per request size, then every round."""
+    from bench.conformal.serving import ROUND_COLUMNS, SUMMARY_COLUMNS
+
+    sets = serving["sets"]["conformal"]
+    return [
+        "## Sets in /predict",
+        "",
+        "One service process (`python -m service`, prediction logging on, to SQLite) serves the committed light model "
+        "twice: as committed, so that every JSON /predict answers its default sets (computed once per batch on the "
+        f"inference thread: {sets['method'].upper()}{' randomized' if sets['randomized'] else ''} at coverage "
+        f"{sets['coverage']:g}, listed per row and logged), and as a second version with the same files but for the "
+        "manifest's `conformal` field, removed, so that it serves none. "
+        f"{serving['clients']} closed-loop clients (wrk) send the same seeded rows to each, single-row and 8-row "
+        "requests, after a second of warm-up; rounds alternate the order (with, without, then without, with). "
+        "`ratio`: rows/s with sets over rows/s without, per round; `median_ratio` and `ratio_range` over the "
+        "rounds; `spread`: the larger max / min of either version's rows/s over the rounds (the machine's own "
+        "noise, as `bench.trees` judges a serving change).",
+        "",
+        table(serving["summary"], SUMMARY_COLUMNS),
+        "",
+        table(serving["rounds"], ROUND_COLUMNS),
+        "",
+    ]

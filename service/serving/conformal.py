@@ -16,7 +16,7 @@ from ``service.monitoring.coverage``, which folds the stored labels in order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,19 @@ def set_size(packed: bytes) -> int:
     return int(np.unpackbits(np.frombuffer(packed, dtype=np.uint8)).sum())
 
 
+def ranked_members(probs: np.ndarray, members: np.ndarray) -> list[list[int]]:
+    """Each row's set (``members``, (N, K) booleans) as class indices, most probable under ``probs`` (N, K) first,
+    ties in class order: one stable sort of the batch, then the members in that order split by row."""
+    order = np.argsort(-probs, axis=1, kind="stable")
+    inside = np.take_along_axis(members, order, axis=1)
+    flat = order[inside].tolist()  # row-major: each row's members in order, row after row
+    out, start = [], 0
+    for size in inside.sum(axis=1).tolist():
+        out.append(flat[start : start + size])
+        start += size
+    return out
+
+
 def row_draws(ids: list[str]) -> np.ndarray:
     """One uniform draw in [0, 1) per prediction id, a function of the id alone."""
     return np.array([int(i[_ID_DRAW], 16) for i in ids], dtype=np.float64) / float(16**13)
@@ -58,7 +71,8 @@ class SetChoice:
 @dataclass(frozen=True)
 class ServedSets:
     """The sets of some rows under one choice: membership (N, K), optional p-values (N, K), the threshold and
-    its version. ``sets[a:b]`` is a request's share of a batch's sets."""
+    its version; once ``listed``, also each row's members most probable first and its packed bits. ``sets[a:b]``
+    is a request's share of a batch's sets."""
 
     choice: SetChoice
     members: np.ndarray
@@ -66,13 +80,25 @@ class ServedSets:
     threshold: float
     threshold_version: str
     randomized: bool
+    ranked: list[list[int]] | None = None
+    bits: list[bytes] | None = None
 
     def __getitem__(self, rows: slice) -> ServedSets:
         p = None if self.p_values is None else self.p_values[rows]
-        return ServedSets(self.choice, self.members[rows], p, self.threshold, self.threshold_version, self.randomized)
+        ranked = None if self.ranked is None else self.ranked[rows]
+        bits = None if self.bits is None else self.bits[rows]
+        return replace(self, members=self.members[rows], p_values=p, ranked=ranked, bits=bits)
+
+    def listed(self, probs: np.ndarray) -> ServedSets:
+        """These sets with what every response and log row needs computed for the whole batch at once (on the
+        inference thread, so that a request's share is a slice): each row's members as class indices, most
+        probable under ``probs`` (N, K) first (``ranked_members``), and the packed bits (``packed``)."""
+        return replace(self, ranked=ranked_members(probs, self.members), bits=self.packed())
 
     def packed(self) -> list[bytes]:
         """Each row's membership as packed bits (``numpy.packbits``, class 0 the first bit), as the log stores it."""
+        if self.bits is not None:
+            return self.bits
         return [row.tobytes() for row in np.packbits(self.members, axis=1)]
 
     def info(self) -> dict:

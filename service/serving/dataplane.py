@@ -26,7 +26,7 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.serving.batching import DynamicBatcher, Timing
-from service.serving.conformal import ServedSets, SetChoice
+from service.serving.conformal import ServedSets, SetChoice, ranked_members
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
 from service.serving.runtime import ModelRuntime
@@ -178,7 +178,9 @@ class DataPlane:
         )
         sets = model.sets
         default = sets.choice(None, None, False)
-        served = None if default is None else sets.sets(outputs[names["probabilities"]], scored.ids, default)
+        served = None
+        if default is not None:
+            served = sets.sets(outputs[names["probabilities"]], scored.ids, default).listed(scored.probabilities)
         return InferenceResult(outputs, scored, served)
 
     @staticmethod
@@ -206,7 +208,9 @@ class DataPlane:
         ``ids``, with their prediction sets (None: none served)."""
         classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
-        members = _set_members(probs, sets.members) if sets is not None else None
+        members = None
+        if sets is not None:
+            members = sets.ranked if sets.ranked is not None else ranked_members(probs, sets.members)
         p_values = sets.p_values if sets is not None else None
         predictions = [
             {
@@ -405,13 +409,6 @@ class DataPlane:
         if array.dtype == bool or array.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return array.ravel()
-
-
-def _set_members(probs: np.ndarray, members: np.ndarray) -> list[list[int]]:
-    """Each row's set as class indices, most probable first (ties in class order)."""
-    order = np.argsort(-probs, axis=1, kind="stable")
-    inside = np.take_along_axis(members, order, axis=1)
-    return [row[keep].tolist() for row, keep in zip(order, inside)]
 
 
 def v2_datatype(values: np.ndarray) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 from bench.conformal.goals import goals
 from bench.conformal.measure import exact_law, exact_mean, law_test, size_bins
+from bench.conformal.serving import summarize
 from calibkit.conformal import conformal_quantile
 
 
@@ -113,3 +114,28 @@ def test_goals_judge_raps_against_aps_and_the_worst_bin_and_list_what_is_not_mea
     assert "0.840 at sizes 0-1" in _goal(judged, "coverage by set size")["worst"]
     pending = [g for g in judged if g["met"] == "not yet measured"]
     assert len(pending) == 7 and all(g["worst"].startswith("needs ") for g in pending)
+
+
+def _serving(ratios: dict[int, list[float]]) -> dict:
+    rounds = [
+        {"rows": rows, "round": i + 1, "seconds": 5.0, "with_rows_per_s": 1_000 * r, "without_rows_per_s": 1_000.0}
+        | {"ratio": r, "cpu_ratio": r}
+        for rows, values in ratios.items()
+        for i, r in enumerate(values)
+    ]
+    return {"clients": 64, "sets": {}, "rounds": rounds, "summary": summarize(rounds)}
+
+
+def test_the_serving_goal_takes_the_median_round_at_every_request_size_and_p_values_are_reported():
+    judged = goals(_result(1.9, 0.86))
+    assert _goal(judged, "cost: p-values")["met"] == "reported"
+    assert _goal(judged, "sets on the light model")["met"] == "not yet measured"
+    one_slow_round = {1: [0.97, 0.90, 0.99], 8: [0.96, 0.98, 1.01]}
+    judged = goals(_result(1.9, 0.86) | {"serving": _serving(one_slow_round)})
+    serving = _goal(judged, "sets on the light model")
+    assert serving["met"] is True and serving["rows"] == 6
+    assert serving["worst"].startswith("0.970 at 1-row") and "rounds 0.900-0.990" in serving["worst"]
+    assert len([g for g in judged if g["met"] == "not yet measured"]) == 6
+    judged = goals(_result(1.9, 0.86) | {"serving": _serving({1: [0.97, 0.98, 0.99], 8: [0.93, 0.94, 0.99]})})
+    assert _goal(judged, "sets on the light model")["met"] is False
+    assert _goal(judged, "sets on the light model")["worst"].startswith("0.940 at 8-row")

@@ -1,0 +1,157 @@
+"""The serving cost of prediction sets: /predict rows/s on the light model with its default sets against the same
+model serving none.
+
+One service process serves the committed light model twice, as two versions of one model repository: version
+``WITH`` as committed (its conformal scores, so every /predict answers the default sets, computed once per batch on
+the inference thread, listed per row and logged), and version ``WITHOUT``, the same files but for the manifest's
+``conformal`` field, removed, so that it serves no sets. Both take the same requests (bodies that differ only in the
+version they name), under closed-loop load of ``CLIENTS`` clients (wrk), prediction logging on (SQLite), as the
+serving benchmark runs the service. Rounds alternate the order (with, without, then without, with, ...), so that the
+machine's drift hits both alike; per row count, reported are each round's ratio of rows/s with sets over without,
+their median and range, and the round-to-round spread: the larger max / min of either version's rows/s over the
+rounds, as ``bench.trees`` judges a serving change. On a machine shared with other load, the service process's own
+CPU time per row (``/proc``) moves less than its rows/s: ``cpu_ratio``, CPU per row without sets over with, is the
+throughput ratio a CPU-bound server would reach.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.common import ROOT, process_cpu_seconds, table, wrk
+from bench.serving.measure import LIGHT, SHAPES, service
+
+CLIENTS = 64
+#: Rows per request: single-row clients (the goal's load), and 8-row requests.
+ROW_COUNTS = (1, 8)
+WITH, WITHOUT = "1", "2"
+ROUND_COLUMNS = [
+    "rows",
+    "round",
+    "with_rows_per_s",
+    "without_rows_per_s",
+    "ratio",
+    "with_cpu_us_per_row",
+    "without_cpu_us_per_row",
+    "cpu_ratio",
+]
+SUMMARY_COLUMNS = ["rows", "rounds", "seconds", "median_ratio", "ratio_range", "spread", "median_cpu_ratio"]
+
+
+def repository(work: Path) -> Path:
+    """A model repository under ``work``: the committed light model as version ``WITH`` and, without its manifest's
+    ``conformal`` field (and its conformal file), as version ``WITHOUT``."""
+    artifacts = work / "artifacts"
+    source = ROOT / "artifacts" / LIGHT / "1"
+    shutil.copytree(source, artifacts / LIGHT / WITH)
+    plain = artifacts / LIGHT / WITHOUT
+    shutil.copytree(source, plain)
+    manifest = json.loads((plain / "manifest.json").read_text())
+    if manifest.get("conformal") is None:
+        raise RuntimeError(f"{source} has no conformal scores: there are no sets to measure")
+    (plain / manifest.pop("conformal")["file"]).unlink()
+    manifest["version"] = WITHOUT
+    (plain / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return artifacts
+
+
+def request_body(version: str, rows: int) -> str:
+    """A /predict body of ``rows`` seeded rows of the light model's shape, naming ``version``."""
+    x = np.random.default_rng(1).random((rows, *SHAPES[LIGHT])).round(3).tolist()
+    return json.dumps({"model": LIGHT, "version": version, "inputs": x})
+
+
+def check_sets(url: str, bodies: dict[str, str]) -> dict:
+    """One request to each version: ``WITH`` answers a set per row, ``WITHOUT`` none (else the comparison is
+    void). Returns the sets' description and the first row's set."""
+    answers = {
+        v: httpx.post(f"{url}/predict", content=b, headers={"Content-Type": "application/json"}, timeout=30)
+        for v, b in bodies.items()
+    }
+    for answer in answers.values():
+        answer.raise_for_status()
+    with_sets, without = answers[WITH].json(), answers[WITHOUT].json()
+    if with_sets["conformal"] is None or with_sets["predictions"][0]["prediction_set"] is None:
+        raise RuntimeError(f"version {WITH} served no sets")
+    if without["conformal"] is not None or without["predictions"][0]["prediction_set"] is not None:
+        raise RuntimeError(f"version {WITHOUT} served sets")
+    return {"conformal": with_sets["conformal"], "first_set": with_sets["predictions"][0]["prediction_set"]}
+
+
+def summarize(rounds: list[dict]) -> list[dict]:
+    """Per row count: the median and range of the per-round ratios, and the round-to-round spread (the larger
+    max / min of either version's rows/s over the rounds)."""
+    out = []
+    for rows in sorted({r["rows"] for r in rounds}):
+        mine = [r for r in rounds if r["rows"] == rows]
+        ratios = sorted(r["ratio"] for r in mine)
+        spread = max(
+            max(r[key] for r in mine) / min(r[key] for r in mine) for key in ("with_rows_per_s", "without_rows_per_s")
+        )
+        out.append(
+            {
+                "rows": rows,
+                "rounds": len(mine),
+                "seconds": mine[0]["seconds"],
+                "median_ratio": float(np.median(ratios)),
+                "ratio_range": f"{ratios[0]:.3f}-{ratios[-1]:.3f}",
+                "low": ratios[0],
+                "high": ratios[-1],
+                "spread": spread,
+                "median_cpu_ratio": float(np.median([r["cpu_ratio"] for r in mine])),
+            }
+        )
+    return out
+
+
+def run(seconds: float, rounds: int, cwd: Path = ROOT) -> dict:
+    """``rounds`` alternating rounds of ``seconds`` per version and row count in ``ROW_COUNTS``, after a
+    one-second warm-up of each, on a service run from the source tree ``cwd``; the rows of every round and their
+    ``summarize``."""
+    work = Path(tempfile.mkdtemp(prefix="calib-bench-sets-"))
+    try:
+        artifacts = repository(work)
+        svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, "cpu", cwd=cwd)
+        try:
+            url = f"{svc.url}/predict"
+            checked = check_sets(svc.url, {v: request_body(v, 1) for v in (WITH, WITHOUT)})
+            rows_out = []
+            for rows in ROW_COUNTS:
+                bodies = {v: request_body(v, rows) for v in (WITH, WITHOUT)}
+                for payload in bodies.values():  # warm-ups, discarded
+                    wrk(url, payload, CLIENTS, 1.0)
+                for r in range(rounds):
+                    measured, cpu = {}, {}
+                    for version in (WITH, WITHOUT)[:: 1 if r % 2 == 0 else -1]:
+                        start = process_cpu_seconds(svc.process.pid)
+                        result = wrk(url, bodies[version], CLIENTS, seconds)
+                        if result["non_2xx"] or result["socket_errors"]:
+                            raise RuntimeError(f"version {version}, {rows} rows: {result}")
+                        measured[version] = result["requests_per_s"] * rows
+                        used = process_cpu_seconds(svc.process.pid) - start
+                        cpu[version] = 1e6 * used / (result["requests"] * rows)
+                    rows_out.append(
+                        {
+                            "rows": rows,
+                            "round": r + 1,
+                            "seconds": seconds,
+                            "with_rows_per_s": measured[WITH],
+                            "without_rows_per_s": measured[WITHOUT],
+                            "ratio": measured[WITH] / measured[WITHOUT],
+                            "with_cpu_us_per_row": cpu[WITH],
+                            "without_cpu_us_per_row": cpu[WITHOUT],
+                            "cpu_ratio": cpu[WITHOUT] / cpu[WITH],
+                        }
+                    )
+                    print(table([rows_out[-1]], ROUND_COLUMNS).splitlines()[-1], flush=True)
+        finally:
+            svc.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"clients": CLIENTS, "sets": checked, "rounds": rows_out, "summary": summarize(rows_out)}
