@@ -50,10 +50,12 @@ The choice of default. The benchmark ran both rules over a grid of steps on stre
 every corruption and severity and on synthetic temperature and label shifts. Both rules kept the long-run and
 the post-shift coverage on every stream at most steps; neither kept the sets within the issue's factor of an
 oracle calibrated on the shifted data on every stream. ``DEFAULT_METHOD`` and ``DEFAULT_STEP`` are the rule and
-step that kept both coverage goals everywhere with the smallest worst set-size ratio: the quantile tracker. ACI
-lost on size where a shift moves the scores beyond the calibration split's largest score (a corruption that
-leaves the model near chance): its thresholds are calibration scores or +inf, so it alternates between sets that
-are too small and the full set, where the tracker's threshold moves to the shifted quantile itself. The
+step that kept both coverage goals everywhere, and whose deterministic bound promises the long-run goal at the
+streams' length on any sequence, with the smallest worst set-size ratio: the quantile tracker. ACI reached as
+small sets only at steps whose bound promises nothing at that length, and at larger steps lost on size where a
+shift moves the scores beyond the calibration split's largest score (a corruption that leaves the model near
+chance): its thresholds are calibration scores or +inf, so it alternates between sets that are too small and the
+full set, where the tracker's threshold moves to the shifted quantile itself. The
 tracker's step is on the score scale: the default is for scores in [0, 1] (LAC, APS); a RAPS penalty widens the
 range and calls for a proportionally larger step. Both rules lose on size on over-confident traffic, where
 the set size rises steeply around the shifted quantile and the jitter of a threshold learned from one miss bit

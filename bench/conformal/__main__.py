@@ -1,4 +1,7 @@
-"""Benchmark of split conformal prediction sets (``make bench-conformal``), of calibkit.conformal alone.
+"""Benchmark of conformal prediction sets (``make bench-conformal``).
+
+Split conformal on exchangeable data, adaptive sets under shift, the coverage alarm, and the cost of sets per
+batch and in the service's /predict.
 
 Measures (``measure.run`` says what), judges the goals (``goals``), prints the tables and writes
 bench/results/conformal.json and docs/conformal_benchmark.md (``render``).

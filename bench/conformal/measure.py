@@ -158,22 +158,29 @@ class Source:
     about: dict = field(default_factory=dict)
 
 
-def digits_source() -> Source:
-    """The committed default model's calibrated probabilities on the digits test split (359 images the model, its
-    temperature and its reference never saw), split at random into calibration and test halves; ``k_reg`` is
-    tuned on the validation split, which the temperature was fitted on and the splits never use."""
+def digits_model() -> Callable[[np.ndarray], np.ndarray]:
+    """The committed default model's calibrated ``probabilities`` output (onnxruntime on the CPU), in float64."""
     import onnxruntime as ort
-
-    from training.data import load_digits_splits
 
     artifact = ROOT / "artifacts" / "digits-lenet5" / "1"
     manifest = json.loads((artifact / "manifest.json").read_text())
     session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
-    output = manifest["outputs"]["probabilities"]
-    splits = load_digits_splits()
+    output, name = manifest["outputs"]["probabilities"], manifest["input"]["name"]
 
     def probs(x: np.ndarray) -> np.ndarray:
-        return session.run([output], {manifest["input"]["name"]: x})[0].astype(np.float64)
+        return session.run([output], {name: x.astype(np.float32)})[0].astype(np.float64)
+
+    return probs
+
+
+def digits_source() -> Source:
+    """The committed default model's calibrated probabilities on the digits test split (359 images the model, its
+    temperature and its reference never saw), split at random into calibration and test halves; ``k_reg`` is
+    tuned on the validation split, which the temperature was fitted on and the splits never use."""
+    from training.data import load_digits_splits
+
+    probs = digits_model()
+    splits = load_digits_splits()
 
     pool_p, pool_y = probs(splits.test.x), splits.test.y
     n_cal = len(pool_y) // 2

@@ -277,14 +277,8 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
         report = httpx.get(f"{base_url}/calibration", timeout=30).json()
         assert report["alarm"]["state"] == api_state, report["alarm"]
         assert report["thresholds"]["min_labels"] == 200
-        page = chromium.new_page(viewport={"width": 1360, "height": 900})
+        page, console_errors = _open_dashboard(chromium, base_url)
         try:
-            console_errors = []
-            page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: console_errors.append(str(error)))
-            page.goto(f"{base_url}/dashboard", wait_until="domcontentloaded")
-            page.wait_for_selector('body[data-loaded="true"]', timeout=20_000)
-
             assert page.locator("#alarm-state").text_content().strip() == badge_text
             assert page.locator("#alarm-state").get_attribute("data-state") == api_state
             assert page.locator("#alarm-headline").text_content().strip().startswith(headline)
@@ -386,13 +380,8 @@ def test_dashboard_shows_the_prediction_sets_coverage_alarm(
         (choice,) = block["choices"]
         assert choice["alarm"]["state"] == "alarm" and choice["below_target"], choice
         assert choice["labels_folded"] == len(items) and choice["threshold"] != choice["static_threshold"]
-        page = chromium.new_page(viewport={"width": 1360, "height": 900})
+        page, console_errors = _open_dashboard(chromium, base_url)
         try:
-            console_errors = []
-            page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: console_errors.append(str(error)))
-            page.goto(f"{base_url}/dashboard", wait_until="domcontentloaded")
-            page.wait_for_selector('body[data-loaded="true"]', timeout=20_000)
             row = _sets_row(page, choice)
             assert row.get_attribute("data-alarm") == "alarm"
             assert row.locator(".pill").text_content() == "alarm"
@@ -404,6 +393,17 @@ def test_dashboard_shows_the_prediction_sets_coverage_alarm(
             assert not console_errors, console_errors
         finally:
             page.close()
+
+
+def _open_dashboard(chromium, base_url: str):
+    """(page, the console errors it logs) of /dashboard once loaded."""
+    page = chromium.new_page(viewport={"width": 1360, "height": 900})
+    console_errors: list[str] = []
+    page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: console_errors.append(str(error)))
+    page.goto(f"{base_url}/dashboard", wait_until="domcontentloaded")
+    page.wait_for_selector('body[data-loaded="true"]', timeout=20_000)
+    return page, console_errors
 
 
 def _tone(css: str) -> str:
