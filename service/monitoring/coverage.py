@@ -164,9 +164,7 @@ class CoverageMonitor:
             served.sets.adapt({(s.method, s.coverage): s.adaptive for s in states.values()})
         for s in states.values():
             labels = (served.name, served.version, s.method, f"{s.coverage:g}")
-            calibrator = served.sets.calibrators[s.method]
-            static = float(calibrator.quantile(1 - s.coverage))
-            served_threshold = s.adaptive.threshold(calibrator) if self.adaptive else static
+            _, served_threshold = self._thresholds(served, s.method, s.coverage, s)
             self.metrics.coverage_alarm.labels(*labels).set(1 if s.since is not None else 0)
             self.metrics.coverage_statistic.labels(*labels).set(float(s.alarm.statistic[0]))
             self.metrics.coverage_threshold.labels(*labels).set(served_threshold)
@@ -180,9 +178,7 @@ class CoverageMonitor:
         if not served.sets.available:
             return {"available": False, "reason": served.sets.reason, "choices": []}
         rows = self.store.coverage.window(served.name, served.version, window.count, window.seconds)
-        saved = next(
-            (r for r in self.store.coverage.all() if (r.model, r.version) == (served.name, served.version)), None
-        )
+        saved = self.store.coverage.get(served.name, served.version)
         states = self.decode(served, saved.states) if saved else {}
         classes = served.manifest.class_names
         groups: dict[str, list] = {}
@@ -205,15 +201,25 @@ class CoverageMonitor:
             "choices": choices,
         }
 
-    def _threshold(self, served: ServedModel, method: str, coverage: float, state: ChoiceState | None) -> dict:
+    def _thresholds(
+        self, served: ServedModel, method: str, coverage: float, state: ChoiceState | None
+    ) -> tuple[float, float]:
+        """(static, served) thresholds of a set choice: the split-conformal quantile, and the adapted one when
+        adaptation is on and the choice has a state."""
         calibrator = served.sets.calibrators[method]
         static = float(calibrator.quantile(1 - coverage))
+        if state is None or not self.adaptive:
+            return static, static
+        return static, state.adaptive.threshold(calibrator)
+
+    def _threshold(self, served: ServedModel, method: str, coverage: float, state: ChoiceState | None) -> dict:
+        calibrator = served.sets.calibrators[method]
+        static, threshold = self._thresholds(served, method, coverage, state)
         adaptive = state.adaptive if state is not None else None
-        adapted = adaptive.threshold(calibrator) if adaptive is not None and self.adaptive else static
         folded = adaptive.labels if adaptive is not None and self.adaptive else 0
         return {
             "static_threshold": _finite(static),
-            "threshold": _finite(adapted),
+            "threshold": _finite(threshold),
             "labels_folded": adaptive.labels if adaptive is not None else 0,
             "threshold_version": served.sets.version(folded),
             "long_run_bound": _finite(_bound(adaptive, calibrator)) if adaptive is not None else None,

@@ -12,6 +12,7 @@ import math
 import numpy as np
 from pydantic import ValidationError
 
+from calibkit.conformal import METHODS
 from service import __version__
 from service.errors import InvalidInput, Overloaded
 from service.metrics import Phases, ServiceMetrics
@@ -186,8 +187,10 @@ class DataPlane:
     @staticmethod
     def sets_for(model: ServedModel, result: InferenceResult, choice: SetChoice | None) -> ServedSets | None:
         """A request's sets: its share of the batch's when it asks for the default choice, else its own."""
-        if choice is None or (result.sets is not None and result.sets.choice == choice):
-            return result.sets if choice is not None else None
+        if choice is None:
+            return None
+        if result.sets is not None and result.sets.choice == choice:
+            return result.sets
         probs = result.outputs[model.manifest.outputs["probabilities"]]
         return model.sets.sets(probs, result.scored.ids, choice)
 
@@ -386,8 +389,8 @@ class DataPlane:
             isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < coverage < 1
         ):
             raise InvalidInput(f"must be a number in (0, 1), got {coverage!r}", field="parameters.coverage")
-        if method is not None and method not in ("lac", "aps", "raps"):
-            raise InvalidInput(f"must be 'lac', 'aps' or 'raps', got {method!r}", field="parameters.set_method")
+        if method is not None and method not in METHODS:
+            raise InvalidInput(f"must be one of {list(METHODS)}, got {method!r}", field="parameters.set_method")
         wanted = PREDICTION_SET in requested or P_VALUES in requested
         if not wanted and coverage is None and method is None:
             return None

@@ -55,6 +55,11 @@ class CoverageStates:
     def all(self) -> Sequence[sa.Row]:
         return self.db.run(lambda c: c.execute(sa.select(coverage_state)).all(), write=False)
 
+    def get(self, model: str, version: str) -> sa.Row | None:
+        """The version's state row (None before its first assessment)."""
+        query = sa.select(coverage_state).where(coverage_state.c.model == model, coverage_state.c.version == version)
+        return self.db.run(lambda c: c.execute(query).first(), write=False)
+
     def labels_after(
         self, model: str, version: str, seq: int, connection: sa.Connection, sources: frozenset[str] | None = None
     ) -> Sequence[sa.Row]:
