@@ -228,3 +228,32 @@ def test_newest_rows_held_by_the_monitor_equal_a_fresh_fetch(database_url):
     _fill(storage, 700, start=540, seed=2)
     assert_fresh()
     storage.db.engine.dispose()
+
+
+def test_a_store_without_prediction_set_columns_gets_them_and_their_index(database_url):
+    storage = Store(database_url)
+    storage.db.migrate()
+    _fill(storage, 20)  # rows without sets
+    with storage.db.engine.begin() as c:  # what the version before prediction sets left behind
+        c.exec_driver_sql("DROP INDEX ix_labels_sets")
+        for table, columns in (
+            ("predictions", ("set_members", "set_coverage", "set_method")),
+            ("labels", ("covered", "set_size", "set_coverage", "set_method")),
+        ):
+            for column in columns:
+                c.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
+    fresh = Store(database_url)
+    fresh.db.migrate()
+    fresh.db.migrate()  # idempotent
+    with fresh.db.engine.connect() as c:
+        assert "ix_labels_sets" in {i["name"] for i in sa.inspect(c).get_indexes("labels")}
+    row = LabelRow(
+        f"{99:032x}", "m", "1", 0, 2, 1, 0.9, 13, 0.1, 0.01, 3000.0, None, None, "anonymous", 1, 2, 0.9, "raps"
+    )
+    prediction = PredictionRow(row.prediction_id, "m", "1", 0, 3000.0, 2, 0.9, None, b"\0" * 12, None, "online")
+    fresh.labels.insert([row], [prediction._replace(set_members=b"\x30", set_coverage=0.9, set_method="raps")])
+    with fresh.db.engine.connect() as c:
+        after = fresh.coverage.labels_after("m", "1", 0, c)
+    assert [(r.covered, r.set_method, r.set_coverage) for r in after] == [(1, "raps", 0.9)]  # the old rows have none
+    fresh.db.engine.dispose()
+    storage.db.engine.dispose()
