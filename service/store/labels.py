@@ -12,6 +12,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from calibkit.stats import BinStats
+from service.store import locks
 from service.store.blocks import IDS, ROW_COLUMNS, bin_totals, in_block, labels_to_blocks, row_totals
 from service.store.bulk import BulkInsert
 from service.store.database import Database
@@ -26,8 +27,16 @@ _LABELLED_AMONG = sa.select(labels.c.prediction_id).where(labels.c.prediction_id
 
 def insert_labels(c: sa.Connection, rows: Sequence[LabelRow]) -> set[str]:
     """Insert label rows (and add them to their blocks' sums) on ``c``, but for the prediction ids that
-    already have a label, which are returned."""
-    existing = {r[0] for r in c.execute(_LABELLED_AMONG, {"ids": [r.prediction_id for r in rows]})} if rows else set()
+    already have a label, which are returned.
+
+    The alarms fold the labels after the last sequence number they folded, so labels must become visible in
+    sequence order: a transaction that drew lower numbers and committed after one that drew higher ones would
+    never be folded. Label writers therefore take turns under ``locks.LABELS`` until they commit (PostgreSQL
+    draws numbers at insert time, concurrently; SQLite has one writer at a time)."""
+    if not rows:
+        return set()
+    locks.advisory_lock(c, locks.LABELS)
+    existing = {r[0] for r in c.execute(_LABELLED_AMONG, {"ids": [r.prediction_id for r in rows]})}
     fresh = [r for r in rows if r.prediction_id not in existing]
     if fresh:
         _insert_labels(c, [tuple(vars(r).values()) for r in fresh])

@@ -1,5 +1,6 @@
 """Transaction-level advisory locks: how replicas sharing one PostgreSQL store take turns at writes that
-read before they write (create-if-missing, next version number). Held until the transaction ends. On SQLite
+read before they write (create-if-missing, next version number) or whose order readers rely on (label sequence
+numbers). Held until the transaction ends. On SQLite
 the lock is a no-op: one file is one replica's store."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import sqlalchemy as sa
 MIGRATION = 0x63616C6962  # the schema's creation and upgrade ("calib")
 CALIBRATIONS = 0x63616C6963  # calibration versions: version 0 from the manifest, refits, activation
 PENDING_LABELS = 0x63616C6964  # joining pending labels to their predictions
+LABELS = 0x63616C6965  # inserting labels: their sequence numbers commit in order
 
 
 def advisory_lock(connection: sa.Connection, key: int) -> None:

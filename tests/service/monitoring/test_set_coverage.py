@@ -42,6 +42,14 @@ def predict(base_url: str, n: int, seed: int) -> list[dict]:
     return body["predictions"]
 
 
+def outside(prediction: dict) -> int:
+    """The most probable class its prediction set left out (the least probable class when the set holds all)."""
+    left_out = [
+        k for k in np.argsort(prediction["probabilities"])[::-1] if CLASSES[k] not in prediction["prediction_set"]
+    ]
+    return int(left_out[0]) if left_out else int(np.argmin(prediction["probabilities"]))
+
+
 def feedback(base_url: str, items: list[dict]) -> None:
     for start in range(0, len(items), 200):
         response = httpx.post(f"{base_url}/feedback", json={"items": items[start : start + 200]}, timeout=30)
@@ -75,7 +83,10 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
     with ExitStack() as stack:
         a, _ = stack.enter_context(server_for(settings_for(artifacts, database_url)))
         b, _ = stack.enter_context(server_for(settings_for(artifacts, database_url)))
+        # both phases are served before any label, so every set is the static threshold's: what the shift's labels
+        # do to the alarm does not hang on where the calm phase's labels moved the adaptive threshold
         before = predict(a, 300, seed=1)
+        after = predict(a, 400, seed=2)
         assert {p["set_size"] for p in before} - {0} and predict(b, 1, seed=9)[0]["prediction_set"] is not None
         time.sleep(1.0)  # replica a writes its prediction log every 0.5 s
         # exchangeable: labels drawn from the served probabilities
@@ -90,10 +101,10 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
         assert choice["alarm"]["state"] == "ok" and choice["n"] == 300
         assert 0.65 < choice["observed"] < 0.95
 
-        # the shift: the labels fall outside the served sets, on the least probable class
-        after = predict(a, 400, seed=2)
-        time.sleep(1.0)
-        feedback(a, [{"prediction_id": p["id"], "label": int(np.argmin(p["probabilities"]))} for p in after])
+        # the shift: each label falls outside its served set where the set leaves a class out
+        shift = [{"prediction_id": p["id"], "label": outside(p)} for p in after]
+        assert sum(CLASSES[item["label"]] not in p["prediction_set"] for item, p in zip(shift, after)) > 300
+        feedback(a, shift)
         shifted = settled([a, b], 700)
         assert shifted[0] == shifted[1]  # bit for bit: the same JSON from both replicas
         choice = next(c for c in shifted[0]["choices"] if c["method"] == "aps" and c["coverage"] == 0.8)
