@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.conformal import SCORE_ATOL, SplitConformal, prediction_sets
+from calibkit.conformal import SCORE_ATOL, SplitConformal, prediction_sets, ranked_sets
 from calibkit.validation import expected
 
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
     "aci_thresholds",
     "check_misses",
     "misses_of",
+    "served_ranked_sets",
     "start",
 ]
 
@@ -408,6 +409,24 @@ def start(
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def served_ranked_sets(calibrator: SplitConformal, probs, q: float, *, u=None) -> tuple[np.ndarray, np.ndarray]:
+    """The sets a state serves at its threshold ``q``, as ``calibkit.conformal.ranked_sets`` lists them: (order,
+    sizes), row i's set being ``order[i, :sizes[i]]``; every label at q = +inf and none at q = -inf, as the states'
+    ``sets`` (a static threshold is never -inf).
+
+    Raises:
+        ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``, or the argument of
+            ``ranked_sets`` that is malformed.
+    """
+    cal = _marginal(calibrator)
+    order, sizes = ranked_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u)
+    if q == math.inf:
+        sizes[:] = order.shape[1]
+    elif q == -math.inf:
+        sizes[:] = 0
+    return order, sizes
 
 
 def _sets(cal: SplitConformal, probs, q: float, u) -> np.ndarray:

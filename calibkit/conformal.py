@@ -9,7 +9,8 @@ serving. From probabilities (N, K) of a model trained on other data, this module
 
 - the LAC, APS and RAPS scores of given labels (``conformity_scores``), randomized or not;
 - the finite-sample quantile (``conformal_quantile``), or one per class (``classwise_quantiles``, Mondrian);
-- prediction sets (N, K) for a threshold (``prediction_sets``), vectorized over the batch;
+- prediction sets (N, K) for a threshold (``prediction_sets``), vectorized over the batch, or as each row's labels
+  ranked with its set size (``ranked_sets``), which is what a server lists;
 - conformal p-values per class (``p_values``), whose level sets {k : p_k > alpha} are the prediction sets at
   every alpha, so the sets for different coverage levels are nested;
 - ``SplitConformal``, the fitted calibrator: its sorted scores, ``quantile``, ``sets``, ``p_values``,
@@ -41,6 +42,7 @@ Conventions shared by every function:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +64,7 @@ __all__ = [
     "prediction_sets",
     "p_values",
     "quantile_rank",
+    "ranked_sets",
     "raps_scores",
 ]
 
@@ -375,6 +378,42 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
     q = _check_threshold(threshold, p.shape[1])
     draws = _check_u(u, p.shape[0], method)
     return _sets(p, q, method, k_reg, lam, draws)
+
+
+def ranked_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None):
+    """The sets of ``prediction_sets`` for one threshold q, as (order, sizes): ``order`` (N, K) each row's labels
+    in decreasing probability, ties in class order (a stable sort), and ``sizes`` (N,), so that the set of row i is
+    ``order[i, :sizes[i]]``, most probable first.
+
+    Every one-threshold set is a top group of labels: LAC's holds the labels with p_k >= 1 - q, and APS's and
+    RAPS's scores grow with the rank and are shared by tied labels (see ``prediction_sets``), so a set is a prefix
+    of the ranking and its size says which. With few classes and no ties, the size comes straight from the sorted
+    row: the LAC count, the count of crossing values E(j) below q plus one (non-randomized), or the count of
+    randomized scores at most q, the same floating-point expressions as ``prediction_sets``'s, hence the same sets
+    bit for bit; otherwise it is the count of ``prediction_sets``'s.
+
+    Args:
+        probs, method, k_reg, lam, u: As for ``prediction_sets``.
+        threshold: q, one number (possibly +inf).
+
+    Returns:
+        (order, sizes): int64 arrays (N, K) and (N,).
+
+    Raises:
+        ValueError: Naming the argument when one is malformed (``threshold`` when it is one per class: Mondrian
+            sets need not be prefixes).
+
+    Examples:
+        >>> order, sizes = ranked_sets(np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]), 0.75, "aps")
+        >>> [row[:k] for row, k in zip(order.tolist(), sizes.tolist())]
+        [[1, 2], [2]]
+    """
+    p = _check_probs(probs)
+    method, k_reg, lam = _check_method(method, k_reg, lam)
+    q = _check_threshold(threshold, p.shape[1])
+    if isinstance(q, np.ndarray):
+        raise ValueError(expected("threshold", "one number (per-class thresholds need prediction_sets)", threshold))
+    return _ranked_sets(p, q, method, k_reg, lam, _check_u(u, p.shape[0], method))
 
 
 def p_values(
@@ -787,6 +826,32 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
             out[rest] = _prefix_sets(p[rest], q, k_reg, lam, None if draws is None else draws[rest])
         return out
     return _prefix_sets(p, q, k_reg, lam, draws)
+
+
+def _ranked_sets(p: np.ndarray, q: float, method: str, k_reg: int, lam: float, draws) -> tuple[np.ndarray, np.ndarray]:
+    """``ranked_sets`` on checked arguments: one stable sort, then the sizes from the sorted rows when no two labels
+    tie and the row is short enough to be sorted whole (as ``_prefix_sets`` sorts it), else from the sets."""
+    order = np.argsort(-p, axis=1, kind="stable")
+    n_classes = p.shape[1]
+    if method == "lac":
+        return order, np.count_nonzero((1.0 - p) - q <= SCORE_ATOL, axis=1)
+    values = p[np.arange(len(p))[:, None], order]
+    if n_classes > PREFIX_WIDTH + 1 or (values[:, 1:] == values[:, :-1]).any():
+        return order, np.count_nonzero(_sets(p, q, method, k_reg, lam, draws), axis=1)
+    mass = np.cumsum(values, axis=1)
+    penalty = _position_penalty(n_classes, k_reg, lam)
+    if draws is None:
+        return order, np.minimum(np.count_nonzero((mass + penalty) - q < -SCORE_ATOL, axis=1) + 1, n_classes)
+    scores = np.maximum.accumulate(mass - draws[:, None] * values + penalty, axis=1)
+    return order, np.count_nonzero(scores - q <= SCORE_ATOL, axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _position_penalty(width: int, k_reg: int, lam: float) -> np.ndarray:
+    """``_Ranked.penalty`` for rows of ``width`` labels, computed once per (width, k_reg, lam)."""
+    penalty = lam * np.maximum(0.0, (np.arange(1, width + 1) - k_reg).astype(np.float64))
+    penalty.setflags(write=False)
+    return penalty
 
 
 def _prefix_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> np.ndarray:

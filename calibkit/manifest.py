@@ -205,8 +205,9 @@ def load_conformal(directory: str | Path, spec: ConformalSpec, class_names: Sequ
     """Read the conformal calibrators that ``spec`` describes, after checking them against it.
 
     The file is ``{"format": 1, "calibrators": {method: SplitConformal.to_dict(), ...}, "split": {...}}``.
-    It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods`` is present, with
-    ``n_classes == len(class_names)`` and ``spec.calibration_rows`` scores.
+    It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods`` is present, marginal
+    (one threshold, which the served sets and their adaptation use), with ``n_classes == len(class_names)`` and
+    ``spec.calibration_rows`` scores.
 
     Args:
         directory: The artifact directory that holds ``spec.file``.
@@ -248,6 +249,11 @@ def load_conformal(directory: str | Path, spec: ConformalSpec, class_names: Sequ
             raise ValueError(f"{path}: calibrators.{method}: {exc}") from None
         if calibrator.method != method:
             raise ValueError(f"{path}: calibrators.{method}: {expected('method', repr(method), calibrator.method)}")
+        if calibrator.classwise:
+            raise ValueError(
+                f"{path}: calibrators.{method}: "
+                f"{expected('class_counts', 'null (served sets use one marginal threshold)', 'class counts')}"
+            )
         if calibrator.n_classes != len(class_names):
             raise ValueError(
                 f"{path}: calibrators.{method}: "

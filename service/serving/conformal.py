@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibkit.adaptive_conformal import ACIState, QuantileTracker
+from calibkit.adaptive_conformal import ACIState, QuantileTracker, served_ranked_sets
 from calibkit.conformal import SplitConformal
 from calibkit.manifest import Manifest, load_conformal
 from service.errors import InvalidInput
@@ -41,19 +41,6 @@ def set_size(packed: bytes) -> int:
     return int(np.unpackbits(np.frombuffer(packed, dtype=np.uint8)).sum())
 
 
-def ranked_members(probs: np.ndarray, members: np.ndarray) -> list[list[int]]:
-    """Each row's set (``members``, (N, K) booleans) as class indices, most probable under ``probs`` (N, K) first,
-    ties in class order: one stable sort of the batch, then the members in that order split by row."""
-    order = np.argsort(-probs, axis=1, kind="stable")
-    inside = np.take_along_axis(members, order, axis=1)
-    flat = order[inside].tolist()  # row-major: each row's members in order, row after row
-    out, start = [], 0
-    for size in inside.sum(axis=1).tolist():
-        out.append(flat[start : start + size])
-        start += size
-    return out
-
-
 def row_draws(ids: list[str]) -> np.ndarray:
     """One uniform draw in [0, 1) per prediction id, a function of the id alone."""
     return np.array([int(i[_ID_DRAW], 16) for i in ids], dtype=np.float64) / float(16**13)
@@ -70,12 +57,14 @@ class SetChoice:
 
 @dataclass(frozen=True)
 class ServedSets:
-    """The sets of some rows under one choice: membership (N, K), optional p-values (N, K), the threshold and
-    its version; once ``listed``, also each row's members most probable first and its packed bits. ``sets[a:b]``
-    is a request's share of a batch's sets."""
+    """The sets of some rows under one choice, as ``calibkit.conformal.ranked_sets`` gives them: each row's labels
+    most probable first (``order``, (N, K)) and its set size (``sizes``, (N,)), so that row i's set is
+    ``order[i, :sizes[i]]``; optional p-values (N, K), the threshold and its version. Once ``listed``, also each
+    row's members as a list and its packed bits. ``sets[a:b]`` is a request's share of a batch's sets."""
 
     choice: SetChoice
-    members: np.ndarray
+    order: np.ndarray
+    sizes: np.ndarray
     p_values: np.ndarray | None
     threshold: float
     threshold_version: str
@@ -84,16 +73,46 @@ class ServedSets:
     bits: list[bytes] | None = None
 
     def __getitem__(self, rows: slice) -> ServedSets:
-        p = None if self.p_values is None else self.p_values[rows]
-        ranked = None if self.ranked is None else self.ranked[rows]
-        bits = None if self.bits is None else self.bits[rows]
-        return replace(self, members=self.members[rows], p_values=p, ranked=ranked, bits=bits)
+        return ServedSets(
+            self.choice,
+            self.order[rows],
+            self.sizes[rows],
+            None if self.p_values is None else self.p_values[rows],
+            self.threshold,
+            self.threshold_version,
+            self.randomized,
+            None if self.ranked is None else self.ranked[rows],
+            None if self.bits is None else self.bits[rows],
+        )
 
-    def listed(self, probs: np.ndarray) -> ServedSets:
+    @property
+    def inside(self) -> np.ndarray:
+        """(N, K) booleans: whether each ranked position is in its row's set."""
+        return np.arange(self.order.shape[1]) < self.sizes[:, None]
+
+    @property
+    def members(self) -> np.ndarray:
+        """Membership (N, K) in class order, as v2's ``prediction_set`` output answers it."""
+        out = np.zeros(self.order.shape, dtype=bool)
+        out[np.arange(len(out))[:, None], self.order] = self.inside
+        return out
+
+    def listed(self) -> ServedSets:
         """These sets with what every response and log row needs computed for the whole batch at once (on the
         inference thread, so that a request's share is a slice): each row's members as class indices, most
-        probable under ``probs`` (N, K) first (``ranked_members``), and the packed bits (``packed``)."""
-        return replace(self, ranked=ranked_members(probs, self.members), bits=self.packed())
+        probable first, and the packed bits (``packed``)."""
+        return replace(self, ranked=self.members_ranked(), bits=self.packed())
+
+    def members_ranked(self) -> list[list[int]]:
+        """Each row's set as class indices, most probable first (ties in class order)."""
+        if self.ranked is not None:
+            return self.ranked
+        flat = self.order[self.inside].tolist()  # row-major: each row's members in order, row after row
+        out, start = [], 0
+        for size in self.sizes.tolist():
+            out.append(flat[start : start + size])
+            start += size
+        return out
 
     def packed(self) -> list[bytes]:
         """Each row's membership as packed bits (``numpy.packbits``, class 0 the first bit), as the log stores it."""
@@ -197,14 +216,12 @@ class ModelSets:
         ``ids``: at the adapted level of the choice when one is served (``adapt``), else at the static
         split-conformal threshold. The p-values are the static calibration scores' (Vovk et al. 2005)."""
         calibrator = self.calibrators[choice.method]
-        alpha = 1.0 - choice.coverage
         draws = row_draws(ids) if calibrator.randomized and calibrator.method != "lac" else None
         adapted = self._adapted.get((choice.method, choice.coverage))
         if adapted is None:
-            members = calibrator.sets(probs, alpha, u=draws)
-            threshold, version = float(np.max(calibrator.quantile(alpha))), self.version(0)
+            threshold, version = float(calibrator.quantile(1.0 - choice.coverage)), self.version(0)
         else:
-            members = adapted.sets(calibrator, probs, u=draws)
             threshold, version = adapted.threshold(calibrator), self.version(adapted.labels)
+        order, sizes = served_ranked_sets(calibrator, probs, threshold, u=draws)
         p = calibrator.p_values(probs, u=draws).astype(np.float32) if choice.p_values else None
-        return ServedSets(choice, members, p, threshold, version, draws is not None)
+        return ServedSets(choice, order, sizes, p, threshold, version, draws is not None)

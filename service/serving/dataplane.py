@@ -27,7 +27,7 @@ from service.schemas import (
     V2TensorMetadata,
 )
 from service.serving.batching import DynamicBatcher, Timing
-from service.serving.conformal import ServedSets, SetChoice, ranked_members
+from service.serving.conformal import ServedSets, SetChoice
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
 from service.serving.runtime import ModelRuntime
@@ -181,7 +181,7 @@ class DataPlane:
         default = sets.choice(None, None, False)
         served = None
         if default is not None:
-            served = sets.sets(outputs[names["probabilities"]], scored.ids, default).listed(scored.probabilities)
+            served = sets.sets(outputs[names["probabilities"]], scored.ids, default).listed()
         return InferenceResult(outputs, scored, served)
 
     @staticmethod
@@ -211,9 +211,7 @@ class DataPlane:
         ``ids``, with their prediction sets (None: none served)."""
         classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
-        members = None
-        if sets is not None:
-            members = sets.ranked if sets.ranked is not None else ranked_members(probs, sets.members)
+        members = None if sets is None else sets.members_ranked()
         p_values = sets.p_values if sets is not None else None
         predictions = [
             {

@@ -16,6 +16,7 @@ from calibkit.adaptive_conformal import (
     QuantileTracker,
     aci_thresholds,
     misses_of,
+    served_ranked_sets,
     start,
 )
 from calibkit.conformal import SplitConformal
@@ -101,6 +102,24 @@ def test_sets_are_full_and_empty_outside_the_unit_interval():
     assert ACIState(0.1, 0.5, labels=20, misses=0).sets(cal, p[:5]).sum() == 0  # alpha_t = 1.1
     assert ACIState(0.1, 0.5, labels=3, misses=3).sets(cal, p[:5]).all()  # alpha_t = -1.25
     assert ACIState(0.1, 0.01).sets(cal, p[:5]).tolist() == cal.sets(p[:5], 0.1).tolist()
+
+
+def test_the_served_ranked_sets_are_the_states_sets():
+    """``served_ranked_sets`` lists what a state's ``sets`` serve, the empty and full sets past the unit interval
+    included, for every score, randomized or not."""
+    rng = np.random.default_rng(3)
+    p, y = rng.dirichlet(np.ones(4), 100), rng.integers(0, 4, 100)
+    draws = rng.uniform(size=20)
+    states = [ACIState(0.1, 0.5, labels=20, misses=0), ACIState(0.1, 0.5, labels=3, misses=3), ACIState(0.1, 0.01)]
+    for method, params in (("lac", {}), ("aps", {}), ("raps", {"k_reg": 1, "lam": 0.1})):
+        for randomized in (False, True) if method != "lac" else (False,):
+            cal = SplitConformal.fit(p, y, method, u=rng if randomized else None, **params)
+            u = draws if randomized else None
+            for state in [*states, QuantileTracker.started(cal, 0.2, 0.05)]:
+                order, sizes = served_ranked_sets(cal, p[:20], state.threshold(cal), u=u)
+                listed = np.zeros((20, 4), dtype=bool)
+                np.put_along_axis(listed, order, np.arange(4) < sizes[:, None], axis=1)
+                assert listed.tolist() == state.sets(cal, p[:20], u=u).tolist()
 
 
 @pytest.mark.parametrize("make", [lambda: ACIState(0.1, 0.013), lambda: QuantileTracker(0.07, 0.0123, 0.8137)])

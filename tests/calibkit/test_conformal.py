@@ -31,6 +31,7 @@ from calibkit.conformal import (
     pick_k_reg,
     prediction_sets,
     quantile_rank,
+    ranked_sets,
 )
 from calibkit.validation import check_probs
 
@@ -535,6 +536,31 @@ def test_sets_reaching_past_the_prefix_fall_back_to_the_whole_row(randomized):
             assert np.array_equal(one, prediction_sets(test, np.full(100, q), method, u=draws, **params))
             if q == 0.99:
                 assert (one.sum(axis=1) > conformal.PREFIX_WIDTH + 1).any()
+
+
+@pytest.mark.parametrize("method, params", METHODS, ids=METHOD_IDS)
+@pytest.mark.parametrize("data", DATA)
+@pytest.mark.parametrize("n_classes", [6, 100])
+def test_ranked_sets_are_the_sets_as_prefixes_of_the_stable_ranking(method, params, data, n_classes):
+    """Each row's set is the first ``size`` labels of its stable ranking, the same set as ``prediction_sets``'s, at
+    calibration scores, between them and at +-inf; with rounded rows, whose ties go down the sets' own path."""
+    rng = np.random.default_rng(21)
+    probs, labels = DATA[data](rng, 100, n_classes)
+    test, _ = DATA[data](rng, 300, n_classes)
+    draws = rng.uniform(size=len(test))
+    for u in (None,) if method == "lac" else (None, draws):
+        scores = conformity_scores(probs, labels, method, u=None if u is None else rng, **params)
+        for q in list(scores[:20]) + [0.0, 0.5, 1.0, 1.5, np.inf, -np.inf]:
+            order, sizes = ranked_sets(test, q, method, u=u, **params)
+            assert np.array_equal(order, np.argsort(-test, axis=1, kind="stable"))
+            inside = np.zeros(test.shape, dtype=bool)
+            np.put_along_axis(inside, order, np.arange(n_classes) < sizes[:, None], axis=1)
+            assert np.array_equal(inside, prediction_sets(test, q, method, u=u, **params)), q
+
+
+def test_ranked_sets_refuse_a_threshold_per_class():
+    with pytest.raises(ValueError, match="Expected `threshold` to be one number"):
+        ranked_sets(np.full((2, 3), 1 / 3), np.full(3, 0.5), "lac")
 
 
 # --- the fitted calibrator ----------------------------------------------------------------------------------

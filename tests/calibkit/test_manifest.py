@@ -143,6 +143,11 @@ def _rewritten(directory, spec: dict, change) -> ConformalSpec:
         (lambda d: d["calibrators"]["lac"].update(method="aps"), 3, "calibrators.lac: Expected `method` to be 'lac'"),
         (lambda d: d["calibrators"]["aps"]["scores"].pop(), 3, "calibrators.aps: has 39 scores but the manifest's"),
         (lambda d: d["calibrators"]["lac"].pop("scores"), 3, "calibrators.lac: Expected `data` to be an object with"),
+        (
+            lambda d: d["calibrators"]["lac"].update(class_counts=[13, 13, 14]),
+            3,
+            r"calibrators.lac: Expected `class_counts` to be null \(served sets use one marginal threshold\)",
+        ),
     ],
 )
 def test_a_conformal_file_that_does_not_fit_the_manifest_is_refused(tmp_path, change, class_names, message):

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.serving.conformal import ServedSets, SetChoice, ranked_members, row_draws
+from service.serving.conformal import ServedSets, SetChoice, row_draws
 from service.settings import Settings
 
 CLASSES = ("a", "b", "c", "d", "e")  # the classes of ``add_conformal``'s calibrators
@@ -54,12 +54,13 @@ def test_predict_serves_the_default_sets_recomputable_from_the_response(served):
 
 
 def test_a_batch_lists_each_rows_set_most_probable_first_and_a_request_gets_its_rows():
-    probs = np.array([[0.1, 0.4, 0.1, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
-    members = np.array([[1, 1, 0, 1], [0, 1, 1, 0], [0, 0, 0, 0]], dtype=bool)
-    assert ranked_members(probs, members) == [[1, 3, 0], [1, 2], []]  # ties in class order
-    batch = ServedSets(SetChoice("lac", 0.9), members, None, 0.5, "x:0", False)
-    share = batch.listed(probs)[1:3]
+    order = np.array([[1, 3, 0, 2], [1, 2, 0, 3], [0, 1, 2, 3]])
+    batch = ServedSets(SetChoice("lac", 0.9), order, np.array([3, 2, 0]), None, 0.5, "x:0", False)
+    assert batch.members_ranked() == [[1, 3, 0], [1, 2], []]
+    np.testing.assert_array_equal(batch.members, [[1, 1, 0, 1], [0, 1, 1, 0], [0, 0, 0, 0]])
+    share = batch.listed()[1:3]
     assert share.ranked == [[1, 2], []] and share.packed() == batch[1:3].packed() == [bytes([0b01100000]), b"\0"]
+    np.testing.assert_array_equal(share.members, batch.members[1:3])
 
 
 @pytest.mark.parametrize("method", ["lac", "aps", "raps"])
