@@ -2,8 +2,8 @@
 
 Split conformal (``calibkit.conformal``) covers 1 - alpha only while serving stays exchangeable with the
 calibration split. Under a shift of the inputs, the labels or the model it can fall far below, and it never
-recovers. The two online rules here use the labels that come back, in order, to move the threshold so that the
-long-run share of misses goes back to alpha whatever the sequence, with no assumption on the data at all.
+recovers. The three online rules here use the labels that come back, in order, to move the threshold so that
+the long-run share of misses goes back to alpha whatever the sequence, with no assumption on the data at all.
 
 With err_t = 1 when the set served for the t-th label missed it (0 when it held it):
 
@@ -23,13 +23,24 @@ With err_t = 1 when the set served for the t-th label missed it (0 when it held 
 
       |(1/T) sum_{t<=T} err_t - alpha| <= (B + eta) / (eta T).
 
-Both recursions are sums: alpha_{T+1} = alpha_1 + gamma (T alpha - M_T) and q_{T+1} = q_1 + eta (M_T - T alpha),
-M_T the number of misses among the first T labels. So a state is two integers, T and M_T, besides its
-settings (``ACIState``, ``QuantileTracker``): folding the stored labels in any chunks gives the same state, and
-replicas and restarts that fold the same labels serve the same threshold bit for bit. ``to_dict`` / ``from_dict``
-carry a state through JSON exactly.
+- **The quantile tracker on the log scale** (``LogQuantileTracker``): the same tracker run on the score u =
+  min(-log(1 - s / B), U), the log of the score's distance to the top of its range truncated at a span U (for
+  LAC, -log p_y). Serve B (1 - exp(-x_t)), x_{t+1} = x_t + eta (err_t - alpha), the full set from x_t >= U and the
+  empty set below x_t < 0: the sets are the method's own, only the steps are relative, so that they shrink as
+  the threshold nears the top of the score range. x_t stays within [-alpha eta, U + (1 - alpha) eta], and for
+  every sequence and every T (their Proposition 1 for the truncated score)
 
-Neither rule promises coverage over a short window, or for one input: the bound is on the long-run average,
+      |(1/T) sum_{t<=T} err_t - alpha| <= (U + eta) / (eta T),
+
+  whatever B.
+
+All three recursions are sums: alpha_{T+1} = alpha_1 + gamma (T alpha - M_T) and q_{T+1} = q_1 + eta (M_T - T
+alpha) (x alike), M_T the number of misses among the first T labels. So a state is two integers, T and M_T,
+besides its settings (``ACIState``, ``QuantileTracker``, ``LogQuantileTracker``): folding the stored labels in any
+chunks gives the same state, and replicas and restarts that fold the same labels serve the same threshold bit for
+bit. ``to_dict`` / ``from_dict`` carry a state through JSON exactly.
+
+No rule promises coverage over a short window, or for one input: the bound is on the long-run average,
 and it says the average comes back to alpha after a shift at a speed of about 1 / gamma (1 / eta on the
 score scale) labels. A small step is slow to follow a shift; a large one makes the threshold, and the set
 sizes, jitter from label to label.
@@ -46,20 +57,23 @@ sizes, jitter from label to label.
 >>> ACIState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 True
 
-The choice of default. The benchmark ran both rules over a grid of steps on streams of the digits model under
-every corruption and severity and on synthetic temperature and label shifts. Both rules kept the long-run and
-the post-shift coverage on every stream at most steps; neither kept the sets within the issue's factor of an
-oracle calibrated on the shifted data on every stream. ``DEFAULT_METHOD`` and ``DEFAULT_STEP`` are the rule and
-step that kept both coverage goals everywhere, and whose deterministic bound promises the long-run goal at the
-streams' length on any sequence, with the smallest worst set-size ratio: the quantile tracker. ACI reached as
-small sets only at steps whose bound promises nothing at that length, and at larger steps lost on size where a
-shift moves the scores beyond the calibration split's largest score (a corruption that leaves the model near
-chance): its thresholds are calibration scores or +inf, so it alternates between sets that are too small and the
-full set, where the tracker's threshold moves to the shifted quantile itself. The
-tracker's step is on the score scale: the default is for scores in [0, 1] (LAC, APS); a RAPS penalty widens the
-range and calls for a proportionally larger step. Both rules lose on size on over-confident traffic, where
-the set size rises steeply around the shifted quantile and the jitter of a threshold learned from one miss bit
-per label widens the sets on average; a smaller step narrows them but is too slow after a large shift.
+The choice of default. The benchmark ran the three rules over a grid of steps on streams of the digits model
+under every corruption and severity and on synthetic temperature and label shifts, and keeps, among the rules and
+steps that kept the long-run and the post-shift coverage on every stream and whose deterministic bound promises
+the long-run goal at the streams' length on any sequence, the smallest worst set-size ratio to an oracle
+calibrated on the shifted data: ``DEFAULT_METHOD`` and ``DEFAULT_STEP``, the log-scale tracker. The rules on the
+other scales lose on size on over-confident traffic: there the shifted quantile of the LAC score lies just below
+the top of the score range, where the set size jumps to the full set (the classes of tiny probability all enter
+at once), and a step fixed on the score scale (the tracker) or on the calibration scores' levels (ACI) jitters
+the threshold across that jump, serving the full set a large share of the time; the steps that narrow the jitter
+enough either follow a shift too slowly or have a bound that promises nothing at that length, since the bound
+(B + eta) / (eta T) fixes the smallest step the long-run goal allows. On the log scale the same bound leaves
+steps that are fine near the top of the range and still follow a shift. ACI also loses where a shift moves the
+scores beyond the calibration split's largest score (a corruption that leaves the model near chance): its
+thresholds are calibration scores or +inf, so it alternates between sets that are too small and the full set.
+The quantile tracker's step is on the score scale: ``DEFAULT_ETA`` is for scores in [0, 1] (LAC, APS); a RAPS
+penalty widens the range and calls for a proportionally larger step. The log-scale tracker's bound does not
+depend on the range, so its step does not either.
 """
 
 from __future__ import annotations
@@ -80,22 +94,34 @@ __all__ = [
     "DEFAULT_STEP",
     "METHODS",
     "STATE_FORMAT",
+    "DEFAULT_ETA",
+    "DEFAULT_SPAN",
     "ACIState",
+    "LogQuantileTracker",
     "QuantileTracker",
     "aci_thresholds",
     "check_misses",
+    "log_thresholds",
     "misses_of",
+    "score_range",
     "served_ranked_sets",
     "start",
 ]
 
-#: The rules: adaptive conformal inference, the quantile tracker of conformal PID control.
-METHODS = ("aci", "quantile")
+#: The rules: adaptive conformal inference, the quantile tracker of conformal PID control, and that tracker on the
+#: log scale of the scores' distance to their top.
+METHODS = ("aci", "quantile", "log-quantile")
 #: The rule the benchmark chose (the module docstring's last paragraph says why).
-DEFAULT_METHOD = "quantile"
-#: The tracker's eta the benchmark chose, for scores in [0, 1]: its bound (1 + eta) / (eta T) is about half a
+DEFAULT_METHOD = "log-quantile"
+#: The log-scale tracker's eta the benchmark chose: at ``DEFAULT_SPAN`` its bound (U + eta) / (eta T) is within one
 #: point at T = 10,000.
-DEFAULT_STEP = 0.02
+DEFAULT_STEP = 0.1
+#: The log-scale tracker's U: the full set is served for labels whose score's distance to the top of the range, as
+#: a share of that range, is below exp(-U) = 1e-4 (for LAC: a probability below 1e-4).
+DEFAULT_SPAN = 4 * math.log(10)
+#: The quantile tracker's eta when none is given, for scores in [0, 1]: its bound (1 + eta) / (eta T) is about half
+#: a point at T = 10,000.
+DEFAULT_ETA = 0.02
 #: ACI's gamma when none is given: Gibbs & Candès's value.
 DEFAULT_GAMMA = 0.005
 #: The layout of ``to_dict``.
@@ -376,17 +402,180 @@ class QuantileTracker:
         return cls(**_read(data, "quantile", ("alpha", "eta", "start")))
 
 
+def score_range(calibrator: SplitConformal) -> float:
+    """B, the largest score ``calibrator``'s method can give: 1 for LAC and APS, 1 + lam (K - k_reg)^+ for RAPS.
+
+    Raises:
+        ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``.
+    """
+    cal = _marginal(calibrator)
+    return 1.0 + float(cal.lam) * max(0, int(cal.n_classes) - int(cal.k_reg))
+
+
+def log_thresholds(levels, span: float, score_range: float) -> np.ndarray:
+    """The thresholds the log-scale tracker serves at levels x_t, vectorized: B (1 - exp(-x)) for x in [0, U), +inf
+    (the full set) for x >= U, -inf (the empty set) for x < 0.
+
+    Args:
+        levels: The levels x_t, any shape, finite.
+        span: U, > 0.
+        score_range: B, > 0.
+
+    Returns:
+        The thresholds, of the shape of ``levels``.
+
+    Examples:
+        >>> log_thresholds([-0.1, 0.0, math.log(2), 9.0], 9.0, 1.0).tolist()
+        [-inf, 0.0, 0.5, inf]
+    """
+    x = np.asarray(levels, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        inside = score_range * -np.expm1(-np.clip(x, 0.0, span))
+    return np.where(x >= span, math.inf, np.where(x < 0, -math.inf, inside))
+
+
+@dataclass(frozen=True)
+class LogQuantileTracker:
+    """The quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) run on the log scale
+    of the score's distance to the top of its range: x_t = ``start`` + eta (``misses`` - ``labels`` alpha), the
+    recursion x_{t+1} = x_t + eta (err_t - alpha) summed, serving the threshold B (1 - exp(-x_t)) on the score
+    scale (``log_thresholds``). Frozen: ``update`` and ``fold`` return a new state.
+
+    It is the tracker of the score u = min(-log(1 - s / B), U) (for LAC, -log p_y: the label's negative
+    log-probability), truncated at the span U so that it is bounded, as their Proposition 1 asks, with the full set
+    served from x_t >= U and the empty set below x_t < 0. The sets are the same family as the method's own (the map
+    from x to the threshold is increasing); only the steps change scale, from eta on the scores to about
+    eta B exp(-x) near threshold B (1 - exp(-x)), so the step shrinks as the threshold nears the top of the
+    score range, where a few classes of tiny probability turn a set into the full set.
+
+    The bound. The full set never misses and the empty set always does, so from x_1 in [0, U] the level stays
+    within [-alpha eta, U + (1 - alpha) eta], and x_{T+1} - x_1 = eta (M_T - T alpha) gives, for EVERY sequence of
+    data and every T,
+
+        |(1/T) sum_{t<=T} err_t - alpha| <= (U + eta) / (eta T),
+
+    whatever the score range B.
+
+    Attributes:
+        alpha: The target miscoverage, in (0, 1).
+        eta: The step on the log scale, > 0.
+        start: x_1, in [0, span]; ``LogQuantileTracker.started`` takes the static calibrator's quantile at alpha.
+        span: U, > 0: the full set is served from x_t >= U.
+        score_range: B, > 0: the largest score of the method (``score_range``).
+        labels: T, the labels folded so far.
+        misses: M_T, the misses among them.
+
+    Raises:
+        ValueError: Naming the field and the value when one is out of range.
+
+    References:
+        Angelopoulos, Candès & Tibshirani 2023, "Conformal PID Control for Time Series Prediction", NeurIPS
+        (Proposition 1).
+    """
+
+    alpha: float
+    eta: float
+    start: float
+    span: float = DEFAULT_SPAN
+    score_range: float = 1.0
+    labels: int = 0
+    misses: int = 0
+
+    def __post_init__(self) -> None:
+        alpha = _check_open_unit("alpha", self.alpha)
+        eta = _check_positive("eta", self.eta)
+        span = _check_positive("span", self.span)
+        b = _check_positive("score_range", self.score_range)
+        start = _number("start", self.start, f"in [0, span = {span!r}]")
+        if not 0.0 <= start <= span:
+            raise ValueError(expected("start", f"in [0, span = {span!r}]", self.start))
+        labels, misses = _check_counts(self.labels, self.misses)
+        for name, value in (("alpha", alpha), ("eta", eta), ("start", start), ("span", span), ("score_range", b)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "labels", labels)
+        object.__setattr__(self, "misses", misses)
+
+    @classmethod
+    def started(
+        cls, calibrator: SplitConformal, alpha: float, eta: float, span: float = DEFAULT_SPAN
+    ) -> LogQuantileTracker:
+        """A fresh tracker started at ``calibrator``'s quantile at ``alpha`` (capped at its largest score, as
+        ``QuantileTracker.started``), on the log scale: x_1 = -log(1 - q / B), capped at ``span``."""
+        cal = _marginal(calibrator)
+        b = score_range(cal)
+        q = min(float(aci_thresholds(cal.scores, _check_open_unit("alpha", alpha))), float(cal.scores[-1]))
+        share = min(max(q / b, 0.0), 1.0)
+        span = _check_positive("span", span)
+        return cls(alpha, eta, span if share >= 1.0 else min(-math.log1p(-share), span), span, b)
+
+    @property
+    def level(self) -> float:
+        """x_t: the level of the next threshold, on the log scale."""
+        return self.start + self.eta * (self.misses - self.labels * self.alpha)
+
+    @property
+    def bound(self) -> float:
+        """(U + eta) / (eta T): the most |M_T / T - alpha| can be (inf at T = 0)."""
+        return math.inf if not self.labels else (self.span + self.eta) / (self.eta * self.labels)
+
+    def threshold(self, calibrator: SplitConformal | None = None) -> float:
+        """The threshold to serve on the score scale: B (1 - exp(-x_t)), +inf (the full set) from x_t >= U, -inf
+        (the empty set) below x_t < 0. ``calibrator`` is not needed (B is part of the state); the argument keeps
+        one signature with ``ACIState.threshold``."""
+        return float(log_thresholds(self.level, self.span, self.score_range))
+
+    def sets(self, calibrator: SplitConformal, probs, *, u=None) -> np.ndarray:
+        """The sets (N, K) to serve: ``prediction_sets`` at ``threshold``, all labels from x_t >= U and none below
+        x_t < 0."""
+        return _sets(_marginal(calibrator), probs, self.threshold(), u)
+
+    def update(self, err) -> LogQuantileTracker:
+        """The state after one more label, missed (err = 1) or not (0)."""
+        return self.fold(err)
+
+    def fold(self, errs) -> LogQuantileTracker:
+        """The state after the labels ``errs`` (0 / 1, in order): the same for any split into chunks."""
+        e = check_misses(errs)
+        return LogQuantileTracker(
+            self.alpha,
+            self.eta,
+            self.start,
+            self.span,
+            self.score_range,
+            self.labels + len(e),
+            self.misses + int(e.sum()),
+        )
+
+    def to_dict(self) -> dict:
+        """The state as JSON data, which ``from_dict`` restores exactly."""
+        return {"format": STATE_FORMAT, "method": "log-quantile", **_fields(self, _LOG_FIELDS)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LogQuantileTracker:
+        """The state ``to_dict`` wrote.
+
+        Raises:
+            ValueError: Naming ``data`` when it is not a log-scale tracker state of this format, or a field when
+                malformed.
+        """
+        return cls(**_read(data, "log-quantile", _LOG_FIELDS))
+
+
+_LOG_FIELDS = ("alpha", "eta", "start", "span", "score_range")
+
+
 def start(
     calibrator: SplitConformal, alpha: float, method: str = DEFAULT_METHOD, step: float | None = None
-) -> ACIState | QuantileTracker:
+) -> ACIState | QuantileTracker | LogQuantileTracker:
     """A fresh state of ``method`` for ``calibrator`` at target miscoverage ``alpha``.
 
     Args:
         calibrator: The static, marginal calibrator.
         alpha: The target miscoverage, in (0, 1).
-        method: ``"aci"`` or ``"quantile"``.
-        step: gamma for ACI, eta for the tracker; None for ``DEFAULT_GAMMA`` (ACI) or ``DEFAULT_STEP`` (the
-            tracker, for scores in [0, 1]).
+        method: ``"aci"``, ``"quantile"`` or ``"log-quantile"``.
+        step: gamma for ACI, eta for the trackers; None for ``DEFAULT_GAMMA`` (ACI), ``DEFAULT_ETA`` (the tracker,
+            for scores in [0, 1]) or ``DEFAULT_STEP`` (the log-scale tracker, at ``DEFAULT_SPAN``, for any score
+            range).
 
     Returns:
         The state before any label.
@@ -397,15 +586,19 @@ def start(
     Examples:
         >>> from calibkit.conformal import SplitConformal
         >>> cal = SplitConformal.fit(np.array([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]]), [0, 1, 1], "lac")
-        >>> start(cal, 0.4, "aci"), start(cal, 0.4).threshold()
+        >>> start(cal, 0.4, "aci"), start(cal, 0.4, "quantile").threshold()
         (ACIState(alpha=0.4, gamma=0.005, start=0.4, labels=0, misses=0), 0.6)
+        >>> round(start(cal, 0.4).threshold(), 12)  # the log-scale tracker starts at the same threshold
+        0.6
     """
     cal = _marginal(calibrator)
     if method == "aci":
         return ACIState(alpha, DEFAULT_GAMMA if step is None else step)
     if method == "quantile":
-        return QuantileTracker.started(cal, alpha, DEFAULT_STEP if step is None else step)
-    raise ValueError(expected("method", "'aci' or 'quantile'", method))
+        return QuantileTracker.started(cal, alpha, DEFAULT_ETA if step is None else step)
+    if method == "log-quantile":
+        return LogQuantileTracker.started(cal, alpha, DEFAULT_STEP if step is None else step)
+    raise ValueError(expected("method", "'aci', 'quantile' or 'log-quantile'", method))
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------

@@ -86,10 +86,11 @@ class Settings(BaseSettings):
         description="the prediction sets' default coverage 1 - alpha when a request names none; unset: the "
         "artifact's default",
     )
-    conformal_adaptation: Literal["quantile", "aci", "off"] = Field(
-        default="quantile",  # calibkit.adaptive_conformal.DEFAULT_METHOD, the rule its benchmark chose
+    conformal_adaptation: Literal["log-quantile", "quantile", "aci", "off"] = Field(
+        default="log-quantile",  # calibkit.adaptive_conformal.DEFAULT_METHOD, the rule its benchmark chose
         description="how each set choice's threshold adapts online from the labels, so long-run coverage holds "
-        "under shift: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023), "
+        "under shift: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) on "
+        "the log scale of the score's distance to its top (log-quantile) or on the score scale (quantile), "
         "adaptive conformal inference (Gibbs & Candès 2021), or off (the static split-conformal threshold)",
     )
     conformal_step: float | None = Field(

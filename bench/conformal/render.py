@@ -59,7 +59,8 @@ def shift_section(shift: dict) -> list[str]:
         "",
         "### The rules and their steps",
         "",
-        "ACI's gamma is on the level scale; the quantile tracker's eta on LAC's score scale [0, 1]. `covers`: both "
+        "ACI's gamma is on the level scale; the quantile tracker's eta on LAC's score scale [0, 1]; the log quantile "
+        "tracker's on -log(1 - s) (-log p_y for LAC), truncated at log(1e4). `covers`: both "
         "coverage goals met on every stream; `bound`: the rule's deterministic bound on the distance of the long-run "
         "miss rate from alpha after the stream's 10,000 labels, which holds for every sequence, these streams or "
         "others; `met`: the size goal too. The chosen rule and step (the default of `calibkit.adaptive_conformal`): "

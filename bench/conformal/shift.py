@@ -20,7 +20,14 @@ from scipy import stats
 from bench.alarm import oracle
 from bench.alarm.traffic import TrafficShape
 from bench.common import table
-from calibkit.adaptive_conformal import QuantileTracker, aci_thresholds, misses_of
+from calibkit.adaptive_conformal import (
+    DEFAULT_SPAN,
+    LogQuantileTracker,
+    QuantileTracker,
+    aci_thresholds,
+    log_thresholds,
+    misses_of,
+)
 from calibkit.conformal import SCORE_ATOL, SplitConformal, conformity_scores
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, threshold_for
 from calibkit.temperature import softmax
@@ -31,6 +38,7 @@ WINDOW = 2_000  # coverage over the labels right after the shift
 LONG_RUN_TOLERANCE, WINDOW_TOLERANCE, MAX_SIZE_RATIO = 0.01, 0.03, 1.25
 GAMMAS = (0.002, 0.005, 0.01, 0.02, 0.05)  # ACI's steps, on the level scale
 ETAS = (0.002, 0.005, 0.01, 0.02, 0.05)  # the quantile tracker's steps, on LAC's score scale [0, 1]
+LOG_ETAS = (0.02, 0.05, 0.1, 0.2, 0.5)  # the log-scale tracker's steps, on -log(1 - s), at span DEFAULT_SPAN
 CORRUPTION_DRAWS = 4  # corrupted copies of the digits test split per corruption and severity (noise differs)
 REPLICATES = 3  # streams per shift, each with its own resampling
 CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
@@ -163,6 +171,13 @@ def quantile_rule(calibrator: SplitConformal, eta: float) -> Callable:
     return lambda t, m: q1 + eta * (m - t * ALPHA)
 
 
+def log_quantile_rule(calibrator: SplitConformal, eta: float) -> Callable:
+    """The log-scale tracker's threshold from the counts, as ``LogQuantileTracker.started(...)`` then ``fold``
+    computes it."""
+    state = LogQuantileTracker.started(calibrator, ALPHA, eta)
+    return lambda t, m: log_thresholds(state.start + eta * (m - t * ALPHA), state.span, state.score_range)
+
+
 def set_sizes(probs: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     """|{k : 1 - p_k <= q}| (within ``SCORE_ATOL``), the LAC set's size, per row."""
     return ((1.0 - probs) - thresholds[..., None] <= SCORE_ATOL).sum(axis=-1)
@@ -195,6 +210,7 @@ def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[di
         static = misses_of(scores, calibrator.quantile(ALPHA))
         rules = [("ACI", g, aci_rule(calibrator, g)) for g in GAMMAS]
         rules += [("quantile tracker", e, quantile_rule(calibrator, e)) for e in ETAS]
+        rules += [("log quantile tracker", e, log_quantile_rule(calibrator, e)) for e in LOG_ETAS]
         for method, step, rule in rules:
             served, errs = run_rule(scores, rule)
             size = set_sizes(probs[:, BEFORE:], served[:, BEFORE:]).mean(axis=1)
@@ -256,9 +272,12 @@ def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[di
 def long_run_bound(method: str, step: float, labels: int = BEFORE + AFTER) -> float:
     """The rule's deterministic bound on |misses / labels - alpha| after ``labels`` labels, for every sequence:
     (max(alpha, 1 - alpha) + gamma) / (gamma T) for ACI (Gibbs & Candès 2021), (B + eta) / (eta T) for the
-    quantile tracker with LAC's scores in [0, B = 1] (Angelopoulos, Candès & Tibshirani 2023)."""
+    quantile tracker with LAC's scores in [0, B = 1] (Angelopoulos, Candès & Tibshirani 2023), (U + eta) / (eta T)
+    for the log-scale tracker at span U = ``DEFAULT_SPAN``."""
     if method == "ACI":
         return (max(ALPHA, 1 - ALPHA) + step) / (step * labels)
+    if method == "log quantile tracker":
+        return (DEFAULT_SPAN + step) / (step * labels)
     return (1.0 + step) / (step * labels)
 
 

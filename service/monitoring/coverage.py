@@ -6,12 +6,14 @@ Both states are folded from the stored labels in label order under the version's
 calibration alarm's are. A label counts as a miss when the set served with its prediction did not hold it.
 
 - **Adaptive threshold** (``adaptation``): the quantile tracker of conformal PID control (Angelopoulos, Candès &
-  Tibshirani 2023, the default) moves the threshold q_t by eta (err_t - alpha) per label; adaptive conformal
-  inference (Gibbs & Candès 2021) moves the level alpha_t of the static quantile by gamma (alpha - err_t). Either
-  keeps the long-run miss rate of the served sets within a deterministic bound of alpha over T labels, (B + eta) /
-  (eta T) for scores in [0, B] and (max(alpha, 1 - alpha) + gamma) / (gamma T), for every sequence of labels,
-  shift or not (``calibkit.adaptive_conformal``, whose benchmark chose the tracker). Off, sets use the static
-  threshold, whose guarantee needs serving data exchangeable with the calibration split.
+  Tibshirani 2023) moves the threshold by eta (err_t - alpha) per label, on the log scale of the score's distance
+  to the top of its range (``log-quantile``, the default) or on the score scale (``quantile``); adaptive conformal
+  inference (Gibbs & Candès 2021) moves the level alpha_t of the static quantile by gamma (alpha - err_t). Each
+  keeps the long-run miss rate of the served sets within a deterministic bound of alpha over T labels, (U + eta) /
+  (eta T) for the log scale truncated at U, (B + eta) / (eta T) for scores in [0, B] and (max(alpha, 1 - alpha) +
+  gamma) / (gamma T), for every sequence of labels, shift or not (``calibkit.adaptive_conformal``, whose
+  benchmark chose the log-scale tracker). Off, sets use the static threshold, whose guarantee needs serving data
+  exchangeable with the calibration split.
 - **Coverage alarm**: the mixture of e-CUSUM detectors of ``calibkit.coverage_alarm``: while the served sets cover
   at least their target, P(a false alarm within n labels) <= n / A (Shin, Ramdas & Rinaldo 2023). A raised alarm
   clears once its evidence is spent (the mixture back below 1), and re-arms.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binomtest
 
-from calibkit.adaptive_conformal import DEFAULT_METHOD, ACIState, QuantileTracker, start
+from calibkit.adaptive_conformal import DEFAULT_METHOD, ACIState, LogQuantileTracker, QuantileTracker, start
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState
 from service.metrics import ServiceMetrics
 from service.monitoring.windows import Window
@@ -43,7 +45,7 @@ def choice_key(method: str, coverage: float) -> str:
     return f"{method}@{coverage!r}"
 
 
-Adaptive = ACIState | QuantileTracker
+Adaptive = ACIState | QuantileTracker | LogQuantileTracker
 
 
 @dataclass(frozen=True)
@@ -237,8 +239,9 @@ def _step(adaptive: Adaptive) -> float:
 
 def _bound(adaptive: Adaptive, calibrator) -> float:
     """The deterministic bound on |misses / labels - alpha| so far: for the tracker, with B the largest score the
-    method can give (1 for LAC and APS, 1 + lambda (K - k_reg) for RAPS)."""
-    if isinstance(adaptive, ACIState):
+    method can give (1 for LAC and APS, 1 + lambda (K - k_reg) for RAPS); the log-scale tracker's does not depend
+    on B."""
+    if isinstance(adaptive, (ACIState, LogQuantileTracker)):
         return adaptive.bound
     score_range = 1.0 + calibrator.lam * max(0, calibrator.n_classes - calibrator.k_reg)
     return adaptive.bound(score_range)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibkit.adaptive_conformal import ACIState, QuantileTracker, served_ranked_sets
+from calibkit.adaptive_conformal import ACIState, LogQuantileTracker, QuantileTracker, served_ranked_sets
 from calibkit.conformal import SplitConformal
 from calibkit.manifest import Manifest, load_conformal
 from service.errors import InvalidInput
@@ -147,9 +147,9 @@ class ModelSets:
         self.default_coverage = default_coverage
         self.checksum = checksum
         self.reason = reason
-        self._adapted: dict[tuple[str, float], ACIState | QuantileTracker] = {}
+        self._adapted: dict[tuple[str, float], ACIState | QuantileTracker | LogQuantileTracker] = {}
 
-    def adapt(self, states: dict[tuple[str, float], ACIState | QuantileTracker]) -> None:
+    def adapt(self, states: dict[tuple[str, float], ACIState | QuantileTracker | LogQuantileTracker]) -> None:
         """Serve these adaptive levels by (method, coverage) from now on (``service.monitoring.coverage``)."""
         self._adapted = dict(states)
 

@@ -9,13 +9,18 @@ import numpy as np
 import pytest
 
 from calibkit.adaptive_conformal import (
+    DEFAULT_ETA,
     DEFAULT_GAMMA,
     DEFAULT_METHOD,
+    DEFAULT_SPAN,
     DEFAULT_STEP,
     ACIState,
+    LogQuantileTracker,
     QuantileTracker,
     aci_thresholds,
+    log_thresholds,
     misses_of,
+    score_range,
     served_ranked_sets,
     start,
 )
@@ -87,6 +92,97 @@ def test_quantile_tracker_bound_with_bounded_scores(eta):
     assert state.bound(1.0) == pytest.approx((1.0 + eta) / (eta * len(errs)))
 
 
+LOG_ADVERSARIES = {
+    **ADVERSARIES,
+    "all misses": lambda rng, t: np.ones(t),  # every score at the top of the range: missed unless the set is full
+    "all covers": lambda rng, t: np.zeros(t),
+    "alternating": lambda rng, t: (np.arange(t) % 2).astype(float),
+    "over-confident": lambda rng, t: 1 - rng.uniform(size=t) ** 12,  # scores crowded just below the top
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOG_ADVERSARIES))
+@pytest.mark.parametrize("eta", [0.05, 0.1, 0.5])
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.3])
+def test_log_tracker_bound_holds_on_adversarial_sequences(name, eta, alpha):
+    cal = _calibrator()
+    t = 3_000
+    scores = LOG_ADVERSARIES[name](np.random.default_rng(6), t)
+    state, errs = _run(LogQuantileTracker.started(cal, alpha, eta, span=6.0), cal, scores)
+    n = np.arange(1, t + 1)
+    bound = (6.0 + eta) / (eta * n)
+    assert np.all(np.abs(np.cumsum(errs) / n - alpha) <= bound + 1e-12)
+    assert state.bound == pytest.approx(bound[-1])
+    assert -alpha * eta - 1e-12 <= state.level <= 6.0 + (1 - alpha) * eta + 1e-12
+
+
+def test_log_tracker_bound_against_a_reactive_adversary_whatever_the_score_range():
+    """Misses whenever the set is not full, with scores on [0, B = 3]: the bound does not depend on B."""
+    alpha, eta, b = 0.1, 0.2, 3.0
+    state, errs = LogQuantileTracker(alpha, eta, 1.0, DEFAULT_SPAN, b), []
+    for _ in range(2_000):
+        q = state.threshold()
+        err = int(misses_of(b, q))  # the top score: covered only by the full set
+        assert err == (0 if q == math.inf else 1)
+        errs.append(err)
+        state = state.update(err)
+    n = np.arange(1, len(errs) + 1)
+    assert np.all(np.abs(np.cumsum(errs) / n - alpha) <= (DEFAULT_SPAN + eta) / (eta * n) + 1e-12)
+
+
+def test_log_thresholds_map_the_level_to_the_score_scale():
+    x = np.array([-1e-9, 0.0, 0.5, 2.0, DEFAULT_SPAN - 1e-9, DEFAULT_SPAN, 20.0])
+    q = log_thresholds(x, DEFAULT_SPAN, 2.0)
+    assert q[0] == -math.inf and q[-1] == q[-2] == math.inf
+    assert q[1:5].tolist() == (2.0 * -np.expm1(-x[1:5])).tolist()
+    assert all(a <= b for a, b in zip(q[:-1], q[1:]))
+    state = LogQuantileTracker(0.1, 0.1, 0.0, 1.0)
+    assert state.fold([0]).threshold() == -math.inf and state.fold([0]).sets(_calibrator(), np.eye(5)).sum() == 0
+    assert LogQuantileTracker(0.1, 0.1, 1.0, 1.0).threshold() == math.inf
+
+
+def test_log_tracker_starts_at_the_static_quantile_for_every_score_range():
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet(np.full(6, 0.3), 300)
+    y = (rng.random((300, 1)) > np.cumsum(p, axis=1)).sum(axis=1).clip(0, 5)  # labels drawn from p
+    for method, extra in (("lac", {}), ("aps", {}), ("raps", {"k_reg": 2, "lam": 0.2})):
+        cal = SplitConformal.fit(p, y, method, **extra)
+        state = LogQuantileTracker.started(cal, 0.1, 0.1)
+        assert state.score_range == score_range(cal) == 1.0 + extra.get("lam", 0.0) * (6 - extra.get("k_reg", 6))
+        assert cal.quantile(0.1) < state.score_range
+        assert state.threshold(cal) == pytest.approx(cal.quantile(0.1), abs=1e-12)
+        assert state.sets(cal, p[:20]).tolist() == cal.sets(p[:20], 0.1).tolist()
+
+
+def test_log_tracker_covers_under_a_seeded_shift_over_many_streams():
+    """Calibrated traffic, then the served probabilities turn over-confident (temperature / 2.5): every stream keeps
+    its deterministic bound, and the coverage after the shift returns to target on average."""
+    rng = np.random.default_rng(8)
+    streams, before, after, k, alpha, eta = 200, 500, 2_500, 10, 0.1, 0.1
+
+    def draw(n: int, scale: float):
+        z = rng.normal(size=(streams, n, k)) * 2.0
+        y = np.argmax(z + rng.gumbel(size=z.shape), axis=-1)
+        p = np.exp(scale * z - (scale * z).max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return 1.0 - np.take_along_axis(p, y[..., None], -1)[..., 0]
+
+    cal_scores = draw(1, 1.0).ravel()
+    cal = SplitConformal.fit(np.c_[1 - cal_scores, cal_scores], np.zeros(streams, int), "lac")
+    scores = np.concatenate([draw(before, 1.0), draw(after, 2.5)], axis=1)
+    first = LogQuantileTracker.started(cal, alpha, eta)
+    misses, errs = np.zeros(streams, np.int64), np.empty(scores.shape, np.int64)
+    for t in range(scores.shape[1]):
+        x = first.start + eta * (misses - t * alpha)
+        errs[:, t] = misses_of(scores[:, t], log_thresholds(x, first.span, first.score_range))
+        misses += errs[:, t]
+    total = scores.shape[1]
+    assert np.all(np.abs(misses / total - alpha) <= (first.span + eta) / (eta * total))
+    assert abs(1 - errs[:, -after // 2 :].mean() - (1 - alpha)) <= 0.01
+    one = first.fold(errs[0])
+    assert one.misses == misses[0] and one.bound == (first.span + eta) / (eta * total)
+
+
 def test_aci_thresholds_match_the_static_quantile():
     cal = _calibrator(n=99)
     levels = np.concatenate([np.linspace(0.001, 0.999, 997), [0.1, 0.05, 0.2, 1 / 100, 0.059]])
@@ -115,14 +211,22 @@ def test_the_served_ranked_sets_are_the_states_sets():
         for randomized in (False, True) if method != "lac" else (False,):
             cal = SplitConformal.fit(p, y, method, u=rng if randomized else None, **params)
             u = draws if randomized else None
-            for state in [*states, QuantileTracker.started(cal, 0.2, 0.05)]:
+            trackers = [QuantileTracker.started(cal, 0.2, 0.05), LogQuantileTracker.started(cal, 0.2, 0.3)]
+            for state in [*states, *trackers]:
                 order, sizes = served_ranked_sets(cal, p[:20], state.threshold(cal), u=u)
                 listed = np.zeros((20, 4), dtype=bool)
                 np.put_along_axis(listed, order, np.arange(4) < sizes[:, None], axis=1)
                 assert listed.tolist() == state.sets(cal, p[:20], u=u).tolist()
 
 
-@pytest.mark.parametrize("make", [lambda: ACIState(0.1, 0.013), lambda: QuantileTracker(0.07, 0.0123, 0.8137)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ACIState(0.1, 0.013),
+        lambda: QuantileTracker(0.07, 0.0123, 0.8137),
+        lambda: LogQuantileTracker(0.07, 0.123, 1.8137, 7.5, 1.3),
+    ],
+)
 def test_folding_in_chunks_equals_folding_at_once(make):
     errs = (np.random.default_rng(4).random(1_001) < 0.13).astype(int)
     whole = make().fold(errs)
@@ -137,9 +241,13 @@ def test_folding_in_chunks_equals_folding_at_once(make):
     assert (whole.labels, whole.misses) == (1_001, int(errs.sum()))
 
 
-@pytest.mark.parametrize("cls", [ACIState, QuantileTracker])
+@pytest.mark.parametrize("cls", [ACIState, QuantileTracker, LogQuantileTracker])
 def test_to_dict_round_trips_exactly_through_json(cls):
-    state = ACIState(0.1, 0.1 / 3, 0.1 + 1e-17) if cls is ACIState else QuantileTracker(0.1, 1 / 7, 0.1 + 0.2)
+    state = {
+        ACIState: lambda: ACIState(0.1, 0.1 / 3, 0.1 + 1e-17),
+        QuantileTracker: lambda: QuantileTracker(0.1, 1 / 7, 0.1 + 0.2),
+        LogQuantileTracker: lambda: LogQuantileTracker(0.1, 1 / 7, 0.1 + 0.2, DEFAULT_SPAN, 1 + 0.1 / 3),
+    }[cls]()
     state = state.fold((np.random.default_rng(5).random(777) < 0.2).astype(int))
     back = cls.from_dict(json.loads(json.dumps(state.to_dict())))
     assert back == state and back.level == state.level
@@ -154,16 +262,26 @@ def test_from_dict_refuses_another_method_or_format():
         ACIState.from_dict({**data, "format": 0})
     with pytest.raises(ValueError, match="`data`"):
         ACIState.from_dict({**data, "extra": 1})
+    log = LogQuantileTracker(0.1, 0.1, 1.0).to_dict()
+    with pytest.raises(ValueError, match="`data`"):
+        QuantileTracker.from_dict(log)
+    with pytest.raises(ValueError, match="`data`"):
+        LogQuantileTracker.from_dict({k: v for k, v in log.items() if k != "span"})
 
 
 def test_start_and_defaults():
     cal = _calibrator()
-    assert DEFAULT_METHOD == "quantile"
+    assert DEFAULT_METHOD == "log-quantile"
     state = start(cal, 0.1, "aci")
     assert isinstance(state, ACIState) and state.gamma == DEFAULT_GAMMA and state.threshold(cal) == cal.quantile(0.1)
-    tracker = start(cal, 0.1)
-    assert isinstance(tracker, QuantileTracker) and tracker.eta == DEFAULT_STEP
+    tracker = start(cal, 0.1, "quantile")
+    assert isinstance(tracker, QuantileTracker) and tracker.eta == DEFAULT_ETA
     assert tracker.threshold() == cal.quantile(0.1)
+    log = start(cal, 0.1)
+    assert isinstance(log, LogQuantileTracker) and log.eta == DEFAULT_STEP and log.span == DEFAULT_SPAN
+    assert log.threshold(cal) == pytest.approx(cal.quantile(0.1), abs=1e-12)
+    # the default step's bound promises the benchmark's long-run goal (1 point) at 10,000 labels on any sequence
+    assert LogQuantileTracker(0.1, DEFAULT_STEP, 1.0, labels=10_000).bound <= 0.01
 
 
 @pytest.mark.parametrize(
@@ -188,6 +306,12 @@ def test_start_and_defaults():
         (lambda: QuantileTracker(0.1, 0.01, math.nan), "start"),
         (lambda: QuantileTracker(0.1, 0.01, 0.5).bound(0.0), "score_range"),
         (lambda: ACIState(0.1).threshold("cal"), "calibrator"),  # type: ignore[arg-type]
+        (lambda: LogQuantileTracker(0.1, 0.0, 1.0), "eta"),
+        (lambda: LogQuantileTracker(0.1, 0.1, -0.5), "start"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 5.0, span=4.0), "start"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0, span=0.0), "span"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0, score_range=math.nan), "score_range"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0).fold([3]), "errs"),
         (lambda: start(_calibrator(), 0.1, "pid"), "method"),
         (lambda: start(_calibrator(), 0.1, "quantile", 0.0), "eta"),
         (lambda: aci_thresholds([0.3, 0.1], 0.1), "sorted_scores"),

@@ -111,7 +111,7 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
         assert choice["alarm"]["state"] == "alarm" and choice["alarm"]["since"] is not None
         assert choice["below_target"] and choice["observed"] < 0.6 and choice["n"] == 700
         assert choice["threshold"] is None or choice["threshold"] > choice["static_threshold"]
-        assert choice["threshold_version"].endswith(":700") and shifted[0]["adaptation"] == "quantile"
+        assert choice["threshold_version"].endswith(":700") and shifted[0]["adaptation"] == "log-quantile"
         by_class = {row["label"]: row for row in choice["by_class"]}
         assert sum(row["n"] for row in by_class.values()) == 700
         assert sum(row["n"] for row in choice["by_set_size"]) == 700
