@@ -752,11 +752,12 @@ class _Ranked:
     def groups(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(first, last) position of each position's tie group, or None when no probabilities tie."""
         if self._ties is None:
-            starts = np.ones(self.values.shape, dtype=bool)
-            starts[:, 1:] = self.values[:, 1:] != self.values[:, :-1]
-            self._ties = not starts.all()
+            same = self.values[:, 1:] == self.values[:, :-1]
+            self._ties = bool(same.any())
             if self._ties:
                 width = self.values.shape[1]
+                starts = np.ones(self.values.shape, dtype=bool)
+                starts[:, 1:] = ~same
                 first = np.maximum.accumulate(np.where(starts, self.positions, 0), axis=1)
                 ends = np.ones(self.values.shape, dtype=bool)
                 ends[:, :-1] = starts[:, 1:]
@@ -882,110 +883,146 @@ def _bucket_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> tupl
     A set is a top group {k : p_k >= v}. Labels in a bucket B have more probability than those in any lower
     bucket, so the mass above a label of B lies in [A_B, A_B + W_B], A_B the mass of the buckets above B and W_B
     its own, and its rank between the counts above B and above B plus B's size: a bucket whose bounds lie wholly
-    below the threshold is in, wholly above it is out. Only labels in the buckets in between are sorted, with the
-    mass and count above those buckets as offsets. The masses here are summed in another order than the sorted
-    cumulative sum, so they differ from it by at most gamma = 4 (K + buckets + 8) 2^-53 (1 + 2 |q| + lam K)
-    (Higham 2002, section 4.2, for sums of non-negative terms); a comparison is taken only when it clears the
-    threshold by more than gamma, so it is the one the sorted sums would make. A row where some label is closer
-    than that is not settled: the caller sorts it whole.
+    below the threshold is in, wholly above it is out (``_decided_buckets``). Only the labels of the buckets in
+    between are sorted, with the mass and count above those buckets as offsets (``_between_sets``). The masses
+    here are summed in another order than the sorted cumulative sum, so they differ from it by at most gamma =
+    4 (K + buckets + 8) 2^-53 (1 + 2 |q| + lam K) (Higham 2002, section 4.2, for sums of non-negative terms); a
+    comparison is taken only when it clears the threshold by more than gamma, so it is the one the sorted sums
+    would make. A row where some label is closer than that is not settled: the caller sorts it whole.
     """
     n, k = p.shape
-    top = 1023 << BUCKET_BITS  # the key of 1.0
-    low = top - (BUCKET_BINADES << BUCKET_BITS)
-    nb = top - low + 1
-    shift = 52 - BUCKET_BITS
-    base = np.arange(n)[:, None] * nb
-    key = np.ascontiguousarray(p).view(np.int64) >> shift
-    key += base - low
-    np.maximum(key, base, out=key)
-    flat = key.ravel()
-    w = np.bincount(flat, weights=p.ravel(), minlength=n * nb).reshape(n, nb)
-    above = np.zeros((n, nb))
-    np.cumsum(w[:, :0:-1], axis=1, out=above[:, -2::-1])
+    nb = (BUCKET_BINADES << BUCKET_BITS) + 1
+    index = _bucket_index(p, nb).ravel()
+    mass = _running_total(np.bincount(index, weights=p.ravel(), minlength=n * nb).reshape(n, nb))
+    count = None if lam == 0 else _running_total(np.bincount(index, minlength=n * nb).reshape(n, nb))
+    penalties = None if lam == 0 else _penalties(k, k_reg, lam)
     gap = 4.0 * (k + nb + 8) * 2.0**-53 * (1.0 + 2.0 * abs(q) + lam * k)
-    if lam == 0:
-        hi, lo, nonempty = above + w, above, w > 0
-        nonempty[:, 0] = True  # zeros have no mass
-    else:
-        count = np.bincount(flat, minlength=n * nb).reshape(n, nb)
-        count_above = np.zeros((n, nb), dtype=np.int64)
-        np.cumsum(count[:, :0:-1], axis=1, out=count_above[:, -2::-1])
-        nonempty = count > 0
-        if draws is None:  # ranks m in [count above, count above + size - 1]
-            hi = above + w + _penalty(count_above + count - 1, k_reg, lam)
-            lo = above + _penalty(count_above, k_reg, lam)
-        else:  # the last rank of the label's tie group, in [count above + 1, count above + size]
-            hi = above + w + _penalty(count_above + count, k_reg, lam)
-            lo = above + _penalty(count_above + 1, k_reg, lam)
-    if draws is None:
-        inside = hi - q < -SCORE_ATOL - gap
-        # the top bucket (nothing above it) holds the most probable label, which is always in
-        outside = (lo - q >= -SCORE_ATOL + gap) & (above > 0)
-    else:
-        inside = hi - q <= SCORE_ATOL - gap
-        outside = lo - q > SCORE_ATOL + gap
-    inside &= nonempty
-    between = nonempty & ~inside & ~outside
+    n_in, n_out = _decided_buckets(mass, count, q, penalties, draws, gap)
+    # per bucket: 0 wholly in, 1 in between, 2 wholly out (an empty bucket may be counted both in and out: 1)
     columns = np.arange(nb)
-    # v: the least probability in the set, from the lowest bucket wholly in (its lower edge), lowered below by the
-    # labels of the buckets in between that are in
-    lowest_in = np.where(inside, columns, nb).min(axis=1)
-    v = _bucket_edge(lowest_in, low, shift)
-    if not between.any():
-        return p >= v[:, None], np.ones(n, dtype=bool)
-    # the labels of the buckets from the first to the last in between, sorted, each row padded below its least
-    # probability with values without ties, so that the tie groups are those of the labels
-    first = np.where(between, columns, nb).min(axis=1)
-    last = np.where(between, columns, -1).max(axis=1)
-    span = (columns >= first[:, None]) & (columns <= last[:, None])
-    where = np.flatnonzero(span.ravel()[flat])
-    r = where // k
-    sizes = np.bincount(r, minlength=n)
-    padded = np.tile(-1.0 - np.arange(sizes.max()), (n, 1))
-    padded[r, np.arange(len(r)) - (np.cumsum(sizes) - sizes)[r]] = p.ravel()[where]
-    ranked = _Ranked(-np.sort(-padded, axis=1))
+    verdict = (columns >= n_in[:, None]).view(np.uint8)
+    verdict += columns >= nb - n_out[:, None]
+    labels = np.take(verdict.ravel(), index).reshape(n, k)
+    out = labels == 0
+    where = np.flatnonzero(labels == 1)
+    if len(where) == 0:
+        return out, np.ones(n, dtype=bool)
     rows = np.arange(n)
-    mass_above = above[rows, last][:, None]  # last = -1 where no bucket is in between: no labels either
-    offset = 0 if lam == 0 else count_above[rows, last][:, None]
-    groups = ranked.groups()
-    if groups is None:
-        first_pos = last_pos = ranked.positions[None, :]
-    else:
-        first_pos, last_pos = groups
-    real = ranked.positions[None, :] <= sizes[:, None]
+    offset = 0 if count is None else count[rows, n_in][:, None]
+    r = where // k
+    values = p.ravel()[where]
+    low, settled = _between_sets(values, r, n, mass[rows, n_in][:, None], offset, q, penalties, draws, gap)
+    # the labels in between that are in: those at least as probable as the least one in
+    out.ravel()[where[values >= low[r]]] = True
+    return out, settled
+
+
+def _bucket_index(p: np.ndarray, nb: int) -> np.ndarray:
+    """Each label's bucket b, from 0 (the bucket of 1.0) down to nb - 1 (all below 2^-BUCKET_BINADES (1 +
+    2^-BUCKET_BITS)), as the flat index row nb + b for ``np.bincount``: from the leading bits of p."""
+    n, k = p.shape
+    top = 1023 << BUCKET_BITS  # the leading bits of 1.0
+    index = p.view(np.int64) >> (52 - BUCKET_BITS)
+    first = np.arange(n)[:, None] * nb
+    np.subtract(first + top, index, out=index)
+    if p.min() < 2.0**-BUCKET_BINADES:
+        np.minimum(index, first + (nb - 1), out=index)
+    return index
+
+
+def _running_total(w: np.ndarray) -> np.ndarray:
+    """(n, nb + 1): column b the sum of the first b buckets of the row, from the top, summed in that order."""
+    out = np.empty((w.shape[0], w.shape[1] + 1), dtype=w.dtype)
+    out[:, 0] = 0
+    np.cumsum(w, axis=1, out=out[:, 1:])
+    return out
+
+
+def _penalties(k: int, k_reg: int, lam: float) -> np.ndarray:
+    """RAPS's penalty lam (m - k_reg)^+ of the ranks m = -1, 0, ..., K + 1, at index m + 1, computed as
+    ``_Ranked.penalty`` computes it: ``np.take(penalties[1 + s:], c)`` is the penalty of the ranks c + s."""
+    return lam * np.maximum(0.0, (np.arange(-1, k + 2) - k_reg).astype(np.float64))
+
+
+def _decided_buckets(
+    mass: np.ndarray, count: np.ndarray | None, q: float, penalties: np.ndarray | None, draws, gap: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(n_in, n_out): per row, the number of top buckets wholly in the set and of bottom buckets wholly out.
+
+    A bucket's bounds, the mass above it plus the penalty of its least rank (low) and the mass through it plus
+    the penalty of its greatest rank (high), never fall down the row, so the buckets in are a run at the top and
+    those out a run at the bottom; only an empty bucket, whose low can pass its high by one rank's penalty, can be
+    counted in both.
+    """
+    above, through = mass[:, :-1], mass[:, 1:]
+    if count is None or penalties is None:
+        high, low = through, above
+    elif draws is None:  # ranks m in [count above, count through - 1]
+        high = through + np.take(penalties, count[:, 1:])
+        low = above + np.take(penalties[1:], count[:, :-1])
+    else:  # the last rank of the label's tie group, in [count above + 1, count through]
+        high = through + np.take(penalties[1:], count[:, 1:])
+        low = above + np.take(penalties[2:], count[:, :-1])
     if draws is None:
-        before = np.zeros(ranked.values.shape)
-        before[:, 1:] = ranked.cumsum[:, :-1]
-        mass = mass_above + (before if groups is None else np.take_along_axis(before, first_pos - 1, axis=1))
-        m = offset + first_pos - 1
-        d = (mass if lam == 0 else mass + _penalty(m, k_reg, lam)) - q
-        is_in = (d < -SCORE_ATOL - gap) | (m == 0)
-        is_out = (d >= -SCORE_ATOL + gap) & (m > 0)
+        inside = high - q < -SCORE_ATOL - gap
+        # the top bucket (nothing above it) holds the most probable label, which is always in
+        outside = (low - q >= -SCORE_ATOL + gap) & (above > 0)
     else:
-        own = ranked.cumsum if groups is None else np.take_along_axis(ranked.cumsum, first_pos - 1, axis=1)
+        inside = high - q <= SCORE_ATOL - gap
+        outside = low - q > SCORE_ATOL + gap
+    return inside.sum(axis=1), outside.sum(axis=1)
+
+
+def _between_sets(
+    values: np.ndarray,
+    r: np.ndarray,
+    n: int,
+    mass_above: np.ndarray,
+    offset,
+    q: float,
+    penalties: np.ndarray | None,
+    draws,
+    gap: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(low, settled): per row, the least probability in the set among the undecided labels ``values`` of rows
+    ``r`` (+inf for none), and whether each of them is decided.
+
+    Each row's labels are sorted in decreasing order, padded below with values without ties so that the tie groups
+    are those of the labels; their scores are those of ``_Ranked.statistic`` (non-randomized) or ``_Ranked.scores``
+    (randomized) with the mass above the labels, ``mass_above``, added to the sorted masses and the number of
+    labels above, ``offset``, to the ranks.
+    """
+    sizes = np.bincount(r, minlength=n)
+    positions = np.arange(1, sizes.max() + 1)
+    real = positions <= sizes[:, None]
+    negated = np.empty(real.shape)
+    negated[:] = positions
+    negated[real] = -values
+    negated.sort(axis=1)
+    ranked = _Ranked(-negated)
+    groups = ranked.groups()
+    first, last = (positions, positions) if groups is None else groups
+    if draws is None:
+        # E(m) of the m = first - 1 labels above the label's tie group: in below q (or for m = 0), out above
+        mass = np.empty(real.shape)
+        mass[:, :1] = mass_above
+        np.add(mass_above, ranked.cumsum[:, :-1], out=mass[:, 1:])
+        if groups is not None:
+            mass = np.take_along_axis(mass, first - 1, axis=1)
+        m = offset + first - 1
+        d = (mass if penalties is None else mass + np.take(penalties[1:], m, mode="clip")) - q
+        is_in = (d < -SCORE_ATOL - gap) | (m == 0)
+        undecided = (d >= -SCORE_ATOL - gap) & (d < -SCORE_ATOL + gap) & (m > 0)
+    else:
+        own = ranked.cumsum if groups is None else np.take_along_axis(ranked.cumsum, first - 1, axis=1)
         score = mass_above + own - draws[:, None] * ranked.values
-        if lam != 0:
-            score = score + _penalty(offset + last_pos, k_reg, lam)
+        if penalties is not None:
+            score = score + np.take(penalties[1:], offset + last, mode="clip")
         d = score - q
         is_in = d <= SCORE_ATOL - gap
-        is_out = d > SCORE_ATOL + gap
-    settled = ~(real & ~is_in & ~is_out).any(axis=1)
-    v = np.minimum(v, np.where(real & is_in, ranked.values, np.inf).min(axis=1))
-    return p >= v[:, None], settled
-
-
-def _bucket_edge(index: np.ndarray, low: int, shift: int) -> np.ndarray:
-    """The least probability of bucket ``index`` (0 for the lowest, +inf past the top)."""
-    bits = (index.astype(np.int64) + low) << shift
-    edge = bits.view(np.float64).copy()
-    edge[index <= 0] = 0.0
-    edge[index >= (1023 << BUCKET_BITS) - low + 1] = np.inf
-    return edge
-
-
-def _penalty(m: np.ndarray, k_reg: int, lam: float) -> np.ndarray:
-    """lam (m - k_reg)^+ for integer ranks m, computed as ``_Ranked.penalty`` computes it."""
-    return lam * np.maximum(0.0, (m - k_reg).astype(np.float64))
+        undecided = (d > SCORE_ATOL - gap) & (d <= SCORE_ATOL + gap)
+    settled = ~(real & undecided).any(axis=1)
+    return np.where(real & is_in, ranked.values, np.inf).min(axis=1), settled
 
 
 def _one_threshold_sets(
@@ -1113,10 +1150,15 @@ def _sort_by_class(scores, labels, n_classes: int, labels_name: str = "labels") 
     return s[order], np.bincount(y, minlength=n_classes).astype(np.int64)
 
 
+#: The bits of 1.0 as an unsigned integer.
+_ONE_BITS = np.float64(1.0).view(np.uint64)
+
+
 def _check_probs(probs) -> np.ndarray:
     """``check_probs``, with a short way for what serving passes: a float (N, K) array with values in [0, 1] and rows
-    summing to 1 comes back as float64 after three passes (min, max, row sums), exactly as ``check_probs`` would
-    return it; anything else goes through ``check_probs``, which cleans it or refuses it with its message."""
+    summing to 1 comes back as float64 after two passes (the largest bit pattern, row sums), exactly as
+    ``check_probs`` would return it; anything else goes through ``check_probs``, which cleans it or refuses it with
+    its message."""
     if (
         isinstance(probs, np.ndarray)
         and probs.dtype in (np.float32, np.float64)
@@ -1125,8 +1167,10 @@ def _check_probs(probs) -> np.ndarray:
         and probs.shape[1] >= 2
     ):
         p = probs.astype(np.float64, copy=False)
-        # NaN fails both comparisons, +-inf one of them
-        if p.min() >= 0.0 and p.max() <= 1.0 and np.all(np.abs(p.sum(axis=1) - 1.0) <= PROB_SUM_ATOL):
+        # read as unsigned integers, the floats in [+0, 1] are those at most 1.0 (negative numbers, NaN and +-inf lie
+        # above); -0.0 lies above as well, and passes the comparisons (which NaN fails both of, +-inf one of)
+        in_range = p.view(np.uint64).max() <= _ONE_BITS or (p.min() >= 0.0 and p.max() <= 1.0)
+        if in_range and np.all(np.abs(p.sum(axis=1) - 1.0) <= PROB_SUM_ATOL):
             return p
     return check_probs(probs)
 

@@ -780,6 +780,30 @@ def test_bucketed_sets_equal_the_sorted_rows_on_flat_tied_and_peaked_rows(method
             assert np.array_equal(bucketed, prediction_sets(probs, q, method, u=u, **params)), q
 
 
+@pytest.mark.parametrize("randomized", [False, True], ids=["non-randomized", "randomized"])
+@pytest.mark.parametrize("method, params", [("aps", {}), ("raps", {"k_reg": 3, "lam": 0.02})], ids=["aps", "raps"])
+def test_bucketed_sets_of_tiny_probabilities_and_strided_batches_equal_the_sorted_rows(
+    method, params, randomized, monkeypatch
+):
+    """Probabilities below 2^-BUCKET_BINADES (zeros and -0.0 among them) share the lowest bucket, and a batch that
+    is not C-contiguous (a Fortran-ordered copy, every other column of a wider array) is bucketed as its rows are."""
+    rng = np.random.default_rng(23)
+    probs = _softmax(rng.normal(size=(12, 200)) * 3)
+    probs[:, :40] = rng.choice([0.0, -0.0, 1e-300, 2.0**-31, 2.0**-30, 1.25 * 2.0**-30], size=(12, 40))
+    probs /= probs.sum(axis=1, keepdims=True)
+    wide = np.zeros((12, 400))
+    wide[:, ::2] = probs
+    u = rng.uniform(size=len(probs)) if randomized else None
+    masses = np.cumsum(-np.sort(-probs, axis=1), axis=1)
+    for q in np.concatenate([masses[:, [0, 20, 150, 170]].ravel(), [0.5, 0.99, 1.0]]):
+        q = float(q) + params.get("lam", 0.0) * 5
+        monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 10**9)
+        expected = prediction_sets(probs, q, method, u=u, **params)
+        monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 2)
+        for batch in (probs, np.asfortranarray(probs), wide[:, ::2]):
+            assert np.array_equal(prediction_sets(batch, q, method, u=u, **params), expected), q
+
+
 def test_bucketed_sets_settle_rows_away_from_the_threshold_and_leave_the_rest_to_the_sort():
     """A threshold at a row's exact cumulative mass plus SCORE_ATOL cannot be told from the bucket sums: that
     row is left unsettled (and sorted whole by the caller); the other rows are settled."""
