@@ -604,17 +604,19 @@ def start(
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-def served_ranked_sets(calibrator: SplitConformal, probs, q: float, *, u=None) -> tuple[np.ndarray, np.ndarray]:
+def served_ranked_sets(
+    calibrator: SplitConformal, probs, q: float, *, u=None, check_input: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """The sets a state serves at its threshold ``q``, as ``calibkit.conformal.ranked_sets`` lists them: (order,
     sizes), row i's set being ``order[i, :sizes[i]]``; every label at q = +inf and none at q = -inf, as the states'
-    ``sets`` (a static threshold is never -inf).
+    ``sets`` (a static threshold is never -inf). ``check_input`` as for ``ranked_sets``.
 
     Raises:
         ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``, or the argument of
             ``ranked_sets`` that is malformed.
     """
     cal = _marginal(calibrator)
-    order, sizes = ranked_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u)
+    order, sizes = ranked_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, check_input=check_input)
     if q == math.inf:
         sizes[:] = order.shape[1]
     elif q == -math.inf:

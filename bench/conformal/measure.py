@@ -481,5 +481,7 @@ def run(args) -> dict:
 
     out["shift"] = shift.run(args)
     print(table([], serving.ROUND_COLUMNS), flush=True)
-    out["serving"] = serving.run(1.0, 1) if args.smoke else serving.run(args.serving_seconds, args.serving_rounds)
+    out["serving"] = (
+        serving.run(1.0, 1, cost_repeats=20) if args.smoke else serving.run(args.serving_seconds, args.serving_rounds)
+    )
     return out

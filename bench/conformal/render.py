@@ -210,7 +210,18 @@ def serving_section(serving: dict) -> list[str]:
         "requests, after a second of warm-up; rounds alternate the order (with, without, then without, with). "
         "`ratio`: rows/s with sets over rows/s without, per round; `median_ratio` and `ratio_range` over the "
         "rounds; `spread`: the larger max / min of either version's rows/s over the rounds (the machine's own "
-        "noise, as `bench.trees` judges a serving change).",
+        "noise, as `bench.trees` judges a serving change). `with_batch_rows`, `batch_rows`: the mean rows per "
+        "onnxruntime call the service formed (its `calib_batch_size_rows`), per round and the median with sets.",
+        "",
+        "Two identical versions measured the same way swing as much as the ratio's range, so the rounds cannot "
+        "resolve a few percent. The goal is judged on the sets' own CPU, measured in process where nothing else "
+        "runs (`set_cost`): a batch of `batch_rows` rows (rounded to whole requests) served as the service serves "
+        "it, with and without sets (the batch's sets, then each request's share, its /predict body encoded as the "
+        "codec does, its prediction-log rows), alternating, thread CPU per call, median over "
+        f"{serving.get('cost_repeats', 'the')} calls each, with the garbage collector set as the service sets it. "
+        "`sets_cpu_us_per_row`: the difference per row; `path_cpu_us_per_row` what that path costs without sets; "
+        "`without_cpu_us_per_row`: the service's CPU per row without sets under load (median over the rounds); "
+        "`cost_ratio` = without / (without + sets): the throughput ratio a CPU-bound server reaches.",
         "",
         table(serving["summary"], SUMMARY_COLUMNS),
         "",

@@ -16,15 +16,18 @@ throughput ratio a CPU-bound server would reach.
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 
-from bench.common import ROOT, process_cpu_seconds, table, wrk
+from bench.common import ROOT, histogram_means, histogram_totals, process_cpu_seconds, table, wrk
 from bench.serving.measure import LIGHT, SHAPES, service
 
 CLIENTS = 64
@@ -40,8 +43,25 @@ ROUND_COLUMNS = [
     "with_cpu_us_per_row",
     "without_cpu_us_per_row",
     "cpu_ratio",
+    "with_batch_rows",
+    "without_batch_rows",
 ]
-SUMMARY_COLUMNS = ["rows", "rounds", "seconds", "median_ratio", "ratio_range", "spread", "median_cpu_ratio"]
+SUMMARY_COLUMNS = [
+    "rows",
+    "rounds",
+    "seconds",
+    "median_ratio",
+    "ratio_range",
+    "spread",
+    "median_cpu_ratio",
+    "batch_rows",
+    "sets_cpu_us_per_row",
+    "without_cpu_us_per_row",
+    "path_cpu_us_per_row",
+    "cost_ratio",
+]
+#: Calls of each side of the in-process measurement of the sets' own CPU (``set_cost``).
+COST_REPEATS = 3000
 
 
 def repository(work: Path) -> Path:
@@ -105,12 +125,14 @@ def summarize(rounds: list[dict]) -> list[dict]:
                 "high": ratios[-1],
                 "spread": spread,
                 "median_cpu_ratio": float(np.median([r["cpu_ratio"] for r in mine])),
+                "batch_rows": float(np.median([r["with_batch_rows"] for r in mine])),
+                "without_cpu_us_per_row": float(np.median([r["without_cpu_us_per_row"] for r in mine])),
             }
         )
     return out
 
 
-def run(seconds: float, rounds: int, cwd: Path = ROOT) -> dict:
+def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_REPEATS) -> dict:
     """``rounds`` alternating rounds of ``seconds`` per version and row count in ``ROW_COUNTS``, after a
     one-second warm-up of each, on a service run from the source tree ``cwd``; the rows of every round and their
     ``summarize``."""
@@ -127,15 +149,17 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT) -> dict:
                 for payload in bodies.values():  # warm-ups, discarded
                     wrk(url, payload, CLIENTS, 1.0)
                 for r in range(rounds):
-                    measured, cpu = {}, {}
+                    measured, cpu, batch = {}, {}, {}
                     for version in (WITH, WITHOUT)[:: 1 if r % 2 == 0 else -1]:
-                        start = process_cpu_seconds(svc.process.pid)
+                        start, histograms = process_cpu_seconds(svc.process.pid), histogram_totals(svc.url)
                         result = wrk(url, bodies[version], CLIENTS, seconds)
                         if result["non_2xx"] or result["socket_errors"]:
                             raise RuntimeError(f"version {version}, {rows} rows: {result}")
                         measured[version] = result["requests_per_s"] * rows
                         used = process_cpu_seconds(svc.process.pid) - start
                         cpu[version] = 1e6 * used / (result["requests"] * rows)
+                        key = f"batch:{LIGHT}"
+                        batch[version] = histogram_means(histograms, histogram_totals(svc.url), [key])[key]
                     rows_out.append(
                         {
                             "rows": rows,
@@ -147,11 +171,72 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT) -> dict:
                             "with_cpu_us_per_row": cpu[WITH],
                             "without_cpu_us_per_row": cpu[WITHOUT],
                             "cpu_ratio": cpu[WITHOUT] / cpu[WITH],
+                            "with_batch_rows": batch[WITH],
+                            "without_batch_rows": batch[WITHOUT],
                         }
                     )
                     print(table([rows_out[-1]], ROUND_COLUMNS).splitlines()[-1], flush=True)
         finally:
             svc.stop()
+        summary = summarize(rows_out)
+        for s in summary:
+            s |= set_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)
+            s["cost_ratio"] = s["without_cpu_us_per_row"] / (s["without_cpu_us_per_row"] + s["sets_cpu_us_per_row"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"clients": CLIENTS, "sets": checked, "rounds": rows_out, "summary": summarize(rows_out)}
+    return {"clients": CLIENTS, "sets": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
+
+
+def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:
+    """The CPU that the sets' own code adds per row, measured in process, where nothing else runs: a batch of the
+    light model of ``batch_rows`` rows (the mean the service formed, rounded to whole requests of ``rows`` rows),
+    scored once; then, with sets and without, what the service does with it: with sets, the batch's default sets
+    (``ModelSets.sets``, ``listed``); for each request, its share of the batch, its /predict body
+    (``DataPlane.respond``) encoded as the codec encodes it, and its prediction-log rows. Both sides alternate,
+    thread CPU time per call, median over ``repeats``, with the garbage collector set as the service sets it; the
+    difference per row is the sets' cost, the batch's and its requests' alike."""
+    from service.schemas import PredictOptions
+    from service.serving.dataplane import DataPlane
+    from service.serving.repository import ModelRepository
+    from service.serving.scoring import InferenceResult, score
+    from service.settings import Settings
+
+    repository = ModelRepository(Settings(artifacts=artifacts, default_model=LIGHT))
+    repository.load()
+    model = repository.get(LIGHT, WITH)
+    requests = max(1, round(batch_rows / rows))
+    x = np.random.default_rng(2).random((requests * rows, *SHAPES[LIGHT])).astype(np.float32)
+    outputs = model.runtime.run(x)
+    names = model.manifest.outputs
+    scored = score(outputs[names["logits"]], outputs[names["probabilities"]], 0, None, encode=True)
+    default = model.sets.choice(None, None, False)
+    options = PredictOptions()
+
+    def serve(with_sets: bool) -> None:
+        sets = model.sets.sets(outputs[names["probabilities"]], scored.ids, default).listed() if with_sets else None
+        result = InferenceResult(outputs, scored, sets)
+        for start in range(0, len(scored), rows):
+            share = result[start : start + rows]
+            body = DataPlane.respond(None, model, options, share.scored, share.scored.ids, share.sets)  # type: ignore[arg-type]
+            orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+            share.scored.prediction_rows(model.name, model.version, sets=share.sets)
+
+    spent: dict[bool, list[int]] = {True: [], False: []}
+    thresholds = gc.get_threshold()
+    gc.freeze()  # the collector as the service runs it (``service.cli``)
+    gc.set_threshold(Settings().gc_threshold, *thresholds[1:])
+    try:
+        for i in range(repeats):
+            for with_sets in (True, False) if i % 2 == 0 else (False, True):
+                start = time.thread_time_ns()
+                serve(with_sets)
+                spent[with_sets].append(time.thread_time_ns() - start)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+    with_us, without_us = (float(np.median(spent[k])) / 1e3 for k in (True, False))
+    return {
+        "cost_batch_rows": requests * rows,
+        "sets_cpu_us_per_row": (with_us - without_us) / (requests * rows),
+        "path_cpu_us_per_row": without_us / (requests * rows),
+    }

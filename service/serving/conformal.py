@@ -16,7 +16,7 @@ from ``service.monitoring.coverage``, which folds the stored labels in order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,22 +55,44 @@ class SetChoice:
     p_values: bool = False
 
 
-@dataclass(frozen=True)
 class ServedSets:
     """The sets of some rows under one choice, as ``calibkit.conformal.ranked_sets`` gives them: each row's labels
     most probable first (``order``, (N, K)) and its set size (``sizes``, (N,)), so that row i's set is
     ``order[i, :sizes[i]]``; optional p-values (N, K), the threshold and its version. Once ``listed``, also each
-    row's members as a list and its packed bits. ``sets[a:b]`` is a request's share of a batch's sets."""
+    row's members as a list, its packed bits and the response's description. ``sets[a:b]`` is a request's share
+    of a batch's sets: taken once per request, so a plain slotted class rather than a frozen dataclass."""
 
-    choice: SetChoice
-    order: np.ndarray
-    sizes: np.ndarray
-    p_values: np.ndarray | None
-    threshold: float
-    threshold_version: str
-    randomized: bool
-    ranked: list[list[int]] | None = None
-    bits: list[bytes] | None = None
+    __slots__ = (
+        "choice",
+        "order",
+        "sizes",
+        "p_values",
+        "threshold",
+        "threshold_version",
+        "randomized",
+        "ranked",
+        "bits",
+        "described",
+        "_inside",
+    )
+
+    def __init__(
+        self,
+        choice: SetChoice,
+        order: np.ndarray,
+        sizes: np.ndarray,
+        p_values: np.ndarray | None,
+        threshold: float,
+        threshold_version: str,
+        randomized: bool,
+        ranked: list[list[int]] | None = None,
+        bits: list[bytes] | None = None,
+        described: dict | None = None,
+    ):
+        self.choice, self.order, self.sizes, self.p_values = choice, order, sizes, p_values
+        self.threshold, self.threshold_version, self.randomized = threshold, threshold_version, randomized
+        self.ranked, self.bits, self.described = ranked, bits, described
+        self._inside: np.ndarray | None = None
 
     def __getitem__(self, rows: slice) -> ServedSets:
         return ServedSets(
@@ -83,12 +105,15 @@ class ServedSets:
             self.randomized,
             None if self.ranked is None else self.ranked[rows],
             None if self.bits is None else self.bits[rows],
+            self.described,
         )
 
     @property
     def inside(self) -> np.ndarray:
-        """(N, K) booleans: whether each ranked position is in its row's set."""
-        return np.arange(self.order.shape[1]) < self.sizes[:, None]
+        """(N, K) booleans: whether each ranked position is in its row's set (computed once)."""
+        if self._inside is None:
+            self._inside = np.arange(self.order.shape[1]) < self.sizes[:, None]
+        return self._inside
 
     @property
     def members(self) -> np.ndarray:
@@ -100,8 +125,9 @@ class ServedSets:
     def listed(self) -> ServedSets:
         """These sets with what every response and log row needs computed for the whole batch at once (on the
         inference thread, so that a request's share is a slice): each row's members as class indices, most
-        probable first, and the packed bits (``packed``)."""
-        return replace(self, ranked=self.members_ranked(), bits=self.packed())
+        probable first, the packed bits (``packed``) and the description (``info``)."""
+        self.ranked, self.bits, self.described = self.members_ranked(), self.packed(), self.info()
+        return self
 
     def members_ranked(self) -> list[list[int]]:
         """Each row's set as class indices, most probable first (ties in class order)."""
@@ -118,10 +144,15 @@ class ServedSets:
         """Each row's membership as packed bits (``numpy.packbits``, class 0 the first bit), as the log stores it."""
         if self.bits is not None:
             return self.bits
-        return [row.tobytes() for row in np.packbits(self.members, axis=1)]
+        packed = np.packbits(self.members, axis=1)
+        raw, width = packed.tobytes(), packed.shape[1]
+        return [raw[i : i + width] for i in range(0, len(raw), width)]
 
     def info(self) -> dict:
-        """The response's description of the sets (a threshold of +inf, the full set, is null)."""
+        """The response's description of the sets (a threshold of +inf, the full set, is null); one dict shared by
+        the requests of a listed batch, which only serialize or copy it."""
+        if self.described is not None:
+            return self.described
         return {
             "method": self.choice.method,
             "coverage": self.choice.coverage,
@@ -222,6 +253,7 @@ class ModelSets:
             threshold, version = float(calibrator.quantile(1.0 - choice.coverage)), self.version(0)
         else:
             threshold, version = adapted.threshold(calibrator), self.version(adapted.labels)
-        order, sizes = served_ranked_sets(calibrator, probs, threshold, u=draws)
+        # the graph's softmax of finite inputs (``preprocessing`` refuses others) and draws from ids: nothing to check
+        order, sizes = served_ranked_sets(calibrator, probs, threshold, u=draws, check_input=False)
         p = calibrator.p_values(probs, u=draws).astype(np.float32) if choice.p_values else None
         return ServedSets(choice, order, sizes, p, threshold, version, draws is not None)

@@ -116,26 +116,33 @@ def test_goals_judge_raps_against_aps_and_the_worst_bin_and_list_what_is_not_mea
     assert len(pending) == 7 and all(g["worst"].startswith("needs ") for g in pending)
 
 
-def _serving(ratios: dict[int, list[float]]) -> dict:
+def _serving(ratios: dict[int, list[float]], sets_cpu: dict[int, float]) -> dict:
     rounds = [
         {"rows": rows, "round": i + 1, "seconds": 5.0, "with_rows_per_s": 1_000 * r, "without_rows_per_s": 1_000.0}
-        | {"ratio": r, "cpu_ratio": r}
+        | {"ratio": r, "cpu_ratio": r, "without_cpu_us_per_row": 60.0, "with_batch_rows": 16.0}
         for rows, values in ratios.items()
         for i, r in enumerate(values)
     ]
-    return {"clients": 64, "sets": {}, "rounds": rounds, "summary": summarize(rounds)}
+    summary = summarize(rounds)
+    for s in summary:
+        s |= {"cost_batch_rows": 16, "sets_cpu_us_per_row": sets_cpu[s["rows"]], "path_cpu_us_per_row": 3.0}
+        s["cost_ratio"] = s["without_cpu_us_per_row"] / (s["without_cpu_us_per_row"] + s["sets_cpu_us_per_row"])
+    return {"clients": 64, "sets": {}, "rounds": rounds, "summary": summary}
 
 
-def test_the_serving_goal_takes_the_median_round_at_every_request_size_and_p_values_are_reported():
+def test_the_serving_goal_judges_the_sets_own_cpu_at_every_request_size_and_p_values_are_reported():
     judged = goals(_result(1.9, 0.86))
     assert _goal(judged, "cost: p-values")["met"] == "reported"
     assert _goal(judged, "sets on the light model")["met"] == "not yet measured"
-    one_slow_round = {1: [0.97, 0.90, 0.99], 8: [0.96, 0.98, 1.01]}
-    judged = goals(_result(1.9, 0.86) | {"serving": _serving(one_slow_round)})
+    # rows/s rounds that swing below the goal do not decide it: the sets' own CPU does
+    noisy = {1: [0.97, 0.80, 0.99], 8: [0.96, 0.98, 1.01]}
+    judged = goals(_result(1.9, 0.86) | {"serving": _serving(noisy, {1: 1.0, 8: 3.0})})
     serving = _goal(judged, "sets on the light model")
     assert serving["met"] is True and serving["rows"] == 6
-    assert serving["worst"].startswith("0.970 at 1-row") and "rounds 0.900-0.990" in serving["worst"]
+    assert (
+        serving["worst"].startswith("0.952 at 8-row") and "rows/s ratio 0.970, rounds 0.800-0.990" in serving["worst"]
+    )
     assert len([g for g in judged if g["met"] == "not yet measured"]) == 6
-    judged = goals(_result(1.9, 0.86) | {"serving": _serving({1: [0.97, 0.98, 0.99], 8: [0.93, 0.94, 0.99]})})
+    judged = goals(_result(1.9, 0.86) | {"serving": _serving(noisy, {1: 1.0, 8: 4.4})})
     assert _goal(judged, "sets on the light model")["met"] is False
-    assert _goal(judged, "sets on the light model")["worst"].startswith("0.940 at 8-row")
+    assert _goal(judged, "sets on the light model")["worst"].startswith("0.932 at 8-row")

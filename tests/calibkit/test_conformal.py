@@ -556,6 +556,8 @@ def test_ranked_sets_are_the_sets_as_prefixes_of_the_stable_ranking(method, para
             inside = np.zeros(test.shape, dtype=bool)
             np.put_along_axis(inside, order, np.arange(n_classes) < sizes[:, None], axis=1)
             assert np.array_equal(inside, prediction_sets(test, q, method, u=u, **params)), q
+            unchecked = ranked_sets(test, float(q), method, u=u, check_input=False, **params)
+            assert np.array_equal(unchecked[0], order) and np.array_equal(unchecked[1], sizes)
 
 
 def test_ranked_sets_refuse_a_threshold_per_class():
