@@ -211,7 +211,9 @@ def serving_section(serving: dict) -> list[str]:
         "`ratio`: rows/s with sets over rows/s without, per round; `median_ratio` and `ratio_range` over the "
         "rounds; `spread`: the larger max / min of either version's rows/s over the rounds (the machine's own "
         "noise, as `bench.trees` judges a serving change). `with_batch_rows`, `batch_rows`: the mean rows per "
-        "onnxruntime call the service formed (its `calib_batch_size_rows`), per round and the median with sets.",
+        "onnxruntime call the service formed (its `calib_batch_size_rows`), per round, and the smaller of the two "
+        "versions' medians (sets slow a batch down, so more rows queue for the next one; the smaller batch is the "
+        "dearer one per row).",
         "",
         "Two identical versions measured the same way swing as much as the ratio's range, so the rounds cannot "
         "resolve a few percent. The goal is judged on the sets' own CPU, measured in process where nothing else "

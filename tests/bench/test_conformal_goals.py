@@ -119,11 +119,13 @@ def test_goals_judge_raps_against_aps_and_the_worst_bin_and_list_what_is_not_mea
 def _serving(ratios: dict[int, list[float]], sets_cpu: dict[int, float]) -> dict:
     rounds = [
         {"rows": rows, "round": i + 1, "seconds": 5.0, "with_rows_per_s": 1_000 * r, "without_rows_per_s": 1_000.0}
-        | {"ratio": r, "cpu_ratio": r, "without_cpu_us_per_row": 60.0, "with_batch_rows": 16.0}
+        | {"ratio": r, "cpu_ratio": r, "without_cpu_us_per_row": 60.0}
+        | {"with_batch_rows": 24.0, "without_batch_rows": 16.0}
         for rows, values in ratios.items()
         for i, r in enumerate(values)
     ]
     summary = summarize(rounds)
+    assert all(s["batch_rows"] == 16.0 for s in summary)  # the smaller batch, dearer per row
     for s in summary:
         s |= {"cost_batch_rows": 16, "sets_cpu_us_per_row": sets_cpu[s["rows"]], "path_cpu_us_per_row": 3.0}
         s["cost_ratio"] = s["without_cpu_us_per_row"] / (s["without_cpu_us_per_row"] + s["sets_cpu_us_per_row"])
