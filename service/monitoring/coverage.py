@@ -30,7 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binomtest
 
-from calibkit.adaptive_conformal import DEFAULT_METHOD, ACIState, LogQuantileTracker, QuantileTracker, start
+from calibkit.adaptive_conformal import (
+    DEFAULT_METHOD,
+    ACIState,
+    LogQuantileTracker,
+    QuantileTracker,
+    score_range,
+    start,
+)
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState
 from service.metrics import ServiceMetrics
 from service.monitoring.windows import Window
@@ -243,8 +250,7 @@ def _bound(adaptive: Adaptive, calibrator) -> float:
     on B."""
     if isinstance(adaptive, (ACIState, LogQuantileTracker)):
         return adaptive.bound
-    score_range = 1.0 + calibrator.lam * max(0, calibrator.n_classes - calibrator.k_reg)
-    return adaptive.bound(score_range)
+    return adaptive.bound(score_range(calibrator))
 
 
 def _fold(state: ChoiceState, misses: list[int], now: float) -> tuple[ChoiceState, dict | None]:

@@ -41,7 +41,8 @@ def migrate(connection: sa.Connection) -> None:
 
 def _add_columns(c: sa.Connection) -> None:
     """Nullable columns added to tables of an existing store (older versions ignore them): the source of
-    labels and pending labels, the prediction sets of predictions and labels; and indexes added since."""
+    labels and pending labels, the prediction sets of predictions and labels; and indexes added since (and the
+    one they replaced)."""
     for table in (labels, pending_labels, predictions):
         present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
         for column in table.columns:
@@ -52,6 +53,8 @@ def _add_columns(c: sa.Connection) -> None:
                 log.info("added column %s.%s", table.name, column.name)
         for index in table.indexes:
             index.create(c, checkfirst=True)
+    # the first version with sets indexed every label for them; ``ix_labels_covered`` holds only those with one
+    c.exec_driver_sql("DROP INDEX IF EXISTS ix_labels_sets")
 
 
 def _labels_to_v2(c: sa.Connection) -> None:

@@ -71,7 +71,16 @@ labels = sa.Table(
     sa.Column("set_coverage", sa.Float),
     sa.Column("set_method", sa.String(8)),
     sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
-    sa.Index("ix_labels_sets", "model", "version", "seq"),
+    # the labels whose prediction had a set, in order: the coverage fold and its window read these alone, and a
+    # store of labels from before sets (or of models without them) must not be scanned for them
+    sa.Index(
+        "ix_labels_covered",
+        "model",
+        "version",
+        "seq",
+        sqlite_where=sa.text("covered IS NOT NULL"),
+        postgresql_where=sa.text("covered IS NOT NULL"),
+    ),
     sa.Index("ix_labels_time", "model", "version", "calibration_version", "labelled_at"),
 )
 
