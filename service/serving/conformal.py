@@ -123,9 +123,9 @@ class ServedSets:
         return out
 
     def listed(self) -> ServedSets:
-        """These sets with what every response and log row needs computed for the whole batch at once (on the
-        inference thread, so that a request's share is a slice): each row's members as class indices, most
-        probable first, the packed bits (``packed``) and the description (``info``)."""
+        """Fill in, for the whole batch at once (on the inference thread, so that a request's share is a slice),
+        what every response and log row needs: each row's members as class indices, most probable first, the
+        packed bits (``packed``) and the description (``info``); returns these sets."""
         self.ranked, self.bits, self.described = self.members_ranked(), self.packed(), self.info()
         return self
 
