@@ -342,6 +342,11 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
             assert reds == 0, f"{reds} red pixels in {shot.name} while the state is {name}"
 
 
+def _threshold(value: float | None) -> str:
+    """A threshold as the card shows it: +inf (the full set, null in the block) as the infinity sign."""
+    return "∞" if value is None else f"{value:.4f}"
+
+
 def _sets_row(page, choice: dict):
     """The prediction sets card's row of a set choice of the coverage block, checked against the block: the observed
     coverage with its interval, the target and n, the mean set size, the threshold against the static one."""
@@ -354,7 +359,7 @@ def _sets_row(page, choice: dict):
         f"{100 * choice['observed']:.1f}% [{100 * low:.1f}%, {100 * high:.1f}%]",
         f"target {100 * choice['coverage']:.1f}% · n = {choice['n']}",
         f"{choice['mean_set_size']:.2f}",
-        f"{choice['threshold']:.4f} (static {choice['static_threshold']:.4f})",
+        f"{_threshold(choice['threshold'])} (static {_threshold(choice['static_threshold'])})",
         f"{choice['labels_folded']} labels folded",
     ):
         assert expected in text, (expected, text)
