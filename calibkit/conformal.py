@@ -775,7 +775,7 @@ class _Ranked:
 
     def penalty(self, k_reg: int, lam: float) -> np.ndarray:
         """lam (j - k_reg)^+ for positions j = 1..K."""
-        return lam * np.maximum(0.0, (self.positions - k_reg).astype(np.float64))
+        return _position_penalty(self.values.shape[1], k_reg, lam)
 
     def mass_above(self, k_reg: int, lam: float) -> np.ndarray:
         """E(j) = C(j) + lam (j - k_reg)^+, the non-randomized crossing values, nondecreasing in j."""
@@ -857,10 +857,16 @@ def _ranked_sets(p: np.ndarray, q: float, method: str, k_reg: int, lam: float, d
 
 @functools.lru_cache(maxsize=64)
 def _position_penalty(width: int, k_reg: int, lam: float) -> np.ndarray:
-    """``_Ranked.penalty`` for rows of ``width`` labels, computed once per (width, k_reg, lam)."""
-    penalty = lam * np.maximum(0.0, (np.arange(1, width + 1) - k_reg).astype(np.float64))
+    """RAPS's penalty of the positions 1..``width``, computed once per (width, k_reg, lam), read-only."""
+    penalty = _rank_penalty(np.arange(1, width + 1), k_reg, lam)
     penalty.setflags(write=False)
     return penalty
+
+
+def _rank_penalty(ranks: np.ndarray, k_reg: int, lam: float) -> np.ndarray:
+    """lam (m - k_reg)^+ for integer ranks m: RAPS's penalty, one expression for every path (Angelopoulos et al.
+    2021), so that the paths' sets agree to the bit."""
+    return lam * np.maximum(0.0, (ranks - k_reg).astype(np.float64))
 
 
 def _prefix_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> np.ndarray:
@@ -949,7 +955,7 @@ def _running_total(w: np.ndarray) -> np.ndarray:
 def _penalties(k: int, k_reg: int, lam: float) -> np.ndarray:
     """RAPS's penalty lam (m - k_reg)^+ of the ranks m = -1, 0, ..., K + 1, at index m + 1, computed as
     ``_Ranked.penalty`` computes it: ``np.take(penalties[1 + s:], c)`` is the penalty of the ranks c + s."""
-    return lam * np.maximum(0.0, (np.arange(-1, k + 2) - k_reg).astype(np.float64))
+    return _rank_penalty(np.arange(-1, k + 2), k_reg, lam)
 
 
 def _decided_buckets(
