@@ -339,11 +339,10 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
       be empty. Exact coverage, as MAPIE's ``include_last_label="randomized"`` for APS.
 
     Scores within ``SCORE_ATOL`` of q count as equal to it. A +inf threshold gives every class. One threshold,
-    at least ``BUCKET_MIN_CLASSES`` classes: the labels are bucketed by probability, buckets wholly in or out of
-    the set are decided by their mass bounds, and only the labels of the buckets the threshold falls in are
-    sorted (``_bucket_sets``). Fewer classes, or a row too close to the threshold to tell: the top
-    ``PREFIX_WIDTH`` + 1 labels by a partition, then the rows whose set reaches further sorted whole. A threshold
-    per class (Mondrian) needs the label ranks, an argsort.
+    at least ``RANK_MIN_CLASSES`` classes: each row is ranked by one sort of integer keys, and the set's size found
+    from block sums of the ranked probabilities (``_KeyRanking``, ``_block_sizes``). Fewer classes, or a row with
+    ties or too close to the threshold to tell: the top ``PREFIX_WIDTH`` + 1 labels by a partition, then the rows
+    whose set reaches further sorted whole. A threshold per class (Mondrian) needs the label ranks, an argsort.
 
     Args:
         probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
@@ -828,8 +827,12 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
         if strict:
             return top | (stat - q < -SCORE_ATOL)
         return stat - q <= SCORE_ATOL
-    if p.shape[1] >= BUCKET_MIN_CLASSES and math.isfinite(q):
-        out, settled = _bucket_sets(p, q, k_reg, lam, draws)
+    if p.shape[1] >= RANK_MIN_CLASSES and math.isfinite(q):
+        ranking = _KeyRanking(p)
+        sizes, settled = _block_sizes(ranking.values, p.shape[1], q, k_reg, lam, draws)
+        out = _top_groups(p, ranking.order, sizes)
+        # non-randomized, ties take care of themselves: the set holds every label at least as probable as its last
+        settled &= ranking.exact if draws is not None else ranking.stable
         if not settled.all():
             rest = ~settled
             out[rest] = _prefix_sets(p[rest], q, k_reg, lam, None if draws is None else draws[rest])
@@ -838,10 +841,14 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
 
 
 def _ranked_sets(p: np.ndarray, q: float, method: str, k_reg: int, lam: float, draws) -> tuple[np.ndarray, np.ndarray]:
-    """``ranked_sets`` on checked arguments: one stable sort, then the sizes from the sorted rows when no two labels
-    tie and the row is short enough to be sorted whole (as ``_prefix_sets`` sorts it), else from the sets."""
-    order = np.argsort(-p, axis=1, kind="stable")
+    """``ranked_sets`` on checked arguments. Few classes: one stable sort, then the sizes from the sorted rows when
+    no two labels tie and the row is short enough to be sorted whole (as ``_prefix_sets`` sorts it), else from the
+    sets. Many: the key ranking, the sizes from its block sums (APS, RAPS) or the LAC count, and the rows it does
+    not settle sorted stably, their sizes from the sets."""
     n_classes = p.shape[1]
+    if n_classes >= RANK_MIN_CLASSES:
+        return _key_ranked_sets(p, q, method, k_reg, lam, draws)
+    order = np.argsort(-p, axis=1, kind="stable")
     if method == "lac":
         return order, np.count_nonzero((1.0 - p) - q <= SCORE_ATOL, axis=1)
     values = p[np.arange(len(p))[:, None], order]
@@ -853,6 +860,32 @@ def _ranked_sets(p: np.ndarray, q: float, method: str, k_reg: int, lam: float, d
         return order, np.minimum(np.count_nonzero((mass + penalty) - q < -SCORE_ATOL, axis=1) + 1, n_classes)
     scores = np.maximum.accumulate(mass - draws[:, None] * values + penalty, axis=1)
     return order, np.count_nonzero(scores - q <= SCORE_ATOL, axis=1)
+
+
+def _key_ranked_sets(
+    p: np.ndarray, q: float, method: str, k_reg: int, lam: float, draws
+) -> tuple[np.ndarray, np.ndarray]:
+    ranking = _KeyRanking(p)
+    order = ranking.order
+    settled = ranking.stable if method == "lac" or draws is None else ranking.exact
+    if method == "lac":
+        sizes = np.count_nonzero((1.0 - p) - q <= SCORE_ATOL, axis=1)
+    elif math.isfinite(q):
+        sizes, decided = _block_sizes(ranking.values, p.shape[1], q, k_reg, lam, draws)
+        settled = settled & decided
+        tied = np.flatnonzero(ranking.tied & settled)
+        if len(tied):  # non-randomized: the labels tied with the last one in come with it
+            ranked, last = ranking.values[tied, : p.shape[1]], ranking.values[tied, sizes[tied] - 1]
+            sizes[tied] = np.count_nonzero(ranked >= last[:, None], axis=1)
+    else:
+        sizes = np.count_nonzero(_prefix_sets(p, q, k_reg, lam, draws), axis=1)
+    if not settled.all():
+        rest = ~settled
+        order[rest] = np.argsort(-p[rest], axis=1, kind="stable")
+        if method != "lac":
+            rest_draws = None if draws is None else draws[rest]
+            sizes[rest] = np.count_nonzero(_prefix_sets(p[rest], q, k_reg, lam, rest_draws), axis=1)
+    return order, sizes
 
 
 @functools.lru_cache(maxsize=64)
@@ -882,161 +915,125 @@ def _prefix_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> np.n
     return out
 
 
-#: One-threshold APS / RAPS sets first group each row's labels into buckets by the leading bits of their
-#: probability (the exponent and ``BUCKET_BITS`` bits of the mantissa; all below 2^-``BUCKET_BINADES`` share one):
-#: ``BUCKET_BITS`` = 2 is a quarter of a binade per bucket.
-BUCKET_BITS = 2
-BUCKET_BINADES = 30
-#: Rows of at least this many classes take the buckets; fewer are sorted whole, which costs less.
-BUCKET_MIN_CLASSES = 64
+#: One-threshold sets of at least this many classes rank each row by one sort of packed integer keys
+#: (``_KeyRanking``), and find an APS / RAPS set's size from block sums of the ranked probabilities
+#: (``_block_sizes``); rows of fewer classes are sorted as floats, which costs less.
+RANK_MIN_CLASSES = 64
+#: The number of ranked positions per block sum.
+BLOCK = 32
 
 
-def _bucket_sets(p: np.ndarray, q: float, k_reg: int, lam: float, draws) -> tuple[np.ndarray, np.ndarray]:
-    """(sets, settled): one-threshold APS / RAPS sets without sorting the rows, and which rows they decide.
+class _KeyRanking:
+    """Each row's labels in decreasing probability, ties in class order, by one sort of integer keys.
 
-    A set is a top group {k : p_k >= v}. Labels in a bucket B have more probability than those in any lower
-    bucket, so the mass above a label of B lies in [A_B, A_B + W_B], A_B the mass of the buckets above B and W_B
-    its own, and its rank between the counts above B and above B plus B's size: a bucket whose bounds lie wholly
-    below the threshold is in, wholly above it is out (``_decided_buckets``). Only the labels of the buckets in
-    between are sorted, with the mass and count above those buckets as offsets (``_between_sets``). The masses
-    here are summed in another order than the sorted cumulative sum, so they differ from it by at most gamma =
-    4 (K + buckets + 8) 2^-53 (1 + 2 |q| + lam K) (Higham 2002, section 4.2, for sums of non-negative terms); a
-    comparison is taken only when it clears the threshold by more than gamma, so it is the one the sorted sums
-    would make. A row where some label is closer than that is not settled: the caller sorts it whole.
+    The IEEE-754 bit patterns of non-negative floats order as the floats do. Label k's key keeps the leading bits
+    of p_k's pattern and puts k in the b = bit_length(K - 1) trailing ones: key = ~(bits(p_k) | (2^b - 1)) | k,
+    inverted so that the ascending sort ranks the most probable first, then by class. ``values`` are the
+    probabilities so truncated (each within a relative 2^(b - 52) below the true one), in ranked order, padded
+    with zeros to a multiple of ``BLOCK`` columns. Per row, ``stable``: no -0.0, and no two labels whose keys
+    share their leading bits but whose probabilities differ (a near-tie, which the keys may rank out of order), so
+    that ``order`` is the stable ranking; ``exact``: stable, and no ties at all. Probabilities of float32 origin
+    lose nothing to the truncation: their only shared leading bits are ties.
     """
-    n, k = p.shape
-    nb = (BUCKET_BINADES << BUCKET_BITS) + 1
-    index = _bucket_index(p, nb).ravel()
-    mass = _running_total(np.bincount(index, weights=p.ravel(), minlength=n * nb).reshape(n, nb))
-    count = None if lam == 0 else _running_total(np.bincount(index, minlength=n * nb).reshape(n, nb))
-    penalties = None if lam == 0 else _penalties(k, k_reg, lam)
-    gap = 4.0 * (k + nb + 8) * 2.0**-53 * (1.0 + 2.0 * abs(q) + lam * k)
-    n_in, n_out = _decided_buckets(mass, count, q, penalties, draws, gap)
-    # per bucket: 0 wholly in, 1 in between, 2 wholly out (an empty bucket may be counted both in and out: 1)
-    columns = np.arange(nb)
-    verdict = (columns >= n_in[:, None]).view(np.uint8)
-    verdict += columns >= nb - n_out[:, None]
-    labels = np.take(verdict.ravel(), index).reshape(n, k)
-    out = labels == 0
-    where = np.flatnonzero(labels == 1)
-    if len(where) == 0:
-        return out, np.ones(n, dtype=bool)
-    rows = np.arange(n)
-    offset = 0 if count is None else count[rows, n_in][:, None]
-    r = where // k
-    values = p.ravel()[where]
-    low, settled = _between_sets(values, r, n, mass[rows, n_in][:, None], offset, q, penalties, draws, gap)
-    # the labels in between that are in: those at least as probable as the least one in
-    out.ravel()[where[values >= low[r]]] = True
-    return out, settled
+
+    def __init__(self, p: np.ndarray) -> None:
+        n, k = p.shape
+        low = (1 << max(1, (k - 1).bit_length())) - 1
+        keys = np.empty((n, -(-k // BLOCK) * BLOCK), dtype=np.int64)
+        head = keys[:, :k]
+        np.bitwise_or(p.view(np.int64), low, out=head)
+        head ^= _inverted_classes(k)  # ~(x | low) | k == (x | low) ^ ~k: the low bits of ~(x | low) are zero
+        keys[:, k:] = np.iinfo(np.int64).max  # padding: ranked last, read as the value -0.0
+        keys.sort(axis=1)
+        self.order = keys[:, :k] & low
+        no_negative = keys[:, k - 1] < 0  # a -0.0 (bits with the sign set) keys as a non-negative integer
+        keys |= low
+        np.invert(keys, out=keys)
+        self.values = keys.view(np.float64)
+        ranked = self.values[:, :k]
+        shared = ranked[:, 1:] == ranked[:, :-1]
+        self.tied = shared.any(axis=1)
+        self.exact = no_negative & ~self.tied
+        self.stable = self.exact
+        tied = np.flatnonzero(self.tied)
+        if len(tied):
+            at, j = np.nonzero(shared[tied])
+            rows = tied[at]
+            near = p[rows, self.order[rows, j]] != p[rows, self.order[rows, j + 1]]
+            self.stable = no_negative & (np.bincount(rows[near], minlength=n) == 0)
 
 
-def _bucket_index(p: np.ndarray, nb: int) -> np.ndarray:
-    """Each label's bucket b, from 0 (the bucket of 1.0) down to nb - 1 (all below 2^-BUCKET_BINADES (1 +
-    2^-BUCKET_BITS)), as the flat index row nb + b for ``np.bincount``: from the leading bits of p."""
-    n, k = p.shape
-    top = 1023 << BUCKET_BITS  # the leading bits of 1.0
-    index = p.view(np.int64) >> (52 - BUCKET_BITS)
-    first = np.arange(n)[:, None] * nb
-    np.subtract(first + top, index, out=index)
-    if p.min() < 2.0**-BUCKET_BINADES:
-        np.minimum(index, first + (nb - 1), out=index)
-    return index
-
-
-def _running_total(w: np.ndarray) -> np.ndarray:
-    """(n, nb + 1): column b the sum of the first b buckets of the row, from the top, summed in that order."""
-    out = np.empty((w.shape[0], w.shape[1] + 1), dtype=w.dtype)
-    out[:, 0] = 0
-    np.cumsum(w, axis=1, out=out[:, 1:])
+@functools.lru_cache(maxsize=8)
+def _ones(n: int) -> np.ndarray:
+    """n ones, read-only: a product with them sums blocks faster than ``sum`` does, in BLAS's order."""
+    out = np.ones(n)
+    out.setflags(write=False)
     return out
 
 
-def _penalties(k: int, k_reg: int, lam: float) -> np.ndarray:
-    """RAPS's penalty lam (m - k_reg)^+ of the ranks m = -1, 0, ..., K + 1, at index m + 1, computed as
-    ``_Ranked.penalty`` computes it: ``np.take(penalties[1 + s:], c)`` is the penalty of the ranks c + s."""
-    return _rank_penalty(np.arange(-1, k + 2), k_reg, lam)
+@functools.lru_cache(maxsize=64)
+def _inverted_classes(k: int) -> np.ndarray:
+    """~k for the classes k = 0..K - 1, read-only."""
+    out = ~np.arange(k, dtype=np.int64)
+    out.setflags(write=False)
+    return out
 
 
-def _decided_buckets(
-    mass: np.ndarray, count: np.ndarray | None, q: float, penalties: np.ndarray | None, draws, gap: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(n_in, n_out): per row, the number of top buckets wholly in the set and of bottom buckets wholly out.
+def _block_sizes(values: np.ndarray, k: int, q: float, k_reg: int, lam: float, draws) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, settled): the one-threshold APS / RAPS set sizes of ranked rows, from block sums, and which rows
+    they decide.
 
-    A bucket's bounds, the mass above it plus the penalty of its least rank (low) and the mass through it plus
-    the penalty of its greatest rank (high), never fall down the row, so the buckets in are a run at the top and
-    those out a run at the bottom; only an empty bucket, whose low can pass its high by one rank's penalty, can be
-    counted in both.
+    The crossing values grow with the position j: E(j) = C(j) + lam (j - k_reg)^+, the set's size being
+    1 + #{j : E(j) < q} (non-randomized), and the scores C(j) - u p_(j) + lam (j - k_reg)^+, the size being
+    #{j : score <= q} (randomized), as in ``_one_threshold_sets``. The running total of the block sums gives C at
+    the last position of every block of ``BLOCK``, so the blocks wholly in are counted from it, and only the first
+    block not wholly in is summed position by position. Summed in another order than the sorted running sum, and
+    from truncated values, these masses differ from it by at most gamma = 8 (K + BLOCK + 8) 2^-53 (1 + 2 |q| +
+    lam K) (Higham 2002, section 4.2, for sums of non-negative terms): a comparison counts only when it clears the
+    threshold by more than gamma, and a row with a position closer than that is not settled.
     """
-    above, through = mass[:, :-1], mass[:, 1:]
-    if count is None or penalties is None:
-        high, low = through, above
-    elif draws is None:  # ranks m in [count above, count through - 1]
-        high = through + np.take(penalties, count[:, 1:])
-        low = above + np.take(penalties[1:], count[:, :-1])
-    else:  # the last rank of the label's tie group, in [count above + 1, count through]
-        high = through + np.take(penalties[1:], count[:, 1:])
-        low = above + np.take(penalties[2:], count[:, :-1])
+    n, width = values.shape
+    n_blocks = width // BLOCK
+    blocks = values.reshape(n, n_blocks, BLOCK)
+    mass = np.zeros((n, n_blocks + 1))
+    np.cumsum(blocks @ _ones(BLOCK), axis=1, out=mass[:, 1:])
+    penalty = _position_penalty(width, k_reg, lam)
+    gap = 8.0 * (k + BLOCK + 8) * 2.0**-53 * (1.0 + 2.0 * abs(q) + lam * k)
+    last = mass[:, 1:] + penalty[BLOCK - 1 :: BLOCK]  # at each block's last position
     if draws is None:
-        inside = high - q < -SCORE_ATOL - gap
-        # the top bucket (nothing above it) holds the most probable label, which is always in
-        outside = (low - q >= -SCORE_ATOL + gap) & (above > 0)
+        wholly_in = np.count_nonzero(last - q < -SCORE_ATOL - gap, axis=1)
     else:
-        inside = high - q <= SCORE_ATOL - gap
-        outside = low - q > SCORE_ATOL + gap
-    return inside.sum(axis=1), outside.sum(axis=1)
-
-
-def _between_sets(
-    values: np.ndarray,
-    r: np.ndarray,
-    n: int,
-    mass_above: np.ndarray,
-    offset,
-    q: float,
-    penalties: np.ndarray | None,
-    draws,
-    gap: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(low, settled): per row, the least probability in the set among the undecided labels ``values`` of rows
-    ``r`` (+inf for none), and whether each of them is decided.
-
-    Each row's labels are sorted in decreasing order, padded below with values without ties so that the tie groups
-    are those of the labels; their scores are those of ``_Ranked.statistic`` (non-randomized) or ``_Ranked.scores``
-    (randomized) with the mass above the labels, ``mass_above``, added to the sorted masses and the number of
-    labels above, ``offset``, to the ranks.
-    """
-    sizes = np.bincount(r, minlength=n)
-    positions = np.arange(1, sizes.max() + 1)
-    real = positions <= sizes[:, None]
-    negated = np.empty(real.shape)
-    negated[:] = positions
-    negated[real] = -values
-    negated.sort(axis=1)
-    ranked = _Ranked(-negated)
-    groups = ranked.groups()
-    first, last = (positions, positions) if groups is None else groups
+        last -= draws[:, None] * values[:, BLOCK - 1 :: BLOCK]
+        wholly_in = np.count_nonzero(last - q <= SCORE_ATOL - gap, axis=1)
+    b = np.minimum(wholly_in, n_blocks - 1)
+    rows = np.arange(n)
+    own = blocks[rows, b]
+    score = np.cumsum(own, axis=1)
+    score += mass[rows, b][:, None]
+    score += penalty[(b * BLOCK)[:, None] + np.arange(BLOCK)]
     if draws is None:
-        # E(m) of the m = first - 1 labels above the label's tie group: in below q (or for m = 0), out above
-        mass = np.empty(real.shape)
-        mass[:, :1] = mass_above
-        np.add(mass_above, ranked.cumsum[:, :-1], out=mass[:, 1:])
-        if groups is not None:
-            mass = np.take_along_axis(mass, first - 1, axis=1)
-        m = offset + first - 1
-        d = (mass if penalties is None else mass + np.take(penalties[1:], m, mode="clip")) - q
-        is_in = (d < -SCORE_ATOL - gap) | (m == 0)
-        undecided = (d >= -SCORE_ATOL - gap) & (d < -SCORE_ATOL + gap) & (m > 0)
+        d = score - (q - SCORE_ATOL)  # in when below zero
+        counted = np.count_nonzero(d < -gap, axis=1)
+        unsure = ((d >= -gap) & (d < gap)).any(axis=1)
+        sizes = b * BLOCK + counted + 1
     else:
-        own = ranked.cumsum if groups is None else np.take_along_axis(ranked.cumsum, first - 1, axis=1)
-        score = mass_above + own - draws[:, None] * ranked.values
-        if penalties is not None:
-            score = score + np.take(penalties[1:], offset + last, mode="clip")
-        d = score - q
-        is_in = d <= SCORE_ATOL - gap
-        undecided = (d > SCORE_ATOL - gap) & (d <= SCORE_ATOL + gap)
-    settled = ~(real & undecided).any(axis=1)
-    return np.where(real & is_in, ranked.values, np.inf).min(axis=1), settled
+        score -= draws[:, None] * own
+        d = score - (q + SCORE_ATOL)  # in when at most zero
+        counted = np.count_nonzero(d <= -gap, axis=1)
+        unsure = ((d > -gap) & (d <= gap)).any(axis=1)
+        sizes = b * BLOCK + counted
+    # a block all in that is not the last: its end was not in by the block sums, a rounding apart
+    unsure |= (counted == BLOCK) & (wholly_in < n_blocks)
+    return np.minimum(sizes, k), ~unsure
+
+
+def _top_groups(p: np.ndarray, order: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The sets as masks: the labels at least as probable as the last of the ``sizes`` ranked first (none at 0)."""
+    rows = np.arange(len(p))
+    least = p[rows, order[rows, np.clip(sizes, 1, p.shape[1]) - 1]]
+    out = p >= least[:, None]
+    out[sizes == 0] = False
+    return out
 
 
 def _one_threshold_sets(

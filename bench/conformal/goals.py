@@ -151,15 +151,28 @@ def goals(result: dict) -> list[dict]:
         }
     )
 
-    big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] == "sets"]
+    big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] in ("served", "sets")]
     slow = max(big, key=lambda r: r["median_ms"])
     out.append(
         {
-            "goal": f"cost: sets of 64 rows at 1,000 classes, median <= {COST_MS:g} ms per method",
+            "goal": f"cost: sets of 64 rows at 1,000 classes, median <= {COST_MS:g} ms per method, as the service "
+            "computes them for a batch (`served`: draws, ranking, sizes) and as masks (`sets`)",
             "rows": len(big),
             "met": all(r["median_ms"] <= COST_MS for r in big),
-            "worst": f"{slow['median_ms']:.3f} ms, {slow['method']} "
+            "worst": f"{slow['median_ms']:.3f} ms, {slow['op']} {slow['method']} "
             f"({sum(r['median_ms'] <= COST_MS for r in big)} of {len(big)} met)",
+        }
+    )
+    big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] == "listed"]
+    slow = max(big, key=lambda r: r["median_ms"])
+    out.append(
+        {
+            "goal": "cost: the served sets of 64 rows at 1,000 classes listed for the responses and the log, median "
+            "per method (reported: Python lists of every member, as long as the responses that carry them)",
+            "rows": len(big),
+            "met": "reported",
+            "worst": f"{slow['median_ms']:.3f} ms, {slow['method']}, mean set size {slow['mean_set_size']:.1f} "
+            f"({sum(r['median_ms'] <= COST_MS for r in big)} of {len(big)} within {COST_MS:g} ms)",
         }
     )
     big = [r for r in result["cost"] if r["classes"] == 1_000 and r["op"] == "p_values"]

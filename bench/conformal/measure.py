@@ -25,6 +25,8 @@ from calibkit.conformal import (
     quantile_rank,
 )
 from calibkit.temperature import softmax
+from service.serving.conformal import ModelSets, SetChoice, row_draws
+from service.store.rows import prediction_ids
 
 ALPHAS = (0.05, 0.1, 0.2)
 #: (method, randomized): the scores compared. LAC has no randomized version.
@@ -387,30 +389,33 @@ def cost_draw(rng: np.random.Generator, n: int, n_classes: int) -> tuple[np.ndar
     return mixed_probs(rng, n, n_classes)
 
 
-def time_calls(call: Callable[[np.ndarray, np.ndarray | None], object], batches: list, draws: list, repeats: int):
-    """Wall time of ``repeats`` calls ``call(batch, u)``, cycling over the batches, after a warm-up."""
-    for i in range(min(repeats, len(batches))):
-        call(batches[i], draws[i])
+def time_calls(call: Callable[[int], object], n_batches: int, repeats: int):
+    """Wall time of ``repeats`` calls ``call(i)``, cycling i over the batches, after a warm-up."""
+    for i in range(min(repeats, n_batches)):
+        call(i)
     times = np.empty(repeats)
     for i in range(repeats):
-        batch, u = batches[i % len(batches)], draws[i % len(batches)]
         start = time.perf_counter()
-        call(batch, u)
+        call(i % n_batches)
         times[i] = time.perf_counter() - start
     return times
 
 
 def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
-    """Median and 90th-percentile wall time of ``SplitConformal.sets`` and ``.p_values`` on batches of 64 rows,
-    per method, at 1,000 classes (``mixed_probs``) and at the light model's 10 (``CIFAR_LIKE``), cycling over 32
-    batches so that the timings are not those of one cached batch."""
+    """Median and 90th-percentile wall time per batch of 64 rows, per method, at 1,000 classes (``mixed_probs``)
+    and at the light model's 10 (``CIFAR_LIKE``), cycling over 32 batches so that the timings are not those of one
+    cached batch, of: the service's sets of a batch (``ModelSets.sets`` on the float32 rows a graph returns: the
+    draws from the prediction ids, the ranking and the sizes), the same listed for the responses and the log
+    (``ServedSets.listed``), the sets as masks (``SplitConformal.sets``) and the p-values."""
     rng = np.random.default_rng(seed)
     rows, about = [], {}
     for n_classes in (1_000, 10):
         cal_p, cal_y = cost_draw(rng, COST_CALIBRATION, n_classes)
         tune_p, tune_y = cost_draw(rng, COST_CALIBRATION, n_classes)
         batches = [cost_draw(rng, COST_ROWS, n_classes)[0] for _ in range(32)]
-        uniform = [rng.uniform(size=COST_ROWS) for _ in range(32)]
+        outputs = [b.astype(np.float32) for b in batches]  # what the service's graphs return
+        ids = [prediction_ids(COST_ROWS) for _ in range(32)]
+        uniform = [row_draws(i) for i in ids]
         top = tune_p.max(axis=1)
         rank = np.count_nonzero(tune_p >= tune_p[np.arange(len(tune_y)), tune_y][:, None], axis=1)
         k_reg = pick_k_reg(tune_p, tune_y, COST_ALPHA)
@@ -426,12 +431,15 @@ def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
             cal = SplitConformal.fit(cal_p, cal_y, method, u=rng if randomized else None, **kw)
             draws = uniform if randomized else [None] * len(batches)
             sizes = np.concatenate([cal.sets(b, COST_ALPHA, u=u).sum(axis=1) for b, u in zip(batches, draws)])
+            served, choice = ModelSets({method: cal}, method, 1 - COST_ALPHA), SetChoice(method, 1 - COST_ALPHA)
             calls = {
-                "sets": lambda b, u, cal=cal: cal.sets(b, COST_ALPHA, u=u),
-                "p_values": lambda b, u, cal=cal: cal.p_values(b, u=u),
+                "served": lambda i, s=served, c=choice, b=outputs, n=ids: s.sets(b[i], n[i], c),
+                "listed": lambda i, s=served, c=choice, b=outputs, n=ids: s.sets(b[i], n[i], c).listed(),
+                "sets": lambda i, cal=cal, b=batches, d=draws: cal.sets(b[i], COST_ALPHA, u=d[i]),
+                "p_values": lambda i, cal=cal, b=batches, d=draws: cal.p_values(b[i], u=d[i]),
             }
             for op, call in calls.items():
-                times = time_calls(call, batches, draws, repeats)
+                times = time_calls(call, len(batches), repeats)
                 rows.append(
                     {
                         "classes": n_classes,

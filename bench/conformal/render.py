@@ -171,16 +171,21 @@ def markdown(result: dict) -> str:
         "",
         "## Cost per batch",
         "",
-        f"`SplitConformal.sets` (at alpha {COST_ALPHA:g}) and `SplitConformal.p_values` on batches of 64 rows, "
-        f"validation included, calibrated on {COST_CALIBRATION:,} rows, cycling over 32 batches; one thread, "
-        "median and 90th percentile of the wall time per call. At 1,000 classes the rows are logits N(0, 1) plus "
+        f"Per batch of 64 rows, at alpha {COST_ALPHA:g}, calibrated on {COST_CALIBRATION:,} rows, cycling over 32 "
+        "batches; one thread, median and 90th percentile of the wall time per call. `served`: the sets the service "
+        "computes for a batch (`ModelSets.sets` on the rows as float32, as the graphs return them: the draws from "
+        "the prediction ids, each row's ranking and its set size); `listed`: the same, then each row's members as "
+        "a list, the packed bits and the description (`ServedSets.listed`, what the responses and the log read); "
+        "`sets`: `SplitConformal.sets`, masks, validation included; `p_values`: `SplitConformal.p_values`. At "
+        "1,000 classes the rows are logits N(0, 1) plus "
         f"a boost: U(8, 14) on one class for {MIX[0]:.0%} of the rows (peaked), U(5, 8) on each of 5 classes for "
         f"{MIX[1]:.0%} (ambiguous between a few), none for {MIX[2]:.0%} (flat, an input unlike any class); labels "
         f"drawn from the probabilities. Median top probability {mix['1000']['top_p50']:.2f}, "
         f"{mix['1000']['top_below_0.5']:.0%} of rows below 0.5, top-1 accuracy {mix['1000']['top1']:.2f}, top-5 "
-        f"{mix['1000']['top5']:.2f}, `k_reg` {mix['1000']['k_reg']}. APS and RAPS sets at 1,000 classes bucket each "
-        "row by probability and sort only the labels of the buckets the threshold falls in (a row too close to "
-        "the threshold to tell is sorted whole). At 10 classes, the cifar-like traffic (`k_reg` "
+        f"{mix['1000']['top5']:.2f}, `k_reg` {mix['1000']['k_reg']}. At 1,000 classes each row is ranked by one sort "
+        "of integer keys (a probability's leading bits, then its class), and an APS or RAPS set's size is found "
+        "from block sums of the ranked probabilities (a row with ties, or too close to the threshold to tell, is "
+        "sorted as floats). At 10 classes, the cifar-like traffic (`k_reg` "
         f"{mix['10']['k_reg']}). `mean_set_size`: over the timed batches.",
         "",
         table(result["cost"], [*COST_COLUMNS, "mean_set_size"]),

@@ -73,7 +73,7 @@ class ServedSets:
         "ranked",
         "bits",
         "described",
-        "_inside",
+        "_flat",
     )
 
     def __init__(
@@ -92,7 +92,7 @@ class ServedSets:
         self.choice, self.order, self.sizes, self.p_values = choice, order, sizes, p_values
         self.threshold, self.threshold_version, self.randomized = threshold, threshold_version, randomized
         self.ranked, self.bits, self.described = ranked, bits, described
-        self._inside: np.ndarray | None = None
+        self._flat: np.ndarray | None = None
 
     def __getitem__(self, rows: slice) -> ServedSets:
         return ServedSets(
@@ -109,17 +109,17 @@ class ServedSets:
         )
 
     @property
-    def inside(self) -> np.ndarray:
-        """(N, K) booleans: whether each ranked position is in its row's set (computed once)."""
-        if self._inside is None:
-            self._inside = np.arange(self.order.shape[1]) < self.sizes[:, None]
-        return self._inside
+    def flat(self) -> np.ndarray:
+        """Every row's members, most probable first, row after row (computed once)."""
+        if self._flat is None:
+            self._flat = self.order[np.arange(self.order.shape[1]) < self.sizes[:, None]]
+        return self._flat
 
     @property
     def members(self) -> np.ndarray:
         """Membership (N, K) in class order, as v2's ``prediction_set`` output answers it."""
         out = np.zeros(self.order.shape, dtype=bool)
-        out[np.arange(len(out))[:, None], self.order] = self.inside
+        out[np.repeat(np.arange(len(out)), self.sizes), self.flat] = True
         return out
 
     def listed(self) -> ServedSets:
@@ -133,7 +133,7 @@ class ServedSets:
         """Each row's set as class indices, most probable first (ties in class order)."""
         if self.ranked is not None:
             return self.ranked
-        flat = self.order[self.inside].tolist()  # row-major: each row's members in order, row after row
+        flat = self.flat.tolist()
         out, start = [], 0
         for size in self.sizes.tolist():
             out.append(flat[start : start + size])

@@ -80,9 +80,9 @@ def _result(raps_size: float, worst_bin: float) -> dict:
         for sets in ("marginal", "mondrian")
     ]
     cost = [
-        {"classes": k, "op": op, "method": "LAC", "median_ms": ms}
+        {"classes": k, "op": op, "method": "LAC", "median_ms": ms, "mean_set_size": 37.5}
         for k, ms in ((1_000, 0.4), (10, 0.05))
-        for op in ("sets", "p_values")
+        for op in ("served", "listed", "sets", "p_values")
     ]
     return {
         "setup": {"min_bin_labels": 100},
@@ -114,6 +114,21 @@ def test_goals_judge_raps_against_aps_and_the_worst_bin_and_list_what_is_not_mea
     assert "0.840 at sizes 0-1" in _goal(judged, "coverage by set size")["worst"]
     pending = [g for g in judged if g["met"] == "not yet measured"]
     assert len(pending) == 7 and all(g["worst"].startswith("needs ") for g in pending)
+
+
+def test_the_cost_goal_judges_the_served_sets_and_the_masks_and_reports_the_listing():
+    """At 1,000 classes both the service's ranked sets and the masks must be within the bound; the lists for the
+    responses, as long as the sets, are reported with their set size."""
+    result = _result(1.9, 0.86)
+    assert _goal(goals(result), "cost: sets")["met"] is True
+    for row in result["cost"]:
+        if row["classes"] == 1_000 and row["op"] in ("served", "listed"):
+            row["median_ms"] = 0.6
+    judged = goals(result)
+    assert _goal(judged, "cost: sets")["met"] is False
+    assert _goal(judged, "cost: sets")["worst"] == "0.600 ms, served LAC (1 of 2 met)"
+    listed = _goal(judged, "cost: the served sets")
+    assert listed["met"] == "reported" and listed["worst"].startswith("0.600 ms, LAC, mean set size 37.5")
 
 
 def _serving(ratios: dict[int, list[float]], sets_cpu: dict[int, float]) -> dict:

@@ -764,54 +764,84 @@ def _adversarial_rows(rng, n_classes):
     return probs, np.concatenate([at, at - SCORE_ATOL, at + SCORE_ATOL, [0.0, 0.5, 0.9, 1.0, 1.3]])
 
 
-@pytest.mark.parametrize("randomized", [False, True], ids=["non-randomized", "randomized"])
-@pytest.mark.parametrize("method, params", [("aps", {}), ("raps", {"k_reg": 2, "lam": 0.05})], ids=["aps", "raps"])
-def test_bucketed_sets_equal_the_sorted_rows_on_flat_tied_and_peaked_rows(method, params, randomized, monkeypatch):
-    """Rows of many classes are bucketed by probability and only the labels near the threshold sorted; where a
-    mass is too close to the threshold to tell, the row is sorted whole. Either way the sets are those of the
-    sorted rows, at thresholds equal to the cumulative masses and one SCORE_ATOL either side of them."""
+def _ranked_both_ways(monkeypatch, probs, q, method, u, params):
+    """(sets, order, sizes) by the key ranking (every width of at least 2 classes) and by the float sort."""
+    out = []
+    for minimum in (2, 10**9):
+        monkeypatch.setattr(conformal, "RANK_MIN_CLASSES", minimum)
+        out.append((prediction_sets(probs, q, method, u=u, **params), *ranked_sets(probs, q, method, u=u, **params)))
+    return out
+
+
+@pytest.mark.parametrize(
+    "method, params, randomized",
+    [("lac", {}, False)] + [(m, p, r) for m, p in [("aps", {}), ("raps", {"k_reg": 2, "lam": 0.05})] for r in (0, 1)],
+    ids=["lac", "aps", "aps-randomized", "raps", "raps-randomized"],
+)
+def test_key_ranked_sets_equal_the_float_sorted_rows_on_flat_tied_and_peaked_rows(
+    method, params, randomized, monkeypatch
+):
+    """Rows of many classes are ranked by integer keys and their sizes found from block sums; a row with ties or
+    near-ties, or a mass too close to the threshold to tell, is sorted as floats. Either way the sets, the stable
+    ranking and the sizes are those of the float sort, at thresholds equal to the cumulative masses and one
+    SCORE_ATOL either side of them, for widths below, at and past a block."""
     rng = np.random.default_rng(11)
-    for n_classes in (70, 300):
+    for n_classes in (6, 32, 70, 300):
         probs, thresholds = _adversarial_rows(rng, n_classes)
         u = rng.uniform(size=len(probs)) if randomized else None
         for q in thresholds:
             q = float(q) + params.get("lam", 0.0) * 3
-            monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 2)
-            bucketed = prediction_sets(probs, q, method, u=u, **params)
-            monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 10**9)
-            assert np.array_equal(bucketed, prediction_sets(probs, q, method, u=u, **params)), q
+            keyed, floated = _ranked_both_ways(monkeypatch, probs, q, method, u, params)
+            for a, b in zip(keyed, floated):
+                assert np.array_equal(a, b), (n_classes, q)
 
 
 @pytest.mark.parametrize("randomized", [False, True], ids=["non-randomized", "randomized"])
 @pytest.mark.parametrize("method, params", [("aps", {}), ("raps", {"k_reg": 3, "lam": 0.02})], ids=["aps", "raps"])
-def test_bucketed_sets_of_tiny_probabilities_and_strided_batches_equal_the_sorted_rows(
+def test_key_ranked_sets_of_tiny_near_tied_and_float32_probabilities_and_strided_batches_equal_the_float_sort(
     method, params, randomized, monkeypatch
 ):
-    """Probabilities below 2^-BUCKET_BINADES (zeros and -0.0 among them) share the lowest bucket, and a batch that
-    is not C-contiguous (a Fortran-ordered copy, every other column of a wider array) is bucketed as its rows are."""
+    """Zeros, -0.0, subnormals and probabilities one ulp apart (which share their keys' leading bits), float32 rows
+    (whose truncated keys are exact), and batches that are not C-contiguous (a Fortran-ordered copy, every other
+    column of a wider array) are ranked and their sets sized as the float sort does."""
     rng = np.random.default_rng(23)
     probs = _softmax(rng.normal(size=(12, 200)) * 3)
-    probs[:, :40] = rng.choice([0.0, -0.0, 1e-300, 2.0**-31, 2.0**-30, 1.25 * 2.0**-30], size=(12, 40))
+    probs[:, :40] = rng.choice([0.0, -0.0, 1e-300, 5e-324, 2.0**-31, 2.0**-30, 1.25 * 2.0**-30], size=(12, 40))
+    probs[::3, 50] = np.nextafter(probs[::3, 51], 1.0)
     probs /= probs.sum(axis=1, keepdims=True)
     wide = np.zeros((12, 400))
     wide[:, ::2] = probs
+    single = _softmax(rng.normal(size=(12, 200)) * 3).astype(np.float32)
     u = rng.uniform(size=len(probs)) if randomized else None
-    masses = np.cumsum(-np.sort(-probs, axis=1), axis=1)
-    for q in np.concatenate([masses[:, [0, 20, 150, 170]].ravel(), [0.5, 0.99, 1.0]]):
-        q = float(q) + params.get("lam", 0.0) * 5
-        monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 10**9)
-        expected = prediction_sets(probs, q, method, u=u, **params)
-        monkeypatch.setattr(conformal, "BUCKET_MIN_CLASSES", 2)
-        for batch in (probs, np.asfortranarray(probs), wide[:, ::2]):
-            assert np.array_equal(prediction_sets(batch, q, method, u=u, **params), expected), q
+    for batch in (probs, np.asfortranarray(probs), wide[:, ::2], single):
+        masses = np.cumsum(-np.sort(-batch.astype(np.float64), axis=1), axis=1)
+        for q in np.concatenate([masses[:, [0, 20, 150, 170]].ravel(), [0.5, 0.99, 1.0, np.inf, -np.inf]]):
+            q = float(q) + params.get("lam", 0.0) * 5
+            keyed, floated = _ranked_both_ways(monkeypatch, batch, q, method, u, params)
+            for a, b in zip(keyed, floated):
+                assert np.array_equal(a, b), q
 
 
-def test_bucketed_sets_settle_rows_away_from_the_threshold_and_leave_the_rest_to_the_sort():
-    """A threshold at a row's exact cumulative mass plus SCORE_ATOL cannot be told from the bucket sums: that
-    row is left unsettled (and sorted whole by the caller); the other rows are settled."""
+def test_the_key_ranking_is_exact_only_without_ties_near_ties_or_negative_zeros():
+    """Rows with two probabilities equal, one ulp apart or a -0.0 are not exact (their key order may not be the
+    stable one); the others are, and their order is the stable ranking."""
+    rng = np.random.default_rng(4)
+    probs = _softmax(rng.normal(size=(5, 100)))
+    probs[1, 7] = probs[1, 9]
+    probs[2, 7] = np.nextafter(probs[2, 9], 1.0)
+    probs[3, 7] = -0.0
+    ranking = conformal._KeyRanking(probs)
+    assert ranking.exact.tolist() == [True, False, False, False, True]
+    assert np.array_equal(ranking.order[ranking.exact], np.argsort(-probs, axis=1, kind="stable")[ranking.exact])
+
+
+def test_block_sizes_settle_rows_away_from_the_threshold_and_leave_the_rest_to_the_float_sort():
+    """A threshold at a row's exact cumulative mass plus SCORE_ATOL cannot be told from the block sums: that row
+    is left unsettled (and sorted as floats by the caller); the other rows are settled, at their true sizes."""
     rng = np.random.default_rng(5)
     probs = _softmax(rng.normal(size=(6, 200)) * 2)
-    q = float(np.cumsum(-np.sort(-probs[0]))[9]) + SCORE_ATOL
-    sets, settled = conformal._bucket_sets(probs, q, 0, 0.0, None)
+    q = float(np.cumsum(-np.sort(-probs[0]))[39]) + SCORE_ATOL
+    ranking = conformal._KeyRanking(probs)
+    sizes, settled = conformal._block_sizes(ranking.values, 200, q, 0, 0.0, None)
     assert not settled[0] and settled[1:].all()
-    assert np.array_equal(sets[1:], prediction_sets(probs[1:], q, "aps"))
+    assert np.array_equal(sizes[1:], prediction_sets(probs[1:], q, "aps").sum(axis=1))
