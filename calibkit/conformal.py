@@ -832,7 +832,7 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
         sizes, settled = _block_sizes(ranking.values, p.shape[1], q, k_reg, lam, draws)
         out = _top_groups(p, ranking.order, sizes)
         # non-randomized, ties take care of themselves: the set holds every label at least as probable as its last
-        settled &= ranking.exact if draws is not None else ranking.stable
+        settled &= ranking.settles(sizes, draws is not None)
         if not settled.all():
             rest = ~settled
             out[rest] = _prefix_sets(p[rest], q, k_reg, lam, None if draws is None else draws[rest])
@@ -867,14 +867,14 @@ def _key_ranked_sets(
 ) -> tuple[np.ndarray, np.ndarray]:
     ranking = _KeyRanking(p)
     order = ranking.order
-    settled = ranking.stable if method == "lac" or draws is None else ranking.exact
+    settled = ranking.stable
     if method == "lac":
         sizes = np.count_nonzero((1.0 - p) - q <= SCORE_ATOL, axis=1)
     elif math.isfinite(q):
         sizes, decided = _block_sizes(ranking.values, p.shape[1], q, k_reg, lam, draws)
-        settled = settled & decided
-        tied = np.flatnonzero(ranking.tied & settled)
-        if len(tied):  # non-randomized: the labels tied with the last one in come with it
+        settled = decided & ranking.settles(sizes, draws is not None)
+        tied = np.flatnonzero((ranking.singles < p.shape[1]) & settled)
+        if draws is None and len(tied):  # non-randomized: the labels tied with the last one in come with it
             ranked, last = ranking.values[tied, : p.shape[1]], ranking.values[tied, sizes[tied] - 1]
             sizes[tied] = np.count_nonzero(ranked >= last[:, None], axis=1)
     else:
@@ -932,8 +932,9 @@ class _KeyRanking:
     probabilities so truncated (each within a relative 2^(b - 52) below the true one), in ranked order, padded
     with zeros to a multiple of ``BLOCK`` columns. Per row, ``stable``: no -0.0, and no two labels whose keys
     share their leading bits but whose probabilities differ (a near-tie, which the keys may rank out of order), so
-    that ``order`` is the stable ranking; ``exact``: stable, and no ties at all. Probabilities of float32 origin
-    lose nothing to the truncation: their only shared leading bits are ties.
+    that ``order`` is the stable ranking; ``singles``: the number of leading positions before the first tie (K
+    without one). Probabilities of float32 origin lose nothing to the truncation: their only shared leading bits
+    are ties.
     """
 
     def __init__(self, p: np.ndarray) -> None:
@@ -952,15 +953,23 @@ class _KeyRanking:
         self.values = keys.view(np.float64)
         ranked = self.values[:, :k]
         shared = ranked[:, 1:] == ranked[:, :-1]
-        self.tied = shared.any(axis=1)
-        self.exact = no_negative & ~self.tied
-        self.stable = self.exact
-        tied = np.flatnonzero(self.tied)
+        self.stable = no_negative
+        self.singles = np.full(n, k)
+        tied = np.flatnonzero(shared.any(axis=1))
         if len(tied):
             at, j = np.nonzero(shared[tied])
             rows = tied[at]
             near = p[rows, self.order[rows, j]] != p[rows, self.order[rows, j + 1]]
             self.stable = no_negative & (np.bincount(rows[near], minlength=n) == 0)
+            self.singles[tied] = np.argmax(shared[tied], axis=1)
+
+    def settles(self, sizes: np.ndarray, randomized: bool) -> np.ndarray:
+        """Whether the sizes found from ``values`` position by position are the sets' own: the ranking is stable
+        and, randomized, the set lies before the first tie. A tie group's randomized score takes the penalty of
+        its last rank, at least its first position's: a first position found out is out."""
+        if not randomized:
+            return self.stable
+        return self.stable & ((self.singles == self.order.shape[1]) | (sizes <= self.singles))
 
 
 @functools.lru_cache(maxsize=8)

@@ -822,17 +822,24 @@ def test_key_ranked_sets_of_tiny_near_tied_and_float32_probabilities_and_strided
                 assert np.array_equal(a, b), q
 
 
-def test_the_key_ranking_is_exact_only_without_ties_near_ties_or_negative_zeros():
-    """Rows with two probabilities equal, one ulp apart or a -0.0 are not exact (their key order may not be the
-    stable one); the others are, and their order is the stable ranking."""
+def test_the_key_ranking_is_stable_without_near_ties_or_negative_zeros_and_knows_its_first_tie():
+    """Rows with two probabilities one ulp apart or a -0.0 are not stable (their key order may not be the stable
+    one); the others are, ties included, and their order is the stable ranking. A randomized size is the ranking's
+    own only before the row's first tie."""
     rng = np.random.default_rng(4)
     probs = _softmax(rng.normal(size=(5, 100)))
     probs[1, 7] = probs[1, 9]
     probs[2, 7] = np.nextafter(probs[2, 9], 1.0)
     probs[3, 7] = -0.0
     ranking = conformal._KeyRanking(probs)
-    assert ranking.exact.tolist() == [True, False, False, False, True]
-    assert np.array_equal(ranking.order[ranking.exact], np.argsort(-probs, axis=1, kind="stable")[ranking.exact])
+    assert ranking.stable.tolist() == [True, True, False, False, True]
+    assert np.array_equal(ranking.order[ranking.stable], np.argsort(-probs, axis=1, kind="stable")[ranking.stable])
+    # the tie of row 1 is at ranks r + 1 and r + 2: randomized sizes up to r are its own, others not
+    r = int(np.flatnonzero(np.sort(probs[1])[::-1] == probs[1, 9])[0])
+    assert ranking.singles[[0, 1, 4]].tolist() == [100, r, 100]
+    settles = ranking.settles(np.array([99, r, 0, 0, 100]), randomized=True)
+    assert settles.tolist() == [True, True, False, False, True]
+    assert not ranking.settles(np.full(5, r + 1), randomized=True)[1] and ranking.settles(np.full(5, r + 1), False)[1]
 
 
 def test_block_sizes_settle_rows_away_from_the_threshold_and_leave_the_rest_to_the_float_sort():
