@@ -68,11 +68,14 @@ def hundredths(rng, n, n_classes=5):
 DATA = {"continuous": calibrated, "hundredths": hundredths}
 
 
-@pytest.fixture(params=[None, 1, 3], ids=["prefix-default", "prefix-1", "prefix-3"])
+@pytest.fixture(params=[None, 1, 3, "keys"], ids=["prefix-default", "prefix-1", "prefix-3", "key-ranking"])
 def prefix_width(request, monkeypatch):
-    """One-threshold sets read the top PREFIX_WIDTH + 1 labels first and sort the rows they do not settle whole;
-    a prefix shorter than K = 5 or 6 sends rows down both paths (and tie groups across the prefix's end)."""
-    if request.param is not None:
+    """One-threshold sets of few classes read the top PREFIX_WIDTH + 1 labels first and sort the rows they do not
+    settle whole; a prefix shorter than K = 5 or 6 sends rows down both paths (and tie groups across the prefix's
+    end). "keys": the key ranking and block sums of many classes, taken at every width."""
+    if request.param == "keys":
+        monkeypatch.setattr(conformal, "RANK_MIN_CLASSES", 2)
+    elif request.param is not None:
         monkeypatch.setattr(conformal, "PREFIX_WIDTH", request.param)
     return request.param
 
