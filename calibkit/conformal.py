@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -729,7 +730,8 @@ class _Ranked:
     """Rows of probabilities sorted in decreasing order, or their top labels, with the cumulative mass and ties.
 
     For sorted position j (1-based): ``values`` p_(j) and ``cumsum`` C(j) = p_(1) + ... + p_(j); ``groups()`` the
-    first and last position of j's tie group, computed when needed. ``order`` is the argsort, when asked for.
+    first and last position of j's tie group, computed when needed, as C is. ``order`` is the ranking, when asked
+    for.
     Built from the top labels only (``top``), C(j) is the same number as from the whole row, and only the last
     tie group, which may go on past the prefix, can have the wrong last position.
     """
@@ -737,18 +739,28 @@ class _Ranked:
     def __init__(self, values: np.ndarray, order: np.ndarray | None = None) -> None:
         self.values = values
         self.order = order
-        self.cumsum = np.cumsum(values, axis=1)
         self.positions = np.arange(1, values.shape[1] + 1)
         self._groups: tuple[np.ndarray, np.ndarray] | None = None
         self._ties: bool | None = None
 
+    @functools.cached_property
+    def cumsum(self) -> np.ndarray:
+        return np.cumsum(self.values, axis=1)
+
     @classmethod
     def sort(cls, p: np.ndarray, *, with_order: bool = False) -> _Ranked:
-        """The whole rows, sorted (with the argsort when asked: a tie's order is arbitrary and never matters)."""
-        if with_order:
+        """The whole rows, sorted (with the ranking when asked: a tie's order is arbitrary and never matters; the
+        key ranking for many classes, its unstable rows argsorted)."""
+        if not with_order:
+            return cls(np.sort(p, axis=1)[:, ::-1])
+        if p.shape[1] >= RANK_MIN_CLASSES:
+            ranking = _KeyRanking(p)
+            order = ranking.order
+            if not ranking.stable.all():
+                order[~ranking.stable] = np.argsort(-p[~ranking.stable], axis=1, kind="stable")
+        else:
             order = np.argsort(p, axis=1)[:, ::-1]
-            return cls(np.take_along_axis(p, order, axis=1), order)
-        return cls(np.sort(p, axis=1)[:, ::-1])
+        return cls(np.take_along_axis(p, order, axis=1), order)
 
     @classmethod
     def top(cls, p: np.ndarray, width: int) -> _Ranked:
@@ -1081,11 +1093,22 @@ def _statistic(p: np.ndarray, method: str, k_reg: int, lam: float, draws) -> tup
     """
     if method == "lac":
         return 1.0 - p, np.zeros(p.shape, dtype=bool), False
+    ranked, stat, top, strict = _ranked_statistic(p, method, k_reg, lam, draws)
+    return ranked.unsort(stat), np.zeros(p.shape, dtype=bool) if top is None else ranked.unsort(top), strict
+
+
+def _ranked_statistic(
+    p: np.ndarray, method: str, k_reg: int, lam: float, draws
+) -> tuple[_Ranked, np.ndarray, np.ndarray | None, bool]:
+    """(ranked, t, top, strict): ``_statistic`` per ranked position, nondecreasing along each row (top: None when no
+    label is always in), with the ranking that puts it back in class order."""
     ranked = _Ranked.sort(p, with_order=True)
+    if method == "lac":
+        return ranked, 1.0 - ranked.values, None, False
     if draws is not None:
-        return ranked.unsort(ranked.scores(k_reg, lam, draws)), np.zeros(p.shape, dtype=bool), False
+        return ranked, ranked.scores(k_reg, lam, draws), None, False
     stat, top = ranked.statistic(k_reg, lam)
-    return ranked.unsort(stat), ranked.unsort(top), True
+    return ranked, stat, top, True
 
 
 def _p_values(
@@ -1097,16 +1120,19 @@ def _p_values(
     lam: float,
     draws,
 ) -> np.ndarray:
-    stat, top, strict = _statistic(p, method, k_reg, lam, draws)
     if counts is None:
-        above = _count_at_or_above(sorted_scores, stat, strict)
-        out = (1 + above) / (len(sorted_scores) + 1)
-    else:
-        out = np.empty(p.shape)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        for k in range(p.shape[1]):
-            class_scores = sorted_scores[bounds[k] : bounds[k + 1]]
-            out[:, k] = (1 + _count_at_or_above(class_scores, stat[:, k], strict)) / (len(class_scores) + 1)
+        # counted per ranked position: each row's statistics ascend, which binary searches run through fastest
+        ranked, stat, top, strict = _ranked_statistic(p, method, k_reg, lam, draws)
+        out = (1 + _count_at_or_above(sorted_scores, stat, strict)) / (len(sorted_scores) + 1)
+        if top is not None:
+            out[top] = 1.0
+        return ranked.unsort(out)
+    stat, top, strict = _statistic(p, method, k_reg, lam, draws)
+    out = np.empty(p.shape)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(p.shape[1]):
+        class_scores = sorted_scores[bounds[k] : bounds[k + 1]]
+        out[:, k] = (1 + _count_at_or_above(class_scores, stat[:, k], strict)) / (len(class_scores) + 1)
     out[top] = 1.0
     return out
 
@@ -1114,26 +1140,38 @@ def _p_values(
 def _count_at_or_above(sorted_scores: np.ndarray, t: np.ndarray, strict: bool) -> np.ndarray:
     """Per entry of t, the number of scores s with t - s <= SCORE_ATOL, or t - s < -SCORE_ATOL when strict.
 
-    Both sets of s are upper sets (t - s falls as s grows, and floating-point rounding keeps that order), so
-    each count is one binary search for the exact floating-point boundary, which lies within an ulp or two of
-    t -/+ SCORE_ATOL; stepping to it makes the count agree bit for bit with the comparisons of the sets.
+    Both sets of s are upper sets (t - s falls as s grows, and floating-point rounding keeps that order), so each
+    count is n less the first index whose score is in: a binary search for t -/+ SCORE_ATOL lands within a score
+    or two of it, and stepping to it by the comparison itself makes the count agree bit for bit with the
+    comparisons of the sets.
     """
-    n = len(sorted_scores)
+    if len(sorted_scores) == 0:
+        return np.zeros(t.shape, dtype=np.int64)
     if strict:
-        # the largest c with t - c >= -ATOL; scores above c count
-        c = t + SCORE_ATOL
-        while (bad := t - c < -SCORE_ATOL).any():
-            c = np.where(bad, np.nextafter(c, -np.inf), c)
-        while (good := t - (up := np.nextafter(c, np.inf)) >= -SCORE_ATOL).any():
-            c = np.where(good, up, c)
-        return n - np.searchsorted(sorted_scores, c, side="right")
-    # the smallest b with t - b <= ATOL; scores from b on count
-    b = t - SCORE_ATOL
-    while (bad := t - b > SCORE_ATOL).any():
-        b = np.where(bad, np.nextafter(b, np.inf), b)
-    while (good := t - (down := np.nextafter(b, -np.inf)) <= SCORE_ATOL).any():
-        b = np.where(good, down, b)
-    return n - np.searchsorted(sorted_scores, b, side="left")
+        first = np.searchsorted(sorted_scores, t + SCORE_ATOL, side="right")
+        first = _first_within(sorted_scores, t, first, lambda t, s: t - s < -SCORE_ATOL)
+    else:
+        first = np.searchsorted(sorted_scores, t - SCORE_ATOL, side="left")
+        first = _first_within(sorted_scores, t, first, lambda t, s: t - s <= SCORE_ATOL)
+    return len(sorted_scores) - first
+
+
+def _first_within(sorted_scores: np.ndarray, t: np.ndarray, first: np.ndarray, within: Callable) -> np.ndarray:
+    """Each guess ``first`` moved to the first index j at which ``within(t, s_j)`` holds (n where none does), the
+    scores it holds for being an upper set: down while the score below holds, up while its own does not; each step
+    works on the entries still moving only."""
+    n, flat_t, flat = len(sorted_scores), t.reshape(-1), first.reshape(-1)
+    moving = np.flatnonzero((flat > 0) & within(flat_t, sorted_scores[np.maximum(flat - 1, 0)]))
+    while len(moving):
+        flat[moving] -= 1
+        moving = moving[flat[moving] > 0]
+        moving = moving[within(flat_t[moving], sorted_scores[flat[moving] - 1])]
+    moving = np.flatnonzero((flat < n) & ~within(flat_t, sorted_scores[np.minimum(flat, n - 1)]))
+    while len(moving):
+        flat[moving] += 1
+        moving = moving[flat[moving] < n]
+        moving = moving[~within(flat_t[moving], sorted_scores[flat[moving]])]
+    return flat.reshape(first.shape)
 
 
 def _rank(n: int, alpha: float) -> int:

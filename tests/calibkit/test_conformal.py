@@ -490,23 +490,26 @@ def test_p_value_level_sets_are_the_sets_at_every_alpha_and_are_nested(
 
 
 def test_p_value_counts_find_the_exact_floating_point_boundary():
-    """Scores a few ulps either side of t -/+ SCORE_ATOL: the counts behind the p-values equal a brute-force
-    count with the very comparisons the sets make."""
+    """Scores a few ulps either side of t -/+ SCORE_ATOL, repeated, and t as a batch (N, K): the counts behind the
+    p-values equal a brute-force count with the very comparisons the sets make; no scores count nothing."""
     rng = np.random.default_rng(13)
     t = rng.uniform(0, 3, size=200)
     offsets = np.concatenate([np.zeros(1), [SCORE_ATOL, -SCORE_ATOL]])
     scores = np.concatenate(
         [t + d + k * np.spacing(t) for d in offsets for k in range(-3, 4)] + [rng.uniform(0, 3, size=500)]
     )
+    scores = np.concatenate([scores, scores[::7]])
     sorted_scores = np.sort(scores)
+    batch = t.reshape(20, 10)
     assert np.array_equal(
-        conformal._count_at_or_above(sorted_scores, t, strict=False),
-        (t[:, None] - scores[None, :] <= SCORE_ATOL).sum(axis=1),
+        conformal._count_at_or_above(sorted_scores, batch, strict=False),
+        (batch[..., None] - scores <= SCORE_ATOL).sum(axis=-1),
     )
     assert np.array_equal(
-        conformal._count_at_or_above(sorted_scores, t, strict=True),
-        (t[:, None] - scores[None, :] < -SCORE_ATOL).sum(axis=1),
+        conformal._count_at_or_above(sorted_scores, batch, strict=True),
+        (batch[..., None] - scores < -SCORE_ATOL).sum(axis=-1),
     )
+    assert not conformal._count_at_or_above(np.empty(0), batch, strict=False).any()
 
 
 @pytest.mark.parametrize("method, params", METHODS[1:], ids=METHOD_IDS[1:])
