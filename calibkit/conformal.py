@@ -392,7 +392,9 @@ def ranked_sets(
     of the ranking and its size says which. With few classes and no ties, the size comes straight from the sorted
     row: the LAC count, the count of crossing values E(j) below q plus one (non-randomized), or the count of
     randomized scores at most q, the same floating-point expressions as ``prediction_sets``'s, hence the same sets
-    bit for bit; otherwise it is the count of ``prediction_sets``'s.
+    bit for bit. With at least ``RANK_MIN_CLASSES``, the ranking and the sizes are those of ``prediction_sets``'s
+    key ranking and block sums, the rows they do not settle argsorted stably; otherwise the size is the count of
+    ``prediction_sets``'s.
 
     Args:
         probs, method, k_reg, lam, u: As for ``prediction_sets``.
