@@ -756,10 +756,7 @@ class _Ranked:
         if not with_order:
             return cls(np.sort(p, axis=1)[:, ::-1])
         if p.shape[1] >= RANK_MIN_CLASSES:
-            ranking = _KeyRanking(p)
-            order = ranking.order
-            if not ranking.stable.all():
-                order[~ranking.stable] = np.argsort(-p[~ranking.stable], axis=1, kind="stable")
+            order = _KeyRanking(p).stable_order()
         else:
             order = np.argsort(p, axis=1)[:, ::-1]
         return cls(np.take_along_axis(p, order, axis=1), order)
@@ -880,7 +877,7 @@ def _key_ranked_sets(
     p: np.ndarray, q: float, method: str, k_reg: int, lam: float, draws
 ) -> tuple[np.ndarray, np.ndarray]:
     ranking = _KeyRanking(p)
-    order = ranking.order
+    order = ranking.stable_order()
     settled = ranking.stable
     if method == "lac":
         sizes = np.count_nonzero((1.0 - p) - q <= SCORE_ATOL, axis=1)
@@ -893,12 +890,10 @@ def _key_ranked_sets(
             sizes[tied] = np.count_nonzero(ranked >= last[:, None], axis=1)
     else:
         sizes = np.count_nonzero(_prefix_sets(p, q, k_reg, lam, draws), axis=1)
-    if not settled.all():
+    if method != "lac" and not settled.all():  # LAC's sizes are its counts, its unsettled rows only argsorted
         rest = ~settled
-        order[rest] = np.argsort(-p[rest], axis=1, kind="stable")
-        if method != "lac":
-            rest_draws = None if draws is None else draws[rest]
-            sizes[rest] = np.count_nonzero(_prefix_sets(p[rest], q, k_reg, lam, rest_draws), axis=1)
+        rest_draws = None if draws is None else draws[rest]
+        sizes[rest] = np.count_nonzero(_prefix_sets(p[rest], q, k_reg, lam, rest_draws), axis=1)
     return order, sizes
 
 
@@ -952,6 +947,7 @@ class _KeyRanking:
     """
 
     def __init__(self, p: np.ndarray) -> None:
+        self.p = p
         n, k = p.shape
         low = (1 << max(1, (k - 1).bit_length())) - 1
         keys = np.empty((n, -(-k // BLOCK) * BLOCK), dtype=np.int64)
@@ -976,6 +972,12 @@ class _KeyRanking:
             near = p[rows, self.order[rows, j]] != p[rows, self.order[rows, j + 1]]
             self.stable = no_negative & (np.bincount(rows[near], minlength=n) == 0)
             self.singles[tied] = np.argmax(shared[tied], axis=1)
+
+    def stable_order(self) -> np.ndarray:
+        """``order``, with the rows that are not stable argsorted stably from the true probabilities (in place)."""
+        if not self.stable.all():
+            self.order[~self.stable] = np.argsort(-self.p[~self.stable], axis=1, kind="stable")
+        return self.order
 
     def settles(self, sizes: np.ndarray, randomized: bool) -> np.ndarray:
         """Whether the sizes found from ``values`` position by position are the sets' own: the ranking is stable
