@@ -91,6 +91,7 @@ from calibkit.validation import expected
 __all__ = [
     "DEFAULT_GAMMA",
     "DEFAULT_METHOD",
+    "DEFAULT_RELEASE",
     "DEFAULT_STEP",
     "METHODS",
     "STATE_FORMAT",
@@ -101,11 +102,13 @@ __all__ = [
     "QuantileTracker",
     "aci_thresholds",
     "check_misses",
+    "log_scores",
     "log_thresholds",
     "misses_of",
     "score_range",
     "served_ranked_sets",
     "start",
+    "track",
 ]
 
 #: The rules: adaptive conformal inference, the quantile tracker of conformal PID control, and that tracker on the
@@ -119,13 +122,15 @@ DEFAULT_STEP = 0.1
 #: The log-scale tracker's U: the full set is served for labels whose score's distance to the top of the range, as
 #: a share of that range, is below exp(-U) = 1e-4 (for LAC: a probability below 1e-4).
 DEFAULT_SPAN = 4 * math.log(10)
+#: The labels over which the log-scale tracker's served level comes down (its moving average's length).
+DEFAULT_RELEASE = 500.0
 #: The quantile tracker's eta when none is given, for scores in [0, 1]: its bound (1 + eta) / (eta T) is about half
 #: a point at T = 10,000.
 DEFAULT_ETA = 0.02
 #: ACI's gamma when none is given: Gibbs & Candès's value.
 DEFAULT_GAMMA = 0.005
 #: The layout of ``to_dict``.
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 
 
 # --- the ACI threshold -----------------------------------------------------------------------------------------
@@ -434,36 +439,104 @@ def log_thresholds(levels, span: float, score_range: float) -> np.ndarray:
     return np.where(x >= span, math.inf, np.where(x < 0, -math.inf, inside))
 
 
+def log_scores(scores, span: float, score_range: float) -> np.ndarray:
+    """u = min(-log(1 - s / B), U) for scores s in [0, B]: the log-scale tracker's score, 0 at s = 0 and U from
+    the top of the range (a score at or above B, or within B exp(-U) of it).
+
+    Examples:
+        >>> log_scores([0.0, 0.5, 1.0], 9.0, 1.0).round(4).tolist()
+        [0.0, 0.6931, 9.0]
+    """
+    share = np.clip(np.asarray(scores, dtype=np.float64) / score_range, 0.0, 1.0)
+    with np.errstate(divide="ignore"):
+        return np.minimum(-np.log1p(-share), span)
+
+
+def track(
+    levels, smooth, scores, alpha: float, eta: float, span: float, score_range: float, release: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The log-scale tracker over labelled scores in order: x_{t+1} = max(x_t + eta (err_t - alpha), 0), err_t =
+    1[u_t > x_t] the miss of the set the tracker holds when it folds the label, u_t = ``log_scores(s_t)``; and its
+    moving average xbar_{t+1} = xbar_t + (x_{t+1} - xbar_t) / release.
+
+    Vectorized over leading axes (independent streams, for simulations); the same floating-point operations in
+    the same order for one stream or many, so both give the same levels bit for bit.
+
+    Args:
+        levels: x before the scores, of the leading shape.
+        smooth: xbar before the scores, of the leading shape.
+        scores: The labelled scores, of the leading shape plus (T,), in label order.
+        alpha, eta, span, score_range, release: As ``LogQuantileTracker``'s.
+
+    Returns:
+        (x, xbar, the number of misses among the T labels) after, each of the leading shape.
+    """
+    x = np.array(levels, dtype=np.float64)
+    xbar = np.array(smooth, dtype=np.float64)
+    u = log_scores(scores, span, score_range)
+    misses = np.zeros(x.shape, dtype=np.int64)
+    for t in range(u.shape[-1]):
+        err = u[..., t] > x
+        x = np.maximum(x + eta * (err - alpha), 0.0)
+        xbar = xbar + (x - xbar) / release
+        misses += err
+    return x, xbar, misses
+
+
 @dataclass(frozen=True)
 class LogQuantileTracker:
-    """The quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) run on the log scale
-    of the score's distance to the top of its range: x_t = ``start`` + eta (``misses`` - ``labels`` alpha), the
-    recursion x_{t+1} = x_t + eta (err_t - alpha) summed, serving the threshold B (1 - exp(-x_t)) on the score
-    scale (``log_thresholds``). Frozen: ``update`` and ``fold`` return a new state.
+    """The quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) on the log scale of
+    the score's distance to the top of its range, fed each label's own score, with the level kept at or above 0.
 
-    It is the tracker of the score u = min(-log(1 - s / B), U) (for LAC, -log p_y: the label's negative
-    log-probability), truncated at the span U so that it is bounded, as their Proposition 1 asks, with the full set
-    served from x_t >= U and the empty set below x_t < 0. The sets are the same family as the method's own (the map
-    from x to the threshold is increasing); only the steps change scale, from eta on the scores to about
-    eta B exp(-x) near threshold B (1 - exp(-x)), so the step shrinks as the threshold nears the top of the
-    score range, where a few classes of tiny probability turn a set into the full set.
+    The tracker holds a level x_t and serves the threshold B (1 - exp(-x_t)) on the score scale (``log_thresholds``;
+    the full set from x_t >= U). Each label, in label order, comes with its conformity score s_t, computed when it
+    arrives from the logged prediction; err_t = 1[u_t > x_t] says whether the set at the tracker's *current* level
+    misses it (u_t = min(-log(1 - s_t / B), U)), and
 
-    The bound. The full set never misses and the empty set always does, so from x_1 in [0, U] the level stays
-    within [-alpha eta, U + (1 - alpha) eta], and x_{T+1} - x_1 = eta (M_T - T alpha) gives, for EVERY sequence of
-    data and every T,
+        x_{t+1} = max(x_t + eta (err_t - alpha), 0).
 
-        |(1/T) sum_{t<=T} err_t - alpha| <= (U + eta) / (eta T),
+    **Delay.** A label comes back hours or thousands of predictions after its set was served, under an older
+    threshold. Fed the misses of those served sets, the tracker is a high-gain loop with delay: it overshoots to
+    the full set and then below the top label, and keeps integrating at either end while stale sets go on missing
+    or covering (windup). Fed each label's miss at its current level, the sequence x_t is a function of the scores
+    alone, the same whatever the delay and however the labels are batched: the delay only shifts in time which x_t
+    a prediction is served with (the one of d labels earlier).
 
-    whatever the score range B.
+    **Served level: fast up, slow down.** The sets are served at max(x_t, xbar_t), xbar the moving average of x
+    over about ``release`` labels (``DEFAULT_RELEASE``). Served behind the labels, a tracker's level jitters and each
+    downward swing under-covers until labels pull it back; holding the level at its recent average on the way down
+    removes that, while a rise (a shift that needs larger sets) is served at once. The served set holds the
+    tracker's own, so every bound below holds for it too.
+
+    **Anti-windup.** At x = 0 the threshold is 0: the floor sets (``calibkit.conformal.floor_scores``) are at their
+    smallest, the top label, and cannot shrink; misses below the rate alpha there would only wind the level down, so
+    it stops at 0. From x >= U every set holds every class and nothing misses, so the level only comes down.
+
+    **Guarantee.** For EVERY sequence of scores and every T, as their Proposition 1 (the floor at 0 only adds to
+    x, so it keeps the one side that matters), the tracker's own misses satisfy
+
+        (1/T) sum_{t<=T} err_t - alpha <= (U + eta) / (eta T),
+
+    whatever the score range B, and so do the misses of sets served at max(x_t, xbar_t) with each label folded
+    before the next prediction (no delay). A set served to a prediction whose label came d labels later is the
+    tracker's set of d labels before, whose level differs from x_t by at most d eta max(alpha, 1 - alpha). When the
+    labelled scores are i.i.d. the tracker's levels do not depend on the delay, and each served level is
+    independent of the label it is judged on, so the served sets cover as the tracker's own do, at every delay;
+    after a shift the served sets follow the same path as with no delay, d labels later. No rule promises coverage
+    for one input or a short window; coverage above 1 - alpha is expected where the floor holds the level at 0
+    (sets of one label that cover the model's top-1 accuracy).
 
     Attributes:
         alpha: The target miscoverage, in (0, 1).
         eta: The step on the log scale, > 0.
-        start: x_1, in [0, span]; ``LogQuantileTracker.started`` takes the static calibrator's quantile at alpha.
-        span: U, > 0: the full set is served from x_t >= U.
+        start: x_1, in [0, span]; ``started`` takes the static calibrator's quantile at alpha.
+        span: U, > 0.
         score_range: B, > 0: the largest score of the method (``score_range``).
+        level: x_t, >= 0; None for ``start``.
+        smooth: xbar_t, >= 0; None for ``start``.
+        release: The moving average's length in labels, >= 1.
         labels: T, the labels folded so far.
-        misses: M_T, the misses among them.
+        misses: The tracker's own misses among them.
 
     Raises:
         ValueError: Naming the field and the value when one is out of range.
@@ -471,6 +544,14 @@ class LogQuantileTracker:
     References:
         Angelopoulos, Candès & Tibshirani 2023, "Conformal PID Control for Time Series Prediction", NeurIPS
         (Proposition 1).
+
+    Examples:
+        >>> state = LogQuantileTracker(alpha=0.1, eta=0.5, start=1.0, span=9.0)
+        >>> state = state.fold([0.9, 0.0, 0.0])  # u = 2.3 > 1: a miss, the level rises by 0.45; two hits
+        >>> round(state.level, 6), state.misses
+        (1.35, 1)
+        >>> LogQuantileTracker.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+        True
     """
 
     alpha: float
@@ -478,6 +559,9 @@ class LogQuantileTracker:
     start: float
     span: float = DEFAULT_SPAN
     score_range: float = 1.0
+    level: float | None = None
+    smooth: float | None = None
+    release: float = 500.0
     labels: int = 0
     misses: int = 0
 
@@ -489,61 +573,84 @@ class LogQuantileTracker:
         start = _number("start", self.start, f"in [0, span = {span!r}]")
         if not 0.0 <= start <= span:
             raise ValueError(expected("start", f"in [0, span = {span!r}]", self.start))
+        levels = {}
+        for name in ("level", "smooth"):
+            value = getattr(self, name)
+            levels[name] = start if value is None else _number(name, value, "a finite number >= 0")
+            if not (math.isfinite(levels[name]) and levels[name] >= 0):
+                raise ValueError(expected(name, "a finite number >= 0", value))
+        release = _number("release", self.release, "a finite number >= 1")
+        if not (math.isfinite(release) and release >= 1):
+            raise ValueError(expected("release", "a finite number >= 1", self.release))
         labels, misses = _check_counts(self.labels, self.misses)
         for name, value in (("alpha", alpha), ("eta", eta), ("start", start), ("span", span), ("score_range", b)):
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "level", levels["level"])
+        object.__setattr__(self, "smooth", levels["smooth"])
+        object.__setattr__(self, "release", release)
         object.__setattr__(self, "labels", labels)
         object.__setattr__(self, "misses", misses)
 
     @classmethod
     def started(
-        cls, calibrator: SplitConformal, alpha: float, eta: float, span: float = DEFAULT_SPAN
+        cls,
+        calibrator: SplitConformal,
+        alpha: float,
+        eta: float,
+        span: float = DEFAULT_SPAN,
+        release: float = DEFAULT_RELEASE,
     ) -> LogQuantileTracker:
         """A fresh tracker started at ``calibrator``'s quantile at ``alpha`` (capped at its largest score, as
         ``QuantileTracker.started``), on the log scale: x_1 = -log(1 - q / B), capped at ``span``."""
         cal = _marginal(calibrator)
         b = score_range(cal)
         q = min(float(aci_thresholds(cal.scores, _check_open_unit("alpha", alpha))), float(cal.scores[-1]))
-        share = min(max(q / b, 0.0), 1.0)
         span = _check_positive("span", span)
-        return cls(alpha, eta, span if share >= 1.0 else min(-math.log1p(-share), span), span, b)
-
-    @property
-    def level(self) -> float:
-        """x_t: the level of the next threshold, on the log scale."""
-        return self.start + self.eta * (self.misses - self.labels * self.alpha)
+        return cls(alpha, eta, float(log_scores(q, span, b)), span, b, release=release)
 
     @property
     def bound(self) -> float:
-        """(U + eta) / (eta T): the most |M_T / T - alpha| can be (inf at T = 0)."""
+        """(U + eta) / (eta T): the most the tracker's miss rate can exceed alpha (inf at T = 0)."""
         return math.inf if not self.labels else (self.span + self.eta) / (self.eta * self.labels)
 
+    @property
+    def served(self) -> float:
+        """max(x_t, xbar_t): the level the sets are served at."""
+        assert self.level is not None and self.smooth is not None  # set by __post_init__
+        return max(self.level, self.smooth)
+
     def threshold(self, calibrator: SplitConformal | None = None) -> float:
-        """The threshold to serve on the score scale: B (1 - exp(-x_t)), +inf (the full set) from x_t >= U, -inf
-        (the empty set) below x_t < 0. ``calibrator`` is not needed (B is part of the state); the argument keeps
-        one signature with ``ACIState.threshold``."""
-        return float(log_thresholds(self.level, self.span, self.score_range))
+        """The threshold to serve on the score scale: B (1 - exp(-y)) at the served level y, +inf (the full set)
+        from y >= U. ``calibrator`` is not needed (B is part of the state); the argument keeps one signature with
+        ``ACIState.threshold``."""
+        return float(log_thresholds(self.served, self.span, self.score_range))
 
     def sets(self, calibrator: SplitConformal, probs, *, u=None) -> np.ndarray:
-        """The sets (N, K) to serve: ``prediction_sets`` at ``threshold``, all labels from x_t >= U and none below
-        x_t < 0."""
+        """The sets (N, K) to serve: ``prediction_sets`` at ``threshold``, all labels from x_t >= U."""
         return _sets(_marginal(calibrator), probs, self.threshold(), u)
 
-    def update(self, err) -> LogQuantileTracker:
-        """The state after one more label, missed (err = 1) or not (0)."""
-        return self.fold(err)
+    def fold(self, scores) -> LogQuantileTracker:
+        """The state after the labels with conformity scores ``scores`` (in label order; ``track``): the same for
+        any split into chunks.
 
-    def fold(self, errs) -> LogQuantileTracker:
-        """The state after the labels ``errs`` (0 / 1, in order): the same for any split into chunks."""
-        e = check_misses(errs)
+        Raises:
+            ValueError: Naming ``scores`` when they are not finite numbers >= 0.
+        """
+        s = _check_label_scores(scores)
+        level, smooth, misses = track(
+            self.level, self.smooth, s, self.alpha, self.eta, self.span, self.score_range, self.release
+        )
         return LogQuantileTracker(
             self.alpha,
             self.eta,
             self.start,
             self.span,
             self.score_range,
-            self.labels + len(e),
-            self.misses + int(e.sum()),
+            float(level),
+            float(smooth),
+            self.release,
+            self.labels + len(s),
+            self.misses + int(misses),
         )
 
     def to_dict(self) -> dict:
@@ -561,7 +668,19 @@ class LogQuantileTracker:
         return cls(**_read(data, "log-quantile", _LOG_FIELDS))
 
 
-_LOG_FIELDS = ("alpha", "eta", "start", "span", "score_range")
+def _check_label_scores(scores) -> np.ndarray:
+    try:
+        s = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(expected("scores", "finite conformity scores >= 0", scores)) from None
+    if s.ndim == 0:
+        s = s.reshape(1)
+    if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError(expected("scores", "a 1-D sequence of finite conformity scores >= 0", _shown(s)))
+    return s
+
+
+_LOG_FIELDS = ("alpha", "eta", "start", "span", "score_range", "level", "smooth", "release")
 
 
 def start(
@@ -609,26 +728,29 @@ def served_ranked_sets(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The sets a state serves at its threshold ``q``, as ``calibkit.conformal.ranked_sets`` lists them: (order,
     sizes), row i's set being ``order[i, :sizes[i]]``; every label at q = +inf and none at q = -inf, as the states'
-    ``sets`` (a static threshold is never -inf). ``check_input`` as for ``ranked_sets``.
+    ``sets`` (a static threshold is never -inf), but the most probable labels for a floor calibrator, whose sets
+    are never empty. ``check_input`` as for ``ranked_sets``.
 
     Raises:
         ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``, or the argument of
             ``ranked_sets`` that is malformed.
     """
     cal = _marginal(calibrator)
-    order, sizes = ranked_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, check_input=check_input)
+    order, sizes = ranked_sets(
+        probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, floor=cal.floor, check_input=check_input
+    )
     if q == math.inf:
         sizes[:] = order.shape[1]
-    elif q == -math.inf:
+    elif q == -math.inf and not cal.floor:
         sizes[:] = 0
     return order, sizes
 
 
 def _sets(cal: SplitConformal, probs, q: float, u) -> np.ndarray:
-    out = prediction_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u)
+    out = prediction_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, floor=cal.floor)
     if q == math.inf:
         out[:] = True
-    elif q == -math.inf:
+    elif q == -math.inf and not cal.floor:
         out[:] = False
     return out
 

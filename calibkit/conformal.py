@@ -60,6 +60,7 @@ __all__ = [
     "classwise_quantiles",
     "conformal_quantile",
     "conformity_scores",
+    "floor_scores",
     "lac_scores",
     "pick_k_reg",
     "prediction_sets",
@@ -153,7 +154,9 @@ def raps_scores(probs, labels, *, k_reg: int, lam: float, u=None) -> np.ndarray:
     return conformity_scores(probs, labels, "raps", k_reg=k_reg, lam=lam, u=u)
 
 
-def conformity_scores(probs, labels, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None) -> np.ndarray:
+def conformity_scores(
+    probs, labels, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None, floor: bool = False
+) -> np.ndarray:
     """The scores s(x_i, y_i) of labelled examples by LAC, APS or RAPS: ``lac_scores``, ``aps_scores``, ``raps_scores``.
 
     Args:
@@ -164,13 +167,14 @@ def conformity_scores(probs, labels, method: str = "lac", *, k_reg: int = 0, lam
         lam: RAPS's penalty per rank beyond ``k_reg`` (0 for the other methods).
         u: None, or for APS and RAPS the uniform draws of the randomized score: N numbers in [0, 1] or a numpy
             random generator.
+        floor: The scores of the floor sets (``floor_scores``) instead; ``u`` must then be None.
 
     Returns:
         The scores (N,).
 
     Raises:
         ValueError: Naming the argument and the value when one is malformed, including ``u`` for LAC (which has
-            no randomized version) and ``k_reg`` / ``lam`` for a method other than RAPS.
+            no randomized version) or with ``floor``, and ``k_reg`` / ``lam`` for a method other than RAPS.
 
     References:
         Sadinle, Lei & Wasserman 2019 (LAC); Romano, Sesia & Candès 2020 (APS); Angelopoulos, Bates, Malik &
@@ -188,13 +192,50 @@ def conformity_scores(probs, labels, method: str = "lac", *, k_reg: int = 0, lam
     p = _check_probs(probs)
     y = check_labels(labels, p.shape[0], p.shape[1])
     method, k_reg, lam = _check_method(method, k_reg, lam)
-    draws = _check_u(u, p.shape[0], method)
+    draws = _floor_draws(p.shape[0], method) if _check_floor(floor, u) else _check_u(u, p.shape[0], method)
     rows = np.arange(p.shape[0])
     if method == "lac":
-        return (1.0 - p)[rows, y]
-    ranked = _Ranked.sort(p, with_order=True)
-    position = np.argmax(ranked.order == y[:, None], axis=1)
-    return ranked.scores(k_reg, lam, draws)[rows, position]
+        scores = (1.0 - p)[rows, y]
+    else:
+        ranked = _Ranked.sort(p, with_order=True)
+        position = np.argmax(ranked.order == y[:, None], axis=1)
+        scores = ranked.scores(k_reg, lam, draws)[rows, position]
+    if floor:
+        scores[p[rows, y] == p.max(axis=1)] = 0.0
+    return scores
+
+
+def floor_scores(probs, labels, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0) -> np.ndarray:
+    """The scores of the floor sets: deterministic sets that always hold the most probable label.
+
+    s(x, y) = 0 when y is among the most probable labels of x, else 1 - p_y (LAC) or rho_x(y) + lam (o_x(y) -
+    k_reg)^+ (APS, RAPS): the mass of the labels more probable than y, plus RAPS's penalty, which is the
+    randomized score at the draw u = 1. The sets {k : s(x, k) <= q} at any q >= 0 are a top group of labels
+    holding the most probable one (a prefix of the ranking, MAPIE's ``include_last_label=True`` shape), and split
+    conformal on these scores keeps P(y in C(x)) >= 1 - alpha (Vovk, Gammerman & Shafer 2005): the floor only
+    lowers scores, so the sets are never empty and cover at least the model's top-1 accuracy as well. Against
+    MAPIE's non-randomized APS, whose calibration score counts the label's own mass and whose set also takes in
+    the label that crosses q, these sets are the smaller of two sets with the same guarantee; against randomized
+    APS and RAPS (Romano et al. 2020; Angelopoulos et al. 2021), they give up exact coverage for sets that are a
+    function of the input alone.
+
+    Args:
+        probs, labels, method, k_reg, lam: As for ``conformity_scores``.
+
+    Returns:
+        The scores (N,), >= 0.
+
+    Raises:
+        ValueError: As ``conformity_scores``.
+
+    Examples:
+        >>> probs = np.array([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+        >>> floor_scores(probs, [2, 2], "aps").round(2).tolist()  # the mass above; 0 for the top label
+        [0.8, 0.0]
+        >>> floor_scores(probs, [1, 2], "lac").round(2).tolist()
+        [0.7, 0.0]
+    """
+    return conformity_scores(probs, labels, method, k_reg=k_reg, lam=lam, floor=True)
 
 
 def pick_k_reg(probs, labels, alpha: float) -> int:
@@ -326,7 +367,9 @@ def classwise_quantiles(scores, labels, alpha: float, n_classes: int) -> np.ndar
 # --- prediction sets and p-values ----------------------------------------------------------------------------
 
 
-def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None) -> np.ndarray:
+def prediction_sets(
+    probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None, floor: bool = False
+) -> np.ndarray:
     """Prediction sets for a threshold q, as a boolean mask (N, K).
 
     - LAC: C(x) = {k : 1 - p_k <= q}.
@@ -338,6 +381,8 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
     - APS and RAPS with draws ``u``: C(x) = {k : s(x, k, u) <= q}, the randomized score of ``raps_scores`` with the
       row's draw, so the label at which the scores cross q is in with probability (q - s(x, k, 1)) / p_k; sets can
       be empty. Exact coverage, as MAPIE's ``include_last_label="randomized"`` for APS.
+    - ``floor=True``: C(x) = {k : s(x, k) <= q} for the scores of ``floor_scores``: never empty at q >= 0, the
+      same for the same input, coverage at least 1 - alpha with that function's scores.
 
     Scores within ``SCORE_ATOL`` of q count as equal to it. A +inf threshold gives every class. One threshold,
     at least ``RANK_MIN_CLASSES`` classes: each row is ranked by one sort of integer keys, and the set's size found
@@ -353,6 +398,7 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
         lam: RAPS's penalty per rank beyond ``k_reg``.
         u: None for the non-randomized sets, or for APS and RAPS the draws: N numbers in [0, 1] (one per row) or
             a numpy random generator.
+        floor: The floor sets (``floor_scores``); ``u`` must then be None.
 
     Returns:
         The sets (N, K): True where the class is in the set of the row.
@@ -375,13 +421,19 @@ def prediction_sets(probs, threshold, method: str = "lac", *, k_reg: int = 0, la
     """
     p = _check_probs(probs)
     method, k_reg, lam = _check_method(method, k_reg, lam)
-    q = _check_threshold(threshold, p.shape[1])
-    draws = _check_u(u, p.shape[0], method)
-    return _sets(p, q, method, k_reg, lam, draws)
+    return _rule_sets(p, _check_threshold(threshold, p.shape[1]), method, k_reg, lam, u, floor)
 
 
 def ranked_sets(
-    probs, threshold, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None, check_input: bool = True
+    probs,
+    threshold,
+    method: str = "lac",
+    *,
+    k_reg: int = 0,
+    lam: float = 0.0,
+    u=None,
+    floor: bool = False,
+    check_input: bool = True,
 ):
     """The sets of ``prediction_sets`` for one threshold q, as (order, sizes): ``order`` (N, K) each row's labels
     in decreasing probability, ties in class order (a stable sort), and ``sizes`` (N,), so that the set of row i is
@@ -397,7 +449,7 @@ def ranked_sets(
     ``prediction_sets``'s.
 
     Args:
-        probs, method, k_reg, lam, u: As for ``prediction_sets``.
+        probs, method, k_reg, lam, u, floor: As for ``prediction_sets``.
         threshold: q, one number (possibly +inf).
         check_input: False skips the checks of ``probs``, ``threshold`` and ``u`` (scikit-learn's
             ``check_input``), for a caller that passes what it made itself: a float array (N, K) of rows in [0, 1]
@@ -418,12 +470,17 @@ def ranked_sets(
     """
     method, k_reg, lam = _check_method(method, k_reg, lam)
     if not check_input:
-        return _ranked_sets(probs.astype(np.float64, copy=False), float(threshold), method, k_reg, lam, u)
-    p = _check_probs(probs)
-    q = _check_threshold(threshold, p.shape[1])
-    if isinstance(q, np.ndarray):
-        raise ValueError(expected("threshold", "one number (per-class thresholds need prediction_sets)", threshold))
-    return _ranked_sets(p, q, method, k_reg, lam, _check_u(u, p.shape[0], method))
+        p, q = probs.astype(np.float64, copy=False), float(threshold)
+    else:
+        p = _check_probs(probs)
+        checked = _check_threshold(threshold, p.shape[1])
+        if isinstance(checked, np.ndarray):
+            raise ValueError(expected("threshold", "one number (per-class thresholds need prediction_sets)", threshold))
+        q = checked
+    if not _check_floor(floor, u):
+        return _ranked_sets(p, q, method, k_reg, lam, _check_u(u, p.shape[0], method) if check_input else u)
+    order, sizes = _ranked_sets(p, q, method, k_reg, lam, _floor_draws(p.shape[0], method))
+    return order, np.maximum(sizes, np.count_nonzero(_top_labels(p), axis=1))
 
 
 def p_values(
@@ -435,6 +492,7 @@ def p_values(
     lam: float = 0.0,
     u=None,
     calibration_labels=None,
+    floor: bool = False,
 ) -> np.ndarray:
     """Conformal p-values per class, p_k(x) = (1 + #{i : s_i at or above t_k(x)}) / (n + 1): level sets are the sets.
 
@@ -460,6 +518,8 @@ def p_values(
         u: None, or for APS and RAPS the draws of the randomized statistic (N,) or a numpy random generator.
         calibration_labels: None for the marginal p-values, or the labels (n,) of the calibration examples for
             the class-conditional (Mondrian) ones.
+        floor: The statistic of the floor sets (``floor_scores``, with p_k = 1 for the most probable labels);
+            ``u`` must then be None.
 
     Returns:
         The p-values (N, K), in [1 / (n + 1), 1].
@@ -481,12 +541,13 @@ def p_values(
     """
     p = _check_probs(probs)
     method, k_reg, lam = _check_method(method, k_reg, lam)
-    draws = _check_u(u, p.shape[0], method)
+    floor = _check_floor(floor, u)
+    draws = _floor_draws(p.shape[0], method) if floor else _check_u(u, p.shape[0], method)
     if calibration_labels is None:
         sorted_scores, counts = np.sort(_check_scores(scores)), None
     else:
         sorted_scores, counts = _sort_by_class(scores, calibration_labels, p.shape[1], labels_name="calibration_labels")
-    return _p_values(p, sorted_scores, counts, method, k_reg, lam, draws)
+    return _p_values(p, sorted_scores, counts, method, k_reg, lam, draws, floor)
 
 
 # --- the fitted calibrator ----------------------------------------------------------------------------------
@@ -510,6 +571,9 @@ class SplitConformal:
         randomized: Whether the calibration scores were randomized (a record: any pairing of randomized or
             non-randomized scores and sets keeps coverage >= 1 - alpha; randomized on both sides makes it exact).
         class_counts: None for marginal sets, or the number of scores of each class (K,) for Mondrian sets.
+        floor: Whether ``sets`` and ``p_values`` are the floor sets' (``floor_scores``), never randomized. Scores of
+            any other rule are at least the floor scores of the same rows, so floor sets at their quantile keep
+            coverage >= 1 - alpha too, conservatively.
 
     Raises:
         ValueError: Naming the field when one is malformed (unsorted scores included).
@@ -532,9 +596,11 @@ class SplitConformal:
     lam: float = 0.0
     randomized: bool = False
     class_counts: np.ndarray | None = None
+    floor: bool = False
 
     def __post_init__(self) -> None:
         method, k_reg, lam = _check_method(self.method, self.k_reg, self.lam)
+        _check_floor(self.floor, None)
         if isinstance(self.n_classes, bool) or not isinstance(self.n_classes, (int, np.integer)) or self.n_classes < 2:
             raise ValueError(expected("n_classes", "an integer >= 2", self.n_classes))
         scores = _check_scores(self.scores)
@@ -572,6 +638,7 @@ class SplitConformal:
             ("randomized", bool(self.randomized)),
             ("scores", scores),
             ("class_counts", counts),
+            ("floor", bool(self.floor)),
         ):
             object.__setattr__(self, name, value)
 
@@ -586,6 +653,7 @@ class SplitConformal:
         lam: float = 0.0,
         u=None,
         classwise: bool = False,
+        floor: bool = False,
     ) -> SplitConformal:
         """Fit on a calibration split: compute the scores of its labels and sort them.
 
@@ -598,6 +666,7 @@ class SplitConformal:
             lam: RAPS's penalty per rank beyond ``k_reg``.
             u: None for non-randomized scores, or the draws (n,) / a numpy random generator.
             classwise: Keep the scores per class, for Mondrian (class-conditional) sets.
+            floor: Fit the floor sets' scores (``floor_scores``); ``u`` must then be None.
 
         Returns:
             The fitted calibrator.
@@ -607,12 +676,12 @@ class SplitConformal:
         """
         p = _check_probs(probs)
         y = check_labels(labels, p.shape[0], p.shape[1])
-        scores = conformity_scores(p, y, method, k_reg=k_reg, lam=lam, u=u)
+        scores = conformity_scores(p, y, method, k_reg=k_reg, lam=lam, u=u, floor=floor)
         if classwise:
             sorted_scores, counts = _sort_by_class(scores, y, p.shape[1])
         else:
             sorted_scores, counts = np.sort(scores), None
-        return cls(method, sorted_scores, p.shape[1], k_reg, lam, u is not None, counts)
+        return cls(method, sorted_scores, p.shape[1], k_reg, lam, u is not None, counts, floor)
 
     @property
     def classwise(self) -> bool:
@@ -643,7 +712,8 @@ class SplitConformal:
         Args:
             probs: Probabilities (N, K).
             alpha: The miscoverage level, in (0, 1).
-            u: None for the non-randomized sets, or the draws (N,) / a numpy random generator (APS and RAPS).
+            u: None for the non-randomized sets, or the draws (N,) / a numpy random generator (APS and RAPS);
+                None for floor sets.
 
         Returns:
             The sets (N, K).
@@ -652,9 +722,7 @@ class SplitConformal:
             ValueError: Naming the argument when one is malformed or ``probs`` has another number of classes.
         """
         p = self._check_width(probs)
-        q = self.quantile(alpha)
-        draws = _check_u(u, p.shape[0], self.method)
-        return _sets(p, q, self.method, self.k_reg, self.lam, draws)
+        return _rule_sets(p, self.quantile(alpha), self.method, self.k_reg, self.lam, u, self.floor)
 
     def p_values(self, probs, *, u=None) -> np.ndarray:
         """Conformal p-values (N, K): ``p_values`` with these scores, whose level sets are ``sets``.
@@ -670,17 +738,20 @@ class SplitConformal:
             ValueError: Naming the argument when one is malformed or ``probs`` has another number of classes.
         """
         p = self._check_width(probs)
-        draws = _check_u(u, p.shape[0], self.method)
-        return _p_values(p, self.scores, self.class_counts, self.method, self.k_reg, self.lam, draws)
+        floor = _check_floor(self.floor, u)
+        draws = _floor_draws(p.shape[0], self.method) if floor else _check_u(u, p.shape[0], self.method)
+        return _p_values(p, self.scores, self.class_counts, self.method, self.k_reg, self.lam, draws, floor)
 
     def to_dict(self) -> dict:
         """The calibrator as JSON-serialisable data, which ``from_dict`` restores exactly.
 
         Returns:
             ``{"method", "n_classes", "k_reg", "lambda", "randomized", "scores", "class_counts"}``, the scores a
-            list of floats (Python's JSON writes floats so that they read back bit for bit).
+            list of floats (Python's JSON writes floats so that they read back bit for bit), and ``"floor": true``
+            for a floor calibrator (``from_dict`` reads its absence as false).
         """
-        return {
+        floor = {"floor": True} if self.floor else {}
+        return floor | {
             "method": self.method,
             "n_classes": self.n_classes,
             "k_reg": self.k_reg,
@@ -716,6 +787,7 @@ class SplitConformal:
             lam=data["lambda"],
             randomized=data["randomized"],
             class_counts=None if counts is None else np.asarray(counts, dtype=np.int64),
+            floor=data.get("floor", False),
         )
 
     def _check_width(self, probs) -> np.ndarray:
@@ -849,6 +921,13 @@ def _sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: fl
             out[rest] = _prefix_sets(p[rest], q, k_reg, lam, None if draws is None else draws[rest])
         return out
     return _prefix_sets(p, q, k_reg, lam, draws)
+
+
+def _rule_sets(p: np.ndarray, q: float | np.ndarray, method: str, k_reg: int, lam: float, u, floor) -> np.ndarray:
+    """The sets of checked probabilities and threshold under the rule ``u`` and ``floor`` ask for (both checked)."""
+    if _check_floor(floor, u):
+        return _sets(p, q, method, k_reg, lam, _floor_draws(p.shape[0], method)) | _top_labels(p)
+    return _sets(p, q, method, k_reg, lam, _check_u(u, p.shape[0], method))
 
 
 def _ranked_sets(p: np.ndarray, q: float, method: str, k_reg: int, lam: float, draws) -> tuple[np.ndarray, np.ndarray]:
@@ -1123,7 +1202,12 @@ def _p_values(
     k_reg: int,
     lam: float,
     draws,
+    floor: bool = False,
 ) -> np.ndarray:
+    if floor:  # the floor's statistic is 0 for the most probable labels: every score is at or above it
+        out = _p_values(p, sorted_scores, counts, method, k_reg, lam, draws)
+        out[_top_labels(p)] = 1.0
+        return out
     if counts is None:
         # counted per ranked position: each row's statistics ascend, which binary searches run through fastest
         ranked, stat, top, strict = _ranked_statistic(p, method, k_reg, lam, draws)
@@ -1264,6 +1348,24 @@ def _check_method(method, k_reg, lam) -> tuple[str, int, float]:
         if lam_ != 0:
             raise ValueError(expected("lam", f"0 for the {method!r} score (only RAPS has a penalty)", lam))
     return method, int(k_reg), lam_
+
+
+def _check_floor(floor, u) -> bool:
+    if not isinstance(floor, (bool, np.bool_)):
+        raise ValueError(expected("floor", "a bool", floor))
+    if floor and u is not None:
+        raise ValueError(expected("u", "None for the floor sets, which are not randomized", _shown(u)))
+    return bool(floor)
+
+
+def _floor_draws(n_rows: int, method: str) -> np.ndarray | None:
+    """The draws u = 1 that make APS's and RAPS's randomized score the mass above the label (None for LAC)."""
+    return None if method == "lac" else np.ones(n_rows)
+
+
+def _top_labels(p: np.ndarray) -> np.ndarray:
+    """(N, K): the most probable labels of each row (ties included), which a floor set always holds."""
+    return p == p.max(axis=1, keepdims=True)
 
 
 def _check_u(u, n_rows: int, method: str) -> np.ndarray | None:

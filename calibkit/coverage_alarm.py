@@ -71,12 +71,14 @@ from calibkit.adaptive_conformal import check_misses
 from calibkit.validation import expected
 
 __all__ = [
+    "DEFAULT_EPSILON",
     "DEFAULT_LABELS",
     "DEFAULT_RATE",
     "DEFAULT_THRESHOLD",
     "STATE_FORMAT",
     "CoverageAlarmConfig",
     "CoverageAlarmState",
+    "calibration_tolerance",
     "threshold_for",
 ]
 
@@ -84,8 +86,45 @@ __all__ = [
 DEFAULT_LABELS, DEFAULT_RATE = 10_000, 0.01
 #: A, the default threshold (the module docstring says why).
 DEFAULT_THRESHOLD = 1e5
+#: The probability of a calibration split whose static sets miss more than the alarm's tolerance allows.
+DEFAULT_EPSILON = 0.01
 #: The layout of ``to_dict``.
 STATE_FORMAT = 1
+
+
+def calibration_tolerance(n: int, alpha: float, epsilon: float = DEFAULT_EPSILON) -> float:
+    """delta: the most a static split-conformal set's miss rate exceeds alpha, but with probability epsilon over
+    the n calibration scores.
+
+    Given the calibration split, the static set at q = the k-th smallest score, k = ceil((n + 1)(1 - alpha)),
+    misses each exchangeable label with a fixed probability, which is Beta(n + 1 - k, k) distributed over splits
+    for scores without ties and stochastically smaller with ties or the floor (Vovk 2012, "Conditional validity
+    of inductive conformal predictors"). So P(miss rate > alpha + delta) <= epsilon for delta = the (1 - epsilon)
+    quantile of that law less alpha (0 when k > n: the full set misses nothing). An alarm on the static sets'
+    misses that tests the rate alpha + delta keeps its bound n / A given the split, outside that epsilon.
+
+    Args:
+        n: The number of calibration scores, >= 1.
+        alpha: The target miscoverage, in (0, 1).
+        epsilon: The probability of a calibration split worse than the tolerance, in (0, 1).
+
+    Returns:
+        delta >= 0.
+
+    Examples:
+        >>> round(calibration_tolerance(180, 0.1), 3), round(calibration_tolerance(10_000, 0.1), 3)
+        (0.057, 0.007)
+    """
+    from scipy.stats import beta
+
+    from calibkit.conformal import quantile_rank
+
+    k = quantile_rank(n, alpha)
+    if k > n:
+        return 0.0
+    if not 0 < epsilon < 1:
+        raise ValueError(expected("epsilon", "in (0, 1)", epsilon))
+    return max(0.0, float(beta.ppf(1.0 - epsilon, n + 1 - k, k)) - alpha)
 
 
 def threshold_for(labels: int = DEFAULT_LABELS, rate: float = DEFAULT_RATE) -> float:

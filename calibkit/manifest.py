@@ -201,10 +201,14 @@ def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
     return path
 
 
-def load_conformal(directory: str | Path, spec: ConformalSpec, class_names: Sequence[str]) -> dict[str, SplitConformal]:
+def load_conformal(
+    directory: str | Path, spec: ConformalSpec, class_names: Sequence[str], floor: bool = False
+) -> dict[str, SplitConformal] | None:
     """Read the conformal calibrators that ``spec`` describes, after checking them against it.
 
-    The file is ``{"format": 1, "calibrators": {method: SplitConformal.to_dict(), ...}, "split": {...}}``.
+    The file is ``{"format": 1, "calibrators": {method: SplitConformal.to_dict(), ...}, "floor_calibrators":
+    {...}, "split": {...}}``: ``calibrators`` the exact ones (LAC, randomized APS and RAPS), ``floor_calibrators``
+    those of the floor sets (``calibkit.conformal.floor_scores``), absent from files written before them.
     It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods`` is present, marginal
     (one threshold, which the served sets and their adaptation use), with ``n_classes == len(class_names)`` and
     ``spec.calibration_rows`` scores.
@@ -213,9 +217,11 @@ def load_conformal(directory: str | Path, spec: ConformalSpec, class_names: Sequ
         directory: The artifact directory that holds ``spec.file``.
         spec: The manifest's ``conformal`` entry.
         class_names: The manifest's class names.
+        floor: Read ``floor_calibrators`` instead of ``calibrators``.
 
     Returns:
-        ``{method: SplitConformal}`` for each method of ``spec.methods``.
+        ``{method: SplitConformal}`` for each method of ``spec.methods``; None for ``floor`` when the file has no
+        floor calibrators.
 
     Raises:
         ValueError: Naming the file and what is wrong with it.
@@ -235,33 +241,37 @@ def load_conformal(directory: str | Path, spec: ConformalSpec, class_names: Sequ
     if not isinstance(data, dict) or data.get("format") != CONFORMAL_FORMAT:
         shown = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path}: {expected('format', str(CONFORMAL_FORMAT), shown)}")
-    calibrators = data.get("calibrators")
+    key = "floor_calibrators" if floor else "calibrators"
+    calibrators = data.get(key)
+    if floor and calibrators is None:
+        return None
     if not isinstance(calibrators, dict):
-        raise ValueError(f"{path}: {expected('calibrators', 'an object of calibrators by method', calibrators)}")
+        raise ValueError(f"{path}: {expected(key, 'an object of calibrators by method', calibrators)}")
     missing = [m for m in spec.methods if m not in calibrators]
     if missing:
-        raise ValueError(f"{path}: the manifest's methods {missing} are not in `calibrators` {sorted(calibrators)}")
+        raise ValueError(f"{path}: the manifest's methods {missing} are not in `{key}` {sorted(calibrators)}")
     loaded = {}
     for method in spec.methods:
+        where = f"{path}: {key}.{method}"
         try:
             calibrator = SplitConformal.from_dict(calibrators[method])
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}: calibrators.{method}: {exc}") from None
+            raise ValueError(f"{where}: {exc}") from None
         if calibrator.method != method:
-            raise ValueError(f"{path}: calibrators.{method}: {expected('method', repr(method), calibrator.method)}")
+            raise ValueError(f"{where}: {expected('method', repr(method), calibrator.method)}")
+        if calibrator.floor != floor:
+            raise ValueError(f"{where}: {expected('floor', str(floor).lower(), str(calibrator.floor).lower())}")
         if calibrator.classwise:
             raise ValueError(
-                f"{path}: calibrators.{method}: "
-                f"{expected('class_counts', 'null (served sets use one marginal threshold)', 'class counts')}"
+                f"{where}: {expected('class_counts', 'null (served sets use one marginal threshold)', 'class counts')}"
             )
         if calibrator.n_classes != len(class_names):
             raise ValueError(
-                f"{path}: calibrators.{method}: "
-                f"{expected('n_classes', f'{len(class_names)} (the class names)', calibrator.n_classes)}"
+                f"{where}: {expected('n_classes', f'{len(class_names)} (the class names)', calibrator.n_classes)}"
             )
         if len(calibrator.scores) != spec.calibration_rows:
             raise ValueError(
-                f"{path}: calibrators.{method}: has {len(calibrator.scores)} scores but the manifest's "
+                f"{where}: has {len(calibrator.scores)} scores but the manifest's "
                 f"calibration_rows is {spec.calibration_rows}"
             )
         loaded[method] = calibrator

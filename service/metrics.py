@@ -153,7 +153,7 @@ class ServiceMetrics:
             registry=r,
         )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
-        sets = [*mv, "method", "coverage"]
+        sets = [*mv, "method", "coverage", "randomized"]
         self.coverage_observed = Gauge(
             "calib_set_coverage",
             "Share of labels the served prediction sets held, since the version's first",

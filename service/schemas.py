@@ -34,10 +34,18 @@ class PredictOptions(_Request):
         gt=0,
         lt=1,
         description="the prediction sets' coverage 1 - alpha: each row's set holds its true label with at least "
-        "this probability on data like the calibration split's; the model's default when omitted",
+        "this probability on data like the calibration split's; one of the levels the model serves (GET /models), "
+        "its default when omitted",
     )
     set_method: Literal["lac", "aps", "raps"] | None = Field(
         default=None, description="the conformal score of the sets (LAC, APS or RAPS); the model's default when omitted"
+    )
+    randomized: bool | None = Field(
+        default=None,
+        description="true: the exact sets (randomized APS and RAPS, LAC without its floor): coverage 1 - alpha to "
+        "within 1 / (n + 1), but a set may be empty and, for APS and RAPS, differ between rows of the same input; "
+        "false: the floor sets, never empty, the same for the same input, coverage at least 1 - alpha; the "
+        "service's default (CALIB_CONFORMAL_RANDOMIZED) when omitted",
     )
     return_p_values: bool = Field(default=False, description="also return each class's conformal p-value")
 
@@ -83,7 +91,10 @@ class SetsInfo(BaseModel):
     coverage: float
     threshold: float | None = Field(description="the score threshold; null when the set is every class")
     threshold_version: str = Field(description="the conformal scores' checksum and the labels folded into it")
-    randomized: bool = Field(description="APS and RAPS: one uniform draw per row, from its prediction id")
+    randomized: bool = Field(
+        description="true: the exact sets (randomized APS and RAPS, one uniform draw per row from its prediction id; "
+        "LAC without its floor), which may be empty; false: the floor sets, which always hold the most probable label"
+    )
 
 
 class PredictResponse(BaseModel):

@@ -86,24 +86,36 @@ class Settings(BaseSettings):
         description="the prediction sets' default coverage 1 - alpha when a request names none; unset: the "
         "artifact's default",
     )
-    conformal_adaptation: Literal["log-quantile", "quantile", "aci", "off"] = Field(
-        default="log-quantile",  # calibkit.adaptive_conformal.DEFAULT_METHOD, the rule its benchmark chose
+    conformal_levels: str = Field(
+        default="0.8,0.9,0.95",
+        description="the coverage levels served, comma-separated, each in (0, 1), besides the default coverage; a "
+        "request for any other is refused naming the levels (each level keeps adaptive state and metric series)",
+    )
+    conformal_randomized: bool = Field(
+        default=False,
+        description="serve the exact sets when a request does not say: randomized APS and RAPS and LAC without "
+        "its top-label floor, whose coverage is 1 - alpha to within 1 / (n + 1) but which may be empty and, for APS "
+        "and RAPS, differ between two rows of the same input; false: the floor sets, never empty, the same for the "
+        "same input, coverage at least 1 - alpha",
+    )
+    conformal_adaptation: Literal["log-quantile", "off"] = Field(
+        default="log-quantile",  # calibkit.adaptive_conformal.DEFAULT_METHOD
         description="how each set choice's threshold adapts online from the labels, so long-run coverage holds "
         "under shift: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) on "
-        "the log scale of the score's distance to its top (log-quantile) or on the score scale (quantile), "
-        "adaptive conformal inference (Gibbs & Candès 2021), or off (the static split-conformal threshold)",
+        "the log scale of the score's distance to its top, fed each label's own score so that label delay does not "
+        "destabilise it (log-quantile), or off (the static split-conformal threshold)",
     )
     conformal_step: float | None = Field(
         default=None,
         gt=0,
         lt=1,
-        description="the adaptation's step (eta or gamma) per label; unset: the rule's default",
+        description="the adaptation's step eta per label, on the log scale; unset: the rule's default",
     )
     coverage_alarm_threshold: float = Field(
         default=DEFAULT_THRESHOLD,
         gt=1,
-        description="A of the coverage alarm: while the sets cover their target, P(a false alarm within n labels) "
-        "<= n / A",
+        description="A of the coverage alarm, which watches each label's miss at the static threshold: while the "
+        "traffic is exchangeable with the calibration split, P(a false alarm within n labels) <= n / A + 0.01",
     )
     bucket_sessions: Literal["auto", "on", "off"] = Field(
         default="auto",
@@ -267,6 +279,13 @@ class Settings(BaseSettings):
             return None
         return frozenset(s.strip() for s in self.trusted_label_sources.split(",") if s.strip())
 
+    @field_validator("conformal_levels")
+    @classmethod
+    def _levels(cls, value: str) -> str:
+        """Comma-separated numbers in (0, 1) (the message names the entry at fault)."""
+        conformal_levels(value)
+        return value
+
     @field_validator("predict_tokens", "feedback_tokens", "admin_tokens")
     @classmethod
     def _token_list(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
@@ -275,3 +294,17 @@ class Settings(BaseSettings):
             assert info.field_name is not None  # set for a field validator
             parse_tokens(value.get_secret_value(), f"CALIB_{info.field_name.upper()}")
         return value
+
+
+def conformal_levels(value: str) -> tuple[float, ...]:
+    """The coverage levels of ``CALIB_CONFORMAL_LEVELS``: comma-separated numbers in (0, 1), sorted, distinct."""
+    levels = []
+    for entry in value.split(","):
+        try:
+            level = float(entry)
+        except ValueError:
+            raise ValueError(f"CALIB_CONFORMAL_LEVELS: {entry.strip()!r} is not a number") from None
+        if not 0 < level < 1:
+            raise ValueError(f"CALIB_CONFORMAL_LEVELS: {entry.strip()!r} is not in (0, 1)")
+        levels.append(level)
+    return tuple(sorted(set(levels)))

@@ -7,10 +7,11 @@ calibration scores to be exchangeable with the test scores given the whole fitte
 (Vovk, Gammerman & Shafer 2005; Angelopoulos et al. 2021 split their calibration set in two for the same reason when
 they tune RAPS). Rows that fitted the temperature are not: it was chosen to fit them.
 
-``conformal.json`` holds ``{"format": 1, "calibrators": {"lac", "aps", "raps"}, "split": ..., "draws": ...,
-"raps": ...}``: LAC non-randomized; APS and RAPS randomized with one seeded uniform draw per calibration row (the
-service draws per served row); RAPS with ``k_reg`` from ``pick_k_reg`` at alpha 0.1 on the temperature part (a
-tuning split apart from the conformal part) and lambda 0.01.
+``conformal.json`` holds ``{"format": 1, "calibrators": {"lac", "aps", "raps"}, "floor_calibrators": {...},
+"split": ..., "draws": ..., "raps": ...}``: the exact calibrators, LAC non-randomized and APS and RAPS randomized
+with one seeded uniform draw per calibration row (the service draws per served row); and the floor sets' (the
+service's default: ``calibkit.conformal.floor_scores``); RAPS with ``k_reg`` from ``pick_k_reg`` at alpha 0.1 on
+the temperature part (a tuning split apart from the conformal part) and lambda 0.01.
 """
 
 from __future__ import annotations
@@ -98,9 +99,15 @@ def fit_conformal(probs: np.ndarray, labels: np.ndarray, split: CalibrationSplit
         "aps": SplitConformal.fit(p_cal, y_cal, "aps", u=draws),
         "raps": SplitConformal.fit(p_cal, y_cal, "raps", k_reg=k_reg, lam=RAPS_LAMBDA, u=draws),
     }
+    floors = {
+        "lac": SplitConformal.fit(p_cal, y_cal, "lac", floor=True),
+        "aps": SplitConformal.fit(p_cal, y_cal, "aps", floor=True),
+        "raps": SplitConformal.fit(p_cal, y_cal, "raps", k_reg=k_reg, lam=RAPS_LAMBDA, floor=True),
+    }
     return {
         "format": CONFORMAL_FORMAT,
         "calibrators": {method: calibrator.to_dict() for method, calibrator in calibrators.items()},
+        "floor_calibrators": {method: calibrator.to_dict() for method, calibrator in floors.items()},
         "split": {
             "fitted_on": "validation",
             "rows": len(y_cal),

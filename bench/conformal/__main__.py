@@ -7,7 +7,7 @@ Measures (``measure.run`` says what), judges the goals (``goals``), prints the t
 bench/results/conformal.json and docs/conformal_benchmark.md (``render``).
 
     python -m bench.conformal [--splits 1000] [--repeats 1000] [--seed 0] [--serving-seconds 4]
-        [--serving-rounds 7] [--smoke]
+        [--serving-rounds 7] [--e2e-streams 5] [--e2e-shift-streams 2] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def main() -> None:
         "--serving-seconds", type=float, default=4.0, help="seconds of load per version, round and request size"
     )
     parser.add_argument("--serving-rounds", type=int, default=7, help="alternating rounds of sets in /predict")
+    parser.add_argument(
+        "--e2e-streams", type=int, default=5, help="exchangeable streams through the service per data set and delay"
+    )
+    parser.add_argument(
+        "--e2e-shift-streams", type=int, default=2, help="shifted streams through the service per data set and delay"
+    )
     parser.add_argument("--smoke", action="store_true", help="a few-second run that checks the benchmark works")
     parser.add_argument(
         "--report-only",
@@ -46,7 +52,7 @@ def main() -> None:
             f"{args.serving_rounds}"
         )
     if args.smoke:
-        args.splits, args.repeats = 20, 20
+        args.splits, args.repeats, args.e2e_streams, args.e2e_shift_streams = 20, 20, 1, 1
     publish("conformal", lambda: run(args), goals, markdown, PAGE, args.smoke, args.report_only)
 
 

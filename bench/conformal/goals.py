@@ -16,8 +16,8 @@ BIN_SLACK = 0.05
 COST_MS = 0.5
 #: Sets in /predict on the light model: rows/s with sets at least this share of rows/s without (a cost of 5%).
 SERVING_RATIO = 0.95
-#: Under shift: long-run coverage, and coverage over the window after the shift, within these of target; mean set
-#: size within this factor of the oracle's.
+#: Under shift: long-run coverage, and coverage over the window after the shift, at least the target less these; mean
+#: set size within this factor of the oracle's.
 LONG_RUN_POINTS, WINDOW_POINTS, SIZE_RATIO = 0.01, 0.03, 1.25
 #: The coverage alarm: false alarms per 10,000 labels; mean delay within this factor of the oracle's.
 ALARM_RATE, DELAY_RATIO = 0.01, 1.5
@@ -199,6 +199,10 @@ def goals(result: dict) -> list[dict]:
         out += shift_goals(result["shift"])
     else:
         pending += NOT_YET[1:]
+    if "e2e" in result:
+        from bench.conformal.e2e import goals as e2e_goals
+
+        out += e2e_goals(result["e2e"])
     out += [{"goal": goal, "rows": 0, "met": "not yet measured", "worst": f"needs {needs}"} for goal, needs in pending]
     return out
 
@@ -233,7 +237,7 @@ def serving_goal(serving: dict) -> dict:
 
 
 def shift_goals(shift: dict) -> list[dict]:
-    """The goals under shift, on the rows of the chosen rule and step, and of the coverage alarm."""
+    """The goals under shift, on the rows of the rule and step the service serves, and of the coverage alarm."""
     chosen = shift["chosen"]
     rows = [r for r in shift["streams"] if (r["method"], r["step"]) == (chosen["method"], chosen["step"])]
     target = 1 - shift["shift_setup"]["alpha"]
@@ -254,13 +258,13 @@ def shift_goals(shift: dict) -> list[dict]:
         ("long_run", LONG_RUN_POINTS, "long-run coverage over 10,000 labels"),
         ("window", WINDOW_POINTS, "coverage over the 2,000 labels after the shift"),
     ):
-        far = max(rows, key=lambda r: abs(r[key] - target))
+        far = min(rows, key=lambda r: r[key])
         out.append(
             {
-                "goal": f"under shift, adaptation on ({name}): {what} within {points * 100:g} points of target, "
-                "every stream",
+                "goal": f"under shift, adaptation on ({name}): {what} at least the target less {points * 100:g} "
+                "points, every stream (labels folded one by one, no delay)",
                 "rows": len(rows),
-                "met": all(abs(r[key] - target) <= points + 1e-12 for r in rows),
+                "met": all(r[key] >= target - points - 1e-12 for r in rows),
                 "worst": f"{far[key]:.4f}, {far['data']} {far['shift']}",
             }
         )

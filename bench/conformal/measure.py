@@ -431,7 +431,9 @@ def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
             cal = SplitConformal.fit(cal_p, cal_y, method, u=rng if randomized else None, **kw)
             draws = uniform if randomized else [None] * len(batches)
             sizes = np.concatenate([cal.sets(b, COST_ALPHA, u=u).sum(axis=1) for b, u in zip(batches, draws)])
-            served, choice = ModelSets({method: cal}, method, 1 - COST_ALPHA), SetChoice(method, 1 - COST_ALPHA)
+            # served: the randomized rows' exact sets, the non-randomized rows' floor sets (the service's default)
+            served = ModelSets({method: cal}, method, 1 - COST_ALPHA)
+            choice = SetChoice(method, 1 - COST_ALPHA, randomized=randomized)
             calls = {
                 "served": lambda i, s=served, c=choice, b=outputs, n=ids: s.sets(b[i], n[i], c),
                 "listed": lambda i, s=served, c=choice, b=outputs, n=ids: s.sets(b[i], n[i], c).listed(),
@@ -470,6 +472,8 @@ def run(args) -> dict:
     3. Under shift, and the coverage alarm: ``bench.conformal.shift.run``.
     4. Sets in /predict: ``bench.conformal.serving.run``, ``--serving-rounds`` alternating rounds of
        ``--serving-seconds`` (one round of a second per version and request size with ``--smoke``).
+    5. The sets through the running service, labels late and in batches: ``bench.conformal.e2e.run``,
+       ``--e2e-streams`` exchangeable and ``--e2e-shift-streams`` shifted streams per data set and delay.
     """
     sources = [digits_source(), synthetic_source(args.seed + 100)]
     out: dict = {"setup": vars(args) | {"alphas": list(ALPHAS), "lambda": LAMBDA, "min_bin_labels": MIN_BIN_LABELS}}
@@ -492,4 +496,9 @@ def run(args) -> dict:
     out["serving"] = (
         serving.run(1.0, 1, cost_repeats=20) if args.smoke else serving.run(args.serving_seconds, args.serving_rounds)
     )
+    if args.e2e_streams:
+        from bench.conformal import e2e
+
+        small = {"delays": (0, 100), "measured": 2_000, "shift_min": 2_000, "alarm": 10} if args.smoke else {}
+        out["e2e"] = e2e.run(args.seed + 500, args.e2e_streams, args.e2e_shift_streams, **small)
     return out

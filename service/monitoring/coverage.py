@@ -1,22 +1,27 @@
-"""The coverage of served prediction sets, from labels: per set choice (method and coverage) of a model version,
-the adaptive threshold and the anytime-valid "coverage below target" alarm, and the coverage report.
+"""The coverage of served prediction sets, from labels: per set choice (method, coverage, exact or floor) of a model
+version, the adaptive threshold and the anytime-valid coverage alarm, and the coverage report.
 
 Both states are folded from the stored labels in label order under the version's state row lock
 (``service.store.coverage``), so every replica and every restart derives the same states bit for bit, as the
-calibration alarm's are. A label counts as a miss when the set served with its prediction did not hold it.
+calibration alarm's are. Each label carries its conformity score under the rule of the set served with its
+prediction, computed when it arrived (``service.monitoring.labels``); a label counts as *served-covered* when that
+set held it (the observed coverage), and both states are folded from its score:
 
-- **Adaptive threshold** (``adaptation``): the quantile tracker of conformal PID control (Angelopoulos, Candès &
-  Tibshirani 2023) moves the threshold by eta (err_t - alpha) per label, on the log scale of the score's distance
-  to the top of its range (``log-quantile``, the default) or on the score scale (``quantile``); adaptive conformal
-  inference (Gibbs & Candès 2021) moves the level alpha_t of the static quantile by gamma (alpha - err_t). Each
-  keeps the long-run miss rate of the served sets within a deterministic bound of alpha over T labels, (U + eta) /
-  (eta T) for the log scale truncated at U, (B + eta) / (eta T) for scores in [0, B] and (max(alpha, 1 - alpha) +
-  gamma) / (gamma T), for every sequence of labels, shift or not (``calibkit.adaptive_conformal``, whose
-  benchmark chose the log-scale tracker). Off, sets use the static threshold, whose guarantee needs serving data
-  exchangeable with the calibration split.
-- **Coverage alarm**: the mixture of e-CUSUM detectors of ``calibkit.coverage_alarm``: while the served sets cover
-  at least their target, P(a false alarm within n labels) <= n / A (Shin, Ramdas & Rinaldo 2023). A raised alarm
-  clears once its evidence is spent (the mixture back below 1), and re-arms.
+- **Adaptive threshold** (``adaptation``, ``log-quantile``): the quantile tracker of conformal PID control
+  (Angelopoulos, Candès & Tibshirani 2023) on the log scale of the score's distance to the top of its range, fed
+  each label's miss at the tracker's current level, never below the floor sets' smallest
+  (``calibkit.adaptive_conformal.LogQuantileTracker``): stable however late and in whatever batches labels come,
+  with the long-run bound (U + eta) / (eta T) on its own misses for every sequence. Off, sets use the static
+  threshold, whose guarantee needs serving data exchangeable with the calibration split.
+- **Coverage alarm**: the mixture of e-CUSUM detectors of ``calibkit.coverage_alarm`` on each label's miss at the
+  *static* threshold, whatever threshold was served. Its null: the labelled traffic is exchangeable with the
+  calibration split, the assumption of the static sets. Given the split, the static sets then miss at a fixed rate,
+  at most alpha + delta but with probability 0.01 over splits (``calibration_tolerance``), so the detectors test the
+  rate alpha + delta, and P(a false alarm within n labels) <= n / A + 0.01 (Shin, Ramdas & Rinaldo 2023). It fires
+  when the static sets under-cover: with adaptation off these are the sets served; with it on, the served sets
+  under-cover while the threshold catches up, and the alarm stays raised while the traffic stays shifted (the
+  sets then rest on the adaptation: recalibrate). A raised alarm clears once its evidence is spent (the mixture
+  back below 1), and re-arms.
 """
 
 from __future__ import annotations
@@ -30,15 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binomtest
 
-from calibkit.adaptive_conformal import (
-    DEFAULT_METHOD,
-    ACIState,
-    LogQuantileTracker,
-    QuantileTracker,
-    score_range,
-    start,
-)
-from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState
+from calibkit.adaptive_conformal import DEFAULT_STEP, LogQuantileTracker, misses_of
+from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, calibration_tolerance
 from service.metrics import ServiceMetrics
 from service.monitoring.windows import Window
 from service.serving.repository import ModelRepository, ServedModel
@@ -47,31 +45,35 @@ from service.store import Store
 log = logging.getLogger("service.monitoring")
 
 
-def choice_key(method: str, coverage: float) -> str:
+def choice_key(method: str, coverage: float, randomized: bool) -> str:
     """The state's key of a set choice (the coverage as Python writes it, exact)."""
-    return f"{method}@{coverage!r}"
-
-
-Adaptive = ACIState | QuantileTracker | LogQuantileTracker
+    return f"{method}@{coverage!r}" + ("/exact" if randomized else "")
 
 
 @dataclass(frozen=True)
 class ChoiceState:
-    """One set choice's adaptive threshold, alarm and the time the alarm was raised (None: not raised)."""
+    """One set choice's adaptive threshold, alarm, the time the alarm was raised (None: not raised), and the labels
+    its served sets held and missed."""
 
     method: str
     coverage: float
-    adaptive: Adaptive
+    randomized: bool
+    adaptive: LogQuantileTracker
     alarm: CoverageAlarmState
     since: float | None = None
+    labels: int = 0
+    missed: int = 0
 
     def to_dict(self) -> dict:
         return {
             "method": self.method,
             "coverage": self.coverage,
+            "randomized": self.randomized,
             "adaptive": self.adaptive.to_dict(),
             "alarm": self.alarm.to_dict(),
             "since": self.since,
+            "labels": self.labels,
+            "missed": self.missed,
         }
 
 
@@ -91,7 +93,7 @@ class CoverageMonitor:
         self.repository = repository
         self.metrics = metrics
         self.adaptation = adaptation
-        self.step = step
+        self.step = DEFAULT_STEP if step is None else step
         self.alarm_threshold = alarm_threshold
         self.trusted = trusted
 
@@ -99,35 +101,44 @@ class CoverageMonitor:
     def adaptive(self) -> bool:
         return self.adaptation != "off"
 
-    def fresh(self, served: ServedModel, method: str, coverage: float) -> ChoiceState:
-        """A choice's state before any label: the adaptive threshold at the static quantile, the alarm armed."""
+    def fresh(self, served: ServedModel, method: str, coverage: float, randomized: bool) -> ChoiceState:
+        """A choice's state before any label: the adaptive threshold at the static quantile, the alarm armed at the
+        static sets' miss rate its calibration split allows."""
+        calibrator = served.sets.calibrator(method, randomized)
         alpha = 1.0 - coverage
-        rule = self.adaptation if self.adaptive else DEFAULT_METHOD
-        adaptive = start(served.sets.calibrators[method], alpha, rule, self.step)
-        config = CoverageAlarmConfig(alpha=alpha, threshold=self.alarm_threshold)
-        return ChoiceState(method, coverage, adaptive, CoverageAlarmState.fresh(config))
+        adaptive = LogQuantileTracker.started(calibrator, alpha, self.step)
+        null = min(alpha + calibration_tolerance(len(calibrator.scores), alpha), (1.0 + alpha) / 2.0)
+        config = CoverageAlarmConfig(alpha=null, threshold=self.alarm_threshold)
+        return ChoiceState(method, coverage, randomized, adaptive, CoverageAlarmState.fresh(config))
+
+    @staticmethod
+    def served_choice(served: ServedModel, method: str, coverage: float) -> bool:
+        """Whether the version keeps state for a choice of this method and level: a method it has, at a level it
+        serves (either rule)."""
+        return method in served.sets.calibrators and coverage in served.sets.levels
 
     def decode(self, served: ServedModel, saved: str) -> dict[str, ChoiceState]:
-        """The states saved as JSON; a choice saved under other settings (rule, step, alarm threshold) or for a
-        method the version no longer has starts afresh."""
+        """The states saved as JSON; a choice saved under other settings (rule, step, alarm threshold, state format)
+        starts afresh, and one the version no longer serves (a level or method) is dropped."""
         states = {}
         for key, data in json.loads(saved).items():
-            if data["method"] not in served.sets.calibrators:
+            randomized = data.get("randomized")
+            if not isinstance(randomized, bool) or not self.served_choice(served, data["method"], data["coverage"]):
                 continue
-            fresh = self.fresh(served, data["method"], data["coverage"])
-            kind = type(fresh.adaptive)
-            adaptive = (
-                kind.from_dict(data["adaptive"])
-                if data["adaptive"].get("method") == fresh.adaptive.to_dict()["method"]
-                else None
-            )
-            if adaptive is None or _step(adaptive) != _step(fresh.adaptive):
+            fresh = self.fresh(served, data["method"], data["coverage"], randomized)
+            try:
+                adaptive = LogQuantileTracker.from_dict(data["adaptive"])
+            except ValueError:  # another rule or format
+                adaptive = None
+            if adaptive is None or _settings(adaptive) != _settings(fresh.adaptive):
                 states[key] = fresh
                 continue
             # an alarm saved under other settings restarts (``CoverageAlarmState.from_dict``)
             alarm = CoverageAlarmState.from_dict(data["alarm"], fresh.alarm.config)
             since = data.get("since") if alarm.labels == data["alarm"].get("labels") else None
-            states[key] = ChoiceState(fresh.method, fresh.coverage, adaptive, alarm, since)
+            states[key] = ChoiceState(
+                fresh.method, fresh.coverage, randomized, adaptive, alarm, since, data["labels"], data["missed"]
+            )
         return states
 
     def assess(self, served: ServedModel) -> list[dict]:
@@ -141,15 +152,21 @@ class CoverageMonitor:
             new = self.store.coverage.labels_after(
                 served.name, served.version, state.row.last_seq, state.connection, self.trusted
             )
-            groups: dict[str, list[int]] = {}
+            groups: dict[str, tuple[list[float], list[int]]] = {}
             for row in new:
-                key = choice_key(row.set_method, row.set_coverage)
+                # labels of a level the version does not serve, or from before scores were kept, fold nowhere
+                if row.set_score is None or not self.served_choice(served, row.set_method, row.set_coverage):
+                    continue
+                key = choice_key(row.set_method, row.set_coverage, bool(row.set_randomized))
                 if key not in states:
-                    states[key] = self.fresh(served, row.set_method, row.set_coverage)
-                groups.setdefault(key, []).append(1 - int(row.covered))
+                    states[key] = self.fresh(served, row.set_method, row.set_coverage, bool(row.set_randomized))
+                scores, covered = groups.setdefault(key, ([], []))
+                scores.append(row.set_score)
+                covered.append(int(row.covered))
             now = time.time()
-            for key, misses in groups.items():
-                states[key], transition = _fold(states[key], misses, now)
+            for key, (scores, covered) in groups.items():
+                static = self._static(served, states[key])
+                states[key], transition = _fold(states[key], scores, covered, static, now)
                 if transition is not None:
                     transitions.append({"model": served.name, "version": served.version} | transition)
             if new:
@@ -170,15 +187,14 @@ class CoverageMonitor:
     def publish(self, served: ServedModel, states: dict[str, ChoiceState]) -> None:
         """Serve the adapted levels (when adaptive) and set the coverage gauges."""
         if self.adaptive:
-            served.sets.adapt({(s.method, s.coverage): s.adaptive for s in states.values()})
+            served.sets.adapt({(s.method, s.coverage, s.randomized): s.adaptive for s in states.values()})
         for s in states.values():
-            labels = (served.name, served.version, s.method, f"{s.coverage:g}")
-            _, served_threshold = self._thresholds(served, s.method, s.coverage, s)
+            labels = (served.name, served.version, s.method, f"{s.coverage:g}", str(s.randomized).lower())
             self.metrics.coverage_alarm.labels(*labels).set(1 if s.since is not None else 0)
             self.metrics.coverage_statistic.labels(*labels).set(float(s.alarm.statistic[0]))
-            self.metrics.coverage_threshold.labels(*labels).set(served_threshold)
-            if s.adaptive.labels:
-                self.metrics.coverage_observed.labels(*labels).set(1 - s.adaptive.misses / s.adaptive.labels)
+            self.metrics.coverage_threshold.labels(*labels).set(self._served_threshold(served, s))
+            if s.labels:
+                self.metrics.coverage_observed.labels(*labels).set(1 - s.missed / s.labels)
 
     def report(self, served: ServedModel, window: Window) -> dict:
         """The coverage block of GET /calibration: per set choice served, over the window's labels, the observed
@@ -192,16 +208,20 @@ class CoverageMonitor:
         classes = served.manifest.class_names
         groups: dict[str, list] = {}
         for r in rows:
-            groups.setdefault(choice_key(r.set_method, r.set_coverage), []).append(r)
+            groups.setdefault(choice_key(r.set_method, r.set_coverage, _randomized(r)), []).append(r)
         choices = []
         for key in sorted(set(groups) | set(states)):
             state = states.get(key)
             group = groups.get(key, [])
-            method, coverage = (state.method, state.coverage) if state else (group[0].set_method, group[0].set_coverage)
+            if state is not None:
+                method, coverage, randomized = state.method, state.coverage, state.randomized
+            else:
+                method, coverage, randomized = group[0].set_method, group[0].set_coverage, _randomized(group[0])
+            threshold = self._threshold(served, state) if state is not None else _UNTRACKED
             choices.append(
-                {"method": method, "coverage": coverage}
+                {"method": method, "coverage": coverage, "randomized": randomized}
                 | _observed(group, coverage, classes)
-                | self._threshold(served, method, coverage, state)
+                | threshold
             )
         return {
             "available": True,
@@ -210,67 +230,85 @@ class CoverageMonitor:
             "choices": choices,
         }
 
-    def _thresholds(
-        self, served: ServedModel, method: str, coverage: float, state: ChoiceState | None
-    ) -> tuple[float, float]:
-        """(static, served) thresholds of a set choice: the split-conformal quantile, and the adapted one when
-        adaptation is on and the choice has a state."""
-        calibrator = served.sets.calibrators[method]
-        static = float(calibrator.quantile(1 - coverage))
-        if state is None or not self.adaptive:
-            return static, static
-        return static, state.adaptive.threshold(calibrator)
+    @staticmethod
+    def _static(served: ServedModel, state: ChoiceState) -> float:
+        """The static split-conformal threshold of a choice."""
+        return float(served.sets.calibrator(state.method, state.randomized).quantile(1.0 - state.coverage))
 
-    def _threshold(self, served: ServedModel, method: str, coverage: float, state: ChoiceState | None) -> dict:
-        calibrator = served.sets.calibrators[method]
-        static, threshold = self._thresholds(served, method, coverage, state)
-        adaptive = state.adaptive if state is not None else None
-        folded = adaptive.labels if adaptive is not None and self.adaptive else 0
+    def _served_threshold(self, served: ServedModel, state: ChoiceState) -> float:
+        """The threshold the choice's sets are served at: the adapted one when adaptation is on, else the static."""
+        return state.adaptive.threshold() if self.adaptive else self._static(served, state)
+
+    def _threshold(self, served: ServedModel, state: ChoiceState) -> dict:
+        folded = state.adaptive.labels if self.adaptive else 0
         return {
-            "static_threshold": _finite(static),
-            "threshold": _finite(threshold),
-            "labels_folded": adaptive.labels if adaptive is not None else 0,
+            "static_threshold": _finite(self._static(served, state)),
+            "threshold": _finite(self._served_threshold(served, state)),
+            "labels_folded": state.adaptive.labels,
             "threshold_version": served.sets.version(folded),
-            "long_run_bound": _finite(_bound(adaptive, calibrator)) if adaptive is not None else None,
+            "long_run_bound": _finite(state.adaptive.bound),
             "alarm": {
-                "state": "alarm" if state is not None and state.since is not None else "ok",
-                "since": state.since if state is not None else None,
-                "statistic": float(state.alarm.statistic[0]) if state is not None else 1.0,
+                "state": "alarm" if state.since is not None else "ok",
+                "since": state.since,
+                "statistic": float(state.alarm.statistic[0]),
+                "null_miss_rate": state.alarm.config.alpha,
             },
         }
 
 
-def _step(adaptive: Adaptive) -> float:
-    return adaptive.gamma if isinstance(adaptive, ACIState) else adaptive.eta
+#: The threshold part of a choice with labels but no state: a level or method the version no longer serves, or
+#: labels stored before scores were kept.
+_UNTRACKED = {
+    "static_threshold": None,
+    "threshold": None,
+    "labels_folded": 0,
+    "threshold_version": None,
+    "long_run_bound": None,
+    "alarm": {"state": "ok", "since": None, "statistic": 1.0, "null_miss_rate": None},
+}
 
 
-def _bound(adaptive: Adaptive, calibrator) -> float:
-    """The deterministic bound on |misses / labels - alpha| so far: for the tracker, with B the largest score the
-    method can give (1 for LAC and APS, 1 + lambda (K - k_reg) for RAPS); the log-scale tracker's does not depend
-    on B."""
-    if isinstance(adaptive, (ACIState, LogQuantileTracker)):
-        return adaptive.bound
-    return adaptive.bound(score_range(calibrator))
+def _settings(tracker: LogQuantileTracker) -> tuple:
+    """What a saved tracker must share with a fresh one to be carried on."""
+    return tracker.alpha, tracker.eta, tracker.span, tracker.score_range, tracker.release
 
 
-def _fold(state: ChoiceState, misses: list[int], now: float) -> tuple[ChoiceState, dict | None]:
-    """The state after the misses, and the alarm's transition if it changed; a raised alarm whose mixture is
-    back below 1 (its evidence spent) clears and re-arms."""
-    alarm = state.alarm.fold(misses)
+def _randomized(row) -> bool:
+    """Whether a label's set was the exact one (NULL: labelled before floor sets, when every set was)."""
+    return True if row.set_randomized is None else bool(row.set_randomized)
+
+
+def _fold(
+    state: ChoiceState, scores: list[float], covered: list[int], static: float, now: float
+) -> tuple[ChoiceState, dict | None]:
+    """The state after labels with these conformity scores (and whether their served sets held them), and the
+    alarm's transition if it changed; a raised alarm whose mixture is back below 1 (its evidence spent) clears and
+    re-arms."""
+    alarm = state.alarm.fold(misses_of(scores, static))
     since, transition = state.since, None
     if alarm.alarmed[0] and since is None:
         since, transition = now, "alarm"
     if alarm.alarmed[0] and float(alarm.log_mixture[0]) < 0:
         alarm = CoverageAlarmState(alarm.config, alarm.log_statistic, alarm.labels, np.full(1, -1))
         since, transition = None, None if transition == "alarm" else "ok"
-    folded = ChoiceState(state.method, state.coverage, state.adaptive.fold(misses), alarm, since)
+    folded = ChoiceState(
+        state.method,
+        state.coverage,
+        state.randomized,
+        state.adaptive.fold(scores),
+        alarm,
+        since,
+        state.labels + len(covered),
+        state.missed + len(covered) - sum(covered),
+    )
     if transition is None:
         return folded, None
     return folded, {
         "event": "coverage_alarm_transition",
-        "choice": choice_key(state.method, state.coverage),
+        "choice": choice_key(state.method, state.coverage, state.randomized),
         "method": state.method,
         "coverage": state.coverage,
+        "randomized": state.randomized,
         "from": "ok" if transition == "alarm" else "alarm",
         "to": transition,
         "since": since,

@@ -52,7 +52,18 @@ class _Candidate:
     offline: bool
     logits: bytes | None = None
     source: str = ANONYMOUS
-    served_set: tuple[bytes, float, str] | None = None  # (packed members, coverage, method) served with it
+    served_set: ServedSet | None = None  # the set served with it
+
+
+class ServedSet(NamedTuple):
+    """The set logged with a prediction: packed members, coverage, method, whether randomized, and the
+    probabilities it was computed from (None: the prediction's own)."""
+
+    members: bytes
+    coverage: float
+    method: str
+    randomized: bool
+    probabilities: bytes | None
 
 
 class LabelRecorder:
@@ -186,7 +197,12 @@ class LabelRecorder:
             label = _label_index(item.label, served)
             if isinstance(label, str):
                 return label
-            served_set = (row.set_members, row.set_coverage, row.set_method) if row.set_members is not None else None
+            served_set = None
+            if row.set_members is not None:  # a set logged before floor sets (randomized NULL) was the exact one
+                randomized = True if row.set_randomized is None else bool(row.set_randomized)
+                served_set = ServedSet(
+                    row.set_members, row.set_coverage, row.set_method, randomized, row.set_probabilities
+                )
             return _Candidate(
                 index,
                 served,
@@ -263,11 +279,19 @@ class LabelRecorder:
             correct = (predicted == y).astype(int).tolist()
             predicted, confidence = predicted.tolist(), confidence.tolist()
             blobs = encode_rows(probs) if offline else [cast(bytes, c.probs) for c in group]
+            scores = _set_scores(group, probs)
             for i, (c, blob) in enumerate(zip(group, blobs)):
-                sets: tuple = (None, None, None, None)
+                sets: tuple = (None,) * 6
                 if c.served_set is not None:
-                    members, set_coverage, set_method = c.served_set
-                    sets = (int(covered(members, c.label)), set_size(members), set_coverage, set_method)
+                    members, set_coverage, set_method, randomized, _ = c.served_set
+                    sets = (
+                        int(covered(members, c.label)),
+                        set_size(members),
+                        set_coverage,
+                        set_method,
+                        randomized,
+                        scores.get(i),
+                    )
                 label_rows[c.index] = LabelRow(
                     c.prediction_id,
                     c.served.name,
@@ -309,6 +333,29 @@ class LabelRecorder:
             self.metrics.labeled.labels(*labels).inc()
             self.metrics.confidence_sum.labels(*labels).inc(r.confidence)
             self.metrics.correct.labels(*labels).inc(r.correct)
+
+
+def _set_scores(group: list[_Candidate], probs: np.ndarray) -> dict[int, float]:
+    """By position in ``group`` (one model version), each label's conformity score under the rule of the set served
+    with its prediction, from the probabilities that set was computed from: the adaptive threshold and the coverage
+    alarm fold these (``service.monitoring.coverage``)."""
+    sets = group[0].served.sets
+    by_rule: dict[tuple[str, bool], list[int]] = {}
+    for i, c in enumerate(group):
+        if c.served_set is not None and sets.available and c.served_set.method in sets.calibrators:
+            by_rule.setdefault((c.served_set.method, c.served_set.randomized), []).append(i)
+    out: dict[int, float] = {}
+    for (method, randomized), rows in by_rule.items():
+        own = [group[i].served_set.probabilities for i in rows]  # type: ignore[union-attr]
+        p = (
+            probs[rows]
+            if all(b is None for b in own)
+            else decode_rows([b or cast(bytes, group[i].probs) for i, b in zip(rows, own)])
+        )
+        labels = np.array([group[i].label for i in rows])
+        scores = sets.label_scores(p, labels, [group[i].prediction_id for i in rows], method, randomized)
+        out.update(zip(rows, scores.tolist()))
+    return out
 
 
 def _duplicate(prediction_id: str | None, labelled: set[str], pending: set[str]) -> str | None:

@@ -1,12 +1,16 @@
 """Prediction sets served per request: a model version's conformal calibrators, its default method and coverage,
-and the sets (and p-values) of a batch's rows.
+the coverage levels it serves, and the sets (and p-values) of a batch's rows.
 
 A set is computed from the probabilities of the artifact's own calibration (the ONNX graph's ``probabilities``
 output), the ones its conformal scores were fitted on, even after an in-service refit of the temperature: split
 conformal's guarantee holds for scores exchangeable with the calibration split's (Angelopoulos et al. 2021,
-"Uncertainty sets for image classifiers using conformal prediction"; ``calibkit.conformal``). Randomized APS and
-RAPS sets draw one uniform number per row from the row's prediction id (its 52 random bits after the timestamp),
-so that any replica, the prediction log and a later audit recompute the same set from the same row.
+"Uncertainty sets for image classifiers using conformal prediction"; ``calibkit.conformal``).
+
+Two rules per method. By default the **floor sets** (``calibkit.conformal.floor_scores``): a function of the input
+alone, never empty, coverage at least 1 - alpha. On request the **exact sets**: randomized APS and RAPS, whose draw
+per row comes from the row's prediction id (its 52 random bits after the timestamp), so that any replica, the
+prediction log and a later audit recompute the same set from the same row, and LAC without the floor; their
+coverage is 1 - alpha to within 1 / (n + 1), and they may be empty.
 
 The threshold's version names what the sets were computed with: the conformal file's checksum, and the number
 of labels the adaptive threshold has folded in (0: the static split-conformal quantile); the adapted levels come
@@ -16,13 +20,13 @@ from ``service.monitoring.coverage``, which folds the stored labels in order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from calibkit.adaptive_conformal import ACIState, LogQuantileTracker, QuantileTracker, served_ranked_sets
-from calibkit.conformal import SplitConformal
+from calibkit.adaptive_conformal import LogQuantileTracker, served_ranked_sets
+from calibkit.conformal import SplitConformal, conformity_scores
 from calibkit.manifest import Manifest, load_conformal
 from service.errors import InvalidInput
 
@@ -48,11 +52,18 @@ def row_draws(ids: list[str]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SetChoice:
-    """What a request asks for: the score, the coverage 1 - alpha, and whether it wants the p-values."""
+    """What a request asks for: the score, the coverage 1 - alpha, whether it wants the p-values, and whether the
+    exact (randomized) sets rather than the floor sets."""
 
     method: str
     coverage: float
     p_values: bool = False
+    randomized: bool = False
+
+    @property
+    def key(self) -> tuple[str, float, bool]:
+        """What the adaptive state and the coverage series are kept by (the p-values change no set)."""
+        return self.method, self.coverage, self.randomized
 
 
 class ServedSets:
@@ -163,7 +174,8 @@ class ServedSets:
 
 
 class ModelSets:
-    """A model version's conformal calibrators by method, with its defaults, or the reason it serves no sets."""
+    """A model version's conformal calibrators by method, exact and floor, with its defaults and the coverage levels
+    it serves, or the reason it serves no sets."""
 
     def __init__(
         self,
@@ -172,37 +184,61 @@ class ModelSets:
         default_coverage: float | None = None,
         checksum: str = "",
         reason: str | None = None,
+        *,
+        floors: dict[str, SplitConformal] | None = None,
+        levels: tuple[float, ...] = (),
+        randomized: bool = False,
     ):
         self.calibrators = calibrators
+        self.floors = floors if floors is not None else {m: replace(c, floor=True) for m, c in calibrators.items()}
+        self.floors_fitted = floors is not None
         self.default_method = default_method
         self.default_coverage = default_coverage
+        self.levels = tuple(sorted({*levels, *([default_coverage] if default_coverage is not None else [])}))
+        self.default_randomized = randomized
         self.checksum = checksum
         self.reason = reason
-        self._adapted: dict[tuple[str, float], ACIState | QuantileTracker | LogQuantileTracker] = {}
+        self._adapted: dict[tuple[str, float, bool], LogQuantileTracker] = {}
 
-    def adapt(self, states: dict[tuple[str, float], ACIState | QuantileTracker | LogQuantileTracker]) -> None:
-        """Serve these adaptive levels by (method, coverage) from now on (``service.monitoring.coverage``)."""
+    def adapt(self, states: dict[tuple[str, float, bool], LogQuantileTracker]) -> None:
+        """Serve these adaptive levels by (method, coverage, randomized) from now on
+        (``service.monitoring.coverage``)."""
         self._adapted = dict(states)
 
     @classmethod
     def load(
-        cls, directory: Path, manifest: Manifest, method: str | None = None, coverage: float | None = None
+        cls,
+        directory: Path,
+        manifest: Manifest,
+        method: str | None = None,
+        coverage: float | None = None,
+        levels: tuple[float, ...] = (),
+        randomized: bool = False,
     ) -> ModelSets:
         """The calibrators of an artifact version (checked against the manifest's checksum), with the defaults
-        of the settings (``method``, ``coverage``) or else the manifest's; an artifact without conformal scores
-        serves no sets and says why. Raises ``ValueError`` when the scores are there but do not match."""
+        of the settings (``method``, ``coverage``, ``randomized``) or else the manifest's, serving ``levels`` and
+        the default coverage; an artifact without conformal scores serves no sets and says why. An artifact
+        without floor scores (exported before floor sets) serves floor sets at its exact scores' quantiles, which
+        keeps their guarantee, conservatively. Raises ``ValueError`` when the scores are there but do not match."""
         spec = manifest.conformal
         if spec is None:
             return cls({}, reason="the artifact has no conformal scores (exported before prediction sets existed)")
         calibrators = load_conformal(directory, spec, manifest.class_names)
+        assert calibrators is not None  # the exact calibrators are always there
+        floors = load_conformal(directory, spec, manifest.class_names, floor=True)
         chosen = method or spec.default_method
         if chosen not in calibrators:
             raise ValueError(f"conformal method {chosen!r} is not in the artifact's {sorted(calibrators)}")
-        return cls(calibrators, chosen, coverage or spec.default_coverage, spec.sha256[:12])
+        default = coverage or spec.default_coverage
+        return cls(calibrators, chosen, default, spec.sha256[:12], floors=floors, levels=levels, randomized=randomized)
 
     @property
     def available(self) -> bool:
         return bool(self.calibrators)
+
+    def calibrator(self, method: str, randomized: bool) -> SplitConformal:
+        """The calibrator of a set rule: the exact one (randomized APS and RAPS, LAC without floor) or the floor's."""
+        return self.calibrators[method] if randomized else self.floors[method]
 
     def describe(self) -> dict:
         """What ``/models`` says about the version's sets."""
@@ -213,6 +249,11 @@ class ModelSets:
             "methods": sorted(self.calibrators),
             "default_method": self.default_method,
             "default_coverage": self.default_coverage,
+            "levels": list(self.levels),
+            "randomized": self.default_randomized,
+            "floor_scores": "fitted"
+            if self.floors_fitted
+            else "the exact scores (conservative: exported before floor sets)",
             "calibration_rows": {m: len(c.scores) for m, c in self.calibrators.items()},
             "threshold_version": self.version(0),
         }
@@ -221,13 +262,23 @@ class ModelSets:
         """The threshold's version: the conformal file's checksum and the labels folded into it."""
         return f"{self.checksum}:{folded}"
 
-    def choice(self, method: str | None, coverage: float | None, p_values: bool, field: str = "") -> SetChoice | None:
+    def choice(
+        self,
+        method: str | None,
+        coverage: float | None,
+        p_values: bool,
+        field: str = "",
+        randomized: bool | None = None,
+    ) -> SetChoice | None:
         """A request's choice, with the defaults for what it leaves out; None when it asks for nothing and the
-        version has no sets. Asking a version without sets for them is a 422 naming the field and the reason."""
+        version has no sets. Asking a version without sets for them, or for a coverage it does not serve, is a 422
+        naming the field (and the levels it serves)."""
         if not self.available:
             asked = [name for name, value in (("coverage", coverage), ("set_method", method)) if value is not None]
             if p_values:
                 asked.append("return_p_values")
+            if randomized:
+                asked.append("randomized")
             if asked:
                 raise InvalidInput(
                     f"this model version serves no prediction sets: {self.reason}", field=field + asked[0]
@@ -240,15 +291,22 @@ class ModelSets:
                 field=field + "set_method",
             )
         assert self.default_coverage is not None  # set whenever there are calibrators
-        return SetChoice(chosen, self.default_coverage if coverage is None else coverage, p_values)
+        level = self.default_coverage if coverage is None else coverage
+        if level not in self.levels:
+            raise InvalidInput(
+                f"coverage {coverage!r} is not served; the levels served are {list(self.levels)}",
+                field=field + "coverage",
+            )
+        exact = self.default_randomized if randomized is None else randomized
+        return SetChoice(chosen, float(level), p_values, exact)
 
     def sets(self, probs: np.ndarray, ids: list[str], choice: SetChoice) -> ServedSets:
         """The sets (and, when asked, p-values) of rows with probabilities ``probs`` (N, K) and prediction ids
         ``ids``: at the adapted level of the choice when one is served (``adapt``), else at the static
         split-conformal threshold. The p-values are the static calibration scores' (Vovk et al. 2005)."""
-        calibrator = self.calibrators[choice.method]
-        draws = row_draws(ids) if calibrator.randomized and calibrator.method != "lac" else None
-        adapted = self._adapted.get((choice.method, choice.coverage))
+        calibrator = self.calibrator(choice.method, choice.randomized)
+        draws = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
+        adapted = self._adapted.get(choice.key)
         if adapted is None:
             threshold, version = float(calibrator.quantile(1.0 - choice.coverage)), self.version(0)
         else:
@@ -256,4 +314,21 @@ class ModelSets:
         # the graph's softmax of finite inputs (``preprocessing`` refuses others) and draws from ids: nothing to check
         order, sizes = served_ranked_sets(calibrator, probs, threshold, u=draws, check_input=False)
         p = calibrator.p_values(probs, u=draws).astype(np.float32) if choice.p_values else None
-        return ServedSets(choice, order, sizes, p, threshold, version, draws is not None)
+        return ServedSets(choice, order, sizes, p, threshold, version, choice.randomized)
+
+    def label_scores(
+        self, probs: np.ndarray, labels: np.ndarray, ids: list[str], method: str, randomized: bool
+    ) -> np.ndarray:
+        """The conformity scores of labelled rows under the rule their sets were served by: the label's floor
+        score, or its exact score with the row's draw (``row_draws``) for randomized APS and RAPS."""
+        calibrator = self.calibrator(method, randomized)
+        draws = row_draws(ids) if randomized and calibrator.method != "lac" else None
+        return conformity_scores(
+            probs,
+            labels,
+            calibrator.method,
+            k_reg=calibrator.k_reg,
+            lam=calibrator.lam,
+            u=draws,
+            floor=calibrator.floor,
+        )

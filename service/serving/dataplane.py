@@ -152,7 +152,9 @@ class DataPlane:
         self, model: ServedModel, options: PredictOptions, x: np.ndarray, phases: Phases
     ) -> tuple[dict, Timing]:
         """The /predict body for a prepared request (``respond``) and the batch's timing."""
-        choice = model.sets.choice(options.set_method, options.coverage, options.return_p_values)
+        choice = model.sets.choice(
+            options.set_method, options.coverage, options.return_p_values, randomized=options.randomized
+        )
         phases.mark("validate")
         result, timing = await self.infer(model, x)
         phases.mark("batch")
@@ -380,21 +382,24 @@ class DataPlane:
 
     @staticmethod
     def _v2_choice(model: ServedModel, parameters: dict, requested: list[str]) -> SetChoice | None:
-        """The sets a v2 request asks for, through its outputs or its ``coverage`` / ``set_method`` parameters
-        (422 naming the parameter when one is malformed, or when the version serves no sets)."""
+        """The sets a v2 request asks for, through its outputs or its ``coverage`` / ``set_method`` / ``randomized``
+        parameters (422 naming the parameter when one is malformed, or when the version serves no sets)."""
         coverage, method = parameters.get("coverage"), parameters.get("set_method")
+        randomized = parameters.get("randomized")
         if coverage is not None and (
             isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < coverage < 1
         ):
             raise InvalidInput(f"must be a number in (0, 1), got {coverage!r}", field="parameters.coverage")
         if method is not None and method not in METHODS:
             raise InvalidInput(f"must be one of {list(METHODS)}, got {method!r}", field="parameters.set_method")
+        if randomized is not None and not isinstance(randomized, bool):
+            raise InvalidInput(f"must be true or false, got {randomized!r}", field="parameters.randomized")
         wanted = PREDICTION_SET in requested or P_VALUES in requested
-        if not wanted and coverage is None and method is None:
+        if not wanted and coverage is None and method is None and randomized is None:
             return None
         if wanted and not model.sets.available:
             raise InvalidInput(f"this model version serves no prediction sets: {model.sets.reason}", field="outputs")
-        return model.sets.choice(method, coverage, P_VALUES in requested, field="parameters.")
+        return model.sets.choice(method, coverage, P_VALUES in requested, field="parameters.", randomized=randomized)
 
     @staticmethod
     def _v2_data(data) -> np.ndarray:

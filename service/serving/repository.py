@@ -21,7 +21,7 @@ from service.errors import ModelNotFound, NotReady
 from service.serving.batching import DynamicBatcher
 from service.serving.conformal import ModelSets
 from service.serving.runtime import ModelRuntime, create_runtime, preload_cuda_libraries
-from service.settings import BatchingConfig, Settings
+from service.settings import BatchingConfig, Settings, conformal_levels
 
 log = logging.getLogger("service.serving.repository")
 
@@ -193,7 +193,14 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
     ]
     for each in runtimes:
         _warm_up(each, manifest, batching)
-    sets = ModelSets.load(directory, manifest, settings.conformal_method, settings.conformal_coverage)
+    sets = ModelSets.load(
+        directory,
+        manifest,
+        settings.conformal_method,
+        settings.conformal_coverage,
+        conformal_levels(settings.conformal_levels),
+        settings.conformal_randomized,
+    )
     return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching, sets=sets)
 
 

@@ -22,7 +22,9 @@ from service.store.rows import PredictionRow, encode_rows, prediction_ids
 class ScoredBatch:
     """Per row: prediction id, calibrated probabilities, logits, uncalibrated softmax, predicted class,
     its calibrated and uncalibrated confidence, and the encoded vectors the log stores (None when the
-    log is off); with the calibration version and temperature the rows were scored under."""
+    log is off; the graph's probabilities, which the sets are computed from, only when a refitted calibration
+    makes them differ from the probabilities); with the calibration version and temperature the rows were scored
+    under."""
 
     ids: list[str]
     probabilities: np.ndarray
@@ -33,6 +35,7 @@ class ScoredBatch:
     raw_confidence: list[float]
     probability_bytes: Sequence[bytes | None]
     logit_bytes: Sequence[bytes | None]
+    graph_probability_bytes: Sequence[bytes | None]
     calibration_version: int
     temperature: float | None
 
@@ -54,6 +57,8 @@ class ScoredBatch:
         probability_bytes = cast(Sequence[bytes], self.probability_bytes)
         packed: Sequence[bytes | None] = [None] * len(self) if sets is None else sets.packed()
         coverage, method = (None, None) if sets is None else (sets.choice.coverage, sets.choice.method)
+        randomized = None if sets is None else sets.choice.randomized
+        set_probabilities = [None] * len(self) if sets is None else self.graph_probability_bytes
         return [
             PredictionRow(
                 self.ids[i],
@@ -70,6 +75,8 @@ class ScoredBatch:
                 packed[i],
                 coverage,
                 method,
+                randomized,
+                set_probabilities[i],
             )
             for i, k in enumerate(self.predicted)
         ]
@@ -128,6 +135,7 @@ def score(
         raw_confidence=uncalibrated.max(axis=1).tolist(),
         probability_bytes=encode_rows(probs) if encode else [None] * n,
         logit_bytes=encode_rows(logits) if encode else [None] * n,
+        graph_probability_bytes=encode_rows(graph_probabilities) if encode and calibration_version else [None] * n,
         calibration_version=calibration_version,
         temperature=temperature,
     )

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 # length would fill that cache with statements of thousands of parameters.
 _SQLITE_CHUNK = 256
 # binary COPY needs each column's exact wire type
-_BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea"}
+_BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea", sa.Boolean: "bool"}
 
 
 class BulkInsert:

@@ -63,10 +63,17 @@ class CoverageStates:
     def labels_after(
         self, model: str, version: str, seq: int, connection: sa.Connection, sources: frozenset[str] | None = None
     ) -> Sequence[sa.Row]:
-        """(seq, covered, set_method, set_coverage) of the version's labels after ``seq`` whose prediction had a
-        set, in label order (only those of ``sources`` when given)."""
+        """(seq, covered, set_method, set_coverage, set_randomized, set_score) of the version's labels after ``seq``
+        whose prediction had a set, in label order (only those of ``sources`` when given)."""
         query = (
-            sa.select(labels.c.seq, labels.c.covered, labels.c.set_method, labels.c.set_coverage)
+            sa.select(
+                labels.c.seq,
+                labels.c.covered,
+                labels.c.set_method,
+                labels.c.set_coverage,
+                labels.c.set_randomized,
+                labels.c.set_score,
+            )
             .where(
                 labels.c.model == model,
                 labels.c.version == version,
@@ -87,10 +94,15 @@ class CoverageStates:
     def window(
         self, model: str, version: str, last: int | None = None, seconds: float | None = None
     ) -> Sequence[sa.Row]:
-        """(set_method, set_coverage, label, set_size, covered) of the version's newest ``last`` labels with a set,
-        or of those of the last ``seconds`` (all of them when neither is given)."""
+        """(set_method, set_coverage, set_randomized, label, set_size, covered) of the version's newest ``last``
+        labels with a set, or of those of the last ``seconds`` (all of them when neither is given)."""
         query = sa.select(
-            labels.c.set_method, labels.c.set_coverage, labels.c.label, labels.c.set_size, labels.c.covered
+            labels.c.set_method,
+            labels.c.set_coverage,
+            labels.c.set_randomized,
+            labels.c.label,
+            labels.c.set_size,
+            labels.c.covered,
         ).where(labels.c.model == model, labels.c.version == version, labels.c.covered.is_not(None))
         if seconds is not None:
             query = query.where(labels.c.labelled_at >= time.time() - seconds)

@@ -40,6 +40,8 @@ class PredictionRow(NamedTuple):
     set_members: bytes | None = None
     set_coverage: float | None = None
     set_method: str | None = None
+    set_randomized: bool | None = None
+    set_probabilities: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class LabelRow:
     set_size: int | None = None
     set_coverage: float | None = None
     set_method: str | None = None
+    set_randomized: bool | None = None
+    set_score: float | None = None
 
 
 class NewestRows(NamedTuple):

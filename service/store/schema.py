@@ -39,10 +39,14 @@ predictions = sa.Table(
     sa.Column("probabilities", sa.LargeBinary, nullable=False),
     sa.Column("logits", sa.LargeBinary),
     sa.Column("source", sa.String(16), nullable=False),
-    # the prediction set served with the row (NULL: none): its members as packed bits, coverage and score
+    # the prediction set served with the row (NULL: none): its members as packed bits, coverage and score,
+    # whether it was randomized (NULL: served before floor sets, randomized for APS and RAPS), and the probabilities
+    # it was computed from when they are not ``probabilities`` (under a refitted temperature; NULL otherwise)
     sa.Column("set_members", sa.LargeBinary),
     sa.Column("set_coverage", sa.Float),
     sa.Column("set_method", sa.String(8)),
+    sa.Column("set_randomized", sa.Boolean),
+    sa.Column("set_probabilities", sa.LargeBinary),
     sa.Index("ix_predictions_model_time", "model", "version", "calibration_version", "created_at"),
 )
 
@@ -65,11 +69,15 @@ labels = sa.Table(
     sa.Column("logits", sa.LargeBinary),  # read one index range of labels, never a join
     sa.Column("source", sa.String(64)),  # the name of the token that sent it; NULL (labels of older versions) and
     # "anonymous" (feedback open) are the same source
-    # whether the set served with the prediction held the label (NULL: no set), its size, coverage and score
+    # whether the set served with the prediction held the label (NULL: no set), its size, coverage and score,
+    # whether it was randomized, and the label's conformity score under that set's rule (NULL: labelled before
+    # scores were kept), which the adaptive threshold and the coverage alarm fold
     sa.Column("covered", sa.Integer),
     sa.Column("set_size", sa.Integer),
     sa.Column("set_coverage", sa.Float),
     sa.Column("set_method", sa.String(8)),
+    sa.Column("set_randomized", sa.Boolean),
+    sa.Column("set_score", sa.Float),
     sa.Index("ix_labels_window", "model", "version", "calibration_version", "seq"),
     # the labels whose prediction had a set, in order: the coverage fold and its window read these alone, and a
     # store of labels from before sets (or of models without them) must not be scanned for them

@@ -3,8 +3,8 @@ with folding the states label by label. Fast: synthetic scores, no model."""
 
 import numpy as np
 
-from bench.conformal.shift import ALPHA, aci_rule, log_quantile_rule, quantile_rule, run_rule
-from calibkit.adaptive_conformal import ACIState, LogQuantileTracker, QuantileTracker
+from bench.conformal.shift import ALPHA, aci_rule, quantile_rule, run_log_tracker, run_rule
+from calibkit.adaptive_conformal import ACIState, LogQuantileTracker, QuantileTracker, misses_of
 from calibkit.conformal import SplitConformal
 
 
@@ -25,9 +25,10 @@ def test_the_vectorized_log_tracker_serves_what_its_state_serves():
     rng = np.random.default_rng(1)
     cal = SplitConformal.fit(rng.dirichlet(np.ones(4), 300), rng.integers(0, 4, 300), "lac")
     scores = np.clip(rng.uniform(0, 1, (3, 600)) ** 0.2 + np.linspace(0, 0.1, 600), 0, 1)
-    served, errs = run_rule(scores, log_quantile_rule(cal, 0.1))
+    served, errs = run_log_tracker(scores, cal, 0.1)
     for row in range(3):
         s = LogQuantileTracker.started(cal, ALPHA, 0.1)
         for t in range(scores.shape[1]):
             assert served[row, t] == s.threshold(cal)
-            s = s.update(int(errs[row, t]))
+            assert errs[row, t] == int(misses_of(scores[row, t], s.threshold(cal)))
+            s = s.fold([scores[row, t]])

@@ -858,3 +858,85 @@ def test_block_sizes_settle_rows_away_from_the_threshold_and_leave_the_rest_to_t
     sizes, settled = conformal._block_sizes(ranking.values, 200, q, 0, 0.0, None)
     assert not settled[0] and settled[1:].all()
     assert np.array_equal(sizes[1:], prediction_sets(probs[1:], q, "aps").sum(axis=1))
+
+
+# --- the floor sets ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, params", METHODS, ids=METHOD_IDS)
+def test_floor_sets_cover_at_least_one_minus_alpha_are_never_empty_and_smaller_than_mapies_non_randomized(
+    method, params
+):
+    """Over 200 calibration splits of a calibrated model: the floor sets hold the most probable label in every row,
+    cover at least 1 - alpha on average (within three standard errors, and at least the top-1 accuracy), and for
+    APS and RAPS are on average no larger than the non-randomized (MAPIE include_last_label=True) sets calibrated
+    on their own scores, which have the same guarantee."""
+    rng = np.random.default_rng(31)
+    n, alpha, splits = 200, 0.1, 200
+    coverages, sizes, mapie_sizes, accuracies = (np.empty(splits) for _ in range(4))
+    for split in range(splits):
+        probs, labels = calibrated(rng, n, 10)
+        test, test_labels = calibrated(rng, 1000, 10)
+        floor = SplitConformal.fit(probs, labels, method, floor=True, **params)
+        sets = floor.sets(test, alpha)
+        assert sets[np.arange(len(test)), test.argmax(axis=1)].all()
+        coverages[split] = sets[np.arange(len(test)), test_labels].mean()
+        accuracies[split] = (test.argmax(axis=1) == test_labels).mean()
+        sizes[split] = sets.sum(axis=1).mean()
+        if method != "lac":
+            mapie = SplitConformal.fit(probs, labels, method, **params).sets(test, alpha)
+            mapie_sizes[split] = mapie.sum(axis=1).mean()
+    standard_error = coverages.std(ddof=1) / np.sqrt(splits)
+    assert coverages.mean() > 1 - alpha - 3 * standard_error
+    assert np.all(coverages >= accuracies)
+    if method != "lac":
+        assert sizes.mean() <= mapie_sizes.mean()
+
+
+@pytest.mark.parametrize("method, params", METHODS, ids=METHOD_IDS)
+@pytest.mark.parametrize("n_classes", [5, 70], ids=["few-classes", "key-ranking"])
+def test_floor_scores_sets_ranked_sets_and_p_values_agree(method, params, n_classes):
+    """The floor score is 0 for the most probable labels and the u = 1 score (or LAC's) otherwise; the sets at a
+    threshold are {k : score <= q}, the ranked sets list them, and the p-values' level sets are the sets."""
+    rng = np.random.default_rng(32)
+    probs, labels = calibrated(rng, 300, n_classes)
+    probs[:20] = hundredths(rng, 20, n_classes)[0] if n_classes == 5 else probs[:20]  # ties, at the top too
+    scores = conformal.floor_scores(probs, labels, method, **params)
+    top = probs[np.arange(len(labels)), labels] == probs.max(axis=1)
+    assert np.all(scores[top] == 0)
+    plain = conformity_scores(
+        probs, labels, method, **({"u": np.ones(len(labels))} if method != "lac" else {}), **params
+    )
+    np.testing.assert_array_equal(scores[~top], plain[~top])
+    test = calibrated(rng, 80, n_classes)[0]
+    for q in (0.0, *np.quantile(scores, [0.5, 0.8, 0.9, 0.97])):
+        sets = prediction_sets(test, q, method, floor=True, **params)
+        assert sets.sum(axis=1).min() >= 1
+        order, sizes = ranked_sets(test, q, method, floor=True, **params)
+        listed = np.zeros(sets.shape, dtype=bool)
+        np.put_along_axis(listed, order, np.arange(n_classes) < sizes[:, None], axis=1)
+        np.testing.assert_array_equal(listed, sets)
+        for k in range(n_classes):
+            own = conformal.floor_scores(test, np.full(len(test), k), method, **params)
+            np.testing.assert_array_equal(sets[:, k], own - q <= SCORE_ATOL)
+    pv = p_values(test, scores, method, floor=True, **params)
+    for alpha in (0.05, 0.1, 0.2, 0.5):
+        np.testing.assert_array_equal(
+            pv > alpha, prediction_sets(test, conformal_quantile(scores, alpha), method, floor=True, **params)
+        )
+
+
+def test_a_floor_calibrator_round_trips_and_refuses_draws():
+    rng = np.random.default_rng(33)
+    probs, labels = calibrated(rng, 100, 4)
+    cal = SplitConformal.fit(probs, labels, "raps", k_reg=1, lam=0.1, floor=True)
+    back = SplitConformal.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.floor and not back.randomized and np.array_equal(back.scores, cal.scores)
+    assert "floor" not in SplitConformal.fit(probs, labels, "lac").to_dict()  # files before floor sets read alike
+    np.testing.assert_array_equal(back.sets(probs, 0.1), cal.sets(probs, 0.1))
+    with pytest.raises(ValueError, match="`u`"):
+        cal.sets(probs, 0.1, u=np.zeros(len(probs)))
+    with pytest.raises(ValueError, match="`u`"):
+        SplitConformal.fit(probs, labels, "aps", u=rng, floor=True)
+    with pytest.raises(ValueError, match="`floor`"):
+        prediction_sets(probs, 0.5, "aps", floor="yes")

@@ -11,6 +11,7 @@ from calibkit.coverage_alarm import (
     DEFAULT_THRESHOLD,
     CoverageAlarmConfig,
     CoverageAlarmState,
+    calibration_tolerance,
     threshold_for,
 )
 
@@ -111,3 +112,19 @@ def test_threshold_for_is_the_union_bound():
 def test_bad_arguments_raise_naming_them(call, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         call()
+
+
+@pytest.mark.parametrize("n", [50, 180, 1_000])
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_the_calibration_tolerance_is_exceeded_by_at_most_epsilon_of_the_splits(n, alpha):
+    """Over 4,000 seeded calibration splits of continuous scores, the share whose static set misses more than alpha
+    + delta (its exact miss rate, 1 - F(q) for uniform scores) is at most epsilon = 1%, within sampling error; a
+    tolerance of 0 would be exceeded by a quarter to a half of them."""
+    rng = np.random.default_rng(int(n * 100 + alpha * 1000))
+    delta = calibration_tolerance(n, alpha)
+    k = min(int(np.ceil((n + 1) * (1 - alpha))), n)
+    q = np.sort(rng.uniform(size=(4_000, n)), axis=1)[:, k - 1]  # the static quantile of uniform scores
+    exceeded = np.mean(1 - q > alpha + delta)
+    assert exceeded <= 0.01 + 3 * np.sqrt(0.01 * 0.99 / 4_000)
+    assert np.mean(1 - q > alpha) > 0.2
+    assert calibration_tolerance(5, 0.1) == 0.0  # too few scores: the full set, which misses nothing

@@ -181,3 +181,24 @@ def test_invalid_conformal_entries_name_the_field(tmp_path, change, message):
     (tmp_path / "manifest.json").write_text(json.dumps(_valid() | {"conformal": spec}))
     with pytest.raises(ValueError, match=message):
         load_manifest(tmp_path / "manifest.json")
+
+
+def test_floor_calibrators_load_when_present_and_are_none_in_files_from_before_them(tmp_path):
+    spec = _conformal_artifact(tmp_path)
+    assert load_conformal(tmp_path, ConformalSpec(**spec), ["0", "1", "2"], floor=True) is None
+    data = json.loads((tmp_path / "conformal.json").read_text())
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(3), 40)
+    labels = rng.integers(0, 3, 40)
+    data["floor_calibrators"] = {m: SplitConformal.fit(probs, labels, m, floor=True).to_dict() for m in ("lac", "aps")}
+    raw = json.dumps(data).encode()
+    (tmp_path / "conformal.json").write_bytes(raw)
+    spec = ConformalSpec(**(spec | {"sha256": hashlib.sha256(raw).hexdigest()}))
+    floors = load_conformal(tmp_path, spec, ["0", "1", "2"], floor=True)
+    assert floors is not None and all(c.floor for c in floors.values()) and list(floors) == ["lac", "aps"]
+    data["floor_calibrators"]["aps"] = data["calibrators"]["aps"]  # an exact calibrator where a floor one belongs
+    raw = json.dumps(data).encode()
+    (tmp_path / "conformal.json").write_bytes(raw)
+    spec = spec.model_copy(update={"sha256": hashlib.sha256(raw).hexdigest()})
+    with pytest.raises(ValueError, match="floor_calibrators.aps: Expected `floor` to be true"):
+        load_conformal(tmp_path, spec, ["0", "1", "2"], floor=True)

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -98,10 +99,12 @@ def write_linear_artifact(
     return directory
 
 
-def write_conformal(directory, seed: int = 0, default_method: str = "aps", default_coverage: float = 0.8) -> dict:
-    """Give a five-class artifact LAC, randomized APS and randomized RAPS calibrators fitted on calibrated
-    Dirichlet probabilities (labels drawn from them), as ``conformal.json`` checksummed in its manifest; the
-    calibrators by method."""
+def write_conformal(
+    directory, seed: int = 0, default_method: str = "aps", default_coverage: float = 0.8, floors: bool = True
+) -> dict:
+    """Give a five-class artifact LAC, randomized APS and randomized RAPS calibrators and (``floors``) the floor
+    sets' fitted on calibrated Dirichlet probabilities (labels drawn from them), as ``conformal.json`` checksummed
+    in its manifest; the calibrators by method, the floor ones under ``"floor"``."""
     rng = np.random.default_rng(seed)
     probs = rng.dirichlet(np.full(5, 0.6), size=400)
     labels = np.array([rng.choice(5, p=p) for p in probs])
@@ -110,13 +113,19 @@ def write_conformal(directory, seed: int = 0, default_method: str = "aps", defau
         "aps": SplitConformal.fit(probs, labels, "aps", u=rng),
         "raps": SplitConformal.fit(probs, labels, "raps", k_reg=1, lam=0.05, u=rng),
     }
-    raw = json.dumps(
-        {
-            "format": 1,
-            "calibrators": {m: c.to_dict() for m, c in calibrators.items()},
-            "split": {"fitted_on": "validation", "rows": 400, "seed": seed, "fraction": 0.5},
-        }
-    ).encode()
+    floor = {
+        "lac": SplitConformal.fit(probs, labels, "lac", floor=True),
+        "aps": SplitConformal.fit(probs, labels, "aps", floor=True),
+        "raps": SplitConformal.fit(probs, labels, "raps", k_reg=1, lam=0.05, floor=True),
+    }
+    data = {
+        "format": 1,
+        "calibrators": {m: c.to_dict() for m, c in calibrators.items()},
+        "split": {"fitted_on": "validation", "rows": 400, "seed": seed, "fraction": 0.5},
+    }
+    if floors:
+        data["floor_calibrators"] = {m: c.to_dict() for m, c in floor.items()}
+    raw = json.dumps(data).encode()
     (directory / "conformal.json").write_bytes(raw)
     spec = ConformalSpec(
         sha256=hashlib.sha256(raw).hexdigest(),
@@ -126,7 +135,7 @@ def write_conformal(directory, seed: int = 0, default_method: str = "aps", defau
         calibration_rows=400,
     )
     write_manifest(load_manifest(directory / "manifest.json").model_copy(update={"conformal": spec}), directory)
-    return calibrators
+    return calibrators | {"floor": floor if floors else {m: replace(c, floor=True) for m, c in calibrators.items()}}
 
 
 @contextmanager

@@ -51,6 +51,12 @@ def test_default_artifact_fits_temperature_and_conformal_scores_on_disjoint_part
     assert refit == pytest.approx(manifest.calibration.temperature, rel=1e-5)
     lac = SplitConformal.fit(served[split.conformal], val.y[split.conformal], "lac")
     np.testing.assert_array_equal(calibrators["lac"].scores, lac.scores)
+    floors = load_conformal(DEFAULT, manifest.conformal, manifest.class_names, floor=True)
+    assert floors is not None
+    for method, floor in floors.items():
+        params = {"k_reg": calibrators[method].k_reg, "lam": calibrators[method].lam} if method == "raps" else {}
+        fitted = SplitConformal.fit(served[split.conformal], val.y[split.conformal], method, floor=True, **params)
+        np.testing.assert_array_equal(floor.scores, fitted.scores)
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)

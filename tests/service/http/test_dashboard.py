@@ -350,7 +350,8 @@ def _threshold(value: float | None) -> str:
 def _sets_row(page, choice: dict):
     """The prediction sets card's row of a set choice of the coverage block, checked against the block: the observed
     coverage with its interval, the target and n, the mean set size, the threshold against the static one."""
-    row = page.locator(f'#prediction-sets tr[data-choice="{choice["method"]}@{choice["coverage"]}"]')
+    rule = "/exact" if choice["randomized"] else ""
+    row = page.locator(f'#prediction-sets tr[data-choice="{choice["method"]}@{choice["coverage"]}{rule}"]')
     assert row.count() == 1, page.locator("#prediction-sets").inner_html()
     text = row.text_content()
     low, high = choice["interval"]
@@ -361,6 +362,7 @@ def _sets_row(page, choice: dict):
         f"{choice['mean_set_size']:.2f}",
         f"{_threshold(choice['threshold'])} (static {_threshold(choice['static_threshold'])})",
         f"{choice['labels_folded']} labels folded",
+        "exact (randomized) sets" if choice["randomized"] else "floor sets",
     ):
         assert expected in text, (expected, text)
     return row

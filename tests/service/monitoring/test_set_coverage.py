@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -159,3 +160,68 @@ def test_a_window_past_every_label_reports_them_all(artifacts, tmp_path, server_
             response = httpx.get(f"{url}/calibration", params={"window": window})
             assert response.status_code == 200, response.text
             assert sum(c["n"] for c in response.json()["coverage"]["choices"]) == 20
+
+
+def test_labels_a_thousand_predictions_late_keep_every_window_covering_with_no_empty_set(tmp_path, server_for):
+    """The default artifact and settings, in-distribution traffic (digits' test rows, which neither the model nor
+    its conformal scores saw, resampled), 50 rows a request; each label sent 1,000 predictions after its
+    prediction, 200 at a time: every window of 1,000 sets the client received covers at least the target less 3
+    points, none is empty, and the adaptive threshold and the alarm fold the labels without firing. At 0.95, where
+    the conformal split's 4 errors in 180 rows leave the static floor sets at the top label, the tracker adapts."""
+    from training.data import load_dataset
+
+    test = load_dataset("digits").test
+    rng = np.random.default_rng(21)
+    root = Path(__file__).resolve().parents[3] / "artifacts"
+    settings = Settings(artifacts=root, database_url=f"sqlite:///{tmp_path / 'm.db'}", evaluate_seconds=0.2)
+    delay, batch, total, coverage = 1_000, 200, 6_000, 0.95
+    received: list[tuple[list[str], str]] = []  # (the set, the true label) per prediction, in order
+    sent = 0
+    with server_for(settings) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        while len(received) < total:
+            rows = rng.integers(0, len(test.y), 50)
+            body = client.post("/predict", json={"inputs": test.x[rows].tolist(), "coverage": coverage}).json()
+            received += [(p["prediction_set"], p["id"], str(test.y[r])) for p, r in zip(body["predictions"], rows)]
+            while len(received) - delay - sent >= batch:  # the labels of predictions 1,000 old, 200 at a time
+                items = [{"prediction_id": i, "label": y} for _, i, y in received[sent : sent + batch]]
+                response = client.post("/feedback", json={"items": items})
+                assert response.status_code == 200 and not response.json()["rejected"], response.text
+                sent += batch
+        block = client.get("/calibration", params={"window": "100000"}).json()["coverage"]
+    assert all(len(members) >= 1 for members, _, _ in received)
+    hits = np.array([label in members for members, _, label in received])
+    windows = hits.reshape(-1, 1_000).mean(axis=1)
+    assert windows.min() >= coverage - 0.03, windows
+    choice = next(c for c in block["choices"] if c["coverage"] == coverage and not c["randomized"])
+    assert choice["labels_folded"] > 0 and choice["alarm"]["state"] == "ok"
+
+
+def test_a_thousand_undeclared_levels_are_refused_and_grow_neither_state_nor_series(artifacts, tmp_path, server_for):
+    """Only the declared levels (CALIB_CONFORMAL_LEVELS and the artifact's default) are served, so only they keep
+    adaptive state and metric series: 1,000 distinct other levels are each refused, naming the field and the levels,
+    and the stored state and /metrics are as before."""
+
+    def series(url: str) -> set:
+        families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        return {
+            (s.name, tuple(sorted(s.labels.items())))
+            for f in families
+            if f.name.startswith("calib_set")
+            for s in f.samples
+        }
+
+    with server_for(settings_for(artifacts, f"sqlite:///{tmp_path / 'm.db'}")) as (url, app):
+        served = predict(url, 60, seed=5)
+        time.sleep(1.0)
+        feedback(url, [{"prediction_id": p["id"], "label": 0} for p in served])
+        settled([url], 60)
+        before, state = series(url), app.state.parts.store.coverage.get("sets", "1").states
+        levels = np.linspace(0.001, 0.999, 1_000)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for level in levels:
+                response = client.post("/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist(), "coverage": level})
+                assert response.status_code == 422 and response.json()["error"]["field"] == "coverage"
+        assert "levels served are [0.8, 0.9, 0.95]" in response.json()["error"]["message"]
+        time.sleep(0.5)
+        assert series(url) == before and app.state.parts.store.coverage.get("sets", "1").states == state
+        assert {c["coverage"] for c in coverage_of(url)["choices"]} == {0.8}

@@ -1,5 +1,7 @@
 """Prediction sets served per request: JSON /predict, v2 (JSON, binary, tritonclient) and gRPC return the sets of
-the artifact's conformal calibrators, recomputable from the response alone, and refuse what they cannot serve."""
+the artifact's conformal calibrators, recomputable from the response alone: by default the floor sets, never empty
+and the same for the same input, on request the exact (randomized) ones; only at the declared coverage levels; and
+refuse what they cannot serve."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from service.serving.conformal import ServedSets, SetChoice, row_draws
 from service.settings import Settings
 
 CLASSES = ("a", "b", "c", "d", "e")  # the classes of ``add_conformal``'s calibrators
+LEVELS = (0.5, 0.7, 0.75, 0.85, 0.9)  # served besides the artifact's default, 0.8
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +24,12 @@ def served(tmp_path_factory, server_for, linear_artifact, add_conformal):
     root = tmp_path_factory.mktemp("sets")
     calibrators = add_conformal(linear_artifact(root, "sets", "1", classes=CLASSES, seed=3))
     linear_artifact(root, "plain", "1", classes=CLASSES, seed=4)
-    settings = Settings(artifacts=root, default_model="sets", database_url=f"sqlite:///{root / 'm.db'}")
+    settings = Settings(
+        artifacts=root,
+        default_model="sets",
+        database_url=f"sqlite:///{root / 'm.db'}",
+        conformal_levels=",".join(map(str, LEVELS)),
+    )
     with server_for(settings) as (base_url, _):
         yield base_url, calibrators
 
@@ -30,27 +38,54 @@ def rows(n: int, seed: int = 0) -> list:
     return np.random.default_rng(seed).normal(0, 1, (n, 1, 2, 2)).round(4).tolist()
 
 
-def expected_sets(calibrators, body: dict, method: str, coverage: float) -> np.ndarray:
-    """The sets recomputed from the response alone: its probabilities (calibration version 0, the graph's) and
-    the draws of its prediction ids."""
+def expected_sets(calibrators, body: dict, method: str, coverage: float, randomized: bool = False) -> np.ndarray:
+    """The sets recomputed from the response alone: its probabilities (calibration version 0, the graph's) and,
+    for the exact sets, the draws of its prediction ids."""
     probs = np.array([p["probabilities"] for p in body["predictions"]])
     ids = [p["id"] for p in body["predictions"]]
-    calibrator = calibrators[method]
-    return calibrator.sets(probs, 1 - coverage, u=row_draws(ids) if method != "lac" else None)
+    if not randomized:
+        return calibrators["floor"][method].sets(probs, 1 - coverage)
+    return calibrators[method].sets(probs, 1 - coverage, u=row_draws(ids) if method != "lac" else None)
 
 
-def test_predict_serves_the_default_sets_recomputable_from_the_response(served):
+def test_predict_serves_the_default_floor_sets_recomputable_from_the_response(served):
     base_url, calibrators = served
     body = httpx.post(f"{base_url}/predict", json={"inputs": rows(40)}).json()
     assert body["conformal"]["method"] == "aps" and body["conformal"]["coverage"] == 0.8
-    assert body["conformal"]["randomized"] is True and body["conformal"]["threshold_version"].endswith(":0")
-    assert body["conformal"]["threshold"] == pytest.approx(calibrators["aps"].quantile(0.2))
+    assert body["conformal"]["randomized"] is False and body["conformal"]["threshold_version"].endswith(":0")
+    assert body["conformal"]["threshold"] == pytest.approx(calibrators["floor"]["aps"].quantile(0.2))
     sets = expected_sets(calibrators, body, "aps", 0.8)
     for row, members in zip(body["predictions"], sets):
         assert set(row["prediction_set"]) == {CLASSES[k] for k in np.flatnonzero(members)}
-        assert row["set_size"] == len(row["prediction_set"]) and row["p_values"] is None
+        assert row["set_size"] == len(row["prediction_set"]) >= 1 and row["p_values"] is None
         shown = [row["probabilities"][CLASSES.index(label)] for label in row["prediction_set"]]
         assert shown == sorted(shown, reverse=True)  # most probable first
+        assert row["prediction_set"][0] == row["label"]  # the floor: the most probable label is always in
+
+
+def test_one_input_sent_a_thousand_times_gets_one_non_empty_set(served):
+    """The floor sets are a function of the input: the same set under the same threshold version, every time,
+    and it holds the top label (randomized sets drew from each prediction id, and could leave it out)."""
+    base_url, _ = served
+    x = rows(1, seed=11)
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        answers = {
+            (tuple(p["prediction_set"]), body["conformal"]["threshold_version"])
+            for body in (client.post("/predict", json={"inputs": x}).json() for _ in range(1_000))
+            for p in body["predictions"]
+        }
+    assert len(answers) == 1 and len(next(iter(answers))[0]) >= 1
+
+
+def test_a_request_asks_for_the_exact_randomized_sets(served):
+    base_url, calibrators = served
+    for method in ("lac", "aps", "raps"):
+        body = httpx.post(
+            f"{base_url}/predict", json={"inputs": rows(60, seed=3), "randomized": True, "set_method": method}
+        ).json()
+        assert body["conformal"]["randomized"] is True
+        got = np.array([[label in p["prediction_set"] for label in CLASSES] for p in body["predictions"]])
+        np.testing.assert_array_equal(got, expected_sets(calibrators, body, method, 0.8, randomized=True))
 
 
 def test_a_batch_lists_each_rows_set_most_probable_first_and_a_request_gets_its_rows():
@@ -75,10 +110,9 @@ def test_a_request_chooses_method_and_coverage_and_higher_coverage_nests_the_set
         assert (body["conformal"]["method"], body["conformal"]["coverage"]) == (method, coverage)
         got = np.array([[label in p["prediction_set"] for label in CLASSES] for p in body["predictions"]])
         np.testing.assert_array_equal(got, expected_sets(calibrators, body, method, coverage))
-    # the same rows, other draws: compare each response with its own recomputation, and the LAC sets directly
-    if method == "lac":
-        for low, high in zip(bodies[0.5]["predictions"], bodies[0.9]["predictions"]):
-            assert set(low["prediction_set"]) <= set(high["prediction_set"])
+    # the same rows: the floor sets, a function of the row, nest as the coverage grows
+    for low, high in zip(bodies[0.5]["predictions"], bodies[0.9]["predictions"]):
+        assert set(low["prediction_set"]) <= set(high["prediction_set"])
 
 
 def test_p_values_are_returned_when_asked_and_their_level_sets_are_the_sets(served):
@@ -101,6 +135,8 @@ def test_p_values_are_returned_when_asked_and_their_level_sets_are_the_sets(serv
         ({"coverage": "most"}, "coverage"),
         ({"set_method": "topk"}, "set_method"),
         ({"return_p_values": "maybe"}, "return_p_values"),
+        ({"randomized": "sometimes"}, "randomized"),
+        ({"coverage": 0.81}, "coverage"),  # a level the service does not serve
     ],
 )
 def test_malformed_set_options_are_a_422_naming_the_field(served, extra, field):
@@ -108,6 +144,15 @@ def test_malformed_set_options_are_a_422_naming_the_field(served, extra, field):
     response = httpx.post(f"{base_url}/predict", json={"inputs": rows(1)} | extra)
     assert response.status_code == 422
     assert response.json()["error"]["field"] == field
+
+
+def test_an_undeclared_level_is_refused_listing_the_levels_served(served):
+    base_url, _ = served
+    response = httpx.post(f"{base_url}/predict", json={"inputs": rows(1), "coverage": 0.9000001})
+    assert response.status_code == 422 and response.json()["error"]["field"] == "coverage"
+    assert "[0.5, 0.7, 0.75, 0.8, 0.85, 0.9]" in response.json()["error"]["message"]
+    models = {m["name"]: m["versions"][0]["prediction_sets"] for m in httpx.get(f"{base_url}/models").json()["models"]}
+    assert models["sets"]["levels"] == [0.5, 0.7, 0.75, 0.8, 0.85, 0.9] and models["sets"]["randomized"] is False
 
 
 def test_a_model_without_conformal_scores_serves_no_sets_and_says_why(served):
@@ -155,9 +200,16 @@ def test_v2_returns_the_sets_and_p_values_named_in_outputs_with_the_threshold_ve
     members = np.array(out["prediction_set"]["data"]).reshape(12, len(CLASSES))
     probs = np.array(out["probabilities"]["data"]).reshape(12, len(CLASSES))
     draws = row_draws(out["prediction_id"]["data"])
-    np.testing.assert_array_equal(members, calibrators["aps"].sets(probs, 0.1, u=draws))
+    np.testing.assert_array_equal(members, calibrators["floor"]["aps"].sets(probs, 0.1))
     params = body["parameters"]
-    assert (params["set_method"], params["coverage"], params["randomized"]) == ("aps", 0.9, True)
+    assert (params["set_method"], params["coverage"], params["randomized"]) == ("aps", 0.9, False)
+    exact = v2_infer(base_url, x, ["probabilities", "prediction_id", "prediction_set"], {"randomized": True}).json()
+    out = {o["name"]: o for o in exact["outputs"]}
+    members = np.array(out["prediction_set"]["data"]).reshape(12, len(CLASSES))
+    draws = row_draws(out["prediction_id"]["data"])
+    probs = np.array(out["probabilities"]["data"]).reshape(12, len(CLASSES))
+    np.testing.assert_array_equal(members, calibrators["aps"].sets(probs, 0.2, u=draws))
+    assert exact["parameters"]["randomized"] is True
     assert params["threshold_version"].endswith(":0")
     plain = v2_infer(base_url, x, ["probabilities"]).json()
     assert [o["name"] for o in plain["outputs"]] == ["probabilities"] and "set_method" not in plain["parameters"]
@@ -169,6 +221,8 @@ def test_v2_returns_the_sets_and_p_values_named_in_outputs_with_the_threshold_ve
         (["prediction_set"], {"coverage": 2}, "sets", "parameters.coverage"),
         (["prediction_set"], {"coverage": True}, "sets", "parameters.coverage"),
         (["prediction_set"], {"set_method": "x"}, "sets", "parameters.set_method"),
+        (["prediction_set"], {"coverage": 0.91}, "sets", "parameters.coverage"),
+        (["prediction_set"], {"randomized": "yes"}, "sets", "parameters.randomized"),
         (["prediction_set"], None, "plain", "outputs"),
         (["probabilities"], {"coverage": 0.9}, "plain", "parameters.coverage"),
     ],
@@ -192,8 +246,8 @@ def test_tritonclient_receives_the_prediction_set_as_booleans(served):
     result = client.infer("sets", [tensor], outputs=wanted, parameters={"coverage": 0.75, "set_method": "raps"})
     members = result.as_numpy("prediction_set")
     assert members.dtype == bool and members.shape == (8, len(CLASSES))
-    ids = [i.decode() if isinstance(i, bytes) else i for i in result.as_numpy("prediction_id")]
-    expected = calibrators["raps"].sets(result.as_numpy("probabilities"), 0.25, u=row_draws(ids))
+    assert len(result.as_numpy("prediction_id")) == 8
+    expected = calibrators["floor"]["raps"].sets(result.as_numpy("probabilities"), 0.25)
     np.testing.assert_array_equal(members, expected)
     assert result.get_response()["parameters"]["set_method"] == "raps"
 
@@ -221,6 +275,10 @@ def test_grpc_returns_the_prediction_set_as_bool_raw_contents_with_its_parameter
     members = np.frombuffer(raw, dtype=bool).reshape(6, len(CLASSES))
     probs = np.frombuffer(out["probabilities"][1], dtype="<f4").reshape(6, len(CLASSES))
     ids = response.parameters["prediction_ids"].string_param.split(",")
-    np.testing.assert_array_equal(members, calibrators["aps"].sets(probs, 0.15, u=row_draws(ids)))
-    assert response.parameters["coverage"].double_param == 0.85
+    np.testing.assert_array_equal(members, calibrators["floor"]["aps"].sets(probs, 0.15))
+    assert len(ids) == 6 and response.parameters["coverage"].double_param == 0.85
     assert response.parameters["threshold_version"].string_param.endswith(":0")
+    request.parameters["coverage"].double_param = 0.86  # not a level the service serves
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "coverage" in refused.value.details()
