@@ -83,7 +83,12 @@ class ServiceParts:
         )
         webhook = AlarmWebhook(settings.webhook_url, metrics)
         evaluator = Evaluator(
-            monitor, metrics, webhook, every_labels=settings.evaluate_every_labels, seconds=settings.evaluate_seconds
+            monitor,
+            metrics,
+            webhook,
+            every_labels=settings.evaluate_every_labels,
+            seconds=settings.evaluate_seconds,
+            sets_seconds=settings.evaluate_sets_seconds,
         )
         joiner = PendingJoiner(
             monitor.labels,

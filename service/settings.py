@@ -200,6 +200,12 @@ class Settings(BaseSettings):
         description="labels stored by this replica that start an "
         "alarm evaluation at once (otherwise one runs every evaluate_seconds)",
     )
+    evaluate_sets_seconds: float = Field(
+        default=0.1,
+        gt=0,
+        description="at most this often, labels stored by this replica are folded into the prediction sets' "
+        "adaptive thresholds and coverage alarms as soon as they arrive (the full evaluation folds them too)",
+    )
     evaluate_seconds: float = Field(
         default=1.0,
         gt=0,

@@ -5,6 +5,11 @@ A background task calls ``Monitor.assess`` for every served model version every
 since the last pass. The periodic pass also folds in labels committed by other replicas sharing the
 store (an update without new labels is cheap). Transitions go to the webhook. A store outage is
 logged once, retried with backoff, and never ends the task.
+
+The prediction sets' states (``service.monitoring.coverage``) are cheap to fold and their threshold is served,
+so a second task (``SetsFolder``) folds them as soon as labels are stored, at most once per
+``evaluate_sets_seconds``: the labels a threshold lags behind are those of the label delay, not of a full
+pass's interval.
 """
 
 from __future__ import annotations
@@ -30,7 +35,14 @@ class Evaluator(BackgroundLoop):
     name = "evaluator"
 
     def __init__(
-        self, monitor: Monitor, metrics: ServiceMetrics, webhook: AlarmWebhook, *, every_labels: int, seconds: float
+        self,
+        monitor: Monitor,
+        metrics: ServiceMetrics,
+        webhook: AlarmWebhook,
+        *,
+        every_labels: int,
+        seconds: float,
+        sets_seconds: float = 0.1,
     ):
         self.monitor = monitor
         self.metrics = metrics
@@ -40,13 +52,23 @@ class Evaluator(BackgroundLoop):
         self._new_labels = 0
         self._lock = asyncio.Lock()
         self._down = False
+        self.sets = SetsFolder(monitor, webhook, sets_seconds)
         super().__init__()
 
+    def start(self) -> None:
+        super().start()
+        self.sets.start()
+
+    async def stop(self) -> None:
+        await self.sets.stop()
+        await super().stop()
+
     def labels_arrived(self, n: int) -> None:
-        """Count labels this replica stored; enough of them start a pass now."""
+        """Count labels this replica stored; enough of them start a pass now, and any fold into the sets' states."""
         self._new_labels += n
         if self._new_labels >= self.every_labels:
             self._wakeup.set()
+        self.sets.wake()
 
     async def run_once(self) -> list[dict]:
         """One pass over every served model version now (after the pass under way, if any); returns
@@ -104,3 +126,46 @@ class Evaluator(BackgroundLoop):
                 log.info("alarm evaluation resumed: the store is back")
                 self._down = False
             wait = self.seconds
+
+
+class SetsFolder(BackgroundLoop):
+    """Folds newly stored labels into every served version's prediction-set states (``CoverageMonitor.assess``)
+    when labels arrive, at most once per ``seconds``; a store outage is logged once and retried at the next
+    labels or the evaluator's pass, which folds them too."""
+
+    name = "sets-folder"
+
+    def __init__(self, monitor: Monitor, webhook: AlarmWebhook, seconds: float):
+        self.monitor = monitor
+        self.webhook = webhook
+        self.seconds = seconds
+        self._down = False
+        super().__init__()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def _fold_all(self) -> list[dict]:
+        transitions: list[dict] = []
+        for served in self.monitor.repository.all():
+            if served.sets.available:
+                transitions += self.monitor.coverage.assess(served)
+        return transitions
+
+    async def _loop(self) -> None:
+        while self._running:
+            if not await self._wait(3600.0) or not self._running:
+                continue
+            try:
+                transitions = await anyio.to_thread.run_sync(self._fold_all)
+            except StorageUnavailable as exc:
+                if not self._down:
+                    log.error("prediction set folding paused: %s", exc.message)
+                self._down = True
+            except Exception:
+                log.exception("prediction set folding failed")
+            else:
+                self._down = False
+                for transition in transitions:
+                    self.webhook.notify(transition)
+            await asyncio.sleep(self.seconds)

@@ -26,14 +26,13 @@ def artifacts(tmp_path, linear_artifact, add_conformal):
 
 
 def settings_for(artifacts, database_url: str, **extra) -> Settings:
+    fast = {"evaluate_seconds": 0.2, "evaluate_every_labels": 50}
     return Settings(
         artifacts=artifacts,
         default_model="sets",
         database_url=database_url,
-        evaluate_seconds=0.2,
-        evaluate_every_labels=50,
         bootstrap_resamples=200,
-        **extra,
+        **(fast | extra),
     )
 
 
@@ -225,3 +224,18 @@ def test_a_thousand_undeclared_levels_are_refused_and_grow_neither_state_nor_ser
         time.sleep(0.5)
         assert series(url) == before and app.state.parts.store.coverage.get("sets", "1").states == state
         assert {c["coverage"] for c in coverage_of(url)["choices"]} == {0.8}
+
+
+def test_labels_fold_into_the_sets_states_as_they_arrive_not_at_the_next_evaluation(artifacts, tmp_path, server_for):
+    """With the evaluation pass a minute away, stored labels still reach the adaptive threshold within a fraction of
+    a second (``SetsFolder``): the served threshold lags the labels by their delay only."""
+    settings = settings_for(
+        artifacts, f"sqlite:///{tmp_path / 'm.db'}", evaluate_seconds=60.0, evaluate_every_labels=1_000_000
+    )
+    with server_for(settings) as (url, _):
+        served = predict(url, 80, seed=6)
+        time.sleep(1.0)
+        sent = time.monotonic()
+        feedback(url, [{"prediction_id": p["id"], "label": 0} for p in served])
+        settled([url], 80, timeout=10.0)
+        assert time.monotonic() - sent < 10.0
