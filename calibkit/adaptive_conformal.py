@@ -122,8 +122,8 @@ DEFAULT_STEP = 0.1
 #: The log-scale tracker's U: the full set is served for labels whose score's distance to the top of the range, as
 #: a share of that range, is below exp(-U) = 1e-4 (for LAC: a probability below 1e-4).
 DEFAULT_SPAN = 4 * math.log(10)
-#: The labels over which the log-scale tracker's served level comes down (its moving average's length).
-DEFAULT_RELEASE = 500.0
+#: The labels over which the log-scale tracker's served level comes down (its envelope's release).
+DEFAULT_RELEASE = 100.0
 #: The quantile tracker's eta when none is given, for scores in [0, 1]: its bound (1 + eta) / (eta T) is about half
 #: a point at T = 10,000.
 DEFAULT_ETA = 0.02
@@ -457,7 +457,8 @@ def track(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The log-scale tracker over labelled scores in order: x_{t+1} = max(x_t + eta (err_t - alpha), 0), err_t =
     1[u_t > x_t] the miss of the set the tracker holds when it folds the label, u_t = ``log_scores(s_t)``; and its
-    moving average xbar_{t+1} = xbar_t + (x_{t+1} - xbar_t) / release.
+    envelope xbar_{t+1} = x_{t+1} if x_{t+1} >= xbar_t, else xbar_t + (x_{t+1} - xbar_t) / release: it follows x up at
+    once and down over about ``release`` labels.
 
     Vectorized over leading axes (independent streams, for simulations); the same floating-point operations in
     the same order for one stream or many, so both give the same levels bit for bit.
@@ -478,7 +479,7 @@ def track(
     for t in range(u.shape[-1]):
         err = u[..., t] > x
         x = np.maximum(x + eta * (err - alpha), 0.0)
-        xbar = xbar + (x - xbar) / release
+        xbar = np.where(x >= xbar, x, xbar + (x - xbar) / release)
         misses += err
     return x, xbar, misses
 
@@ -502,11 +503,12 @@ class LogQuantileTracker:
     alone, the same whatever the delay and however the labels are batched: the delay only shifts in time which x_t
     a prediction is served with (the one of d labels earlier).
 
-    **Served level: fast up, slow down.** The sets are served at max(x_t, xbar_t), xbar the moving average of x
-    over about ``release`` labels (``DEFAULT_RELEASE``). Served behind the labels, a tracker's level jitters and each
-    downward swing under-covers until labels pull it back; holding the level at its recent average on the way down
-    removes that, while a rise (a shift that needs larger sets) is served at once. The served set holds the
-    tracker's own, so every bound below holds for it too.
+    **Served level: fast up, slow down.** The sets are served at the envelope xbar_t of the level: it follows x up at
+    once and comes down over about ``release`` labels (``DEFAULT_RELEASE``), as a compressor's attack and release.
+    Served behind the labels, a tracker's level jitters, and each downward swing under-covers until labels pull it
+    back, most of all while it climbs after a shift; holding the level near its recent peaks removes that, at the
+    price of some coverage above target. The served set holds the tracker's own (xbar_t >= x_t), so every bound
+    below holds for it too.
 
     **Anti-windup.** At x = 0 the threshold is 0: the floor sets (``calibkit.conformal.floor_scores``) are at their
     smallest, the top label, and cannot shrink; misses below the rate alpha there would only wind the level down, so
@@ -534,7 +536,7 @@ class LogQuantileTracker:
         score_range: B, > 0: the largest score of the method (``score_range``).
         level: x_t, >= 0; None for ``start``.
         smooth: xbar_t, >= 0; None for ``start``.
-        release: The moving average's length in labels, >= 1.
+        release: The labels over which the envelope comes down, >= 1.
         labels: T, the labels folded so far.
         misses: The tracker's own misses among them.
 
@@ -561,7 +563,7 @@ class LogQuantileTracker:
     score_range: float = 1.0
     level: float | None = None
     smooth: float | None = None
-    release: float = 500.0
+    release: float = DEFAULT_RELEASE
     labels: int = 0
     misses: int = 0
 

@@ -359,7 +359,7 @@ def goals(e2e: dict, target: float = 0.9) -> list[dict]:
                 "goal": goal,
                 "rows": sum(len(v) for v in mine.values()),
                 "met": bool(results) and all(results.values()),
-                "worst": "" if key is None else f"{sign * worst(mine[key]):.4g}, {key[1]} delay {key[2]:,}",
+                "worst": "" if key is None else f"{sign * worst(mine[key]) + 0.0:.4g}, {key[1]} delay {key[2]:,}",
             }
         )
 
