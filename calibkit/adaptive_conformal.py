@@ -1,4 +1,4 @@
-"""Conformal prediction sets that adapt to shift: the threshold moves with the misses of the sets served so far.
+"""Conformal prediction sets that adapt to shift: the threshold moves with the labels that come back.
 
 Split conformal (``calibkit.conformal``) covers 1 - alpha only while serving stays exchangeable with the
 calibration split. Under a shift of the inputs, the labels or the model it can fall far below, and it never
@@ -23,22 +23,17 @@ With err_t = 1 when the set served for the t-th label missed it (0 when it held 
 
       |(1/T) sum_{t<=T} err_t - alpha| <= (B + eta) / (eta T).
 
-- **The quantile tracker on the log scale** (``LogQuantileTracker``): the same tracker run on the score u =
-  min(-log(1 - s / B), U), the log of the score's distance to the top of its range truncated at a span U (for
-  LAC, -log p_y). Serve B (1 - exp(-x_t)), x_{t+1} = x_t + eta (err_t - alpha), the full set from x_t >= U and the
-  empty set below x_t < 0: the sets are the method's own, only the steps are relative, so that they shrink as
-  the threshold nears the top of the score range. x_t stays within [-alpha eta, U + (1 - alpha) eta], and for
-  every sequence and every T (their Proposition 1 for the truncated score)
+- **The quantile tracker on the log scale** (``LogQuantileTracker``, the one the service serves): the same
+  tracker on the score u = min(-log(1 - s / B), U), the log of the score's distance to the top of its range
+  truncated at a span U (for LAC, -log p_y), so that its steps shrink as the threshold nears the top of the range.
+  It is fed each label's own score rather than the miss of the set served with its prediction, stops at 0, and is
+  served at its envelope; its class docstring says why (late and batched labels) and what it guarantees.
 
-      |(1/T) sum_{t<=T} err_t - alpha| <= (U + eta) / (eta T),
-
-  whatever B.
-
-All three recursions are sums: alpha_{T+1} = alpha_1 + gamma (T alpha - M_T) and q_{T+1} = q_1 + eta (M_T - T
-alpha) (x alike), M_T the number of misses among the first T labels. So a state is two integers, T and M_T,
-besides its settings (``ACIState``, ``QuantileTracker``, ``LogQuantileTracker``): folding the stored labels in any
-chunks gives the same state, and replicas and restarts that fold the same labels serve the same threshold bit for
-bit. ``to_dict`` / ``from_dict`` carry a state through JSON exactly.
+ACI's and the score-scale tracker's recursions are sums: alpha_{T+1} = alpha_1 + gamma (T alpha - M_T) and q_{T+1}
+= q_1 + eta (M_T - T alpha), M_T the number of misses among the first T labels, so their state is two integers
+besides its settings. The log-scale tracker's is its level, its envelope and the counts, folded label by label. In
+every case folding the stored labels in any chunks gives the same state, and replicas and restarts that fold the
+same labels serve the same threshold bit for bit. ``to_dict`` / ``from_dict`` carry a state through JSON exactly.
 
 No rule promises coverage over a short window, or for one input: the bound is on the long-run average,
 and it says the average comes back to alpha after a shift at a speed of about 1 / gamma (1 / eta on the
@@ -57,23 +52,11 @@ sizes, jitter from label to label.
 >>> ACIState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 True
 
-The choice of default. The benchmark ran the three rules over a grid of steps on streams of the digits model
-under every corruption and severity and on synthetic temperature and label shifts, and keeps, among the rules and
-steps that kept the long-run and the post-shift coverage on every stream and whose deterministic bound promises
-the long-run goal at the streams' length on any sequence, the smallest worst set-size ratio to an oracle
-calibrated on the shifted data: ``DEFAULT_METHOD`` and ``DEFAULT_STEP``, the log-scale tracker. The rules on the
-other scales lose on size on over-confident traffic: there the shifted quantile of the LAC score lies just below
-the top of the score range, where the set size jumps to the full set (the classes of tiny probability all enter
-at once), and a step fixed on the score scale (the tracker) or on the calibration scores' levels (ACI) jitters
-the threshold across that jump, serving the full set a large share of the time; the steps that narrow the jitter
-enough either follow a shift too slowly or have a bound that promises nothing at that length, since the bound
-(B + eta) / (eta T) fixes the smallest step the long-run goal allows. On the log scale the same bound leaves
-steps that are fine near the top of the range and still follow a shift. ACI also loses where a shift moves the
-scores beyond the calibration split's largest score (a corruption that leaves the model near chance): its
-thresholds are calibration scores or +inf, so it alternates between sets that are too small and the full set.
-The quantile tracker's step is on the score scale: ``DEFAULT_ETA`` is for scores in [0, 1] (LAC, APS); a RAPS
-penalty widens the range and calls for a proportionally larger step. The log-scale tracker's bound does not
-depend on the range, so its step does not either.
+The default, ``DEFAULT_METHOD`` at ``DEFAULT_STEP``, is the log-scale tracker, the one rule the service serves;
+ACI and the score-scale tracker remain for the benchmark's comparison. Why the others went, and what was measured:
+``docs/decisions/0022-served-sets-and-coverage.md`` and ``0024-sets-under-label-delay.md``. ``DEFAULT_ETA`` is the
+score-scale tracker's step for scores in [0, 1] (LAC, APS); a RAPS penalty widens the range and calls for a
+proportionally larger step. The log-scale tracker's bound does not depend on the range, so its step does not either.
 """
 
 from __future__ import annotations
