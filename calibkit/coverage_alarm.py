@@ -60,6 +60,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import json  # noqa: F401  (the doctest uses it)
 import math
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ DEFAULT_EPSILON = 0.01
 STATE_FORMAT = 1
 
 
+@functools.lru_cache(maxsize=256)
 def calibration_tolerance(n: int, alpha: float, epsilon: float = DEFAULT_EPSILON) -> float:
     """delta: the most a static split-conformal set's miss rate exceeds alpha, but with probability epsilon over
     the n calibration scores.
@@ -101,7 +103,8 @@ def calibration_tolerance(n: int, alpha: float, epsilon: float = DEFAULT_EPSILON
     for scores without ties and stochastically smaller with ties or the floor (Vovk 2012, "Conditional validity
     of inductive conformal predictors"). So P(miss rate > alpha + delta) <= epsilon for delta = the (1 - epsilon)
     quantile of that law less alpha (0 when k > n: the full set misses nothing). An alarm on the static sets'
-    misses that tests the rate alpha + delta keeps its bound n / A given the split, outside that epsilon.
+    misses that tests the rate alpha + delta keeps its bound n / A given the split, outside that epsilon. Cached:
+    the service derives each set choice's alarm settings whenever it reads its stored state.
 
     Args:
         n: The number of calibration scores, >= 1.

@@ -157,9 +157,9 @@ class CoverageMonitor:
                 # labels of a level the version does not serve, or from before scores were kept, fold nowhere
                 if row.set_score is None or not self.served_choice(served, row.set_method, row.set_coverage):
                     continue
-                key = choice_key(row.set_method, row.set_coverage, bool(row.set_randomized))
+                key = choice_key(row.set_method, row.set_coverage, _randomized(row))
                 if key not in states:
-                    states[key] = self.fresh(served, row.set_method, row.set_coverage, bool(row.set_randomized))
+                    states[key] = self.fresh(served, row.set_method, row.set_coverage, _randomized(row))
                 scores, covered = groups.setdefault(key, ([], []))
                 scores.append(row.set_score)
                 covered.append(int(row.covered))
