@@ -12,7 +12,7 @@ durable, against (a). Reports requests/s, p50 and p99, the ratio feedback/predic
 checks that every acknowledged label is stored: the labels found in the store afterwards against the
 2xx responses wrk received (more are stored: the requests in flight when wrk stops are committed
 and answered, but not read) and exactly the 2xx responses the service counted sending.
-PostgreSQL runs in a fresh database on 127.0.0.1:5432, dropped afterwards.
+PostgreSQL runs in a fresh database on the server of ``CALIB_BENCH_DATABASE_URL`` (127.0.0.1:5432), dropped afterwards.
 
     python -m bench.feedback_load [--seconds 10] [--stores sqlite postgresql] [--smoke]
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -38,7 +39,9 @@ MODEL = "digits-lenet5"
 CONNECTIONS = 32
 GOAL_RATIO = 0.25
 GOAL_P99_MS = 100.0
-PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+#: The PostgreSQL whose database the benchmark may create and drop one of its own in (the test suite points it at its
+#: throwaway server).
+PG_ADMIN_URL = os.environ.get("CALIB_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WARMUP_SECONDS = 1.0
 COLUMNS = [
     "store",

@@ -106,7 +106,7 @@ DEFAULT_STEP = 0.1
 #: a share of that range, is below exp(-U) = 1e-4 (for LAC: a probability below 1e-4).
 DEFAULT_SPAN = 4 * math.log(10)
 #: The labels over which the log-scale tracker's served level comes down (its envelope's release).
-DEFAULT_RELEASE = 100.0
+DEFAULT_RELEASE = 50.0
 #: The quantile tracker's eta when none is given, for scores in [0, 1]: its bound (1 + eta) / (eta T) is about half
 #: a point at T = 10,000.
 DEFAULT_ETA = 0.02

@@ -19,7 +19,7 @@ from service.auth import GROUPS, AccessControl
 from service.errors import StorageUnavailable
 from service.http.errors import install_error_handlers
 from service.http.middleware import ServingMiddleware
-from service.http.routes import api_routes, openapi
+from service.http.routes import RouteAccess, api_routes, openapi
 from service.metrics import ServiceMetrics
 from service.parts import ServiceParts
 from service.serving import grpc_server as grpc_api
@@ -85,8 +85,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Calibrated probabilities from ONNX models, with calibration monitoring.",
         routes=routes,
     )
+    groups = RouteAccess.of_app(app)  # every route's access group, or no start
     app.add_middleware(
-        ServingMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes, fast=fast, access=access
+        ServingMiddleware,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        fast=fast,
+        access=access,
+        groups=groups,
     )
     install_error_handlers(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]

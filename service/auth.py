@@ -1,14 +1,15 @@
-"""Who may call what: named bearer tokens per route group (RFC 6750 ``Authorization: Bearer <token>``, the
-scheme matched case-insensitively as RFC 7235 says).
+"""Who may call what: named bearer tokens per route group (RFC 6750 ``Authorization: Bearer <token>``, the scheme
+matched case-insensitively as RFC 7235 says).
 
-Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedback`` (POST /feedback and the
-labels it lists) and ``admin`` (/admin/*). A group holds any number of named tokens, so that two are valid
-at once while one rotates. A group without tokens is open, except admin, which is then disabled (403).
-Tokens come from ``CALIB_<GROUP>_TOKENS`` (``name:token,name:token``) and from the file that
-``CALIB_<GROUP>_TOKENS_FILE`` names (same format, or one ``name:token`` per line: a mounted Secret), re-read
-when it changes; ``CALIB_ADMIN_TOKEN`` is the admin token named ``admin``. A token is compared with every token
-of its group in constant time (``secrets.compare_digest``), and the check runs before the body is read.
-Neither tokens nor their names are logged, exported as metrics or shown by /health.
+Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedback`` (POST /feedback and the labels
+it lists) and ``admin`` (/admin/*); each HTTP route and gRPC method declares its group, or ``open``, where it is
+declared (``service.http.routes.ROUTES``, ``service.serving.grpc_server``). A group holds any number of named
+tokens, so that two are valid at once while one rotates. A group without tokens is open, except admin, which is then
+disabled (403). Tokens come from ``CALIB_<GROUP>_TOKENS`` (``name:token,name:token``) and from the file that
+``CALIB_<GROUP>_TOKENS_FILE`` names (same format, or one ``name:token`` per line: a mounted Secret), re-read when it
+changes; ``CALIB_ADMIN_TOKEN`` is the admin token named ``admin``. A token is compared with every token of its group
+in constant time (``secrets.compare_digest``), and the check runs before the body is read. Neither tokens nor their
+names are logged, exported as metrics or shown by /health.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ log = logging.getLogger("service.auth")
 
 Group = Literal["predict", "feedback", "admin"]
 GROUPS: tuple[Group, ...] = ("predict", "feedback", "admin")
+Access = Literal["predict", "feedback", "admin", "open"]
+#: Who may call a route or a gRPC method: the holders of a token of its group (a group without tokens is open,
+#: but admin, which is then disabled), or anyone.
+ACCESS: tuple[Access, ...] = (*GROUPS, "open")
 REALM = 'Bearer realm="calibrated-serving"'
 
 
@@ -123,15 +128,3 @@ class AccessControl:
             return self.check(group, authorization) != ANONYMOUS
         except (Unauthorized, Forbidden):
             return False
-
-
-def group_of(method: str, path: str) -> Group | None:
-    """The route group of a request, None for the routes anyone may call (health, metrics, metadata,
-    reports, the dashboard)."""
-    if path.startswith("/admin/"):
-        return "admin"
-    if path == "/feedback" or path.startswith("/feedback/"):
-        return "feedback"
-    if method == "POST" and (path == "/predict" or (path.startswith("/v2/models/") and path.endswith("/infer"))):
-        return "predict"
-    return None

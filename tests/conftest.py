@@ -1,6 +1,13 @@
-"""Suite-wide isolation (no test writes the default feedback store into the working tree) and the real
-PostgreSQL for the tests that use it. tests/vision runs in the
-torchvision venv (``make test-vision``); the core venv, which has no torchvision, does not collect it and says so."""
+"""Suite-wide isolation (no test writes the default feedback store into the working tree) and a real PostgreSQL for
+the tests that use it: the one ``CALIB_TEST_DATABASE_URL`` names, or a throwaway one the suite starts. tests/vision
+runs in the torchvision venv (``make test-vision``); the core venv, which has no torchvision, does not collect it
+and says so."""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,13 +47,100 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
-def postgres_url() -> str:
-    """The machine's PostgreSQL (database test), emptied of this service's tables."""
+#: Points the suite at an existing PostgreSQL (a SQLAlchemy URL whose database the suite may empty of this
+#: service's tables); unset, the suite starts a throwaway server of its own.
+TEST_DATABASE_URL = "CALIB_TEST_DATABASE_URL"
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory) -> Iterator[str]:
+    """The PostgreSQL the suite uses, as a URL: ``CALIB_TEST_DATABASE_URL`` when set, else a throwaway cluster
+    started by pytest-postgresql's executor (``PostgreSQLExecutor``, pg_ctl) in a directory of its own, on a free
+    port, stopped and removed at the end of the session. PostgreSQL refuses to run as root, so under root (CI) the
+    cluster runs as an unprivileged user (``postgres`` where Debian's package made one, else ``nobody``). The URL is
+    also exported as ``CALIB_TEST_DATABASE_URL`` and ``CALIB_BENCH_DATABASE_URL`` for the processes tests start."""
+    given = os.environ.get(TEST_DATABASE_URL)
+    if given:
+        yield given
+        return
+    from port_for import get_port
+    from pytest_postgresql.executors import PostgreSQLExecutor
+
+    pg_ctl = _pg_ctl()
+    work = Path(tempfile.mkdtemp(prefix="calib-pg-"))
+    executable = pg_ctl
+    if os.geteuid() == 0:
+        user = "postgres" if _user_exists("postgres") else "nobody"
+        shutil.chown(work, user)
+        executable = str(work / "pg_ctl")
+        Path(executable).write_text(f'#!/bin/sh\nexec runuser -u {user} -- "{pg_ctl}" "$@"\n')
+        os.chmod(executable, 0o755)
+        os.chmod(work, 0o755)
+    port = get_port(None)
+    executor = PostgreSQLExecutor(
+        executable=executable,
+        host="127.0.0.1",
+        port=port,
+        user="postgres",
+        dbname="test",
+        datadir=str(work / "data"),
+        unixsocketdir=str(work),
+        logfile=str(work / "postgresql.log"),
+        startparams="-w",
+        postgres_options="-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
+    )
+    executor.start()
+    try:
+        executor.wait_for_postgres()
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"
+        _create_database(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", "test")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(TEST_DATABASE_URL, url)
+            patch.setenv("CALIB_BENCH_DATABASE_URL", url)
+            yield url
+    finally:
+        executor.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _pg_ctl() -> str:
+    """pg_ctl: on the PATH, or Debian's (/usr/lib/postgresql/<major>/bin, the newest)."""
+    found = shutil.which("pg_ctl")
+    if found:
+        return found
+    debian = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3]))
+    if not debian:
+        pytest.fail(
+            "no PostgreSQL: install Debian's postgresql (`make tools` does) or set CALIB_TEST_DATABASE_URL", False
+        )
+    return str(debian[-1])
+
+
+def _user_exists(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _create_database(maintenance_url: str, name: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(maintenance_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    engine.dispose()
+
+
+def empty_postgres(url: str) -> str:
+    """The PostgreSQL at ``url``, emptied of this service's tables."""
     import sqlalchemy as sa
 
     from service.store.schema import metadata
 
-    url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     engine = sa.create_engine(url)
     with engine.begin() as connection:
         metadata.drop_all(connection)
@@ -55,12 +149,12 @@ def postgres_url() -> str:
 
 
 @pytest.fixture
-def pg_url() -> str:
-    """The real PostgreSQL, emptied of this service's tables."""
-    return postgres_url()
+def pg_url(postgres_server) -> str:
+    """The suite's PostgreSQL, emptied of this service's tables."""
+    return empty_postgres(postgres_server)
 
 
 @pytest.fixture(scope="session")
-def postgres():
-    """``postgres_url()``: the real PostgreSQL, emptied of this service's tables, for module fixtures."""
-    return postgres_url
+def postgres(postgres_server):
+    """A function that returns the suite's PostgreSQL, emptied of this service's tables, for module fixtures."""
+    return lambda: empty_postgres(postgres_server)

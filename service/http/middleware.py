@@ -18,9 +18,10 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.auth import AccessControl, group_of
+from service.auth import AccessControl
 from service.errors import PayloadTooLarge, ServiceError
 from service.http.errors import error_response
+from service.http.routes import RouteAccess
 from service.metrics import ServiceMetrics
 
 REQUEST_ID = "x-request-id"
@@ -47,9 +48,13 @@ class ServingMiddleware:
         max_body_bytes: int,
         fast: Sequence[APIRoute] = (),
         access: AccessControl | None = None,
+        groups: RouteAccess | None = None,
     ):
         self.app = app
         self.access = access
+        if access is not None and groups is None:
+            raise ValueError("token checks need the routes' access groups (RouteAccess)")
+        self.groups = groups
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.fast = {
@@ -78,8 +83,8 @@ class ServingMiddleware:
         request_id = given if given and _SAFE_ID.match(given) else f"{random.getrandbits(128):032x}"
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
-        group = group_of(scope["method"], scope["path"]) if self.access is not None else None
-        if self.access is not None and group is not None:
+        group = self.groups.of(scope["path"]) if self.groups is not None else None
+        if self.access is not None and group is not None and group != "open":
             try:
                 state["principal"] = self.access.check(group, authorization)
             except ServiceError as exc:

@@ -1,7 +1,9 @@
 """Every HTTP route of the service, declared once.
 
-``ROUTES`` is the one table (the shape of MLServer's ``rest/app.py``): path, handler, methods and what the
-OpenAPI document says of the route. ``api_routes`` turns it into FastAPI routes, which serve the requests
+``ROUTES`` is the one table (the shape of MLServer's ``rest/app.py``): path, handler, methods, who may call it
+(``access``: the token group ``predict``, ``feedback`` or ``admin``, or ``open``) and what the OpenAPI document
+says of the route. ``RouteAccess`` reads the groups from the table alone, and an app with a route that declares
+none does not start (``RouteAccess.of_app``). ``api_routes`` turns it into FastAPI routes, which serve the requests
 and give the document. A fast route's handler takes the request and returns the response itself (JSON by
 ``service.http.codec``); ``ServingMiddleware`` calls it directly, past FastAPI's dependency solving and
 response validation, and the router keeps the route for the 405 of other methods and for the document.
@@ -10,7 +12,7 @@ response validation, and the router keeps the route for the 405 of other methods
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +21,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, compile_path
 
+from service.auth import ACCESS, Access
 from service.http import dashboard, inference, monitoring, v2
 from service.http.codec import MULTIPART, json_body
 from service.schemas import (
@@ -88,9 +91,15 @@ HTML: dict[int | str, dict[str, Any]] = {
 }
 
 
+#: The routes FastAPI adds itself (the OpenAPI document and its viewers): open.
+FRAMEWORK_ROUTES: dict[str, Access] = {p: "open" for p in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")}
+
+
 @dataclass(frozen=True)
 class Route:
-    """One route: where, which handler, and what the OpenAPI document says of it.
+    """One route: where, which handler, who may call it and what the OpenAPI document says of it.
+
+    ``access``: required; a route that declares none (or an unknown group) is refused when the table is built.
 
     ``fast``: the handler takes the ``Request`` and returns the ``Response`` (``ServingMiddleware`` calls it).
     ``body``: the JSON body a handler reads itself (the document shows it; FastAPI does not parse it), with
@@ -109,6 +118,13 @@ class Route:
     tags: tuple[str, ...] = ()
     response_class: type[Response] | None = None
     description: str | None = None
+    access: Access | None = None
+
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS:
+            raise ValueError(
+                f"route {self.path} declares no access group (access={self.access!r}): give one of {list(ACCESS)}"
+            )
 
     def api_route(self) -> APIRoute:
         extra: dict[str, Any] = {}
@@ -146,16 +162,18 @@ ROUTES = [
         response_model=PredictResponse,
         responses=PREDICT_ERRORS,
         tags=("inference",),
+        access="predict",
     ),
-    Route("/models", inference.models, response_model=ModelsResponse, tags=("models",)),
+    Route("/models", inference.models, response_model=ModelsResponse, tags=("models",), access="open"),
     Route(
         "/health",
         inference.health,
         response_model=HealthResponse,
         responses={503: {"model": HealthResponse}},
         tags=("health",),
+        access="open",
     ),
-    Route("/metrics", inference.metrics, response_class=Response, responses=TEXT, tags=("health",)),
+    Route("/metrics", inference.metrics, response_class=Response, responses=TEXT, tags=("health",), access="open"),
     Route(
         "/feedback",
         monitoring.feedback,
@@ -165,6 +183,7 @@ ROUTES = [
         response_model=FeedbackResponse,
         responses=MONITORING_ERRORS,
         tags=("monitoring",),
+        access="feedback",
     ),
     Route(
         "/feedback/unmatched",
@@ -172,6 +191,7 @@ ROUTES = [
         response_model=UnmatchedLabels,
         responses=MONITORING_ERRORS,
         tags=("monitoring",),
+        access="feedback",
     ),
     Route(
         "/calibration",
@@ -179,6 +199,7 @@ ROUTES = [
         response_model=CalibrationReport,
         responses=MONITORING_ERRORS,
         tags=("monitoring",),
+        access="open",
     ),
     Route(
         "/calibration/reliability.png",
@@ -186,6 +207,7 @@ ROUTES = [
         responses=MONITORING_ERRORS | {200: {"content": {"image/png": {}}}},
         response_class=Response,
         tags=("monitoring",),
+        access="open",
     ),
     Route(
         "/calibration/timeline",
@@ -193,6 +215,7 @@ ROUTES = [
         response_model=TimelineResponse,
         responses=MONITORING_ERRORS,
         tags=("monitoring",),
+        access="open",
     ),
     Route(
         "/calibration/history",
@@ -200,6 +223,7 @@ ROUTES = [
         response_model=HistoryResponse,
         responses=MONITORING_ERRORS,
         tags=("monitoring",),
+        access="open",
     ),
     Route(
         "/admin/recalibrate",
@@ -209,6 +233,7 @@ ROUTES = [
         response_model=RecalibrateResponse,
         responses=ADMIN_ERRORS,
         tags=("monitoring", "admin"),
+        access="admin",
     ),
     Route(
         "/admin/calibration/activate",
@@ -218,21 +243,41 @@ ROUTES = [
         response_model=ActivateResponse,
         responses=ADMIN_ERRORS,
         tags=("monitoring", "admin"),
+        access="admin",
     ),
-    Route("/dashboard", dashboard.dashboard, response_class=HTMLResponse, responses=HTML, tags=("dashboard",)),
-    Route("/v2", v2.server, response_model=V2ServerMetadata, tags=("v2",)),
-    Route("/v2/health/live", v2.live, responses={200: {"content": {"application/json": {}}}}, tags=("v2",)),
-    Route("/v2/health/ready", v2.ready, responses={503: {"model": V2Error}}, tags=("v2",)),
-    Route("/v2/models/{name}", v2.model_metadata, response_model=V2ModelMetadata, responses=V2_ERRORS, tags=("v2",)),
+    Route(
+        "/dashboard",
+        dashboard.dashboard,
+        response_class=HTMLResponse,
+        responses=HTML,
+        tags=("dashboard",),
+        access="open",
+    ),
+    Route("/v2", v2.server, response_model=V2ServerMetadata, tags=("v2",), access="open"),
+    Route(
+        "/v2/health/live", v2.live, responses={200: {"content": {"application/json": {}}}}, tags=("v2",), access="open"
+    ),
+    Route("/v2/health/ready", v2.ready, responses={503: {"model": V2Error}}, tags=("v2",), access="open"),
+    Route(
+        "/v2/models/{name}",
+        v2.model_metadata,
+        response_model=V2ModelMetadata,
+        responses=V2_ERRORS,
+        tags=("v2",),
+        access="open",
+    ),
     Route(
         "/v2/models/{name}/versions/{version}",
         v2.model_metadata,
         response_model=V2ModelMetadata,
         responses=V2_ERRORS,
         tags=("v2",),
+        access="open",
     ),
-    Route("/v2/models/{name}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",)),
-    Route("/v2/models/{name}/versions/{version}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",)),
+    Route("/v2/models/{name}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",), access="open"),
+    Route(
+        "/v2/models/{name}/versions/{version}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",), access="open"
+    ),
     *(
         Route(
             path,
@@ -244,6 +289,7 @@ ROUTES = [
             response_model=V2InferenceResponse,
             responses=V2_ERRORS,
             tags=("v2",),
+            access="predict",
             description=f"Inference in the Open Inference Protocol v2 on {on}, JSON or with binary tensors.",
         )
         for path, on in (
@@ -258,6 +304,38 @@ def api_routes() -> tuple[list[BaseRoute], list[APIRoute]]:
     """The table as FastAPI routes in its order, and those of them whose handlers the middleware calls."""
     built = [(route, route.api_route()) for route in ROUTES]
     return [api for _, api in built], [api for route, api in built if route.fast]
+
+
+class RouteAccess:
+    """The access group of a request's path, read from the route table alone: one dict lookup for a path without
+    parameters, then the patterns of the others. A path that no route serves has none (the router answers 404);
+    every route of a path shares its group, whatever the method (a wrong method is refused like a right one)."""
+
+    def __init__(self, routes: Iterable[tuple[str, Access]]) -> None:
+        by_path: dict[str, Access] = {}
+        for path, access in routes:
+            if by_path.setdefault(path, access) != access:
+                raise ValueError(f"the routes of {path} declare two access groups: {by_path[path]} and {access}")
+        self.exact = {path: access for path, access in by_path.items() if "{" not in path}
+        self.patterns = [(compile_path(path)[0], access) for path, access in by_path.items() if "{" in path]
+
+    @classmethod
+    def of_app(cls, app: FastAPI) -> RouteAccess:
+        """The groups of every route the app serves: the table's and FastAPI's own (``FRAMEWORK_ROUTES``). A route of
+        the app that is in neither stops the start (fail closed)."""
+        declared = {route.path: route.access for route in ROUTES} | FRAMEWORK_ROUTES
+        paths = [getattr(route, "path", None) for route in app.routes]
+        missing = [p for p in paths if p is None or p not in declared]
+        if missing:
+            raise RuntimeError(f"routes without an access group (declare one in service.http.routes): {missing}")
+        return cls([(route.path, route.access) for route in ROUTES if route.access] + list(FRAMEWORK_ROUTES.items()))
+
+    def of(self, path: str) -> Access | None:
+        """The group of ``path``; None when no route serves it."""
+        access = self.exact.get(path)
+        if access is None:
+            access = next((a for pattern, a in self.patterns if pattern.match(path)), None)
+        return access
 
 
 def openapi(app: FastAPI) -> dict[str, Any]:

@@ -270,27 +270,13 @@ class DataPlane:
 
     def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
         model = self.repository.get(name, version)
-        k, pre = len(model.manifest.class_names), model.manifest.preprocessing
+        pre = model.manifest.preprocessing
         return V2ModelMetadata(
             name=model.name,
             versions=sorted(self.repository.models[model.name], key=int),
             platform="onnxruntime_onnx",
             inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
-            outputs=[
-                *(
-                    V2TensorMetadata(name=model.manifest.outputs[o], datatype="FP32", shape=[-1, k])
-                    for o in ("logits", "probabilities")
-                ),
-                V2TensorMetadata(name=PREDICTION_ID, datatype="BYTES", shape=[-1]),
-                *(
-                    [
-                        V2TensorMetadata(name=PREDICTION_SET, datatype="BOOL", shape=[-1, k]),
-                        V2TensorMetadata(name=P_VALUES, datatype="FP32", shape=[-1, k]),
-                    ]
-                    if model.sets.available
-                    else []
-                ),
-            ],
+            outputs=[V2TensorMetadata(name=n, datatype=d, shape=[-1, *s]) for n, d, s in listed_outputs(model)],
             parameters={
                 "classes": json.dumps(model.manifest.class_names),
                 "preprocessing": json.dumps(pre.model_dump()),
@@ -353,9 +339,8 @@ class DataPlane:
         if not np.isfinite(x).all():
             raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
         known = [*model.runtime.output_names, PREDICTION_ID, PREDICTION_SET, P_VALUES]
-        requested = (
-            [o.name for o in request.outputs] if request.outputs else [*model.manifest.outputs.values(), PREDICTION_ID]
-        )
+        # without ``outputs``, every output the metadata lists (the protocol's rule), the sets and p-values included
+        requested = [o.name for o in request.outputs] if request.outputs else [n for n, _, _ in listed_outputs(model)]
         unknown = [o for o in requested if o not in known]
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
@@ -415,6 +400,18 @@ class DataPlane:
         if array.dtype == bool or array.dtype.kind not in "iuf":
             raise InvalidInput("must hold only numbers", field="inputs[0].data")
         return array.ravel()
+
+
+def listed_outputs(model: ServedModel) -> list[tuple[str, str, list[int]]]:
+    """The outputs a version's v2 metadata lists, as (name, datatype, shape after the batch axis): the graph's
+    logits and probabilities, the prediction ids, and the sets and p-values when the version serves sets. A v2
+    infer that names no outputs answers all of them."""
+    k = len(model.manifest.class_names)
+    listed = [(model.manifest.outputs[o], "FP32", [k]) for o in ("logits", "probabilities")]
+    listed.append((PREDICTION_ID, "BYTES", []))
+    if model.sets.available:
+        listed += [(PREDICTION_SET, "BOOL", [k]), (P_VALUES, "FP32", [k])]
+    return listed
 
 
 def v2_datatype(values: np.ndarray) -> str:

@@ -10,6 +10,8 @@ bytes), and, comma-separated, as the response parameter ``prediction_ids``, as o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -19,8 +21,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 from pydantic import ValidationError
 
+from service.auth import ACCESS, Access
 from service.errors import (
     Forbidden,
     InvalidInput,
@@ -169,33 +174,51 @@ def inference_response(
     return response
 
 
-def rpc(handler: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
-    """A servicer method from ``handler(self, request)``: ModelInfer first checks the predict tokens (metadata
-    ``authorization: Bearer <token>``, UNAUTHENTICATED without one); typed errors end the call with their status
-    (``STATUS``), anything else with INTERNAL (logged); every call is counted and timed by method and status."""
-    method = handler.__name__
-    group = "predict" if method == "ModelInfer" else None
+def rpc(access: Access) -> Callable[[Callable[..., Awaitable]], Callable[..., Awaitable]]:
+    """A servicer method from ``handler(self, request)``, declaring who may call it (``access``, as an HTTP route
+    does in ``service.http.routes``): a token group's method first checks its tokens (metadata ``authorization:
+    Bearer <token>``, UNAUTHENTICATED without one); typed errors end the call with their status (``STATUS``),
+    anything else with INTERNAL (logged); every call is counted and timed by method and status."""
+    if access not in ACCESS:
+        raise ValueError(f"a gRPC method declares no access group (access={access!r}): give one of {list(ACCESS)}")
 
-    @functools.wraps(handler)
-    async def call(self, request, context: grpc.aio.ServicerContext):
-        metrics, started, code = self.parts.metrics, time.perf_counter(), grpc.StatusCode.OK
-        try:
-            if group is not None:
-                metadata = dict(context.invocation_metadata() or ())
-                self.parts.access.check(group, metadata.get("authorization"))
-            return await handler(self, request)
-        except ServiceError as exc:
-            code = status_of(exc)
-            await context.abort(code, f"{exc.field}: {exc.message}" if exc.field else exc.message)
-        except Exception:
-            code = grpc.StatusCode.INTERNAL
-            log.exception("unexpected error in gRPC %s", method)
-            await context.abort(code, "internal error; see the server log")
-        finally:
-            metrics.grpc_requests.labels(method, code.name).inc()
-            metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
+    def wrap(handler: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
+        method = handler.__name__
 
-    return call
+        @functools.wraps(handler)
+        async def call(self, request, context: grpc.aio.ServicerContext):
+            metrics, started, code = self.parts.metrics, time.perf_counter(), grpc.StatusCode.OK
+            try:
+                if access != "open":
+                    metadata = dict(context.invocation_metadata() or ())
+                    self.parts.access.check(access, metadata.get("authorization"))
+                return await handler(self, request)
+            except ServiceError as exc:
+                code = status_of(exc)
+                await context.abort(code, f"{exc.field}: {exc.message}" if exc.field else exc.message)
+            except Exception:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("unexpected error in gRPC %s", method)
+                await context.abort(code, "internal error; see the server log")
+            finally:
+                metrics.grpc_requests.labels(method, code.name).inc()
+                metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
+
+        call.access = access  # type: ignore[attr-defined]
+        return call
+
+    return wrap
+
+
+def method_access(servicer: object) -> dict[str, Access]:
+    """The access group each method of the inference service declares (``rpc``). A method of the service's
+    descriptor that declares none, or is not implemented, stops the start (fail closed)."""
+    methods = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
+    declared = {name: getattr(getattr(servicer, name, None), "access", None) for name in methods}
+    missing = sorted(name for name, access in declared.items() if access not in ACCESS)
+    if missing:
+        raise RuntimeError(f"gRPC methods without an access group (declare one with rpc(...)): {missing}")
+    return declared  # type: ignore[return-value]
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -205,15 +228,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.parts = parts
         self.phase_histograms = parts.metrics.phases("gRPC ModelInfer")
 
-    @rpc
+    @rpc("open")
     async def ServerLive(self, request):
         return pb.ServerLiveResponse(live=True)
 
-    @rpc
+    @rpc("open")
     async def ServerReady(self, request):
         return pb.ServerReadyResponse(ready=self.parts.is_ready())
 
-    @rpc
+    @rpc("open")
     async def ModelReady(self, request):
         try:
             self.parts.model_ready(request.name, request.version or None)
@@ -221,11 +244,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
-    @rpc
+    @rpc("open")
     async def ServerMetadata(self, request):
         return pb.ServerMetadataResponse(**server_metadata())
 
-    @rpc
+    @rpc("open")
     async def ModelMetadata(self, request):
         meta = self.parts.dataplane.v2_metadata(request.name, request.version or None)
 
@@ -242,7 +265,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             outputs=tensors(meta.outputs),
         )
 
-    @rpc
+    @rpc("predict")
     async def ModelInfer(self, request):
         phases = Phases(self.phase_histograms)
         body, values = inference_request(request)
@@ -255,15 +278,68 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-async def start(parts: ServiceParts) -> grpc.aio.Server | None:
-    """The gRPC server on ``settings.host:settings.grpc_port`` (0: a free port), started, its port recorded on
-    ``parts.grpc_port``; None when ``settings.grpc`` is off. A port that cannot be bound stops the start."""
+class Health(health_aio.HealthServicer):
+    """``grpc.health.v1.Health`` (grpcio-health-checking), for Kubernetes' gRPC probes and grpc_health_probe: the
+    server ("") and ``SERVICE`` answer SERVING while the service is ready (``ServiceParts.is_ready``: started, not
+    stopping, a model version ready), NOT_SERVING otherwise. ``Check`` reads readiness when asked; ``Watch``ers
+    hear of a change within ``POLL_SECONDS``. Open to every caller, as ``/v2/health/*`` is."""
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, parts: ServiceParts) -> None:
+        super().__init__()
+        self.parts = parts
+
+    async def sync(self) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.parts.is_ready()
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE):
+            if self._server_status.get(name) != status:
+                await self.set(name, status)
+
+    async def Check(self, request, context):
+        await self.sync()
+        return await super().Check(request, context)
+
+    async def watch_readiness(self) -> None:
+        while True:
+            await self.sync()
+            await asyncio.sleep(self.POLL_SECONDS)
+
+
+class GrpcServer:
+    """The running gRPC server, its health service and the task that keeps the health current."""
+
+    def __init__(self, server: grpc.aio.Server, health: Health) -> None:
+        self.server, self.health = server, health
+        self._watch = asyncio.get_running_loop().create_task(health.watch_readiness())
+
+    async def stop(self, grace: float) -> None:
+        """NOT_SERVING first (probes and watchers hear it), then the server's graceful stop."""
+        self._watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start(parts: ServiceParts) -> GrpcServer | None:
+    """The gRPC server on ``settings.host:settings.grpc_port`` (0: a free port) with ``Health`` beside the inference
+    service, started, its port recorded on ``parts.grpc_port``; None when ``settings.grpc`` is off. A port that
+    cannot be bound stops the start."""
     settings = parts.settings
     if not settings.grpc:
         return None
     limit = settings.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(parts), server)
+    servicer = InferenceServicer(parts)
+    method_access(servicer)  # every method declares who may call it, or no start
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    health = Health(parts)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     address = f"{settings.host}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
@@ -273,5 +349,5 @@ async def start(parts: ServiceParts) -> grpc.aio.Server | None:
         ) from None
     await server.start()
     parts.grpc_port = port
-    log.info("gRPC (%s) on %s:%d", SERVICE, settings.host, port)
-    return server
+    log.info("gRPC (%s, grpc.health.v1) on %s:%d", SERVICE, settings.host, port)
+    return GrpcServer(server, health)

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, Pos
 @pytest.mark.parametrize(
     "name", ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth", "conformal"]
 )
-def test_benchmark_script_runs_and_writes_its_result(name, tmp_path):
+def test_benchmark_script_runs_and_writes_its_result(name, tmp_path, request):
+    if name == "feedback_load":  # its PostgreSQL rounds, on the suite's server (CALIB_BENCH_DATABASE_URL)
+        request.getfixturevalue("postgres_server")
     result = subprocess.run(
         [sys.executable, "-m", f"bench.{name}", "--smoke"],
         cwd=ROOT,

@@ -15,6 +15,7 @@ import tomllib
 import yaml
 
 from service.app import create_app
+from service.serving.grpc_server import SERVICE
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,8 +231,13 @@ def test_a_broken_inference_service_fails_validation(what, damage, inference_ser
 
 
 def _probe_port(probe: dict, container: dict) -> int:
-    port = probe["httpGet"]["port"]
+    port = (probe.get("httpGet") or probe["grpc"])["port"]
     return port if isinstance(port, int) else next(p["containerPort"] for p in container["ports"] if p["name"] == port)
+
+
+def _probe_target(probe: dict) -> str:
+    """What a probe asks: an HTTP path, or a grpc.health.v1 service."""
+    return probe["httpGet"]["path"] if "httpGet" in probe else f"grpc:{probe['grpc'].get('service', '')}"
 
 
 @pytest.mark.parametrize("kustomization", ["base", "overlays/cpu", "overlays/gpu"])
@@ -262,7 +268,13 @@ def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization
     routes = set(create_app(Settings()).openapi()["paths"])
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         probe = container[kind]
-        assert probe["httpGet"]["path"] in routes and _probe_port(probe, container) == image["expose"]
+        if "httpGet" in probe:
+            assert probe["httpGet"]["path"] in routes and _probe_port(probe, container) == image["expose"]
+        else:  # the gRPC listener's health service (grpc.health.v1), on the gRPC port
+            assert probe["grpc"]["service"] == SERVICE
+            assert _probe_port(probe, container) == int(config["data"]["CALIB_GRPC_PORT"])
+    # each listener is probed: HTTP by the startup and liveness probes, gRPC by the readiness probe
+    assert {"httpGet", "grpc"} <= {key for kind in ("livenessProbe", "readinessProbe") for key in container[kind]}
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == image["uid"]
     assert container["securityContext"]["readOnlyRootFilesystem"]
@@ -290,8 +302,8 @@ def test_the_inference_service_runs_the_deployments_container():
     for key in ("image", "command", "envFrom", "resources", "securityContext", "volumeMounts", "lifecycle"):
         assert theirs[key] == ours[key], key
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert {**theirs[kind], "httpGet": None} == {**ours[kind], "httpGet": None}
-        assert theirs[kind]["httpGet"]["path"] == ours[kind]["httpGet"]["path"]
+        assert {**theirs[kind], "httpGet": None, "grpc": None} == {**ours[kind], "httpGet": None, "grpc": None}
+        assert _probe_target(theirs[kind]) == _probe_target(ours[kind])
         assert _probe_port(theirs[kind], theirs) == _probe_port(ours[kind], ours)
     predictor, pod = _inference_service()["spec"]["predictor"], deployment["spec"]["template"]["spec"]
     for key in ("securityContext", "terminationGracePeriodSeconds", "volumes", "automountServiceAccountToken"):

@@ -3,8 +3,9 @@
 A service process is started exactly as deploy/k8s/base's Deployment (and KServe's InferenceService) says:
 the container's command, the image's environment (Dockerfile ENV: the ``dockerfile`` fixture), the ConfigMap's
 values and the container's env, with the Secret's keys filled from test values. Only what a pod has and this
-machine has not is replaced: the listen address (loopback), the port (a free one), the artifacts path (the
-repository's, baked into the image at /app/artifacts) and the writable /tmp. Then every probe answers 200,
+machine has not is replaced: the listen address (loopback), the ports (free ones), the artifacts path (the
+repository's, baked into the image at /app/artifacts) and the writable /tmp. Then every probe passes as the
+kubelet runs it (HTTP 200, or SERVING from grpc.health.v1 for a gRPC probe),
 /predict and /feedback work, and SIGTERM drains within the grace period with every acknowledged label stored.
 
 Eight replicas started at once against an empty store, and against a store one schema version old, migrate
@@ -19,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import sqlalchemy as sa
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.alarm.traffic import calibrated_logits
 from bench.common import free_port
@@ -60,7 +63,7 @@ def _inference_service_container() -> dict:
 
 
 def _pod_env(
-    container: dict, image_env: dict[str, str], secret: dict[str, str], port: int, tmp: Path
+    container: dict, image_env: dict[str, str], secret: dict[str, str], port: int, grpc_port: int, tmp: Path
 ) -> dict[str, str]:
     """The container's environment as Kubernetes assembles it: image ENV, then envFrom (the ConfigMap), then env
     (literal values and Secret keys); then the replacements of the module docstring."""
@@ -82,7 +85,7 @@ def _pod_env(
     env.update(
         CALIB_HOST="127.0.0.1",
         CALIB_PORT=str(port),
-        CALIB_GRPC_PORT="0",
+        CALIB_GRPC_PORT=str(grpc_port),
         CALIB_ARTIFACTS=str(ROOT / "artifacts"),
         MPLCONFIGDIR=str(tmp / "matplotlib"),
     )
@@ -91,35 +94,44 @@ def _pod_env(
 
 def _start(
     container: dict, image_env: dict[str, str], secret: dict[str, str], tmp: Path, log: Path
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen, str, str]:
     """A process started with the container's command and environment (over the image's ``image_env``);
-    (process, base URL)."""
-    port = free_port()
+    (process, base URL, gRPC target)."""
+    port, grpc_port = free_port(), free_port()
     command = container["command"]
     assert command[0] == "python" and "args" not in container
     with log.open("w") as out:
-        env = _pod_env(container, image_env, secret, port, tmp)
+        env = _pod_env(container, image_env, secret, port, grpc_port, tmp)
         process = subprocess.Popen(
             [sys.executable, *command[1:]], env=env, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
         )
-    return process, f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
-def _probe_url(url: str, container: dict, kind: str) -> str:
-    return url + container[kind]["httpGet"]["path"]
+def _probe(url: str, grpc_target: str, container: dict, kind: str) -> bool:
+    """One run of a container's probe as the kubelet runs it: an HTTP GET answered 200, or a grpc.health.v1 Check
+    of the probe's service answered SERVING (on the probe's port, which must be the container's gRPC port)."""
+    probe = container[kind]
+    timeout = probe.get("timeoutSeconds", 1)
+    try:
+        if "httpGet" in probe:
+            return httpx.get(url + probe["httpGet"]["path"], timeout=timeout).status_code == 200
+        assert probe["grpc"]["port"] in {p["containerPort"] for p in container["ports"] if p["name"] in ("grpc", "h2c")}
+        with grpc.insecure_channel(grpc_target) as channel:
+            request = health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
+            answer = health_pb2_grpc.HealthStub(channel).Check(request, timeout=timeout)
+        return answer.status == health_pb2.HealthCheckResponse.SERVING
+    except (httpx.TransportError, grpc.RpcError):
+        return False
 
 
-def _wait_started(process: subprocess.Popen, url: str, container: dict, log: Path) -> None:
+def _wait_started(process: subprocess.Popen, url: str, grpc_target: str, container: dict, log: Path) -> None:
     """Poll the startup probe the way the kubelet does: every periodSeconds, at most failureThreshold times."""
     probe = container["startupProbe"]
     for _ in range(probe["failureThreshold"]):
         assert process.poll() is None, f"the process exited with {process.returncode}:\n{log.read_text()}"
-        try:
-            answer = httpx.get(_probe_url(url, container, "startupProbe"), timeout=probe.get("timeoutSeconds", 1))
-            if answer.status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
+        if _probe(url, grpc_target, container, "startupProbe"):
+            return
         time.sleep(min(probe["periodSeconds"], 0.25))
     raise AssertionError(f"{url} failed its startup probe:\n{log.read_text()}")
 
@@ -159,11 +171,11 @@ def test_the_service_runs_as_its_manifest_says(manifest, dockerfile, pg_url, tmp
     (deployment,) = _docs(BASE / "deployment.yaml")
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     log = tmp_path / "service.log"
-    process, url = _start(container, dockerfile["env"], {**SECRET, "database-url": pg_url}, tmp_path, log)
+    process, url, grpc_target = _start(container, dockerfile["env"], {**SECRET, "database-url": pg_url}, tmp_path, log)
     try:
-        _wait_started(process, url, container, log)
+        _wait_started(process, url, grpc_target, container, log)
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
-            assert httpx.get(_probe_url(url, container, kind)).status_code == 200, kind
+            assert _probe(url, grpc_target, container, kind), kind
         assert _predict_and_label(url) == 20
         health = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {SECRET['admin-token']}"}).json()
         assert health["ready"] and health["status"] == "ok"
@@ -183,9 +195,9 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
     label count."""
     container = _deployment_container()
     log = tmp_path / "seed.log"
-    process, url = _start(container, image_env, {**SECRET, "database-url": pg_url}, tmp_path, log)
+    process, url, grpc_target = _start(container, image_env, {**SECRET, "database-url": pg_url}, tmp_path, log)
     try:
-        _wait_started(process, url, container, log)
+        _wait_started(process, url, grpc_target, container, log)
         z, y = calibrated_logits(300, n_classes=10, seed=3)
         items = [
             {"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"} for p, t in zip(softmax(z), y)
@@ -218,21 +230,21 @@ def test_replicas_starting_together_migrate_the_store_once_and_all_serve(store, 
             log = tmp_path / f"replica-{k}.log"
             secret = {**SECRET, "database-url": pg_url}
             started.append((*_start(container, dockerfile["env"], secret, tmp_path / f"r{k}", log), log))
-        for process, url, log in started:
-            _wait_started(process, url, container, log)
-            assert httpx.get(_probe_url(url, container, "readinessProbe")).status_code == 200
-        for process, url, log in started:
+        for process, url, grpc_target, log in started:
+            _wait_started(process, url, grpc_target, container, log)
+            assert _probe(url, grpc_target, container, "readinessProbe")
+        for process, url, _, log in started:
             assert process.poll() is None, log.read_text()
             assert _predict_and_label(url, n=5) == 5
     finally:
-        for process, _, _ in started:
+        for process, *_ in started:
             process.send_signal(signal.SIGTERM)
-        for process, _, _ in started:
+        for process, *_ in started:
             try:
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 process.kill()
-    logs = [log.read_text() for _, _, log in started]
+    logs = [log.read_text() for *_, log in started]
     migrated = "schema migrated from version 1" if seeded else "schema created at version"
     assert sum(text.count(migrated) for text in logs) == 1, "\n".join(logs)
     assert not any("database unavailable" in text or "Traceback" in text for text in logs), "\n".join(logs)

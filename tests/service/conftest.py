@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+import sqlalchemy as sa
 import uvicorn
 from onnx import TensorProto, helper, numpy_helper
 
@@ -276,12 +277,15 @@ def evaluate_now():
 
 
 class CuttableProxy:
-    """A TCP forwarder to PostgreSQL whose link can be cut and restored, to simulate an outage."""
+    """A TCP forwarder to PostgreSQL whose link can be cut and restored, to simulate an outage; ``database_url``:
+    the server's URL through the proxy."""
 
-    def __init__(self, target=("127.0.0.1", 5432)):
-        self.target = target
+    def __init__(self, database_url: str):
+        parsed = sa.make_url(database_url)
+        self.target = (parsed.host or "127.0.0.1", parsed.port or 5432)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.database_url = parsed.set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
         self.up = True
         self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -332,9 +336,9 @@ class CuttableProxy:
 
 
 @pytest.fixture
-def cuttable_proxy():
-    """A ``CuttableProxy`` to the real PostgreSQL, closed after the test."""
-    proxy = CuttableProxy()
+def cuttable_proxy(pg_url):
+    """A ``CuttableProxy`` to the suite's PostgreSQL (emptied, as ``pg_url``), closed after the test."""
+    proxy = CuttableProxy(pg_url)
     yield proxy
     proxy.close()
 

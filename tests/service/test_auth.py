@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.auth import ANONYMOUS, AccessControl, group_of, parse_tokens
+from service.auth import ACCESS, ANONYMOUS, AccessControl, parse_tokens
 from service.errors import Forbidden, Unauthorized
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -82,19 +82,57 @@ def test_each_group_takes_only_its_own_tokens_compared_with_every_one(tmp_path):
     with pytest.raises(Forbidden):
         AccessControl(Settings()).check("admin", "Bearer anything")
     assert access.allows("admin", "Bearer root") and not access.allows("feedback", None)
+
+
+def test_every_route_and_grpc_method_declares_its_access_group_and_one_without_is_refused_at_start():
+    from fastapi import FastAPI
+    from starlette.routing import Route as StarletteRoute
+
+    from service.app import create_app
+    from service.http.routes import ROUTES, Route, RouteAccess
+    from service.serving.grpc_server import InferenceServicer, method_access, rpc
+
+    app = create_app(Settings())
+    groups = RouteAccess.of_app(app)
+    assert all(route.access in ACCESS for route in ROUTES)
+    assert {getattr(r, "path", None) for r in app.routes} <= {*groups.exact, *(r.path for r in ROUTES)}
     assert [
-        group_of(m, p)
-        for m, p in [
-            ("POST", "/predict"),
-            ("POST", "/v2/models/m/versions/1/infer"),
-            ("GET", "/v2/models/m"),
-            ("POST", "/feedback"),
-            ("GET", "/feedback/unmatched"),
-            ("POST", "/admin/recalibrate"),
-            ("GET", "/calibration"),
-            ("GET", "/metrics"),
+        groups.of(p)
+        for p in [
+            "/predict",
+            "/v2/models/m/versions/1/infer",
+            "/v2/models/m/infer",
+            "/v2/models/m",
+            "/feedback",
+            "/feedback/unmatched",
+            "/admin/recalibrate",
+            "/calibration",
+            "/metrics",
+            "/docs",
+            "/no/such/route",
         ]
-    ] == ["predict", "predict", None, "feedback", "feedback", "admin", None, None]
+    ] == ["predict", "predict", "predict", "open", "feedback", "feedback", "admin", "open", "open", "open", None]
+    # a table entry without a group, or with an unknown one, is refused where it is declared
+    for access in (None, "public"):
+        with pytest.raises(ValueError, match="declares no access group"):
+            Route("/new", ROUTES[0].handler, access=access)  # type: ignore[arg-type]
+    # a route the app serves outside the table: no start (fail closed)
+    app.router.routes.append(StarletteRoute("/v3/infer", ROUTES[0].handler, methods=["POST"]))
+    with pytest.raises(RuntimeError, match=r"routes without an access group.*/v3/infer"):
+        RouteAccess.of_app(app)
+    assert RouteAccess.of_app(FastAPI()).of("/docs") == "open"
+    # gRPC: every method of the service declares one; ModelInfer is predict's
+    declared = method_access(InferenceServicer.__new__(InferenceServicer))
+    assert declared["ModelInfer"] == "predict" and set(declared.values()) == {"predict", "open"}
+    with pytest.raises(ValueError, match="declares no access group"):
+        rpc("public")  # type: ignore[arg-type]
+
+    class Undeclared(InferenceServicer):
+        async def ModelInfer(self, request):  # overridden without rpc(...)
+            return None
+
+    with pytest.raises(RuntimeError, match=r"gRPC methods without an access group.*ModelInfer"):
+        method_access(Undeclared.__new__(Undeclared))
 
 
 def test_a_token_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_last_tokens(tmp_path):
@@ -188,7 +226,7 @@ def test_grpc_model_infer_takes_the_predict_tokens_in_its_metadata(guarded):
                 stub.ModelInfer(request, metadata=metadata)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         answer = stub.ModelInfer(request, metadata=(("authorization", f"Bearer {TOKENS['predict-next']}"),))
-        assert answer.model_name == "digits-lenet5" and len(answer.raw_output_contents) == 3
+        assert answer.model_name == "digits-lenet5" and len(answer.raw_output_contents) == 5  # every listed output
         assert stub.ServerReady(pb.ServerReadyRequest()).ready  # readiness and metadata stay open
 
 

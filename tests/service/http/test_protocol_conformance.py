@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL, SHAPE = "digits-lenet5", (1, 8, 8)
@@ -100,17 +101,7 @@ def kserve_openapi(schemas: dict) -> dict:
 
 def test_schemathesis_finds_no_answer_that_breaks_kserves_models(base_url):
     import schemathesis
-    from hypothesis import HealthCheck, given, settings
-    from schemathesis import GenerationMode
-    from schemathesis.checks import load_all_checks, not_a_server_error
-    from schemathesis.specs.openapi.checks import (
-        content_type_conformance,
-        negative_data_rejection,
-        response_schema_conformance,
-        status_code_conformance,
-    )
 
-    load_all_checks()
     python = ROOT / ".venv-kserve" / "bin" / "python"
     assert python.exists(), ".venv-kserve is missing: run `make conformance`"
     schemas = json.loads(
@@ -122,21 +113,59 @@ def test_schemathesis_finds_no_answer_that_breaks_kserves_models(base_url):
             timeout=120,
         ).stdout
     )
-    schema = schemathesis.openapi.from_dict(kserve_openapi(schemas))
+    run_schemathesis(schemathesis.openapi.from_dict(kserve_openapi(schemas)), base_url)
+
+
+def run_schemathesis(schema, base_url: str, max_examples: int = 30) -> None:
+    """Every operation of ``schema``, positive cases and (where there is a body) negative ones, against the
+    service: no 5xx, documented statuses and content types, answers that match their schemas, and invalid bodies
+    refused."""
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+    from schemathesis.checks import load_all_checks, not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        negative_data_rejection,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    load_all_checks()
     checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
     def run(operation, mode) -> None:
         extra = [negative_data_rejection] if mode == GenerationMode.NEGATIVE else []
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=max_examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case):
             case.call_and_validate(base_url=base_url, checks=checks + extra)
 
         check()
 
-    for result in schema.get_all_operations():
-        operation = result.ok()
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert operations
+    for operation in operations:
         for mode in GenerationMode:
             if mode == GenerationMode.POSITIVE or len(operation.body):
                 run(operation, mode)
+
+
+def oip_openapi() -> dict:
+    """The protocol's own OpenAPI document (third_party/oip/rest_predict_v2.yaml, KServe's), its ``${MODEL_NAME}``
+    and ``${MODEL_VERSION}`` placeholders turned into the path parameters schemathesis fills, with the served
+    model and version as their values."""
+    spec = yaml.safe_load((ROOT / "third_party" / "oip" / "rest_predict_v2.yaml").read_text())
+    values = {"MODEL_NAME": [MODEL], "MODEL_VERSION": ["1"]}
+    paths = {}
+    for path, item in spec["paths"].items():
+        for parameter in item.get("parameters", []):
+            parameter["schema"] = {"type": "string", "enum": values[parameter["name"]]}
+        paths[path.replace("${MODEL_NAME}", "{MODEL_NAME}").replace("${MODEL_VERSION}", "{MODEL_VERSION}")] = item
+    return {**spec, "paths": paths}
+
+
+def test_schemathesis_holds_the_service_to_the_protocols_own_openapi_document(base_url):
+    import schemathesis
+
+    run_schemathesis(schemathesis.openapi.from_dict(oip_openapi()), base_url)

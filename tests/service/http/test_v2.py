@@ -35,7 +35,7 @@ def test_model_metadata(base_url):
         ("logits", "FP32"),
         ("probabilities", "FP32"),
         ("prediction_id", "BYTES"),
-        ("prediction_set", "BOOL"),  # the default artifact has conformal scores: its sets, when named in outputs
+        ("prediction_set", "BOOL"),  # the default artifact has conformal scores: its sets and p-values
         ("conformal_p_values", "FP32"),
     ]
     # every parameter value is a string, number or boolean (the protocol's rule); lists and objects JSON-encoded
@@ -57,11 +57,18 @@ def test_json_infer_flat_and_nested(base_url):
     body = r.json()
     assert (body["model_name"], body["model_version"], body["id"]) == ("digits-lenet5", "1", "req-1")
     outputs = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in body["outputs"]}
+    # no outputs named: every output the metadata lists, as the protocol says
     assert [(o["name"], o["datatype"], o["shape"]) for o in body["outputs"]] == [
         ("logits", "FP32", [6, 10]),
         ("probabilities", "FP32", [6, 10]),
         ("prediction_id", "BYTES", [6]),
+        ("prediction_set", "BOOL", [6, 10]),
+        ("conformal_p_values", "FP32", [6, 10]),
     ]
+    meta = httpx.get(f"{base_url}/v2/models/digits-lenet5").json()
+    assert [o["name"] for o in body["outputs"]] == [o["name"] for o in meta["outputs"]]
+    assert outputs["prediction_set"].any(axis=1).all() and outputs["prediction_set"].dtype == bool
+    assert ((outputs["conformal_p_values"] > 0) & (outputs["conformal_p_values"] <= 1)).all()
     assert list(outputs["prediction_id"]) == body["parameters"]["prediction_ids"].split(",")
     assert outputs["probabilities"].shape == (6, 10)
     temperature = httpx.get(f"{base_url}/models").json()["models"][0]["versions"][0]["temperature"]
@@ -354,8 +361,9 @@ def test_the_fields_the_protocol_allows_are_accepted_and_ignored(base_url):
 def test_binary_prediction_ids_are_a_bytes_tensor_and_the_old_list_is_there_for_one_release(base_url):
     header, blob = _binary_infer(base_url, X[:3])
     sizes = {o["name"]: o["parameters"]["binary_data_size"] for o in header["outputs"]}
-    assert [o["datatype"] for o in header["outputs"]] == ["FP32", "FP32", "BYTES"]
-    raw = blob[sizes["logits"] + sizes["probabilities"] :]
+    assert [o["datatype"] for o in header["outputs"]] == ["FP32", "FP32", "BYTES", "BOOL", "FP32"]
+    start = sizes["logits"] + sizes["probabilities"]
+    raw = blob[start : start + sizes["prediction_id"]]
     ids, offset = [], 0
     while offset < len(raw):  # the extension's BYTES layout: a 4-byte little-endian length, then the bytes
         n = int.from_bytes(raw[offset : offset + 4], "little")

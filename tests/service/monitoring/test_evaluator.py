@@ -145,7 +145,7 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(
         artifacts=repository_dir,
         default_model=MODEL,
         bootstrap_resamples=300,
-        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
+        database_url=cuttable_proxy.database_url,
         evaluate_seconds=0.05,
     )
     with caplog.at_level(logging.INFO, logger="service.monitoring.evaluator"), server_for(settings) as (base_url, app):

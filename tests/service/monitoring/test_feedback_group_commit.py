@@ -192,7 +192,7 @@ def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(
         artifacts=repository_dir,
         default_model="digits-lenet5",
         bootstrap_resamples=300,
-        database_url=pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{cuttable_proxy.port}"),
+        database_url=cuttable_proxy.database_url,
         evaluate_seconds=3600,
         evaluate_every_labels=10**9,
     )  # no evaluation touches the store

@@ -187,7 +187,7 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
 
 def test_database_outage_degrades_and_recovers(repository_dir, pg_url, cuttable_proxy):
     proxy = cuttable_proxy
-    replica = Replica(repository_dir, pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"))
+    replica = Replica(repository_dir, proxy.database_url)
     try:
         assert httpx.post(f"{replica.url}/feedback", json={"items": _offline_items(5, 1)}).json()["accepted"] == 5
         proxy.cut()

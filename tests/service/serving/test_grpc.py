@@ -80,6 +80,57 @@ def check_model(rest_probabilities, ids_take_feedback):
     return check
 
 
+def _fields(message) -> dict:
+    """Every field of a message and of its nested messages (map entries included): number, type, label, the
+    message or enum it holds, and its oneof."""
+    out = {
+        f.name: (
+            f.number,
+            f.type,
+            f.is_repeated,
+            (f.message_type or f.enum_type).full_name if (f.message_type or f.enum_type) else None,
+            f.containing_oneof.name if f.containing_oneof else None,
+        )
+        for f in message.fields
+    }
+    for nested in message.nested_types:
+        out |= {f"{nested.name}.{k}": v for k, v in _fields(nested).items()}
+    return out
+
+
+def test_the_proto_is_the_vendored_spec_field_for_field(tmp_path):
+    """Every message, field number, type and method of the protocol's own ``grpc_predict_v2.proto`` (third_party/oip,
+    KServe's; compiled here with grpc_tools) is the service's. The service's adds only what Triton's later
+    revision of the same file adds (``InferParameter``'s double_param = 4 and uint64_param = 5, which tritonclient
+    sends), at numbers the spec leaves free: wire-compatible both ways."""
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    spec = ROOT / "third_party" / "oip"
+    out = tmp_path / "spec.pb"
+    assert protoc.main(["protoc", f"-I{spec}", f"--descriptor_set_out={out}", "grpc_predict_v2.proto"]) == 0
+    files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for file in files.file:
+        pool.Add(file)
+    theirs_file = pool.FindFileByName("grpc_predict_v2.proto")
+    assert theirs_file.package == ours.DESCRIPTOR.package == "inference"
+    assert set(theirs_file.message_types_by_name) == set(ours.DESCRIPTOR.message_types_by_name)
+    added = {}
+    for name, message in ours.DESCRIPTOR.message_types_by_name.items():
+        mine, spec_fields = _fields(message), _fields(theirs_file.message_types_by_name[name])
+        assert {k: mine.get(k) for k in spec_fields} == spec_fields, name
+        added |= {f"{name}.{k}": v[0] for k, v in mine.items() if k not in spec_fields}
+        assert not {v[0] for k, v in mine.items() if k not in spec_fields and "." not in k} & {
+            v[0] for k, v in spec_fields.items() if "." not in k
+        }, name
+    assert added == {"InferParameter.double_param": 4, "InferParameter.uint64_param": 5}
+    mine, theirs = (f.services_by_name["GRPCInferenceService"] for f in (ours.DESCRIPTOR, theirs_file))
+    assert {m.name: (m.input_type.full_name, m.output_type.full_name) for m in mine.methods} == {
+        m.name: (m.input_type.full_name, m.output_type.full_name) for m in theirs.methods
+    }
+
+
 def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
     """Field numbers and types of every message, and the service's methods, equal those of tritonclient's own
     descriptors (read from its module's source into a pool of their own: one process cannot import both)."""
@@ -94,16 +145,10 @@ def test_the_messages_are_the_protocols_as_tritonclient_speaks_them():
         )
         pool.AddSerializedFile(serialized)
 
-    def fields(message) -> dict:
-        out = {f.name: (f.number, f.type, f.is_repeated) for f in message.fields}
-        for nested in message.nested_types:
-            out |= {f"{nested.name}.{k}": v for k, v in fields(nested).items()}
-        return out
-
     for name, message in ours.DESCRIPTOR.message_types_by_name.items():
         theirs = pool.FindMessageTypeByName(f"inference.{name}")
-        mine = fields(message)
-        assert mine == {k: v for k, v in fields(theirs).items() if k in mine}, name
+        mine = _fields(message)
+        assert mine == {k: v for k, v in _fields(theirs).items() if k in mine}, name
     service = pool.FindServiceByName("inference.GRPCInferenceService")
     for method in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"):
         theirs = service.FindMethodByName(method)
@@ -246,10 +291,53 @@ def test_typed_contents_answer_as_raw_contents_do_and_a_message_past_the_limit_i
     typed = ours.ModelInferRequest(model_name=LIGHT)
     typed.inputs.add(name="input", datatype="FP32", shape=list(x.shape)).contents.fp32_contents.extend(x.ravel())
     answer = stub.ModelInfer(typed, timeout=30)
-    assert raw.id == "req-7" and [o.name for o in raw.outputs] == ["logits", "probabilities", "prediction_id"]
+    listed = [o.name for o in stub.ModelMetadata(ours.ModelMetadataRequest(name=LIGHT), timeout=30).outputs]
+    # no outputs named: every output the metadata lists, as over REST
+    assert raw.id == "req-7" and [o.name for o in raw.outputs] == listed
+    assert listed[:3] == ["logits", "probabilities", "prediction_id"]
     assert raw.raw_output_contents[1] == answer.raw_output_contents[1]  # the probabilities, to the bit
     limit = server[1].state.parts.settings.max_body_bytes
     huge = _request(np.zeros((limit // 256 + 1, *LIGHT_SHAPE), np.float32))
     with pytest.raises(grpc.RpcError) as raised:
         stub.ModelInfer(huge, timeout=30)
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_grpc_health_answers_serving_while_ready_open_to_all_and_not_serving_when_not(
+    repository_dir, tmp_path, server_for
+):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from service.serving.grpc_server import SERVICE
+
+    settings = Settings(
+        artifacts=repository_dir,
+        predict_tokens="app:secret-token",  # inference needs a token; health does not, as /v2/health/* does not
+        database_url=f"sqlite:///{tmp_path / 'health.db'}",
+    )
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    with server_for(settings) as (base_url, app):
+        port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def status(service: str) -> int:
+                return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+            assert status("") == status(SERVICE) == serving
+            with pytest.raises(grpc.RpcError) as unknown:
+                status("no.such.Service")
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=20)
+            assert next(watch).status == serving
+            parts = app.state.parts
+            parts.ready = False  # what the shutdown sets first, and a service with no model ready
+            try:
+                assert status("") == status(SERVICE) == not_serving
+                assert httpx.get(f"{base_url}/v2/health/ready").status_code != 200  # the same readiness as REST
+                assert next(watch).status == not_serving  # watchers hear of it within Health.POLL_SECONDS
+            finally:
+                parts.ready = True
+            assert status(SERVICE) == serving and next(watch).status == serving
+            watch.cancel()
