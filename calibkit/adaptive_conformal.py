@@ -2,61 +2,40 @@
 
 Split conformal (``calibkit.conformal``) covers 1 - alpha only while serving stays exchangeable with the
 calibration split. Under a shift of the inputs, the labels or the model it can fall far below, and it never
-recovers. The three online rules here use the labels that come back, in order, to move the threshold so that
-the long-run share of misses goes back to alpha whatever the sequence, with no assumption on the data at all.
+recovers. The rule here, the one the service serves, uses the labels that come back, in order, to move the
+threshold so that the long-run share of misses goes back to alpha whatever the sequence, with no assumption on
+the data at all.
 
-With err_t = 1 when the set served for the t-th label missed it (0 when it held it):
+It is the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023, the P part),
+q_{t+1} = q_t + eta (err_t - alpha), run on the log scale of the score's distance to the top of its range,
+u = min(-log(1 - s / B), U) (for LAC, -log p_y), so that its steps shrink as the threshold nears the top of the
+range (``LogQuantileTracker``). It is fed each label's own score rather than the miss of the set served with its
+prediction, stops at 0, and is served at its envelope; its class docstring says why (late and batched labels) and
+what it guarantees. Its state is its level, its envelope and the counts, folded label by label: folding the stored
+labels in any chunks gives the same state, and replicas and restarts that fold the same labels serve the same
+threshold bit for bit. ``to_dict`` / ``from_dict`` carry a state through JSON exactly.
 
-- **Adaptive conformal inference** (ACI; Gibbs & Candès 2021). Serve the static calibrator's quantile at a
-  moving level alpha_t, alpha_{t+1} = alpha_t + gamma (alpha - err_t), alpha_1 = alpha. A level alpha_t <= 0
-  serves the full set (threshold +inf); alpha_t >= 1 the empty set (threshold -inf). Because the full set never
-  misses and the empty set always does, alpha_t stays within [-gamma, 1 + gamma], and for EVERY sequence of data
-  and every T (their Proposition 4.1)
+No rule promises coverage over a short window, or for one input: the bound is on the long-run average, and it says
+the average comes back to alpha after a shift at a speed of about U / eta labels. A small step is slow to follow a
+shift; a large one makes the threshold, and the set sizes, jitter from label to label.
 
-      |(1/T) sum_{t<=T} err_t - alpha| <= (max(alpha_1, 1 - alpha_1) + gamma) / (gamma T).
-
-- **The quantile tracker** of conformal PID control (Angelopoulos, Candès & Tibshirani 2023, the P part).
-  Serve the threshold q_t itself, on the score scale: q_{t+1} = q_t + eta (err_t - alpha), started at the
-  static quantile q_1. When every score lies in [0, B] (B = 1 for LAC and APS, 1 + lam (K - k_reg)^+ for RAPS)
-  and q_1 is in [0, B], q_t stays within [-alpha eta, B + (1 - alpha) eta], and for every sequence and every T
-  (their Proposition 1)
-
-      |(1/T) sum_{t<=T} err_t - alpha| <= (B + eta) / (eta T).
-
-- **The quantile tracker on the log scale** (``LogQuantileTracker``, the one the service serves): the same
-  tracker on the score u = min(-log(1 - s / B), U), the log of the score's distance to the top of its range
-  truncated at a span U (for LAC, -log p_y), so that its steps shrink as the threshold nears the top of the range.
-  It is fed each label's own score rather than the miss of the set served with its prediction, stops at 0, and is
-  served at its envelope; its class docstring says why (late and batched labels) and what it guarantees.
-
-ACI's and the score-scale tracker's recursions are sums: alpha_{T+1} = alpha_1 + gamma (T alpha - M_T) and q_{T+1}
-= q_1 + eta (M_T - T alpha), M_T the number of misses among the first T labels, so their state is two integers
-besides its settings. The log-scale tracker's is its level, its envelope and the counts, folded label by label. In
-every case folding the stored labels in any chunks gives the same state, and replicas and restarts that fold the
-same labels serve the same threshold bit for bit. ``to_dict`` / ``from_dict`` carry a state through JSON exactly.
-
-No rule promises coverage over a short window, or for one input: the bound is on the long-run average,
-and it says the average comes back to alpha after a shift at a speed of about 1 / gamma (1 / eta on the
-score scale) labels. A small step is slow to follow a shift; a large one makes the threshold, and the set
-sizes, jitter from label to label.
+Adaptive conformal inference (Gibbs & Candès 2021) and the tracker on the score scale were served before; both
+lost the benchmark's comparison on set size under shift, and, fed the misses of served sets, both failed under
+label delay. They remain, as closed-form recursions of the miss counts, in the benchmark that compares the rules
+(``bench/conformal/shift.py``). Why, and what was measured: ``docs/decisions/0022-served-sets-and-coverage.md`` and
+``0024-sets-under-label-delay.md``.
 
 >>> from calibkit.conformal import SplitConformal
 >>> probs = np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25], [0.1, 0.6, 0.3], [0.5, 0.3, 0.2]])
 >>> calibrator = SplitConformal.fit(probs, [0, 1, 1, 2], "lac")
->>> state = ACIState(alpha=0.4, gamma=0.05)
->>> state.threshold(calibrator)  # the static quantile at alpha_1 = alpha
+>>> state = LogQuantileTracker.started(calibrator, alpha=0.4, eta=0.5)
+>>> round(state.threshold(), 12)  # the static quantile at alpha
 0.65
->>> state = state.fold([1, 1, 0])  # two misses, one hit: alpha_t = 0.4 + 0.05 (3 * 0.4 - 2)
->>> round(state.level, 6), state.threshold(calibrator)
-(0.36, 0.8)
->>> ACIState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+>>> state = state.fold([0.9, 0.0])  # a miss (0.9 > 0.65) raises the level; a hit lowers it by eta alpha
+>>> state.labels, state.misses, state.threshold() > 0.65
+(2, 1, True)
+>>> LogQuantileTracker.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 True
-
-The default, ``DEFAULT_METHOD`` at ``DEFAULT_STEP``, is the log-scale tracker, the one rule the service serves;
-ACI and the score-scale tracker remain for the benchmark's comparison. Why the others went, and what was measured:
-``docs/decisions/0022-served-sets-and-coverage.md`` and ``0024-sets-under-label-delay.md``. ``DEFAULT_ETA`` is the
-score-scale tracker's step for scores in [0, 1] (LAC, APS); a RAPS penalty widens the range and calls for a
-proportionally larger step. The log-scale tracker's bound does not depend on the range, so its step does not either.
 """
 
 from __future__ import annotations
@@ -72,17 +51,12 @@ from calibkit.conformal import SCORE_ATOL, SplitConformal, prediction_sets, rank
 from calibkit.validation import expected
 
 __all__ = [
-    "DEFAULT_GAMMA",
     "DEFAULT_METHOD",
     "DEFAULT_RELEASE",
     "DEFAULT_STEP",
-    "METHODS",
     "STATE_FORMAT",
-    "DEFAULT_ETA",
     "DEFAULT_SPAN",
-    "ACIState",
     "LogQuantileTracker",
-    "QuantileTracker",
     "aci_thresholds",
     "check_misses",
     "log_scores",
@@ -90,14 +64,10 @@ __all__ = [
     "misses_of",
     "score_range",
     "served_ranked_sets",
-    "start",
     "track",
 ]
 
-#: The rules: adaptive conformal inference, the quantile tracker of conformal PID control, and that tracker on the
-#: log scale of the scores' distance to their top.
-METHODS = ("aci", "quantile", "log-quantile")
-#: The rule the benchmark chose (the module docstring's last paragraph says why).
+#: The one adaptive rule the service serves (``CALIB_CONFORMAL_ADAPTATION``; the module docstring says why).
 DEFAULT_METHOD = "log-quantile"
 #: The log-scale tracker's eta the benchmark chose: at ``DEFAULT_SPAN`` its bound (U + eta) / (eta T) is within one
 #: point at T = 10,000.
@@ -107,11 +77,6 @@ DEFAULT_STEP = 0.1
 DEFAULT_SPAN = 4 * math.log(10)
 #: The labels over which the log-scale tracker's served level comes down (its envelope's release).
 DEFAULT_RELEASE = 50.0
-#: The quantile tracker's eta when none is given, for scores in [0, 1]: its bound (1 + eta) / (eta T) is about half
-#: a point at T = 10,000.
-DEFAULT_ETA = 0.02
-#: ACI's gamma when none is given: Gibbs & Candès's value.
-DEFAULT_GAMMA = 0.005
 #: The layout of ``to_dict``.
 STATE_FORMAT = 2
 
@@ -211,183 +176,7 @@ def check_misses(errs) -> np.ndarray:
     return e.astype(np.int64)
 
 
-# --- the states ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ACIState:
-    """Adaptive conformal inference (Gibbs & Candès 2021): a level alpha_t for the static calibrator's quantile.
-
-    alpha_t = ``start`` + gamma (``labels`` alpha - ``misses``), the recursion alpha_{t+1} = alpha_t + gamma
-    (alpha - err_t) summed. Frozen: ``update`` and ``fold`` return a new state.
-
-    Attributes:
-        alpha: The target miscoverage, in (0, 1).
-        gamma: The step, > 0.
-        start: alpha_1, in [0, 1]; None for alpha.
-        labels: T, the labels folded so far.
-        misses: M_T, the misses among them.
-
-    Raises:
-        ValueError: Naming the field and the value when one is out of range.
-
-    References:
-        Gibbs & Candès 2021, "Adaptive Conformal Inference Under Distribution Shift", NeurIPS (Proposition 4.1).
-    """
-
-    alpha: float
-    gamma: float = DEFAULT_GAMMA
-    start: float | None = None
-    labels: int = 0
-    misses: int = 0
-
-    def __post_init__(self) -> None:
-        alpha = _check_open_unit("alpha", self.alpha)
-        gamma = _check_positive("gamma", self.gamma)
-        start = alpha if self.start is None else _check_closed_unit("start", self.start)
-        labels, misses = _check_counts(self.labels, self.misses)
-        for name, value in (("alpha", alpha), ("gamma", gamma), ("start", start), ("labels", labels)):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "misses", misses)
-
-    @property
-    def level(self) -> float:
-        """alpha_t: the level of the next threshold."""
-        return self.start + self.gamma * (self.labels * self.alpha - self.misses)  # type: ignore[operator]
-
-    @property
-    def bound(self) -> float:
-        """(max(alpha_1, 1 - alpha_1) + gamma) / (gamma T): the most |M_T / T - alpha| can be (inf at T = 0)."""
-        start = float(self.start)  # type: ignore[arg-type]
-        return math.inf if not self.labels else (max(start, 1 - start) + self.gamma) / (self.gamma * self.labels)
-
-    def threshold(self, calibrator: SplitConformal) -> float:
-        """The threshold to serve: ``calibrator``'s quantile at alpha_t (+inf at alpha_t <= 0, -inf at >= 1).
-
-        Raises:
-            ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``.
-        """
-        return float(aci_thresholds(_marginal(calibrator).scores, self.level))
-
-    def sets(self, calibrator: SplitConformal, probs, *, u=None) -> np.ndarray:
-        """The sets (N, K) to serve: ``prediction_sets`` at ``threshold``, all labels at alpha_t <= 0 and none at
-        alpha_t >= 1 (also for the non-randomized APS and RAPS, which otherwise always hold the top label)."""
-        return _sets(_marginal(calibrator), probs, self.threshold(calibrator), u)
-
-    def update(self, err) -> ACIState:
-        """The state after one more label, missed (err = 1) or not (0)."""
-        return self.fold(err)
-
-    def fold(self, errs) -> ACIState:
-        """The state after the labels ``errs`` (0 / 1, in order): the same for any split into chunks."""
-        e = check_misses(errs)
-        return ACIState(self.alpha, self.gamma, self.start, self.labels + len(e), self.misses + int(e.sum()))
-
-    def to_dict(self) -> dict:
-        """The state as JSON data, which ``from_dict`` restores exactly."""
-        return {"format": STATE_FORMAT, "method": "aci", **_fields(self, ("alpha", "gamma", "start"))}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ACIState:
-        """The state ``to_dict`` wrote.
-
-        Raises:
-            ValueError: Naming ``data`` when it is not an ACI state of this format, or a field when it is malformed.
-        """
-        fields = _read(data, "aci", ("alpha", "gamma", "start"))
-        return cls(**fields)
-
-
-@dataclass(frozen=True)
-class QuantileTracker:
-    """The quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023): a threshold q_t on
-    the score scale, q_t = ``start`` + eta (``misses`` - ``labels`` alpha), the recursion q_{t+1} = q_t +
-    eta (err_t - alpha) summed. Frozen: ``update`` and ``fold`` return a new state.
-
-    Attributes:
-        alpha: The target miscoverage, in (0, 1).
-        eta: The step on the score scale, > 0.
-        start: q_1, finite; ``QuantileTracker.started`` takes the static calibrator's quantile at alpha.
-        labels: T, the labels folded so far.
-        misses: M_T, the misses among them.
-
-    Raises:
-        ValueError: Naming the field and the value when one is out of range.
-
-    References:
-        Angelopoulos, Candès & Tibshirani 2023, "Conformal PID Control for Time Series Prediction", NeurIPS
-        (Proposition 1).
-    """
-
-    alpha: float
-    eta: float
-    start: float
-    labels: int = 0
-    misses: int = 0
-
-    def __post_init__(self) -> None:
-        alpha = _check_open_unit("alpha", self.alpha)
-        eta = _check_positive("eta", self.eta)
-        try:
-            start = float(self.start)
-        except (TypeError, ValueError):
-            raise ValueError(expected("start", "a finite number", self.start)) from None
-        if not math.isfinite(start):
-            raise ValueError(expected("start", "a finite number", self.start))
-        labels, misses = _check_counts(self.labels, self.misses)
-        for name, value in (("alpha", alpha), ("eta", eta), ("start", start), ("labels", labels)):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "misses", misses)
-
-    @classmethod
-    def started(cls, calibrator: SplitConformal, alpha: float, eta: float) -> QuantileTracker:
-        """A fresh tracker started at ``calibrator``'s quantile at ``alpha``, capped at its largest score (the
-        quantile is +inf with fewer than 1 / alpha - 1 scores)."""
-        cal = _marginal(calibrator)
-        q = float(aci_thresholds(cal.scores, _check_open_unit("alpha", alpha)))
-        return cls(alpha, eta, min(q, float(cal.scores[-1])))
-
-    @property
-    def level(self) -> float:
-        """q_t: the next threshold."""
-        return self.start + self.eta * (self.misses - self.labels * self.alpha)
-
-    def bound(self, score_range: float) -> float:
-        """(B + eta) / (eta T): the most |M_T / T - alpha| can be when every score lies in [0, B] and q_1 in
-        [0, B] (inf at T = 0)."""
-        b = _check_positive("score_range", score_range)
-        return math.inf if not self.labels else (b + self.eta) / (self.eta * self.labels)
-
-    def threshold(self, calibrator: SplitConformal | None = None) -> float:
-        """The threshold to serve, q_t. ``calibrator`` is not needed (the tracker lives on the score scale); the
-        argument keeps one signature with ``ACIState.threshold``."""
-        return self.level
-
-    def sets(self, calibrator: SplitConformal, probs, *, u=None) -> np.ndarray:
-        """The sets (N, K) to serve: ``prediction_sets`` with ``calibrator``'s score at q_t."""
-        return _sets(_marginal(calibrator), probs, self.level, u)
-
-    def update(self, err) -> QuantileTracker:
-        """The state after one more label, missed (err = 1) or not (0)."""
-        return self.fold(err)
-
-    def fold(self, errs) -> QuantileTracker:
-        """The state after the labels ``errs`` (0 / 1, in order): the same for any split into chunks."""
-        e = check_misses(errs)
-        return QuantileTracker(self.alpha, self.eta, self.start, self.labels + len(e), self.misses + int(e.sum()))
-
-    def to_dict(self) -> dict:
-        """The state as JSON data, which ``from_dict`` restores exactly."""
-        return {"format": STATE_FORMAT, "method": "quantile", **_fields(self, ("alpha", "eta", "start"))}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> QuantileTracker:
-        """The state ``to_dict`` wrote.
-
-        Raises:
-            ValueError: Naming ``data`` when it is not a tracker state of this format, or a field when malformed.
-        """
-        return cls(**_read(data, "quantile", ("alpha", "eta", "start")))
+# --- the log-scale tracker -------------------------------------------------------------------------------------
 
 
 def score_range(calibrator: SplitConformal) -> float:
@@ -585,8 +374,8 @@ class LogQuantileTracker:
         span: float = DEFAULT_SPAN,
         release: float = DEFAULT_RELEASE,
     ) -> LogQuantileTracker:
-        """A fresh tracker started at ``calibrator``'s quantile at ``alpha`` (capped at its largest score, as
-        ``QuantileTracker.started``), on the log scale: x_1 = -log(1 - q / B), capped at ``span``."""
+        """A fresh tracker started at ``calibrator``'s quantile at ``alpha`` (capped at its largest score, so that the
+        start is a score of the range), on the log scale: x_1 = -log(1 - q / B), capped at ``span``."""
         cal = _marginal(calibrator)
         b = score_range(cal)
         q = min(float(aci_thresholds(cal.scores, _check_open_unit("alpha", alpha))), float(cal.scores[-1]))
@@ -606,8 +395,7 @@ class LogQuantileTracker:
 
     def threshold(self, calibrator: SplitConformal | None = None) -> float:
         """The threshold to serve on the score scale: B (1 - exp(-y)) at the served level y, +inf (the full set)
-        from y >= U. ``calibrator`` is not needed (B is part of the state); the argument keeps one signature with
-        ``ACIState.threshold``."""
+        from y >= U. ``calibrator`` is not needed (B is part of the state); callers may pass one."""
         return float(log_thresholds(self.served, self.span, self.score_range))
 
     def sets(self, calibrator: SplitConformal, probs, *, u=None) -> np.ndarray:
@@ -668,43 +456,6 @@ def _check_label_scores(scores) -> np.ndarray:
 _LOG_FIELDS = ("alpha", "eta", "start", "span", "score_range", "level", "smooth", "release")
 
 
-def start(
-    calibrator: SplitConformal, alpha: float, method: str = DEFAULT_METHOD, step: float | None = None
-) -> ACIState | QuantileTracker | LogQuantileTracker:
-    """A fresh state of ``method`` for ``calibrator`` at target miscoverage ``alpha``.
-
-    Args:
-        calibrator: The static, marginal calibrator.
-        alpha: The target miscoverage, in (0, 1).
-        method: ``"aci"``, ``"quantile"`` or ``"log-quantile"``.
-        step: gamma for ACI, eta for the trackers; None for ``DEFAULT_GAMMA`` (ACI), ``DEFAULT_ETA`` (the tracker,
-            for scores in [0, 1]) or ``DEFAULT_STEP`` (the log-scale tracker, at ``DEFAULT_SPAN``, for any score
-            range).
-
-    Returns:
-        The state before any label.
-
-    Raises:
-        ValueError: Naming the argument when one is malformed.
-
-    Examples:
-        >>> from calibkit.conformal import SplitConformal
-        >>> cal = SplitConformal.fit(np.array([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]]), [0, 1, 1], "lac")
-        >>> start(cal, 0.4, "aci"), start(cal, 0.4, "quantile").threshold()
-        (ACIState(alpha=0.4, gamma=0.005, start=0.4, labels=0, misses=0), 0.6)
-        >>> round(start(cal, 0.4).threshold(), 12)  # the log-scale tracker starts at the same threshold
-        0.6
-    """
-    cal = _marginal(calibrator)
-    if method == "aci":
-        return ACIState(alpha, DEFAULT_GAMMA if step is None else step)
-    if method == "quantile":
-        return QuantileTracker.started(cal, alpha, DEFAULT_ETA if step is None else step)
-    if method == "log-quantile":
-        return LogQuantileTracker.started(cal, alpha, DEFAULT_STEP if step is None else step)
-    raise ValueError(expected("method", "'aci', 'quantile' or 'log-quantile'", method))
-
-
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
@@ -750,13 +501,6 @@ def _check_open_unit(name: str, value) -> float:
     v = _number(name, value, "in (0, 1)")
     if not 0.0 < v < 1.0:
         raise ValueError(expected(name, "in (0, 1)", value))
-    return v
-
-
-def _check_closed_unit(name: str, value) -> float:
-    v = _number(name, value, "in [0, 1]")
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(expected(name, "in [0, 1]", value))
     return v
 
 

@@ -43,9 +43,8 @@ def _ints(text: str) -> list[int]:
 
 
 CHECKPOINT_HELP = (
-    "which epoch's weights to keep: best-accuracy (default: the highest validation accuracy, ties to the lower "
-    "validation NLL; temperature scaling fixes the confidence afterwards), best-nll (the lowest validation NLL) or "
-    "last (the final epoch, the papers' protocol; the study's default)"
+    "which epoch's weights to keep: last (default: the final epoch, the papers' protocol), best-accuracy (the "
+    "highest validation accuracy, ties to the lower validation NLL) or best-nll (the lowest validation NLL)"
 )
 
 

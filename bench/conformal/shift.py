@@ -24,7 +24,6 @@ from calibkit.adaptive_conformal import (
     DEFAULT_SPAN,
     DEFAULT_STEP,
     LogQuantileTracker,
-    QuantileTracker,
     aci_thresholds,
     log_thresholds,
     misses_of,
@@ -163,13 +162,19 @@ def run_rule(
 
 
 def aci_rule(calibrator: SplitConformal, gamma: float) -> Callable:
-    """ACI's threshold from the counts, as ``ACIState(ALPHA, gamma, labels=t, misses=m).threshold`` computes it."""
+    """Adaptive conformal inference (Gibbs & Candès 2021) from the counts: the static quantile at the level
+    alpha_{t+1} = alpha + gamma (t alpha - M_t), M_t the misses among the first t labels (``aci_thresholds``: the
+    full set at a level <= 0, the empty set at >= 1). For every sequence, |M_T / T - alpha| <= (max(alpha, 1 - alpha)
+    + gamma) / (gamma T) (their Proposition 4.1)."""
     return lambda t, m: aci_thresholds(calibrator.scores, ALPHA + gamma * (t * ALPHA - m))
 
 
 def quantile_rule(calibrator: SplitConformal, eta: float) -> Callable:
-    """The tracker's threshold from the counts, as ``QuantileTracker.started(...)`` then ``fold`` computes it."""
-    q1 = QuantileTracker.started(calibrator, ALPHA, eta).start
+    """The quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) on the score scale from
+    the counts: q_{t+1} = q_1 + eta (M_t - t alpha), q_1 the static quantile at alpha capped at the largest
+    calibration score. With scores in [0, B], |M_T / T - alpha| <= (B + eta) / (eta T) for every sequence (their
+    Proposition 1)."""
+    q1 = min(float(aci_thresholds(calibrator.scores, ALPHA)), float(calibrator.scores[-1]))
     return lambda t, m: q1 + eta * (m - t * ALPHA)
 
 

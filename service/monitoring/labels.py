@@ -24,7 +24,7 @@ from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.labels import insert_labels
 from service.store.pending import ALREADY_LABELLED, JoinPass, PendingLabel
-from service.store.rows import ANONYMOUS, LabelRow, PredictionRow, decode_rows, encode_rows, prediction_ids
+from service.store.rows import ANONYMOUS, OFFLINE, LabelRow, PredictionRow, decode_rows, encode_rows, prediction_ids
 
 _PREDICTION_ID = re.compile("[0-9a-f]{32}")
 _CLOCK_SKEW = 300.0  # seconds a replica's clock may run ahead of another's
@@ -322,7 +322,7 @@ class LabelRecorder:
                             None,
                             blob,
                             None,
-                            "offline",
+                            OFFLINE,
                         )
                     )
         return dict(sorted(label_rows.items())), new_predictions

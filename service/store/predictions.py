@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from service.store.blocks import IDS
 from service.store.bulk import BulkInsert
 from service.store.database import Database
-from service.store.rows import CalibrationKey, PredictionRow
+from service.store.rows import OFFLINE, CalibrationKey, PredictionRow
 from service.store.schema import predictions, scope
 
 insert_predictions = BulkInsert(predictions, PredictionRow._fields)
@@ -36,10 +36,12 @@ class Predictions:
     def recent_confidences(
         self, key: CalibrationKey, limit: int, connection: sa.Connection | None = None
     ) -> np.ndarray:
-        """Calibrated confidences of the most recent predictions (labelled or not)."""
+        """Calibrated confidences of the most recent predictions the service served (labelled or not): probabilities
+        scored elsewhere and sent with their labels (``source`` "offline") are not its traffic, and coming through a
+        feedback token, even an untrusted one, they must not move the label-free drift check."""
         query = (
             sa.select(predictions.c.confidence)
-            .where(*scope(predictions, key))
+            .where(*scope(predictions, key), predictions.c.source != OFFLINE)
             .order_by(predictions.c.created_at.desc())
             .limit(limit)
         )

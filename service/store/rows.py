@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 ANONYMOUS = "anonymous"  # the source of labels sent where feedback takes no token
+OFFLINE = "offline"  # the source of prediction rows scored elsewhere and sent with their labels
 
 
 class CalibrationKey(NamedTuple):

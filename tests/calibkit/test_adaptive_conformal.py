@@ -1,4 +1,5 @@
-"""calibkit.adaptive_conformal: the deterministic long-run bounds, the states' folds and JSON forms, the checks."""
+"""calibkit.adaptive_conformal: the log-scale tracker's deterministic long-run bound, its folds and JSON form, the
+checks. (ACI's and the score-scale tracker's bounds are tested on the benchmark's recursions: tests/bench.)"""
 
 from __future__ import annotations
 
@@ -9,20 +10,15 @@ import numpy as np
 import pytest
 
 from calibkit.adaptive_conformal import (
-    DEFAULT_ETA,
-    DEFAULT_GAMMA,
     DEFAULT_METHOD,
     DEFAULT_SPAN,
     DEFAULT_STEP,
-    ACIState,
     LogQuantileTracker,
-    QuantileTracker,
     aci_thresholds,
+    check_misses,
     log_scores,
     log_thresholds,
-    misses_of,
     served_ranked_sets,
-    start,
     track,
 )
 from calibkit.conformal import SplitConformal
@@ -35,16 +31,6 @@ def _calibrator(n: int = 200, seed: int = 0) -> SplitConformal:
     return SplitConformal.fit(p, y, "lac")
 
 
-def _run(state, calibrator, scores):
-    """Serve the state's threshold for each score in turn, fold the miss; the misses."""
-    errs = []
-    for s in scores:
-        err = int(misses_of(s, state.threshold(calibrator)))
-        errs.append(err)
-        state = state.update(err)
-    return state, np.asarray(errs)
-
-
 ADVERSARIES = {
     # scores that flip between always missed and always covered, in long blocks
     "blocks": lambda rng, t: np.where((np.arange(t) // 500) % 2 == 0, 1.0, 0.0),
@@ -52,45 +38,6 @@ ADVERSARIES = {
     "drift": lambda rng, t: np.clip(np.linspace(0.0, 1.0, t) + rng.normal(0, 0.1, t), 0, 1),
     "constant high": lambda rng, t: np.ones(t),
 }
-
-
-@pytest.mark.parametrize("name", sorted(ADVERSARIES))
-@pytest.mark.parametrize("gamma", [0.005, 0.01, 0.05])
-@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.3])
-def test_aci_bound_holds_on_adversarial_sequences(name, gamma, alpha):
-    cal = _calibrator()
-    t = 3_000
-    scores = ADVERSARIES[name](np.random.default_rng(1), t)
-    state, errs = _run(ACIState(alpha, gamma), cal, scores)
-    running = np.cumsum(errs) / np.arange(1, t + 1)
-    bound = (max(alpha, 1 - alpha) + gamma) / (gamma * np.arange(1, t + 1))
-    assert np.all(np.abs(running - alpha) <= bound + 1e-12)
-    assert state.bound == pytest.approx(bound[-1])
-    assert -gamma - 1e-12 <= state.level <= 1 + gamma + 1e-12
-
-
-def test_aci_bound_against_a_reactive_adversary():
-    """An adversary that sees the threshold: misses whenever the set is not full, covers only when it must."""
-    cal, alpha, gamma = _calibrator(), 0.1, 0.02
-    state, errs = ACIState(alpha, gamma), []
-    for _ in range(2_000):
-        q = state.threshold(cal)
-        err = 0 if q == math.inf else 1
-        errs.append(err)
-        state = state.update(err)
-    t = np.arange(1, len(errs) + 1)
-    assert np.all(np.abs(np.cumsum(errs) / t - alpha) <= (0.9 + gamma) / (gamma * t) + 1e-12)
-
-
-@pytest.mark.parametrize("eta", [0.005, 0.02, 0.1])
-def test_quantile_tracker_bound_with_bounded_scores(eta):
-    cal, alpha = _calibrator(), 0.1
-    rng = np.random.default_rng(2)
-    scores = np.where((np.arange(4_000) // 700) % 2 == 0, rng.uniform(0.8, 1.0, 4_000), rng.uniform(0, 0.3, 4_000))
-    state, errs = _run(QuantileTracker.started(cal, alpha, eta), cal, scores)
-    t = np.arange(1, len(errs) + 1)
-    assert np.all(np.abs(np.cumsum(errs) / t - alpha) <= (1.0 + eta) / (eta * t) + 1e-12)
-    assert state.bound(1.0) == pytest.approx((1.0 + eta) / (eta * len(errs)))
 
 
 LOG_ADVERSARIES = {
@@ -262,53 +209,28 @@ def test_aci_thresholds_match_the_static_quantile():
     assert aci_thresholds(cal.scores, [0.0, -0.3, 1.0, 1.2]).tolist() == [math.inf, math.inf, -math.inf, -math.inf]
 
 
-def test_sets_are_full_and_empty_outside_the_unit_interval():
-    rng = np.random.default_rng(3)
-    p, y = rng.dirichlet(np.ones(4), 100), rng.integers(0, 4, 100)
-    cal = SplitConformal.fit(p, y, "aps")  # non-randomized APS would otherwise always hold the top label
-    assert ACIState(0.1, 0.5, labels=20, misses=0).sets(cal, p[:5]).sum() == 0  # alpha_t = 1.1
-    assert ACIState(0.1, 0.5, labels=3, misses=3).sets(cal, p[:5]).all()  # alpha_t = -1.25
-    assert ACIState(0.1, 0.01).sets(cal, p[:5]).tolist() == cal.sets(p[:5], 0.1).tolist()
-
-
 def test_the_served_ranked_sets_are_the_states_sets():
-    """``served_ranked_sets`` lists what a state's ``sets`` serve, the empty and full sets past the unit interval
-    included, for every score, randomized or not."""
+    """``served_ranked_sets`` lists what a state's ``sets`` serve, the full set from the span on included, for every
+    score, randomized or not; at -inf (no tracker serves it) the sets are empty, but a floor calibrator's."""
     rng = np.random.default_rng(3)
     p, y = rng.dirichlet(np.ones(4), 100), rng.integers(0, 4, 100)
     draws = rng.uniform(size=20)
-    states = [ACIState(0.1, 0.5, labels=20, misses=0), ACIState(0.1, 0.5, labels=3, misses=3), ACIState(0.1, 0.01)]
     for method, params in (("lac", {}), ("aps", {}), ("raps", {"k_reg": 1, "lam": 0.1})):
         for randomized in (False, True) if method != "lac" else (False,):
             cal = SplitConformal.fit(p, y, method, u=rng if randomized else None, **params)
             u = draws if randomized else None
-            trackers = [QuantileTracker.started(cal, 0.2, 0.05), LogQuantileTracker.started(cal, 0.2, 0.3)]
-            for state in [*states, *trackers]:
+            started = LogQuantileTracker.started(cal, 0.2, 0.3)
+            full = LogQuantileTracker(0.2, 0.3, DEFAULT_SPAN, score_range=started.score_range)
+            for state in (started, full, started.fold(np.zeros(50)), started.fold(np.full(20, 1e9))):
                 order, sizes = served_ranked_sets(cal, p[:20], state.threshold(cal), u=u)
                 listed = np.zeros((20, 4), dtype=bool)
                 np.put_along_axis(listed, order, np.arange(4) < sizes[:, None], axis=1)
                 assert listed.tolist() == state.sets(cal, p[:20], u=u).tolist()
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: ACIState(0.1, 0.013),
-        lambda: QuantileTracker(0.07, 0.0123, 0.8137),
-    ],
-)
-def test_folding_in_chunks_equals_folding_at_once(make):
-    errs = (np.random.default_rng(4).random(1_001) < 0.13).astype(int)
-    whole = make().fold(errs)
-    chunked = make()
-    for part in np.array_split(errs, [1, 2, 50, 333, 334, 900]):
-        chunked = chunked.fold(part)
-    one = make()
-    for e in errs:
-        one = one.update(int(e))
-    assert whole == chunked == one
-    assert whole.level == chunked.level == one.level
-    assert (whole.labels, whole.misses) == (1_001, int(errs.sum()))
+            assert full.sets(cal, p[:20], u=u).all()
+            _, sizes = served_ranked_sets(cal, p[:20], -math.inf, u=u)
+            assert (sizes == 0).all()
+    floor = SplitConformal.fit(p, y, "raps", k_reg=1, lam=0.1, floor=True)
+    assert (served_ranked_sets(floor, p[:20], -math.inf)[1] >= 1).all()
 
 
 def test_the_log_tracker_folds_in_chunks_as_at_once():
@@ -320,45 +242,31 @@ def test_the_log_tracker_folds_in_chunks_as_at_once():
     assert whole == chunked and whole.level == chunked.level and whole.labels == 1_001
 
 
-@pytest.mark.parametrize("cls", [ACIState, QuantileTracker, LogQuantileTracker])
-def test_to_dict_round_trips_exactly_through_json(cls):
-    state = {
-        ACIState: lambda: ACIState(0.1, 0.1 / 3, 0.1 + 1e-17),
-        QuantileTracker: lambda: QuantileTracker(0.1, 1 / 7, 0.1 + 0.2),
-        LogQuantileTracker: lambda: LogQuantileTracker(0.1, 1 / 7, 0.1 + 0.2, DEFAULT_SPAN, 1 + 0.1 / 3),
-    }[cls]()
-    draws = np.random.default_rng(5).random(777)
-    state = state.fold(draws * (1 + 0.1 / 3) if cls is LogQuantileTracker else (draws < 0.2).astype(int))
-    back = cls.from_dict(json.loads(json.dumps(state.to_dict())))
-    assert back == state and back.level == state.level
-    assert type(back) is cls
+def test_to_dict_round_trips_exactly_through_json():
+    state = LogQuantileTracker(0.1, 1 / 7, 0.1 + 0.2, DEFAULT_SPAN, 1 + 0.1 / 3)
+    state = state.fold(np.random.default_rng(5).random(777) * (1 + 0.1 / 3))
+    back = LogQuantileTracker.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state and back.level == state.level and back.smooth == state.smooth
+    assert type(back) is LogQuantileTracker
 
 
 def test_from_dict_refuses_another_method_or_format():
-    data = ACIState(0.1).to_dict()
-    with pytest.raises(ValueError, match="`data`"):
-        QuantileTracker.from_dict(data)
-    with pytest.raises(ValueError, match="`data`"):
-        ACIState.from_dict({**data, "format": 0})
-    with pytest.raises(ValueError, match="`data`"):
-        ACIState.from_dict({**data, "extra": 1})
     log = LogQuantileTracker(0.1, 0.1, 1.0).to_dict()
-    with pytest.raises(ValueError, match="`data`"):
-        QuantileTracker.from_dict(log)
-    with pytest.raises(ValueError, match="`data`"):
-        LogQuantileTracker.from_dict({k: v for k, v in log.items() if k != "span"})
+    for broken in (
+        {**log, "method": "aci"},  # a state of a rule the service no longer serves
+        {**log, "format": 1},
+        {**log, "extra": 1},
+        {k: v for k, v in log.items() if k != "span"},
+    ):
+        with pytest.raises(ValueError, match="`data`"):
+            LogQuantileTracker.from_dict(broken)
 
 
 def test_start_and_defaults():
     cal = _calibrator()
     assert DEFAULT_METHOD == "log-quantile"
-    state = start(cal, 0.1, "aci")
-    assert isinstance(state, ACIState) and state.gamma == DEFAULT_GAMMA and state.threshold(cal) == cal.quantile(0.1)
-    tracker = start(cal, 0.1, "quantile")
-    assert isinstance(tracker, QuantileTracker) and tracker.eta == DEFAULT_ETA
-    assert tracker.threshold() == cal.quantile(0.1)
-    log = start(cal, 0.1)
-    assert isinstance(log, LogQuantileTracker) and log.eta == DEFAULT_STEP and log.span == DEFAULT_SPAN
+    log = LogQuantileTracker.started(cal, 0.1, DEFAULT_STEP)
+    assert log.eta == DEFAULT_STEP and log.span == DEFAULT_SPAN
     assert log.threshold(cal) == pytest.approx(cal.quantile(0.1), abs=1e-12)
     # the default step's bound promises the benchmark's long-run goal (1 point) at 10,000 labels on any sequence
     assert LogQuantileTracker(0.1, DEFAULT_STEP, 1.0, labels=10_000).bound <= 0.01
@@ -367,25 +275,20 @@ def test_start_and_defaults():
 @pytest.mark.parametrize(
     ("call", "name"),
     [
-        (lambda: ACIState(0.0), "alpha"),
-        (lambda: ACIState(1.5), "alpha"),
-        (lambda: ACIState(float("nan")), "alpha"),
-        (lambda: ACIState("0.1"), "alpha"),  # type: ignore[arg-type]
-        (lambda: ACIState(0.1, 0.0), "gamma"),
-        (lambda: ACIState(0.1, -1.0), "gamma"),
-        (lambda: ACIState(0.1, math.inf), "gamma"),
-        (lambda: ACIState(0.1, 0.01, 1.5), "start"),
-        (lambda: ACIState(0.1, 0.01, labels=-1), "labels"),
-        (lambda: ACIState(0.1, 0.01, labels=2, misses=3), "misses"),
-        (lambda: ACIState(0.1, 0.01, labels=2.0), "labels"),  # type: ignore[arg-type]
-        (lambda: ACIState(0.1).fold([0, 2]), "errs"),
-        (lambda: ACIState(0.1).fold([0.5]), "errs"),
-        (lambda: ACIState(0.1).fold([[0, 1]]), "errs"),
-        (lambda: ACIState(0.1).fold(["a"]), "errs"),
-        (lambda: QuantileTracker(0.1, 0.0, 0.5), "eta"),
-        (lambda: QuantileTracker(0.1, 0.01, math.nan), "start"),
-        (lambda: QuantileTracker(0.1, 0.01, 0.5).bound(0.0), "score_range"),
-        (lambda: ACIState(0.1).threshold("cal"), "calibrator"),  # type: ignore[arg-type]
+        (lambda: LogQuantileTracker(0.0, 0.1, 1.0), "alpha"),
+        (lambda: LogQuantileTracker(1.5, 0.1, 1.0), "alpha"),
+        (lambda: LogQuantileTracker(float("nan"), 0.1, 1.0), "alpha"),
+        (lambda: LogQuantileTracker("0.1", 0.1, 1.0), "alpha"),  # type: ignore[arg-type]
+        (lambda: LogQuantileTracker(0.1, math.inf, 1.0), "eta"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0, labels=-1), "labels"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0, labels=2, misses=3), "misses"),
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0, labels=2.0), "labels"),  # type: ignore[arg-type]
+        (lambda: LogQuantileTracker(0.1, 0.1, 1.0, release=0.5), "release"),
+        (lambda: LogQuantileTracker.started("cal", 0.1, 0.1), "calibrator"),  # type: ignore[arg-type]
+        (lambda: check_misses([0, 2]), "errs"),
+        (lambda: check_misses([0.5]), "errs"),
+        (lambda: check_misses([[0, 1]]), "errs"),
+        (lambda: check_misses(["a"]), "errs"),
         (lambda: LogQuantileTracker(0.1, 0.0, 1.0), "eta"),
         (lambda: LogQuantileTracker(0.1, 0.1, -0.5), "start"),
         (lambda: LogQuantileTracker(0.1, 0.1, 5.0, span=4.0), "start"),
@@ -394,8 +297,6 @@ def test_start_and_defaults():
         (lambda: LogQuantileTracker(0.1, 0.1, 1.0).fold([-0.5]), "scores"),
         (lambda: LogQuantileTracker(0.1, 0.1, 1.0).fold([math.nan]), "scores"),
         (lambda: LogQuantileTracker(0.1, 0.1, 1.0, level=-1.0), "level"),
-        (lambda: start(_calibrator(), 0.1, "pid"), "method"),
-        (lambda: start(_calibrator(), 0.1, "quantile", 0.0), "eta"),
         (lambda: aci_thresholds([0.3, 0.1], 0.1), "sorted_scores"),
         (lambda: aci_thresholds([0.1, 0.3], math.nan), "levels"),
     ],

@@ -1,6 +1,7 @@
 """The checkpoint policy (--checkpoint last|best-accuracy|best-nll), the harder training sets and the study."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,8 +78,11 @@ def test_the_checkpoint_file_keeps_the_policy_and_the_kept_epoch(bumpy_runs, tmp
     assert all(torch.equal(state[k], v) for k, v in loaded.model.state_dict().items())
 
 
-def test_default_policy_is_best_accuracy_and_bad_values_are_refused(capsys):
-    assert RunConfig().checkpoint == "best-accuracy"
+def test_default_recipe_trains_to_convergence_and_bad_values_are_refused(capsys):
+    config = RunConfig()  # the final model of 60 epochs without weight decay: over-confident, for T to repair
+    assert (config.checkpoint, config.epochs, config.weight_decay) == ("last", 60, 0.0)
+    default_job = Path(__file__).resolve().parents[2] / "configs" / "digits_lenet5_ce.yaml"
+    assert load_config(default_job) == config  # the config file that says it is the default job is
     with pytest.raises(ConfigError, match="checkpoint: Input should be 'last', 'best-accuracy' or 'best-nll'"):
         load_config(checkpoint="final")
     assert main(["train", "--checkpoint", "best", "--epochs", "1"]) == 2

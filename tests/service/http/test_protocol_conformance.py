@@ -154,13 +154,19 @@ def run_schemathesis(schema, base_url: str, max_examples: int = 30) -> None:
 def oip_openapi() -> dict:
     """The protocol's own OpenAPI document (third_party/oip/rest_predict_v2.yaml, KServe's), its ``${MODEL_NAME}``
     and ``${MODEL_VERSION}`` placeholders turned into the path parameters schemathesis fills, with the served
-    model and version as their values."""
+    model and version as their values, and the 404 of an unknown model (negative cases draw other names) added to
+    the responses of the paths that name one."""
     spec = yaml.safe_load((ROOT / "third_party" / "oip" / "rest_predict_v2.yaml").read_text())
     values = {"MODEL_NAME": [MODEL], "MODEL_VERSION": ["1"]}
+    # the document lists 200 (and 400 for metadata and inference) only; the protocol's text answers a model or version
+    # the server does not have with an error object, which servers (KServe, Triton, this one) send as 404
+    not_found = {"description": "unknown model or version", "content": {"application/json": {"schema": ERROR}}}
     paths = {}
     for path, item in spec["paths"].items():
         for parameter in item.get("parameters", []):
             parameter["schema"] = {"type": "string", "enum": values[parameter["name"]]}
+            for operation in (v for k, v in item.items() if k in ("get", "post")):
+                operation["responses"].setdefault("404", not_found)
         paths[path.replace("${MODEL_NAME}", "{MODEL_NAME}").replace("${MODEL_VERSION}", "{MODEL_VERSION}")] = item
     return {**spec, "paths": paths}
 
