@@ -34,18 +34,32 @@ class _Strict(BaseModel):
 
 
 class InputSpec(_Strict):
-    """The ONNX input: its name, shape (None for the dynamic batch axis) and element type."""
+    """The ONNX input: its name, shape (None for the dynamic batch axis) and element type.
+
+    ``[null, C, H, W]``: images (numeric arrays, or encoded images through ``Preprocessing``);
+    ``[null, F]``: feature vectors of F numbers (tabular models, embeddings), numeric only.
+    """
 
     name: str
-    shape: list[int | None] = Field(min_length=4, max_length=4)
+    shape: list[int | None] = Field(min_length=2, max_length=4)
     dtype: Literal["float32"] = "float32"
 
     @field_validator("shape")
     @classmethod
     def _batch_dynamic(cls, shape):
-        if shape[0] is not None or any(d is None or d < 1 for d in shape[1:]):
-            raise ValueError(expected("shape", "[null, C, H, W] with positive C, H, W", shape))
+        if len(shape) not in (2, 4) or shape[0] is not None or any(d is None or d < 1 for d in shape[1:]):
+            raise ValueError(expected("shape", "[null, C, H, W] or [null, F] with positive sizes", shape))
         return shape
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of one row: (C, H, W) or (F,)."""
+        return tuple(int(d) for d in self.shape[1:] if d is not None)
+
+    @property
+    def images(self) -> bool:
+        """True for an image input [null, C, H, W]."""
+        return len(self.shape) == 4
 
 
 class Preprocessing(_Strict):
@@ -135,7 +149,9 @@ class Manifest(_Strict):
     class_names: list[str] = Field(min_length=2)
     input: InputSpec
     outputs: dict[str, str]
-    preprocessing: Preprocessing
+    preprocessing: Preprocessing | None = Field(
+        default=None, description="how encoded images become the input; null for numeric input only"
+    )
     calibration: CalibrationSpec
     metrics: dict[str, Any] = {}
     reference: ReferenceDistribution
@@ -150,6 +166,13 @@ class Manifest(_Strict):
         if not {"logits", "probabilities"} <= self.outputs.keys():
             raise ValueError(
                 f"Expected `outputs` to name the 'logits' and 'probabilities' outputs, but got {sorted(self.outputs)}"
+            )
+        if self.preprocessing is None:
+            return self
+        if not self.input.images:
+            raise ValueError(
+                f"Expected `preprocessing` to be null for the feature-vector input {self.input.shape}, "
+                "but got an image preprocessing"
             )
         channels = 1 if self.preprocessing.color_mode == "L" else 3
         wanted = [None, channels, self.preprocessing.image_size, self.preprocessing.image_size]

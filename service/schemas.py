@@ -51,13 +51,14 @@ class PredictOptions(_Request):
 
 
 class PredictRequest(PredictOptions):
-    """A batch of rows: nested arrays of the model's input shape (C, H, W) -- (H, W) or a flat
-    C*H*W vector also work -- or base64-encoded PNG/JPEG images (optionally as data URLs)."""
+    """A batch of rows: nested arrays of the model's input shape, (C, H, W) -- (H, W) or a flat
+    C*H*W vector also work -- or (F,) for a model over feature vectors; or, for an image model with
+    preprocessing, base64-encoded PNG/JPEG images (optionally as data URLs)."""
 
     inputs: list[Row] = Field(
         min_length=1,
-        description="one entry per row: a nested numeric array or a base64 "
-        "image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
+        description="one entry per row: a nested numeric array of the model's input shape (GET /models) or, "
+        "for an image model, a base64 image (PNG/JPEG in the polarity the model was trained on; see the manifest's "
         "preprocessing.invert in GET /models)",
     )
 
@@ -122,7 +123,7 @@ class ModelVersionInfo(BaseModel):
     latest: bool
     classes: list[str]
     input: dict[str, Any]
-    preprocessing: dict[str, Any]
+    preprocessing: dict[str, Any] | None = Field(description="null for a model that takes numbers only")
     calibration: dict[str, Any]
     temperature: float | None
     provider: str

@@ -185,16 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", help="temperature, vector, platt, histogram, isotonic")
     p.add_argument("--objective", help="temperature objective: nll or ece")
     p.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP.replace("validation split", "data"))
-    byom = p.add_argument_group("bring your own model (instead of --run-dir)")
-    byom.add_argument("--onnx", type=Path, help="your ONNX classifier")
-    byom.add_argument("--data", type=Path, help=".npz with x (N, C, H, W) float32 inputs and y (N,) labels")
-    byom.add_argument("--output-name", help="ONNX output holding logits (default: 'logits' or the first output)")
-    byom.add_argument("--probabilities", action="store_true", help="the output holds probabilities, not logits")
-    byom.add_argument(
-        "--out",
-        type=Path,
-        help="calibration JSON to write (default <onnx>.calibration.json); <onnx stem>.conformal.json goes beside it",
+    byom = p.add_argument_group(
+        "bring your own model (instead of --run-dir): writes <artifacts>/<name>/<next version>/, served as it is"
     )
+    byom.add_argument("--onnx", type=Path, help="your ONNX classifier: one float32 input, [N, F] or [N, C, H, W]")
+    byom.add_argument("--data", type=Path, help=".npz with x (N, ...) inputs and y (N,) labels (indices or names)")
+    byom.add_argument("--name", help="the artifact's model name (default: the ONNX file's stem)")
+    byom.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS, help="default artifacts/")
+    byom.add_argument("--class-names", type=Path, help='a JSON list or one name a line (default "0".."K-1")')
+    byom.add_argument("--output-name", help="ONNX output holding logits or probabilities (default: found)")
+    byom.add_argument(
+        "--probabilities", action="store_true", help="the output holds probabilities, not logits (implied by a ZipMap)"
+    )
+    byom.add_argument("--version", help="default: one more than the highest version")
+    byom.add_argument("--overwrite", action="store_true", help="replace an existing version")
     byom.add_argument("--seed", type=int, default=0, help="draws the conformal split and the randomized scores")
 
     p = sub.add_parser("evaluate", help="metrics before/after calibration on test, corruptions and OOD; report + plots")
@@ -258,13 +262,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             summary = calibrate_onnx(
                 args.onnx,
                 args.data,
+                name=args.name,
+                artifacts=args.artifacts,
+                class_names=args.class_names,
                 method=args.method or "temperature",
                 objective=args.objective or "nll",
                 output_name=args.output_name,
                 probabilities=args.probabilities,
-                out=args.out,
                 conformal_fraction=DEFAULT_FRACTION if args.conformal_fraction is None else args.conformal_fraction,
                 seed=args.seed,
+                version=args.version,
+                overwrite=args.overwrite,
             )
             print(json.dumps(summary, indent=2))
             return 0

@@ -35,8 +35,15 @@ def _figure(size=(6.0, 4.0)):
     return Figure(figsize=size, layout="constrained")
 
 
-def plot_reliability(logits: np.ndarray, labels: np.ndarray, calibrator: Calibrator, path: Path, n_bins: int = 15):
-    """Reliability diagrams with confidence histograms, before and after calibration."""
+def plot_reliability(
+    logits: np.ndarray,
+    labels: np.ndarray,
+    calibrator: Calibrator,
+    path: Path,
+    n_bins: int = 15,
+    rows: str = "the test split",
+):
+    """Reliability diagrams with confidence histograms, before and after calibration, on ``rows``."""
     fig = reliability_figure(
         {
             "before calibration": metrics.reliability_bins(softmax(logits), labels, n_bins),
@@ -44,7 +51,7 @@ def plot_reliability(logits: np.ndarray, labels: np.ndarray, calibrator: Calibra
                 calibrator.transform(logits), labels, n_bins
             ),
         },
-        title="Reliability on the test split",
+        title=f"Reliability on {rows}",
     )
     fig.savefig(path, dpi=110)
 
@@ -96,13 +103,14 @@ def _cell(entry: dict) -> str:
     return f"{entry['value']:.4f} [{lo:.4f}, {hi:.4f}]"
 
 
-def markdown_report(title: str, evaluation: dict, summary: dict[str, str]) -> str:
-    """The report: summary, test metrics before/after with 90% intervals, shift table, OOD."""
+def markdown_report(title: str, evaluation: dict, summary: dict[str, str], rows: str = "Test split") -> str:
+    """The report: summary, metrics before/after on ``evaluation["test"]`` (titled ``rows``) with 90% intervals,
+    and where the evaluation has them the shift table and OOD."""
     lines = [f"# {title}", ""]
     lines += [f"- **{key}**: {value}" for key, value in summary.items()]
     lines += [
         "",
-        "## Test split",
+        f"## {rows}",
         "",
         "Point values are the plug-in estimates as the papers define them; brackets are 90% basic bootstrap "
         "intervals for the population value. Binned calibration errors are biased upwards on small samples, "
@@ -138,7 +146,9 @@ def markdown_report(title: str, evaluation: dict, summary: dict[str, str]) -> st
                 )
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += ["", "![ECE vs severity](plots/ece_vs_severity.png)", ""]
-    ood = evaluation["ood"]
+    ood = evaluation.get("ood")
+    if ood is None:
+        return "\n".join(lines)
     lines += [
         "## Out-of-distribution detection",
         "",
@@ -158,13 +168,16 @@ def write_report(
     test_labels: np.ndarray,
     calibrator: Calibrator,
     n_bins: int = 15,
+    rows: tuple[str, str] = ("Test split", "the test split"),
 ) -> Path:
-    """Write ``report.md`` and ``plots/*.png`` into ``directory``; returns the report path."""
+    """Write ``report.md`` and ``plots/*.png`` into ``directory``; returns the report path. ``rows`` names the rows
+    of ``evaluation["test"]`` and of ``test_logits``: the report's heading, and the reliability plot's words."""
     plots = directory / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    plot_reliability(test_logits, test_labels, calibrator, plots / "reliability.png", n_bins)
+    plot_reliability(test_logits, test_labels, calibrator, plots / "reliability.png", n_bins, rows[1])
     plot_ece_vs_temperature(evaluation, plots / "ece_vs_temperature.png")
-    plot_ece_vs_severity(evaluation, plots / "ece_vs_severity.png")
+    if evaluation["shifted"]:
+        plot_ece_vs_severity(evaluation, plots / "ece_vs_severity.png")
     path = directory / "report.md"
-    path.write_text(markdown_report(title, evaluation, summary))
+    path.write_text(markdown_report(title, evaluation, summary, rows[0]))
     return path

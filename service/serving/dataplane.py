@@ -259,7 +259,7 @@ class DataPlane:
             latest=latest,
             classes=m.class_names,
             input=m.input.model_dump(),
-            preprocessing=m.preprocessing.model_dump(),
+            preprocessing=None if m.preprocessing is None else m.preprocessing.model_dump(),
             calibration=m.calibration.model_dump(),
             temperature=m.calibration.temperature,
             provider=model.runtime.provider,
@@ -271,21 +271,23 @@ class DataPlane:
     def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
         model = self.repository.get(name, version)
         pre = model.manifest.preprocessing
+        parameters: dict[str, str | int | float | bool] = {
+            "classes": json.dumps(model.manifest.class_names),
+            "preprocessing": json.dumps(None if pre is None else pre.model_dump()),
+        }
+        if pre is not None:
+            parameters["image_polarity"] = (
+                "dark strokes on a light background (the service inverts images)"
+                if pre.invert
+                else "as the training images"
+            )
         return V2ModelMetadata(
             name=model.name,
             versions=sorted(self.repository.models[model.name], key=int),
             platform="onnxruntime_onnx",
             inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
             outputs=[V2TensorMetadata(name=n, datatype=d, shape=[-1, *s]) for n, d, s in listed_outputs(model)],
-            parameters={
-                "classes": json.dumps(model.manifest.class_names),
-                "preprocessing": json.dumps(pre.model_dump()),
-                "image_polarity": (
-                    "dark strokes on a light background (the service inverts images)"
-                    if pre.invert
-                    else "as the training images"
-                ),
-            },
+            parameters=parameters,
         )
 
     async def v2_infer(
@@ -316,7 +318,7 @@ class DataPlane:
                 f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
                 field="inputs[0].datatype",
             )
-        if len(tensor.shape) != 4 or tuple(tensor.shape[1:]) != model.shape or tensor.shape[0] < 1:
+        if len(tensor.shape) != 1 + len(model.shape) or tuple(tensor.shape[1:]) != model.shape or tensor.shape[0] < 1:
             raise InvalidInput(
                 f"shape {tensor.shape} does not match the model input [N, {', '.join(map(str, model.shape))}]",
                 field="inputs[0].shape",

@@ -1,8 +1,9 @@
-"""From request rows to the model's float32 (N, C, H, W) batch, with errors that name the row.
+"""From request rows to the model's float32 batch, (N, C, H, W) or (N, F), with errors that name the row.
 
-Numeric rows must have the model's per-row shape (C, H, W); a single-channel model also takes
-(H, W), and any model a flat vector of C*H*W values. Image rows are base64 PNG/JPEG (data URLs
-allowed), decoded with Pillow and preprocessed exactly as the manifest says.
+Numeric rows must have the model's per-row shape, (C, H, W) or (F,); a single-channel image model also takes
+(H, W), and any image model a flat vector of C*H*W values. Image rows are base64 PNG/JPEG (data URLs
+allowed), decoded with Pillow and preprocessed exactly as the manifest says; a model without preprocessing
+(feature vectors, or images that arrive as numbers only) refuses them.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ _RESAMPLE = {
 
 def to_batch(
     rows: list,
-    shape: tuple[int, int, int],
-    pre: Preprocessing,
+    shape: tuple[int, ...],
+    pre: Preprocessing | None,
     *,
     max_rows: int,
     max_pixels: int,
@@ -46,7 +47,7 @@ def to_batch(
             return fast
     return np.stack(
         [
-            decode_image(r, pre, max_pixels, f"{field}[{i}]")
+            decode_image(r, pre, shape, max_pixels, f"{field}[{i}]")
             if isinstance(r, str)
             else numeric_row(r, shape, f"{field}[{i}]")
             for i, r in enumerate(rows)
@@ -54,7 +55,7 @@ def to_batch(
     )
 
 
-def _numeric_batch(rows: list, shape: tuple[int, int, int]) -> np.ndarray | None:
+def _numeric_batch(rows: list, shape: tuple[int, ...]) -> np.ndarray | None:
     """The whole batch in one conversion when it is well-formed; None to fall back to per-row errors."""
     try:
         arr = np.asarray(rows)
@@ -65,7 +66,7 @@ def _numeric_batch(rows: list, shape: tuple[int, int, int]) -> np.ndarray | None
     return numeric_batch(arr, shape)
 
 
-def numeric_batch(rows: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray | None:
+def numeric_batch(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """Rows already in one numeric array as the float32 batch, when every row has an accepted shape and
     only finite values; None for the per-row checks to name what is wrong."""
     arr = rows.astype(np.float32, copy=False)
@@ -74,13 +75,16 @@ def numeric_batch(rows: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray |
     return None
 
 
-def row_shapes(shape: tuple[int, int, int]) -> tuple[tuple[int, ...], ...]:
-    """The shapes a numeric row may have: (C, H, W), a flat C*H*W vector and, for one channel, (H, W)."""
+def row_shapes(shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """The shapes a numeric row may have: (F,) for a feature vector; (C, H, W), a flat C*H*W vector and, for one
+    channel, (H, W) for an image."""
+    if len(shape) == 1:
+        return (shape,)
     return (shape, (math.prod(shape),)) + ((shape[1:],) if shape[0] == 1 else ())
 
 
-def numeric_row(row, shape: tuple[int, int, int], field: str) -> np.ndarray:
-    """One numeric row as float32 (C, H, W)."""
+def numeric_row(row, shape: tuple[int, ...], field: str) -> np.ndarray:
+    """One numeric row as float32 of the model's row shape."""
     try:
         arr = np.asarray(row)
     except ValueError:
@@ -88,20 +92,30 @@ def numeric_row(row, shape: tuple[int, int, int], field: str) -> np.ndarray:
     if arr.dtype == bool or arr.dtype.kind not in "iuf":
         raise InvalidInput(f"must hold only numbers (got {arr.dtype.kind!r} values)", field=field)
     if arr.shape not in row_shapes(shape):
-        raise InvalidInput(
-            f"has shape {list(arr.shape)}; expected {list(shape)}"
+        accepted = (
+            f"{list(shape)} (a feature vector of {shape[0]} numbers)"
+            if len(shape) == 1
+            else f"{list(shape)}"
             + (f" or {list(shape[1:])}" if shape[0] == 1 else "")
-            + f" or a flat vector of {math.prod(shape)} values",
-            field=field,
+            + f" or a flat vector of {math.prod(shape)} values"
         )
+        raise InvalidInput(f"has shape {list(arr.shape)}; expected {accepted}", field=field)
     arr = arr.astype(np.float32)
     if not np.isfinite(arr).all():
         raise InvalidInput(f"contains {int((~np.isfinite(arr)).sum())} NaN or infinite values", field=field)
     return arr.reshape(shape)
 
 
-def decode_image(text: str, pre: Preprocessing, max_pixels: int, field: str) -> np.ndarray:
+def decode_image(
+    text: str, pre: Preprocessing | None, shape: tuple[int, ...], max_pixels: int, field: str
+) -> np.ndarray:
     """A base64 PNG/JPEG (or data URL) decoded, resized, scaled (and inverted) as the manifest says."""
+    if pre is None:
+        raise InvalidInput(
+            f"is a string, but this model takes numbers only: an array of shape {list(shape)} per row "
+            "(its manifest has no image preprocessing)",
+            field=field,
+        )
     payload = text.split(",", 1)[1] if text.startswith("data:") and "," in text else text
     try:
         raw = base64.b64decode(payload, validate=True)

@@ -47,9 +47,9 @@ class ServedModel:
         return self.runtimes[0]
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """Per-row input shape (C, H, W)."""
-        return _row_shape(self.manifest)
+    def shape(self) -> tuple[int, ...]:
+        """Per-row input shape: (C, H, W) or (F,)."""
+        return self.manifest.input.row_shape
 
     @property
     def ready(self) -> bool:
@@ -211,18 +211,13 @@ def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
             f"ONNX inputs {[i.name for i in inputs]} do not match the manifest input {manifest.input.name!r}"
         )
     declared = inputs[0].shape[1:]
-    if any(isinstance(d, int) and d != m for d, m in zip(declared, manifest.input.shape[1:])):
+    if len(inputs[0].shape) != len(manifest.input.shape) or any(
+        isinstance(d, int) and d != m for d, m in zip(declared, manifest.input.shape[1:])
+    ):
         raise ValueError(f"ONNX input shape {inputs[0].shape} does not match the manifest {manifest.input.shape}")
     missing = {manifest.outputs["logits"], manifest.outputs["probabilities"]} - set(runtime.output_names)
     if missing:
         raise ValueError(f"ONNX outputs {runtime.output_names} lack {sorted(missing)} named in the manifest")
-
-
-def _row_shape(manifest: Manifest) -> tuple[int, int, int]:
-    """The manifest's per-row input shape (C, H, W): its input shape past the dynamic batch axis."""
-    c, h, w = manifest.input.shape[1:]
-    assert c is not None and h is not None and w is not None  # InputSpec admits None on the batch axis only
-    return c, h, w
 
 
 def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig) -> None:
@@ -230,7 +225,7 @@ def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig
     algorithm choice) and check the outputs' shapes."""
     k = len(manifest.class_names)
     for rows in runtime.buckets or sorted({1, batching.max_batch_size}):
-        outputs = runtime.run(np.zeros((rows, *_row_shape(manifest)), dtype=np.float32))
+        outputs = runtime.run(np.zeros((rows, *manifest.input.row_shape), dtype=np.float32))
         probs = outputs[manifest.outputs["probabilities"]]
         if outputs[manifest.outputs["logits"]].shape != (rows, k) or probs.shape != (rows, k):
             raise ValueError(

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,8 +48,15 @@ def test_round_trip(tmp_path):
         ),
         (
             {"input": {"name": "input", "shape": [4, 1, 8, 8]}},
-            r"input.shape: Value error, Expected `shape` to be \[null, C, H, W\]",
+            r"input.shape: Value error, Expected `shape` to be \[null, C, H, W\] or \[null, F\]",
         ),
+        ({"input": {"name": "input", "shape": [None, 8, 8]}}, r"Expected `shape` to be \[null, C, H, W\] or"),
+        ({"input": {"name": "input", "shape": [None, 0]}}, "with positive sizes"),
+        (
+            {"input": {"name": "x", "shape": [None, 30]}},
+            r"Expected `preprocessing` to be null for the feature-vector input \[None, 30\]",
+        ),
+        ({"input": {"name": "x", "shape": [None, 30], "dtype": "int64"}}, "input.dtype: Input should be 'float32'"),
         ({"model_sha256": "xyz"}, "model_sha256"),
         (
             {"reference": {"confidences": [1.5], "accuracy": 0.8, "ece": 0.02}},
@@ -202,3 +210,23 @@ def test_floor_calibrators_load_when_present_and_are_none_in_files_from_before_t
     spec = spec.model_copy(update={"sha256": hashlib.sha256(raw).hexdigest()})
     with pytest.raises(ValueError, match="floor_calibrators.aps: Expected `floor` to be true"):
         load_conformal(tmp_path, spec, ["0", "1", "2"], floor=True)
+
+
+def test_feature_vector_inputs_take_no_preprocessing_and_image_inputs_may_go_without(tmp_path):
+    vectors = Manifest.model_validate(_valid() | {"input": {"name": "x", "shape": [None, 30]}, "preprocessing": None})
+    assert vectors.input.row_shape == (30,) and not vectors.input.images and vectors.preprocessing is None
+    write_manifest(vectors, tmp_path)
+    assert json.loads((tmp_path / "manifest.json").read_text())["preprocessing"] is None
+    assert load_manifest(tmp_path / "manifest.json") == vectors
+    numbers_only = Manifest.model_validate({k: v for k, v in _valid().items() if k != "preprocessing"})
+    assert numbers_only.input.row_shape == (1, 8, 8) and numbers_only.input.images
+    assert numbers_only.preprocessing is None
+
+
+def test_the_committed_artifact_loads_unchanged_and_writes_back_the_same_json(tmp_path):
+    """The schema grew feature vectors and optional preprocessing without touching what existing manifests say."""
+    committed = Path(__file__).resolve().parents[2] / "artifacts" / "digits-lenet5" / "1" / "manifest.json"
+    manifest = load_manifest(committed)
+    assert manifest.input.row_shape == (1, 8, 8) and manifest.preprocessing is not None
+    write_manifest(manifest, tmp_path)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == json.loads(committed.read_text())

@@ -73,14 +73,26 @@ def build_linear_onnx(path: Path, weights: np.ndarray, bias: np.ndarray, tempera
 
 
 def write_linear_artifact(
-    root: Path, name: str = "toy", version: str = "1", classes=("a", "b", "c"), temperature: float = 2.0, seed: int = 0
+    root: Path,
+    name: str = "toy",
+    version: str = "1",
+    classes=("a", "b", "c"),
+    temperature: float = 2.0,
+    seed: int = 0,
+    shape: tuple[int, ...] = (1, 2, 2),
 ) -> Path:
-    """A complete artifact ``root/name/version`` around ``build_linear_onnx``."""
+    """A complete artifact ``root/name/version`` around ``build_linear_onnx``: images of ``shape`` (C, H, W), or
+    feature vectors (F,) without preprocessing."""
     directory = root / name / version
     directory.mkdir(parents=True)
     rng = np.random.default_rng(seed)
+    features = int(np.prod(shape))
     build_linear_onnx(
-        directory / "model.onnx", rng.normal(0, 3, (4, len(classes))), rng.normal(0, 1, len(classes)), temperature
+        directory / "model.onnx",
+        rng.normal(0, 3, (features, len(classes))),
+        rng.normal(0, 1, len(classes)),
+        temperature,
+        shape,
     )
     manifest = Manifest(
         name=name,
@@ -88,9 +100,9 @@ def write_linear_artifact(
         created_at="2026-11-22T00:00:00+00:00",
         model_sha256=hashlib.sha256((directory / "model.onnx").read_bytes()).hexdigest(),
         class_names=list(classes),
-        input=InputSpec(name="input", shape=[None, 1, 2, 2]),
+        input=InputSpec(name="input", shape=[None, *shape]),
         outputs={"logits": "logits", "probabilities": "probabilities"},
-        preprocessing=Preprocessing(color_mode="L", image_size=2),
+        preprocessing=Preprocessing(color_mode="L", image_size=shape[-1]) if len(shape) == 3 else None,
         calibration=CalibrationSpec(
             method="temperature", params={"temperature": temperature}, n_samples=100, in_graph=True
         ),

@@ -161,29 +161,26 @@ def test_calibrate_onnx_writes_the_conformal_scores(trained, tmp_path, capsys):
     onnx_path.write_bytes((directory / "model.onnx").read_bytes())
     val = load_dataset("digits").val
     np.savez(tmp_path / "val.npz", x=val.x, y=val.y)
+    mine = tmp_path / "mine"
     argv = ["calibrate", "--onnx", str(onnx_path), "--data", str(tmp_path / "val.npz"), "--seed", "3"]
-    assert main(argv) == 0
+    assert main([*argv, "--artifacts", str(mine)]) == 0
     summary = json.loads(capsys.readouterr().out)
-    path = tmp_path / "user.conformal.json"
-    assert str(path) in summary["written"] and summary["conformal"]["file"] == str(path)
+    version = mine / "user" / "1"
+    assert summary["artifact"] == str(version)
     split = calibration_split(val.y, 0.5, seed=3)
     assert summary["conformal"]["calibration_rows"] == len(split.conformal)
-    assert summary["conformal"]["calibration_fitted_on_rows"] == len(split.temperature)
     assert set(summary["held_out"]) == {"before", "after"}
-    data = json.loads(path.read_text())
+    data = json.loads((version / "conformal.json").read_text())
     assert data["format"] == 1 and set(data["calibrators"]) == {"lac", "aps", "raps"}
     assert data["split"]["seed"] == 3 and data["split"]["rows"] == len(split.conformal)
     # the temperature comes from the temperature part only, the scores from the calibrated graph's output
     logits = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(["logits"], {"input": val.x})
     expected_t = TemperatureScaling().fit(logits[0].astype(np.float64)[split.temperature], val.y[split.temperature])
     assert summary["calibration"]["params"]["temperature"] == pytest.approx(expected_t.temperature, rel=1e-9)
-    calibrated = ort.InferenceSession(str(tmp_path / "user.calibrated.onnx"), providers=["CPUExecutionProvider"])
+    calibrated = ort.InferenceSession(str(version / "model.onnx"), providers=["CPUExecutionProvider"])
     served = calibrated.run(["probabilities"], {"input": val.x})[0].astype(np.float64)
     lac = SplitConformal.fit(served[split.conformal], val.y[split.conformal], "lac")
     np.testing.assert_array_equal(SplitConformal.from_dict(data["calibrators"]["lac"]).scores, lac.scores)
-    # 0 switches the conformal scores off: the temperature is fitted on every row, as before
-    path.unlink()
-    summary = calibrate_onnx(onnx_path, tmp_path / "val.npz", conformal_fraction=0.0)
-    assert "conformal" not in summary and not path.exists()
-    expected_t = TemperatureScaling().fit(logits[0].astype(np.float64), val.y)
-    assert summary["calibration"]["params"]["temperature"] == pytest.approx(expected_t.temperature, rel=1e-9)
+    # a served version needs its conformal scores: 0 leaves none and is refused, naming the fraction
+    with pytest.raises(ValueError, match="leave 0 for the conformal scores"):
+        calibrate_onnx(onnx_path, tmp_path / "val.npz", artifacts=mine, conformal_fraction=0.0)

@@ -8,7 +8,6 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from calibkit.calibrators import load_calibrator
 from calibkit.manifest import load_manifest
 from calibkit.temperature import apply_temperature
 from training import pipeline
@@ -222,32 +221,3 @@ def test_cli_run_prints_the_table_and_parity(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ece" in out and "ONNX parity on 359 validation images" in out
     assert (tmp_path / "artifacts" / "cli-test" / "1" / "model.onnx").is_file()
-
-
-def test_bring_your_own_onnx_model(default_run, tmp_path):
-    root, _ = default_run
-    onnx_path = tmp_path / "user.onnx"
-    onnx_path.write_bytes((root / "artifacts" / "digits-lenet5" / "1" / "model.onnx").read_bytes())
-    splits = load_dataset("digits")
-    np.savez(tmp_path / "val.npz", x=splits.val.x, y=splits.val.y)
-    summary = pipeline_byom(onnx_path, tmp_path / "val.npz")
-    assert summary["output"] == "logits"
-    assert summary["max_abs_diff_probabilities"] < 1e-5
-    calibrator = load_calibrator(tmp_path / "user.calibration.json")
-    calibrated = ort.InferenceSession(str(tmp_path / "user.calibrated.onnx"), providers=["CPUExecutionProvider"])
-    logits, probs = calibrated.run(["logits", "probabilities"], {"input": splits.test.x})
-    np.testing.assert_allclose(probs, calibrator.transform(logits.astype(np.float64)), atol=1e-6)
-    # a model that only outputs probabilities: calibrated through log-probabilities
-    summary = pipeline_byom(onnx_path, tmp_path / "val.npz", output_name="probabilities", probabilities=True)
-    assert summary["output"] == "probabilities" and summary["max_abs_diff_probabilities"] < 1e-5
-    with pytest.raises(ValueError, match="--output-name 'scores' is not an output"):
-        pipeline_byom(onnx_path, tmp_path / "val.npz", output_name="scores")
-    np.savez(tmp_path / "bad.npz", x=splits.val.x)
-    with pytest.raises(ValueError, match="must hold arrays 'x' and 'y'; missing y"):
-        pipeline_byom(onnx_path, tmp_path / "bad.npz")
-
-
-def pipeline_byom(onnx_path, data, **kwargs):
-    from training.byom import calibrate_onnx
-
-    return calibrate_onnx(onnx_path, data, **kwargs)
