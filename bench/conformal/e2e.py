@@ -29,7 +29,8 @@ from calibkit.conformal import SplitConformal, conformity_scores
 
 DELAYS = (0, 100, 1_000, 10_000)
 ROWS, BATCH, WINDOW = 50, 200, 1_000
-MEASURED = 10_000
+#: 20 windows a stream: the 99% share of a data set and delay is judged on 100 windows, where one may fall short.
+MEASURED = 20_000
 SHIFT_BEFORE, SHIFT_MIN = 2_000, 8_000
 CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 CIFAR_NAME, CIFAR_SIDE, CIFAR_SCALE = "cifar-like", 4, 100.0  # logits = 100 (x - 0.5), x the first 10 of 16
