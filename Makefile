@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm bench-conformal artifacts study simulate k8s-rules clean
+.PHONY: run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine artifacts study simulate k8s-rules clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -107,6 +107,10 @@ bench-alarm: $(VENV)/.installed-dev tools
 ## alarm (docs/conformal_benchmark.md)
 bench-conformal: $(VENV)/.installed-dev
 	$(PY) -m bench.conformal
+
+## bench-engine: the engine process's IPC cost against the in-process batcher (docs/engine_benchmark.md)
+bench-engine: $(VENV)/.installed-dev
+	$(PY) -m bench.engine
 
 ## k8s-rules: render deploy/prometheus/alerts.yml as the PrometheusRule of deploy/k8s/prometheus-operator
 k8s-rules: $(VENV)/.installed-dev

@@ -96,6 +96,16 @@ class NotReady(ServiceError):
     code = "not_ready"
 
 
+class EngineUnavailable(ServiceError):
+    """The inference engine process is down or not answering (``service.engine``): retry once it is back."""
+
+    status = 503
+    code = "engine_unavailable"
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
 class StorageUnavailable(ServiceError):
     """The database cannot be reached: retry later."""
 

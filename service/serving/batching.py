@@ -45,11 +45,13 @@ def _rows(outputs: Any, start: int, stop: int) -> Any:
 
 @dataclass
 class Timing:
-    """Where one request's time went: waiting in the queue, and the onnxruntime call of its batch."""
+    """Where one request's time went: waiting in the queue, and the onnxruntime call of its batch (the batcher's
+    ``batch_id``-th, counted from 1)."""
 
     queue_seconds: float
     inference_seconds: float
     batch_rows: int
+    batch_id: int = 0
 
 
 @dataclass
@@ -177,19 +179,20 @@ class DynamicBatcher:
         elapsed = time.perf_counter() - started
         with self._ready:
             self.batches_run += 1
+            batch_id = self.batches_run
         if self._on_batch is not None:
             self._on_batch(len(x), elapsed)
-        self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x))
+        self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x), batch_id)
 
     @staticmethod
-    def _deliver(batch: list[_Pending], outputs: Any, started: float, elapsed: float, rows: int) -> None:
+    def _deliver(batch: list[_Pending], outputs: Any, started: float, elapsed: float, rows: int, batch_id: int) -> None:
         """On the event loop: give every request its rows of the batch's result."""
         offset = 0
         for p in batch:
             n = len(p.x)
             if not p.future.done():
                 part = _rows(outputs, offset, offset + n)
-                p.future.set_result((part, Timing(started - p.enqueued, elapsed, rows)))
+                p.future.set_result((part, Timing(started - p.enqueued, elapsed, rows, batch_id)))
             offset += n
 
     @staticmethod

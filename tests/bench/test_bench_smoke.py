@@ -13,7 +13,8 @@ pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, Pos
 
 
 @pytest.mark.parametrize(
-    "name", ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth", "conformal"]
+    "name",
+    ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth", "conformal", "engine"],
 )
 def test_benchmark_script_runs_and_writes_its_result(name, tmp_path, request):
     if name == "feedback_load":  # its PostgreSQL rounds, on the suite's server (CALIB_BENCH_DATABASE_URL)

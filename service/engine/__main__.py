@@ -1,0 +1,3 @@
+from service.engine.server import main
+
+main()
