@@ -41,7 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         parts = app.state.parts = ServiceParts.build(settings, metrics, access)
-        await anyio.to_thread.run_sync(parts.repository.load)
+        # a front-end of an engine process opens no session of its own (service.engine.frontend)
+        await anyio.to_thread.run_sync(parts.repository.load, settings.engine_endpoint is None)
         _set_switch_interval(settings)
         parts.monitor.labels.export_bin_counters()
         if not await _sync_store(parts):

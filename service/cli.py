@@ -1,7 +1,8 @@
 """``python -m service`` (console script ``calibrated-serve``): serve the model repository with uvicorn.
 
-Flags override the ``CALIB_*`` environment variables. One worker per process, by design: scale with
-replicas (each process batches its own traffic and exposes its own /metrics).
+Flags override the ``CALIB_*`` environment variables. One worker per process: scale with replicas (each process
+batches its own traffic and exposes its own /metrics), or, with ``CALIB_FRONTENDS`` > 1, run a pod of front-end
+processes around one engine process on the same ports (``service.engine.pod``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import gc
 import logging
 import signal
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -27,18 +29,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--default-model", help="model served when a request names none")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="execution provider choice")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a pod's front-end: accept on this socket
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    fd = args.fd
+    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "fd"}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
         print(f"error: invalid settings: {exc}")
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.frontends > 1 and settings.engine_endpoint is None:
+        from service.engine.pod import Pod
+
+        return Pod(settings).run()
     try:
         app = create_app(settings)
     except ValueError as exc:  # a token file that cannot be read or parsed
@@ -53,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn drains on SIGTERM, restores the handler it found and raises the signal again, so that the process
     # would end killed by it; a drained replica has done nothing wrong, so it is absorbed here and the exit is 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -63,4 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=settings.graceful_shutdown_seconds,  # type: ignore[arg-type]
         access_log=False,
     )
+    # a pod's front-end accepts on the socket the pod bound; uvicorn's own ``fd`` would take it for a UNIX socket
+    # and leave Nagle's algorithm on for its TCP connections (40 ms stalls against delayed ACKs)
+    uvicorn.Server(config).run(sockets=None if fd is None else [socket.socket(fileno=fd)])
     return 0

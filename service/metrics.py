@@ -1,15 +1,16 @@
 """Prometheus metrics of one service process (its own registry, exposed at GET /metrics).
 
-One process serves with one uvicorn worker (enforced by ``python -m service``): scale out with
-replicas, each scraped on its own port, which keeps the in-process batching and these counters
-exact without prometheus-client's multiprocess mode.
+One process serves with one uvicorn worker: scale out with replicas, each scraped on its own port. In a pod of
+front-end processes around one engine (``CALIB_FRONTENDS`` > 1, ``service.engine.pod``), prometheus-client's
+multiprocess mode sums them, so that the pod is scraped as one service.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -72,7 +73,9 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.in_flight = Gauge("calib_http_requests_in_flight", "Requests being served", registry=r)
+        self.in_flight = Gauge(
+            "calib_http_requests_in_flight", "Requests being served", registry=r, multiprocess_mode="livesum"
+        )
         self.queue = Histogram(
             "calib_queue_duration_seconds",
             "Time a request waited for its batch",
@@ -99,9 +102,14 @@ class ServiceMetrics:
             "Loaded model versions and the provider that runs them (1)",
             ["model", "version", "provider", "calibration"],
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.model_ready = Gauge(
-            "calib_model_ready", "1 when the model version is ready", ["model", "version"], registry=r
+            "calib_model_ready",
+            "1 when the model version is ready",
+            ["model", "version"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
         )
 
         self.log_written = Counter(
@@ -110,7 +118,12 @@ class ServiceMetrics:
         self.log_dropped = Counter(
             "calib_prediction_log_dropped_total", "Prediction rows not logged, by reason", ["reason"], registry=r
         )
-        self.storage_up = Gauge("calib_storage_up", "1 when the feedback store answered the last operation", registry=r)
+        self.storage_up = Gauge(
+            "calib_storage_up",
+            "1 when the feedback store answered the last operation",
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         self.feedback_items = Counter(
             "calib_feedback_items_total",
             "Feedback items by result: accepted, pending (stored until their prediction is) or rejected",
@@ -121,6 +134,7 @@ class ServiceMetrics:
             "calib_pending_labels",
             "Labels waiting for their prediction, as this replica last counted them in the store",
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.pending_resolved = Counter(
             "calib_pending_labels_resolved_total",
@@ -137,20 +151,35 @@ class ServiceMetrics:
             "calib_correct_total", "Correct labelled predictions per confidence bin", by_bin, registry=r
         )
         mv = ["model", "version"]
-        self.alarm_state = Gauge("calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv, registry=r)
-        self.window_ece = Gauge("calib_window_ece", "ECE of the alarm window", mv, registry=r)
+        self.alarm_state = Gauge(
+            "calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv, registry=r, multiprocess_mode="livemostrecent"
+        )
+        self.window_ece = Gauge(
+            "calib_window_ece", "ECE of the alarm window", mv, registry=r, multiprocess_mode="livemostrecent"
+        )
         self.window_ece_low = Gauge(
-            "calib_window_ece_lower", "Lower bound of the alarm window's ECE interval", mv, registry=r
+            "calib_window_ece_lower",
+            "Lower bound of the alarm window's ECE interval",
+            mv,
+            registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.window_ece_high = Gauge(
-            "calib_window_ece_upper", "Upper bound of the alarm window's ECE interval", mv, registry=r
+            "calib_window_ece_upper",
+            "Upper bound of the alarm window's ECE interval",
+            mv,
+            registry=r,
+            multiprocess_mode="livemostrecent",
         )
-        self.window_labels = Gauge("calib_window_labels", "Labels in the alarm window", mv, registry=r)
+        self.window_labels = Gauge(
+            "calib_window_labels", "Labels in the alarm window", mv, registry=r, multiprocess_mode="livemostrecent"
+        )
         self.e_detector = Gauge(
             "calib_e_detector",
             "The alarm's e-detector: the weighted mixture of its CUSUMs (alarm at CALIB_ALARM__THRESHOLD)",
             mv,
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
         sets = [*mv, "method", "coverage", "randomized"]
@@ -159,24 +188,28 @@ class ServiceMetrics:
             "Share of labels the served prediction sets held, since the version's first",
             sets,
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.coverage_threshold = Gauge(
             "calib_set_threshold",
             "The score threshold the sets are served at (adapted from the labels, or static)",
             sets,
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.coverage_statistic = Gauge(
             "calib_set_coverage_e_detector",
             "The coverage alarm's e-detector mixture (alarm at its threshold)",
             sets,
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.coverage_alarm = Gauge(
             "calib_set_coverage_alarm",
             "1 while the coverage alarm says the sets cover less than their target",
             sets,
             registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.set_size = Histogram(
             "calib_set_size",
@@ -207,7 +240,15 @@ class ServiceMetrics:
         self.inference.labels(model).observe(seconds)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The metrics in Prometheus' text format: this process's, or, in a pod of front-ends
+        (``PROMETHEUS_MULTIPROC_DIR`` set by ``service.engine.pod``), every live process's, counters and
+        histograms summed, in-flight requests summed and the other gauges the most recent value written."""
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not directory:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)
+        return generate_latest(registry)
 
 
 class Phases:

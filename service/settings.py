@@ -54,6 +54,22 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     grpc: bool = Field(default=True, description="serve the Open Inference Protocol over gRPC too")
     grpc_port: int = Field(default=8081, ge=0, le=65535, description="the gRPC port (0: a free one, shown in /health)")
+    frontends: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="front-end processes in front of one engine process that owns the sessions and the batchers "
+        "(python -m service starts and supervises them, on one HTTP and one gRPC port); 1: inference in this "
+        "process, no IPC",
+    )
+    engine_endpoint: str | None = Field(
+        default=None,
+        description="the ZeroMQ endpoint of an engine process (python -m service.engine) that runs this process's "
+        "inference; unset: inference in this process",
+    )
+    engine_wait_seconds: float = Field(
+        default=120.0, gt=0, description="how long a front-end waits at start for the engine's first answer"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when onnxruntime can use a GPU, else CPU; cuda: warn and fall back"
     )

@@ -5,13 +5,17 @@ path, W = 1) and through an engine process over ZeroMQ (``service.engine``), one
 ``null`` model (no inference: zeros back at once) isolates the IPC itself. Reported: the round trip p50 and p99,
 and the CPU per request of each process (this front-end process; the engine's from /proc), summed.
 
-    python -m bench.engine [--requests 4000] [--smoke]
+Then the whole service at W = 1 and W = 2 (``CALIB_FRONTENDS``) under wrk: the CPU per request summed over every
+process of the service, the issue's 1.2x goal.
+
+    python -m bench.engine [--requests 4000] [--seconds 8] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -21,11 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, publish, table
+from bench.common import ROOT, Server, process_cpu_seconds, publish, table, wrk
 
 PAGE = ROOT / "docs" / "engine_benchmark.md"
 MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
 IN_FLIGHT = 64
+#: The issue's goal: the pod's CPU per request, summed over its processes, at W = 2 against W = 1.
+CPU_RATIO = 1.2
+SERVICE_COLUMNS = ["frontends", "requests", "requests_per_s", "cpu_us_per_request"]
 COLUMNS = [
     "path",
     "model",
@@ -59,10 +66,44 @@ asyncio.run(main())
 """
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its live children (a pod's engine and front-ends)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return process_cpu_seconds(pid) + sum(process_cpu_seconds(int(c)) for c in children)
+
+
+def service_runs(seconds: float) -> list[dict]:
+    """``python -m service`` at W = 1 (in process) and W = 2 (a pod), single-row JSON /predict from 64 wrk
+    connections: rows/s, and the CPU per request summed over the service's processes."""
+    from training.data import load_dataset
+
+    body = json.dumps({"inputs": load_dataset("digits").test.x[:1].tolist()})
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for frontends in (1, 2):
+            env = {
+                "CALIB_FRONTENDS": str(frontends),
+                "CALIB_DATABASE_URL": f"sqlite:///{tmp}/w{frontends}.db",
+                "CALIB_GRPC_PORT": "0",
+            }
+            server = Server([sys.executable, "-m", "service"], "/v2/health/ready", env=env)
+            try:
+                wrk(server.url + "/predict", body, IN_FLIGHT, 1.0)  # warm-up
+                cpu = tree_cpu_seconds(server.process.pid)
+                got = wrk(server.url + "/predict", body, IN_FLIGHT, seconds)
+                used = tree_cpu_seconds(server.process.pid) - cpu
+            finally:
+                server.stop()
+            rows.append(
+                {
+                    "frontends": frontends,
+                    "requests": got["requests"],
+                    "requests_per_s": got["requests_per_s"],
+                    "cpu_us_per_request": used / got["requests"] * 1e6,
+                }
+            )
+            print(table(rows[-1:], SERVICE_COLUMNS), flush=True)
+    return rows
 
 
 async def drive(submit, x: np.ndarray, requests: int, in_flight: int) -> dict:
@@ -117,10 +158,10 @@ async def through_engine(argv: list[str], endpoint: str, model: str, x, requests
             return client.submit(model, "1", rows)
 
         await drive(submit, x, min(requests, 500), in_flight)
-        cpu, engine_cpu = time.process_time(), cpu_seconds(engine.pid)
+        cpu, engine_cpu = time.process_time(), process_cpu_seconds(engine.pid)
         row = await drive(submit, x, requests, in_flight)
         front = (time.process_time() - cpu) / row["requests"] * 1e6
-        back = (cpu_seconds(engine.pid) - engine_cpu) / row["requests"] * 1e6
+        back = (process_cpu_seconds(engine.pid) - engine_cpu) / row["requests"] * 1e6
     finally:
         await client.stop()
         engine.terminate()
@@ -128,7 +169,7 @@ async def through_engine(argv: list[str], endpoint: str, model: str, x, requests
     return row | {"path": "engine", "cpu_us_front": front, "cpu_us_engine": back, "cpu_us_total": front + back}
 
 
-def run(requests: int) -> dict:
+def run(requests: int, seconds: float) -> dict:
     from training.data import load_dataset
 
     x = load_dataset("digits").test.x
@@ -158,7 +199,7 @@ def run(requests: int) -> dict:
             )
             rows.append(got | {"model": "null", "in_flight": in_flight})
             print(table(rows[-3:], COLUMNS), flush=True)
-    return {"rows": rows, "requests": requests}
+    return {"rows": rows, "requests": requests, "service": service_runs(seconds), "seconds_per_run": seconds}
 
 
 def goals(result: dict) -> list[dict]:
@@ -176,6 +217,20 @@ def goals(result: dict) -> list[dict]:
                 "worst": f"{added:.0f} us ({engine['cpu_us_front']:.0f} front-end + {engine['cpu_us_engine']:.0f} "
                 f"engine, against {base['cpu_us_total']:.0f} in process); batch {engine['mean_batch']:.1f} against "
                 f"{base['mean_batch']:.1f}",
+            }
+        )
+    if result.get("service"):
+        w1, w2 = (next(r for r in result["service"] if r["frontends"] == w) for w in (1, 2))
+        ratio = w2["cpu_us_per_request"] / w1["cpu_us_per_request"]
+        out.append(
+            {
+                "goal": f"a pod of 2 front-ends and an engine spends at most {CPU_RATIO}x the CPU per request of one "
+                f"process (JSON /predict, single rows, {IN_FLIGHT} connections; summed over the pod's processes)",
+                "met": ratio <= CPU_RATIO,
+                "worst": f"{ratio:.2f}x ({w2['cpu_us_per_request']:.0f} against {w1['cpu_us_per_request']:.0f} us); "
+                f"requests/s {w2['requests_per_s']:.0f} against {w1['requests_per_s']:.0f} on these "
+                f"{os.cpu_count()} cores shared with the load generator; 16 cores at this CPU per request, if one "
+                f"engine keeps up: {16e6 / w2['cpu_us_per_request']:.0f} requests/s",
             }
         )
     null = by[("engine", "null", 1)]
@@ -214,6 +269,14 @@ def markdown(result: dict) -> str:
             "",
             table(result["rows"], COLUMNS),
             "",
+            "## The service",
+            "",
+            f"`python -m service` with `CALIB_FRONTENDS` 1 (inference in process) and 2 (a pod: two front-ends and an "
+            f"engine on one port), {result.get('seconds_per_run', 0):g} s of wrk at {IN_FLIGHT} connections each, "
+            "single-row JSON `/predict` to the light model; the CPU of every process of the service.",
+            "",
+            table(result.get("service", []), SERVICE_COLUMNS),
+            "",
         ]
     )
 
@@ -221,10 +284,11 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--seconds", type=float, default=8.0, help="wrk seconds per service run")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    requests = 256 if args.smoke else args.requests
-    publish("engine", lambda: run(requests), goals, markdown, PAGE, args.smoke)
+    requests, seconds = (256, 1.0) if args.smoke else (args.requests, args.seconds)
+    publish("engine", lambda: run(requests, seconds), goals, markdown, PAGE, args.smoke)
 
 
 if __name__ == "__main__":

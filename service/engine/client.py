@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import time
 
 import numpy as np
@@ -90,6 +91,16 @@ class EngineClient:
             raise EngineUnavailable(f"the engine at {self.endpoint} is not taking requests; retry shortly") from None
         return await future
 
+    async def describe(self) -> list[dict]:
+        """The engine's model versions and their sessions (``service.engine.server.runtime_facts``)."""
+        if self._socket is None or not self.ready:
+            raise EngineUnavailable(f"the engine at {self.endpoint} is not answering; retry shortly")
+        seq = next(self._seq)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        await self._socket.send_multipart(wire.describe(seq))
+        return await future
+
     async def _receive(self, socket) -> None:
         while True:
             frames = await socket.recv_multipart()
@@ -98,17 +109,20 @@ class EngineClient:
             future = self._pending.pop(header.seq, None)
             if future is None or future.done():
                 continue  # a ping's answer, or a request that already failed
-            if header.status == "ok":
+            if header.status == "ok" and header.message:  # a describe request's answer
+                future.set_result(json.loads(header.message))
+            elif header.status == "ok":
                 timing = Timing(header.queue_seconds, header.inference_seconds, header.batch_rows, header.batch_id)
                 future.set_result((outputs, timing))
             else:
-                future.set_exception(_error(header))
+                future.set_exception(error_of(header))
 
     async def _watch(self, monitor) -> None:
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_CONNECTED:
-                self._connected = True
+                # the engine binds once its models are loaded and warm: a connection is an engine that serves
+                self._connected, self._last_answer = True, time.monotonic()
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._connected = False
                 self._fail_all("the engine's connection dropped (the engine process ended)")
@@ -129,7 +143,7 @@ class EngineClient:
                 future.set_exception(EngineUnavailable(f"{why}; retry shortly"))
 
 
-def _error(header: wire.Reply) -> ServiceError:
+def error_of(header: wire.Reply) -> ServiceError:
     """The ``service.errors`` error of a failed reply."""
     if header.status == "overloaded":
         return Overloaded(header.message, retry_after=max(header.retry_after, 1))

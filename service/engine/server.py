@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Mapping
@@ -32,11 +33,18 @@ DRAIN = 256
 
 
 class EngineServer:
-    """Serves ``batchers`` (by (model, version)) on ``endpoint`` until ``stop``."""
+    """Serves ``batchers`` (by (model, version)) on ``endpoint`` until ``stop``; ``facts`` (by the same keys) are
+    what a ``describe`` request learns of each: its provider and sessions, as ``runtime_facts`` gives them."""
 
-    def __init__(self, batchers: Mapping[tuple[str, str], DynamicBatcher], endpoint: str):
+    def __init__(
+        self,
+        batchers: Mapping[tuple[str, str], DynamicBatcher],
+        endpoint: str,
+        facts: Mapping[tuple[str, str], dict] | None = None,
+    ):
         self.batchers = dict(batchers)
         self.endpoint = endpoint
+        self.facts = json.dumps([{"model": m, "version": v} | f for (m, v), f in (facts or {}).items()])
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
@@ -87,6 +95,9 @@ class EngineServer:
         if header.kind == "ping":
             socket.send_multipart([identity, *wire.reply(header.seq, {})])
             return
+        if header.kind == "describe":
+            socket.send_multipart([identity, *wire.described(header.seq, self.facts)])
+            return
         task = asyncio.ensure_future(self._infer(socket, identity, header, x))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -121,22 +132,39 @@ class EngineServer:
         await socket.send_multipart([identity, *frames])
 
 
-def repository_batchers(settings) -> dict[tuple[str, str], DynamicBatcher]:
-    """A batcher over the raw graph outputs of every version the repository loads (sessions, buckets, warm-up)."""
+def runtime_facts(runtimes) -> dict:
+    """What a front-end shows of a version's sessions (``/health``, ``provider`` in answers, the v2 outputs)."""
+    first = runtimes[0]
+    return {
+        "provider": first.provider,
+        "requested": list(first.requested),
+        "io_binding": first.io_binding,
+        "buckets": list(first.buckets),
+        "bucket_sessions": bool(first.bucket_sessions),
+        "sessions": len(runtimes),
+        "output_names": list(first.output_names),
+    }
+
+
+def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], dict[tuple[str, str], dict]]:
+    """A batcher over the raw graph outputs of every version the repository loads (sessions, buckets, warm-up), and
+    the facts of its sessions."""
     from service.serving.repository import ModelRepository
 
     repository = ModelRepository(settings)
     repository.load()
-    return {
+    batchers = {
         (m.name, m.version): DynamicBatcher(
             [runtime.run for runtime in m.runtimes], m.batching, f"{m.name}:{m.version}", settings.retry_after_seconds
         )
         for m in repository.all()
     }
+    return batchers, {(m.name, m.version): runtime_facts(m.runtimes) for m in repository.all()}
 
 
 async def _main(endpoint: str, settings) -> None:
-    server = EngineServer(repository_batchers(settings), endpoint)
+    batchers, facts = repository_engine(settings)
+    server = EngineServer(batchers, endpoint, facts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)

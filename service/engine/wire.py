@@ -3,7 +3,8 @@
 Request: ``[header, rows]``, the header naming the model, version, dtype and shape of the rows. Reply:
 ``[header, output, ...]``, the header carrying the request's sequence number, a status, and per output its name,
 dtype and shape, with the batch's facts (rows, queue wait, inference time, batch id). A ping is a request of kind
-``ping`` without rows; its reply has status ``ok`` and no outputs.
+``ping`` without rows; its reply has status ``ok`` and no outputs. A ``describe`` request is answered with the
+engine's model versions and their sessions (provider, outputs) as JSON in the reply's message.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ def request(seq: int, model: str, version: str, x: np.ndarray) -> list:
 
 def ping(seq: int) -> list:
     return [_encode(Request(seq, "ping"))]
+
+
+def describe(seq: int) -> list:
+    """A request for the engine's models and their sessions (answered in the reply's message, as JSON)."""
+    return [_encode(Request(seq, "describe"))]
+
+
+def described(seq: int, facts: str) -> list:
+    return [_encode(Reply(seq, "ok", facts))]
 
 
 def read_request(frames: list) -> tuple[Request, np.ndarray | None]:

@@ -22,11 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from service.errors import NotReady, Overloaded
+from service.errors import NotReady, Overloaded, ServiceError
 from service.settings import BatchingConfig
 
 log = logging.getLogger("service.serving.batching")
@@ -64,6 +64,21 @@ class _Pending:
 BatchObserver = Callable[[int, float], None]
 
 
+class Batcher(Protocol):
+    """What serving needs of a model's batcher: this module's ``DynamicBatcher``, or a front-end's
+    ``service.engine.frontend.EngineBatcher``."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def queued_rows(self) -> int: ...
+
+    async def submit(self, x: np.ndarray) -> tuple[Any, Timing]: ...
+
+    async def stop(self) -> None: ...
+
+
 class DynamicBatcher:
     """Coalesces ``submit`` calls into batched ``run`` calls; see the module docstring."""
 
@@ -87,6 +102,11 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         self.batches_run = 0
+
+    @property
+    def ready(self) -> bool:
+        """Started and not stopping."""
+        return self._accepting
 
     @property
     def queued_rows(self) -> int:
@@ -172,6 +192,9 @@ class DynamicBatcher:
         try:
             x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
             outputs = run(x)
+        except ServiceError as exc:  # a front-end's engine that is down: an answer, not a fault here
+            self._loop.call_soon_threadsafe(self._fail, batch, exc)
+            return
         except Exception as exc:  # noqa: BLE001 - every waiting request must get an answer
             log.exception("inference failed for model %s on a batch of %d requests", self.name, len(batch))
             self._loop.call_soon_threadsafe(self._fail, batch, exc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import ValidationError
@@ -30,7 +31,7 @@ from service.serving.batching import DynamicBatcher, Timing
 from service.serving.conformal import ServedSets, SetChoice
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
-from service.serving.runtime import ModelRuntime
+from service.serving.runtime import Runtime
 from service.serving.scoring import InferenceResult, ScoredBatch, score
 from service.settings import Settings
 
@@ -40,6 +41,9 @@ PREDICTION_SET = "prediction_set"
 """The v2 output tensor (BOOL, [N, K]) of the rows' conformal prediction sets, when named in ``outputs``."""
 P_VALUES = "conformal_p_values"
 """The v2 output tensor (FP32, [N, K]) of the rows' conformal p-values per class, when named in ``outputs``."""
+#: A front-end's batches in flight to the engine per model version (its inference threads): one runs in the
+#: engine while the next forms and is sent.
+ENGINE_BATCHES = 2
 V2_DATATYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
@@ -51,6 +55,10 @@ V2_DATATYPES = {
     "UINT8": np.uint8,
     "UINT16": np.uint16,
 }
+
+
+if TYPE_CHECKING:
+    from service.engine.client import EngineClient
 
 
 class DataPlane:
@@ -69,25 +77,52 @@ class DataPlane:
         self.metrics = metrics
         self.monitor = monitor
         self.prediction_log = prediction_log
+        self.engine: EngineClient | None = None
         self._model_metrics: dict[tuple[str, str], tuple] = {}
 
     async def start(self) -> None:
-        """Start a batcher for every loaded model version."""
+        """Start a batcher for every loaded model version: over its sessions in process, or over the engine
+        process's when ``settings.engine_endpoint`` names one (``service.engine.frontend``)."""
+        if self.settings.engine_endpoint is not None:
+            await self._connect_engine(self.settings.engine_endpoint)
         for model in self.repository.all():
             label = f"{model.name}:{model.version}"
             runs = [functools.partial(self.run_batch, model, runtime) for runtime in model.runtimes]
-            model.batcher = DynamicBatcher(
-                runs,
-                model.batching,
-                label,
-                self.settings.retry_after_seconds,
-                on_batch=functools.partial(self.metrics.observe_batch, label),
-            )
-            model.batcher.start()
+            options = (runs, model.batching, label, self.settings.retry_after_seconds)
+            observe = functools.partial(self.metrics.observe_batch, label)
+            if self.engine is None:
+                batcher = DynamicBatcher(*options, on_batch=observe)
+            else:
+                from service.engine.frontend import EngineBatcher
+
+                batcher = EngineBatcher(self.engine, *options, on_batch=observe)
+            batcher.start()
+            model.batcher = batcher
             self.metrics.model_info.labels(
                 model.name, model.version, model.runtime.provider, model.manifest.calibration.method
             ).set(1)
             self.metrics.model_ready.labels(model.name, model.version).set(1)
+
+    async def _connect_engine(self, endpoint: str) -> None:
+        """Connect to the engine and give each version it serves ``ENGINE_BATCHES`` remote sessions (batches in
+        flight to the engine); a version the engine does not serve is refused as a broken artifact would be."""
+        from service.engine.client import EngineClient
+        from service.engine.frontend import RemoteRuntime  # no zmq import on the in-process path
+
+        self.engine = EngineClient(endpoint)
+        await self.engine.start(wait=self.settings.engine_wait_seconds)
+        facts = {(f["model"], f["version"]): f for f in await self.engine.describe()}
+        for model in self.repository.all():
+            found = facts.get((model.name, model.version))
+            if found is None:
+                del self.repository.models[model.name][model.version]
+                self.repository.failed.append(
+                    {"path": f"{model.name}/{model.version}", "error": "the engine does not serve this version"}
+                )
+                continue
+            remote = RemoteRuntime(found, self.engine, model.name, model.version)
+            model.runtimes = [remote] * ENGINE_BATCHES
+        self.repository.models = {name: versions for name, versions in self.repository.models.items() if versions}
 
     async def stop(self) -> None:
         """Finish queued and in-flight batches, then stop every batcher."""
@@ -95,6 +130,8 @@ class DataPlane:
             self.metrics.model_ready.labels(model.name, model.version).set(0)
             if model.batcher is not None:
                 await model.batcher.stop()
+        if self.engine is not None:
+            await self.engine.stop()
 
     async def infer(self, model: ServedModel, x: np.ndarray) -> tuple[InferenceResult, Timing]:
         """Run a batch through the model's batcher; record the queue time."""
@@ -162,10 +199,14 @@ class DataPlane:
         ids = await self.log(model, result.scored, sets)
         return self.respond(model, options, result.scored, ids, sets), timing
 
-    def run_batch(self, model: ServedModel, runtime: ModelRuntime, x: np.ndarray) -> InferenceResult:
+    def run_batch(self, model: ServedModel, runtime: Runtime, x: np.ndarray) -> InferenceResult:
         """On an inference thread: the outputs of one of the model's sessions and the batch scored under the
         calibration in force."""
-        outputs = runtime.run(x)
+        return self.finish_batch(model, runtime.run(x))
+
+    def finish_batch(self, model: ServedModel, outputs: dict[str, np.ndarray]) -> InferenceResult:
+        """A batch's graph outputs scored under the calibration in force, with its prediction ids and its sets
+        under the model's default choice."""
         names = model.manifest.outputs
         calibration_version, temperature = (
             self.monitor.calibrations.active(model)

@@ -18,9 +18,9 @@ from pydantic import ValidationError
 
 from calibkit.manifest import Manifest, load_manifest
 from service.errors import ModelNotFound, NotReady
-from service.serving.batching import DynamicBatcher
+from service.serving.batching import Batcher
 from service.serving.conformal import ModelSets
-from service.serving.runtime import ModelRuntime, create_runtime, preload_cuda_libraries
+from service.serving.runtime import ModelRuntime, Runtime, create_runtime, preload_cuda_libraries
 from service.settings import BatchingConfig, Settings, conformal_levels
 
 log = logging.getLogger("service.serving.repository")
@@ -36,13 +36,13 @@ class ServedModel:
     version: str
     directory: Path
     manifest: Manifest
-    runtimes: list[ModelRuntime]
+    runtimes: list[Runtime]
     batching: BatchingConfig
-    batcher: DynamicBatcher | None = None
+    batcher: Batcher | None = None
     sets: ModelSets = field(default_factory=lambda: ModelSets({}, reason="not loaded"))
 
     @property
-    def runtime(self) -> ModelRuntime:
+    def runtime(self) -> Runtime:
         """The first session (all of them have the same signature and provider)."""
         return self.runtimes[0]
 
@@ -53,7 +53,7 @@ class ServedModel:
 
     @property
     def ready(self) -> bool:
-        return self.batcher is not None
+        return self.batcher is not None and self.batcher.ready
 
 
 @dataclass
@@ -66,10 +66,12 @@ class ModelRepository:
     default: str | None = None
     cuda_libraries: list[str] | None = None
 
-    def load(self) -> None:
+    def load(self, sessions: bool = True) -> None:
         """Load the CUDA libraries when CUDA is wanted, then scan ``settings.artifacts`` and load every
-        version; failures are logged and recorded."""
-        self.cuda_libraries = preload_cuda_libraries(self.settings.device)
+        version; failures are logged and recorded. ``sessions`` False (a front-end of an engine process) reads
+        and checks the artifacts but opens no onnxruntime session and loads no CUDA library."""
+        if sessions:
+            self.cuda_libraries = preload_cuda_libraries(self.settings.device)
         root = self.settings.artifacts
         if not root.is_dir():
             log.error("artifacts directory %s does not exist: no model to serve", root)
@@ -83,7 +85,7 @@ class ModelRepository:
                 continue
             for version_dir in sorted((p for p in model_dir.iterdir() if p.is_dir()), key=_version_key):
                 try:
-                    served = load_version(version_dir, self.settings, batching)
+                    served = load_version(version_dir, self.settings, batching, sessions)
                 except Exception as exc:  # noqa: BLE001 - any broken artifact is refused, never fatal
                     self._refuse(version_dir, str(exc))
                     continue
@@ -93,7 +95,7 @@ class ModelRepository:
                     served.name,
                     served.version,
                     version_dir,
-                    served.runtime.provider,
+                    served.runtime.provider if served.runtimes else "the engine",
                 )
         self.default = self._choose_default()
 
@@ -161,8 +163,9 @@ def _batching_for(model_dir: Path, defaults: BatchingConfig) -> BatchingConfig:
         raise ValueError(f"{path}: invalid serving configuration: {exc}") from None
 
 
-def load_version(directory: Path, settings: Settings, batching: BatchingConfig) -> ServedModel:
-    """Load, check and warm up one artifact version; raises ``ValueError`` saying what is wrong."""
+def load_version(directory: Path, settings: Settings, batching: BatchingConfig, sessions: bool = True) -> ServedModel:
+    """Load, check and warm up one artifact version (without ``sessions``, its files only: the engine process
+    checks and warms up the graph); raises ``ValueError`` saying what is wrong."""
     if not directory.name.isdigit():
         raise ValueError(f"version directories must be numbers, got {directory.name!r}")
     manifest = load_manifest(directory / "manifest.json")
@@ -181,18 +184,7 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
             f"{model_path} does not match the manifest's sha256 (file {digest[:12]}..., "
             f"manifest {manifest.model_sha256[:12]}...)"
         )
-    sessions = batching.sessions()
-    runtime = create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
-    _check_signature(runtime, manifest)
-    runtimes = [
-        runtime,
-        *(
-            create_runtime(model_path, settings, sessions, max_batch_size=batching.max_batch_size)
-            for _ in range(sessions - 1)
-        ),
-    ]
-    for each in runtimes:
-        _warm_up(each, manifest, batching)
+    runtimes = _sessions(model_path, manifest, settings, batching) if sessions else []
     sets = ModelSets.load(
         directory,
         manifest,
@@ -202,6 +194,18 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig) 
         settings.conformal_randomized,
     )
     return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching, sets=sets)
+
+
+def _sessions(model_path: Path, manifest: Manifest, settings: Settings, batching: BatchingConfig) -> list:
+    """The version's onnxruntime sessions, checked against the manifest and warmed up."""
+    count = batching.sessions()
+    runtimes = [
+        create_runtime(model_path, settings, count, max_batch_size=batching.max_batch_size) for _ in range(count)
+    ]
+    _check_signature(runtimes[0], manifest)
+    for each in runtimes:
+        _warm_up(each, manifest, batching)
+    return runtimes
 
 
 def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:

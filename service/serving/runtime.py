@@ -32,6 +32,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -124,6 +125,20 @@ def provider_options(settings: Settings) -> list[str | tuple[str, dict[str, str]
 def batch_buckets(max_batch_size: int) -> tuple[int, ...]:
     """The batch sizes a padding session runs: the powers of two below ``max_batch_size``, and it."""
     return (*(2**k for k in range(max_batch_size.bit_length()) if 2**k < max_batch_size), max_batch_size)
+
+
+class Runtime(Protocol):
+    """What serving shows of a session: ``ModelRuntime``, or a front-end's ``service.engine.frontend.RemoteRuntime``
+    for the engine's."""
+
+    provider: str
+    requested: list[str]
+    output_names: list[str]
+    io_binding: bool
+    buckets: tuple[int, ...]
+    bucket_sessions: dict
+
+    def run(self, x: np.ndarray) -> dict[str, np.ndarray]: ...
 
 
 @dataclass

@@ -1,0 +1,126 @@
+"""A pod: one engine process and ``frontends`` front-end processes on one HTTP and one gRPC port, supervised.
+
+``python -m service`` with ``CALIB_FRONTENDS`` > 1 runs this instead of serving itself. It binds the HTTP socket
+once and hands it to every front-end (each accepts on it), fixes the gRPC port (each front-end binds it with
+SO_REUSEPORT, gRPC's default on Linux), starts the engine (``python -m service.engine``) on an ``ipc://`` endpoint
+in a directory of its own, and the front-ends (``python -m service`` with ``CALIB_ENGINE_ENDPOINT``), each with
+prometheus-client's multiprocess directory so that any of them answers ``/metrics`` for the pod. A process that
+ends is started again (the front-ends answer 503 while the engine is down, and serve again when it is back);
+SIGTERM drains the front-ends, then the engine, and the pod exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from service.settings import Settings
+
+log = logging.getLogger("service.engine.pod")
+#: Seconds between checks of the children, and the least time between two starts of one child.
+POLL, RESTART_BACKOFF = 0.2, 1.0
+
+
+class Pod:
+    """The supervisor; ``run`` blocks until SIGTERM or SIGINT and returns the exit code."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.directory = Path(tempfile.mkdtemp(prefix="calib-pod-"))
+        self.endpoint = f"ipc://{self.directory / 'engine.sock'}"
+        self.metrics = self.directory / "metrics"
+        self.metrics.mkdir()
+        self.listener = socket.create_server((settings.host, settings.port), reuse_port=False, backlog=2048)
+        self.listener.set_inheritable(True)
+        self.grpc_port = settings.grpc_port or _free_port(settings.host)
+        self.children: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}
+        self._stopping = False
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return dict(
+            os.environ,
+            CALIB_FRONTENDS="1",
+            CALIB_GRPC_PORT=str(self.grpc_port),
+            CALIB_ARTIFACTS=str(self.settings.artifacts),
+            PROMETHEUS_MULTIPROC_DIR=str(self.metrics),
+            **extra,
+        )
+
+    def start(self, name: str) -> None:
+        if name == "engine":
+            argv = [sys.executable, "-m", "service.engine", "--endpoint", self.endpoint]
+            self.children[name] = subprocess.Popen(argv, env=self.env())
+        else:
+            fd = self.listener.fileno()
+            argv = [sys.executable, "-m", "service", "--fd", str(fd)]
+            self.children[name] = subprocess.Popen(
+                argv, env=self.env(CALIB_ENGINE_ENDPOINT=self.endpoint), pass_fds=(fd,)
+            )
+        self.started[name] = time.monotonic()
+        log.info("started %s (pid %d)", name, self.children[name].pid)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: self.stop())
+        self.start("engine")
+        for i in range(self.settings.frontends):
+            self.start(f"frontend-{i}")
+        log.info(
+            "pod: %d front-ends on %s:%d (gRPC %d), engine at %s",
+            self.settings.frontends,
+            self.settings.host,
+            self.listener.getsockname()[1],
+            self.grpc_port,
+            self.endpoint,
+        )
+        while not self._stopping:
+            for name, child in list(self.children.items()):
+                code = child.poll()
+                if code is not None and not self._stopping:
+                    from prometheus_client import multiprocess
+
+                    multiprocess.mark_process_dead(child.pid, str(self.metrics))
+                    log.warning("%s (pid %d) ended with status %s: starting it again", name, child.pid, code)
+                    time.sleep(max(0.0, RESTART_BACKOFF - (time.monotonic() - self.started[name])))
+                    self.start(name)
+            time.sleep(POLL)
+        return self.drain()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def drain(self) -> int:
+        """SIGTERM to the front-ends (they finish their requests), then to the engine; exit 0 when all ended
+        cleanly (0, or ended by that SIGTERM before they had set up their handler: still starting)."""
+        codes = {}
+        for group in ([n for n in self.children if n != "engine"], ["engine"]):
+            for name in group:
+                self.children[name].send_signal(signal.SIGTERM)
+            for name in group:
+                try:
+                    codes[name] = self.children[name].wait(self.settings.graceful_shutdown_seconds + 30)
+                except subprocess.TimeoutExpired:
+                    self.children[name].kill()
+                    codes[name] = self.children[name].wait()
+        self.listener.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        # a child still starting when drained ends by the signal itself: it had taken no request
+        failed = {name: code for name, code in codes.items() if code not in (0, -signal.SIGTERM)}
+        if failed:
+            log.error("drained with failures: %s", failed)
+        return 1 if failed else 0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

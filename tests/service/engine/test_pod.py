@@ -1,0 +1,169 @@
+"""A pod (`python -m service` with CALIB_FRONTENDS=2): one engine and two front-ends on one port, answering as one
+service: the in-process answers, ids unique and stored, /metrics summed over the processes, tritonclient and gRPC
+as before; a killed engine answers 503 and is back within a bound; a killed front-end is replaced while the other
+serves; SIGTERM drains the pod and it exits 0."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.serving.protocol import grpc_predict_v2_pb2 as pb
+from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+from service.serving.runtime import create_runtime
+from service.settings import Settings
+from training.data import load_dataset
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT = ROOT / "artifacts" / "digits-lenet5" / "1"
+pytestmark = pytest.mark.e2e  # a pod of processes
+#: The bound this test states for a killed engine or front-end to be serving again (start, load, warm-up).
+BACK_WITHIN = 45.0
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The pod's child processes by pid, named by their command line."""
+    pids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(p): Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in pids}
+
+
+def _wait(check, within: float, what: str) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < within, f"{what} took longer than {within} s"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def _serves(url: str, x: list, times: int) -> bool:
+    for _ in range(times):
+        with httpx.Client(base_url=url) as client:
+            if client.post("/predict", json={"inputs": x}).status_code != 200:
+                return False
+    return True
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pod")
+    shutil.copytree(DEFAULT, root / "artifacts" / "digits-lenet5" / "1")
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        CALIB_FRONTENDS="2",
+        CALIB_ARTIFACTS=str(root / "artifacts"),
+        CALIB_DATABASE_URL=f"sqlite:///{root / 'pod.db'}",
+        CALIB_GRPC_PORT="0",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", "--port", str(port)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait(lambda: _ready(url), 90, "the pod's start")
+    yield url, process, root / "pod.db"
+    if process.poll() is None:
+        process.kill()
+
+
+def test_the_pod_answers_as_one_in_process_service(pod):
+    url, process, db = pod
+    assert sorted(name.split()[2] for name in _children(process.pid).values()) == [
+        "service",
+        "service",
+        "service.engine",
+    ]
+    x = load_dataset("digits").test.x[:64]
+    reference = create_runtime(DEFAULT / "model.onnx", Settings(), 1).run(x[:1])["probabilities"]
+    alone = httpx.post(f"{url}/predict", json={"inputs": x[:1].tolist()}).json()["predictions"][0]
+    np.testing.assert_array_equal(np.array(alone["probabilities"], np.float32), reference[0])
+
+    def one(i: int) -> list[str]:
+        with httpx.Client(base_url=url) as client:  # a connection each: the kernel spreads them over front-ends
+            body = client.post("/predict", json={"inputs": x[i % 64 : i % 64 + 1].tolist()}).raise_for_status().json()
+        return [p["id"] for p in body["predictions"]]
+
+    with ThreadPoolExecutor(16) as pool:
+        ids = [i for found in pool.map(one, range(200)) for i in found]
+    assert len(set(ids)) == 200
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+    served = sum(
+        s.value
+        for s in families["calib_http_requests"].samples
+        if s.name.endswith("_total") and s.labels["route"] == "/predict" and s.labels["status"] == "200"
+    )
+    assert served == 201, "every front-end's requests are counted once"
+
+    def stored() -> bool:
+        with sqlite3.connect(db) as con:
+            return {r[0] for r in con.execute("select id from predictions")} >= set(ids)
+
+    _wait(stored, 10, "every answered id stored")
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(url.removeprefix("http://"))
+    given = triton.InferInput("input", [1, 1, 8, 8], "FP32")
+    given.set_data_from_numpy(x[:1])
+    answer = client.infer("digits-lenet5", [given], outputs=[triton.InferRequestedOutput("probabilities")])
+    np.testing.assert_array_equal(answer.as_numpy("probabilities")[0], reference[0])
+    port = httpx.get(f"{url}/health").json()["grpc_port"]
+    request = pb.ModelInferRequest(model_name="digits-lenet5")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 1, 8, 8])
+    request.raw_input_contents.append(x[:1].tobytes())
+    reply = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}")).ModelInfer(request, timeout=30)
+    names = [o.name for o in reply.outputs]
+    got = np.frombuffer(reply.raw_output_contents[names.index("probabilities")], np.float32)
+    np.testing.assert_array_equal(got, reference[0])
+
+
+def test_a_killed_engine_answers_503_and_is_back_within_the_bound(pod):
+    url, process, _ = pod
+    x = load_dataset("digits").test.x[:1].tolist()
+    engine = next(pid for pid, cmd in _children(process.pid).items() if "service.engine" in cmd)
+    os.kill(engine, signal.SIGKILL)
+    time.sleep(0.5)
+    refused = httpx.post(f"{url}/predict", json={"inputs": x})
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+    # back: every front-end serves again (each sees the new engine within its reconnect interval), so that 20
+    # requests in a row on fresh connections, whichever front-end takes them, are answered
+    _wait(lambda: _serves(url, x, 20), BACK_WITHIN, "the engine's restart")
+
+
+def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
+    url, process, _ = pod
+    x = load_dataset("digits").test.x[:1].tolist()
+    front = [pid for pid, cmd in _children(process.pid).items() if "service.engine" not in cmd]
+    os.kill(front[0], signal.SIGKILL)
+    for _ in range(20):  # new connections go to the front-end that is left
+        with httpx.Client(base_url=url) as client:
+            assert client.post("/predict", json={"inputs": x}).status_code == 200
+    _wait(lambda: len([c for c in _children(process.pid).values() if "service.engine" not in c]) == 2, 10, "a new one")
+    assert front[0] not in _children(process.pid)
+    _wait(lambda: _ready(url), BACK_WITHIN, "the new front-end")
+
+
+def test_sigterm_drains_the_pod_and_it_exits_0(pod):
+    url, process, _ = pod
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0
