@@ -16,7 +16,9 @@ COPY training/__init__.py ./training/__init__.py
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm AS runtime-cpu
-ENV EXTRAS=api,cpu
+# one process: inference in process, no IPC (CALIB_FRONTENDS, docs/settings.md)
+ENV EXTRAS=api,cpu \
+    CALIB_FRONTENDS=1
 
 FROM nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 AS runtime-gpu
 # Ubuntu's python3 is the interpreter of this variant; versions follow the pinned CUDA base image.
@@ -25,8 +27,10 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
+# a pod: one engine process owns the GPU, front-end processes on the other cores (CALIB_FRONTENDS=auto)
 ENV PATH=/opt/venv/bin:$PATH \
-    EXTRAS=service
+    EXTRAS=service \
+    CALIB_FRONTENDS=auto
 
 # runtime-${VARIANT} names one of the two stages above, not an image that could be pinned.
 # hadolint ignore=DL3006

@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         parts = app.state.parts = ServiceParts.build(settings, metrics, access)
+        primary = settings.pod_index in (None, 0)
         # a front-end of an engine process opens no session of its own (service.engine.frontend)
         await anyio.to_thread.run_sync(parts.repository.load, settings.engine_endpoint is None)
         _set_switch_interval(settings)
@@ -51,9 +52,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         grpc_server = await grpc_api.start(parts)
         parts.prediction_log.start()
         parts.feedback.start()
-        parts.pending.start()
-        parts.evaluator.start()
-        housekeeping = asyncio.get_running_loop().create_task(_housekeeping(parts))
+        if primary:
+            parts.pending.start()
+            parts.evaluator.start()
+        else:  # a pod's other front-ends fold their labels into the sets' states; front-end 0 does the rest
+            parts.evaluator.sets.start()
+        housekeeping = asyncio.get_running_loop().create_task(_housekeeping(parts, retention=primary))
         parts.ready = True
         log.info("tokens required for: %s", ", ".join(g for g in GROUPS if access.required(g)))
         log.info(
@@ -120,16 +124,16 @@ async def _sync_store(parts: ServiceParts) -> bool:
     return True
 
 
-async def _housekeeping(parts: ServiceParts) -> None:
-    """Refresh active calibrations (replicas see each other's recalibrations), re-read changed token files and
-    apply retention."""
+async def _housekeeping(parts: ServiceParts, retention: bool = True) -> None:
+    """Refresh active calibrations and the sets' states (replicas and a pod's front-ends see each other's), re-read
+    changed token files and, with ``retention``, apply retention."""
     settings, store = parts.settings, parts.store
     last_purge = 0.0
     while True:
         await asyncio.sleep(settings.calibration_refresh_seconds)
         await _sync_store(parts)
         parts.access.reload()
-        if time.time() - last_purge > 3600 and store.db.last_error is None:
+        if retention and time.time() - last_purge > 3600 and store.db.last_error is None:
             cutoff = time.time() - settings.retention_days * 86400
             try:
                 purged = await anyio.to_thread.run_sync(store.purge, cutoff)

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid settings: {exc}")
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.frontends > 1 and settings.engine_endpoint is None:
+    if settings.frontend_count() > 1 and settings.pod_index is None:
         from service.engine.pod import Pod
 
         return Pod(settings).run()

@@ -8,6 +8,7 @@ run in worker threads here, so no route needs to know which calls block.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -183,7 +184,20 @@ class ServiceParts:
             cuda_libraries=self.repository.cuda_libraries,
             grpc_port=self.grpc_port,
             version=__version__,
+            pod=self._pod(),
         )
+
+    def _pod(self) -> dict | None:
+        engine = self.dataplane.engine
+        if engine is None:
+            return None
+        return {
+            "frontend": self.settings.pod_index,
+            "frontends": self.settings.frontend_count(),
+            "pid": os.getpid(),
+            "loops": "every one" if self.settings.pod_index in (None, 0) else "the sets' folder",
+            "engine": {"endpoint": engine.endpoint, "answering": engine.ready},
+        }
 
     def server_ready(self) -> dict:
         """The v2 server readiness (503 when no model version is ready)."""

@@ -161,6 +161,11 @@ class HealthResponse(BaseModel):
         default=None, description="CUDA and cuDNN libraries loaded at start-up (null when CUDA was not asked for)"
     )
     version: str
+    pod: dict[str, Any] | None = Field(
+        default=None,
+        description="in a pod (CALIB_FRONTENDS > 1): this front-end's index and pid, the number of front-ends, "
+        "and the engine's endpoint and whether it answers; null for a process that runs its own inference",
+    )
 
 
 class V2Tensor(BaseModel):

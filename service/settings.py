@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,18 +54,22 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     grpc: bool = Field(default=True, description="serve the Open Inference Protocol over gRPC too")
     grpc_port: int = Field(default=8081, ge=0, le=65535, description="the gRPC port (0: a free one, shown in /health)")
-    frontends: int = Field(
+    frontends: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         default=1,
-        ge=1,
-        le=256,
         description="front-end processes in front of one engine process that owns the sessions and the batchers "
         "(python -m service starts and supervises them, on one HTTP and one gRPC port); 1: inference in this "
-        "process, no IPC",
+        "process, no IPC; auto: the cores less one (at most 16) where CUDA runs the models, else 1",
     )
     engine_endpoint: str | None = Field(
         default=None,
         description="the ZeroMQ endpoint of an engine process (python -m service.engine) that runs this process's "
         "inference; unset: inference in this process",
+    )
+    pod_index: int | None = Field(
+        default=None,
+        ge=0,
+        description="set by the pod for its front-ends: this one's index; the pod's once-per-pod loops (the "
+        "evaluator's passes, the pending-label joiner, retention) run in front-end 0",
     )
     engine_wait_seconds: float = Field(
         default=120.0, gt=0, description="how long a front-end waits at start for the engine's first answer"
@@ -294,6 +298,15 @@ class Settings(BaseSettings):
         "the alarm and the refit, comma-separated; unset = every source. "
         "The others are stored and reported per source",
     )
+
+    def frontend_count(self) -> int:
+        """``frontends`` as a number: ``auto`` is the cores less one, at most 16, where CUDA is wanted, else 1."""
+        if self.frontends != "auto":
+            return self.frontends
+        from service.serving.runtime import cuda_wanted
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(16, cores - 1)) if cuda_wanted(self.device) else 1
 
     def trusted_sources(self) -> frozenset[str] | None:
         """``trusted_label_sources`` as a set (None: every source is trusted)."""

@@ -34,6 +34,7 @@ class Pod:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.count = settings.frontend_count()
         self.directory = Path(tempfile.mkdtemp(prefix="calib-pod-"))
         self.endpoint = f"ipc://{self.directory / 'engine.sock'}"
         self.metrics = self.directory / "metrics"
@@ -48,7 +49,7 @@ class Pod:
     def env(self, **extra: str) -> dict[str, str]:
         return dict(
             os.environ,
-            CALIB_FRONTENDS="1",
+            CALIB_FRONTENDS=str(self.count),
             CALIB_GRPC_PORT=str(self.grpc_port),
             CALIB_ARTIFACTS=str(self.settings.artifacts),
             PROMETHEUS_MULTIPROC_DIR=str(self.metrics),
@@ -62,9 +63,9 @@ class Pod:
         else:
             fd = self.listener.fileno()
             argv = [sys.executable, "-m", "service", "--fd", str(fd)]
-            self.children[name] = subprocess.Popen(
-                argv, env=self.env(CALIB_ENGINE_ENDPOINT=self.endpoint), pass_fds=(fd,)
-            )
+            index = name.removeprefix("frontend-")
+            env = self.env(CALIB_ENGINE_ENDPOINT=self.endpoint, CALIB_POD_INDEX=index)
+            self.children[name] = subprocess.Popen(argv, env=env, pass_fds=(fd,))
         self.started[name] = time.monotonic()
         log.info("started %s (pid %d)", name, self.children[name].pid)
 
@@ -72,11 +73,11 @@ class Pod:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, frame: self.stop())
         self.start("engine")
-        for i in range(self.settings.frontends):
+        for i in range(self.count):
             self.start(f"frontend-{i}")
         log.info(
             "pod: %d front-ends on %s:%d (gRPC %d), engine at %s",
-            self.settings.frontends,
+            self.count,
             self.settings.host,
             self.listener.getsockname()[1],
             self.grpc_port,

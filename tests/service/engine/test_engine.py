@@ -180,3 +180,18 @@ def test_a_killed_engine_fails_waiting_requests_at_once_and_serves_again_when_re
     assert failed[0].status == 503 and failed[0].headers["Retry-After"] == "1"
     np.testing.assert_array_equal(outputs["probabilities"], [[0.5, 0.5]])
     assert code == 0
+
+
+def test_the_number_of_front_ends_is_a_count_or_auto_sized_to_the_cores_where_cuda_runs(monkeypatch):
+    from pydantic import ValidationError
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr("service.serving.runtime.cuda_wanted", lambda device: device == "cuda")
+    assert Settings(frontends=3).frontend_count() == 3
+    assert Settings(frontends="auto", device="cuda").frontend_count() == 7
+    assert Settings(frontends="auto", device="cpu").frontend_count() == 1
+    monkeypatch.setenv("CALIB_FRONTENDS", "auto")
+    assert Settings().frontends == "auto"
+    for wrong in (0, "many"):
+        with pytest.raises(ValidationError, match="frontends"):
+            Settings(frontends=wrong)

@@ -107,6 +107,14 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     with ThreadPoolExecutor(16) as pool:
         ids = [i for found in pool.map(one, range(200)) for i in found]
     assert len(set(ids)) == 200
+    seen = {}
+    for _ in range(40):  # fresh connections reach both front-ends; each names itself and its loops in /health
+        with httpx.Client(base_url=url) as client:
+            pod_info = client.get("/health").json()["pod"]
+        seen[pod_info["frontend"]] = pod_info
+    assert sorted(seen) == [0, 1] and {p["frontends"] for p in seen.values()} == {2}
+    assert seen[0]["loops"] == "every one" and seen[1]["loops"] == "the sets' folder"
+    assert all(p["engine"]["answering"] for p in seen.values())
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
     served = sum(
         s.value
