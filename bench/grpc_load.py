@@ -1,8 +1,8 @@
 """Closed-loop gRPC load, the benchmarks' wrk for the Open Inference Protocol over gRPC: nghttp2's h2load (C, like
 wrk, so the client's CPU stays small beside the server's) keeps ``clients`` single-row ``ModelInfer`` calls in
-flight on one HTTP/2 connection for ``seconds``, the request serialized and framed once. h2load sees HTTP
-statuses only (a gRPC status travels in trailers): callers check the gRPC outcome apart, from the server's own
-``calib_grpc_requests_total`` or with one call through a gRPC client.
+flight on one HTTP/2 connection (or ``connections``) for ``seconds``, the request serialized and framed once.
+h2load sees HTTP statuses only (a gRPC status travels in trailers): callers check the gRPC outcome apart, from the
+server's own ``calib_grpc_requests_total`` or with one call through a gRPC client.
 
     python -m bench.grpc_load --target 127.0.0.1:8081 --model cifar-resnet56 --shape 3,32,32 --clients 64 --seconds 3
 """
@@ -38,8 +38,9 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def load(target: str, model: str, shape: tuple[int, ...], clients: int, seconds: float) -> dict:
-    """h2load's requests, requests/s, p50 and p99 latency (ms, from its per-request log) and HTTP-level failures."""
+def load(target: str, model: str, shape: tuple[int, ...], clients: int, seconds: float, connections: int = 1) -> dict:
+    """h2load's requests, requests/s, p50 and p99 latency (ms, from its per-request log) and HTTP-level failures;
+    the ``clients`` calls in flight spread over ``connections`` HTTP/2 connections."""
     with tempfile.TemporaryDirectory() as tmp:
         body, log = Path(tmp) / "request.grpc", Path(tmp) / "latency.log"
         body.write_bytes(grpc_frame(request_bytes(model, shape)))
@@ -47,9 +48,9 @@ def load(target: str, model: str, shape: tuple[int, ...], clients: int, seconds:
             [
                 "h2load",
                 "-c",
-                "1",
+                str(connections),
                 "-m",
-                str(clients),
+                str(max(1, clients // connections)),
                 "-D",
                 str(max(1, round(seconds))),
                 "--log-file",

@@ -29,14 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--default-model", help="model served when a request names none")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="execution provider choice")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a pod's front-end: accept on this socket
+    # a pod's front-end: a listening socket of its own on the pod's port (SO_REUSEPORT)
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    fd = args.fd
-    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "fd"}
+    reuse_port = args.reuse_port
+    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "reuse_port"}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -71,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=settings.graceful_shutdown_seconds,  # type: ignore[arg-type]
         access_log=False,
     )
-    # a pod's front-end accepts on the socket the pod bound; uvicorn's own ``fd`` would take it for a UNIX socket
-    # and leave Nagle's algorithm on for its TCP connections (40 ms stalls against delayed ACKs)
-    uvicorn.Server(config).run(sockets=None if fd is None else [socket.socket(fileno=fd)])
+    # a pod's front-ends each listen on the pod's port with SO_REUSEPORT, so that the kernel spreads the connections
+    # over them evenly (on one shared listening socket, the front-end that wakes first accepts them all)
+    sockets = None
+    if reuse_port:
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        sockets = [socket.create_server((settings.host, settings.port), family=family, backlog=2048, reuse_port=True)]
+    uvicorn.Server(config).run(sockets=sockets)
     return 0

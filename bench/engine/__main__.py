@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from bench.common import ROOT, Server, process_cpu_seconds, publish, table, wrk
@@ -32,7 +34,15 @@ MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
 IN_FLIGHT = 64
 #: The issue's goal: the pod's CPU per request, summed over its processes, at W = 2 against W = 1.
 CPU_RATIO = 1.2
-SERVICE_COLUMNS = ["frontends", "requests", "requests_per_s", "cpu_us_per_request"]
+SERVICE_COLUMNS = [
+    "frontends",
+    "protocol",
+    "connections",
+    "requests",
+    "requests_per_s",
+    "cpu_us_per_request",
+    "mean_batch",
+]
 COLUMNS = [
     "path",
     "model",
@@ -73,8 +83,10 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def service_runs(seconds: float) -> list[dict]:
-    """``python -m service`` at W = 1 (in process) and W = 2 (a pod), single-row JSON /predict from 64 wrk
-    connections: rows/s, and the CPU per request summed over the service's processes."""
+    """``python -m service`` at W = 1 (in process) and W = 2 (a pod) under single-row load at 64 in flight: JSON
+    ``/predict`` from wrk, and gRPC ``ModelInfer`` from h2load on one HTTP/2 connection and on W; rows/s, the CPU
+    per request summed over the service's processes, and the mean batch the front-ends formed."""
+    from bench.grpc_load import load
     from training.data import load_dataset
 
     body = json.dumps({"inputs": load_dataset("digits").test.x[:1].tolist()})
@@ -88,22 +100,52 @@ def service_runs(seconds: float) -> list[dict]:
             }
             server = Server([sys.executable, "-m", "service"], "/v2/health/ready", env=env)
             try:
+                target = f"127.0.0.1:{httpx.get(server.url + '/health').json()['grpc_port']}"
+                runs = [("json", 1, functools.partial(wrk, server.url + "/predict", body, IN_FLIGHT, seconds))]
+                for connections in sorted({1, frontends}):
+                    runs.append(
+                        (
+                            "grpc",
+                            connections,
+                            functools.partial(
+                                load, target, "digits-lenet5", (1, 8, 8), IN_FLIGHT, seconds, connections
+                            ),
+                        )
+                    )
                 wrk(server.url + "/predict", body, IN_FLIGHT, 1.0)  # warm-up
-                cpu = tree_cpu_seconds(server.process.pid)
-                got = wrk(server.url + "/predict", body, IN_FLIGHT, seconds)
-                used = tree_cpu_seconds(server.process.pid) - cpu
+                for protocol, connections, drive_load in runs:
+                    cpu, batches = tree_cpu_seconds(server.process.pid), batch_sums(server.url)
+                    got = drive_load()
+                    used = tree_cpu_seconds(server.process.pid) - cpu
+                    rows_, count = (a - b for a, b in zip(batch_sums(server.url), batches))
+                    rows.append(
+                        {
+                            "frontends": frontends,
+                            "protocol": protocol,
+                            "connections": connections if protocol == "grpc" else IN_FLIGHT,
+                            "requests": got["requests"],
+                            "requests_per_s": got["requests_per_s"],
+                            "cpu_us_per_request": used / got["requests"] * 1e6,
+                            "mean_batch": rows_ / count if count else float("nan"),
+                        }
+                    )
+                    print(table(rows[-1:], SERVICE_COLUMNS), flush=True)
             finally:
                 server.stop()
-            rows.append(
-                {
-                    "frontends": frontends,
-                    "requests": got["requests"],
-                    "requests_per_s": got["requests_per_s"],
-                    "cpu_us_per_request": used / got["requests"] * 1e6,
-                }
-            )
-            print(table(rows[-1:], SERVICE_COLUMNS), flush=True)
     return rows
+
+
+def batch_sums(url: str) -> tuple[float, float]:
+    """Rows and batches the service's batchers have run (its ``calib_batch_size_rows`` histogram)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows = count = 0.0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name == "calib_batch_size_rows":
+            for sample in family.samples:
+                rows += sample.value if sample.name.endswith("_sum") else 0.0
+                count += sample.value if sample.name.endswith("_count") else 0.0
+    return rows, count
 
 
 async def drive(submit, x: np.ndarray, requests: int, in_flight: int) -> dict:
@@ -220,7 +262,7 @@ def goals(result: dict) -> list[dict]:
             }
         )
     if result.get("service"):
-        w1, w2 = (next(r for r in result["service"] if r["frontends"] == w) for w in (1, 2))
+        w1, w2 = (next(r for r in result["service"] if r["frontends"] == w and r["protocol"] == "json") for w in (1, 2))
         ratio = w2["cpu_us_per_request"] / w1["cpu_us_per_request"]
         out.append(
             {
@@ -231,6 +273,20 @@ def goals(result: dict) -> list[dict]:
                 f"requests/s {w2['requests_per_s']:.0f} against {w1['requests_per_s']:.0f} on these "
                 f"{os.cpu_count()} cores shared with the load generator; 16 cores at this CPU per request, if one "
                 f"engine keeps up: {16e6 / w2['cpu_us_per_request']:.0f} requests/s",
+            }
+        )
+    grpc = [r for r in result.get("service", []) if r["protocol"] == "grpc"]
+    if grpc:
+        out.append(
+            {
+                "goal": "gRPC ModelInfer, single rows, 64 in flight: requests/s and the mean batch formed, by "
+                "front-ends and HTTP/2 connections (reported)",
+                "met": "reported",
+                "worst": "; ".join(
+                    f"W = {r['frontends']}, {r['connections']} connection{'s' * (r['connections'] > 1)}: "
+                    f"{r['requests_per_s']:.0f} requests/s, batch {r['mean_batch']:.1f}"
+                    for r in grpc
+                ),
             }
         )
     null = by[("engine", "null", 1)]

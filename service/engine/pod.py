@@ -1,8 +1,8 @@
 """A pod: one engine process and ``frontends`` front-end processes on one HTTP and one gRPC port, supervised.
 
-``python -m service`` with ``CALIB_FRONTENDS`` > 1 runs this instead of serving itself. It binds the HTTP socket
-once and hands it to every front-end (each accepts on it), fixes the gRPC port (each front-end binds it with
-SO_REUSEPORT, gRPC's default on Linux), starts the engine (``python -m service.engine``) on an ``ipc://`` endpoint
+``python -m service`` with ``CALIB_FRONTENDS`` > 1 runs this instead of serving itself. It fixes the HTTP and gRPC
+ports, which every front-end binds with SO_REUSEPORT (gRPC's default on Linux), so that the kernel spreads the
+connections over the front-ends, starts the engine (``python -m service.engine``) on an ``ipc://`` endpoint
 in a directory of its own, and the front-ends (``python -m service`` with ``CALIB_ENGINE_ENDPOINT``), each with
 prometheus-client's multiprocess directory so that any of them answers ``/metrics`` for the pod. A process that
 ends is started again (the front-ends answer 503 while the engine is down, and serve again when it is back);
@@ -39,8 +39,7 @@ class Pod:
         self.endpoint = f"ipc://{self.directory / 'engine.sock'}"
         self.metrics = self.directory / "metrics"
         self.metrics.mkdir()
-        self.listener = socket.create_server((settings.host, settings.port), reuse_port=False, backlog=2048)
-        self.listener.set_inheritable(True)
+        self.port = settings.port or _free_port(settings.host)
         self.grpc_port = settings.grpc_port or _free_port(settings.host)
         self.children: dict[str, subprocess.Popen] = {}
         self.started: dict[str, float] = {}
@@ -50,6 +49,7 @@ class Pod:
         return dict(
             os.environ,
             CALIB_FRONTENDS=str(self.count),
+            CALIB_PORT=str(self.port),
             CALIB_GRPC_PORT=str(self.grpc_port),
             CALIB_ARTIFACTS=str(self.settings.artifacts),
             PROMETHEUS_MULTIPROC_DIR=str(self.metrics),
@@ -59,13 +59,12 @@ class Pod:
     def start(self, name: str) -> None:
         if name == "engine":
             argv = [sys.executable, "-m", "service.engine", "--endpoint", self.endpoint]
-            self.children[name] = subprocess.Popen(argv, env=self.env())
+            self.children[name] = subprocess.Popen(argv, env=self.env(), preexec_fn=_die_with_parent)
         else:
-            fd = self.listener.fileno()
-            argv = [sys.executable, "-m", "service", "--fd", str(fd)]
+            argv = [sys.executable, "-m", "service", "--reuse-port"]
             index = name.removeprefix("frontend-")
             env = self.env(CALIB_ENGINE_ENDPOINT=self.endpoint, CALIB_POD_INDEX=index)
-            self.children[name] = subprocess.Popen(argv, env=env, pass_fds=(fd,))
+            self.children[name] = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
         self.started[name] = time.monotonic()
         log.info("started %s (pid %d)", name, self.children[name].pid)
 
@@ -79,7 +78,7 @@ class Pod:
             "pod: %d front-ends on %s:%d (gRPC %d), engine at %s",
             self.count,
             self.settings.host,
-            self.listener.getsockname()[1],
+            self.port,
             self.grpc_port,
             self.endpoint,
         )
@@ -112,13 +111,21 @@ class Pod:
                 except subprocess.TimeoutExpired:
                     self.children[name].kill()
                     codes[name] = self.children[name].wait()
-        self.listener.close()
         shutil.rmtree(self.directory, ignore_errors=True)
         # a child still starting when drained ends by the signal itself: it had taken no request
         failed = {name: code for name, code in codes.items() if code not in (0, -signal.SIGTERM)}
         if failed:
             log.error("drained with failures: %s", failed)
         return 1 if failed else 0
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM it when the supervisor ends, however the supervisor ends (Linux's
+    PR_SET_PDEATHSIG), so that no front-end or engine outlives its pod."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _free_port(host: str) -> int:

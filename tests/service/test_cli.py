@@ -86,13 +86,21 @@ def test_main_freezes_the_startup_heap_and_sets_the_gc_threshold(monkeypatch):
 
     served = {}
     monkeypatch.setenv("CALIB_GC_THRESHOLD", "12345")
-    monkeypatch.setattr(
-        cli.uvicorn,
-        "run",
-        lambda app, **kwargs: served.update(
-            app=app, threshold=gc.get_threshold(), frozen=gc.get_freeze_count(), **kwargs
-        ),
-    )
+
+    class Server:
+        def __init__(self, config):
+            self.config = config
+
+        def run(self, sockets=None):
+            served.update(
+                threshold=gc.get_threshold(),
+                frozen=gc.get_freeze_count(),
+                port=self.config.port,
+                workers=self.config.workers,
+                sockets=sockets,
+            )
+
+    monkeypatch.setattr(cli.uvicorn, "Server", Server)
     before = gc.get_threshold()
     try:
         assert cli.main(["--port", "8123"]) == 0
@@ -100,4 +108,4 @@ def test_main_freezes_the_startup_heap_and_sets_the_gc_threshold(monkeypatch):
         gc.unfreeze()
         gc.set_threshold(*before)
     assert served["threshold"] == (12345, *before[1:])
-    assert served["frozen"] > 0 and served["port"] == 8123 and served["workers"] == 1
+    assert served["frozen"] > 0 and served["port"] == 8123 and served["workers"] == 1 and served["sockets"] is None
