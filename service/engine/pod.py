@@ -46,12 +46,22 @@ class Pod:
         self._stopping = False
 
     def env(self, **extra: str) -> dict[str, str]:
+        """The children's environment: the pod's, with the settings its command-line flags gave (flags override the
+        environment) and the pod's ports, size and metrics directory."""
+        given = {
+            "CALIB_HOST": self.settings.host,
+            "CALIB_ARTIFACTS": str(self.settings.artifacts),
+            "CALIB_DEVICE": self.settings.device,
+            "CALIB_LOG_LEVEL": self.settings.log_level,
+        }
+        if self.settings.default_model is not None:
+            given["CALIB_DEFAULT_MODEL"] = self.settings.default_model
         return dict(
             os.environ,
+            **given,
             CALIB_FRONTENDS=str(self.count),
             CALIB_PORT=str(self.port),
             CALIB_GRPC_PORT=str(self.grpc_port),
-            CALIB_ARTIFACTS=str(self.settings.artifacts),
             PROMETHEUS_MULTIPROC_DIR=str(self.metrics),
             **extra,
         )

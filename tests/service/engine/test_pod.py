@@ -40,6 +40,14 @@ def _children(pid: int) -> dict[int, str]:
     return {int(p): Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in pids}
 
 
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie not yet reaped by the pod, or reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _wait(check, within: float, what: str) -> float:
     started = time.monotonic()
     while not check():
@@ -64,21 +72,25 @@ def _ready(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory):
+def pod(tmp_path_factory, linear_artifact):
     root = tmp_path_factory.mktemp("pod")
     shutil.copytree(DEFAULT, root / "artifacts" / "digits-lenet5" / "1")
+    linear_artifact(root / "artifacts", "tabular", "1", shape=(5,))
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(
         os.environ,
         CALIB_FRONTENDS="2",
-        CALIB_ARTIFACTS=str(root / "artifacts"),
         CALIB_DATABASE_URL=f"sqlite:///{root / 'pod.db'}",
         CALIB_GRPC_PORT="0",
     )
     process = subprocess.Popen(
-        [sys.executable, "-m", "service", "--port", str(port)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL
+        # flags reach the front-ends and the engine as the settings they stand for
+        [sys.executable, "-m", "service", "--port", str(port), "--artifacts", str(root / "artifacts")],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     _wait(lambda: _ready(url), 90, "the pod's start")
@@ -107,6 +119,8 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     with ThreadPoolExecutor(16) as pool:
         ids = [i for found in pool.map(one, range(200)) for i in found]
     assert len(set(ids)) == 200
+    models = {m["name"] for m in httpx.get(f"{url}/models").json()["models"]}
+    assert models == {"digits-lenet5", "tabular"}, "the --artifacts flag reached the front-ends and the engine"
     seen = {}
     for _ in range(40):  # fresh connections reach both front-ends; each names itself and its loops in /health
         with httpx.Client(base_url=url) as client:
@@ -150,7 +164,7 @@ def test_a_killed_engine_answers_503_and_is_back_within_the_bound(pod):
     x = load_dataset("digits").test.x[:1].tolist()
     engine = next(pid for pid, cmd in _children(process.pid).items() if "service.engine" in cmd)
     os.kill(engine, signal.SIGKILL)
-    time.sleep(0.5)
+    _wait(lambda: _gone(engine), 5, "the engine's end")
     refused = httpx.post(f"{url}/predict", json={"inputs": x})
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
     # back: every front-end serves again (each sees the new engine within its reconnect interval), so that 20
@@ -163,6 +177,7 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
     x = load_dataset("digits").test.x[:1].tolist()
     front = [pid for pid, cmd in _children(process.pid).items() if "service.engine" not in cmd]
     os.kill(front[0], signal.SIGKILL)
+    _wait(lambda: _gone(front[0]), 5, "the front-end's end")  # its listening socket closes with it
     for _ in range(20):  # new connections go to the front-end that is left
         with httpx.Client(base_url=url) as client:
             assert client.post("/predict", json={"inputs": x}).status_code == 200
