@@ -12,7 +12,12 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine artifacts study simulate k8s-rules clean
+.PHONY: help run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine artifacts study simulate k8s-rules clean
+
+## help: every target and what it does (the comments above each rule)
+help:
+	@awk '/^## [a-z0-9-]+:/ { if (text) print text; sub(/^## /, ""); text = $$0; next } \
+		/^## / { sub(/^## /, " "); text = text $$0; next } { if (text) print text; text = "" }' $(firstword $(MAKEFILE_LIST))
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -108,7 +113,8 @@ bench-alarm: $(VENV)/.installed-dev tools
 bench-conformal: $(VENV)/.installed-dev
 	$(PY) -m bench.conformal
 
-## bench-engine: the engine process's IPC cost against the in-process batcher (docs/engine_benchmark.md)
+## bench-engine: the engine process's IPC cost against the in-process batcher, and a pod of front-ends against one
+## process over JSON and gRPC (docs/engine_benchmark.md)
 bench-engine: $(VENV)/.installed-dev
 	$(PY) -m bench.engine
 
@@ -120,5 +126,6 @@ k8s-rules: $(VENV)/.installed-dev
 simulate: $(VENV)/.installed-dev
 	$(PY) scripts/simulate_shift.py
 
+## clean: remove the venvs, pytest's cache and hypothesis' database
 clean:
 	rm -rf $(VENV) $(VISION_VENV) .pytest_cache .hypothesis
