@@ -77,6 +77,14 @@ class EngineClient:
 
     async def submit(self, model: str, version: str, x: np.ndarray) -> tuple[dict[str, np.ndarray], Timing]:
         """Send the rows and wait for their outputs."""
+        return await self._ask(lambda seq: wire.request(seq, model, version, x))
+
+    async def describe(self) -> list[dict]:
+        """The engine's model versions and their sessions (``service.engine.server.runtime_facts``)."""
+        return await self._ask(wire.describe)
+
+    async def _ask(self, frames):
+        """Send ``frames(seq)`` under a new sequence number and wait for its reply (``_receive`` routes it)."""
         if self._socket is None or not self.ready:
             raise EngineUnavailable(f"the engine at {self.endpoint} is not answering; retry shortly")
         if len(self._pending) >= self.max_in_flight:
@@ -85,20 +93,10 @@ class EngineClient:
         future = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
         try:
-            await self._socket.send_multipart(wire.request(seq, model, version, x), flags=zmq.NOBLOCK)
+            await self._socket.send_multipart(frames(seq), flags=zmq.NOBLOCK)
         except zmq.Again:
             self._pending.pop(seq, None)
             raise EngineUnavailable(f"the engine at {self.endpoint} is not taking requests; retry shortly") from None
-        return await future
-
-    async def describe(self) -> list[dict]:
-        """The engine's model versions and their sessions (``service.engine.server.runtime_facts``)."""
-        if self._socket is None or not self.ready:
-            raise EngineUnavailable(f"the engine at {self.endpoint} is not answering; retry shortly")
-        seq = next(self._seq)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[seq] = future
-        await self._socket.send_multipart(wire.describe(seq))
         return await future
 
     async def _receive(self, socket) -> None:
