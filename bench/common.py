@@ -234,8 +234,8 @@ def parent_pid(stat: Path) -> int | None:
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str | None = None) -> dict:
-    """Closed-loop load with ``connections`` concurrent clients for ``seconds`` (wrk, one thread): POST
+def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str | None = None, threads: int = 1) -> dict:
+    """Closed-loop load with ``connections`` concurrent clients for ``seconds`` (wrk, ``threads`` threads): POST
     ``body`` with every request, or run the wrk Lua script ``lua`` (which builds each request itself)."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
@@ -250,7 +250,7 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
         out = subprocess.run(
             [
                 "wrk",
-                "-t1",
+                f"-t{threads}",
                 f"-c{connections}",
                 f"-d{max(1, round(seconds))}s",
                 "--timeout",
@@ -286,7 +286,8 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
 
 def histogram_totals(url: str) -> dict[str, list[float]]:
     """(sum, count) of the service's own histograms: the /predict phases, queue and inference time
-    and batch size per model, and the total /predict request time."""
+    and batch size per model, a pod's front-end messages to its engine (``round``: their round trip, ``message``:
+    their rows) per model, and the total /predict request time."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals: dict[str, list[float]] = {}
@@ -303,6 +304,8 @@ def histogram_totals(url: str) -> dict[str, list[float]]:
                 "calib_batch_size_rows",
             ):
                 key = f"{family.name.removeprefix('calib_').split('_')[0]}:{labels['model'].split(':')[0]}"
+            elif family.name in ("calib_engine_round_trip_seconds", "calib_engine_message_rows"):
+                key = f"{family.name.split('_')[2]}:{labels['model'].split(':')[0]}"  # round, message
             elif family.name == "calib_http_request_duration_seconds" and labels.get("route") == "/predict":
                 key = "total"
             else:

@@ -18,6 +18,7 @@ Goals are ratios within this run (docs/benchmarks.md). Writes ``gpu.json`` and `
     python -m bench.gpu --out DIR --artifacts DIR --device cuda
     python -m bench.gpu --out DIR --device cpu --smoke   # the rehearsal, a few seconds per point
     python -m bench.gpu --sweep --out DIR --artifacts DIR --device cuda --py-spy PATH   # where the time goes
+    python -m bench.gpu --engine --out DIR --artifacts DIR --device cuda --seconds 2   # front-ends and an engine
 """
 
 from __future__ import annotations
@@ -730,7 +731,12 @@ def recorded_section(folder: Path = RECORDED) -> str:
     recorded = [(path, json.loads(path.read_text())) for path in folder.glob("*.json")]
     for path, data in sorted(recorded, key=lambda r: (r[1]["recorded"].get("session", 1), r[0].name)):
         note = f"\n*{path.name}: {data['recorded']['note']}.*\n"
-        if "settings" in data:
+        if data["recorded"].get("kind") == "engine":
+            from bench.engine.gpu import report as engine_report
+
+            text = engine_report(data).replace("## The engine", f"## GPU run {path.stem}: the engine", 1)
+            out += ["\n" + text.replace("\n", "\n" + note, 1).replace("\n### ", "\n#### ")]
+        elif "settings" in data:
             out += [
                 f"\n## GPU settings sweep ({path.stem})",
                 note,
@@ -792,6 +798,12 @@ def main() -> None:
     )
     parser.add_argument("--prepare", type=Path, metavar="DIR", help="only write the two-model repository to DIR")
     parser.add_argument("--py-spy", help="with --sweep: the py-spy binary that records the service's stacks")
+    parser.add_argument(
+        "--engine", action="store_true", help="the engine and its front-ends (bench/engine/gpu.py), W over --frontends"
+    )
+    parser.add_argument("--frontends", default="1,4,12", help="with --engine: the numbers of front-ends, W")
+    parser.add_argument("--deadline", type=float, default=3.2, help="with --engine: minutes after which no W starts")
+    parser.add_argument("--no-replicas", action="store_true", help="with --engine: skip the two plain replicas")
     args = parser.parse_args()
     if args.prepare:
         work = Path(tempfile.mkdtemp(prefix="calib-gpu-"))
@@ -802,6 +814,19 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --prepare)")
+    if args.engine:
+        from bench.engine import gpu as engine_gpu
+
+        seconds = 1.0 if args.smoke else args.seconds
+        frontends = tuple(int(w) for w in args.frontends.split(","))
+        print(
+            engine_gpu.report(
+                engine_gpu.run(
+                    args.out, args.device, args.artifacts, seconds, frontends, args.deadline, not args.no_replicas
+                )
+            )
+        )
+        return
     if args.sweep:
         settings_sweep(args.out, args.device, args.artifacts, 1.0 if args.smoke else args.seconds, args.py_spy)
         return

@@ -38,15 +38,25 @@ def grpc_frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def load(target: str, model: str, shape: tuple[int, ...], clients: int, seconds: float, connections: int = 1) -> dict:
+def load(
+    target: str,
+    model: str,
+    shape: tuple[int, ...],
+    clients: int,
+    seconds: float,
+    connections: int = 1,
+    threads: int = 1,
+) -> dict:
     """h2load's requests, requests/s, p50 and p99 latency (ms, from its per-request log) and HTTP-level failures;
-    the ``clients`` calls in flight spread over ``connections`` HTTP/2 connections."""
+    the ``clients`` calls in flight spread over ``connections`` HTTP/2 connections, driven by ``threads``."""
     with tempfile.TemporaryDirectory() as tmp:
         body, log = Path(tmp) / "request.grpc", Path(tmp) / "latency.log"
         body.write_bytes(grpc_frame(request_bytes(model, shape)))
         out = subprocess.run(
             [
                 "h2load",
+                "-t",
+                str(min(threads, connections)),
                 "-c",
                 str(connections),
                 "-m",

@@ -93,6 +93,21 @@ class ServiceMetrics:
         self.batch_size = Histogram(
             "calib_batch_size_rows", "Rows per onnxruntime call", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
+        self.engine_round_trip = Histogram(
+            "calib_engine_round_trip_seconds",
+            "A front-end's batch sent to the engine process until its answer (pods of front-ends only; the engine's "
+            "own batches and onnxruntime time are the two histograms above)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_message_rows = Histogram(
+            "calib_engine_message_rows",
+            "Rows per message a front-end sends to the engine process (its own batch)",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.rejected = Counter(
             "calib_batcher_rejected_total", "Requests refused because the queue was full", ["model"], registry=r
         )
@@ -238,6 +253,10 @@ class ServiceMetrics:
     def observe_batch(self, model: str, rows: int, seconds: float) -> None:
         self.batch_size.labels(model).observe(rows)
         self.inference.labels(model).observe(seconds)
+
+    def observe_engine_message(self, model: str, rows: int, seconds: float) -> None:
+        self.engine_message_rows.labels(model).observe(rows)
+        self.engine_round_trip.labels(model).observe(seconds)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format: this process's, or, in a pod of front-ends

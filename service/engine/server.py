@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -149,13 +150,19 @@ def runtime_facts(runtimes) -> dict:
 def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], dict[tuple[str, str], dict]]:
     """A batcher over the raw graph outputs of every version the repository loads (sessions, buckets, warm-up), and
     the facts of its sessions."""
+    from service.metrics import ServiceMetrics
     from service.serving.repository import ModelRepository
 
     repository = ModelRepository(settings)
     repository.load()
+    metrics = ServiceMetrics()  # in a pod, its multiprocess files join the front-ends' /metrics
     batchers = {
         (m.name, m.version): DynamicBatcher(
-            [runtime.run for runtime in m.runtimes], m.batching, f"{m.name}:{m.version}", settings.retry_after_seconds
+            [runtime.run for runtime in m.runtimes],
+            m.batching,
+            f"{m.name}:{m.version}",
+            settings.retry_after_seconds,
+            on_batch=functools.partial(metrics.observe_batch, f"{m.name}:{m.version}"),
         )
         for m in repository.all()
     }

@@ -89,12 +89,12 @@ class DataPlane:
             label = f"{model.name}:{model.version}"
             runs = [functools.partial(self.run_batch, model, runtime) for runtime in model.runtimes]
             options = (runs, model.batching, label, self.settings.retry_after_seconds)
-            observe = functools.partial(self.metrics.observe_batch, label)
             if self.engine is None:
-                batcher = DynamicBatcher(*options, on_batch=observe)
-            else:
+                batcher = DynamicBatcher(*options, on_batch=functools.partial(self.metrics.observe_batch, label))
+            else:  # the engine observes its own batches; a front-end, the messages it sends
                 from service.engine.frontend import EngineBatcher
 
+                observe = functools.partial(self.metrics.observe_engine_message, label)
                 batcher = EngineBatcher(self.engine, *options, on_batch=observe)
             batcher.start()
             model.batcher = batcher

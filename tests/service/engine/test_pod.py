@@ -137,6 +137,19 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     )
     assert served == 201, "every front-end's requests are counted once"
 
+    def rows(family: str) -> float:
+        return sum(
+            s.value
+            for s in families[family].samples
+            if s.name.endswith("_sum") and s.labels["model"].startswith("digits-lenet5")
+        )
+
+    # the engine's onnxruntime batches and the front-ends' messages to it: each row counted once on each side
+    assert rows("calib_batch_size_rows") == rows("calib_engine_message_rows") == 201
+    batches = sum(s.value for s in families["calib_batch_size_rows"].samples if s.name.endswith("_count"))
+    messages = sum(s.value for s in families["calib_engine_message_rows"].samples if s.name.endswith("_count"))
+    assert 0 < batches <= messages
+
     def stored() -> bool:
         with sqlite3.connect(db) as con:
             return {r[0] for r in con.execute("select id from predictions")} >= set(ids)
