@@ -18,24 +18,37 @@ import functools
 import json
 import logging
 import signal
+import sys
+import threading
 from collections.abc import Mapping
-from typing import cast
 
 import zmq
-import zmq.asyncio
 
 from service.engine import wire
 from service.errors import ModelNotFound, NotReady, Overloaded
 from service.serving.batching import DynamicBatcher
 
 log = logging.getLogger("service.engine")
-#: Messages read at once, without waiting, after each awaited one.
+#: Messages read (or replies forwarded) at once, without waiting, after each wake-up.
 DRAIN = 256
+#: Milliseconds the socket thread waits in the poller before it looks at ``stop`` again.
+POLL_MS = 100
+#: The engine's thread switch interval when ``CALIB_SWITCH_INTERVAL_MS`` is unset: an inference thread whose ``Run``
+#: has ended waits at most this long for the GIL. Beside a busy Python thread, onnxruntime alone on the heavy model
+#: at batch 32 reached 25% of its rows/s at Python's default of 5 ms and 77% at 0.5 ms (the H100 sweep of
+#: docs/benchmarks.md).
+ENGINE_SWITCH_INTERVAL_MS = 0.5
 
 
 class EngineServer:
     """Serves ``batchers`` (by (model, version)) on ``endpoint`` until ``stop``; ``facts`` (by the same keys) are
-    what a ``describe`` request learns of each: its provider and sessions, as ``runtime_facts`` gives them."""
+    what a ``describe`` request learns of each: its provider and sessions, as ``runtime_facts`` gives them.
+
+    No event loop: one thread (``run``'s) owns the ROUTER socket and waits in ``zmq.Poller`` with the GIL released,
+    reads requests in bursts and queues them with ``DynamicBatcher.submit_nowait``; each inference thread encodes its
+    batch's replies itself and pushes them over ``inproc://`` to that thread, which forwards them. The Python run per
+    message is a decode, a queue append and a forward, so the inference threads rarely wait for the GIL.
+    """
 
     def __init__(
         self,
@@ -46,91 +59,132 @@ class EngineServer:
         self.batchers = dict(batchers)
         self.endpoint = endpoint
         self.facts = json.dumps([{"model": m, "version": v} | f for (m, v), f in (facts or {}).items()])
-        self._stopping = asyncio.Event()
-        self._tasks: set[asyncio.Task] = set()
+        self._stopping = threading.Event()
+        self._context = zmq.Context()
+        self._replies = f"inproc://engine-replies-{id(self)}"
+        self._pushers = threading.local()
 
-    async def serve(self) -> None:
-        """Bind, start the batchers, answer until ``stop``; then finish what is queued and in flight."""
-        context = zmq.asyncio.Context.instance()
-        socket = context.socket(zmq.ROUTER)
-        socket.setsockopt(zmq.LINGER, 1000)
-        socket.bind(self.endpoint)
+    def run(self) -> None:
+        """Bind, start the batchers, answer until ``stop``; then finish what is queued and in flight, answering it."""
+        router = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 1000)
+        router.bind(self.endpoint)
+        replies = self._context.socket(zmq.PULL)
+        replies.bind(self._replies)
         for batcher in self.batchers.values():
             batcher.start()
         log.info("engine serving %d model versions on %s", len(self.batchers), self.endpoint)
-        receive = asyncio.ensure_future(socket.recv_multipart())
-        stop = asyncio.ensure_future(self._stopping.wait())
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(replies, zmq.POLLIN)
+        outstanding = 0  # requests queued whose reply has not been forwarded yet
+        draining = False
         try:
-            while True:
-                await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if receive.done():
-                    identity, *frames = receive.result()
-                    self._answer(socket, identity, frames)
-                    # drain what else has arrived without a round through the event loop per message
-                    for _ in range(DRAIN):
-                        ready = cast(asyncio.Future, socket.recv_multipart(flags=zmq.NOBLOCK))  # done at once
-                        if not ready.done() or ready.exception() is not None:  # zmq.Again: nothing waiting
-                            break
-                        identity, *frames = ready.result()
-                        self._answer(socket, identity, frames)
-                    receive = asyncio.ensure_future(socket.recv_multipart())
-                if stop.done():
-                    break
+            while not (draining and outstanding == 0):
+                if self._stopping.is_set() and not draining:
+                    draining = True  # read no more requests; answer those queued and in flight
+                    poller.unregister(router)
+                    for batcher in self.batchers.values():
+                        batcher.close()
+                events = dict(poller.poll(POLL_MS))
+                if events.get(router):
+                    outstanding += self._read(router)
+                if events.get(replies):
+                    outstanding -= _forward(replies, router)
         finally:
-            receive.cancel()
             for batcher in self.batchers.values():
-                await batcher.stop()
-            if self._tasks:
-                await asyncio.wait(self._tasks)
-            socket.close()
+                batcher.close()
+                batcher.join()
+            self._context.destroy(linger=1000)
+
+    async def serve(self) -> None:
+        """``run`` on a thread of its own, for callers inside an event loop."""
+        await asyncio.to_thread(self.run)
 
     def stop(self) -> None:
+        """Thread- and signal-safe: ``run`` drains and returns."""
         self._stopping.set()
 
-    def _answer(self, socket, identity: bytes, frames: list) -> None:
+    def _read(self, router: zmq.Socket) -> int:
+        """Answer or queue the messages waiting, up to DRAIN; the number queued for a batch."""
+        queued = 0
+        for _ in range(DRAIN):
+            try:
+                identity, *frames = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            queued += self._answer(router, identity, frames)
+        return queued
+
+    def _answer(self, router: zmq.Socket, identity: bytes, frames: list) -> int:
         try:
             header, x = wire.read_request(frames)
         except Exception as exc:  # noqa: BLE001 - a malformed message must not stop the engine
             log.warning("dropped a malformed request: %s", exc)
-            return
+            return 0
         if header.kind == "ping":
-            socket.send_multipart([identity, *wire.reply(header.seq, {})])
-            return
+            router.send_multipart([identity, *wire.reply(header.seq, {})])
+            return 0
         if header.kind == "describe":
-            socket.send_multipart([identity, *wire.described(header.seq, self.facts)])
-            return
-        task = asyncio.ensure_future(self._infer(socket, identity, header, x))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _infer(self, socket, identity: bytes, header: wire.Request, x) -> None:
+            router.send_multipart([identity, *wire.described(header.seq, self.facts)])
+            return 0
         batcher = self.batchers.get((header.model, header.version))
         try:
             if batcher is None:
                 raise ModelNotFound(f"the engine serves no model {header.model!r} version {header.version!r}")
             if x is None:
                 raise ValueError("an inference request without rows")
-            outputs, timing = await batcher.submit(x)
+            batcher.submit_nowait(x, functools.partial(self._done, identity, header.seq, header.model))
+        except Exception as exc:  # noqa: BLE001 - every request gets an answer
+            router.send_multipart([identity, *_failure(header.seq, header.model, exc)])
+            return 0
+        return 1
+
+    def _done(self, identity: bytes, seq: int, model: str, outputs, timing, exc) -> None:
+        """On an inference thread: the reply of one request, pushed to the socket thread."""
+        if exc is None:
             frames = wire.reply(
-                header.seq,
+                seq,
                 outputs,
                 batch_id=timing.batch_id,
                 batch_rows=timing.batch_rows,
                 queue_seconds=timing.queue_seconds,
                 inference_seconds=timing.inference_seconds,
             )
-        except Overloaded as exc:
-            frames = wire.failure(header.seq, "overloaded", exc.message, int(exc.headers["Retry-After"]))
-        except NotReady as exc:
-            frames = wire.failure(header.seq, "not_ready", exc.message, 1)
-        except ModelNotFound as exc:
-            frames = wire.failure(header.seq, "model_not_found", exc.message)
-        except ValueError as exc:
-            frames = wire.failure(header.seq, "invalid", str(exc))
-        except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            log.exception("inference failed for %s %s", header.model, header.version)
-            frames = wire.failure(header.seq, "error", f"{type(exc).__name__}: {exc}")
-        await socket.send_multipart([identity, *frames])
+        else:
+            frames = _failure(seq, model, exc)
+        pusher = getattr(self._pushers, "socket", None)
+        if pusher is None:
+            pusher = self._pushers.socket = self._context.socket(zmq.PUSH)
+            pusher.connect(self._replies)
+        pusher.send_multipart([identity, *frames])
+
+
+def _forward(replies: zmq.Socket, router: zmq.Socket) -> int:
+    """Send the replies the inference threads pushed, up to DRAIN; how many."""
+    sent = 0
+    for _ in range(DRAIN):
+        try:
+            frames = replies.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            break
+        router.send_multipart(frames)
+        sent += 1
+    return sent
+
+
+def _failure(seq: int, model: str, exc: Exception) -> list:
+    """The frames of a refusal or failure: the service's error kinds by name, anything else an ``error``."""
+    if isinstance(exc, Overloaded):
+        return wire.failure(seq, "overloaded", exc.message, int(exc.headers["Retry-After"]))
+    if isinstance(exc, NotReady):
+        return wire.failure(seq, "not_ready", exc.message, 1)
+    if isinstance(exc, ModelNotFound):
+        return wire.failure(seq, "model_not_found", exc.message)
+    if isinstance(exc, ValueError):
+        return wire.failure(seq, "invalid", str(exc))
+    log.error("inference failed for %s: %s", model, exc)
+    return wire.failure(seq, "error", f"{type(exc).__name__}: {exc}")
 
 
 def runtime_facts(runtimes) -> dict:
@@ -169,13 +223,15 @@ def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], 
     return batchers, {(m.name, m.version): runtime_facts(m.runtimes) for m in repository.all()}
 
 
-async def _main(endpoint: str, settings) -> None:
+def serve_repository(endpoint: str, settings) -> None:
+    """The engine of ``python -m service.engine``: the repository's batchers on ``endpoint`` until SIGTERM or
+    SIGINT, with the service's thread switch interval (``ENGINE_SWITCH_INTERVAL_MS`` when unset)."""
+    sys.setswitchinterval((settings.switch_interval_ms or ENGINE_SWITCH_INTERVAL_MS) / 1000)
     batchers, facts = repository_engine(settings)
     server = EngineServer(batchers, endpoint, facts)
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.stop)
-    await server.serve()
+        signal.signal(sig, lambda signum, frame: server.stop())
+    server.run()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,4 +243,4 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings(**({"artifacts": args.artifacts} if args.artifacts else {}))
-    asyncio.run(_main(args.endpoint, settings))
+    serve_repository(args.endpoint, settings)

@@ -10,7 +10,9 @@ long for more rows, as Triton's ``dynamic_batching`` does; the wait is timed on 
 thread, so a busy event loop does not stretch it. Whole requests are batched (never split); a
 request larger than ``max_batch_size`` runs alone. The queue is bounded in rows: past
 ``max_queue_rows`` a request is refused with ``Overloaded`` (HTTP 503 + Retry-After) instead of
-growing memory without bound.
+growing memory without bound. A caller without an event loop (the engine's socket thread,
+``service.engine.server``) queues with ``submit_nowait`` and is answered by a callback on the
+inference thread.
 """
 
 from __future__ import annotations
@@ -54,11 +56,16 @@ class Timing:
     batch_id: int = 0
 
 
+Done = Callable[[Any, "Timing | None", "Exception | None"], None]
+"""``submit_nowait``'s callback: the request's rows of the result and their ``Timing``, or the exception."""
+
+
 @dataclass
 class _Pending:
     x: np.ndarray
-    future: asyncio.Future
+    future: asyncio.Future | None
     enqueued: float = field(default_factory=time.perf_counter)
+    done: Done | None = None
 
 
 BatchObserver = Callable[[int, float], None]
@@ -114,9 +121,12 @@ class DynamicBatcher:
         return self._queued_rows
 
     def start(self) -> None:
-        """Start the inference threads (one per run function); results are delivered to the running
-        event loop."""
-        self._loop = asyncio.get_running_loop()
+        """Start the inference threads (one per run function); ``submit``'s results are delivered to the
+        running event loop (without one, only ``submit_nowait`` is served)."""
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._accepting = True
         self._threads = [
             threading.Thread(target=self._work, args=(run,), name=f"infer-{self.name}-{i}", daemon=True)
@@ -127,18 +137,39 @@ class DynamicBatcher:
 
     async def stop(self) -> None:
         """Refuse new work, finish everything queued and in flight, then stop the inference threads."""
-        with self._ready:
-            self._accepting = False
-            self._ready.notify_all()
+        self.close()
         for thread in self._threads:
             await asyncio.to_thread(thread.join)
 
+    def close(self) -> None:
+        """Refuse new work; the inference threads finish what is queued and in flight, then end (``join``)."""
+        with self._ready:
+            self._accepting = False
+            self._ready.notify_all()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
     async def submit(self, x: np.ndarray) -> tuple[Any, Timing]:
         """Queue a (rows, ...) batch and wait for its rows of the batch's result."""
-        rows = len(x)
         pending = _Pending(x, self._loop.create_future()) if self._loop else None
+        if pending is None:  # no loop: not started, so not accepting either
+            raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
+        self._enqueue(pending)
+        assert pending.future is not None
+        return await pending.future
+
+    def submit_nowait(self, x: np.ndarray, done: Done) -> None:
+        """Queue a (rows, ...) batch; ``done`` is called on an inference thread with its rows of the result and
+        their ``Timing``, or with the exception that failed the batch. Refusals (``NotReady``, ``Overloaded``)
+        are raised here, and ``done`` is then never called."""
+        self._enqueue(_Pending(x, None, done=done))
+
+    def _enqueue(self, pending: _Pending) -> None:
+        rows = len(pending.x)
         with self._ready:
-            if not self._accepting or pending is None:  # no loop: not started, so not accepting either
+            if not self._accepting:
                 raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
             if self._queued_rows + rows > self.config.max_queue_rows:
                 raise Overloaded(
@@ -149,7 +180,6 @@ class DynamicBatcher:
             self._queue.append(pending)
             self._queued_rows += rows
             self._ready.notify()
-        return await pending.future
 
     def _work(self, run: RunFn) -> None:
         while True:
@@ -187,17 +217,16 @@ class DynamicBatcher:
         return batch
 
     def _run_batch(self, run: RunFn, batch: list[_Pending]) -> None:
-        assert self._loop is not None  # start() set it before it started this inference thread
         started = time.perf_counter()
         try:
             x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
             outputs = run(x)
         except ServiceError as exc:  # a front-end's engine that is down: an answer, not a fault here
-            self._loop.call_soon_threadsafe(self._fail, batch, exc)
+            self._answer(batch, self._fail, exc)
             return
         except Exception as exc:  # noqa: BLE001 - every waiting request must get an answer
             log.exception("inference failed for model %s on a batch of %d requests", self.name, len(batch))
-            self._loop.call_soon_threadsafe(self._fail, batch, exc)
+            self._answer(batch, self._fail, exc)
             return
         elapsed = time.perf_counter() - started
         with self._ready:
@@ -205,21 +234,39 @@ class DynamicBatcher:
             batch_id = self.batches_run
         if self._on_batch is not None:
             self._on_batch(len(x), elapsed)
-        self._loop.call_soon_threadsafe(self._deliver, batch, outputs, started, elapsed, len(x), batch_id)
+        self._answer(batch, self._deliver, outputs, started, elapsed, len(x), batch_id)
+
+    def _answer(self, batch: list[_Pending], answer: Callable[..., None], *args: Any) -> None:
+        """``answer(batch, futures, *args)`` (``_deliver`` or ``_fail``): on the event loop for ``submit``'s
+        futures, here on the inference thread for ``submit_nowait``'s callbacks."""
+        if any(p.done is not None for p in batch):
+            try:
+                answer(batch, False, *args)
+            except Exception:  # a callback's fault must not end the inference thread
+                log.exception("a batch's callback failed for model %s", self.name)
+        if self._loop is not None and any(p.future is not None for p in batch):
+            self._loop.call_soon_threadsafe(answer, batch, True, *args)
 
     @staticmethod
-    def _deliver(batch: list[_Pending], outputs: Any, started: float, elapsed: float, rows: int, batch_id: int) -> None:
-        """On the event loop: give every request its rows of the batch's result."""
+    def _deliver(
+        batch: list[_Pending], futures: bool, outputs: Any, started: float, elapsed: float, rows: int, batch_id: int
+    ) -> None:
+        """Give every request its rows of the batch's result: the futures (``futures``, on the event loop), or the
+        callbacks."""
         offset = 0
         for p in batch:
             n = len(p.x)
-            if not p.future.done():
-                part = _rows(outputs, offset, offset + n)
-                p.future.set_result((part, Timing(started - p.enqueued, elapsed, rows, batch_id)))
+            timing = Timing(started - p.enqueued, elapsed, rows, batch_id)
+            if futures and p.future is not None and not p.future.done():
+                p.future.set_result((_rows(outputs, offset, offset + n), timing))
+            elif not futures and p.done is not None:
+                p.done(_rows(outputs, offset, offset + n), timing, None)
             offset += n
 
     @staticmethod
-    def _fail(batch: list[_Pending], exc: Exception) -> None:
+    def _fail(batch: list[_Pending], futures: bool, exc: Exception) -> None:
         for p in batch:
-            if not p.future.done():
+            if futures and p.future is not None and not p.future.done():
                 p.future.set_exception(exc)
+            elif not futures and p.done is not None:
+                p.done(None, None, exc)

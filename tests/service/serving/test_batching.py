@@ -120,6 +120,61 @@ def test_an_inference_failure_answers_every_waiting_request():
     assert all(isinstance(o, RuntimeError) for o in asyncio.run(scenario()))
 
 
+def test_without_an_event_loop_callbacks_get_their_rows_on_the_inference_thread_and_refusals_are_raised():
+    gate = threading.Event()
+    model = CountingModel()
+
+    def gated(x):
+        gate.wait(10)
+        return model(x)
+
+    batcher = DynamicBatcher(gated, BatchingConfig(max_batch_size=8, max_queue_rows=12), "m")
+    batcher.start()  # no running loop: submit_nowait's callbacks only
+    answers: dict[int, tuple] = {}
+    done = threading.Event()
+
+    def answer(i: int):
+        def callback(outputs, timing, exc) -> None:
+            answers[i] = (outputs, timing, exc, threading.current_thread().name)
+            if len(answers) == 13:
+                done.set()
+
+        return callback
+
+    inputs = [np.full((1, 2), i, np.float32) for i in range(14)]
+    batcher.submit_nowait(inputs[0], answer(0))
+    deadline = time.monotonic() + 10
+    while batcher.queued_rows and time.monotonic() < deadline:  # the inference thread took it and waits at the gate
+        time.sleep(0.001)
+    for i in range(1, 13):
+        batcher.submit_nowait(inputs[i], answer(i))
+    with pytest.raises(Overloaded):  # 12 rows queued: the 13th is refused at once, and never answered
+        batcher.submit_nowait(inputs[13], answer(13))
+    gate.set()
+    assert done.wait(10) and 13 not in answers
+    for i, (outputs, timing, exc, thread) in answers.items():
+        assert exc is None and thread.startswith("infer-m")
+        np.testing.assert_array_equal(outputs["sum"], [[2.0 * i]])
+        assert 1 <= timing.batch_rows <= 8 and timing.batch_id >= 1
+    assert model.calls == [1, 8, 4]  # the first alone, then the queue in batches of at most 8
+    batcher.close()
+    batcher.join()
+    with pytest.raises(NotReady):
+        batcher.submit_nowait(inputs[0], answer(0))
+
+    failed = threading.Event()
+
+    def broken(x):
+        raise RuntimeError("boom")
+
+    batcher = DynamicBatcher(broken, BatchingConfig(), "b")
+    batcher.start()
+    batcher.submit_nowait(inputs[0], lambda o, t, exc: failed.set() if isinstance(exc, RuntimeError) else None)
+    assert failed.wait(10)
+    batcher.close()
+    batcher.join()
+
+
 def _batch_metrics(base_url: str) -> tuple[float, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
