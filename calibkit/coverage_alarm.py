@@ -69,6 +69,7 @@ from functools import cached_property
 import numpy as np
 
 from calibkit.adaptive_conformal import check_misses
+from calibkit.mixture import crosses, log_mixture
 from calibkit.validation import expected
 
 __all__ = [
@@ -281,7 +282,7 @@ class CoverageAlarmState:
     @property
     def log_mixture(self) -> np.ndarray:
         """log M_t = log sum_j w_j S_t^(j), per stream."""
-        return _log_mixture(self.log_statistic, self.config.log_weights)
+        return log_mixture(self.log_statistic, self.config.log_weights)
 
     @property
     def statistic(self) -> np.ndarray:
@@ -312,7 +313,7 @@ class CoverageAlarmState:
         raised = self.raised_at.copy()
         for t in range(e.shape[1]):
             log_s = np.maximum(log_s, 0.0) + cfg.log_e[e[:, t]]
-            up = (raised < 0) & (_log_mixture(log_s, cfg.log_weights) >= cfg.log_threshold)
+            up = crosses(log_s, cfg.log_weights, cfg.log_threshold, raised < 0)
             raised[up] = self.labels + t
         return CoverageAlarmState(cfg, log_s, self.labels + e.shape[1], raised)
 
@@ -363,9 +364,3 @@ class CoverageAlarmState:
             return cls(config, np.array([data["log_statistic"]]), data["labels"], np.array([data["raised_at"]]))
         except (KeyError, TypeError) as exc:
             raise ValueError(expected("data", "to_dict's output", f"missing or malformed {exc}")) from None
-
-
-def _log_mixture(log_s: np.ndarray, log_w: np.ndarray) -> np.ndarray:
-    terms = log_s + log_w
-    top = terms.max(axis=1)
-    return top + np.log(np.exp(terms - top[:, None]).sum(axis=1))

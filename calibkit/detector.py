@@ -32,6 +32,7 @@ from typing import cast
 
 import numpy as np
 
+from calibkit.mixture import crosses, log_mixture
 from calibkit.validation import expected
 
 STATE_FORMAT = 7
@@ -311,13 +312,7 @@ class DetectorState:
     @property
     def statistic(self) -> np.ndarray:
         """sum_d w_d S_t^(d), the e-detector of each stream: the alarm is raised when it reaches A."""
-        return np.exp(np.minimum(self._log_mixture(), 700.0))
-
-    def _log_mixture(self) -> np.ndarray:
-        """log sum_d w_d S_t^(d) per stream."""
-        terms = self.log_statistic + self.config.log_weights
-        top = terms.max(axis=1)
-        return top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+        return np.exp(np.minimum(log_mixture(self.log_statistic, self.config.log_weights), 700.0))
 
     @property
     def clear_statistic(self) -> np.ndarray:
@@ -415,7 +410,7 @@ class DetectorState:
         log_ratio = self._clear_log_ratio(null, bc, y)
         for t in range(c.shape[1]):
             self.log_statistic = np.maximum(self.log_statistic, 0.0) + log_e[:, :, t]
-            up = ~self.alarmed & (self._log_mixture() >= cfg.log_raise)
+            up = crosses(self.log_statistic, cfg.log_weights, cfg.log_raise, ~self.alarmed)
             self.since_alarm = np.where(self.alarmed, self.since_alarm + 1, 0)
             self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio[:, t], 0.0)
             down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
