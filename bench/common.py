@@ -6,11 +6,9 @@ import contextlib
 import json
 import os
 import platform
-import random
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from service.ports import free_port
 from training.machine import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,39 +124,6 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing holds now, for a server started next: drawn at random below the system's
-    ephemeral range, so that no outgoing connection (a database pool's, a client's) takes it as its local port before
-    the server binds it, which a port the system picks from that range risks; never the same one twice in a process.
-    Falls back to a system-picked port where there is no room below the range."""
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(10_000, low) if low > 10_100 else 0
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            port = s.getsockname()[1]
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError("no free TCP port on 127.0.0.1")
-
-
-def _ephemeral_low() -> int:
-    """The low end of Linux's ephemeral port range (32768 where it cannot be read)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
 
 
 class Server:

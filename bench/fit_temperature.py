@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from bench.alarm.traffic import calibrated_logits
 from bench.common import table, write_result
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import fit_temperature
 
 

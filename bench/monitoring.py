@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.alarm.traffic import calibrated_logits
 from bench.common import PYTHON, ROOT, Server, table, write_result
 from calibkit import binning
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 MODEL = "digits-lenet5"

@@ -14,12 +14,12 @@ from scipy import stats
 
 from bench.alarm import oracle
 from bench.alarm.simulation import StreamOutcomes, draw, run_detector
-from bench.alarm.traffic import Miscalibration, TrafficShape, population_ece
 from bench.common import PYTHON, RESULTS, ROOT, table
 from calibkit import binning
 from calibkit.alarms import AlarmPolicy, shift_is_material
 from calibkit.detector import DetectorConfig
 from calibkit.drift import confidence_shift
+from calibkit.synthetic import Miscalibration, TrafficShape, population_ece
 
 SHAPES = [
     TrafficShape("digits-like", 10, 20.0),

@@ -1,7 +1,7 @@
 """Seeded simulation of the alarm on many streams at once: calibrated labels, then (optionally) a
 miscalibration, then calibrated labels again; what the detector did in each phase of each stream.
 
-    >>> from bench.alarm.traffic import TrafficShape, Miscalibration
+    >>> from calibkit.synthetic import TrafficShape, Miscalibration
     >>> out = simulate(TrafficShape("cifar-like", 10, 2.5), Miscalibration("x2.5", logit_scale=2.5),
     ...                streams=20, before=500, during=1500, after=1500, seed=0)
     >>> bool(out.false_alarm.any()), bool((out.delay >= 0).all()), bool(out.latched.any())
@@ -15,8 +15,8 @@ from typing import cast
 
 import numpy as np
 
-from bench.alarm.traffic import Miscalibration, TrafficShape
 from calibkit.detector import DetectorConfig, DetectorState
+from calibkit.synthetic import Miscalibration, TrafficShape, draw
 
 CHUNK_VALUES = 20_000_000  # e-values (streams x detectors x labels) folded per call: bounds the memory of a fold
 
@@ -34,33 +34,6 @@ class StreamOutcomes:
     clear_delay: np.ndarray
     latched: np.ndarray
     alarmed_at_end: np.ndarray | None = None
-
-
-def draw(
-    shape: TrafficShape,
-    miscalibration: Miscalibration | None,
-    streams: int,
-    before: int,
-    during: int = 0,
-    after: int = 0,
-    seed: int = 0,
-    ramp: int = 0,
-    flip: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(confidence, correct), each (streams, before + during + after): ``before`` calibrated labels,
-    ``during`` labels of ``miscalibration`` (reached linearly over the first ``ramp``; with ``flip``, a gap
-    whose sign turns every ``flip`` labels), ``after`` calibrated."""
-    rng = np.random.default_rng(seed)
-    total = before + during + after
-    strength = np.zeros(total)
-    strength[before : before + during] = 1.0
-    if ramp:
-        strength[before : before + ramp] = np.linspace(0.0, 1.0, ramp)
-    if flip:
-        strength[before : before + during] *= np.where((np.arange(during) // flip) % 2 == 0, 1.0, -1.0)
-    mis = miscalibration or Miscalibration("calibrated")
-    confidence, correct, _ = mis.sample(shape, rng, (streams, total), strength[None, :])
-    return confidence, correct
 
 
 def run_detector(

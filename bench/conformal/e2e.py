@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.alarm.traffic import TrafficShape
 from bench.common import ROOT, Server, table
 from calibkit.conformal import SplitConformal, conformity_scores
+from calibkit.synthetic import TrafficShape
 
 DELAYS = (0, 100, 1_000, 10_000)
 ROWS, BATCH, WINDOW = 50, 200, 1_000

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from bench.alarm.traffic import TrafficShape
 from bench.common import ROOT, table
 from calibkit.conformal import (
     SplitConformal,
@@ -24,6 +23,7 @@ from calibkit.conformal import (
     prediction_sets,
     quantile_rank,
 )
+from calibkit.synthetic import TrafficShape
 from calibkit.temperature import softmax
 from service.serving.conformal import ModelSets, SetChoice, row_draws
 from service.store.rows import prediction_ids

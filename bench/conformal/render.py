@@ -45,7 +45,7 @@ def shift_section(shift: dict) -> list[str]:
         "`training.data.corruptions` (7 kinds x 5 severities) applied to "
         f"{setup['corruption_draws']} copies of the split (the noise differs between copies). The digits data has "
         "only 1,797 images, so the streams resample these pools **with replacement**. **cifar-like**: the static "
-        f"calibrator on {SYNTHETIC_CAL:,} rows of calibrated synthetic traffic (`bench.alarm.traffic`), the stream "
+        f"calibrator on {SYNTHETIC_CAL:,} rows of calibrated synthetic traffic (`calibkit.synthetic`), the stream "
         "from pools of 50,000 rows of the clean traffic and of a shift: served probabilities at temperature 1/2.5 "
         "(over-confident) or 1/0.5 (under-confident), or a label mix with class 0's logit raised by 3. "
         f"{setup['replicates']} streams per shift, seeded.",
@@ -126,7 +126,7 @@ def markdown(result: dict) -> str:
         f"permutes them: {digits['n_cal']} for calibration, {digits['n_test']} for test. Label probabilities tied "
         f"within the pool: {digits['tied_label_probabilities']}. RAPS's `k_reg` is tuned on the "
         f"{digits['tuning']} images of the validation split (the temperature's), which no split uses.",
-        f"- **cifar-like**: the calibrated synthetic traffic of `bench.alarm.traffic` (logits N(0, "
+        f"- **cifar-like**: the calibrated synthetic traffic of `calibkit.synthetic` (logits N(0, "
         f"{synthetic['logit_scale']:g}^2) over 10 classes, labels drawn from their softmax; accuracy "
         f"{synthetic['accuracy']:.3f}, mean top-label confidence {synthetic['mean_confidence']:.3f}). Each split "
         f"draws its own {synthetic['n_cal']} calibration and {synthetic['n_test']} test rows; `k_reg` is tuned on "

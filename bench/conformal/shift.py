@@ -6,7 +6,7 @@ A stream is ``BEFORE`` labels of the data the static calibrator was fitted on, t
 the digits model under each corruption and severity of ``training.data.corruptions`` (the digits test split holds
 359 images, so the stream resamples with replacement from the clean split and from ``CORRUPTION_DRAWS`` corrupted
 copies of it), and CIFAR-like synthetic traffic whose served probabilities change temperature or whose label mix
-shifts (``bench.alarm.traffic``). Every threshold is LAC's (the smallest sets at a given coverage).
+shifts (``calibkit.synthetic``). Every threshold is LAC's (the smallest sets at a given coverage).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np
 from scipy import stats
 
 from bench.alarm import oracle
-from bench.alarm.traffic import TrafficShape
 from bench.common import table
 from calibkit.adaptive_conformal import (
     DEFAULT_SPAN,
@@ -31,6 +30,7 @@ from calibkit.adaptive_conformal import (
 )
 from calibkit.conformal import SCORE_ATOL, SplitConformal, conformity_scores
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, threshold_for
+from calibkit.synthetic import TrafficShape
 from calibkit.temperature import softmax
 
 ALPHA = 0.1

@@ -15,13 +15,13 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from service.ports import free_port
 from service.settings import Settings
 
 log = logging.getLogger("service.engine.pod")
@@ -39,8 +39,8 @@ class Pod:
         self.endpoint = f"ipc://{self.directory / 'engine.sock'}"
         self.metrics = self.directory / "metrics"
         self.metrics.mkdir()
-        self.port = settings.port or _free_port(settings.host)
-        self.grpc_port = settings.grpc_port or _free_port(settings.host)
+        self.port = settings.port or free_port(settings.host)
+        self.grpc_port = settings.grpc_port or free_port(settings.host)
         self.children: dict[str, subprocess.Popen] = {}
         self.started: dict[str, float] = {}
         self._stopping = False
@@ -136,9 +136,3 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

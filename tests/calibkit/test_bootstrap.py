@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import metrics
 from calibkit.bootstrap import confidence_interval, confidence_intervals, hierarchical_bootstrap
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 

@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import metrics
 from calibkit.calibrators import (
     CALIBRATORS,
@@ -19,6 +18,7 @@ from calibkit.calibrators import (
     load_calibrator,
     save_calibrator,
 )
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 MULTICLASS = ["temperature", "vector", "histogram", "isotonic"]

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import metrics
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 # Four predictions: confidences .9 (right), .8 (wrong), .7 (right), .6 (right).

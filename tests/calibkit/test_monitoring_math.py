@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import binning
 from calibkit.drift import accuracy_gap, confidence_shift
 from calibkit.significance import consistency_test, ece_interval
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 EDGES = binning.equal_width_edges(15)

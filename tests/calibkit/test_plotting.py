@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import metrics
 from calibkit.plotting import figure_png, reliability_figure
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 

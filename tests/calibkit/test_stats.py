@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import binning, metrics
 from calibkit.stats import BinStats
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 

@@ -6,8 +6,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import metrics
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import ECE_GRID, apply_temperature, fit_temperature, softmax
 
 logit_matrices = st.integers(2, 6).flatmap(

@@ -27,9 +27,9 @@ import sqlalchemy as sa
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.alarm.traffic import calibrated_logits
-from bench.common import free_port
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
+from service.ports import free_port
 from service.store.schema import label_bins, labels, schema_info
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ import httpx
 import pytest
 import yaml
 
-from bench.alarm.traffic import calibrated_logits
-from bench.common import free_port
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
+from service.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from bench.common import free_port
+from service.ports import free_port
 
 
 def _start(args, env=None):

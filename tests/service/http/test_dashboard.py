@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.settings import Settings
 from training.data import load_digits_splits

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from bench.alarm.simulation import draw
-from bench.alarm.traffic import Miscalibration, TrafficShape
 from calibkit import binning
 from calibkit.alarms import AlarmPolicy
 from calibkit.detector import STATE_FORMAT
+from calibkit.synthetic import Miscalibration, TrafficShape, draw
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor, alarm
 from service.store import Store

@@ -8,9 +8,9 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
 from calibkit import binning, metrics
 from calibkit.alarms import AlarmPolicy
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.settings import Settings
 from service.store import Store

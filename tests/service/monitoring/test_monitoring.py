@@ -6,11 +6,11 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
-from bench.common import free_port
 from calibkit import metrics
 from calibkit.alarms import AlarmPolicy
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import apply_temperature, softmax
+from service.ports import free_port
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse, TimelineResponse
 from service.settings import Settings
 from service.store import Store

@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.alarm.traffic import calibrated_logits
-from bench.common import free_port
+from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
+from service.ports import free_port
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test

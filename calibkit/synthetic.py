@@ -1,4 +1,5 @@
-"""Synthetic prediction sources with known calibration, for tests, simulations and demos.
+"""Synthetic prediction sources with known calibration, for tests, simulations and demos (the benchmarks and the
+test suite share them).
 
 Labels are drawn from softmax(z) itself, so softmax(z) is perfectly calibrated by construction;
 reporting softmax(s * z) instead gives a source that is over-confident (s > 1) or under-confident
@@ -118,3 +119,30 @@ def population_ece(confidence: np.ndarray, accuracy: np.ndarray, n_bins: int = 1
     over 15 equal-width bins (Guo et al. 2017), without the sampling noise of observed outcomes."""
     sums = binning.bin_sums(confidence.ravel(), accuracy.ravel(), binning.equal_width_edges(n_bins))
     return binning.calibration_error(sums, "l1")
+
+
+def draw(
+    shape: TrafficShape,
+    miscalibration: Miscalibration | None,
+    streams: int,
+    before: int,
+    during: int = 0,
+    after: int = 0,
+    seed: int = 0,
+    ramp: int = 0,
+    flip: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence, correct), each (streams, before + during + after): ``before`` calibrated labels,
+    ``during`` labels of ``miscalibration`` (reached linearly over the first ``ramp``; with ``flip``, a gap
+    whose sign turns every ``flip`` labels), ``after`` calibrated."""
+    rng = np.random.default_rng(seed)
+    total = before + during + after
+    strength = np.zeros(total)
+    strength[before : before + during] = 1.0
+    if ramp:
+        strength[before : before + ramp] = np.linspace(0.0, 1.0, ramp)
+    if flip:
+        strength[before : before + during] *= np.where((np.arange(during) // flip) % 2 == 0, 1.0, -1.0)
+    mis = miscalibration or Miscalibration("calibrated")
+    confidence, correct, _ = mis.sample(shape, rng, (streams, total), strength[None, :])
+    return confidence, correct
