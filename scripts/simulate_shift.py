@@ -7,7 +7,7 @@ model version per scenario so every scenario has its own monitoring state, then:
 - detection: per shift scenario, ``--warmup`` in-distribution labels then shifted ones until the
   alarm is raised (or ``--max-shifted``): corruptions at severities 1..5 go through /predict and
   /feedback; over-confident logits (scaled by 1.6 and 2.5) go through offline feedback, both for
-  the digits model and for a calibrated synthetic source of 87% accuracy (bench.alarm.traffic),
+  the digits model and for a calibrated synthetic source of 87% accuracy (calibkit.synthetic),
   whose confidences leave room for over-confidence (the digits model's are already near 1).
 Prints a markdown table and writes JSON.
 
@@ -30,14 +30,13 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from this checkout
+from calibkit import metrics
+from calibkit.synthetic import calibrated_logits
+from calibkit.temperature import apply_temperature, softmax
+from service.ports import free_port
+from training.data import available_corruptions, corrupt, load_digits_splits
 
-from bench.alarm.traffic import calibrated_logits  # noqa: E402
-from bench.common import free_port  # noqa: E402
-from calibkit import metrics  # noqa: E402
-from calibkit.temperature import apply_temperature, softmax  # noqa: E402
-from training.data import available_corruptions, corrupt, load_digits_splits  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"
 MODEL = "digits-lenet5"
