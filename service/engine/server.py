@@ -34,9 +34,8 @@ DRAIN = 256
 #: Milliseconds the socket thread waits in the poller before it looks at ``stop`` again.
 POLL_MS = 100
 #: The engine's thread switch interval when ``CALIB_SWITCH_INTERVAL_MS`` is unset: an inference thread whose ``Run``
-#: has ended waits at most this long for the GIL. Beside a busy Python thread, onnxruntime alone on the heavy model
-#: at batch 32 reached 25% of its rows/s at Python's default of 5 ms and 77% at 0.5 ms (the H100 sweep of
-#: docs/benchmarks.md).
+#: has ended waits at most this long for the GIL. Beside a busy Python thread, onnxruntime alone kept a quarter of its
+#: rows/s at Python's default of 5 ms and three quarters at 0.5 ms (decision 0027).
 ENGINE_SWITCH_INTERVAL_MS = 0.5
 
 
