@@ -74,9 +74,9 @@ def prefix_width(request, monkeypatch):
     settle whole; a prefix shorter than K = 5 or 6 sends rows down both paths (and tie groups across the prefix's
     end). "keys": the key ranking and block sums of many classes, taken at every width."""
     if request.param == "keys":
-        monkeypatch.setattr(conformal, "RANK_MIN_CLASSES", 2)
+        monkeypatch.setattr("calibkit.conformal._ranking.RANK_MIN_CLASSES", 2)
     elif request.param is not None:
-        monkeypatch.setattr(conformal, "PREFIX_WIDTH", request.param)
+        monkeypatch.setattr("calibkit.conformal.sets.PREFIX_WIDTH", request.param)
     return request.param
 
 
@@ -541,7 +541,7 @@ def test_sets_reaching_past_the_prefix_fall_back_to_the_whole_row(randomized):
             one = prediction_sets(test, q, method, u=draws, **params)
             assert np.array_equal(one, prediction_sets(test, np.full(100, q), method, u=draws, **params))
             if q == 0.99:
-                assert (one.sum(axis=1) > conformal.PREFIX_WIDTH + 1).any()
+                assert (one.sum(axis=1) > conformal.sets.PREFIX_WIDTH + 1).any()
 
 
 @pytest.mark.parametrize("method, params", METHODS, ids=METHOD_IDS)
@@ -774,7 +774,7 @@ def _ranked_both_ways(monkeypatch, probs, q, method, u, params):
     """(sets, order, sizes) by the key ranking (every width of at least 2 classes) and by the float sort."""
     out = []
     for minimum in (2, 10**9):
-        monkeypatch.setattr(conformal, "RANK_MIN_CLASSES", minimum)
+        monkeypatch.setattr("calibkit.conformal._ranking.RANK_MIN_CLASSES", minimum)
         out.append((prediction_sets(probs, q, method, u=u, **params), *ranked_sets(probs, q, method, u=u, **params)))
     return out
 
