@@ -86,12 +86,14 @@ def measure(seconds: float, rounds: int) -> list[dict]:
 def check_seconds(repeats: int = 200_000) -> float:
     """Seconds per token check as the middleware runs it on a guarded /predict: the route group, then the
     header compared with both tokens."""
+    from pydantic import SecretStr
+
     from service.app import create_app
     from service.auth import AccessControl
     from service.http.routes import RouteAccess
     from service.settings import Settings
 
-    settings = Settings(predict_tokens=f"other:{TOKEN[::-1]},bench:{TOKEN}")
+    settings = Settings(predict_tokens=SecretStr(f"other:{TOKEN[::-1]},bench:{TOKEN}"))
     access, groups = AccessControl(settings), RouteAccess.of_app(create_app(settings))
     header = f"Bearer {TOKEN}"
     start = time.perf_counter()

@@ -15,14 +15,14 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from service.serving.runtime import provider_options
-from service.settings import Settings
+from service.settings import Device, Settings
 
 
 class Request(BaseModel):
     inputs: list
 
 
-def build(model_path: str, device: str = "cpu") -> FastAPI:
+def build(model_path: str, device: Device = "cpu") -> FastAPI:
     session = ort.InferenceSession(model_path, providers=provider_options(Settings(device=device)))
     shape = tuple(session.get_inputs()[0].shape[1:])
     app = FastAPI()

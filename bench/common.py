@@ -154,7 +154,12 @@ class Server:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                if probe(self.port) if probe is not None else httpx.get(self.url + ready_path).status_code == 200:
+                if probe is not None:
+                    ready = probe(self.port)
+                else:
+                    assert ready_path is not None, "a server without a probe has a readiness path"
+                    ready = httpx.get(self.url + ready_path).status_code == 200
+                if ready:
                     return
             except httpx.TransportError:
                 pass
@@ -206,6 +211,7 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
         if lua is None:
+            assert body is not None, "wrk posts the body where no Lua script builds the requests"
             body_file = Path(tmp) / "body.json"
             body_file.write_text(body)
             lua = (
@@ -240,9 +246,11 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
 
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
+    rate, requests = re.search(r"Requests/sec:\s+([\d.]+)", out), re.search(r"(\d+) requests in", out)
+    assert rate is not None and requests is not None, f"wrk printed no summary:\n{out}"
     return {
-        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "requests": int(re.search(r"(\d+) requests in", out).group(1)),
+        "requests_per_s": float(rate.group(1)),
+        "requests": int(requests.group(1)),
         "p50_ms": latency("50"),
         "p99_ms": latency("99"),
         "non_2xx": int(errors.group(1)) if errors else 0,

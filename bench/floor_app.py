@@ -87,7 +87,10 @@ async def app(scope, receive, send) -> None:
     if scope["method"] == "POST":
         split = dict(scope["headers"]).get(HEADER_LENGTH)
         if split is None:
-            x = numeric_rows(raw, "inputs")[1].astype(np.float32)
+            parsed = numeric_rows(raw, "inputs")
+            if parsed is None:
+                raise TypeError("the floor parses only the bodies that the service's numeric path takes")
+            x = parsed[1].astype(np.float32)
         else:
             orjson.loads(raw[: int(split)])
             x = np.frombuffer(raw, dtype=np.float32, offset=int(split))

@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
@@ -52,6 +53,9 @@ from bench.serving.measure import (
     service,
     single_row_requests,
 )
+
+if TYPE_CHECKING:
+    from service.settings import Device
 
 CLIENTS = 64
 PARITY_ROWS = 64
@@ -147,7 +151,7 @@ def _run(argv: list[str]) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def single_row_latency(path: Path, device: str, seconds: float) -> dict:
+def single_row_latency(path: Path, device: Device, seconds: float) -> dict:
     """Raw single-row inference: one of the service's sessions (same providers, threads, options) called back to
     back on one row; p50 and p99 ms per call."""
     from service.serving.runtime import create_runtime
@@ -171,7 +175,7 @@ def single_row_latency(path: Path, device: str, seconds: float) -> dict:
     }
 
 
-def onnxruntime_profile(path: Path, device: str, batch: int, calls: int, work: Path) -> dict:
+def onnxruntime_profile(path: Path, device: Device, batch: int, calls: int, work: Path) -> dict:
     """onnxruntime's profiler on one session at ``batch`` rows: the mean ``model_run`` time, the time its nodes'
     kernels take (launches on CUDA, where kernels run asynchronously), the host-device copies, and the five
     op types that take the longest."""
@@ -207,7 +211,7 @@ def onnxruntime_profile(path: Path, device: str, batch: int, calls: int, work: P
 STAGES = ["parse", "validate", "batch", "encode", "total"]
 
 
-def service_points(svc: Server, artifacts: Path, device: str, seconds: float, work: Path) -> list[dict]:
+def service_points(svc: Server, artifacts: Path, device: Device, seconds: float, work: Path) -> list[dict]:
     """Per model and protocol: rows/s at CLIENTS single-row clients, the batch formed, onnxruntime alone at that
     batch, the service's stage means (ms, its histograms; the parse to encode stages are JSON /predict's), and p50
     and p99 at one client."""
@@ -242,7 +246,7 @@ def service_points(svc: Server, artifacts: Path, device: str, seconds: float, wo
     return rows
 
 
-VARIANTS = {
+VARIANTS: dict[str, dict] = {  # str values, but a **dict[str, str] is checked against service()'s Path keywords
     "TF32 on": {"CALIB_CUDA_TF32": "true"},
     "one session for all buckets": {"CALIB_BUCKET_SESSIONS": "off"},
     "one session for all buckets, DEFAULT search": {
@@ -407,7 +411,7 @@ def goals(points: list[dict], baseline: dict, single: dict, parity_rows: list[di
     return out
 
 
-def run(out: Path, device: str, artifacts: Path | None, seconds: float) -> dict:
+def run(out: Path, device: Device, artifacts: Path | None, seconds: float) -> dict:
     """Every measurement of the module docstring, in one process tree; the result is also written to ``out``."""
     work = Path(tempfile.mkdtemp(prefix="calib-gpu-"))
     started = time.monotonic()
@@ -504,7 +508,7 @@ def sweep_point(artifacts: Path, device: str, seconds: float, work: Path, name: 
     }
 
 
-def batcher_alone(artifacts: Path, device: str, seconds: float, instances: int = 0, model_name: str = HEAVY) -> dict:
+def batcher_alone(artifacts: Path, device: Device, seconds: float, instances: int = 0, model_name: str = HEAVY) -> dict:
     """The service's own model loading, sessions and dynamic batcher, without HTTP: CLIENTS asyncio tasks in this
     process, each submitting one row at a time. Its rows/s, mean batch and mean onnxruntime call per batch, set
     against the service's, tell whether the gap lies in the batcher and sessions or in HTTP and the event loop."""
@@ -559,7 +563,7 @@ def batcher_alone(artifacts: Path, device: str, seconds: float, instances: int =
     return asyncio.run(measure())
 
 
-def settings_sweep(out: Path, device: str, artifacts: Path, seconds: float, py_spy: str | None = None) -> dict:
+def settings_sweep(out: Path, device: Device, artifacts: Path, seconds: float, py_spy: str | None = None) -> dict:
     """Where the heavy model's time goes in the service: its rows/s and stage means at CLIENTS binary clients
     under each of SWEEP's settings (twice, ``sweep_point``), the same load on the batcher alone
     (``batcher_alone``), onnxruntime alone at batch 32 in this process with and without a pure-Python thread

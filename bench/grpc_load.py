@@ -79,10 +79,12 @@ def load(
         ).stdout
         micros = np.array([int(line.split()[2]) for line in log.read_text().splitlines() if line.strip()])
     done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    rate = re.search(r"([\d.]+) req/s", out)
+    assert done is not None and rate is not None, f"h2load printed no summary:\n{out}"
     ms = micros / 1000 if len(micros) else np.array([np.nan])
     return {
         "requests": int(done.group(1)),
-        "requests_per_s": float(re.search(r"([\d.]+) req/s", out).group(1)),
+        "requests_per_s": float(rate.group(1)),
         "p50_ms": float(np.percentile(ms, 50)),
         "p99_ms": float(np.percentile(ms, 99)),
         "failed": int(done.group(2)) + int(done.group(3)),

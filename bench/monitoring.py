@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -130,7 +131,7 @@ def main() -> None:
     windows = [w for w in (1_000, 100_000, 1_000_000) if w <= rows]
     work = Path(tempfile.mkdtemp(prefix="calib-bench-mon-"))
     url = f"sqlite:///{work / 'store.db'}"
-    result = {}
+    result: dict[str, Any] = {}
     try:
         result["fill_seconds"] = fill_store(url, rows)
         env = {"CALIB_DATABASE_URL": url, "CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_LOG_LEVEL": "warning"}

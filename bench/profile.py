@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
@@ -111,7 +111,7 @@ def cores_by_thread(pid: int, url: str, payload: str | None, clients: int, secon
     load = wrk(url, payload, clients, seconds, lua=lua)
     elapsed = time.perf_counter() - started
     after, idle, client = thread_cpu_seconds(pid), idle_seconds() - idle, children_cpu_seconds() - client
-    cores: Counter = Counter()
+    cores: defaultdict[str, float] = defaultdict(float)
     for tid, cpu in after.items():
         name = names.get(tid, "")
         where = EVENT_LOOP if name == "MainThread" else name if name.startswith("infer-") else OTHER_THREADS

@@ -17,6 +17,9 @@ from calibkit.alarms import AlarmPolicy
 from calibkit.coverage_alarm import DEFAULT_THRESHOLD
 from service.auth import parse_tokens
 
+#: Where the models run (``CALIB_DEVICE``).
+Device = Literal["auto", "cpu", "cuda"]
+
 
 class BatchingConfig(BaseModel):
     """Dynamic batching of one model: at most ``max_batch_size`` rows per onnxruntime call, an
@@ -74,7 +77,7 @@ class Settings(BaseSettings):
     engine_wait_seconds: float = Field(
         default=120.0, gt=0, description="how long a front-end waits at start for the engine's first answer"
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
+    device: Device = Field(
         default="auto", description="auto: CUDA when onnxruntime can use a GPU, else CPU; cuda: warn and fall back"
     )
     cuda_tf32: bool = Field(

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from calibkit.calibrators import CALIBRATORS
 from training.data import DATASETS, available_corruptions
@@ -189,7 +190,7 @@ def load_config(path: str | Path | None = None, defaults: dict[str, Any] | None 
         raise ConfigError(f"invalid configuration: {problems}") from None
 
 
-def _describe(error: dict) -> str:
+def _describe(error: ErrorDetails) -> str:
     """``field: message`` for a pydantic error (just the message for whole-config checks)."""
     message = error["msg"].removeprefix("Value error, ")
     location = ".".join(map(str, error["loc"]))

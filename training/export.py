@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import warnings
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -49,8 +50,10 @@ class CalibratedClassifier(nn.Module):
         super().__init__()
         k = calibrator.n_classes
         if isinstance(calibrator, TemperatureScaling):
+            assert k is not None  # fitted
             w, b, t = np.ones(k), np.zeros(k), calibrator.temperature
         elif isinstance(calibrator, VectorScaling):
+            assert calibrator.w is not None and calibrator.b is not None  # fitted
             w, b, t = calibrator.w, calibrator.b, 1.0
         else:
             raise ExportError(
@@ -129,7 +132,7 @@ def write_artifact(
     name: str,
     version: str | None = None,
     overwrite: bool = False,
-    extra_files: list[Path] = (),
+    extra_files: Sequence[Path] = (),
     invert: bool = False,
     split: CalibrationSplit | None = None,
 ) -> tuple[Path, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import yaml
@@ -67,7 +68,10 @@ def fit_calibration(config: RunConfig, model, splits: DataSplits, rows: np.ndarr
 
 
 def calibrate_step(
-    run_dir: Path, method: str | None = None, objective: str | None = None, conformal_fraction: float | None = None
+    run_dir: Path,
+    method: str | None = None,
+    objective: Literal["nll", "ece"] | None = None,
+    conformal_fraction: float | None = None,
 ) -> Calibrator:
     """Split the validation split (``conformal_fraction``, by the seed), fit post-hoc calibration on the temperature
     part and write ``calibration.json``; fit the conformal scores of the calibrated probabilities on the other part

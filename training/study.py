@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from training.pipeline import load_splits
 from training.trainer import train
 
 #: (label, loss, params) in the order of Mukhoti et al.'s Table 1, plus MbLS (Liu et al. 2022).
-STUDY_LOSSES = (
+STUDY_LOSSES: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("Cross-Entropy", "ce", {}),
     ("Brier Loss", "brier", {}),
     ("MMCE", "mmce", {}),
@@ -60,7 +61,7 @@ STUDY_PROTOCOL = {
 }
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 #: Bootstrapped metrics per method and stage; "error" is 1 - accuracy.
-METRICS = {
+METRICS: dict[str, Callable[..., float]] = {
     "error": lambda p, y: 1.0 - metrics.accuracy(p, y),
     "ece": metrics.ece,
     "adaptive_ece": metrics.adaptive_ece,
@@ -95,7 +96,8 @@ def train_seed(base: RunConfig, seed: int, progress: bool = True) -> tuple[dict,
         result = train(config.model_copy(update={"loss": loss, "loss_params": params}), splits, progress=progress)
         val_logits = predict_logits(result.model, splits.val.x)
         test_logits = predict_logits(result.model, splits.test.x)
-        calibrator = TemperatureScaling(objective=base.calibration_objective).fit(val_logits, splits.val.y)
+        calibrator = TemperatureScaling(objective=base.calibration_objective)
+        calibrator.fit(val_logits, splits.val.y)
         run[f"{label}|pre"], run[f"{label}|post"] = softmax(test_logits), calibrator.transform(test_logits)
         records.append(
             {
@@ -201,7 +203,7 @@ def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEED
     temperatures = bootstrap_temperatures(records, base.n_resamples, base.seed)
     rows = []
     for label, loss, params in STUDY_LOSSES:
-        row = {
+        row: dict[str, Any] = {
             "method": label,
             "loss": loss,
             "params": params,

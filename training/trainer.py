@@ -162,6 +162,7 @@ def _start_from_weights(config: RunConfig, net: nn.Module) -> None:
     for ``finetune: head``, freeze everything else."""
     from training.vision.models import freeze_all_but_head, load_pretrained
 
+    assert config.weights is not None  # the caller starts from weights only when there are some
     architecture = config.model.removeprefix(TORCHVISION_PREFIX)
     load_pretrained(net, architecture, config.weights)
     if config.finetune == "head":

@@ -83,13 +83,14 @@ def goals(result: dict) -> list[dict]:
         }
     )
     quick = [r for r in rows if r["clear_oracle_p50"] is not None and r["clear_oracle_p50"] < 600]
-    slowest = max(quick, key=lambda r: _median(r["clear_p50"]), default=None)
+    slowest_quick = max(quick, key=lambda r: _median(r["clear_p50"]), default=None)
     out.append(
         {
             "goal": "clearing: median <= 1000 where the oracle needs under 600",
             "rows": len(quick),
             "met": all(r["clear_p50"] is not None and r["clear_p50"] <= 1_000 for r in quick),
-            "worst": slowest and f"{slowest['clear_p50']} ({slowest['shape']} {slowest['shift']})",
+            "worst": slowest_quick
+            and f"{slowest_quick['clear_p50']} ({slowest_quick['shape']} {slowest_quick['shift']})",
         }
     )
     latched = max(rows, key=lambda r: r["latched"])
@@ -127,14 +128,14 @@ def goals(result: dict) -> list[dict]:
         }
     )
     if result.get("warnings"):
-        ours = [r for r in result["warnings"] if "D >=" in r["rule"]]
+        our_rules = [r for r in result["warnings"] if "D >=" in r["rule"]]
         out.append(
             {
                 "goal": "label-free warning: <= 1% of in-distribution checks",
-                "rows": len(ours),
-                "met": all(r["rate"] <= 0.01 for r in ours),
+                "rows": len(our_rules),
+                "met": all(r["rate"] <= 0.01 for r in our_rules),
                 "worst": "{rate:.2%} (<= {ci95_high:.2%}) on {recent} recent".format(
-                    **max(ours, key=lambda r: r["rate"])
+                    **max(our_rules, key=lambda r: r["rate"])
                 ),
             }
         )

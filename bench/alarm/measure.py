@@ -135,11 +135,11 @@ class Oracle:
             persisting = (rng.random(c.shape) < a).astype(np.float64)
             shift_peaks.append(oracle.cusum_paths(oracle.clearing_increments(c, persisting, curve)).max(axis=1))
             family_shift_peaks.append(oracle.blind_clearing_paths(c, persisting, family, FAMILY_SIZES).max(axis=1))
-        levels = [
+        level, clear_level, size_blind_level, family_level, family_clear_level = (
             oracle.tuned_level(np.concatenate(peaks), RATE)
             for peaks in (null_peaks, shift_peaks, blind_peaks, family_peaks, family_shift_peaks)
-        ]
-        return cls(curve, family, *levels, tolerance)
+        )
+        return cls(curve, family, level, clear_level, size_blind_level, family_level, family_clear_level, tolerance)
 
     def delays(self, confidence, correct, before: int, during: int) -> dict[str, np.ndarray]:
         """Per stream: labels from the shift to the oracle's alarm (``oracle``), from its end to the oracle's clear
@@ -191,7 +191,7 @@ def naive_outcomes(confidence, correct, threshold: float, before: int, during: i
     ends, ece = window_ece(confidence, correct)
     above = ece > threshold
     streams = confidence.shape[0]
-    false_alarm = above[:, ends <= before].any(axis=1)
+    false_alarm = np.any(above[:, ends <= before], axis=1)
     shift = (ends > before) & (ends <= before + during)
     first = np.where(above[:, shift].any(axis=1), ends[shift][np.argmax(above[:, shift], axis=1)] - before, -1)
     post = ends > before + during

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -126,7 +127,8 @@ def pools(seed: int) -> dict:
 def stream(url: str, model: str, x: np.ndarray, y: np.ndarray, delay: int) -> dict:
     """Serve the rows in order, ``ROWS`` a request, and send each label ``delay`` predictions later, ``BATCH`` at a
     time: what the client received (covered, set size, probabilities) per prediction."""
-    hits, sizes, probs, ids = [], [], [], []
+    hits, sizes, probs = [], [], []
+    ids: list[str] = []
     sent = 0
     with httpx.Client(base_url=url, timeout=60) as client:
 
@@ -289,7 +291,7 @@ def xs_probs(model: str, artifacts: Path, xs: np.ndarray) -> np.ndarray:
 
 def oracle_size(probs: np.ndarray, labels: np.ndarray, calibrator: SplitConformal, coverage: float) -> float:
     """The mean floor set size of split conformal calibrated on the shifted pool itself, at ``coverage``."""
-    params = {"k_reg": calibrator.k_reg, "lam": calibrator.lam} if calibrator.method == "raps" else {}
+    params: dict[str, Any] = {"k_reg": calibrator.k_reg, "lam": calibrator.lam} if calibrator.method == "raps" else {}
     oracle = SplitConformal.fit(probs, labels, calibrator.method, floor=True, **params)
     alpha = min(max(1 - coverage, 1e-6), 1 - 1e-6)
     return float(oracle.sets(probs, alpha).sum(axis=1).mean())
@@ -326,7 +328,7 @@ def alarm_streams(seed: int, count: int = ALARM_STREAMS) -> dict:
             LogQuantileTracker.started(cal, alpha, DEFAULT_STEP),
             CoverageAlarmState.fresh(CoverageAlarmConfig(alpha=null, threshold=DEFAULT_THRESHOLD)),
         )
-        static, alarmed = cal.quantile(alpha), False
+        static, alarmed = float(cal.quantile(alpha)), False
         for start in range(0, ALARM_LABELS, BATCH):
             part = scores[start : start + BATCH].tolist()
             state, transition = _fold(state, part, [1] * len(part), static, 0.0)

@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -289,7 +290,7 @@ def run_splits(source: Source, splits: int, seed: int) -> dict:
             scores_by_k: dict[int, np.ndarray] = {}
             for alpha in ALPHAS:
                 k_reg, lam = (k_regs[alpha], LAMBDA) if method == "raps" else (0, 0.0)
-                kw = {"k_reg": k_reg, "lam": lam, "u": u_test if randomized else None}
+                kw: dict[str, Any] = {"k_reg": k_reg, "lam": lam, "u": u_test if randomized else None}
                 if k_reg not in scores_by_k:
                     scores_by_k[k_reg] = conformity_scores(
                         p_cal, y_cal, method, k_reg=k_reg, lam=lam, u=u_cal if randomized else None
@@ -411,7 +412,8 @@ def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
     keys = rng.integers(0, 2**62, (COST_ROWS, 1_000))
     # the machine's own floor for the ranking: numpy's sort of one batch of int64 keys (how fast it is depends on
     # whether numpy's SIMD sort runs on this CPU)
-    rows, about = [], {"sort_ms": float(np.median(time_calls(lambda i: np.sort(keys, axis=1), 1, repeats)) * 1e3)}
+    rows = []
+    about: dict[str, Any] = {"sort_ms": float(np.median(time_calls(lambda i: np.sort(keys, axis=1), 1, repeats)) * 1e3)}
     for n_classes in (1_000, 10):
         cal_p, cal_y = cost_draw(rng, COST_CALIBRATION, n_classes)
         tune_p, tune_y = cost_draw(rng, COST_CALIBRATION, n_classes)
@@ -430,14 +432,14 @@ def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
             "k_reg": k_reg,
         }
         for method, randomized in VARIANTS:
-            kw = {"k_reg": k_reg, "lam": LAMBDA} if method == "raps" else {}
+            kw: dict[str, Any] = {"k_reg": k_reg, "lam": LAMBDA} if method == "raps" else {}
             cal = SplitConformal.fit(cal_p, cal_y, method, u=rng if randomized else None, **kw)
             draws = uniform if randomized else [None] * len(batches)
             sizes = np.concatenate([cal.sets(b, COST_ALPHA, u=u).sum(axis=1) for b, u in zip(batches, draws)])
             # served: the randomized rows' exact sets, the non-randomized rows' floor sets (the service's default)
             served = ModelSets({method: cal}, method, 1 - COST_ALPHA)
             choice = SetChoice(method, 1 - COST_ALPHA, randomized=randomized)
-            calls = {
+            calls: dict[str, Callable[..., object]] = {
                 "served": lambda i, s=served, c=choice, b=outputs, n=ids: s.sets(b[i], n[i], c),
                 "listed": lambda i, s=served, c=choice, b=outputs, n=ids: s.sets(b[i], n[i], c).listed(),
                 "sets": lambda i, cal=cal, b=batches, d=draws: cal.sets(b[i], COST_ALPHA, u=d[i]),
@@ -502,6 +504,8 @@ def run(args) -> dict:
     if args.e2e_streams:
         from bench.conformal import e2e
 
-        small = {"delays": (0, 100), "measured": 2_000, "shift_min": 2_000, "alarm": 10} if args.smoke else {}
+        small: dict[str, Any] = (
+            {"delays": (0, 100), "measured": 2_000, "shift_min": 2_000, "alarm": 10} if args.smoke else {}
+        )
         out["e2e"] = e2e.run(args.seed + 500, args.e2e_streams, args.e2e_shift_streams, **small)
     return out

@@ -214,6 +214,7 @@ def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dic
     names = model.manifest.outputs
     scored = score(outputs[names["logits"]], outputs[names["probabilities"]], 0, None, encode=True)
     default = model.sets.choice(None, None, False)
+    assert default is not None  # version WITH serves sets
     options = PredictOptions()
 
     def serve(with_sets: bool) -> None:

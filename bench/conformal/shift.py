@@ -255,23 +255,23 @@ def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[di
                     }
                 )
     summary = []
-    for (method, step), rows in per_method.items():
-        long_run = min(r["long_run"] for r in rows)
-        window = min(r["window"] for r in rows)
-        ratio = max(r["size_ratio"] for r in rows)
+    for (method, step), method_rows in per_method.items():
+        long_run = min(r["long_run"] for r in method_rows)
+        window = min(r["window"] for r in method_rows)
+        ratio = max(r["size_ratio"] for r in method_rows)
         covers = long_run >= 1 - ALPHA - LONG_RUN_TOLERANCE and window >= 1 - ALPHA - WINDOW_TOLERANCE
         summary.append(
             {
                 "method": method,
                 "step": step,
-                "streams": sum(r["streams"] for r in rows),
+                "streams": sum(r["streams"] for r in method_rows),
                 "long_run_worst": long_run,
                 "window_worst": window,
                 "size_ratio_worst": ratio,
                 "covers": covers,
                 "bound": long_run_bound(method, step),
                 "met": covers and ratio <= MAX_SIZE_RATIO,
-                "mean_size": float(np.mean([r["size"] for r in rows])),
+                "mean_size": float(np.mean([r["size"] for r in method_rows])),
             }
         )
     # the goals judge the rule the service serves: these streams fold each label before the next prediction, which no

@@ -18,8 +18,10 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
@@ -27,6 +29,9 @@ import numpy as np
 from bench.common import Server, histogram_totals, machine, process_cpu_seconds, table, wrk
 from bench.grpc_load import load as grpc_load
 from bench.serving.measure import HEAVY, LIGHT, SHAPES, binary_load, raw_onnxruntime, service, single_row_requests
+
+if TYPE_CHECKING:
+    from service.settings import Device
 
 MODELS = (HEAVY, LIGHT)
 PROTOCOLS = ("binary", "json", "grpc")
@@ -99,6 +104,7 @@ class GpuUtilisation:
     where NVML is missing (no GPU)."""
 
     def __init__(self) -> None:
+        self._read: Callable[[], float] | None
         try:
             import pynvml
 
@@ -117,6 +123,7 @@ class GpuUtilisation:
         return self
 
     def _sample(self) -> None:
+        assert self._read is not None  # sampled only where NVML answers
         while not self._stop.wait(0.1):
             self._samples.append(self._read())
 
@@ -174,7 +181,8 @@ def point(servers: list[Server], model: str, protocol: str, clients: int, second
     after, used = totals(servers, model), role_cpu(servers)
 
     def delta(key: str) -> tuple[float, float]:
-        return tuple(after.get(key, [0, 0])[i] - before.get(key, [0, 0])[i] for i in (0, 1))
+        (total, count), (total_before, count_before) = after.get(key, [0, 0]), before.get(key, [0, 0])
+        return total - total_before, count - count_before
 
     rows, batches = delta("batch")
     n = max(1, got["requests"])
@@ -226,7 +234,7 @@ def sweep_service(servers: list[Server], w: int, seconds: float, work: Path, lab
 
 def run(
     out: Path,
-    device: str,
+    device: Device,
     artifacts: Path,
     seconds: float,
     frontends: tuple[int, ...],

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -31,6 +32,9 @@ from bench.common import (
     v2_binary_request,
     wrk,
 )
+
+if TYPE_CHECKING:
+    from service.settings import Device
 
 LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
 LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
@@ -81,7 +85,9 @@ def heavy_artifact(root: Path) -> None:
     )
 
 
-def raw_onnxruntime(path: Path, shape: tuple, seconds: float, batches=BATCH_SIZES, device: str = "auto") -> list[dict]:
+def raw_onnxruntime(
+    path: Path, shape: tuple, seconds: float, batches=BATCH_SIZES, device: Device = "auto"
+) -> list[dict]:
     """rows/s of onnxruntime alone with the service's providers, sessions, thread and I/O binding
     settings: each of the model's sessions called back to back from its own thread, all at once."""
     from service.serving.runtime import create_runtime
@@ -186,7 +192,7 @@ def batching_floor(
     seconds: float,
     lua: str | None,
     model_path: Path,
-    device: str,
+    device: Device,
 ) -> dict:
     """The batching floor (``floor_server(model_path)``) at ``clients`` single-row clients of one protocol: its
     rows/s over onnxruntime alone at the batch size it formed (``GET /`` counts its rows and calls)."""
@@ -261,7 +267,7 @@ def grpc_floor_server(model_path: Path) -> Server:
     return Server([PYTHON, "-m", "bench.grpc_floor_app"], None, {"FLOOR_MODEL": str(model_path)}, probe=_grpc_floor_up)
 
 
-def grpc_batching_floor(floor: Server, clients: int, seconds: float, model_path: Path, device: str) -> dict:
+def grpc_batching_floor(floor: Server, clients: int, seconds: float, model_path: Path, device: Device) -> dict:
     """The gRPC batching floor at ``clients`` single-row clients: its rows/s over onnxruntime alone at the batch
     size it formed."""
     before = _grpc_floor_stats(floor.port)
@@ -360,7 +366,7 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
 
 
 def heavy_rounds(
-    svc: Server, artifacts: Path, clients: int, seconds: float, rounds: int, device: str, lua: str
+    svc: Server, artifacts: Path, clients: int, seconds: float, rounds: int, device: Device, lua: str
 ) -> dict:
     """The heavy model's goals measured in turn, ``rounds`` times, so that a drift of the machine's speed
     hits all alike: the service at ``clients`` single-row clients through JSON /predict and through v2
@@ -384,7 +390,7 @@ def heavy_rounds(
         wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
         wrk(f"{floor.url}/predict", requests["json"][1], clients, 1.0)
         for _ in range(rounds):
-            row = {}
+            row: dict[str, Any] = {}
             for side, (path, side_payload, side_lua) in requests.items():
                 before = histogram_totals(svc.url)
                 rps = wrk(svc.url + path, side_payload, clients, seconds, lua=side_lua)["requests_per_s"]
@@ -601,7 +607,7 @@ def run(
     stored_rows: int,
     soak_minutes: float,
     smoke: bool,
-    device: str,
+    device: Device,
 ) -> Measured:
     """Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) and a heavy one (an
     untrained CIFAR ResNet-56 on 32x32x3, where inference dominates), served on ``device``.
@@ -622,7 +628,7 @@ def run(
     top = concurrency[-1]
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     artifacts = both_artifacts(work)
-    result = {"seconds_per_point": seconds, "raw": {}, "load": [], "logging": [], "split": {}}
+    result: dict[str, Any] = {"seconds_per_point": seconds, "raw": {}, "load": [], "logging": [], "split": {}}
     payloads = {model: body(model, shape, 1) for model, shape in SHAPES.items()}
     try:
         for model, shape in SHAPES.items():
@@ -701,7 +707,7 @@ def both_artifacts(work: Path) -> Path:
     return artifacts
 
 
-def heavy_only(seconds: float, rounds: int, device: str) -> dict:
+def heavy_only(seconds: float, rounds: int, device: Device) -> dict:
     """``heavy_rounds`` alone on a fresh service (prediction logging on, a small SQLite store), after a warm-up."""
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     try:

@@ -15,8 +15,8 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
 def _read_image(path: Path, image_size: int, mode: str) -> np.ndarray:
     try:
-        with Image.open(path) as im:
-            im = im.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR)
+        with Image.open(path) as opened:
+            im = opened.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR)
             arr = np.asarray(im, dtype=np.float32) / np.float32(255.0)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise ValueError(f"cannot read image file {path}: {err}") from err

@@ -29,6 +29,9 @@ TORCHVISION_CHANNELS = 3
 class Normalize(nn.Module):
     """(x - mean) / std per channel, with the statistics stored as buffers (exported with the model)."""
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, mean: np.ndarray, std: np.ndarray):
         super().__init__()
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
@@ -78,6 +81,8 @@ class ModelSpec:
     def for_data(cls, architecture: str, splits, input_size: int | None = None) -> ModelSpec:
         """The spec for ``splits`` (a ``training.data.DataSplits``): normalisation statistics of its training split,
         or ImageNet's for a ``torchvision:*`` architecture."""
+        mean: tuple[float, ...]
+        std: tuple[float, ...]
         if is_torchvision(architecture):
             mean, std = IMAGENET_MEAN, IMAGENET_STD
         else:

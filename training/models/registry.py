@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import SupportsIndex
 
 from torch import nn
 
@@ -66,6 +67,8 @@ def _as_int(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got bool {value!r}")
     try:
+        if not isinstance(value, SupportsIndex):
+            raise TypeError
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None

@@ -50,7 +50,9 @@ def check_architecture(architecture: str) -> None:
 def head_name(architecture: str) -> str:
     """The attribute of ``architecture``'s classification layer (``fc`` or ``classifier``)."""
     check_architecture(architecture)
-    return HEADS[_family(architecture)]
+    family = _family(architecture)
+    assert family is not None  # a supported architecture
+    return HEADS[family]
 
 
 def build_torchvision_model(architecture: str, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
@@ -59,7 +61,9 @@ def build_torchvision_model(architecture: str, *, num_classes: int, in_channels:
     check_architecture(architecture)
     if in_channels != 3:
         raise ValueError(f"torchvision:{architecture} takes 3 input channels, got {in_channels}")
-    smallest = MIN_IMAGE_SIZE[_family(architecture)]
+    family = _family(architecture)
+    assert family is not None  # a supported architecture
+    smallest = MIN_IMAGE_SIZE[family]
     if image_size < smallest:
         raise ValueError(
             f"torchvision:{architecture} needs images of at least {smallest}x{smallest}, got "
