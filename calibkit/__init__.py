@@ -4,8 +4,9 @@ Modules: ``metrics`` (ECE, MCE, AdaECE, classwise ECE, NLL, Brier, ...), ``binni
 sums every binned metric is built from), ``stats`` (mergeable ``BinStats``), ``bootstrap``
 (confidence intervals), ``significance`` (intervals and tests from bin sums), ``temperature``
 (temperature scaling), ``calibrators`` (post-hoc calibrators behind one interface), ``conformal``
-(split conformal prediction sets: LAC, APS, RAPS, Mondrian, p-values), ``adaptive_conformal`` (ACI and the
-quantile tracker under shift), ``coverage_alarm`` (the anytime-valid coverage alarm), ``detector``
+(split conformal prediction sets: LAC, APS, RAPS, Mondrian, p-values; ``conformal.adaptive``, ACI and the
+quantile tracker under shift), ``synthetic`` (predictions of known calibration), ``mixture`` (the alarms' mixture
+of e-processes), ``coverage_alarm`` (the anytime-valid coverage alarm), ``detector``
 and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
 ``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
 (input checks).

@@ -1,6 +1,6 @@
 """An anytime-valid alarm for "the prediction sets cover less than their target", from the misses of served sets.
 
-Each label gives err_t = 1 when the set served for it missed the label (``calibkit.adaptive_conformal.misses_of``).
+Each label gives err_t = 1 when the set served for it missed the label (``calibkit.conformal.adaptive.misses_of``).
 The null hypothesis is that the sets cover at least 1 - alpha at every time, given the past:
 
     H0(alpha):  P(err_t = 1 | past) <= alpha   for every t.
@@ -40,7 +40,7 @@ independent streams (for simulations) and folding labels in one call or in many 
 bit, so a service that derives it by folding the stored labels in order agrees across replicas and restarts.
 ``to_dict`` / ``from_dict`` carry a single-stream state through JSON exactly.
 
-Miss indicators of ACI-served sets (``calibkit.adaptive_conformal``) are not under H0 at every instant: ACI
+Miss indicators of ACI-served sets (``calibkit.conformal.adaptive``) are not under H0 at every instant: ACI
 raises its level alpha_t after a run of covered labels, and then misses more often than alpha for a while, by
 design. Their long-run rate is alpha, and the alarm's mixture needs sustained excess, but its guarantee is for
 the null above; it answers "is the served coverage below target now", the question to ask of static sets, or of
@@ -68,7 +68,7 @@ from functools import cached_property
 
 import numpy as np
 
-from calibkit.adaptive_conformal import check_misses
+from calibkit.conformal.adaptive import check_misses
 from calibkit.mixture import crosses, log_mixture
 from calibkit.validation import expected
 

@@ -122,7 +122,7 @@ class Settings(BaseSettings):
         "same input, coverage at least 1 - alpha",
     )
     conformal_adaptation: Literal["log-quantile", "off"] = Field(
-        default="log-quantile",  # calibkit.adaptive_conformal.DEFAULT_METHOD
+        default="log-quantile",  # calibkit.conformal.adaptive.DEFAULT_METHOD
         description="how each set choice's threshold adapts online from the labels, so long-run coverage holds "
         "under shift: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) on "
         "the log scale of the score's distance to its top, fed each label's own score so that label delay does not "

@@ -301,8 +301,8 @@ def alarm_streams(seed: int, count: int = ALARM_STREAMS) -> dict:
     """``ALARM_STREAMS`` exchangeable streams of ``ALARM_LABELS`` labelled CIFAR-like floor-RAPS scores, folded by the
     service's own fold in batches of ``BATCH``, adaptation on: the streams whose alarm was raised, against the stated
     bound n / A + 0.01."""
-    from calibkit.adaptive_conformal import DEFAULT_STEP, LogQuantileTracker
     from calibkit.conformal import pick_k_reg
+    from calibkit.conformal.adaptive import DEFAULT_STEP, LogQuantileTracker
     from calibkit.coverage_alarm import (
         DEFAULT_THRESHOLD,
         CoverageAlarmConfig,

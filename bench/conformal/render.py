@@ -65,7 +65,7 @@ def shift_section(shift: dict) -> list[str]:
         "coverage goals met on every stream; `bound`: the rule's deterministic bound on the distance of the long-run "
         "miss rate from alpha after the stream's 10,000 labels, which holds for every sequence, these streams or "
         "others; `met`: the size goal too. `chosen`: the rule and step the service serves "
-        "(`calibkit.adaptive_conformal`'s default); a comparison with no label delay cannot choose a rule for a "
+        "(`calibkit.conformal.adaptive`'s default); a comparison with no label delay cannot choose a rule for a "
         "service whose labels come late ([0024](decisions/0024-sets-under-label-delay.md)).",
         "",
         table(shift["methods"], METHOD_COLUMNS),
@@ -110,7 +110,7 @@ def markdown(result: dict) -> str:
         f'Measured by `make bench-conformal` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
         f"{m['memory_gib']} GiB, Python {m['python']}, numpy {m['numpy']}, at commit `{m['commit']}`, in "
         f"{result['seconds']:.0f} s. Split conformal classification of `calibkit.conformal`, the adaptive thresholds "
-        "of `calibkit.adaptive_conformal`, the alarm of `calibkit.coverage_alarm`, and the cost of sets in the "
+        "of `calibkit.conformal.adaptive`, the alarm of `calibkit.coverage_alarm`, and the cost of sets in the "
         "service's /predict.",
         "",
         "## Goals",

@@ -1,5 +1,5 @@
 """The conformal benchmark under shift: static split conformal against the adaptive thresholds of
-``calibkit.adaptive_conformal`` on streams of labels in order, and the coverage alarm of ``calibkit.coverage_alarm``
+``calibkit.conformal.adaptive`` on streams of labels in order, and the coverage alarm of ``calibkit.coverage_alarm``
 against an oracle CUSUM told the drop; rows for ``goals`` and ``render``.
 
 A stream is ``BEFORE`` labels of the data the static calibrator was fitted on, then ``AFTER`` labels of a shift:
@@ -19,7 +19,8 @@ from scipy import stats
 
 from bench.alarm import oracle
 from bench.common import table
-from calibkit.adaptive_conformal import (
+from calibkit.conformal import SCORE_ATOL, SplitConformal, conformity_scores
+from calibkit.conformal.adaptive import (
     DEFAULT_SPAN,
     DEFAULT_STEP,
     LogQuantileTracker,
@@ -28,7 +29,6 @@ from calibkit.adaptive_conformal import (
     misses_of,
     track,
 )
-from calibkit.conformal import SCORE_ATOL, SplitConformal, conformity_scores
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, threshold_for
 from calibkit.synthetic import TrafficShape
 from calibkit.temperature import softmax

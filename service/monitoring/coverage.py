@@ -10,7 +10,7 @@ set held it (the observed coverage), and both states are folded from its score:
 - **Adaptive threshold** (``adaptation``, ``log-quantile``): the quantile tracker of conformal PID control
   (Angelopoulos, Candès & Tibshirani 2023) on the log scale of the score's distance to the top of its range, fed
   each label's miss at the tracker's current level, never below the floor sets' smallest
-  (``calibkit.adaptive_conformal.LogQuantileTracker``): stable however late and in whatever batches labels come,
+  (``calibkit.conformal.adaptive.LogQuantileTracker``): stable however late and in whatever batches labels come,
   with the long-run bound (U + eta) / (eta T) on its own misses for every sequence. Off, sets use the static
   threshold, whose guarantee needs serving data exchangeable with the calibration split.
 - **Coverage alarm**: the mixture of e-CUSUM detectors of ``calibkit.coverage_alarm`` on each label's miss at the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binomtest
 
-from calibkit.adaptive_conformal import DEFAULT_STEP, LogQuantileTracker, misses_of
+from calibkit.conformal.adaptive import DEFAULT_STEP, LogQuantileTracker, misses_of
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, calibration_tolerance
 from service.metrics import ServiceMetrics
 from service.monitoring.windows import Window

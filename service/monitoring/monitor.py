@@ -3,8 +3,8 @@ store, and the few operations that span them. All methods are blocking and run i
 
 from __future__ import annotations
 
-from calibkit.adaptive_conformal import DEFAULT_METHOD
 from calibkit.alarms import AlarmPolicy, AlarmStatus
+from calibkit.conformal.adaptive import DEFAULT_METHOD
 from calibkit.coverage_alarm import DEFAULT_THRESHOLD
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calibkit.adaptive_conformal import LogQuantileTracker, served_ranked_sets
 from calibkit.conformal import SplitConformal, conformity_scores
+from calibkit.conformal.adaptive import LogQuantileTracker, served_ranked_sets
 from calibkit.manifest import Manifest, load_conformal
 from service.errors import InvalidInput
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bench.conformal.shift import ALPHA, aci_rule, quantile_rule, run_log_tracker, run_rule
-from calibkit.adaptive_conformal import LogQuantileTracker, misses_of
 from calibkit.conformal import SplitConformal
+from calibkit.conformal.adaptive import LogQuantileTracker, misses_of
 
 ADVERSARIES = {
     # scores that flip between always missed and always covered, in long blocks

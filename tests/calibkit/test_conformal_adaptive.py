@@ -1,4 +1,4 @@
-"""calibkit.adaptive_conformal: the log-scale tracker's deterministic long-run bound, its folds and JSON form, the
+"""calibkit.conformal.adaptive: the log-scale tracker's deterministic long-run bound, its folds and JSON form, the
 checks. (ACI's and the score-scale tracker's bounds are tested on the benchmark's recursions: tests/bench.)"""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from calibkit.adaptive_conformal import (
+from calibkit.conformal import SplitConformal
+from calibkit.conformal.adaptive import (
     DEFAULT_METHOD,
     DEFAULT_SPAN,
     DEFAULT_STEP,
@@ -21,7 +22,6 @@ from calibkit.adaptive_conformal import (
     served_ranked_sets,
     track,
 )
-from calibkit.conformal import SplitConformal
 
 
 def _calibrator(n: int = 200, seed: int = 0) -> SplitConformal:
@@ -304,3 +304,15 @@ def test_start_and_defaults():
 def test_bad_arguments_raise_naming_them(call, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         call()
+
+
+def test_the_old_module_name_still_imports_for_one_release_with_a_warning():
+    import importlib
+    import sys
+
+    import calibkit.conformal.adaptive as adaptive
+
+    sys.modules.pop("calibkit.adaptive_conformal", None)
+    with pytest.warns(DeprecationWarning, match="calibkit.conformal.adaptive"):
+        old = importlib.import_module("calibkit.adaptive_conformal")
+    assert old.LogQuantileTracker is adaptive.LogQuantileTracker and old.DEFAULT_STEP == adaptive.DEFAULT_STEP
