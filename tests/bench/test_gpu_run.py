@@ -1,5 +1,5 @@
-"""The GPU run (bench.gpu) keeps working: its smoke version on the CPU, in the fast tier, its settings sweep's
-parts, and its hand-built binary v2 body is the one tritonclient.http sends."""
+"""The GPU run (bench.gpu) keeps working: its smoke version on the CPU, in the fast tier, and its hand-built binary v2
+body is the one tritonclient.http sends."""
 
 import json
 import os
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench.common import Server, parent_pid, v2_binary_request
-from bench.gpu import CLIENTS, HEAVY, LIGHT, batcher_alone, raw_samples, v2_binary_outputs
+from bench.gpu import HEAVY, LIGHT, v2_binary_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,13 +95,6 @@ def test_the_gpu_run_smoke_version_runs_on_the_cpu_and_reports_every_measurement
     assert "### Goals" in markdown and markdown in result.stdout
 
 
-def test_the_batcher_alone_serves_every_client_in_batches_through_the_service_sessions():
-    row = batcher_alone(ROOT / "artifacts", "cpu", 0.5, model_name=LIGHT)
-    assert (row["model"], row["provider"], row["sessions"]) == (LIGHT, "CPUExecutionProvider", min(2, os.cpu_count()))
-    assert row["rows_per_s"] > 0 and row["onnxruntime_ms"] > 0
-    assert 1 < row["batch"] <= CLIENTS  # CLIENTS single-row clients at once: batches form
-
-
 def test_a_launcher_is_interrupted_and_the_server_it_started_is_stopped(tmp_path):
     done = tmp_path / "written"
     serve = "import sys, http.server as h; h.HTTPServer(('127.0.0.1', int(sys.argv[2])), h.BaseHTTPRequestHandler)"
@@ -117,12 +110,6 @@ def test_a_launcher_is_interrupted_and_the_server_it_started_is_stopped(tmp_path
         time.sleep(0.05)
     else:
         pytest.fail("the server the launcher started outlived it")
-
-
-def test_a_py_spy_raw_file_counts_its_samples(tmp_path):
-    stacks = tmp_path / "py-spy.txt"
-    stacks.write_text("thread (1): MainThread;main (a.py:1) 7\nthread (2): infer-0;run (b.py:2);wait (c.py:3) 5\n")
-    assert raw_samples(stacks) == 12 and raw_samples(tmp_path / "missing.txt") == 0
 
 
 def _port_open(port: int) -> bool:
