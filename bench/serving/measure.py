@@ -48,41 +48,10 @@ PHASES = ["parse", "validate", "batch", "encode", "total"]
 
 
 def heavy_artifact(root: Path) -> None:
-    """An untrained CIFAR ResNet-56 exported like any trained model (weights do not change speed), with seeded
-    weights: an unseeded draw sometimes has logits in the tens of thousands, past the export's parity bound on
-    the probabilities."""
-    import torch
+    """The heavy model: an untrained CIFAR ResNet-56 under ``root`` (``training.untrained``)."""
+    from training.untrained import untrained_artifact
 
-    from calibkit.calibrators import TemperatureScaling
-    from training.data import DataSplits, ImageDataset
-    from training.evaluation import before_after
-    from training.export import write_artifact
-    from training.inference import predict_logits
-    from training.models.network import ModelSpec
-
-    rng = np.random.default_rng(0)
-    names = tuple(f"class{i}" for i in range(10))
-    part = lambda n: ImageDataset(rng.random((n, 3, 32, 32), dtype=np.float32), np.arange(n) % 10, names)  # noqa: E731
-    splits = DataSplits(part(64), part(64), part(64), "random-cifar")
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = ModelSpec.for_data("resnet56", splits).build().eval()
-    logits = predict_logits(model, splits.val.x)
-    calibrator = TemperatureScaling().fit(logits, splits.val.y)
-    evaluation = {"validation": before_after(logits, splits.val.y, calibrator, 20, 15)}
-    write_artifact(
-        model=model,
-        calibrator=calibrator,
-        class_names=names,
-        input_shape=(3, 32, 32),
-        val_x=splits.val.x,
-        val_y=splits.val.y,
-        evaluation=evaluation,
-        training_info=None,
-        root=root,
-        name=HEAVY,
-        version="1",
-    )
+    untrained_artifact(root, HEAVY)
 
 
 def raw_onnxruntime(

@@ -175,19 +175,20 @@ def test_tritonclient_grpc_serves_the_light_model_as_rest_does(base_url, check_m
 
 @pytest.mark.e2e  # builds the heavy model with torch
 def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, tmp_path, server_for, check_model):
-    from bench.serving.measure import HEAVY, SHAPES, heavy_artifact
+    from training.untrained import untrained_artifact
 
+    heavy, shape = "cifar-resnet56", [3, 32, 32]
     if not (repository_dir.parent / "heavy").exists():
-        heavy_artifact(repository_dir.parent / "heavy")
+        untrained_artifact(repository_dir.parent / "heavy", heavy)
     root = tmp_path / "artifacts"
     root.mkdir()
-    (root / HEAVY).symlink_to(repository_dir.parent / "heavy" / HEAVY)
+    (root / heavy).symlink_to(repository_dir.parent / "heavy" / heavy)
     (root / LIGHT).symlink_to(repository_dir / LIGHT)
     settings = Settings(artifacts=root, default_model=LIGHT, database_url=f"sqlite:///{tmp_path / 'm.db'}")
     with server_for(settings) as (base_url, _):
-        got = _grpc_client(base_url, {HEAVY: list(SHAPES[HEAVY]), LIGHT: LIGHT_SHAPE})
-        for model, shape in ((HEAVY, list(SHAPES[HEAVY])), (LIGHT, LIGHT_SHAPE)):
-            check_model(base_url, got["models"][model], model, shape)
+        got = _grpc_client(base_url, {heavy: shape, LIGHT: LIGHT_SHAPE})
+        for model, model_shape in ((heavy, shape), (LIGHT, LIGHT_SHAPE)):
+            check_model(base_url, got["models"][model], model, model_shape)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the refused start
