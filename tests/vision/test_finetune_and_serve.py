@@ -2,16 +2,18 @@
 weights file (``python -m training run``), export it to ONNX, serve it (``python -m service``), and check what
 the service answers against the checkpoint; and the seed-000 recipe in configs/ on a generated CIFAR-10 file."""
 
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from bench.common import Server
 from calibkit.calibrators import load_calibrator
 from calibkit.manifest import load_manifest
+from service.ports import free_port
 from training import pipeline
 from training.cli import main
 from training.inference import predict_logits
@@ -57,11 +59,15 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
     test = pipeline.load_splits(config).test
     images, labels = test.x[:8], test.y[:8]
     expected = load_calibrator(run_dir / pipeline.CALIBRATION).transform(predict_logits(result.model, images))
-    server = Server([sys.executable, "-m", "service", "--artifacts", str(artifacts), "--host", "127.0.0.1"], "/health")
+    port = free_port()
+    argv = [sys.executable, "-m", "service", "--artifacts", str(artifacts), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        health = httpx.get(server.url + "/health").json()
+        _wait_until_up(url, server)
+        health = httpx.get(url + "/health").json()
         assert [(m["name"], m["ready"]) for m in health["models"]] == [("cifar10-torchvision-resnet18", True)]
-        response = httpx.post(server.url + "/predict", json={"inputs": images.tolist()}, timeout=60)
+        response = httpx.post(url + "/predict", json={"inputs": images.tolist()}, timeout=60)
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["model"] == "cifar10-torchvision-resnet18" and body["temperature"] == pytest.approx(
@@ -70,7 +76,7 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
         served = np.array([p["probabilities"] for p in body["predictions"]])
         np.testing.assert_allclose(served, expected, atol=1e-5)
         feedback = httpx.post(
-            server.url + "/feedback",
+            url + "/feedback",
             json={
                 "items": [
                     {"prediction_id": p["id"], "label": manifest.class_names[y]}
@@ -81,7 +87,20 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
         )
         assert feedback.status_code == 200 and feedback.json()["accepted"] == 8
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(30)
+
+
+def _wait_until_up(url: str, server: subprocess.Popen, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"python -m service did not answer /health (exit status {server.poll()})")
 
 
 @pytest.mark.parametrize(
