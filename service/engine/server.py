@@ -17,9 +17,11 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping
 
 import zmq
@@ -33,6 +35,8 @@ log = logging.getLogger("service.engine")
 DRAIN = 256
 #: Milliseconds the socket thread waits in the poller before it looks at ``stop`` again.
 POLL_MS = 100
+#: Seconds a stopping engine waits at most for the replies of what it had queued.
+DRAIN_SECONDS = 60.0
 #: The engine's thread switch interval when ``CALIB_SWITCH_INTERVAL_MS`` is unset: an inference thread whose ``Run``
 #: has ended waits at most this long for the GIL. Beside a busy Python thread, onnxruntime alone kept a quarter of its
 #: rows/s at Python's default of 5 ms and three quarters at 0.5 ms (decision 0027).
@@ -77,11 +81,12 @@ class EngineServer:
         poller.register(router, zmq.POLLIN)
         poller.register(replies, zmq.POLLIN)
         outstanding = 0  # requests queued whose reply has not been forwarded yet
-        draining = False
+        draining, deadline = False, math.inf
         try:
-            while not (draining and outstanding == 0):
+            while not (draining and (outstanding <= 0 or time.monotonic() > deadline)):
                 if self._stopping.is_set() and not draining:
                     draining = True  # read no more requests; answer those queued and in flight
+                    deadline = time.monotonic() + DRAIN_SECONDS  # a reply lost to a failed callback ends the wait
                     poller.unregister(router)
                     for batcher in self.batchers.values():
                         batcher.close()
