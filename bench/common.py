@@ -298,12 +298,17 @@ def histogram_means(before: dict, after: dict, keys: list[str]) -> dict:
     return out
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and all its threads (``/proc/<pid>/stat`` fields
-    14 and 15, in clock ticks)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+def process_cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` and all its threads, or of its thread ``thread`` alone
+    (``/proc/<pid>[/task/<thread>]/stat`` fields 14 and 15, in clock ticks)."""
+    stat = Path(f"/proc/{pid}" + (f"/task/{thread}" if thread is not None else "") + "/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()  # the fields after the command name, from field 3 on
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (a pod's engine and front-ends)."""
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def children_cpu_seconds() -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.common import ROOT, Server, process_cpu_seconds, publish, table, wrk
+from bench.common import ROOT, Server, children, process_cpu_seconds, publish, table, wrk
 
 PAGE = ROOT / "docs" / "engine_benchmark.md"
 MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
@@ -78,8 +78,7 @@ asyncio.run(main())
 
 def tree_cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its live children (a pod's engine and front-ends)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return process_cpu_seconds(pid) + sum(process_cpu_seconds(int(c)) for c in children)
+    return process_cpu_seconds(pid) + sum(process_cpu_seconds(c) for c in children(pid))
 
 
 def service_runs(seconds: float) -> list[dict]:

@@ -13,7 +13,6 @@ run cut short still returns what it measured: ``engine-gpu.json`` and ``engine-g
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
-from bench.common import Server, histogram_totals, machine, process_cpu_seconds, table, wrk
+from bench.common import Server, children, histogram_totals, machine, process_cpu_seconds, table, wrk
 from bench.grpc_load import load as grpc_load
 from bench.serving.measure import HEAVY, LIGHT, SHAPES, binary_load, raw_onnxruntime, service, single_row_requests
 
@@ -76,9 +75,9 @@ def roles(svc: Server) -> dict[str, list[int]]:
     """The service's processes by role: ``engine`` (``python -m service.engine``) and ``frontends`` (the rest:
     the in-process server itself at W = 1, else the pod's front-ends and its idle supervisor)."""
     root = svc.process.pid
-    children = [int(c) for c in Path(f"/proc/{root}/task/{root}/children").read_text().split()]
-    engine = [c for c in children if b"service.engine" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    return {"engine": engine, "frontends": [root, *(c for c in children if c not in engine)]}
+    kids = children(root)
+    engine = [c for c in kids if b"service.engine" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return {"engine": engine, "frontends": [root, *(c for c in kids if c not in engine)]}
 
 
 def role_cpu(servers: list[Server]) -> dict[str, float]:
@@ -89,14 +88,8 @@ def role_cpu(servers: list[Server]) -> dict[str, float]:
         for role, pids in roles(svc).items():
             out[role] += sum(process_cpu_seconds(p) for p in pids)
             if role == "engine":
-                out["engine_loop"] += sum(thread_cpu_seconds(p, p) for p in pids)
+                out["engine_loop"] += sum(process_cpu_seconds(p, thread=p) for p in pids)
     return out
-
-
-def thread_cpu_seconds(pid: int, tid: int) -> float:
-    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class GpuUtilisation:
