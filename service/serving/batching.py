@@ -153,12 +153,11 @@ class DynamicBatcher:
 
     async def submit(self, x: np.ndarray) -> tuple[Any, Timing]:
         """Queue a (rows, ...) batch and wait for its rows of the batch's result."""
-        pending = _Pending(x, self._loop.create_future()) if self._loop else None
-        if pending is None:  # no loop: not started, so not accepting either
+        if self._loop is None:  # not started (or started outside an event loop: submit_nowait's callers only)
             raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
-        self._enqueue(pending)
-        assert pending.future is not None
-        return await pending.future
+        future = self._loop.create_future()
+        self._enqueue(_Pending(x, future))
+        return await future
 
     def submit_nowait(self, x: np.ndarray, done: Done) -> None:
         """Queue a (rows, ...) batch; ``done`` is called on an inference thread with its rows of the result and
