@@ -138,13 +138,15 @@ class EngineServer:
                 raise ModelNotFound(f"the engine serves no model {header.model!r} version {header.version!r}")
             if x is None:
                 raise ValueError("an inference request without rows")
-            batcher.submit_nowait(x, functools.partial(self._done, identity, header.seq, header.model))
+            batcher.submit_nowait(x, functools.partial(self._done, identity, header.seq))
         except Exception as exc:  # noqa: BLE001 - every request gets an answer
-            router.send_multipart([identity, *_failure(header.seq, header.model, exc)])
+            if not isinstance(exc, REFUSALS):
+                log.error("a request for %s failed before its batch: %r", header.model, exc)
+            router.send_multipart([identity, *_failure(header.seq, exc)])
             return 0
         return 1
 
-    def _done(self, identity: bytes, seq: int, model: str, outputs, timing, exc) -> None:
+    def _done(self, identity: bytes, seq: int, outputs, timing, exc) -> None:
         """On an inference thread: the reply of one request, pushed to the socket thread."""
         if exc is None:
             frames = wire.reply(
@@ -156,7 +158,7 @@ class EngineServer:
                 inference_seconds=timing.inference_seconds,
             )
         else:
-            frames = _failure(seq, model, exc)
+            frames = _failure(seq, exc)  # the batcher logged a failed batch once, with its traceback
         pusher = getattr(self._pushers, "socket", None)
         if pusher is None:
             pusher = self._pushers.socket = self._context.socket(zmq.PUSH)
@@ -177,7 +179,11 @@ def _forward(replies: zmq.Socket, router: zmq.Socket) -> int:
     return sent
 
 
-def _failure(seq: int, model: str, exc: Exception) -> list:
+#: The errors that are answers (refusals the front-end maps to 4xx/503), not faults to log.
+REFUSALS = (Overloaded, NotReady, ModelNotFound, ValueError)
+
+
+def _failure(seq: int, exc: Exception) -> list:
     """The frames of a refusal or failure: the service's error kinds by name, anything else an ``error``."""
     if isinstance(exc, Overloaded):
         return wire.failure(seq, "overloaded", exc.message, int(exc.headers["Retry-After"]))
@@ -187,7 +193,6 @@ def _failure(seq: int, model: str, exc: Exception) -> list:
         return wire.failure(seq, "model_not_found", exc.message)
     if isinstance(exc, ValueError):
         return wire.failure(seq, "invalid", str(exc))
-    log.error("inference failed for %s: %s", model, exc)
     return wire.failure(seq, "error", f"{type(exc).__name__}: {exc}")
 
 

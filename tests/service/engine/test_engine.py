@@ -5,7 +5,9 @@ waiting request at once, then served again once it is back."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -115,6 +117,36 @@ def test_a_full_engine_queue_answers_overloaded_with_its_retry_after(tmp_path):
     refused = [r for r in results if isinstance(r, Overloaded)]
     assert refused and refused[0].headers["Retry-After"] == "1" and "rows queued" in refused[0].message
     assert any(isinstance(r, tuple) for r in results)
+
+
+def test_a_failed_batch_answers_each_of_its_requests_and_is_logged_once(tmp_path, caplog):
+    endpoint = f"ipc://{tmp_path / 'e.sock'}"
+
+    def run(x):
+        raise RuntimeError("the session broke")
+
+    async def scenario():
+        batcher = DynamicBatcher([run], BatchingConfig(max_batch_size=64, instances=1), "f:1")
+        server = EngineServer({("f", "1"): batcher}, endpoint)
+        serving = asyncio.ensure_future(server.serve())
+        client = EngineClient(endpoint)
+        await client.start(wait=10)
+        try:
+            x = np.zeros((1, 3), np.float32)
+            return await asyncio.gather(*(client.submit("f", "1", x) for _ in range(6)), return_exceptions=True)
+        finally:
+            await client.stop()
+            server.stop()
+            await serving
+
+    with caplog.at_level(logging.INFO):
+        results = asyncio.run(scenario())
+    assert all(isinstance(r, Exception) and "the session broke" in str(r) for r in results), results
+    failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    batch_sizes = [
+        int(re.fullmatch(r"inference failed for model f:1 on a batch of (\d+) requests", m)[1]) for m in failures
+    ]
+    assert sum(batch_sizes) == 6, f"one line per failed batch, none per request: {failures}"
 
 
 ENGINE_SCRIPT = textwrap.dedent(
