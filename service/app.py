@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -44,7 +43,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         primary = settings.pod_index in (None, 0)
         # a front-end of an engine process opens no session of its own (service.engine.frontend)
         await anyio.to_thread.run_sync(parts.repository.load, settings.engine_endpoint is None)
-        _set_switch_interval(settings)
         parts.monitor.labels.export_bin_counters()
         if not await _sync_store(parts):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
@@ -102,14 +100,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app
-
-
-def _set_switch_interval(settings: Settings) -> None:
-    """Python's thread switch interval, when configured: an inference thread whose onnxruntime call has
-    ended waits up to that long for the GIL while the event loop runs."""
-    if settings.switch_interval_ms is not None:
-        sys.setswitchinterval(settings.switch_interval_ms / 1000)
-        log.info("thread switch interval %.2f ms", settings.switch_interval_ms)
 
 
 async def _sync_store(parts: ServiceParts) -> bool:

@@ -7,6 +7,7 @@ Per-model dynamic batching can be overridden in ``artifacts/<model>/serving.json
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -146,13 +147,6 @@ class Settings(BaseSettings):
         "input shape: onnxruntime's CUDA convolutions keep the cuDNN descriptors and plan of the last shape only and "
         "rebuild them whenever the shape changes; auto = on for padding sessions that run on CUDA",
     )
-    switch_interval_ms: float | None = Field(
-        default=None,
-        gt=0,
-        description="Python's thread switch interval (sys.setswitchinterval): how long the event "
-        "loop may keep the GIL while an inference thread waits for it to hand back a finished batch; unset = "
-        "Python's default (5 ms) in process, 0.5 ms in a pod's engine process",
-    )
     intra_op_threads: int = Field(
         default=0,
         ge=0,
@@ -160,13 +154,6 @@ class Settings(BaseSettings):
         "cores shared among the model's sessions (a session with its own core never "
         "waits for a sibling thread that the event loop has pre-empted)",
     )
-    inter_op_threads: int = Field(default=1, ge=1)
-    io_binding: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="onnxruntime I/O binding (inputs bound in host memory, outputs to host buffers): "
-        "auto = on for sessions that run on CUDA",
-    )
-    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     batching: BatchingConfig = BatchingConfig()
     max_rows_per_request: int = Field(default=1024, ge=1)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
@@ -181,15 +168,6 @@ class Settings(BaseSettings):
     )
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    gc_threshold: int = Field(
-        default=10_000,
-        ge=1,
-        description="net allocations of container objects that start a "
-        "young-generation pass of Python's cyclic garbage collector (Python's default is 700): "
-        "each pass runs on the event loop, so fewer passes leave it more time for requests; "
-        "request objects are freed by reference counting long before, so this bounds "
-        "cyclic garbage at a few MB",
-    )
     opentelemetry: bool = Field(
         default=False,
         description="FastAPI's native OpenTelemetry spans, metrics and logs "
@@ -310,6 +288,14 @@ class Settings(BaseSettings):
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return max(1, min(16, cores - 1)) if cuda_wanted(self.device) else 1
+
+    @property
+    def gc_threshold(self) -> int:
+        """``service.cli.GC_THRESHOLD``, no longer a setting: kept for one release for code that still reads it."""
+        from service.cli import GC_THRESHOLD
+
+        warnings.warn("Settings.gc_threshold is no longer a setting; use service.cli.GC_THRESHOLD", FutureWarning, 2)
+        return GC_THRESHOLD
 
     def trusted_sources(self) -> frozenset[str] | None:
         """``trusted_label_sources`` as a set (None: every source is trusted)."""

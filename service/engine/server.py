@@ -37,9 +37,10 @@ DRAIN = 256
 POLL_MS = 100
 #: Seconds a stopping engine waits at most for the replies of what it had queued.
 DRAIN_SECONDS = 60.0
-#: The engine's thread switch interval when ``CALIB_SWITCH_INTERVAL_MS`` is unset: an inference thread whose ``Run``
-#: has ended waits at most this long for the GIL. Beside a busy Python thread, onnxruntime alone kept a quarter of its
-#: rows/s at Python's default of 5 ms and three quarters at 0.5 ms (decision 0027).
+#: The engine's thread switch interval: an inference thread whose ``Run`` has ended waits at most this long for the
+#: GIL. Beside a busy Python thread, onnxruntime alone kept a quarter of its rows/s at Python's default of 5 ms and
+#: three quarters at 0.5 ms (decision 0027). A process that serves in process keeps Python's default: there the
+#: first GPU run could not tell the two apart (decision 0001).
 ENGINE_SWITCH_INTERVAL_MS = 0.5
 
 
@@ -234,8 +235,8 @@ def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], 
 
 def serve_repository(endpoint: str, settings) -> None:
     """The engine of ``python -m service.engine``: the repository's batchers on ``endpoint`` until SIGTERM or
-    SIGINT, with the service's thread switch interval (``ENGINE_SWITCH_INTERVAL_MS`` when unset)."""
-    sys.setswitchinterval((settings.switch_interval_ms or ENGINE_SWITCH_INTERVAL_MS) / 1000)
+    SIGINT, with the thread switch interval ``ENGINE_SWITCH_INTERVAL_MS``."""
+    sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_MS / 1000)
     batchers, facts = repository_engine(settings)
     server = EngineServer(batchers, endpoint, facts)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -6,8 +6,8 @@ asked for is not what runs. Asking for CUDA where it cannot run logs a clear war
 
 On CUDA a session runs through onnxruntime's I/O binding: the batch is bound where it lies in host
 memory and the outputs are bound to host buffers that onnxruntime allocates, so each call makes one
-copy each way and no intermediate copies (``io_binding`` in the settings; on the CPU provider it buys
-nothing, and ``session.run`` is used).
+copy each way and no intermediate copies (``IO_BINDING``; on the CPU provider it buys nothing, and
+``session.run`` is used).
 
 onnxruntime-gpu finds CUDA and cuDNN installed as pip packages (``nvidia-*``, as a CUDA build of torch
 brings them) only after ``onnxruntime.preload_dlls()``; ``preload_cuda_libraries`` calls it once at
@@ -32,7 +32,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -42,12 +42,16 @@ from service.settings import Settings
 log = logging.getLogger("service.serving.runtime")
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
-_OPTIMIZATION = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
+#: Every graph optimisation onnxruntime has, its own default: the investigations of the serving path never turned
+#: one off (decision 0029 made this and the next two constants of what were settings).
+GRAPH_OPTIMIZATION = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+#: Inter-op threads per session: only onnxruntime's parallel execution mode uses them, and the sessions run their
+#: graph in its default sequential mode, so a second one would only wait.
+INTER_OP_THREADS = 1
+#: I/O binding, "on", "off" or "auto" (on for sessions that run on CUDA): there it saves the intermediate copies of
+#: the batch and the outputs; on the CPU provider it buys nothing. Turning it off on the GPU changed nothing the
+#: first GPU run could tell (decision 0001); the tests set it to check that both paths answer alike.
+IO_BINDING: Literal["auto", "on", "off"] = "auto"
 
 
 def nvidia_device_present() -> bool:
@@ -184,18 +188,18 @@ class ModelRuntime:
 def create_runtime(
     path: Path, settings: Settings, sessions: int = 1, profile: Path | None = None, max_batch_size: int = 0
 ) -> ModelRuntime:
-    """One of ``sessions`` sessions for ``path``, with the configured providers, threads and optimisation
-    level; unless set, the intra-op threads are the machine's cores divided among the sessions. With
-    ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA), it pads batches to ``batch_buckets``, each bucket
-    run by a session of its own with ``bucket_sessions`` on (auto: on CUDA). With
-    ``profile``, onnxruntime's profiler traces every run to a JSON file of that prefix (``end_profiling``)."""
+    """One of ``sessions`` sessions for ``path``, with the configured providers and intra-op threads (unless set,
+    the machine's cores divided among the sessions). With ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA),
+    it pads batches to ``batch_buckets``, each bucket run by a session of its own with ``bucket_sessions`` on (auto:
+    on CUDA). With ``profile``, onnxruntime's profiler traces every run to a JSON file of that prefix
+    (``end_profiling``)."""
     options = ort.SessionOptions()
     if profile is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
     options.intra_op_num_threads = settings.intra_op_threads or max(1, (os.cpu_count() or 1) // sessions)
-    options.inter_op_num_threads = settings.inter_op_threads
-    options.graph_optimization_level = _OPTIMIZATION[settings.graph_optimization]
+    options.inter_op_num_threads = INTER_OP_THREADS
+    options.graph_optimization_level = GRAPH_OPTIMIZATION
     options.log_severity_level = 3
     # No busy-waiting between calls: spinning intra-op threads would take the cores the event loop,
     # HTTP parsing and the batcher need between onnxruntime calls.
@@ -212,7 +216,7 @@ def create_runtime(
             settings.device,
             provider,
         )
-    io_binding = settings.io_binding == "on" or (settings.io_binding == "auto" and provider == CUDA)
+    io_binding = IO_BINDING == "on" or (IO_BINDING == "auto" and provider == CUDA)
     pads = max_batch_size > 0 and (
         settings.pad_batches == "on" or (settings.pad_batches == "auto" and provider == CUDA)
     )

@@ -85,7 +85,7 @@ def test_main_freezes_the_startup_heap_and_sets_the_gc_threshold(monkeypatch):
     from service import cli
 
     served = {}
-    monkeypatch.setenv("CALIB_GC_THRESHOLD", "12345")
+    monkeypatch.setattr(cli, "GC_THRESHOLD", 12345)
 
     class Server:
         def __init__(self, config):

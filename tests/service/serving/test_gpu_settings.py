@@ -1,6 +1,6 @@
 """Serving on CUDA: the CUDA libraries of pip's nvidia-* packages are preloaded at start-up exactly when CUDA will
-be asked for (a fake onnxruntime module stands in for the GPU build; a CPU start never fails over them), the CUDA
-provider options, and the thread switch interval."""
+be asked for (a fake onnxruntime module stands in for the GPU build; a CPU start never fails over them), and the
+CUDA provider options."""
 
 import logging
 import types
@@ -122,13 +122,3 @@ def test_cuda_sessions_get_tf32_off_unless_asked_and_the_configured_algorithm_se
         CPU,
     ]
     assert provider_options(Settings(device="cpu", cuda_tf32=True)) == [CPU]
-
-
-def test_the_thread_switch_interval_is_set_only_when_configured(monkeypatch):
-    from service import app
-
-    set_to = []
-    monkeypatch.setattr(app.sys, "setswitchinterval", set_to.append)
-    app._set_switch_interval(Settings())
-    app._set_switch_interval(Settings(switch_interval_ms=0.5))
-    assert set_to == [0.0005]

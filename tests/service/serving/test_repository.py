@@ -116,12 +116,14 @@ def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everyw
     assert any(m.startswith("loaded toy version 1") and m.endswith(f"on {CPU}") for m in messages)
 
 
-def test_io_binding_gives_the_outputs_of_a_plain_run(tmp_path, linear_artifact):
+def test_io_binding_gives_the_outputs_of_a_plain_run(tmp_path, linear_artifact, monkeypatch):
     path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
-    plain = create_runtime(path, Settings(io_binding="off"))
-    bound = create_runtime(path, Settings(io_binding="on"))
-    assert (plain.io_binding, bound.io_binding) == (False, True)
     assert create_runtime(path, Settings()).io_binding is False  # auto: only for sessions on CUDA
+    monkeypatch.setattr(runtime_module, "IO_BINDING", "off")
+    plain = create_runtime(path, Settings())
+    monkeypatch.setattr(runtime_module, "IO_BINDING", "on")
+    bound = create_runtime(path, Settings())
+    assert (plain.io_binding, bound.io_binding) == (False, True)
     x = np.random.default_rng(0).random((5, 1, 2, 2), dtype=np.float32)
     expected, got = plain.run(x), bound.run(x)
     assert set(got) == set(expected)
