@@ -24,16 +24,22 @@ LEVELS = {OK: 0, WARNING: 1, ALARM: 2}
 
 @dataclass(frozen=True)
 class AlarmPolicy:
-    """Settings of the alarm (``CALIB_ALARM__<NAME>``); ``tolerance`` and ``threshold`` carry the guarantee.
+    """Settings of the alarm (``CALIB_ALARM__<NAME>``); ``tolerance`` and ``threshold`` carry the guarantee
+    (docs/monitoring.md).
 
     Attributes:
-        tolerance: eps of ``calibkit.detector``: a gap up to eps at every confidence level is calibrated enough.
-        threshold: A: the alarm is raised when the e-detector reaches A (false alarms within n labels <= n / A).
+        tolerance: eps of ``calibkit.detector``, the null hypothesis: |P(correct | confidence) - confidence| <= eps
+            at every confidence level; a gap up to eps is calibrated enough.
+        threshold: A: the alarm is raised when the e-detector reaches A; the mean number of labels to a false
+            alarm is at least A, and P(false alarm within n labels) <= n / A.
         clear_threshold: B: the alarm clears when the evidence that calibration has returned reaches B.
-        warn_threshold: A warning when the e-detector reaches this, evidence building towards an alarm.
+        warn_threshold: A warning when the e-detector reaches this, evidence building towards an alarm (no
+            guarantee).
         min_labels: Window figures of fewer labels are marked provisional in reports; no effect on the alarm.
         shift_p_value: The drift test (KS, recent against reference confidences) warns only below this p-value.
-        shift_distance: The drift test warns only when its distance D is at least this (a material shift).
+        shift_distance: The drift test warns only when its distance D, the largest gap between the recent and the
+            reference confidence distributions, is at least this: on a large sample a tiny, immaterial difference
+            is significant.
         min_unlabelled: The drift test warns only with at least this many recent predictions.
     """
 

@@ -39,7 +39,7 @@ def serve(artifacts: Path, store: Path) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, CALIB_DATABASE_URL=f"sqlite:///{store}", CALIB_GRPC_PORT="0")
+    env = dict(os.environ, CALIB_STORE__URL=f"sqlite:///{store}", CALIB_GRPC_PORT="0")
     argv = [sys.executable, "-m", "service", "--artifacts", str(artifacts), "--port", str(port)]
     process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

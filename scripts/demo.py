@@ -41,7 +41,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     workdir = Path(tempfile.mkdtemp(prefix="calib-demo-"))
     shutil.copytree(ARTIFACT, workdir / "artifacts" / MODEL / "1")
-    service = Service(workdir / "artifacts", workdir / "store.db", CALIB_ADMIN_TOKEN=TOKEN)
+    service = Service(workdir / "artifacts", workdir / "store.db", CALIB_AUTH__ADMIN_TOKENS=f"admin:{TOKEN}")
     client = service.client
     history: list[dict] = []
     labels = 0

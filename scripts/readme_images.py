@@ -375,10 +375,10 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
         port = free_port()
         env = dict(
             os.environ,
-            CALIB_DATABASE_URL=f"sqlite:///{workdir / 'monitoring.db'}",
+            CALIB_STORE__URL=f"sqlite:///{workdir / 'monitoring.db'}",
             CALIB_LOG_LEVEL="warning",
             CALIB_DEFAULT_MODEL=MODEL,
-            CALIB_EVALUATE_SECONDS="0.2",
+            CALIB_MONITORING__EVALUATE_SECONDS="0.2",
             CALIB_GRPC_PORT="0",
             PYTHONPATH=str(ROOT),
         )

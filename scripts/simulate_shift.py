@@ -64,10 +64,10 @@ class Service:
         self.port = free_port()
         env = dict(
             os.environ,
-            CALIB_DATABASE_URL=f"sqlite:///{database}",
+            CALIB_STORE__URL=f"sqlite:///{database}",
             CALIB_LOG_LEVEL="warning",
             CALIB_GRPC_PORT="0",
-            CALIB_EVALUATE_SECONDS=EVALUATE_SECONDS,
+            CALIB_MONITORING__EVALUATE_SECONDS=EVALUATE_SECONDS,
             **env,
         )
         self.process = subprocess.Popen(

@@ -40,9 +40,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         parts = app.state.parts = ServiceParts.build(settings, metrics, access)
-        primary = settings.pod_index in (None, 0)
+        primary = settings.pod.index in (None, 0)
         # a front-end of an engine process opens no session of its own (service.engine.frontend)
-        await anyio.to_thread.run_sync(parts.repository.load, settings.engine_endpoint is None)
+        await anyio.to_thread.run_sync(parts.repository.load, settings.pod.engine_endpoint is None)
         parts.monitor.labels.export_bin_counters()
         if not await _sync_store(parts):
             log.error("feedback store unavailable: predictions are served, feedback answers 503 until it is back")
@@ -55,7 +55,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             parts.evaluator.start()
         else:  # a pod's other front-ends fold their labels into the sets' states; front-end 0 does the rest
             parts.evaluator.sets.start()
-        housekeeping = asyncio.get_running_loop().create_task(_housekeeping(parts, retention=primary))
+        loop = asyncio.get_running_loop()
+        housekeeping = [loop.create_task(_housekeeping(parts, retention=primary))]
+        if access.watches_files:
+            housekeeping.append(loop.create_task(_reload_tokens(access, settings.auth.refresh_seconds)))
         parts.ready = True
         log.info("tokens required for: %s", ", ".join(g for g in GROUPS if access.required(g)))
         log.info(
@@ -66,7 +69,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         yield
         parts.ready = False
-        housekeeping.cancel()
+        for task in housekeeping:
+            task.cancel()
         if grpc_server is not None:
             await grpc_server.stop(settings.graceful_shutdown_seconds)
         await parts.dataplane.stop()
@@ -92,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         ServingMiddleware,
         metrics=metrics,
-        max_body_bytes=settings.max_body_bytes,
+        max_body_bytes=settings.limits.max_body_bytes,
         fast=fast,
         access=access,
         groups=groups,
@@ -115,20 +119,28 @@ async def _sync_store(parts: ServiceParts) -> bool:
 
 
 async def _housekeeping(parts: ServiceParts, retention: bool = True) -> None:
-    """Refresh active calibrations and the sets' states (replicas and a pod's front-ends see each other's), re-read
-    changed token files and, with ``retention``, apply retention."""
+    """Refresh active calibrations and the sets' states (replicas and a pod's front-ends see each other's) and, with
+    ``retention``, apply retention."""
     settings, store = parts.settings, parts.store
     last_purge = 0.0
     while True:
-        await asyncio.sleep(settings.calibration_refresh_seconds)
+        await asyncio.sleep(settings.monitoring.refresh_seconds)
         await _sync_store(parts)
-        parts.access.reload()
         if retention and time.time() - last_purge > 3600 and store.db.last_error is None:
-            cutoff = time.time() - settings.retention_days * 86400
+            cutoff = time.time() - settings.store.retention_days * 86400
             try:
                 purged = await anyio.to_thread.run_sync(store.purge, cutoff)
                 last_purge = time.time()
                 if purged:
-                    log.info("retention: deleted %d predictions older than %.1f days", purged, settings.retention_days)
+                    log.info(
+                        "retention: deleted %d predictions older than %.1f days", purged, settings.store.retention_days
+                    )
             except StorageUnavailable:
                 pass
+
+
+async def _reload_tokens(access: AccessControl, seconds: float) -> None:
+    """Re-read the token files that changed, every ``seconds``."""
+    while True:
+        await asyncio.sleep(seconds)
+        access.reload()

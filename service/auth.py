@@ -5,9 +5,9 @@ Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedba
 it lists) and ``admin`` (/admin/*); each HTTP route and gRPC method declares its group, or ``open``, where it is
 declared (``service.http.routes.ROUTES``, ``service.serving.grpc_server``). A group holds any number of named
 tokens, so that two are valid at once while one rotates. A group without tokens is open, except admin, which is then
-disabled (403). Tokens come from ``CALIB_<GROUP>_TOKENS`` (``name:token,name:token``) and from the file that
-``CALIB_<GROUP>_TOKENS_FILE`` names (same format, or one ``name:token`` per line: a mounted Secret), re-read when it
-changes; ``CALIB_ADMIN_TOKEN`` is the admin token named ``admin``. A token is compared with every token of its group
+disabled (403). A group's tokens come from ``CALIB_AUTH__<GROUP>_TOKENS`` (``name:token,name:token``) or from the file
+that ``CALIB_AUTH__<GROUP>_TOKENS_FILE`` names (same format, or one ``name:token`` per line: a mounted Secret), re-read
+when it changes (``reload``, every ``CALIB_AUTH__REFRESH_SECONDS``). A token is compared with every token of its group
 in constant time (``secrets.compare_digest``), and the check runs before the body is read. Neither tokens nor their
 names are logged, exported as metrics or shown by /health.
 """
@@ -18,12 +18,15 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import SecretStr
 
 from service.errors import Forbidden, Unauthorized
 from service.store.rows import ANONYMOUS
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 log = logging.getLogger("service.auth")
 
@@ -62,21 +65,22 @@ class _File:
 class AccessControl:
     """The tokens of every group; ``check`` is what the HTTP middleware and the gRPC methods call."""
 
-    def __init__(self, settings) -> None:
-        self._fixed: dict[str, dict[str, bytes]] = {}
+    def __init__(self, settings: Settings) -> None:
         self._files: dict[str, _File] = {}
-        self._tokens: dict[str, dict[str, bytes]] = {}  # per group, the fixed tokens and the file's together
+        self._tokens: dict[str, dict[str, bytes]] = {}  # per group: the inline tokens, or the file's
         for group in GROUPS:
-            value: SecretStr | None = getattr(settings, f"{group}_tokens")
-            name = f"CALIB_{group.upper()}_TOKENS"
-            self._fixed[group] = parse_tokens(value.get_secret_value(), name) if value else {}
-            path = getattr(settings, f"{group}_tokens_file")
+            value: SecretStr | None = getattr(settings.auth, f"{group}_tokens")
+            name = f"CALIB_AUTH__{group.upper()}_TOKENS"
+            self._tokens[group] = parse_tokens(value.get_secret_value(), name) if value else {}
+            path = getattr(settings.auth, f"{group}_tokens_file")
             if path is not None:
                 self._files[group] = _File(Path(path))
-        if settings.admin_token is not None:
-            self._fixed["admin"].setdefault("admin", settings.admin_token.get_secret_value().encode())
-        self._tokens = dict(self._fixed)
         self.reload(strict=True)
+
+    @property
+    def watches_files(self) -> bool:
+        """Whether any group's tokens come from a file, which ``reload`` re-reads."""
+        return bool(self._files)
 
     def reload(self, strict: bool = False) -> bool:
         """Re-read the token files that changed; whether any did. A file that cannot be read or parsed keeps
@@ -88,13 +92,13 @@ class AccessControl:
                 stamp = (stat.st_mtime_ns, stat.st_size)
                 if stamp == file.stamp:
                     continue
-                file.tokens = parse_tokens(file.path.read_text(), f"CALIB_{group.upper()}_TOKENS_FILE")
+                file.tokens = parse_tokens(file.path.read_text(), f"CALIB_AUTH__{group.upper()}_TOKENS_FILE")
                 file.stamp, changed = stamp, True
-                self._tokens[group] = self._fixed[group] | file.tokens
+                self._tokens[group] = file.tokens
                 log.info("%s tokens read from %s: %d", group, file.path, len(file.tokens))
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 if strict:
-                    raise ValueError(f"CALIB_{group.upper()}_TOKENS_FILE: {exc}") from None
+                    raise ValueError(f"CALIB_AUTH__{group.upper()}_TOKENS_FILE: {exc}") from None
                 log.error("%s tokens: %s; the previous ones stay valid", group, exc)
         return changed
 
@@ -109,7 +113,9 @@ class AccessControl:
         tokens = self._tokens[group]
         if not tokens:
             if group == "admin":
-                raise Forbidden("admin endpoints are disabled: set CALIB_ADMIN_TOKEN or CALIB_ADMIN_TOKENS")
+                raise Forbidden(
+                    "admin endpoints are disabled: set CALIB_AUTH__ADMIN_TOKENS or CALIB_AUTH__ADMIN_TOKENS_FILE"
+                )
             return ANONYMOUS
         scheme, _, credentials = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():

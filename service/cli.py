@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid settings: {exc}")
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.frontend_count() > 1 and settings.pod_index is None:
+    if settings.frontend_count() > 1 and settings.pod.index is None:
         from service.engine.pod import Pod
 
         return Pod(settings).run()

@@ -65,56 +65,56 @@ class ServiceParts:
     def build(cls, settings: Settings, metrics: ServiceMetrics, access: AccessControl) -> ServiceParts:
         """The service's parts wired together (nothing started, no model loaded, the store not touched)."""
         repository = ModelRepository(settings)
-        store = Store(settings.database_url, settings.retry_after_seconds, settings.store_timeout_seconds)
+        store = Store(settings.store.url, settings.limits.retry_after_seconds, settings.store.timeout_seconds)
         monitor = Monitor(
             store,
             repository,
             metrics,
-            n_bins=settings.n_bins,
+            n_bins=settings.monitoring.n_bins,
             policy=settings.alarm,
-            alarm_window=settings.alarm_window,
-            detail_rows=settings.detail_rows,
-            drift_rows=settings.drift_rows,
-            n_resamples=settings.bootstrap_resamples,
-            retention_seconds=settings.retention_days * 86400,
-            trusted=settings.trusted_sources(),
-            set_adaptation=settings.conformal_adaptation,
-            set_step=settings.conformal_step,
-            coverage_alarm_threshold=settings.coverage_alarm_threshold,
+            alarm_window=settings.monitoring.window,
+            detail_rows=settings.monitoring.detail_rows,
+            drift_rows=settings.monitoring.drift_rows,
+            n_resamples=settings.monitoring.bootstrap_resamples,
+            retention_seconds=settings.store.retention_days * 86400,
+            trusted=settings.labels.trusted(),
+            set_adaptation=settings.conformal.adaptation,
+            set_step=settings.conformal.step,
+            coverage_alarm_threshold=settings.conformal.alarm_threshold,
         )
-        webhook = AlarmWebhook(settings.webhook_url, metrics)
+        webhook = AlarmWebhook(settings.monitoring.webhook_url, metrics)
         evaluator = Evaluator(
             monitor,
             metrics,
             webhook,
-            every_labels=settings.evaluate_every_labels,
-            seconds=settings.evaluate_seconds,
-            sets_seconds=settings.evaluate_sets_seconds,
+            every_labels=settings.monitoring.evaluate_every_labels,
+            seconds=settings.monitoring.evaluate_seconds,
+            sets_seconds=settings.monitoring.evaluate_sets_seconds,
         )
         joiner = PendingJoiner(
             monitor.labels,
-            horizon=settings.pending_label_seconds,
-            interval=settings.pending_join_seconds,
+            horizon=settings.labels.pending_seconds,
+            interval=settings.labels.join_seconds,
             on_stored=evaluator.labels_arrived,
         )
         prediction_log = PredictionLog(
             store,
             metrics,
-            max_pending=settings.prediction_log_queue,
-            interval=settings.prediction_log_interval_seconds,
-            durability=settings.prediction_log_durability,
-            retry_after=settings.retry_after_seconds,
+            max_pending=settings.prediction_log.queue,
+            interval=settings.prediction_log.interval_seconds,
+            durability=settings.prediction_log.durability,
+            retry_after=settings.limits.retry_after_seconds,
             on_written=joiner.predictions_written,
         )
         feedback = FeedbackGroupCommit(
             monitor,
             prediction_log,
-            max_request_items=settings.max_feedback_items,
+            max_request_items=settings.limits.max_feedback_items,
             on_stored=evaluator.labels_arrived,
             on_pending=joiner.labels_pending,
         )
         dataplane = DataPlane(
-            repository, settings, metrics, monitor, prediction_log if settings.prediction_log else None
+            repository, settings, metrics, monitor, prediction_log if settings.prediction_log.enabled else None
         )
         return cls(
             settings, metrics, store, dataplane, monitor, prediction_log, feedback, joiner, evaluator, webhook, access
@@ -156,7 +156,7 @@ class ServiceParts:
             "up": store_up,
             "prediction_log_pending": log_.pending,
             "prediction_log": {
-                "enabled": self.settings.prediction_log,
+                "enabled": self.settings.prediction_log.enabled,
                 "durability": "sync" if log_.sync else "async",
                 "queued_rows": log_.pending,
                 "max_queued_rows": log_.max_pending,
@@ -192,10 +192,10 @@ class ServiceParts:
         if engine is None:
             return None
         return {
-            "frontend": self.settings.pod_index,
+            "frontend": self.settings.pod.index,
             "frontends": self.settings.frontend_count(),
             "pid": os.getpid(),
-            "loops": "every one" if self.settings.pod_index in (None, 0) else "the sets' folder",
+            "loops": "every one" if self.settings.pod.index in (None, 0) else "the sets' folder",
             "engine": {"endpoint": engine.endpoint, "answering": engine.ready},
         }
 

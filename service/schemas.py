@@ -45,7 +45,7 @@ class PredictOptions(_Request):
         description="true: the exact sets (randomized APS and RAPS, LAC without its floor): coverage 1 - alpha to "
         "within 1 / (n + 1), but a set may be empty and, for APS and RAPS, differ between rows of the same input; "
         "false: the floor sets, never empty, the same for the same input, coverage at least 1 - alpha; the "
-        "service's default (CALIB_CONFORMAL_RANDOMIZED) when omitted",
+        "service's default (CALIB_CONFORMAL__RANDOMIZED) when omitted",
     )
     return_p_values: bool = Field(default=False, description="also return each class's conformal p-value")
 
@@ -400,7 +400,7 @@ class CalibrationReport(BaseModel):
         default=None,
         description="with ?by_source=true: per source (the name of the feedback token that sent the "
         "labels, or 'anonymous'), the window's label count, accuracy, mean confidence, ECE, and whether the source "
-        "counts for the alarm and the refit (CALIB_TRUSTED_LABEL_SOURCES)",
+        "counts for the alarm and the refit (CALIB_LABELS__TRUSTED_SOURCES)",
     )
 
 

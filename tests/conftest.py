@@ -36,7 +36,7 @@ def free_grpc_ports():
 @pytest.fixture(scope="session", autouse=True)
 def isolated_feedback_store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CALIB_DATABASE_URL", f"sqlite:///{tmp_path_factory.mktemp('store') / 'monitoring.db'}")
+        patch.setenv("CALIB_STORE__URL", f"sqlite:///{tmp_path_factory.mktemp('store') / 'monitoring.db'}")
         yield
 
 

@@ -69,7 +69,7 @@ __all__ = [
     "track",
 ]
 
-#: The one adaptive rule the service serves (``CALIB_CONFORMAL_ADAPTATION``; the module docstring says why).
+#: The one adaptive rule the service serves (``CALIB_CONFORMAL__ADAPTATION``; the module docstring says why).
 DEFAULT_METHOD = "log-quantile"
 #: The log-scale tracker's eta the benchmark chose: at ``DEFAULT_SPAN`` its bound (U + eta) / (eta T) is within one
 #: point at T = 10,000.

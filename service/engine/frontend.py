@@ -1,4 +1,4 @@
-"""A service process in front of an engine (``CALIB_ENGINE_ENDPOINT``): its models' inference goes to the engine.
+"""A service process in front of an engine (``CALIB_POD__ENGINE_ENDPOINT``): its models' inference goes to the engine.
 
 The front-end loads every version's manifest and conformal scores as in process but opens no onnxruntime session,
 so it never initialises CUDA. It batches its own concurrent requests as in process (``DynamicBatcher``, whose

@@ -3,7 +3,7 @@
 ``python -m service`` with ``CALIB_FRONTENDS`` > 1 runs this instead of serving itself. It fixes the HTTP and gRPC
 ports, which every front-end binds with SO_REUSEPORT (gRPC's default on Linux), so that the kernel spreads the
 connections over the front-ends, starts the engine (``python -m service.engine``) on an ``ipc://`` endpoint
-in a directory of its own, and the front-ends (``python -m service`` with ``CALIB_ENGINE_ENDPOINT``), each with
+in a directory of its own, and the front-ends (``python -m service`` with ``CALIB_POD__ENGINE_ENDPOINT``), each with
 prometheus-client's multiprocess directory so that any of them answers ``/metrics`` for the pod. A process that
 ends is started again (the front-ends answer 503 while the engine is down, and serve again when it is back);
 SIGTERM drains the front-ends, then the engine, and the pod exits 0.
@@ -73,7 +73,7 @@ class Pod:
         else:
             argv = [sys.executable, "-m", "service", "--reuse-port"]
             index = name.removeprefix("frontend-")
-            env = self.env(CALIB_ENGINE_ENDPOINT=self.endpoint, CALIB_POD_INDEX=index)
+            env = self.env(CALIB_POD__ENGINE_ENDPOINT=self.endpoint, CALIB_POD__INDEX=index)
             self.children[name] = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
         self.started[name] = time.monotonic()
         log.info("started %s (pid %d)", name, self.children[name].pid)

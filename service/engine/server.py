@@ -225,7 +225,7 @@ def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], 
             [runtime.run for runtime in m.runtimes],
             m.batching,
             f"{m.name}:{m.version}",
-            settings.retry_after_seconds,
+            settings.limits.retry_after_seconds,
             on_batch=functools.partial(metrics.observe_batch, f"{m.name}:{m.version}"),
         )
         for m in repository.all()

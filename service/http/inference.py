@@ -26,7 +26,7 @@ async def predict(request: Request) -> Response:
     ``Server-Timing`` header (W3C Server Timing)."""
     parts = parts_of(request)
     phases = Phases(parts.metrics.phases("/predict"))
-    body, model, x = await _prepared(request, parts.dataplane, parts.settings.max_rows_per_request, phases)
+    body, model, x = await _prepared(request, parts.dataplane, parts.settings.limits.max_rows_per_request, phases)
     result, timing = await parts.dataplane.predict(model, body, x, phases)
     response = respond(
         result,

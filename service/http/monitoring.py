@@ -26,7 +26,7 @@ from service.store.rows import ANONYMOUS
 async def feedback(request: Request) -> Response:
     """True labels for earlier predictions (by id) or for probabilities scored elsewhere.
     Committed before the response: a 2xx means the labels are stored. Alarms are assessed in the
-    background (every ``CALIB_EVALUATE_SECONDS``), not in this request.
+    background (every ``CALIB_MONITORING__EVALUATE_SECONDS``), not in this request.
     \f
     The items join the feedback writer's next group commit; the source is the token's name
     (``ServingMiddleware``)."""

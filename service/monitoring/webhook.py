@@ -1,4 +1,4 @@
-"""Alarm transitions POSTed as JSON to ``CALIB_WEBHOOK_URL``, each in its own task, never awaited by
+"""Alarm transitions POSTed as JSON to ``CALIB_MONITORING__WEBHOOK_URL``, each in its own task, never awaited by
 the code that found them; a failed delivery is counted and logged."""
 
 from __future__ import annotations

@@ -82,13 +82,13 @@ class DataPlane:
 
     async def start(self) -> None:
         """Start a batcher for every loaded model version: over its sessions in process, or over the engine
-        process's when ``settings.engine_endpoint`` names one (``service.engine.frontend``)."""
-        if self.settings.engine_endpoint is not None:
-            await self._connect_engine(self.settings.engine_endpoint)
+        process's when ``settings.pod.engine_endpoint`` names one (``service.engine.frontend``)."""
+        if self.settings.pod.engine_endpoint is not None:
+            await self._connect_engine(self.settings.pod.engine_endpoint)
         for model in self.repository.all():
             label = f"{model.name}:{model.version}"
             runs = [functools.partial(self.run_batch, model, runtime) for runtime in model.runtimes]
-            options = (runs, model.batching, label, self.settings.retry_after_seconds)
+            options = (runs, model.batching, label, self.settings.limits.retry_after_seconds)
             if self.engine is None:
                 batcher = DynamicBatcher(*options, on_batch=functools.partial(self.metrics.observe_batch, label))
             else:  # the engine observes its own batches; a front-end, the messages it sends
@@ -110,7 +110,7 @@ class DataPlane:
         from service.engine.frontend import RemoteRuntime  # no zmq import on the in-process path
 
         self.engine = EngineClient(endpoint)
-        await self.engine.start(wait=self.settings.engine_wait_seconds)
+        await self.engine.start(wait=self.settings.pod.engine_wait_seconds)
         facts = {(f["model"], f["version"]): f for f in await self.engine.describe()}
         for model in self.repository.all():
             found = facts.get((model.name, model.version))
@@ -167,8 +167,8 @@ class DataPlane:
             request.inputs,
             model.shape,
             model.manifest.preprocessing,
-            max_rows=self.settings.max_rows_per_request,
-            max_pixels=self.settings.max_image_pixels,
+            max_rows=self.settings.limits.max_rows_per_request,
+            max_pixels=self.settings.limits.max_image_pixels,
         )
         request.inputs = []
         return request, model, x
@@ -182,7 +182,7 @@ class DataPlane:
         except ValidationError:
             return None
         model = self.repository.get(options.model, options.version)
-        x = numeric_batch(rows, model.shape) if len(rows) <= self.settings.max_rows_per_request else None
+        x = numeric_batch(rows, model.shape) if len(rows) <= self.settings.limits.max_rows_per_request else None
         return None if x is None else (options, model, x)
 
     async def predict(
@@ -364,9 +364,9 @@ class DataPlane:
                 f"shape {tensor.shape} does not match the model input [N, {', '.join(map(str, model.shape))}]",
                 field="inputs[0].shape",
             )
-        if tensor.shape[0] > self.settings.max_rows_per_request:
+        if tensor.shape[0] > self.settings.limits.max_rows_per_request:
             raise InvalidInput(
-                f"batch of {tensor.shape[0]} rows exceeds the limit of {self.settings.max_rows_per_request}",
+                f"batch of {tensor.shape[0]} rows exceeds the limit of {self.settings.limits.max_rows_per_request}",
                 field="inputs[0].shape",
             )
         x = values.get(tensor.name)

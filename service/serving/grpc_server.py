@@ -333,7 +333,7 @@ async def start(parts: ServiceParts) -> GrpcServer | None:
     settings = parts.settings
     if not settings.grpc:
         return None
-    limit = settings.max_body_bytes
+    limit = settings.limits.max_body_bytes
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)])
     servicer = InferenceServicer(parts)
     method_access(servicer)  # every method declares who may call it, or no start

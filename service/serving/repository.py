@@ -188,10 +188,10 @@ def load_version(directory: Path, settings: Settings, batching: BatchingConfig, 
     sets = ModelSets.load(
         directory,
         manifest,
-        settings.conformal_method,
-        settings.conformal_coverage,
-        conformal_levels(settings.conformal_levels),
-        settings.conformal_randomized,
+        settings.conformal.method,
+        settings.conformal.coverage,
+        conformal_levels(settings.conformal.levels),
+        settings.conformal.randomized,
     )
     return ServedModel(manifest.name, manifest.version, directory, manifest, runtimes, batching, sets=sets)
 

@@ -122,7 +122,8 @@ def requested_providers(device: str) -> list[str]:
 def provider_options(settings: Settings) -> list[str | tuple[str, dict[str, str]]]:
     """``requested_providers`` with the CUDA provider's options from the settings (TF32, cuDNN's
     convolution algorithm search), as ``InferenceSession(providers=...)`` takes them."""
-    cuda = {"use_tf32": "1" if settings.cuda_tf32 else "0", "cudnn_conv_algo_search": settings.cuda_conv_algo_search}
+    options = settings.runtime
+    cuda = {"use_tf32": "1" if options.cuda_tf32 else "0", "cudnn_conv_algo_search": options.cuda_conv_algo_search}
     return [(p, cuda) if p == CUDA else p for p in requested_providers(settings.device)]
 
 
@@ -197,7 +198,7 @@ def create_runtime(
     if profile is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
-    options.intra_op_num_threads = settings.intra_op_threads or max(1, (os.cpu_count() or 1) // sessions)
+    options.intra_op_num_threads = settings.runtime.intra_op_threads or max(1, (os.cpu_count() or 1) // sessions)
     options.inter_op_num_threads = INTER_OP_THREADS
     options.graph_optimization_level = GRAPH_OPTIMIZATION
     options.log_severity_level = 3
@@ -218,11 +219,11 @@ def create_runtime(
         )
     io_binding = IO_BINDING == "on" or (IO_BINDING == "auto" and provider == CUDA)
     pads = max_batch_size > 0 and (
-        settings.pad_batches == "on" or (settings.pad_batches == "auto" and provider == CUDA)
+        settings.runtime.pad_batches == "on" or (settings.runtime.pad_batches == "auto" and provider == CUDA)
     )
     buckets = batch_buckets(max_batch_size) if pads else ()
     own = bool(buckets) and (
-        settings.bucket_sessions == "on" or (settings.bucket_sessions == "auto" and provider == CUDA)
+        settings.runtime.bucket_sessions == "on" or (settings.runtime.bucket_sessions == "auto" and provider == CUDA)
     )
     return ModelRuntime(
         session,

@@ -71,8 +71,8 @@ def stack(postgres):
                 CALIB_PORT=str(port),
                 CALIB_GRPC_PORT="0",
                 CALIB_ARTIFACTS=str(ROOT / "artifacts"),
-                CALIB_DATABASE_URL=database,
-                CALIB_CALIBRATION_REFRESH_SECONDS="1",
+                CALIB_STORE__URL=database,
+                CALIB_MONITORING__REFRESH_SECONDS="1",
             )
             assert spec["command"][0] == "python"
             processes.append(

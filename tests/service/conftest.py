@@ -187,9 +187,8 @@ def server(repository_dir):
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        max_rows_per_request=64,
-        max_body_bytes=256 * 1024,
-        database_url=f"sqlite:///{repository_dir.parent / 'shared.db'}",
+        limits={"max_rows_per_request": 64, "max_body_bytes": 256 * 1024},
+        store={"url": f"sqlite:///{repository_dir.parent / 'shared.db'}"},
     )
     with running_server(settings) as running:
         yield running

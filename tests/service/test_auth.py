@@ -38,10 +38,12 @@ def guarded(repository_dir, server_for, tmp_path, caplog):
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=f"sqlite:///{tmp_path / 'store.db'}",
-        predict_tokens=f"{NAMES[0]}:{TOKENS['predict']},{NAMES[1]}:{TOKENS['predict-next']}",
-        feedback_tokens=f"{NAMES[2]}:{TOKENS['feedback']}",
-        admin_tokens=f"{NAMES[3]}:{TOKENS['admin']}",
+        store={"url": f"sqlite:///{tmp_path / 'store.db'}"},
+        auth={
+            "predict_tokens": f"{NAMES[0]}:{TOKENS['predict']},{NAMES[1]}:{TOKENS['predict-next']}",
+            "feedback_tokens": f"{NAMES[2]}:{TOKENS['feedback']}",
+            "admin_tokens": f"{NAMES[3]}:{TOKENS['admin']}",
+        },
     )
     caplog.set_level(logging.DEBUG)
     with server_for(settings) as (base_url, app):
@@ -57,15 +59,25 @@ def test_token_lists_are_parsed_and_errors_name_the_entry_never_the_token():
         ("a:x,a:secret-value", "'a' is given twice"),
     ]:
         with pytest.raises(ValueError, match=problem) as error:
-            parse_tokens(text, "CALIB_PREDICT_TOKENS")
-        assert "secret-value" not in str(error.value) and "CALIB_PREDICT_TOKENS" in str(error.value)
+            parse_tokens(text, "CALIB_AUTH__PREDICT_TOKENS")
+        assert "secret-value" not in str(error.value) and "CALIB_AUTH__PREDICT_TOKENS" in str(error.value)
     with pytest.raises(ValueError) as error:
-        Settings(feedback_tokens="labeller:secret-value,oops")
-    assert "CALIB_FEEDBACK_TOKENS: entry 2" in str(error.value) and "secret-value" not in str(error.value)
+        Settings(auth={"feedback_tokens": "labeller:secret-value,oops"})
+    assert "CALIB_AUTH__FEEDBACK_TOKENS: entry 2" in str(error.value) and "secret-value" not in str(error.value)
+
+
+def test_a_groups_tokens_are_given_one_way_and_the_refusal_names_both_variables(tmp_path):
+    path = tmp_path / "tokens"
+    path.write_text("labeller:secret-value\n")
+    with pytest.raises(ValueError) as error:
+        Settings(auth={"feedback_tokens": "fixed:secret-value", "feedback_tokens_file": path})
+    message = str(error.value)
+    assert "CALIB_AUTH__FEEDBACK_TOKENS and CALIB_AUTH__FEEDBACK_TOKENS_FILE are both set" in message
+    assert "secret-value" not in message
 
 
 def test_each_group_takes_only_its_own_tokens_compared_with_every_one(tmp_path):
-    access = AccessControl(Settings(predict_tokens="a:tok-a,b:tok-b", admin_token="root"))
+    access = AccessControl(Settings(auth={"predict_tokens": "a:tok-a,b:tok-b", "admin_tokens": "admin:root"}))
     assert access.check("predict", "Bearer tok-a") == "a" and access.check("predict", "bearer  tok-b ") == "b"
     assert access.check("feedback", None) == ANONYMOUS  # an open group
     assert access.check("admin", "BEARER root") == "admin"
@@ -138,7 +150,7 @@ def test_every_route_and_grpc_method_declares_its_access_group_and_one_without_i
 def test_a_token_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_last_tokens(tmp_path):
     path = tmp_path / "feedback-tokens"
     path.write_text("old:token-old\n")
-    access = AccessControl(Settings(feedback_tokens_file=path, feedback_tokens="fixed:token-fixed"))
+    access = AccessControl(Settings(auth={"feedback_tokens_file": path}))
     assert access.check("feedback", "Bearer token-old") == "old"
     path.write_text("old:token-old\nnew:token-new\n")  # rotation, step 1: both valid
     assert access.reload() and access.check("feedback", "Bearer token-new") == "new"
@@ -150,10 +162,9 @@ def test_a_token_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_last_
         access.check("feedback", "Bearer token-old")
     path.write_text("new:token-new,broken")
     assert not access.reload() and access.check("feedback", "Bearer token-new") == "new"
-    assert access.check("feedback", "Bearer token-fixed") == "fixed"
     path.unlink()
-    with pytest.raises(ValueError, match="CALIB_FEEDBACK_TOKENS_FILE"):
-        AccessControl(Settings(feedback_tokens_file=path))
+    with pytest.raises(ValueError, match="CALIB_AUTH__FEEDBACK_TOKENS_FILE"):
+        AccessControl(Settings(auth={"feedback_tokens_file": path}))
 
 
 def test_requests_without_their_groups_token_are_refused_in_each_routes_format(guarded):
@@ -250,10 +261,10 @@ def test_no_token_nor_its_name_appears_in_logs_metrics_or_health(guarded, caplog
 def test_a_bad_token_setting_stops_the_start_naming_the_variable_not_the_token(tmp_path):
     import os
 
-    env = dict(os.environ, CALIB_PREDICT_TOKENS="app:secret-value,oops", CALIB_PORT="0")
+    env = dict(os.environ, CALIB_AUTH__PREDICT_TOKENS="app:secret-value,oops", CALIB_PORT="0")
     done = subprocess.run([sys.executable, "-m", "service"], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "CALIB_PREDICT_TOKENS: entry 2" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 2 and "CALIB_AUTH__PREDICT_TOKENS: entry 2" in done.stdout, done.stdout + done.stderr
     assert "secret-value" not in done.stdout + done.stderr
-    env = dict(os.environ, CALIB_ADMIN_TOKENS_FILE=str(tmp_path / "missing"), CALIB_PORT="0")
+    env = dict(os.environ, CALIB_AUTH__ADMIN_TOKENS_FILE=str(tmp_path / "missing"), CALIB_PORT="0")
     done = subprocess.run([sys.executable, "-m", "service"], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "CALIB_ADMIN_TOKENS_FILE" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 2 and "CALIB_AUTH__ADMIN_TOKENS_FILE" in done.stdout, done.stdout + done.stderr

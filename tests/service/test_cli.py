@@ -62,7 +62,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, linear_artifact):
 def test_serves_the_committed_default_artifact_with_env_settings(tmp_path):
     import os
 
-    env = dict(os.environ, CALIB_DEFAULT_MODEL="digits-lenet5", CALIB_MAX_ROWS_PER_REQUEST="2")
+    env = dict(os.environ, CALIB_DEFAULT_MODEL="digits-lenet5", CALIB_LIMITS__MAX_ROWS_PER_REQUEST="2")
     process, url = _start([], env=env)
     try:
         health = httpx.get(f"{url}/health").json()

@@ -1,5 +1,5 @@
-"""A service process in front of an engine (CALIB_ENGINE_ENDPOINT): the same answers as the in-process path, bit for
-bit, over /predict, v2 and gRPC, with ids that take labels; a dead engine answers 503 at once and readiness falls;
+"""A service process in front of an engine (CALIB_POD__ENGINE_ENDPOINT): the same answers as the in-process path, bit
+for bit, over /predict, v2 and gRPC, with ids that take labels; a dead engine answers 503 at once and readiness falls;
 a restarted engine is served again."""
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def pair(tmp_path_factory, server_for, linear_artifact):
     endpoint = f"ipc://{root / 'engine.sock'}"
     engine = [_engine(endpoint, artifacts)]
     common = {"artifacts": artifacts, "grpc_port": 0, "default_model": "digits-lenet5"}
-    front = Settings(engine_endpoint=endpoint, database_url=f"sqlite:///{root / 'front.db'}", **common)
-    alone = Settings(database_url=f"sqlite:///{root / 'alone.db'}", **common)
+    front = Settings(**common, pod={"engine_endpoint": endpoint}, store={"url": f"sqlite:///{root / 'front.db'}"})
+    alone = Settings(**common, store={"url": f"sqlite:///{root / 'alone.db'}"})
     try:
         with server_for(front) as (front_url, _), server_for(alone) as (alone_url, _):
             yield front_url, alone_url, endpoint, artifacts, engine

@@ -82,7 +82,7 @@ def pod(tmp_path_factory, linear_artifact):
     env = dict(
         os.environ,
         CALIB_FRONTENDS="2",
-        CALIB_DATABASE_URL=f"sqlite:///{root / 'pod.db'}",
+        CALIB_STORE__URL=f"sqlite:///{root / 'pod.db'}",
         CALIB_GRPC_PORT="0",
     )
     process = subprocess.Popen(

@@ -119,8 +119,8 @@ def test_the_api_page_shows_what_the_service_answers(tmp_path, server_for):
     (tmp_path / "artifacts" / "digits-lenet5" / "1").symlink_to(ROOT / "artifacts" / "digits-lenet5" / "1")
     settings = Settings(
         artifacts=tmp_path / "artifacts",
-        database_url=f"sqlite:///{tmp_path / 'm.db'}",
-        prediction_log_durability="sync",  # the feedback example finds its prediction stored
+        store={"url": f"sqlite:///{tmp_path / 'm.db'}"},
+        prediction_log={"durability": "sync"},
     )
     with server_for(settings) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
         rendered = render(client)

@@ -43,11 +43,9 @@ def _settings(repository_dir: Path, tmp_path: Path, **extra) -> Settings:
     return Settings(
         artifacts=repository_dir,
         default_model=MODEL,
-        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}",
-        bootstrap_resamples=300,
-        evaluate_seconds=3600,
-        evaluate_every_labels=10**9,
         **extra,
+        store={"url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
+        monitoring={"bootstrap_resamples": 300, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
     )
 
 
@@ -223,7 +221,7 @@ def _drifted_confidences(base_url: str, app, evaluate_now) -> None:
     noisy = np.clip(DIGITS.x[:300] + np.random.default_rng(0).normal(0.0, 0.5, DIGITS.x[:300].shape), 0.0, 1.0)
     r = httpx.post(f"{base_url}/predict", json={"inputs": noisy.astype(np.float32).tolist()}, timeout=30)
     assert r.status_code == 200, r.text
-    logged = min(len(DIGITS.y) + 300, app.state.parts.settings.drift_rows)
+    logged = min(len(DIGITS.y) + 300, app.state.parts.settings.monitoring.drift_rows)
     deadline = time.monotonic() + 30
     while httpx.get(f"{base_url}/calibration", timeout=30).json()["drift"]["recent_predictions"] < logged:
         assert time.monotonic() < deadline, "the unlabelled predictions were not logged"
@@ -374,7 +372,7 @@ def test_dashboard_shows_the_prediction_sets_coverage_alarm(
 ):
     """Labels outside the served sets (each prediction's least probable digit): the coverage alarm is raised and the
     prediction sets card shows it, with the observed coverage below its target."""
-    with server_for(_settings(repository_dir, tmp_path, coverage_alarm_threshold=200.0)) as (base_url, app):
+    with server_for(_settings(repository_dir, tmp_path, conformal={"alarm_threshold": 200.0})) as (base_url, app):
         r = httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x.tolist()}, timeout=30)
         assert r.status_code == 200, r.text
         items = [

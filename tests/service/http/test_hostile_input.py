@@ -35,8 +35,8 @@ def admin(repository_dir, server_for, tmp_path_factory):
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        admin_token="s3cret",
-        database_url=f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'store.db'}",
+        auth={"admin_tokens": "admin:s3cret"},
+        store={"url": f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'store.db'}"},
     )
     with server_for(settings) as running:
         yield running
@@ -140,7 +140,7 @@ def test_admin_checks_the_token_before_the_body_and_the_scheme_in_any_case(admin
 @pytest.mark.e2e  # needs PostgreSQL
 def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for, pg_url):
     settings = Settings(
-        artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url, store_timeout_seconds=1
+        artifacts=repository_dir, default_model="digits-lenet5", store={"url": pg_url, "timeout_seconds": 1}
     )
     with server_for(settings) as (base_url, app):
         engine = app.state.parts.store.db.engine
@@ -157,7 +157,7 @@ def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for
 @pytest.mark.e2e  # needs PostgreSQL
 def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository_dir, server_for, pg_url):
     settings = Settings(
-        artifacts=repository_dir, default_model="digits-lenet5", database_url=pg_url, store_timeout_seconds=1
+        artifacts=repository_dir, default_model="digits-lenet5", store={"url": pg_url, "timeout_seconds": 1}
     )
     x = load_digits_splits().test.x[:20]
     with server_for(settings) as (base_url, app):
@@ -190,9 +190,8 @@ def test_an_unreachable_store_tells_clients_nothing_of_it_and_logs_once(reposito
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=url,
-        admin_token="s3cret",
-        store_timeout_seconds=1,
+        store={"url": url, "timeout_seconds": 1},
+        auth={"admin_tokens": "admin:s3cret"},
     )
     with caplog.at_level(logging.WARNING, logger="service.store"):
         with server_for(settings) as (base_url, _):

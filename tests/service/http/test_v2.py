@@ -309,8 +309,8 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        prediction_log=False,
-        database_url=f"sqlite:///{tmp_path / 'unlogged.db'}",
+        prediction_log={"enabled": False},
+        store={"url": f"sqlite:///{tmp_path / 'unlogged.db'}"},
     )
     with server_for(settings) as (base_url, app):
         predict_ids = [

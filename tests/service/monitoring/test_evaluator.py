@@ -51,10 +51,8 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(
     settings = Settings(
         artifacts=repository_dir,
         default_model=MODEL,
-        database_url=f"sqlite:///{tmp_path / 'e.db'}",
-        bootstrap_resamples=300,
-        evaluate_seconds=3600,
-        evaluate_every_labels=100,
+        store={"url": f"sqlite:///{tmp_path / 'e.db'}"},
+        monitoring={"bootstrap_resamples": 300, "evaluate_seconds": 3600, "evaluate_every_labels": 100},
     )
     with server_for(settings) as (base_url, app):
         calls = _count_assessments(app)
@@ -112,12 +110,14 @@ def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach
     settings = Settings(
         artifacts=repository_dir,
         default_model=MODEL,
-        database_url=database_url,
-        bootstrap_resamples=300,
-        webhook_url=webhook.url,
         alarm=AlarmPolicy(min_labels=200),
-        evaluate_seconds=0.2,
-        evaluate_every_labels=10**9,
+        store={"url": database_url},
+        monitoring={
+            "bootstrap_resamples": 300,
+            "webhook_url": webhook.url,
+            "evaluate_seconds": 0.2,
+            "evaluate_every_labels": 10**9,
+        },
     )
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=5)
     with server_for(settings) as (base_url, _):
@@ -144,9 +144,8 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(
     settings = Settings(
         artifacts=repository_dir,
         default_model=MODEL,
-        bootstrap_resamples=300,
-        database_url=cuttable_proxy.database_url,
-        evaluate_seconds=0.05,
+        monitoring={"bootstrap_resamples": 300, "evaluate_seconds": 0.05},
+        store={"url": cuttable_proxy.database_url},
     )
     with caplog.at_level(logging.INFO, logger="service.monitoring.evaluator"), server_for(settings) as (base_url, app):
 
@@ -175,12 +174,14 @@ def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_
     settings = Settings(
         artifacts=repository_dir,
         default_model=MODEL,
-        database_url=f"sqlite:///{tmp_path / 'r.db'}",
-        bootstrap_resamples=300,
-        webhook_url=webhook.url,
         alarm=AlarmPolicy(min_labels=200),
-        evaluate_seconds=3600,
-        evaluate_every_labels=10**9,
+        store={"url": f"sqlite:///{tmp_path / 'r.db'}"},
+        monitoring={
+            "bootstrap_resamples": 300,
+            "webhook_url": webhook.url,
+            "evaluate_seconds": 3600,
+            "evaluate_every_labels": 10**9,
+        },
     )
     z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
     with server_for(settings) as (base_url, app):

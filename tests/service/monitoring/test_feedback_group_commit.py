@@ -59,7 +59,10 @@ class HeldWriter:
 @pytest.fixture
 def held(repository_dir, server_for, database_url):
     settings = Settings(
-        artifacts=repository_dir, default_model="digits-lenet5", database_url=database_url, bootstrap_resamples=300
+        artifacts=repository_dir,
+        default_model="digits-lenet5",
+        store={"url": database_url},
+        monitoring={"bootstrap_resamples": 300},
     )
     with server_for(settings) as (base_url, app):
         writer = HeldWriter(app)
@@ -191,10 +194,8 @@ def test_a_storage_outage_fails_the_whole_group_and_nothing_of_it_is_stored(
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        bootstrap_resamples=300,
-        database_url=cuttable_proxy.database_url,
-        evaluate_seconds=3600,
-        evaluate_every_labels=10**9,
+        monitoring={"bootstrap_resamples": 300, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
+        store={"url": cuttable_proxy.database_url},
     )  # no evaluation touches the store
     with server_for(settings) as (base_url, app):
         ids = _ids(base_url, 4)

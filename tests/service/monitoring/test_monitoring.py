@@ -25,9 +25,9 @@ def monitored(repository_dir, server_for, database_url):
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=database_url,
-        admin_token="s3cret",
-        bootstrap_resamples=300,
+        store={"url": database_url},
+        auth={"admin_tokens": "admin:s3cret"},
+        monitoring={"bootstrap_resamples": 300},
     )
     with server_for(settings) as (base_url, app):
         yield base_url, app
@@ -129,13 +129,15 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=database_url,
-        admin_token="s3cret",
-        bootstrap_resamples=300,
-        webhook_url=webhook.url,
         alarm=AlarmPolicy(min_labels=200),
-        evaluate_seconds=3600,
-        evaluate_every_labels=10**9,
+        store={"url": database_url},
+        auth={"admin_tokens": "admin:s3cret"},
+        monitoring={
+            "bootstrap_resamples": 300,
+            "webhook_url": webhook.url,
+            "evaluate_seconds": 3600,
+            "evaluate_every_labels": 10**9,
+        },
     )
     z, y = calibrated_logits(1400, n_classes=10, logit_scale=8.0, seed=5)
     with server_for(settings) as (base_url, app):
@@ -228,10 +230,8 @@ def test_calibration_says_how_many_labels_the_alarm_state_rests_on(
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=database_url,
-        bootstrap_resamples=300,
-        evaluate_seconds=3600,
-        evaluate_every_labels=10**9,
+        store={"url": database_url},
+        monitoring={"bootstrap_resamples": 300, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
     )
     z, y = calibrated_logits(300, n_classes=10, logit_scale=8.0, seed=6)
     with server_for(settings) as (base_url, app):
@@ -253,7 +253,7 @@ def test_calibration_says_how_many_labels_the_alarm_state_rests_on(
 
 def test_admin_is_off_without_a_token(base_url):
     r = httpx.post(f"{base_url}/admin/recalibrate", json={})
-    assert r.status_code == 403 and "CALIB_ADMIN_TOKEN" in r.json()["error"]["message"]
+    assert r.status_code == 403 and "CALIB_AUTH__ADMIN_TOKENS" in r.json()["error"]["message"]
 
 
 def test_timeline_is_the_rolling_window_ece(monitored):
@@ -302,7 +302,7 @@ def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(reposito
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/test",
+        store={"url": f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"},
     )
     with server_for(settings) as (base_url, _):
         assert httpx.get(f"{base_url}/health").json()["storage"]["up"] is False
@@ -396,9 +396,8 @@ def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_li
     settings = Settings(
         artifacts=repository_dir,
         default_model="digits-lenet5",
-        database_url=database_url,
-        pending_label_seconds=1.0,
-        pending_join_seconds=0.1,
+        store={"url": database_url},
+        labels={"pending_seconds": 1.0, "join_seconds": 0.1},
     )
     with server_for(settings) as (base_url, _):
         ids = prediction_ids(3)

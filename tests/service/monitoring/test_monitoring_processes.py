@@ -33,10 +33,10 @@ class Replica:
         self.url = f"http://127.0.0.1:{self.port}"
         environment = dict(
             os.environ,
-            CALIB_DATABASE_URL=database_url,
+            CALIB_STORE__URL=database_url,
             CALIB_DEFAULT_MODEL="digits-lenet5",
-            CALIB_BOOTSTRAP_RESAMPLES="300",
-            CALIB_EVALUATE_SECONDS="0.2",
+            CALIB_MONITORING__BOOTSTRAP_RESAMPLES="300",
+            CALIB_MONITORING__EVALUATE_SECONDS="0.2",
         )
         environment.update(env)
         self.process = subprocess.Popen(
@@ -308,7 +308,7 @@ def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(
     pending) ends joined or listed as expired, none is refused, the replicas agree, and under sync durability
     every id answered is stored."""
     url = f"sqlite:///{tmp_path / 'store.db'}" if store == "sqlite" else request.getfixturevalue("pg_url")
-    env = {"CALIB_PENDING_LABEL_SECONDS": "3", "CALIB_PREDICTION_LOG_DURABILITY": durability}
+    env = {"CALIB_LABELS__PENDING_SECONDS": "3", "CALIB_PREDICTION_LOG__DURABILITY": durability}
     started = [Replica(repository_dir, url, **env) for _ in range(replicas)]
     clients = LabellingClients([r.url for r in started])
     try:
@@ -395,10 +395,11 @@ def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_re
     tokens = tmp_path / "feedback-tokens"
     tokens.write_text("labeller:token-a\nintern:token-i\n")
     env = {
-        "CALIB_FEEDBACK_TOKENS_FILE": str(tokens),
-        "CALIB_PREDICT_TOKENS": "app:token-p",
-        "CALIB_TRUSTED_LABEL_SOURCES": "labeller",
-        "CALIB_CALIBRATION_REFRESH_SECONDS": "0.5",
+        "CALIB_AUTH__FEEDBACK_TOKENS_FILE": str(tokens),
+        "CALIB_AUTH__PREDICT_TOKENS": "app:token-p",
+        "CALIB_LABELS__TRUSTED_SOURCES": "labeller",
+        "CALIB_MONITORING__REFRESH_SECONDS": "0.5",
+        "CALIB_AUTH__REFRESH_SECONDS": "0.5",
     }
     a, b = Replica(repository_dir, pg_url, **env), Replica(repository_dir, pg_url, **env)
 

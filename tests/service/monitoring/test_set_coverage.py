@@ -25,14 +25,14 @@ def artifacts(tmp_path, linear_artifact, add_conformal):
     return root
 
 
-def settings_for(artifacts, database_url: str, **extra) -> Settings:
-    fast = {"evaluate_seconds": 0.2, "evaluate_every_labels": 50}
+def settings_for(artifacts, database_url: str, monitoring: dict | None = None, **groups) -> Settings:
+    fast = {"bootstrap_resamples": 200, "evaluate_seconds": 0.2, "evaluate_every_labels": 50}
     return Settings(
         artifacts=artifacts,
         default_model="sets",
-        database_url=database_url,
-        bootstrap_resamples=200,
-        **(fast | extra),
+        store={"url": database_url},
+        monitoring=fast | (monitoring or {}),
+        **groups,
     )
 
 
@@ -130,7 +130,7 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
 
 
 def test_with_adaptation_off_the_sets_keep_the_static_threshold(artifacts, tmp_path, server_for):
-    settings = settings_for(artifacts, f"sqlite:///{tmp_path / 'm.db'}", conformal_adaptation="off")
+    settings = settings_for(artifacts, f"sqlite:///{tmp_path / 'm.db'}", conformal={"adaptation": "off"})
     with server_for(settings) as (url, _):
         served = predict(url, 120, seed=3)
         time.sleep(1.0)
@@ -172,7 +172,9 @@ def test_labels_a_thousand_predictions_late_keep_every_window_covering_with_no_e
     test = load_dataset("digits").test
     rng = np.random.default_rng(21)
     root = Path(__file__).resolve().parents[3] / "artifacts"
-    settings = Settings(artifacts=root, database_url=f"sqlite:///{tmp_path / 'm.db'}", evaluate_seconds=0.2)
+    settings = Settings(
+        artifacts=root, store={"url": f"sqlite:///{tmp_path / 'm.db'}"}, monitoring={"evaluate_seconds": 0.2}
+    )
     delay, batch, total, coverage = 1_000, 200, 6_000, 0.95
     received: list[tuple[list[str], str]] = []  # (the set, the true label) per prediction, in order
     sent = 0
@@ -196,7 +198,7 @@ def test_labels_a_thousand_predictions_late_keep_every_window_covering_with_no_e
 
 
 def test_a_thousand_undeclared_levels_are_refused_and_grow_neither_state_nor_series(artifacts, tmp_path, server_for):
-    """Only the declared levels (CALIB_CONFORMAL_LEVELS and the artifact's default) are served, so only they keep
+    """Only the declared levels (CALIB_CONFORMAL__LEVELS and the artifact's default) are served, so only they keep
     adaptive state and metric series: 1,000 distinct other levels are each refused, naming the field and the levels,
     and the stored state and /metrics are as before."""
 
@@ -230,7 +232,9 @@ def test_labels_fold_into_the_sets_states_as_they_arrive_not_at_the_next_evaluat
     """With the evaluation pass a minute away, stored labels still reach the adaptive threshold within a fraction of
     a second (``SetsFolder``): the served threshold lags the labels by their delay only."""
     settings = settings_for(
-        artifacts, f"sqlite:///{tmp_path / 'm.db'}", evaluate_seconds=60.0, evaluate_every_labels=1_000_000
+        artifacts,
+        f"sqlite:///{tmp_path / 'm.db'}",
+        monitoring={"evaluate_seconds": 60.0, "evaluate_every_labels": 1_000_000},
     )
     with server_for(settings) as (url, _):
         served = predict(url, 80, seed=6)

@@ -220,7 +220,7 @@ def test_http_503_with_retry_after_when_the_queue_is_full(linear_artifact, serve
     (tmp_path / "toy" / "serving.json").write_text(
         json.dumps({"max_batch_size": 64, "max_queue_delay_ms": 200, "max_queue_rows": 1})
     )
-    settings = Settings(artifacts=tmp_path, retry_after_seconds=2)
+    settings = Settings(artifacts=tmp_path, limits={"retry_after_seconds": 2})
     with server_for(settings) as (base_url, _):
 
         async def burst():

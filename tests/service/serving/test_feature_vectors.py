@@ -26,7 +26,7 @@ def vectors(tmp_path_factory, linear_artifact, server_for):
     root = tmp_path_factory.mktemp("vectors")
     directory = linear_artifact(root / "artifacts", "tabular", "1", temperature=1.5, seed=3, shape=(F,))
     settings = Settings(
-        artifacts=root / "artifacts", grpc_port=0, database_url=f"sqlite:///{root / 'store.db'}", default_model=None
+        artifacts=root / "artifacts", grpc_port=0, default_model=None, store={"url": f"sqlite:///{root / 'store.db'}"}
     )
     weights = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(directory / "model.onnx")).graph.initializer}
     with server_for(settings) as (url, _):

@@ -117,8 +117,10 @@ def test_cuda_sessions_get_tf32_off_unless_asked_and_the_configured_algorithm_se
         (CUDA, {"use_tf32": "0", "cudnn_conv_algo_search": "HEURISTIC"}),
         CPU,
     ]
-    assert provider_options(Settings(device="auto", cuda_tf32=True, cuda_conv_algo_search="EXHAUSTIVE")) == [
+    assert provider_options(
+        Settings(device="auto", runtime={"cuda_tf32": True, "cuda_conv_algo_search": "EXHAUSTIVE"})
+    ) == [
         (CUDA, {"use_tf32": "1", "cudnn_conv_algo_search": "EXHAUSTIVE"}),
         CPU,
     ]
-    assert provider_options(Settings(device="cpu", cuda_tf32=True)) == [CPU]
+    assert provider_options(Settings(device="cpu", runtime={"cuda_tf32": True})) == [CPU]

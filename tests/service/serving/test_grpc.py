@@ -184,7 +184,7 @@ def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, t
     root.mkdir()
     (root / heavy).symlink_to(repository_dir.parent / "heavy" / heavy)
     (root / LIGHT).symlink_to(repository_dir / LIGHT)
-    settings = Settings(artifacts=root, default_model=LIGHT, database_url=f"sqlite:///{tmp_path / 'm.db'}")
+    settings = Settings(artifacts=root, default_model=LIGHT, store={"url": f"sqlite:///{tmp_path / 'm.db'}"})
     with server_for(settings) as (base_url, _):
         got = _grpc_client(base_url, {heavy: shape, LIGHT: LIGHT_SHAPE})
         for model, model_shape in ((heavy, shape), (LIGHT, LIGHT_SHAPE)):
@@ -193,7 +193,7 @@ def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, t
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the refused start
 def test_grpc_can_be_off_and_a_taken_port_stops_the_start(repository_dir, tmp_path, server_for):
-    settings = Settings(artifacts=repository_dir, grpc=False, database_url=f"sqlite:///{tmp_path / 'off.db'}")
+    settings = Settings(artifacts=repository_dir, grpc=False, store={"url": f"sqlite:///{tmp_path / 'off.db'}"})
     with server_for(settings) as (base_url, _):
         assert httpx.get(f"{base_url}/health").json()["grpc_port"] is None
     with socket.socket() as taken:
@@ -202,7 +202,7 @@ def test_grpc_can_be_off_and_a_taken_port_stops_the_start(repository_dir, tmp_pa
         settings = Settings(
             artifacts=repository_dir,
             grpc_port=taken.getsockname()[1],
-            database_url=f"sqlite:///{tmp_path / 'taken.db'}",
+            store={"url": f"sqlite:///{tmp_path / 'taken.db'}"},
         )
         with pytest.raises(RuntimeError, match="did not start"), server_for(settings):
             pass
@@ -297,7 +297,7 @@ def test_typed_contents_answer_as_raw_contents_do_and_a_message_past_the_limit_i
     assert raw.id == "req-7" and [o.name for o in raw.outputs] == listed
     assert listed[:3] == ["logits", "probabilities", "prediction_id"]
     assert raw.raw_output_contents[1] == answer.raw_output_contents[1]  # the probabilities, to the bit
-    limit = server[1].state.parts.settings.max_body_bytes
+    limit = server[1].state.parts.settings.limits.max_body_bytes
     huge = _request(np.zeros((limit // 256 + 1, *LIGHT_SHAPE), np.float32))
     with pytest.raises(grpc.RpcError) as raised:
         stub.ModelInfer(huge, timeout=30)
@@ -314,8 +314,8 @@ def test_grpc_health_answers_serving_while_ready_open_to_all_and_not_serving_whe
 
     settings = Settings(
         artifacts=repository_dir,
-        predict_tokens="app:secret-token",  # inference needs a token; health does not, as /v2/health/* does not
-        database_url=f"sqlite:///{tmp_path / 'health.db'}",
+        auth={"predict_tokens": "app:secret-token"},
+        store={"url": f"sqlite:///{tmp_path / 'health.db'}"},
     )
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     with server_for(settings) as (base_url, app):

@@ -27,8 +27,8 @@ def served(tmp_path_factory, server_for, linear_artifact, add_conformal):
     settings = Settings(
         artifacts=root,
         default_model="sets",
-        database_url=f"sqlite:///{root / 'm.db'}",
-        conformal_levels=",".join(map(str, LEVELS)),
+        store={"url": f"sqlite:///{root / 'm.db'}"},
+        conformal={"levels": ",".join(map(str, LEVELS))},
     )
     with server_for(settings) as (base_url, _):
         yield base_url, calibrators
@@ -172,7 +172,7 @@ def test_a_tampered_conformal_file_keeps_the_version_from_loading(tmp_path, serv
     directory = linear_artifact(tmp_path / "artifacts", "sets", "1", classes=CLASSES)
     add_conformal(directory)
     (directory / "conformal.json").write_text((directory / "conformal.json").read_text().replace("0.", "0.1", 1))
-    settings = Settings(artifacts=tmp_path / "artifacts", database_url=f"sqlite:///{tmp_path / 'm.db'}")
+    settings = Settings(artifacts=tmp_path / "artifacts", store={"url": f"sqlite:///{tmp_path / 'm.db'}"})
     with server_for(settings) as (base_url, _):
         health = httpx.get(f"{base_url}/health").json()
     assert "sha256" in json.dumps(health) and "conformal.json" in json.dumps(health)

@@ -101,7 +101,7 @@ def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everyw
     tmp_path, linear_artifact, server_for, caplog
 ):
     linear_artifact(tmp_path, "toy", "1")
-    settings = Settings(artifacts=tmp_path, device="cuda", database_url=f"sqlite:///{tmp_path / 'm.db'}")
+    settings = Settings(artifacts=tmp_path, device="cuda", store={"url": f"sqlite:///{tmp_path / 'm.db'}"})
     with caplog.at_level(logging.INFO, logger="service"), server_for(settings) as (base_url, _):
         health = httpx.get(f"{base_url}/health").json()
         predicted = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]}).json()
@@ -194,8 +194,8 @@ def test_settings_from_environment(monkeypatch):
 
 def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, linear_artifact):
     path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
-    plain = create_runtime(path, Settings(pad_batches="off"), max_batch_size=6)
-    padded = create_runtime(path, Settings(pad_batches="on"), max_batch_size=6)
+    plain = create_runtime(path, Settings(runtime={"pad_batches": "off"}), max_batch_size=6)
+    padded = create_runtime(path, Settings(runtime={"pad_batches": "on"}), max_batch_size=6)
     assert (plain.buckets, padded.buckets) == ((), (1, 2, 4, 6))
     assert create_runtime(path, Settings(), max_batch_size=6).buckets == ()  # auto: only for sessions on CUDA
     assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64) and batch_buckets(1) == (1,)
@@ -212,9 +212,9 @@ def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, 
 
 def test_with_bucket_sessions_every_session_meets_one_input_shape(tmp_path, linear_artifact):
     path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
-    plain = create_runtime(path, Settings(pad_batches="off"), max_batch_size=6)
-    shared = create_runtime(path, Settings(pad_batches="on"), max_batch_size=6)
-    own = create_runtime(path, Settings(pad_batches="on", bucket_sessions="on"), max_batch_size=6)
+    plain = create_runtime(path, Settings(runtime={"pad_batches": "off"}), max_batch_size=6)
+    shared = create_runtime(path, Settings(runtime={"pad_batches": "on"}), max_batch_size=6)
+    own = create_runtime(path, Settings(runtime={"pad_batches": "on", "bucket_sessions": "on"}), max_batch_size=6)
     assert shared.bucket_sessions == {}  # auto: a session per bucket only for sessions on CUDA
     assert sorted(own.bucket_sessions) == [1, 2, 4, 6] and own.bucket_sessions[1] is own.session
     assert len({id(s) for s in own.bucket_sessions.values()}) == 4
@@ -245,7 +245,7 @@ def test_every_session_of_a_padding_model_is_warmed_up_at_each_bucket(tmp_path, 
         "_run",
         lambda self, session, x: seen.append((id(self), len(x))) or original(self, session, x),
     )
-    repository = ModelRepository(Settings(artifacts=tmp_path, pad_batches="on"))
+    repository = ModelRepository(Settings(artifacts=tmp_path, runtime={"pad_batches": "on"}))
     repository.load()
     runtimes = repository.get("toy").runtimes
     assert len(runtimes) == 2 and all(r.buckets == (1, 2, 4, 8) for r in runtimes)

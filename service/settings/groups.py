@@ -1,0 +1,387 @@
+"""The groups of settings, one per concern, each set as ``CALIB_<GROUP>__<NAME>`` (``service.settings.model``).
+
+Every description says what the setting does and, for those an operator may want to turn, what for: the trade it
+makes. ``docs/settings.md`` is generated from these models (``python -m service.settings --markdown``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+
+from calibkit.conformal.adaptive import DEFAULT_STEP
+from calibkit.coverage_alarm import DEFAULT_THRESHOLD
+from service.auth import GROUPS, parse_tokens
+
+PREFIX = "CALIB_"
+
+
+def env_name(path: str) -> str:
+    """The environment variable of a setting's dotted path: ``conformal.method`` -> ``CALIB_CONFORMAL__METHOD``."""
+    return PREFIX + path.upper().replace(".", "__")
+
+
+class RuntimeSettings(BaseModel):
+    """How onnxruntime runs the models: the CUDA provider's options, padding and sessions per batch size, threads.
+    The graph optimisation level, the inter-op threads and I/O binding are fixed (``service.serving.runtime``)."""
+
+    cuda_tf32: bool = Field(
+        default=False,
+        description="TF32 tensor cores for CUDA matmuls and convolutions: faster on Ampere and newer GPUs, but the "
+        "probabilities then differ from the CPU path's by more than float32 rounding. Accuracy against speed: on "
+        "where throughput matters more than a served probability agreeing with the exported model's to float32 "
+        "precision",
+    )
+    cuda_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        default="HEURISTIC",
+        description="how cuDNN picks a convolution algorithm for each new input shape (onnxruntime's "
+        "cudnn_conv_algo_search): HEURISTIC asks cuDNN's heuristics; EXHAUSTIVE (onnxruntime's default) benchmarks "
+        "every algorithm on the first batch of each size, at load since the sizes are warmed up; DEFAULT takes "
+        "cuDNN's default algorithm. Which one serves fastest depends on the model's convolutions "
+        "(docs/decisions/0001-gpu-run.md)",
+    )
+    pad_batches: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="pad every batch with zero rows up to the next power of two (or the model's max_batch_size), so "
+        "that a session meets a handful of input shapes, each warmed up at load: on CUDA each new shape costs cuDNN an "
+        "algorithm search and plan; auto = on for sessions that run on CUDA. /health lists each model's "
+        "batch_buckets. Off computes no padded rows, but a batch size first met on live traffic pays its plan then",
+    )
+    bucket_sessions: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="with padding, a session of its own for each bucket size, so that every session meets one input "
+        "shape: onnxruntime's CUDA convolutions keep the cuDNN descriptors and plan of the last shape only and rebuild "
+        "them whenever the shape changes (docs/decisions/0020-bucket-sessions.md); auto = on for padding sessions "
+        "that run on CUDA. GPU memory against speed: each model version then holds one session per bucket and "
+        "instance; /health says bucket_sessions",
+    )
+    intra_op_threads: int = Field(
+        default=0,
+        ge=0,
+        description="onnxruntime intra-op threads per session; 0 = the cores shared among the model's sessions (a "
+        "session with its own core never waits for a sibling thread that the event loop has pre-empted). Set it on a "
+        "node shared with other work, so that the sessions keep to the cores they are given",
+    )
+
+
+class BatchingConfig(BaseModel):
+    """Dynamic batching of every model, and the onnxruntime sessions of each. Per model it can be overridden in
+    ``artifacts/<model>/serving.json``, like Triton's ``dynamic_batching`` in config.pbtxt:
+    ``{"max_batch_size": 32, "max_queue_delay_ms": 1, "instances": 1}``."""
+
+    max_batch_size: int = Field(
+        default=64,
+        ge=1,
+        description="rows per onnxruntime call at most; on a GPU larger batches pay (also the largest padded size)",
+    )
+    max_queue_delay_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="an extra wait for a batch to fill; 0: a batch runs as soon as an inference thread is free",
+    )
+    max_queue_rows: int = Field(
+        default=4096,
+        ge=1,
+        description="rows queued at most; past that, 503 with Retry-After (in a pod, the engine's queue bound)",
+    )
+    instances: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="onnxruntime sessions of the model, each on its own inference thread taking batches from the one "
+        "queue (Triton's instance_group count); 0 = 2 on machines with 2 or more cores, else 1",
+    )
+
+    def sessions(self) -> int:
+        """The number of sessions ``instances`` asks for on this machine."""
+        return self.instances or min(2, os.cpu_count() or 1)
+
+
+class PodSettings(BaseModel):
+    """Set by a pod (``python -m service`` with ``CALIB_FRONTENDS`` > 1) for its front-ends; not for operators."""
+
+    engine_endpoint: str | None = Field(
+        default=None,
+        description="the ZeroMQ endpoint of an engine process (python -m service.engine) that runs this process's "
+        "inference (a front-end opens no session of its own); unset: inference in this process",
+    )
+    index: int | None = Field(
+        default=None,
+        ge=0,
+        description="this front-end's index: front-end 0 runs the once-per-pod loops (the evaluator's passes, the "
+        "pending-label joiner, retention); every front-end folds its labels into the sets' states",
+    )
+    engine_wait_seconds: float = Field(
+        default=120.0, gt=0, description="how long a front-end waits at start for the engine's first answer"
+    )
+
+
+class LimitsSettings(BaseModel):
+    """What one request may hold, and what a refused one is told."""
+
+    max_rows_per_request: int = Field(default=1024, ge=1, description="rows per inference request at most")
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="request body limit in bytes (413 past it), and the largest gRPC message",
+    )
+    max_image_pixels: int = Field(default=4096 * 4096, ge=64, description="decoded image size limit (pixels)")
+    max_feedback_items: int = Field(default=10000, ge=1, description="items per POST /feedback at most")
+    retry_after_seconds: int = Field(
+        default=1, ge=1, description="the Retry-After of a 503 (a full queue, a store away or slow)"
+    )
+
+
+class StoreSettings(BaseModel):
+    """The store of predictions, labels, calibrations and the alarm's state."""
+
+    url: str = Field(
+        default="sqlite:///monitoring.db",
+        description="SQLAlchemy URL of the store; postgresql+psycopg://user@host:5432/db for replicas sharing one",
+    )
+    timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="the longest a store query may wait for a lock or run (PostgreSQL statement_timeout and "
+        "lock_timeout, SQLite's busy timeout, pool checkout) before the request answers 503 with Retry-After; "
+        "migrations and retention are exempt",
+    )
+    retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="predictions older than this are deleted, with their labels, and pending labels received before "
+        "then",
+    )
+
+
+class PredictionLogSettings(BaseModel):
+    """The log of every served prediction, which labels are joined to (docs/api.md: the prediction log)."""
+
+    enabled: bool = Field(default=True, description="log every prediction for monitoring")
+    queue: int = Field(
+        default=100000,
+        ge=100,
+        description="prediction rows held in memory for the store at most, while it is away; past that they are "
+        "dropped and counted in calib_prediction_log_dropped_total (async) or refused with 503 (sync)",
+    )
+    durability: Literal["async", "sync"] = Field(
+        default="async",
+        description="async: write-behind, the answer does not wait for its rows (a process killed meanwhile loses up "
+        "to CALIB_PREDICTION_LOG__INTERVAL_SECONDS of rows: their ids never become known, and labels sent for them "
+        "expire as pending); sync: each answer waits until its rows are committed, so every id answered survives a "
+        "crash (503 while the store is away)",
+    )
+    interval_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="async: the longest a queued prediction waits for its write while the store is up (a full batch "
+        "goes at once)",
+    )
+
+
+class LabelsSettings(BaseModel):
+    """Labels sent to POST /feedback: how long one waits for its prediction, and whose count."""
+
+    pending_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="how long a label whose prediction is not in the store waits for it (pending) before it expires; "
+        "expired labels are listed by GET /feedback/unmatched and counted in calib_pending_labels_resolved_total",
+    )
+    join_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="seconds between the passes that join pending labels to their predictions (also right after "
+        "this replica's prediction log has written rows while labels were pending)",
+    )
+    trusted_sources: str | None = Field(
+        default=None,
+        description="the sources whose labels count for the alarm and the refit, comma-separated: feedback token "
+        "names, and 'anonymous' for labels sent where feedback is open; unset = every source. Labels of other "
+        "sources are stored, in the windows and reported per source (/calibration?by_source=true)",
+    )
+
+    def trusted(self) -> frozenset[str] | None:
+        """``trusted_sources`` as a set (None: every source is trusted)."""
+        if self.trusted_sources is None:
+            return None
+        return frozenset(s.strip() for s in self.trusted_sources.split(",") if s.strip())
+
+
+class MonitoringSettings(BaseModel):
+    """Calibration reports, the alarm's evaluations and how replicas see each other's (docs/monitoring.md)."""
+
+    window: str = Field(
+        default="500",
+        description="the default window of GET /calibration: a label count (1000) or a duration (30m, 1h, 7d)",
+    )
+    n_bins: int = Field(default=15, ge=2, le=100, description="equal-width confidence bins")
+    bootstrap_resamples: int = Field(default=1000, ge=100, description="bootstrap resamples of the ECE interval")
+    detail_rows: int = Field(
+        default=5000,
+        ge=100,
+        description="the most recent labels of the window used for AdaECE, classwise ECE and the refit temperature "
+        "(Guo et al. 2017 fit T on 5,000 validation images); the bin statistics (ECE, its interval, MCE, bins) "
+        "always use the whole window",
+    )
+    drift_rows: int = Field(
+        default=500,
+        ge=10,
+        description="recent predictions compared with the manifest's reference confidences (label-free drift)",
+    )
+    evaluate_every_labels: int = Field(
+        default=1000,
+        ge=1,
+        description="labels stored by this replica that start an alarm evaluation at once, before the next periodic "
+        "one",
+    )
+    evaluate_sets_seconds: float = Field(
+        default=0.1,
+        gt=0,
+        description="at most this often, labels stored by this replica are folded into the prediction sets' adaptive "
+        "thresholds and coverage alarms as soon as they arrive (the evaluation pass folds them too): a threshold lags "
+        "the labels by their delay, not by an evaluation interval",
+    )
+    evaluate_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="seconds between the background alarm evaluations of every served model version (they also take "
+        "in labels stored by other replicas)",
+    )
+    refresh_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="seconds between the passes that pick up what other replicas stored: a newly activated "
+        "calibration version, the prediction sets' states",
+    )
+    webhook_url: str | None = Field(default=None, description="alarm transitions are POSTed here as JSON")
+
+
+class ConformalSettings(BaseModel):
+    """The prediction sets' defaults when a request does not say, and how they follow the labels
+    (docs/conformal.md)."""
+
+    method: Literal["lac", "aps", "raps"] | None = Field(
+        default=None,
+        description="the sets' score when a request names none; unset: the artifact's default",
+    )
+    coverage: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the sets' coverage 1 - alpha when a request names none; unset: the artifact's default",
+    )
+    levels: str = Field(
+        default="0.8,0.9,0.95",
+        description="the coverage levels served, comma-separated, each in (0, 1), besides the default coverage; a "
+        "request for any other is refused naming the field and the levels (422 on /predict, 400 on v2 REST, "
+        "INVALID_ARGUMENT on gRPC), so that adaptive state and metric series exist only for these",
+    )
+    randomized: bool = Field(
+        default=False,
+        description="serve the exact sets when a request does not say: randomized APS and RAPS and LAC without its "
+        "top-label floor, whose coverage is 1 - alpha to within 1 / (n + 1) but which may be empty and, for APS and "
+        "RAPS, differ between two rows of the same input; false: the floor sets, never empty, the same for the same "
+        "input, coverage at least 1 - alpha",
+    )
+    adaptation: Literal["log-quantile", "off"] = Field(
+        default="log-quantile",  # calibkit.conformal.adaptive.DEFAULT_METHOD
+        description="how each set choice's threshold adapts online from the labels, in label order, so that long-run "
+        "coverage holds under shift: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani "
+        "2023) on the log scale of the score's distance to its top, fed each label's own score so that late and "
+        "batched labels do not destabilise it (log-quantile), or off (the static split-conformal threshold)",
+    )
+    step: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description=f"the adaptation's step eta per label, on the log scale; unset: the rule's default, {DEFAULT_STEP}",
+    )
+    alarm_threshold: float = Field(
+        default=DEFAULT_THRESHOLD,
+        gt=1,
+        description="A of the coverage alarm, which watches each label's miss at the static threshold: while the "
+        "labelled traffic is exchangeable with the calibration split, P(a false alarm within n labels) <= n / A + "
+        "0.01 (the 0.01: a calibration split whose static sets miss more than the alarm's tolerance)",
+    )
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, value: str) -> str:
+        """Comma-separated numbers in (0, 1) (the message names the entry at fault)."""
+        conformal_levels(value)
+        return value
+
+
+class AuthSettings(BaseModel):
+    """Named bearer tokens per route group (docs/security.md). Each group's tokens are given one way: inline or in a
+    file, a mounted Secret re-read when it changes. A group without tokens is open, but admin, which is then off."""
+
+    # an invalid token setting is reported by name, never by its value
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    predict_tokens: SecretStr | None = Field(
+        default=None,
+        description="bearer tokens of POST /predict and v2 infer (REST, and gRPC metadata authorization), as "
+        "name:token,name:token; unset (and no file) = open",
+    )
+    predict_tokens_file: Path | None = Field(
+        default=None,
+        description="a file of predict tokens (name:token per line or comma, # comments; a mounted Secret), re-read "
+        "within CALIB_AUTH__REFRESH_SECONDS when it changes; a broken file keeps the previous tokens (logged)",
+    )
+    feedback_tokens: SecretStr | None = Field(
+        default=None,
+        description="bearer tokens of POST /feedback and GET /feedback/unmatched, as name:token,...; unset (and no "
+        "file) = open",
+    )
+    feedback_tokens_file: Path | None = Field(
+        default=None, description="a file of feedback tokens, re-read when it changes"
+    )
+    admin_tokens: SecretStr | None = Field(
+        default=None,
+        description="bearer tokens of /admin/* and of the store's error text in /health, as name:token,...; with no "
+        "admin token at all, the admin endpoints are off (403)",
+    )
+    admin_tokens_file: Path | None = Field(default=None, description="a file of admin tokens, re-read when it changes")
+    refresh_seconds: float = Field(
+        default=5.0, gt=0, description="seconds between the checks of the token files for changes"
+    )
+
+    @field_validator("predict_tokens", "feedback_tokens", "admin_tokens")
+    @classmethod
+    def _token_list(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        """``name:token`` pairs (the message names the entry at fault, never a token)."""
+        if value is not None:
+            assert info.field_name is not None  # set for a field validator
+            parse_tokens(value.get_secret_value(), env_name(f"auth.{info.field_name}"))
+        return value
+
+    @model_validator(mode="after")
+    def _one_way(self) -> AuthSettings:
+        """Each group's tokens inline or in a file, not both (the message names both variables)."""
+        for group in GROUPS:
+            inline, file = f"auth.{group}_tokens", f"auth.{group}_tokens_file"
+            if getattr(self, f"{group}_tokens") is not None and getattr(self, f"{group}_tokens_file") is not None:
+                raise ValueError(
+                    f"{env_name(inline)} and {env_name(file)} are both set: give the {group} tokens one way"
+                )
+        return self
+
+
+def conformal_levels(value: str) -> tuple[float, ...]:
+    """The coverage levels of ``CALIB_CONFORMAL__LEVELS``: comma-separated numbers in (0, 1), sorted, distinct."""
+    name = env_name("conformal.levels")
+    levels = []
+    for entry in value.split(","):
+        try:
+            level = float(entry)
+        except ValueError:
+            raise ValueError(f"{name}: {entry.strip()!r} is not a number") from None
+        if not 0 < level < 1:
+            raise ValueError(f"{name}: {entry.strip()!r} is not in (0, 1)")
+        levels.append(level)
+    return tuple(sorted(set(levels)))
