@@ -41,7 +41,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     CALIB_HOST=0.0.0.0 \
     CALIB_PORT=8000 \
     CALIB_ARTIFACTS=/app/artifacts \
-    CALIB_DATABASE_URL=sqlite:////app/data/monitoring.db
+    CALIB_STORE__URL=sqlite:////app/data/monitoring.db
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir "calibrated-serving[${EXTRAS}] @ file:///wheels/calibrated_serving-${VERSION}-py3-none-any.whl" \

@@ -13,7 +13,7 @@ import yaml
 
 from service.metrics import ServiceMetrics
 from service.settings import setting_path
-from service.settings.deprecated import RENAMED
+from service.settings.deprecated import RENAMED, replacement
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -116,9 +116,27 @@ def test_dashboard_and_alerts_only_use_metrics_the_service_exports():
 
 
 def _names_a_setting(name: str) -> bool:
-    """Whether an environment variable name sets a field of ``Settings`` (``CALIB_<FIELD>``,
-    ``CALIB_<GROUP>__<FIELD>``), or is an old name still accepted."""
-    return setting_path(name) is not None or name.removeprefix("CALIB_").lower() in RENAMED
+    """Whether an environment variable name sets a field of ``Settings`` by its current name (``CALIB_<FIELD>``,
+    ``CALIB_<GROUP>__<FIELD>``); an old name, still accepted with a warning, does not."""
+    return setting_path(name) is not None
+
+
+def test_the_shipped_files_name_settings_by_their_current_names():
+    shipped = [ROOT / "Dockerfile", ROOT / "docker-compose.yml", *sorted((ROOT / "deploy").rglob("*"))]
+    found = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in shipped
+        if path.is_file() and path.suffix in ("", ".yml", ".yaml", ".json")
+        for name in re.findall(r"\bCALIB_[A-Z0-9_]+", path.read_text())
+    }
+    assert len(found) > 20
+    old = {
+        f"{path}: {name} (use {replacement(name.removeprefix('CALIB_').lower())})"
+        for path, name in found
+        if name.removeprefix("CALIB_").lower() in RENAMED
+    }
+    assert not old, "old setting names in the shipped files"
+    assert [f"{path}: {name}" for path, name in sorted(found) if not _names_a_setting(name)] == []
 
 
 @pytest.mark.parametrize("service", ["service", "service-gpu"])

@@ -259,10 +259,10 @@ def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization
         assert name == "MPLCONFIGDIR" or setting_path(name) is not None, name
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
     assert secrets == {
-        "CALIB_DATABASE_URL": {"name": "calibrated-serving", "key": "database-url"},
-        "CALIB_ADMIN_TOKEN": {"name": "calibrated-serving", "key": "admin-token"},
-        "CALIB_PREDICT_TOKENS": {"name": "calibrated-serving", "key": "predict-tokens"},
-        "CALIB_FEEDBACK_TOKENS": {"name": "calibrated-serving", "key": "feedback-tokens"},
+        "CALIB_STORE__URL": {"name": "calibrated-serving", "key": "database-url"},
+        "CALIB_AUTH__ADMIN_TOKENS": {"name": "calibrated-serving", "key": "admin-tokens"},
+        "CALIB_AUTH__PREDICT_TOKENS": {"name": "calibrated-serving", "key": "predict-tokens"},
+        "CALIB_AUTH__FEEDBACK_TOKENS": {"name": "calibrated-serving", "key": "feedback-tokens"},
     }
     routes = set(create_app(Settings()).openapi()["paths"])
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.e2e  # PostgreSQL and service processes
 REPLICAS = 8
 # the Secret's keys but database-url, which is the test database
 SECRET = {
-    "admin-token": "k8s-test-token",
+    "admin-tokens": "admin:k8s-test-token",
     "predict-tokens": "app:k8s-predict-token",
     "feedback-tokens": "labeller:k8s-feedback-token",
 }
@@ -177,7 +177,7 @@ def test_the_service_runs_as_its_manifest_says(manifest, dockerfile, pg_url, tmp
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert _probe(url, grpc_target, container, kind), kind
         assert _predict_and_label(url) == 20
-        health = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {SECRET['admin-token']}"}).json()
+        health = httpx.get(f"{url}/health", headers={"Authorization": "Bearer k8s-test-token"}).json()
         assert health["ready"] and health["status"] == "ok"
         process.send_signal(signal.SIGTERM)  # what the kubelet sends after preStop
         # uvicorn drains and runs the shutdown (prediction log and feedback writer flushed); the exit is clean

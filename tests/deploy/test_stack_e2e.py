@@ -37,7 +37,7 @@ def _interpolated(value) -> str:
 ENVIRONMENT = {k: _interpolated(v) for k, v in COMPOSE["services"]["service"]["environment"].items()}
 PREDICT, FEEDBACK = (
     {"Authorization": f"Bearer {ENVIRONMENT[name].split(',')[0].split(':', 1)[1]}"}
-    for name in ("CALIB_PREDICT_TOKENS", "CALIB_FEEDBACK_TOKENS")
+    for name in ("CALIB_AUTH__PREDICT_TOKENS", "CALIB_AUTH__FEEDBACK_TOKENS")
 )
 pytestmark = pytest.mark.e2e  # PostgreSQL, Prometheus and two server processes
 
