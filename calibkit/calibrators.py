@@ -18,7 +18,7 @@ import numpy as np
 from scipy import optimize, special
 
 from calibkit import binning
-from calibkit.temperature import apply_temperature, fit_temperature, softmax
+from calibkit.temperature import T_MAX, T_MIN, apply_temperature, fit_temperature, softmax
 from calibkit.validation import check_logits, check_logits_labels, check_n_bins, expected
 
 
@@ -122,6 +122,10 @@ class Calibrator(ABC):
     def _load(self, params: dict) -> None: ...
 
 
+#: L-BFGS-B's stopping rules for BCTS: the relative decrease of the NLL and the largest projected gradient entry.
+BCTS_FTOL, BCTS_GTOL, BCTS_MAXITER = 1e-14, 1e-9, 1000
+
+
 def _two_columns(z: np.ndarray) -> np.ndarray:
     """A single binary logit z as the logit pair [0, z] (softmax of which is [1 - sigmoid(z), sigmoid(z)])."""
     return np.stack([np.zeros_like(z), z], axis=1) if z.ndim == 1 else z
@@ -210,6 +214,63 @@ class VectorScaling(Calibrator):
 
     def _load(self, params):
         self.w = _finite_vector("w", params["w"], self.n_classes)
+        self.b = _finite_vector("b", params["b"], self.n_classes)
+
+
+class BiasCorrectedTemperatureScaling(Calibrator):
+    """Bias-corrected temperature scaling (BCTS): q = softmax(z / T + b), one T > 0 and a bias b_k per class.
+
+    Temperature scaling plus a per-class bias, fitted by NLL: in between temperature (b = 0) and vector scaling
+    (one weight per class). The biases correct systematic errors in the class priors that temperature scaling
+    leaves, which makes the probabilities fit for EM estimation of new class priors under label shift. Fitted over
+    (beta, b) with beta = 1 / T, where z beta + b is linear in the parameters, so the NLL is convex and L-BFGS-B
+    (gradient exact, beta kept in [1 / T_MAX, 1 / T_MIN], from T = 1, b = 0) finds its minimum. Adding a constant
+    to every b_k leaves q unchanged; b is stored with mean 0. It is vector scaling with every w_k = 1 / T, which is
+    how the ONNX export bakes it.
+
+    References:
+        Alexandari, Kundaje & Shrikumar 2020, "Maximum Likelihood with Bias-Corrected Calibration is Hard-To-Beat at
+        Label Shift Adaptation", ICML; Guo et al. 2017 (temperature and vector scaling).
+    """
+
+    method = "bcts"
+
+    def __init__(self, temperature: float = 1.0):
+        self.temperature = temperature
+        self.b: np.ndarray | None = None
+
+    def _fit(self, z, y):
+        z = _two_columns(z)
+        k = z.shape[1]
+
+        def objective(theta):
+            loss, g = _nll_and_grad(theta[0] * z + theta[1:], y)
+            return loss, np.concatenate([[(g * z).sum()], g.sum(axis=0)])
+
+        theta0 = np.concatenate([[1.0], np.zeros(k)])
+        bounds = [(1.0 / T_MAX, 1.0 / T_MIN)] + [(None, None)] * k
+        result = optimize.minimize(
+            objective,
+            theta0,
+            jac=True,
+            method="L-BFGS-B",
+            bounds=bounds,
+            options={"maxiter": BCTS_MAXITER, "ftol": BCTS_FTOL, "gtol": BCTS_GTOL},
+        )
+        self.temperature = float(1.0 / result.x[0])
+        self.b = result.x[1:] - result.x[1:].mean()
+
+    def _transform(self, z):
+        return _like_input(softmax(_two_columns(z) / self.temperature + self.b), z)
+
+    def _params(self):
+        return {"temperature": self.temperature, "b": self.b.tolist()}
+
+    def _load(self, params):
+        t = float(params["temperature"])
+        if not np.isfinite(t) or t <= 0:
+            raise ValueError(expected("temperature", "a positive finite number", t))
+        self.temperature = t
         self.b = _finite_vector("b", params["b"], self.n_classes)
 
 
@@ -367,7 +428,15 @@ class IsotonicCalibration(Calibrator):
 
 
 CALIBRATORS: dict[str, type[Calibrator]] = {
-    cls.method: cls for cls in (TemperatureScaling, VectorScaling, PlattScaling, HistogramBinning, IsotonicCalibration)
+    cls.method: cls
+    for cls in (
+        TemperatureScaling,
+        VectorScaling,
+        BiasCorrectedTemperatureScaling,
+        PlattScaling,
+        HistogramBinning,
+        IsotonicCalibration,
+    )
 }
 
 
@@ -375,7 +444,7 @@ def build_calibrator(method: str, **options) -> Calibrator:
     """An unfitted calibrator by name.
 
     Args:
-        method: ``temperature``, ``vector``, ``platt``, ``histogram`` or ``isotonic``.
+        method: ``temperature``, ``vector``, ``bcts``, ``platt``, ``histogram`` or ``isotonic``.
         **options: The calibrator's own options, e.g. ``objective`` for temperature, ``n_bins`` for histogram.
 
     Returns:

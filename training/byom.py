@@ -1,11 +1,12 @@
 """Bring your own model: from an ONNX classifier and labelled data to a served artifact version.
 
 The user's graph is run on onnxruntime over their labelled rows. As in a training run, the rows are split
-(``conformal_fraction``, seeded, stratified by class): the calibration (temperature or vector scaling) is fitted on
-one part, on the model's logits, or on log-probabilities when it outputs probabilities (softmax(log p) = p); it is
-baked into a copy of the graph (``training.onnx_graph``) whose ``probabilities`` output is checked against calibkit's;
-the conformal scores of the other part under those served probabilities go to ``conformal.json``. The version folder
-``artifacts/<name>/<version>/`` gets the layout a training run exports, so the service serves it as it is.
+(``conformal_fraction``, seeded, stratified by class): the calibration (temperature, vector or bias-corrected
+temperature scaling) is fitted on one part, on the model's logits, or on log-probabilities when it outputs
+probabilities (softmax(log p) = p); it is baked into a copy of the graph (``training.onnx_graph``) whose
+``probabilities`` output is checked against calibkit's; the conformal scores of the other part under those served
+probabilities go to ``conformal.json``. The version folder ``artifacts/<name>/<version>/`` gets the layout a training
+run exports, so the service serves it as it is.
 
 Platt, histogram and isotonic calibration have no ONNX form here and are refused: the service serves the graph's
 ``probabilities`` output as it is.
@@ -22,7 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from calibkit import metrics
-from calibkit.calibrators import Calibrator, TemperatureScaling, VectorScaling, build_calibrator, save_calibrator
+from calibkit.calibrators import (
+    BiasCorrectedTemperatureScaling,
+    Calibrator,
+    TemperatureScaling,
+    VectorScaling,
+    build_calibrator,
+    save_calibrator,
+)
 from calibkit.manifest import (
     CONFORMAL_FILE,
     CalibrationSpec,
@@ -38,8 +46,8 @@ from training.evaluation import before_after, ece_by_temperature
 from training.export import MAX_PROB_DIFF, next_version, sha256_of
 from training.report import write_report
 
-#: Methods the graph can carry (``training.export`` bakes the same two into a trained model).
-BAKED = ("temperature", "vector")
+#: Methods the graph can carry (``training.export`` bakes the same three into a trained model).
+BAKED = ("temperature", "vector", "bcts")
 #: The fewest conformal rows: at 0.95, split conformal needs (n + 1) 0.95 <= n, n >= 19, for a set smaller than
 #: every class; one more keeps the 0.95 threshold off the largest score.
 MIN_CONFORMAL_ROWS = 20
@@ -302,6 +310,9 @@ def _head(calibrator: Calibrator) -> tuple[np.ndarray | None, np.ndarray | None,
         return None, None, float(calibrator.temperature)
     if isinstance(calibrator, VectorScaling):
         return calibrator.w, calibrator.b, 1.0
+    if isinstance(calibrator, BiasCorrectedTemperatureScaling):
+        assert calibrator.b is not None  # fitted
+        return np.full(len(calibrator.b), 1.0 / calibrator.temperature), calibrator.b, 1.0
     raise ValueError(f"calibration {calibrator.method!r} has no ONNX form")  # BAKED is checked first
 
 

@@ -109,7 +109,7 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--train-size", type=int, help="train on a stratified subset of this many training images")
     g.add_argument("--label-noise", type=float, help="fraction of the labels of every split changed at random")
     g.add_argument("--seed", type=int)
-    g.add_argument("--calibration", help="temperature (default), vector, platt, histogram, isotonic")
+    g.add_argument("--calibration", help="temperature (default), vector, bcts, platt, histogram, isotonic")
     g.add_argument("--calibration-objective", help="nll (default) or ece (grid search)")
     g.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP)
     g.add_argument("--n-resamples", type=int, help="bootstrap resamples on the test split")
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("calibrate", help="fit post-hoc calibration on the validation split (or on your own ONNX model)")
     p.add_argument("--run-dir", type=Path, help="a run directory written by `train`")
-    p.add_argument("--method", help="temperature, vector, platt, histogram, isotonic")
+    p.add_argument("--method", help="temperature, vector, bcts, platt, histogram, isotonic")
     p.add_argument("--objective", help="temperature objective: nll or ece")
     p.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP.replace("validation split", "data"))
     byom = p.add_argument_group(

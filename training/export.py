@@ -1,8 +1,9 @@
 """ONNX export with calibration baked in, a parity check on onnxruntime, and the artifact layout.
 
 The exported graph has one input and two outputs: ``logits`` and ``probabilities`` =
-softmax((w * logits + b) / T), which is temperature scaling (w = 1, b = 0; Guo et al. 2017) or
-vector scaling (T = 1). Any ONNX consumer therefore gets calibrated probabilities. When the calibration
+softmax((w * logits + b) / T), which is temperature scaling (w = 1, b = 0; Guo et al. 2017),
+vector scaling (T = 1) or bias-corrected temperature scaling (w = 1 / T, T = 1; Alexandari et al. 2020). Any ONNX
+consumer therefore gets calibrated probabilities. When the calibration
 was fitted on a part of the validation split, the conformal scores of the other part are computed from the exported
 graph's ``probabilities`` output, the probabilities the service serves, and written to ``conformal.json``.
 """
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from calibkit.calibrators import Calibrator, TemperatureScaling, VectorScaling
+from calibkit.calibrators import BiasCorrectedTemperatureScaling, Calibrator, TemperatureScaling, VectorScaling
 from calibkit.manifest import (
     CONFORMAL_FILE,
     CalibrationSpec,
@@ -55,10 +56,13 @@ class CalibratedClassifier(nn.Module):
         elif isinstance(calibrator, VectorScaling):
             assert calibrator.w is not None and calibrator.b is not None  # fitted
             w, b, t = calibrator.w, calibrator.b, 1.0
+        elif isinstance(calibrator, BiasCorrectedTemperatureScaling):
+            assert k is not None and calibrator.b is not None  # fitted
+            w, b, t = np.full(k, 1.0 / calibrator.temperature), calibrator.b, 1.0
         else:
             raise ExportError(
                 f"calibration method {calibrator.method!r} cannot be baked into ONNX; "
-                "export with 'temperature' or 'vector' (the others are for evaluation)"
+                "export with 'temperature', 'vector' or 'bcts' (the others are for evaluation)"
             )
         self.model = model
         self.register_buffer("w", torch.tensor(w, dtype=torch.float32).view(1, -1))

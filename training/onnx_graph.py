@@ -5,7 +5,8 @@ dynamic batch axis) and finds the tensor that holds the classes' scores: a float
 tensor behind a ZipMap (skl2onnx's default ``output_probability``, a sequence of maps the service cannot serve).
 ``calibrated_graph`` replaces the graph's outputs with ``logits`` (those scores, or the log of probabilities) and
 ``probabilities`` = softmax((w * logits + b) / T): temperature scaling (Guo et al. 2017) at w = 1, b = 0, vector
-scaling at T = 1, as ``training.export`` bakes them into a trained model. Nodes that no longer feed an output (a
+scaling at T = 1, bias-corrected temperature scaling at w = 1 / T and T = 1, as ``training.export`` bakes them into a
+trained model. Nodes that no longer feed an output (a
 ZipMap, a label output) are dropped.
 """
 

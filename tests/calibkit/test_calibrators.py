@@ -8,6 +8,7 @@ import pytest
 from calibkit import metrics
 from calibkit.calibrators import (
     CALIBRATORS,
+    BiasCorrectedTemperatureScaling,
     HistogramBinning,
     IsotonicCalibration,
     PlattScaling,
@@ -21,7 +22,7 @@ from calibkit.calibrators import (
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
-MULTICLASS = ["temperature", "vector", "histogram", "isotonic"]
+MULTICLASS = ["temperature", "vector", "bcts", "histogram", "isotonic"]
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,38 @@ def test_vector_scaling_starts_from_and_generalises_temperature(over_confident):
     np.testing.assert_allclose(vec.b - vec.b.mean(), 0.0, atol=0.1)
 
 
+def test_bcts_recovers_the_temperature_and_a_class_prior_bias():
+    """Labels from softmax(z), served as 2.5 z with 1 added to class 0's logit: BCTS finds T = 2.5 and b_0 - b_k =
+    -1 / 2.5, where temperature scaling alone cannot undo the bias; stored with mean-zero biases."""
+    z, y = calibrated_logits(20_000, n_classes=5, seed=23)
+    served = 2.5 * z
+    served[:, 0] += 1.0
+    (z_val, y_val), (z_test, y_test) = (served[:10_000], y[:10_000]), (served[10_000:], y[10_000:])
+    bcts = BiasCorrectedTemperatureScaling().fit(z_val, y_val)
+    assert bcts.temperature == pytest.approx(2.5, rel=0.05)
+    np.testing.assert_allclose(bcts.b[0] - bcts.b[1:], -1.0 / 2.5, atol=0.08)
+    assert bcts.b.mean() == pytest.approx(0.0, abs=1e-12)
+    temperature = TemperatureScaling().fit(z_val, y_val)
+    # the class-0 rate the probabilities promise against the one observed: BCTS closes the gap temperature leaves
+    observed = np.mean(y_test == 0)
+    assert abs(bcts.transform(z_test)[:, 0].mean() - observed) < 0.01
+    assert abs(temperature.transform(z_test)[:, 0].mean() - observed) > 0.02
+    assert metrics.nll(bcts.transform(z_test), y_test) < metrics.nll(temperature.transform(z_test), y_test)
+
+
+def test_bcts_is_nested_between_temperature_and_vector_scaling(over_confident):
+    """On the data it is fitted on, BCTS's NLL is at most temperature scaling's (b = 0) and at least vector scaling's
+    (w = 1 / T); as vector scaling with every w_k = 1 / T it gives the same probabilities (how the export bakes it)."""
+    (z, y), (z_test, _) = over_confident
+    nll = {m: metrics.nll(build_calibrator(m).fit(z, y).transform(z), y) for m in ("temperature", "bcts", "vector")}
+    assert nll["vector"] <= nll["bcts"] + 1e-9 and nll["bcts"] <= nll["temperature"] + 1e-9
+    bcts = BiasCorrectedTemperatureScaling().fit(z, y)
+    as_vector = VectorScaling.from_dict(
+        {"method": "vector", "n_classes": 5, "params": {"w": [1.0 / bcts.temperature] * 5, "b": bcts.b.tolist()}}
+    )
+    np.testing.assert_allclose(as_vector.transform(z_test), bcts.transform(z_test), atol=1e-12)
+
+
 @pytest.mark.parametrize("method", MULTICLASS)
 def test_json_round_trip_gives_identical_outputs(method, over_confident, tmp_path):
     (z_val, y_val), (z_test, _) = over_confident
@@ -150,6 +183,11 @@ def test_width_mismatch_and_unknown_method(over_confident):
         (
             {"method": "vector", "n_classes": 3, "params": {"w": [1, 1], "b": [0, 0, 0]}},
             "Expected `w` to be 3 finite numbers",
+        ),
+        ({"method": "bcts", "n_classes": 3, "params": {"temperature": 0, "b": [0, 0, 0]}}, "Expected `temperature`"),
+        (
+            {"method": "bcts", "n_classes": 3, "params": {"temperature": 1, "b": [0, 0]}},
+            "Expected `b` to be 3 finite numbers",
         ),
         ({"method": "platt", "n_classes": 3, "params": {"a": 1, "b": 0}}, "Expected `n_classes` to be 2"),
         ({"method": "histogram", "n_classes": 2, "params": {"n_bins": 2, "theta": [[2, 0], [0, 0]]}}, "values in"),

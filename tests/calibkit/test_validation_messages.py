@@ -126,6 +126,12 @@ def _refusals():
             "[1.0, 1.0]",
         ),
         (
+            "bcts temperature",
+            lambda: calibrator_from_dict({"method": "bcts", "n_classes": 2, "params": {"temperature": 0, "b": [0, 0]}}),
+            "temperature",
+            "0.0",
+        ),
+        (
             "platt n_classes",
             lambda: calibrator_from_dict({"method": "platt", "n_classes": 3, "params": {"a": 1, "b": 0}}),
             "n_classes",

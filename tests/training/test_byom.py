@@ -159,6 +159,20 @@ def test_a_feature_vector_model_with_vector_scaling_is_served_numbers_only(tmp_p
     assert again["calibration"]["params"]["temperature"] == pytest.approx(0.5, rel=0.25)
 
 
+def test_bias_corrected_temperature_scaling_is_baked_into_the_graph(tmp_path):
+    graph = linear_graph(tmp_path / "linear.onnx")
+    x, _ = tabular_rows(tmp_path / "rows.npz", graph)
+    summary = calibrate_onnx(graph, tmp_path / "rows.npz", name="t", artifacts=tmp_path, method="bcts", n_resamples=20)
+    assert summary["calibration"]["method"] == "bcts" and summary["max_abs_diff_probabilities"] < 1e-5
+    assert summary["calibration"]["params"]["temperature"] == pytest.approx(0.5, rel=0.25)
+    directory = Path(summary["artifact"])
+    assert load_manifest(directory / "manifest.json").calibration.method == "bcts"
+    calibrator = load_calibrator(directory / "calibration.json")
+    session = ort.InferenceSession(str(directory / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits, probs = session.run(["logits", "probabilities"], {"x": x})
+    np.testing.assert_allclose(probs, calibrator.transform(logits.astype(np.float64)), atol=1e-6)
+
+
 def test_a_skl2onnx_classifier_with_its_default_zipmap_is_accepted(tmp_path):
     from skl2onnx import to_onnx
     from sklearn.datasets import load_wine

@@ -118,13 +118,25 @@ def test_steps_run_separately_and_in_order(tmp_path):
     pipeline.export_step(run_dir, tmp_path / "artifacts", version="7", overwrite=True)
     directory, _ = pipeline.export_step(run_dir, tmp_path / "artifacts")
     assert directory.name == "8"
+    # bias-corrected temperature scaling is baked into the graph as vector scaling with w = 1 / T
+    calibrator = pipeline.calibrate_step(run_dir, method="bcts")
+    pipeline.evaluate_step(run_dir)
+    directory, parity = pipeline.export_step(run_dir, tmp_path / "artifacts", version="9")
+    assert parity["max_abs_diff_probabilities"] < 1e-5
+    assert load_manifest(directory / "manifest.json").calibration.method == "bcts"
+    x = load_dataset("digits").test.x
+    session = ort.InferenceSession(str(directory / "model.onnx"), providers=["CPUExecutionProvider"])
+    logits, probs = session.run(["logits", "probabilities"], {"input": x})
+    np.testing.assert_allclose(probs, calibrator.transform(logits.astype(np.float64)), atol=1e-6)
 
 
 def test_calibrators_that_cannot_be_baked_are_refused(tmp_path):
     config = load_config(**(FAST | {"epochs": 1}))
     pipeline.train_step(config, tmp_path, progress=False)
     calibrator = pipeline.calibrate_step(tmp_path, method="isotonic")
-    with pytest.raises(ExportError, match="'isotonic' cannot be baked into ONNX"):
+    with pytest.raises(
+        ExportError, match="'isotonic' cannot be baked into ONNX; export with 'temperature', 'vector' or"
+    ):
         CalibratedClassifier(torch.nn.Identity(), calibrator)
 
 
