@@ -8,6 +8,7 @@ sums every binned metric is built from), ``stats`` (mergeable ``BinStats``), ``b
 quantile tracker under shift), ``synthetic`` (predictions of known calibration), ``mixture`` (the alarms' mixture
 of e-processes), ``coverage_alarm`` (the anytime-valid coverage alarm), ``detector``
 and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
+``estimated_accuracy`` (the accuracy calibrated probabilities promise, with its Poisson-binomial interval),
 ``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
 (input checks).
 """
