@@ -9,6 +9,7 @@ quantile tracker under shift), ``synthetic`` (predictions of known calibration),
 of e-processes), ``coverage_alarm`` (the anytime-valid coverage alarm), ``detector``
 and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
 ``estimated_accuracy`` (the accuracy calibrated probabilities promise, with its Poisson-binomial interval),
+``label_shift`` (new class priors without labels: EM and BBSE, and the prior-adapted probabilities),
 ``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
 (input checks).
 """
