@@ -4,6 +4,9 @@ Every artifact ``artifacts/<name>/<version>/`` holds ``model.onnx`` and ``manife
 module is the one definition of that JSON. ``load_manifest`` turns any problem into a
 ``ValueError`` naming the field, so a broken artifact is refused with a clear message.
 
+The optional ``label_shift`` entry carries what estimating label shift without labels needs from the validation
+split (``LabelShiftReference``); manifests written before it load with it None.
+
 An artifact may also hold ``conformal.json``, the split-conformal calibrators fitted on a part of the
 validation split kept apart from the temperature's (``ConformalSpec`` names it, with its SHA-256);
 ``load_conformal`` reads it back as ``calibkit.conformal.SplitConformal`` objects, checked against the manifest.
@@ -20,7 +23,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from calibkit.conformal import METHODS, SplitConformal
-from calibkit.validation import expected
+from calibkit.label_shift import confusion_counts
+from calibkit.validation import check_probs_labels, expected
 
 SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
@@ -112,6 +116,58 @@ class ReferenceDistribution(_Strict):
         return sorted(values)
 
 
+class LabelShiftReference(_Strict):
+    """What estimating label shift needs from labelled validation rows (``calibkit.label_shift``), under the
+    calibrated probabilities the ``probabilities`` output serves.
+
+    ``priors``: the label frequencies pi_s, the source priors of EM and of the weights w = pi_t / pi_s;
+    ``mean_probabilities``: the mean calibrated probability of each class on the same rows, the other estimate of pi_s
+    (Alexandari et al.'s code takes it, so that EM on the validation rows themselves finds no shift); ``confusion``:
+    the joint confusion counts C[i][j] of rows predicted i (the argmax) with label j, which BBSE inverts and whose
+    total ``n_samples`` sets BBSE's interval. The column sums of ``confusion`` / ``n_samples`` are ``priors``.
+    """
+
+    split: str = "validation"
+    n_samples: int = Field(ge=1)
+    priors: list[float] = Field(min_length=2)
+    mean_probabilities: list[float] = Field(min_length=2)
+    confusion: list[list[int]] = Field(min_length=2)
+
+    @classmethod
+    def from_rows(cls, probs, labels, split: str = "validation") -> LabelShiftReference:
+        """The entry of labelled rows: their served (calibrated) probabilities (N, K) and labels (N,).
+
+        Raises:
+            ValueError: Naming ``probs`` or ``labels`` when it fails ``calibkit.validation``'s checks.
+        """
+        p, y = check_probs_labels(probs, labels)
+        counts = confusion_counts(p, y)
+        mean = p.mean(axis=0)
+        return cls(
+            split=split,
+            n_samples=len(y),
+            priors=(counts.sum(axis=0) / len(y)).tolist(),
+            mean_probabilities=(mean / mean.sum()).tolist(),
+            confusion=counts.tolist(),
+        )
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        k = len(self.priors)
+        for name, values in (("priors", self.priors), ("mean_probabilities", self.mean_probabilities)):
+            if len(values) != k or min(values) < 0 or abs(sum(values) - 1.0) > 1e-6:
+                raise ValueError(expected(name, f"{k} non-negative numbers summing to 1", values))
+        counts = self.confusion
+        if any(len(row) != k or min(row) < 0 for row in counts) or len(counts) != k:
+            raise ValueError(expected("confusion", f"a {k} x {k} matrix of non-negative counts", counts))
+        if sum(map(sum, counts)) != self.n_samples:
+            raise ValueError(expected("confusion", f"counts summing to n_samples ({self.n_samples})", counts))
+        columns = [sum(row[j] for row in counts) / self.n_samples for j in range(k)]
+        if any(abs(c - p) > 1e-6 for c, p in zip(columns, self.priors)):
+            raise ValueError(expected("priors", f"the confusion's column sums / n_samples {columns}", self.priors))
+        return self
+
+
 class ConformalSpec(_Strict):
     """The split-conformal calibrators of ``file`` (``conformal.json``): which methods it holds, the one served by
     default, at which coverage, and on how many calibration rows they were fitted (rows of the validation split
@@ -157,12 +213,19 @@ class Manifest(_Strict):
     reference: ReferenceDistribution
     training: dict[str, Any] | None = None
     conformal: ConformalSpec | None = None
+    label_shift: LabelShiftReference | None = Field(
+        default=None, description="validation priors and confusion counts for label-shift estimation; null before them"
+    )
 
     @model_validator(mode="after")
     def _consistent(self):
         if len(set(self.class_names)) != len(self.class_names):
             repeated = sorted({name for name in self.class_names if self.class_names.count(name) > 1})
             raise ValueError(f"Expected `class_names` to be unique, but got {repeated} more than once")
+        if self.label_shift is not None and len(self.label_shift.priors) != len(self.class_names):
+            raise ValueError(
+                expected("label_shift.priors", f"{len(self.class_names)} numbers, one a class", self.label_shift.priors)
+            )
         if not {"logits", "probabilities"} <= self.outputs.keys():
             raise ValueError(
                 f"Expected `outputs` to name the 'logits' and 'probabilities' outputs, but got {sorted(self.outputs)}"
@@ -210,7 +273,7 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
-    """Write a manifest as ``manifest.json``.
+    """Write a manifest as ``manifest.json``; without ``label_shift`` it is left out, as manifests before it were.
 
     Args:
         manifest: The manifest.
@@ -220,7 +283,7 @@ def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
         The path written.
     """
     path = Path(directory) / MANIFEST_FILE
-    path.write_text(manifest.model_dump_json(indent=2))
+    path.write_text(manifest.model_dump_json(indent=2, exclude=None if manifest.label_shift else {"label_shift"}))
     return path
 
 

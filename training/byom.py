@@ -35,6 +35,7 @@ from calibkit.manifest import (
     CONFORMAL_FILE,
     CalibrationSpec,
     InputSpec,
+    LabelShiftReference,
     Manifest,
     Preprocessing,
     ReferenceDistribution,
@@ -270,6 +271,7 @@ def _write(
             "export_parity": {"n": len(x), "max_abs_diff_probabilities": diff},
         },
         conformal=conformal,
+        label_shift=LabelShiftReference.from_rows(expected, y, split="your data, every row"),
     )
     write_manifest(manifest, directory)
     summary = {

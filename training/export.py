@@ -26,6 +26,7 @@ from calibkit.manifest import (
     CONFORMAL_FILE,
     CalibrationSpec,
     InputSpec,
+    LabelShiftReference,
     Manifest,
     Preprocessing,
     ReferenceDistribution,
@@ -189,6 +190,7 @@ def write_artifact(
         ),
         training=(training_info or {}) | {"export_parity": parity, "torch": torch.__version__, "opset": OPSET},
         conformal=conformal,
+        label_shift=LabelShiftReference.from_rows(val_probs, val_y),
     )
     write_manifest(manifest, directory)
     for extra in extra_files:

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from calibkit.conformal import SplitConformal
-from calibkit.manifest import ConformalSpec, Manifest, load_conformal, load_manifest, write_manifest
+from calibkit.label_shift import bbse_priors
+from calibkit.manifest import (
+    ConformalSpec,
+    LabelShiftReference,
+    Manifest,
+    load_conformal,
+    load_manifest,
+    write_manifest,
+)
 
 
 def _valid() -> dict:
@@ -123,6 +131,63 @@ def test_a_manifest_without_conformal_still_loads(tmp_path):
     """A manifest written before the conformal field (same schema_version 1) loads with ``conformal`` None."""
     (tmp_path / "manifest.json").write_text(json.dumps(_valid()))
     assert load_manifest(tmp_path / "manifest.json").conformal is None
+
+
+LABEL_SHIFT = {
+    "n_samples": 10,
+    "priors": [0.4, 0.3, 0.3],
+    "mean_probabilities": [0.38, 0.32, 0.3],
+    "confusion": [[3, 1, 0], [1, 2, 0], [0, 0, 3]],
+}
+
+
+def test_label_shift_reference_round_trips_and_feeds_bbse(tmp_path):
+    probs = np.array([[0.8, 0.1, 0.1]] * 3 + [[0.1, 0.8, 0.1]] * 2 + [[0.2, 0.2, 0.6]] * 2 + [[0.5, 0.4, 0.1]])
+    labels = np.array([0, 0, 1, 1, 1, 2, 2, 2])
+    entry = LabelShiftReference.from_rows(probs, labels)
+    assert entry.confusion == [[2, 1, 1], [0, 2, 0], [0, 0, 2]]  # rows the argmax, columns the label
+    assert entry.n_samples == 8 and entry.priors == [2 / 8, 3 / 8, 3 / 8] and entry.split == "validation"
+    np.testing.assert_allclose(entry.mean_probabilities, probs.mean(axis=0))
+    manifest = Manifest.model_validate(_valid() | {"label_shift": entry.model_dump()})
+    write_manifest(manifest, tmp_path)
+    loaded = load_manifest(tmp_path / "manifest.json")
+    assert loaded == manifest and loaded.label_shift == entry
+    # what BBSE needs: the counts as they were, so that no shift in the window gives the validation priors back
+    np.testing.assert_allclose(bbse_priors(probs, loaded.label_shift.confusion).priors, entry.priors, atol=1e-12)
+
+
+def test_a_manifest_without_label_shift_loads_and_is_written_back_without_it(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(_valid()))
+    manifest = load_manifest(tmp_path / "manifest.json")
+    assert manifest.label_shift is None
+    write_manifest(manifest, tmp_path)
+    assert "label_shift" not in json.loads((tmp_path / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"priors": [0.5, 0.5]}, r"Expected `mean_probabilities` to be 2 non-negative numbers summing to 1"),
+        ({"mean_probabilities": [0.5, 0.3, 0.3]}, r"Expected `mean_probabilities` to be 3 non-negative numbers"),
+        ({"confusion": [[3, 1], [1, 2], [0, 0]]}, r"Expected `confusion` to be a 3 x 3 matrix of non-negative counts"),
+        ({"confusion": [[3, 1, 0], [1, 2, 0], [0, 0, -3]]}, r"Expected `confusion` to be a 3 x 3 matrix"),
+        ({"n_samples": 11}, r"Expected `confusion` to be counts summing to n_samples \(11\)"),
+        ({"priors": [0.3, 0.4, 0.3]}, r"Expected `priors` to be the confusion's column sums / n_samples"),
+        ({"confusion": [[3, 1.5, 0], [1, 2, 0], [0, 0, 3]]}, "confusion.0.1"),
+    ],
+)
+def test_invalid_label_shift_entries_name_the_field(tmp_path, change, message):
+    data = _valid() | {"label_shift": LABEL_SHIFT | change}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        load_manifest(tmp_path / "manifest.json")
+
+
+def test_label_shift_priors_must_have_one_entry_a_class(tmp_path):
+    two = {"n_samples": 4, "priors": [0.5, 0.5], "mean_probabilities": [0.5, 0.5], "confusion": [[2, 0], [0, 2]]}
+    (tmp_path / "manifest.json").write_text(json.dumps(_valid() | {"label_shift": two}))
+    with pytest.raises(ValueError, match=r"Expected `label_shift.priors` to be 3 numbers, one a class"):
+        load_manifest(tmp_path / "manifest.json")
 
 
 def test_a_tampered_conformal_file_is_refused(tmp_path):

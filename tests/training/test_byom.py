@@ -87,6 +87,8 @@ def test_an_image_classifier_becomes_a_version_the_service_loads_as_it_is(tmp_pa
     assert len(manifest.reference.confidences) == 359
     assert manifest.conformal is not None and manifest.conformal.calibration_rows == 180
     assert load_conformal(directory, manifest.conformal, manifest.class_names) is not None
+    assert manifest.label_shift is not None and manifest.label_shift.n_samples == 359
+    assert manifest.label_shift.split == "your data, every row" and len(manifest.label_shift.confusion) == 10
     # the graph's probabilities are calibkit's calibration of the graph's logits
     calibrator = load_calibrator(directory / "calibration.json")
     x = load_dataset("digits").test.x

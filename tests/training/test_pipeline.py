@@ -76,6 +76,22 @@ def test_onnx_probabilities_are_temperature_scaled_logits(default_run):
     )
 
 
+def test_the_manifest_carries_the_validation_priors_and_confusion_counts_of_the_served_probabilities(default_run):
+    """What label-shift estimation needs, from every validation row under the graph's calibrated probabilities."""
+    from calibkit.label_shift import confusion_counts
+
+    root, _ = default_run
+    directory = root / "artifacts" / "digits-lenet5" / "1"
+    entry = load_manifest(directory / "manifest.json").label_shift
+    assert entry is not None and entry.split == "validation" and entry.n_samples == 359
+    val = load_dataset("digits").val
+    session = ort.InferenceSession(str(directory / "model.onnx"), providers=["CPUExecutionProvider"])
+    served = session.run(["probabilities"], {"input": val.x})[0].astype(np.float64)
+    np.testing.assert_array_equal(entry.confusion, confusion_counts(served, val.y))
+    np.testing.assert_allclose(entry.priors, np.bincount(val.y, minlength=10) / 359)
+    np.testing.assert_allclose(entry.mean_probabilities, served.mean(axis=0), atol=1e-6)
+
+
 def test_metrics_cover_test_corruptions_and_ood_with_intervals(default_run):
     root, out = default_run
     evaluation = json.loads((root / "run" / "metrics.json").read_text())
