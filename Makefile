@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: help run serve demo tools proto conformance lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine artifacts study simulate k8s-rules clean
+.PHONY: help run serve demo tools proto conformance shift-refs lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine artifacts study simulate k8s-rules clean
 
 ## help: every target and what it does (the comments above each rule)
 help:
@@ -61,6 +61,24 @@ MLSERVER_SPEC ?= mlserver==1.7.1 httpx
 	.venv-$*/bin/python -m pip --disable-pip-version-check install -q $($(shell echo $* | tr a-z A-Z)_SPEC)
 	touch $@
 
+# The references of the label-shift parity tests (tests/calibkit/test_label_shift_parity.py), in a venv of their own
+# beside the pins of .venv: abstention (Alexandari et al.'s EM and BCTS, last released in 2020), labelshift (BBSE, EM
+# and BCTS) and nannyml (CBPE, for the next part of issue 56). labelshift's package __init__ imports its training
+# stack (torchvision, transformers, timm), and no torchvision on the registries matches the CPU torch: it is installed
+# without its dependencies, and tests/conformance/label_shift_refs.py loads its estimator modules without that
+# __init__, beside what they import (torch, cvxpy, scikit-learn, pyyaml). nannyml imports statsmodels without
+# declaring it.
+SHIFT_REFS_SPEC ?= abstention==0.1.3.1 nannyml==0.13.1 statsmodels==0.15.0 cvxpy==1.9.3 scikit-learn pyyaml $(TORCH_SPEC)
+LABELSHIFT_SPEC ?= labelshift==0.2.11
+.venv-shift-refs/.installed:
+	test -x .venv-shift-refs/bin/python || $(PYTHON) -m venv .venv-shift-refs
+	.venv-shift-refs/bin/python -m pip --disable-pip-version-check install -q $(SHIFT_REFS_SPEC)
+	.venv-shift-refs/bin/python -m pip --disable-pip-version-check install -q --no-deps $(LABELSHIFT_SPEC)
+	touch $@
+
+## shift-refs: the venv of the label-shift references (abstention, labelshift, nannyml) the parity tests run
+shift-refs: .venv-shift-refs/.installed
+
 ## proto: regenerate service/serving/protocol's Python modules from grpc_predict_v2.proto (grpcio-tools)
 proto: $(VENV)/.installed-dev
 	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. service/serving/protocol/grpc_predict_v2.proto
@@ -74,8 +92,8 @@ lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-## test: install the dev extra, the tools and the conformance venvs, and run the test suite
-test: $(VENV)/.installed-dev tools conformance
+## test: install the dev extra, the tools, the conformance venvs and the label-shift references, and run the test suite
+test: $(VENV)/.installed-dev tools conformance shift-refs
 	$(PY) -m pytest -q --doctest-modules calibkit training tests
 
 ## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,

@@ -14,7 +14,7 @@ import pytest
 from training.vision import torchvision_available
 
 HAS_TORCHVISION = torchvision_available()
-# tests/conformance holds client scripts that run in venvs of their own (make conformance), never collected here
+# tests/conformance holds scripts that run in venvs of their own (make conformance, shift-refs), never collected here
 collect_ignore = ["conformance"] + ([] if HAS_TORCHVISION else ["vision"])
 
 
