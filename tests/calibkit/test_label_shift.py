@@ -50,8 +50,9 @@ def test_em_stays_put_on_source_priors_it_was_calibrated_against(source):
 
 def test_em_recovers_dirichlet_priors_better_than_bbse(source):
     """50 windows of 2,000 rows, their priors drawn from Dirichlet(1, ..., 1): EM's mean L1 error is under 0.05 and
-    under BBSE's (the ordering Alexandari et al. 2020 report for calibrated probabilities). Sampling alone puts the
-    window's class frequencies about 0.036 in L1 from its priors, so most of the error is not EM's."""
+    under BBSE's (the ordering Alexandari et al. 2020 report for calibrated probabilities). Sampling alone moves a
+    window's class frequencies from its priors by about sum_k sqrt(2 pi_k (1 - pi_k) / (pi n)) in L1 (a binomial's mean
+    absolute deviation), of the same order, so most of the error is not EM's."""
     rng = np.random.default_rng(42)
     confusion = confusion_counts(source[0][:20_000], source[1][:20_000])
     em, bbse = [], []
