@@ -62,13 +62,12 @@ MLSERVER_SPEC ?= mlserver==1.7.1 httpx
 	touch $@
 
 # The references of the label-shift parity tests (tests/calibkit/test_label_shift_parity.py), in a venv of their own
-# beside the pins of .venv: abstention (Alexandari et al.'s EM and BCTS, last released in 2020), labelshift (BBSE, EM
-# and BCTS) and nannyml (CBPE, for the next part of issue 56). labelshift's package __init__ imports its training
-# stack (torchvision, transformers, timm), and no torchvision on the registries matches the CPU torch: it is installed
-# without its dependencies, and tests/conformance/label_shift_refs.py loads its estimator modules without that
-# __init__, beside what they import (torch, cvxpy, scikit-learn, pyyaml). nannyml imports statsmodels without
-# declaring it.
-SHIFT_REFS_SPEC ?= abstention==0.1.3.1 nannyml==0.13.1 statsmodels==0.15.0 cvxpy==1.9.3 scikit-learn pyyaml $(TORCH_SPEC)
+# beside the pins of .venv: abstention (Alexandari et al.'s EM and BCTS, last released in 2020) and labelshift (BBSE,
+# EM and BCTS). labelshift's package __init__ imports its training stack (torchvision, transformers, timm), and no
+# torchvision on the registries matches the CPU torch: it is installed without its dependencies, and
+# tests/conformance/label_shift_refs.py loads its estimator modules without that __init__, beside what they import
+# (torch, cvxpy, scikit-learn, pyyaml).
+SHIFT_REFS_SPEC ?= abstention==0.1.3.1 cvxpy==1.9.3 scikit-learn pyyaml $(TORCH_SPEC)
 LABELSHIFT_SPEC ?= labelshift==0.2.11
 .venv-shift-refs/.installed:
 	test -x .venv-shift-refs/bin/python || $(PYTHON) -m venv .venv-shift-refs
@@ -76,7 +75,7 @@ LABELSHIFT_SPEC ?= labelshift==0.2.11
 	.venv-shift-refs/bin/python -m pip --disable-pip-version-check install -q --no-deps $(LABELSHIFT_SPEC)
 	touch $@
 
-## shift-refs: the venv of the label-shift references (abstention, labelshift, nannyml) the parity tests run
+## shift-refs: the venv of the label-shift references (abstention, labelshift) the parity tests run
 shift-refs: .venv-shift-refs/.installed
 
 ## proto: regenerate service/serving/protocol's Python modules from grpc_predict_v2.proto (grpcio-tools)

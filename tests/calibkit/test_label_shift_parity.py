@@ -141,8 +141,3 @@ def test_bcts_equals_abstentions_fit_within_the_stopping_rules(cases):
         assert ours.temperature == pytest.approx(fit["temperature"], rel=atol)
         np.testing.assert_allclose(q, probabilities(fit), rtol=0, atol=atol)
         assert metrics.nll(q, y) <= metrics.nll(probabilities(fit), y) + 1e-12
-
-
-def test_nannyml_installs_beside_them(cases):
-    _, refs = cases["shifted"]
-    assert refs["nannyml"]["version"] == "0.13.1"

@@ -10,8 +10,7 @@ reference estimates from each case:
 - abstention 0.1.3.1 (Alexandari et al.'s code): EM's weights (``EMImbalanceAdapter``, source priors the validation
   label frequencies), BBSE's weights (``BBSEImbalanceAdapter``, hard predictions), and BCTS's temperature and biases
   (``TempScaling`` with a bias for every class), as released and run to the case's stopping rules;
-- labelshift 0.2.11: BBSE (hard predictions) and MLLS (its EM) target priors and weights, and its BCTS;
-- nannyml: its version, to show that it imports.
+- labelshift 0.2.11: BBSE (hard predictions) and MLLS (its EM) target priors and weights, and its BCTS.
 
 labelshift's package ``__init__`` imports its training stack (torchvision, transformers, timm), which this venv leaves
 out; its estimators are loaded as modules of a bare ``labelshift`` package instead, as they are. Its methods take
@@ -76,8 +75,6 @@ def references(path: str) -> dict:
     ls_mlls = MLLS(tolerance=tolerance, max_iterations=max_iterations).fit(log_target, log_valid, labels)
     ls_bcts = BCTemperatureScaling().fit(data["logits"], data["labels"])
 
-    import nannyml
-
     return {
         "abstention": {
             "em_weights": em.multipliers.tolist(),
@@ -92,7 +89,6 @@ def references(path: str) -> dict:
             "em_weights": ls_mlls.imp_weights.tolist(),
             "bcts": {"temperature": float(ls_bcts.temp), "biases": np.asarray(ls_bcts.biases).tolist()},
         },
-        "nannyml": {"version": nannyml.__version__},
     }
 
 
