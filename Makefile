@@ -115,25 +115,27 @@ vision: $(VISION_VENV)/.installed
 test-vision: $(VISION_VENV)/.installed
 	$(VPY) -m pytest -q tests/vision
 
-## bench: run every benchmark (tables on stdout, bench/results/*.json, docs/benchmarks.md); about 15 minutes
+## bench: every benchmark of bench/registry.py in turn, each timed (tables on stdout, bench/results/*.json,
+## docs/benchmarks.md with the run times, docs/alarm_benchmark.md, docs/conformal_benchmark.md,
+## docs/engine_benchmark.md); about 2 hours, most of it the alarm's simulations
 bench: $(VENV)/.installed-dev tools
-	$(PY) -m bench.run_all
+	$(PY) -m bench
 
-## bench-alarm: the alarm's false alarms, detection and clearing delays on simulated streams, covariate
-## shift through /predict, and single-label feedback throughput (docs/alarm_benchmark.md)
+## bench-alarm: make bench's alarm entry alone: false alarms, detection and clearing delays on simulated streams,
+## covariate shift through /predict, and single-label feedback throughput (docs/alarm_benchmark.md)
 bench-alarm: $(VENV)/.installed-dev tools
-	$(PY) -m bench.alarm
+	$(PY) -m bench --only alarm
 
-## bench-conformal: split conformal prediction sets on exchangeable data (coverage against its exact law, set
-## sizes, coverage by set size and class), their cost per batch, adaptive sets under shift and the coverage
-## alarm (docs/conformal_benchmark.md)
-bench-conformal: $(VENV)/.installed-dev
-	$(PY) -m bench.conformal
+## bench-conformal: make bench's conformal entry alone: split conformal prediction sets on exchangeable data
+## (coverage against its exact law, set sizes, coverage by set size and class), their cost per batch, adaptive sets
+## under shift and the coverage alarm (docs/conformal_benchmark.md)
+bench-conformal: $(VENV)/.installed-dev tools
+	$(PY) -m bench --only conformal
 
-## bench-engine: the engine process's IPC cost against the in-process batcher, and a pod of front-ends against one
-## process over JSON and gRPC (docs/engine_benchmark.md)
-bench-engine: $(VENV)/.installed-dev
-	$(PY) -m bench.engine
+## bench-engine: make bench's engine entry alone: the engine process's IPC cost against the in-process batcher, and
+## a pod of front-ends against one process over JSON and gRPC (docs/engine_benchmark.md)
+bench-engine: $(VENV)/.installed-dev tools
+	$(PY) -m bench --only engine
 
 ## k8s-rules: render deploy/prometheus/alerts.yml as the PrometheusRule of deploy/k8s/prometheus-operator
 k8s-rules: $(VENV)/.installed-dev

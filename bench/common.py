@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -83,40 +85,19 @@ def write_result(name: str, data: dict, smoke: bool = False) -> Path:
     real results)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}{'-smoke' if smoke else ''}.json"
-    path.write_text(json.dumps({"machine": machine(), **data}, indent=2))
+    path.write_text(json.dumps({"machine": machine(), **data}, indent=2, default=str))
     return path
 
 
-def publish(
-    name: str,
-    run: Callable[[], dict],
-    goals: Callable[[dict], list],
-    markdown: Callable[[dict], str],
-    page: Path,
-    smoke: bool,
-    report_only: bool = False,
-) -> None:
-    """Measure (``run``), judge the goals, write bench/results/<name>.json and print the page, which is written to
-    ``page`` unless ``smoke``; ``report_only`` renders the page again from the stored result, goals recomputed."""
-    if report_only:
-        result = json.loads((RESULTS / f"{name}.json").read_text())
-        result["goals"] = goals(result)
-        page.write_text(markdown(result))
-        return
-    start = time.perf_counter()
-    result = run()
-    result["goals"] = goals(result)
-    result["seconds"] = time.perf_counter() - start
-    path = write_result(name, result, smoke=smoke)
-    report = markdown({"machine": machine(), **result})
-    print(report)
-    if not smoke:
-        page.write_text(report)
-    print(f"wrote {path}")
+def load_result(name: str) -> dict | None:
+    """The stored result of benchmark ``name`` (bench/results/<name>.json), None before its first run."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
-def table(rows: list[dict], columns: list[str]) -> str:
-    """A markdown table of ``rows`` with the given columns."""
+def table(rows: list[dict], columns: str | list[str]) -> str:
+    """A markdown table of ``rows`` with the given columns (a string: the column names, space-separated)."""
+    columns = columns.split() if isinstance(columns, str) else columns
 
     def cell(v):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
@@ -124,6 +105,19 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+_CHECKS = {">=": lambda v, b: v >= b, "<=": lambda v, b: v <= b, "within": lambda v, b: abs(v) <= b}
+
+
+def judged(rows: list[dict]) -> list[dict]:
+    """Goal rows of ``measured`` against ``target``: ">= x", "<= x", "within x" set ``met`` to whether it holds; any
+    other target (such as "reported") is copied to ``met``. ``note`` defaults to empty."""
+    for row in rows:
+        op, _, bound = row["target"].partition(" ")
+        row["met"] = _CHECKS[op](row["measured"], float(bound)) if op in _CHECKS else row["target"]
+        row.setdefault("note", "")
+    return rows
 
 
 class Server:
@@ -325,3 +319,49 @@ def rss_mib(pid: int) -> float:
 
 
 PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark's three steps: ``measure(args)`` returns its result (None for a mode that writes its own output
+    elsewhere), ``goals(result)`` judges it (goal rows), ``render(result)`` writes it as markdown (its page, or its
+    section of a shared one); ``arguments(parser)`` adds its own flags to ``--smoke`` and ``--report-only``."""
+
+    measure: Callable[[argparse.Namespace], dict | None]
+    goals: Callable[[dict], list]
+    render: Callable[[dict], str]
+    arguments: Callable[[argparse.ArgumentParser], None] = field(default=lambda parser: None)
+
+
+def main(name: str, argv: list[str] | None = None) -> None:
+    """``python -m bench.<name>``: measure, judge the goals, write bench/results/<name>.json (with the run's wall time,
+    ``wall_seconds``), print the rendering and write the page again (a smoke run writes <name>-smoke.json and no
+    page); ``--report-only`` writes the page from the stored result, goals judged again."""
+    from bench import registry
+
+    module = registry.module(name)
+    steps: Benchmark = module.BENCHMARK
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=(module.__doc__ or "").split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a short run that checks the benchmark works (no page)")
+    parser.add_argument(
+        "--report-only", action="store_true", help=f"write the page from bench/results/{name}.json, goals judged again"
+    )
+    steps.arguments(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        stored = load_result(name)
+        if stored is None:
+            parser.error(f"--report-only: no {RESULTS / name}.json")
+        registry.write_page(registry.PAGES[name], {name: stored | {"goals": steps.goals(stored)}})
+        return
+    start = time.perf_counter()
+    result = steps.measure(args)
+    if result is None:
+        return
+    result["goals"] = steps.goals(result)
+    result["wall_seconds"] = time.perf_counter() - start
+    path = write_result(name, result, smoke=args.smoke)
+    print(steps.render({"machine": machine(), **result}))
+    if not args.smoke:
+        registry.write_page(registry.PAGES[name])
+    print(f"wrote {path}")

@@ -360,7 +360,7 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
     import httpx
     import numpy as np
 
-    from bench.common import free_port
+    from service.ports import free_port
     from training.data import corrupt, load_digits_splits
 
     splits = load_digits_splits()

@@ -36,32 +36,12 @@ WARNING_EVERY = 250
 SIZES = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)  # the size-blind oracle's grid, times the true shift
 FAMILY_SIZES = (0.5, 0.7, 1.0, 1.4, 2.0)  # the family-blind oracle's grid, times each shift of the traffic shape
 FA_COLUMNS = ["traffic", "shape", "streams", "labels", "false_alarms", "rate", "ci95_high", "naive_rate"]
-SHIFT_COLUMNS = [
-    "shape",
-    "shift",
-    "ece",
-    "oracle_p50",
-    "size_blind_p50",
-    "family_blind_p50",
-    "delay_p50",
-    "ratio",
-    "ratio_ci90",
-    "size_blind_ratio",
-    "family_blind_ratio",
-    "family_blind_ci90",
-    "detected",
-    "delay_p90",
-    "flaps",
-    "clear_oracle_p50",
-    "clear_family_blind_p50",
-    "clear_p50",
-    "clear_ratio",
-    "clear_family_blind_ratio",
-    "latched",
-    "clear_oracle_latched",
-    "clear_family_blind_latched",
-    "naive_delay_p50",
-]
+SHIFT_COLUMNS = (
+    "shape shift ece oracle_p50 size_blind_p50 family_blind_p50 delay_p50 ratio ratio_ci90 size_blind_ratio "
+    "family_blind_ratio family_blind_ci90 detected delay_p90 flaps clear_oracle_p50 clear_family_blind_p50 "
+    "clear_p50 clear_ratio clear_family_blind_ratio latched clear_oracle_latched clear_family_blind_latched "
+    "naive_delay_p50"
+).split()
 WARNING_COLUMNS = ["rule", "recent", "checks", "warned", "rate", "ci95_high"]
 
 

@@ -14,9 +14,7 @@ from bench.alarm.measure import (
     WARNING_COLUMNS,
     WARNING_EVERY,
 )
-from bench.common import ROOT, table
-
-PAGE = ROOT / "docs" / "alarm_benchmark.md"
+from bench.common import table
 
 
 def markdown(result: dict) -> str:
@@ -25,7 +23,7 @@ def markdown(result: dict) -> str:
         "# Alarm benchmark",
         "",
         f'Measured by `make bench-alarm` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
-        f"{m['memory_gib']} GiB, Python {m['python']}, at commit `{m['commit']}`, in {result['seconds']:.0f} s. "
+        f"{m['memory_gib']} GiB, Python {m['python']}, at commit `{m['commit']}`, in {result['wall_seconds']:.0f} s. "
         f"Detector: tolerance {config['tolerance']}, threshold A = {config['threshold']:.3g} "
         f"(E[labels to a false alarm] >= A for any traffic within the tolerance), clearing threshold "
         f"B = {config['clear_threshold']:.3g}.",

@@ -38,22 +38,10 @@ CIFAR_NAME, CIFAR_SIDE, CIFAR_SCALE = "cifar-like", 4, 100.0  # logits = 100 (x 
 OVER_CONFIDENT = 2.5
 DIGITS_SHIFT = ("contrast", 5)
 ALARM_STREAMS, ALARM_LABELS = 200, 10_000
-STREAM_COLUMNS = [
-    "data",
-    "kind",
-    "delay",
-    "stream",
-    "predictions",
-    "coverage",
-    "worst_window",
-    "windows_ok",
-    "mean_size",
-    "static_size",
-    "reference_size",
-    "empty",
-    "alarm",
-    "folded",
-]
+STREAM_COLUMNS = (
+    "data kind delay stream predictions coverage worst_window windows_ok mean_size static_size reference_size "
+    "empty alarm folded"
+).split()
 
 
 def cifar_artifact(root: Path, seed: int) -> None:

@@ -47,19 +47,7 @@ COST_ROWS, COST_ALPHA, COST_CALIBRATION = 64, 0.1, 2_000
 #: of U(5, 8) on each of 5 classes (ambiguous between a few, as breeds of dogs), or nothing (flat, as an input
 #: unlike any class). The flat rows' APS sets hold most classes.
 MIX = (0.80, 0.15, 0.05)
-EXCHANGEABLE_COLUMNS = [
-    "data",
-    "alpha",
-    "method",
-    "k_reg",
-    "coverage",
-    "coverage_se",
-    "exact_mean",
-    "excess",
-    "ks_d",
-    "ks_p",
-    "size",
-]
+EXCHANGEABLE_COLUMNS = "data alpha method k_reg coverage coverage_se exact_mean excess ks_d ks_p size".split()
 BIN_COLUMNS = ["data", "alpha", "method", "sizes", "labels", "examples", "coverage"]
 CLASS_COLUMNS = ["data", "alpha", "method", "sets", "worst_class", "worst_coverage", "best_coverage", "size"]
 COST_COLUMNS = ["classes", "rows", "op", "method", "randomized", "median_ms", "p90_ms", "repeats"]

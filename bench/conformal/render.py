@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.common import ROOT, table
+from bench.common import table
 from bench.conformal.goals import GOAL_COLUMNS
 from bench.conformal.measure import (
     BIN_COLUMNS,
@@ -13,8 +13,6 @@ from bench.conformal.measure import (
     EXCHANGEABLE_COLUMNS,
     MIX,
 )
-
-PAGE = ROOT / "docs" / "conformal_benchmark.md"
 
 
 def shift_section(shift: dict) -> list[str]:
@@ -109,9 +107,9 @@ def markdown(result: dict) -> str:
         "",
         f'Measured by `make bench-conformal` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
         f"{m['memory_gib']} GiB, Python {m['python']}, numpy {m['numpy']}, at commit `{m['commit']}`, in "
-        f"{result['seconds']:.0f} s. Split conformal classification of `calibkit.conformal`, the adaptive thresholds "
-        "of `calibkit.conformal.adaptive`, the alarm of `calibkit.coverage_alarm`, and the cost of sets in the "
-        "service's /predict.",
+        f"{result['wall_seconds']:.0f} s. Split conformal classification of `calibkit.conformal`, the adaptive "
+        "thresholds of `calibkit.conformal.adaptive`, the alarm of `calibkit.coverage_alarm`, and the cost of sets in "
+        "the service's /predict.",
         "",
         "## Goals",
         "",
@@ -254,7 +252,7 @@ def serving_section(serving: dict) -> list[str]:
         "requests, after a second of warm-up; rounds alternate the order (with, without, then without, with). "
         "`ratio`: rows/s with sets over rows/s without, per round; `median_ratio` and `ratio_range` over the "
         "rounds; `spread`: the larger max / min of either version's rows/s over the rounds (the machine's own "
-        "noise, as `bench.trees` judges a serving change). `with_batch_rows`, `batch_rows`: the mean rows per "
+        "noise, as `bench.serving.trees` judges a serving change). `with_batch_rows`, `batch_rows`: the mean rows per "
         "onnxruntime call the service formed (its `calib_batch_size_rows`), per round, and the smaller of the two "
         "versions' medians (sets slow a batch down, so more rows queue for the next one; the smaller batch is the "
         "dearer one per row).",

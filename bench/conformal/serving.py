@@ -9,8 +9,8 @@ version they name), under closed-loop load of ``CLIENTS`` clients (wrk), predict
 serving benchmark runs the service. Rounds alternate the order (with, without, then without, with, ...), so that the
 machine's drift hits both alike; per row count, reported are each round's ratio of rows/s with sets over without,
 their median and range, and the round-to-round spread: the larger max / min of either version's rows/s over the
-rounds, as ``bench.trees`` judges a serving change. On a machine shared with other load, the service process's own
-CPU time per row (``/proc``) moves less than its rows/s: ``cpu_ratio``, CPU per row without sets over with, is the
+rounds, as ``bench.serving.trees`` judges a serving change. On a machine shared with other load, the service process's
+own CPU time per row (``/proc``) moves less than its rows/s: ``cpu_ratio``, CPU per row without sets over with, is the
 throughput ratio a CPU-bound server would reach.
 """
 
@@ -34,32 +34,14 @@ CLIENTS = 64
 #: Rows per request: single-row clients (the goal's load), and 8-row requests.
 ROW_COUNTS = (1, 8)
 WITH, WITHOUT = "1", "2"
-ROUND_COLUMNS = [
-    "rows",
-    "round",
-    "with_rows_per_s",
-    "without_rows_per_s",
-    "ratio",
-    "with_cpu_us_per_row",
-    "without_cpu_us_per_row",
-    "cpu_ratio",
-    "with_batch_rows",
-    "without_batch_rows",
-]
-SUMMARY_COLUMNS = [
-    "rows",
-    "rounds",
-    "seconds",
-    "median_ratio",
-    "ratio_range",
-    "spread",
-    "median_cpu_ratio",
-    "batch_rows",
-    "sets_cpu_us_per_row",
-    "without_cpu_us_per_row",
-    "path_cpu_us_per_row",
-    "cost_ratio",
-]
+ROUND_COLUMNS = (
+    "rows round with_rows_per_s without_rows_per_s ratio with_cpu_us_per_row without_cpu_us_per_row cpu_ratio "
+    "with_batch_rows without_batch_rows"
+).split()
+SUMMARY_COLUMNS = (
+    "rows rounds seconds median_ratio ratio_range spread median_cpu_ratio batch_rows sets_cpu_us_per_row "
+    "without_cpu_us_per_row path_cpu_us_per_row cost_ratio"
+).split()
 #: Calls of each side of the in-process measurement of the sets' own CPU (``set_cost``).
 COST_REPEATS = 3000
 

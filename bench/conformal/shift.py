@@ -53,31 +53,10 @@ SYNTHETIC_CAL, ORACLE_SAMPLE = 2_000, 50_000
 ALARM_LABELS, ALARM_RATE = 10_000, 0.01
 DROP_FROM, DROP_TO = 0.10, 0.15
 DROP_BEFORE, DROP_DURING = 1_000, 9_000
-STREAM_COLUMNS = [
-    "data",
-    "shift",
-    "streams",
-    "static_after",
-    "static_window",
-    "long_run",
-    "window",
-    "size",
-    "oracle_size",
-    "size_ratio",
-]
-METHOD_COLUMNS = [
-    "method",
-    "step",
-    "streams",
-    "long_run_worst",
-    "window_worst",
-    "size_ratio_worst",
-    "mean_size",
-    "covers",
-    "bound",
-    "met",
-    "chosen",
-]
+STREAM_COLUMNS = "data shift streams static_after static_window long_run window size oracle_size size_ratio".split()
+METHOD_COLUMNS = (
+    "method step streams long_run_worst window_worst size_ratio_worst mean_size covers bound met chosen".split()
+)
 ALARM_COLUMNS = ["case", "alpha", "threshold", "streams", "labels", "false_alarms", "rate", "ci95_high"]
 DELAY_COLUMNS = ["detector", "threshold", "streams", "mean_delay", "median_delay", "ratio", "ratio_ci90", "missed"]
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bench.common import histogram_means, histogram_totals, table, wrk
-from bench.gpu import CLIENTS, SWEEP_COLUMNS, inputs
+from bench.serving.device import CLIENTS, SWEEP_COLUMNS, inputs
 from bench.serving.measure import (
     GPU_MAX_BATCH,
     HEAVY,

@@ -12,14 +12,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 
-from bench import monitoring
 from bench.common import (
     PYTHON,
     ROOT,
@@ -32,11 +30,11 @@ from bench.common import (
     v2_binary_request,
     wrk,
 )
+from bench.serving import monitoring
 
 if TYPE_CHECKING:
     from service.settings import Device
 
-LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
 LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
 SHAPES = {LIGHT: (1, 8, 8), HEAVY: (3, 32, 32)}
 BATCH_SIZES = (1, 8, 32, 128, 512)
@@ -139,15 +137,17 @@ def service(
 
 
 def baseline_server(model_path: Path, device: str) -> Server:
-    """The no-batching baseline (bench/baseline_app.py) serving ``model_path`` on ``device``."""
-    return Server([PYTHON, "-m", "bench.baseline_app", "--model", str(model_path), "--device", device], "/health")
+    """The no-batching baseline (bench/serving/baseline_app.py) serving ``model_path`` on ``device``."""
+    return Server(
+        [PYTHON, "-m", "bench.serving.baseline_app", "--model", str(model_path), "--device", device], "/health"
+    )
 
 
 def floor_server(model_path: Path | None = None) -> Server:
-    """The floor app (bench/floor_app.py) on uvicorn as the service runs it: uvloop and httptools, one
+    """The floor app (bench/serving/floor_app.py) on uvicorn as the service runs it: uvloop and httptools, one
     worker, no access log; with ``model_path``, the batching floor serving that model."""
     return Server(
-        [PYTHON, "-m", "uvicorn", "bench.floor_app:app", "--no-access-log", "--log-level", "warning"],
+        [PYTHON, "-m", "uvicorn", "bench.serving.floor_app:app", "--no-access-log", "--log-level", "warning"],
         "/",
         {"FLOOR_MODEL": str(model_path)} if model_path else None,
     )
@@ -190,8 +190,8 @@ def ceiling(
 
 
 def grpc_load(target: str, model: str, clients: int, seconds: float) -> dict:
-    """Closed-loop single-row gRPC ModelInfer load on ``target`` (``bench.grpc_load``: h2load, as wrk is for REST)."""
-    from bench.grpc_load import load
+    """Closed-loop single-row gRPC ModelInfer load on ``target`` (``grpc_load``: h2load, as wrk is for REST)."""
+    from bench.serving.grpc_load import load
 
     return load(target, model, SHAPES[model], clients, seconds)
 
@@ -232,8 +232,10 @@ def _grpc_floor_up(port: int) -> bool:
 
 
 def grpc_floor_server(model_path: Path) -> Server:
-    """The batching floor over gRPC (bench/grpc_floor_app.py) serving ``model_path``."""
-    return Server([PYTHON, "-m", "bench.grpc_floor_app"], None, {"FLOOR_MODEL": str(model_path)}, probe=_grpc_floor_up)
+    """The batching floor over gRPC (bench/serving/grpc_floor_app.py) serving ``model_path``."""
+    return Server(
+        [PYTHON, "-m", "bench.serving.grpc_floor_app"], None, {"FLOOR_MODEL": str(model_path)}, probe=_grpc_floor_up
+    )
 
 
 def grpc_batching_floor(floor: Server, clients: int, seconds: float, model_path: Path, device: Device) -> dict:
@@ -556,17 +558,7 @@ def queue_delay_check(artifacts: Path, database_url: str, seconds: float, device
     }
 
 
-RAW_COLUMNS = ["batch", "sessions", "provider", "rows_per_s", "ms_per_call"]
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What one run measured: the serving results (serving.json), the monitoring results measured on the soak
-    server (monitoring.json) and its memory over the soak (soak.json)."""
-
-    serving: dict
-    monitoring: dict
-    soak: dict
+RAW_COLUMNS = "batch sessions provider rows_per_s ms_per_call".split()
 
 
 def run(
@@ -577,7 +569,7 @@ def run(
     soak_minutes: float,
     smoke: bool,
     device: Device,
-) -> Measured:
+) -> dict:
     """Two models: the default light one (LeNet-5 on 8x8 digits, where HTTP dominates) and a heavy one (an
     untrained CIFAR ResNet-56 on 32x32x3, where inference dominates), served on ``device``.
 
@@ -588,8 +580,8 @@ def run(
        clients; requests of ``request_rows`` rows), the batch sizes it formed and its own phase histograms; the
        heavy model's goals in rounds (the service through JSON /predict and through v2 binary tensors, onnxruntime
        alone at each batch size formed, and the baseline, in turn); GET /calibration latency and POST /feedback
-       throughput (bench.monitoring); then steady mixed load until ``soak_minutes`` of load, sampling its RSS.
-    3. The no-batching baseline (bench/baseline_app.py) under the same load; the server CPU time per request with
+       throughput (bench.serving.monitoring); then steady mixed load until ``soak_minutes`` of load, sampling its RSS.
+    3. The no-batching baseline (``baseline_app``) under the same load; the server CPU time per request with
        prediction logging off, to SQLite and to PostgreSQL at the top concurrency (``PROCESSES`` processes each,
        visited in interleaved rounds); the configured max queue delay checked from the Server-Timing header at a
        load that does not saturate the machine.
@@ -665,7 +657,7 @@ def run(
         result["queue_delay"] = queue_delay_check(artifacts, sqlite_url, 2.0 if smoke else 6.0, device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Measured(result, measured_monitoring, memory)
+    return result | {"monitoring": measured_monitoring, "soak": memory}
 
 
 def both_artifacts(work: Path) -> Path:

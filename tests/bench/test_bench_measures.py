@@ -131,7 +131,7 @@ def test_profile_samples_go_to_the_stage_of_their_innermost_named_frame():
 def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
     from starlette.testclient import TestClient
 
-    from bench.floor_app import app
+    from bench.serving.floor_app import app
     from bench.serving.measure import body
 
     with TestClient(app) as client:
@@ -152,7 +152,7 @@ def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
 def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batcher(monkeypatch):
     from starlette.testclient import TestClient
 
-    from bench import floor_app
+    from bench.serving import floor_app
     from bench.serving.measure import ROOT, body
 
     monkeypatch.setenv("FLOOR_MODEL", str(ROOT / "artifacts" / LIGHT / "1" / "model.onnx"))
@@ -209,7 +209,7 @@ def test_the_gap_to_onnxruntime_alone_splits_into_stack_hand_offs_and_service_wo
 
 
 def test_a_tree_comparison_holds_only_within_the_rounds_spread():
-    from bench.trees import summary
+    from bench.serving.trees import summary
 
     def rows(light: list[float], after_factor: float) -> list[dict]:
         out = []
@@ -225,3 +225,27 @@ def test_a_tree_comparison_holds_only_within_the_rounds_spread():
     assert steady["json_vs_raw"]["within the rounds' spread"]  # no change in no spread
     fallen = {s["ratio"]: s for s in summary(rows([3.0, 3.1, 2.95], 0.8), "before", "after")}
     assert not fallen["light_vs_baseline"]["within the rounds' spread"]  # 20% down, rounds 5% apart
+
+
+def test_every_registered_benchmark_has_its_three_steps_and_a_page():
+    from bench.common import ROOT, Benchmark
+    from bench.registry import PAGES, module
+
+    for name, page in PAGES.items():
+        steps = module(name).BENCHMARK
+        assert isinstance(steps, Benchmark) and (ROOT / "bench" / name / "__main__.py").exists(), name
+        assert (ROOT / "docs" / page).exists(), page
+
+
+def test_goal_rows_are_judged_from_their_targets():
+    from bench.common import judged
+
+    rows = judged(
+        [
+            {"goal": "a", "measured": 0.95, "target": ">= 0.9"},
+            {"goal": "b", "measured": 2.0, "target": "<= 1.5", "note": "n"},
+            {"goal": "c", "measured": -0.04, "target": "within 0.05"},
+            {"goal": "d", "measured": 7, "target": "reported"},
+        ]
+    )
+    assert [(r["met"], r["note"]) for r in rows] == [(True, ""), (False, "n"), (True, ""), ("reported", "")]

@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from bench.registry import PAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, PostgreSQL, training
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["fit_temperature", "training", "monitoring", "serving", "profile", "feedback_load", "auth", "conformal", "engine"],
-)
-def test_benchmark_script_runs_and_writes_its_result(name, tmp_path, request):
+@pytest.mark.parametrize("name", [name for name in PAGES if name != "alarm"])
+def test_benchmark_runs_from_the_registry_and_writes_its_result(name, tmp_path, request):
     if name == "feedback_load":  # its PostgreSQL rounds, on the suite's server (CALIB_BENCH_DATABASE_URL)
         request.getfixturevalue("postgres_server")
     result = subprocess.run(
-        [sys.executable, "-m", f"bench.{name}", "--smoke"],
+        [sys.executable, "-m", "bench", "--only", name, "--smoke"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -29,7 +28,10 @@ def test_benchmark_script_runs_and_writes_its_result(name, tmp_path, request):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / f"{name}-smoke.json").read_text())
-    assert data["machine"]["cores"] >= 1 and "|" in result.stdout
+    assert data["machine"]["cores"] >= 1 and data["wall_seconds"] > 0 and isinstance(data["goals"], list)
+    assert "|" in result.stdout and f"| {name} | " in result.stdout  # the rendering, and the runner's times
+    if name == "serving":  # the monitoring and memory measurements of its soak server are part of its result
+        assert data["monitoring"]["calibration"] and data["soak"]["samples"]
     if name == "profile":  # the cores by thread, measured without the profiler, account for the whole machine
         for run in data["runs"]:
             for split in (run["unprofiled"], run["batching_floor"]):

@@ -1,12 +1,13 @@
-"""The engine's GPU run (bench/engine/gpu.py): its load point splits a pod's CPU and batches by process, and its goals
+"""The pod on a device (bench/serving/pod.py): its load point splits a pod's CPU and batches by process, and its goals
 are judged at the best number of front-ends, the two plain replicas only reported beside them."""
 
 import shutil
 
 import pytest
 
-from bench.engine.gpu import GOALS, REPLICAS, goals, grpc_connections, point, report
+from bench.serving.goals import POD_VS_RAW, REPLICAS, pod_goals
 from bench.serving.measure import HEAVY, LIGHT, service
+from bench.serving.pod import grpc_connections, point, report
 
 
 def test_grpc_connections_reach_every_front_end_and_divide_the_clients():
@@ -24,7 +25,7 @@ def _row(frontends, model, protocol, clients, rps, batch=None, raw=None, p50=Non
 
 def test_goals_take_the_best_w_and_report_the_replicas_beside_it():
     points = []
-    for protocol in GOALS:
+    for protocol in POD_VS_RAW:
         for clients in (64, 128):
             points += [
                 _row("4", HEAVY, protocol, clients, 8_000, 16, 10_000),
@@ -40,7 +41,7 @@ def test_goals_take_the_best_w_and_report_the_replicas_beside_it():
         "device_asked": "cpu",
         "seconds_per_point": 1.0,
     }
-    found = {g["goal"]: g for g in goals(result)}
+    found = {g["goal"]: g for g in pod_goals(result)}
     binary = found["heavy, binary, 128 clients: rows/s / onnxruntime alone at the formed batch"]
     assert binary["measured"] == pytest.approx(0.8) and binary["met"] is True and binary["at"].startswith("W = 4")
     assert "2 replicas 0.99" in binary["at"]

@@ -1,5 +1,5 @@
-"""Token check benchmark: single-row POST /predict of the light model with predict tokens on, against the open
-default, in the same run.
+"""Token check benchmark (``python -m bench.auth``, part of ``make bench``): single-row POST /predict of the light
+model with predict tokens on, against the open default, in the same run.
 
 Two ``python -m service`` processes (the default artifact, SQLite, the same settings but
 ``CALIB_PREDICT_TOKENS``) take wrk at 32 connections in turn, ``--rounds`` times each, alternating which goes
@@ -13,14 +13,13 @@ as the middleware runs them), as a share of the open server's time per request.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PYTHON, ROOT, Server, table, write_result, wrk
+from bench.common import PYTHON, ROOT, Benchmark, Server, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
@@ -34,7 +33,7 @@ wrk.body = io.open("{body}"):read("*a")
 """
 
 
-def measure(seconds: float, rounds: int) -> list[dict]:
+def measure_rounds(seconds: float, rounds: int) -> list[dict]:
     """``rounds`` rounds of single-row /predict on the open and the guarded process, alternately first."""
     from training.data import load_digits_splits
 
@@ -121,21 +120,33 @@ def goals(rows: list[dict], check_us: float | None = None) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+
+
+def measure(args) -> dict:
     seconds, rounds = (1.0, 1) if args.smoke else (args.seconds, args.rounds)
-    rows = measure(seconds, rounds)
+    rows = measure_rounds(seconds, rounds)
     check_us = 1e6 * check_seconds(20_000 if args.smoke else 200_000)
-    print(table(rows, COLUMNS))
-    print("\n".join(goals(rows, check_us)))
-    write_result(
-        "auth", {"connections": CONNECTIONS, "seconds": seconds, "rows": rows, "check_us": check_us}, smoke=args.smoke
+    return {"connections": CONNECTIONS, "seconds": seconds, "rows": rows, "check_us": check_us}
+
+
+def render(result: dict) -> str:
+    return "\n".join(
+        [
+            "## Token check",
+            "",
+            f"Single-row POST /predict of the light model, wrk at {result['connections']} "
+            f"connections for {result['seconds']:g} s, on two service processes in turn: the open default and one "
+            "with predict tokens (bench/auth).",
+            "",
+            table(result["rows"], COLUMNS),
+            "",
+            *[f"- {line}" for line in result["goals"]],
+            "",
+        ]
     )
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(measure, lambda result: goals(result["rows"], result.get("check_us")), render, arguments)

@@ -2,13 +2,13 @@
 
 A change to the HTTP layer is judged by the goals' own ratios, measured on both trees in turn on the same
 machine, so that the machine's drift hits both alike: light single-row ``/predict`` against the plain FastAPI
-baseline (``bench/baseline_app.py``), and the heavy model's single-row JSON ``/predict`` and binary v2 infer
+baseline (``bench/serving/baseline_app.py``), and the heavy model's single-row JSON ``/predict`` and binary v2 infer
 against onnxruntime alone at the batch size each formed. Each round measures every server once, the trees'
 order alternating; reported are the per-round ratios, their medians and ranges, and per ratio the median of
 after / before. A change holds when that median lies within the ratio's round-to-round spread (the larger
 max / min over the rounds of either tree).
 
-    python -m bench.trees --before <commit> [--after <commit or folder>] [--seconds 5] [--rounds 5] [--smoke]
+    python -m bench.serving.trees --before <commit> [--after <commit or folder>] [--seconds 5] [--rounds 5] [--smoke]
 
 ``--before`` and ``--after`` name commits (checked out into temporary worktrees) or folders; ``--after``
 defaults to this working tree. Both run in this venv. Writes bench/results/trees.json.
@@ -117,7 +117,7 @@ def summary(rows: list[dict], before: str, after: str) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.trees", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.serving.trees", description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="a commit or a folder")
     parser.add_argument("--after", default=str(ROOT), help="a commit or a folder (default: this working tree)")
     parser.add_argument("--seconds", type=float, default=5.0)

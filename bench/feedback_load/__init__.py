@@ -1,5 +1,5 @@
-"""Feedback load benchmark: single-label POST /feedback next to single-row POST /predict, on SQLite and
-on PostgreSQL.
+"""Feedback load benchmark (``python -m bench.feedback_load``, part of ``make bench``): single-label POST /feedback
+next to single-row POST /predict, on SQLite and on PostgreSQL.
 
 For each store, one ``python -m service`` process (default artifact digits-lenet5, prediction logging
 on) per round is measured with wrk at 32 connections: (a) single-row /predict; (b) single-label /feedback, each
@@ -14,12 +14,11 @@ checks that every acknowledged label is stored: the labels found in the store af
 and answered, but not read) and exactly the 2xx responses the service counted sending.
 PostgreSQL runs in a fresh database on the server of ``CALIB_BENCH_DATABASE_URL`` (127.0.0.1:5432), dropped afterwards.
 
-    python -m bench.feedback_load [--seconds 10] [--stores sqlite postgresql] [--smoke]
+    python -m bench.feedback_load [--seconds 10] [--rounds 3] [--stores sqlite postgresql] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import PYTHON, ROOT, Server, table, write_result, wrk
+from bench.common import PYTHON, ROOT, Benchmark, Server, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
@@ -43,32 +42,14 @@ GOAL_P99_MS = 100.0
 #: throwaway server).
 PG_ADMIN_URL = os.environ.get("CALIB_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WARMUP_SECONDS = 1.0
-COLUMNS = [
-    "store",
-    "round",
-    "predict_rps",
-    "feedback_rps",
-    "ratio",
-    "feedback_p50_ms",
-    "feedback_p99_ms",
-    "predict_p99_ms",
-    "acknowledged",
-    "answered_2xx",
-    "stored",
-    "non_2xx",
-]
-DURABILITY_COLUMNS = [
-    "store",
-    "round",
-    "pending_feedback_rps",
-    "pending_feedback_p99_ms",
-    "pending_stored",
-    "predict_rps",
-    "sync_predict_rps",
-    "sync_ratio",
-    "predict_p99_ms",
-    "sync_predict_p99_ms",
-]
+COLUMNS = (
+    "store round predict_rps feedback_rps ratio feedback_p50_ms feedback_p99_ms predict_p99_ms acknowledged "
+    "answered_2xx stored non_2xx"
+).split()
+DURABILITY_COLUMNS = (
+    "store round pending_feedback_rps pending_feedback_p99_ms pending_stored predict_rps sync_predict_rps "
+    "sync_ratio predict_p99_ms sync_predict_p99_ms"
+).split()
 
 _FEEDBACK_LUA = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -181,7 +162,7 @@ def feedback_run(base: str, ids: list[tuple[str, int]], seconds: float, tmp: Pat
     return wrk(f"{base}/feedback", None, CONNECTIONS, seconds, lua=_FEEDBACK_LUA.format(ids=path))
 
 
-def measure(store: str, seconds: float, smoke: bool) -> dict:
+def store_round(store: str, seconds: float, smoke: bool) -> dict:
     """Single-row /predict and single-label /feedback at 32 connections on one service process."""
     from training.data import load_digits_splits
 
@@ -258,9 +239,9 @@ def measure(store: str, seconds: float, smoke: bool) -> dict:
 
 
 def measure_rounds(stores: list[str], seconds: float, rounds: int, smoke: bool) -> list[dict]:
-    """``measure`` of every store, ``rounds`` times: the stores in turn, in reverse order every other round."""
+    """``store_round`` of every store, ``rounds`` times: the stores in turn, in reverse order every other round."""
     return [
-        measure(store, seconds, smoke) | {"round": i + 1}
+        store_round(store, seconds, smoke) | {"round": i + 1}
         for i in range(rounds)
         for store in (stores if i % 2 == 0 else stores[::-1])
     ]
@@ -310,19 +291,39 @@ def goals(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stores", nargs="*", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"])
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+
+
+def measure(args) -> dict:
     seconds, rounds = (1.0, 1) if args.smoke else (args.seconds, args.rounds)
-    rows = measure_rounds(args.stores, seconds, rounds, args.smoke)
-    print(table(rows, COLUMNS))
-    print("\n".join(goals(rows)))
-    write_result("feedback_load", {"runs": rows}, smoke=args.smoke)
+    return {"runs": measure_rounds(args.stores, seconds, rounds, args.smoke)}
 
 
-if __name__ == "__main__":
-    main()
+def render(result: dict) -> str:
+    out = [
+        "## Feedback load",
+        "",
+        "Single-row POST /predict, then single-label POST /feedback (each request "
+        "labelling a distinct logged prediction), wrk at 32 connections on a fresh service process per store "
+        "and round, the stores in turn (bench/feedback_load); `stored`: labels found in the store for the "
+        "`acknowledged` 2xx responses. A goal is judged on the store's median round.",
+        "",
+        table(result["runs"], COLUMNS),
+        "",
+    ]
+    if all("sync_ratio" in r for r in result["runs"]):
+        out += [
+            "Labels that wait for their prediction (single-label /feedback for ids not in the store: every "
+            "one stored as pending, piling up), and single-row /predict on a second process with "
+            "`CALIB_PREDICTION_LOG_DURABILITY=sync` against the write-behind default of the same round:",
+            "",
+            table(result["runs"], DURABILITY_COLUMNS),
+            "",
+        ]
+    return "\n".join([*out, *[f"- {line}" for line in result["goals"]], ""])
+
+
+BENCHMARK = Benchmark(measure, lambda result: goals(result["runs"]), render, arguments)

@@ -1,4 +1,5 @@
-"""The engine on a GPU (issue 54, ``python -m bench.gpu --engine``): W front-ends feeding one engine, in one command.
+"""The pod on a device (issue 54; ``python -m bench.serving --engine``, or ``python -m bench.gpu --engine``, which adds
+``--device cuda``): W front-ends feeding one engine, in one command.
 
 For W in ``--frontends`` (1 is today's in-process path), each of the two models (light LeNet-5, heavy ResNet-56),
 each protocol (v2 binary tensors, JSON ``/predict``, gRPC ``ModelInfer`` over at least 2W HTTP/2 connections) and
@@ -7,7 +8,8 @@ front-ends and of the engine (from /proc), the engine's inference busy share (it
 wall time) and the GPU's utilisation (NVML); p50 and p99 at one client. Then the same load on two plain replicas
 (W = 1 each, a CUDA context each, the clients split between them), onnxruntime alone at every batch that was
 formed, and the probabilities of every W against the CPU path. Results are written after every stage, so that a
-run cut short still returns what it measured: ``engine-gpu.json`` and ``engine-gpu.md`` under ``--out``.
+run cut short still returns what it measured: ``engine-gpu.json`` and ``engine-gpu.md`` under ``--out``. Goals:
+``bench.serving.goals.pod_goals``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import httpx
 import numpy as np
 
 from bench.common import Server, children, histogram_totals, machine, process_cpu_seconds, table, wrk
-from bench.grpc_load import load as grpc_load
+from bench.serving.goals import REPLICAS, pod_goals
+from bench.serving.grpc_load import load as grpc_load
 from bench.serving.measure import HEAVY, LIGHT, SHAPES, binary_load, raw_onnxruntime, service, single_row_requests
 
 if TYPE_CHECKING:
@@ -35,34 +38,11 @@ if TYPE_CHECKING:
 MODELS = (HEAVY, LIGHT)
 PROTOCOLS = ("binary", "json", "grpc")
 CLIENTS = (64, 128)
-FRONTENDS = (1, 4, 12)
 PARITY_ROWS = 64
-REPLICAS = "2 replicas"
-GOALS = {"binary": 0.8, "grpc": 0.8, "json": 0.6}
-"""The issue's ratios to onnxruntime alone at the formed batch, heavy model, 128 single-row clients."""
-LIGHT_BINARY_GOAL = 15_000
-P50_GOAL_MS = 1.5
-PARITY_GOAL = 1e-5
-POINT_COLUMNS = [
-    "frontends",
-    "model",
-    "protocol",
-    "clients",
-    "requests_per_s",
-    "batch",
-    "raw_rows_per_s",
-    "vs_raw",
-    "cpu_us_frontends",
-    "cpu_us_engine",
-    "cpu_us_engine_loop",
-    "message_rows",
-    "round_trip_ms",
-    "inference_busy",
-    "gpu_util",
-    "queue_ms",
-    "inference_ms",
-    "errors",
-]
+POINT_COLUMNS = (
+    "frontends model protocol clients requests_per_s batch raw_rows_per_s vs_raw cpu_us_frontends cpu_us_engine "
+    "cpu_us_engine_loop message_rows round_trip_ms inference_busy gpu_util queue_ms inference_ms errors"
+).split()
 
 
 def grpc_connections(frontends: int) -> int:
@@ -201,7 +181,7 @@ def point(servers: list[Server], model: str, protocol: str, clients: int, second
 
 
 def served(url: str, model: str) -> np.ndarray:
-    from bench.gpu import inputs, served_probabilities
+    from bench.serving.device import inputs, served_probabilities
 
     return served_probabilities(url, model, inputs(model, PARITY_ROWS))
 
@@ -236,7 +216,7 @@ def run(
 ) -> dict:
     """Every measurement of the module docstring; no further W is started ``deadline`` minutes into the run, so that
     the run ends inside its machine's time with the replicas, onnxruntime alone and parity measured."""
-    from bench.gpu import device_report, single_row_latency
+    from bench.serving.device import device_report, single_row_latency
 
     work = Path(tempfile.mkdtemp(prefix="calib-engine-gpu-"))
     started = time.monotonic()
@@ -309,76 +289,12 @@ def run(
             for name, p in probabilities.items()
             for m in MODELS
         ]
-        result["goals"] = goals(result)
+        result["goals"] = pod_goals(result)
         save("parity and goals")
     finally:
         shutil.rmtree(work, ignore_errors=True)
         (out / "engine-gpu.md").write_text(report(result))
     return result
-
-
-def goals(result: dict) -> list[dict]:
-    """The issue's GPU goals, each a ratio or difference within this run, at the best W for each."""
-    points = [p for p in result["points"] if p.get("vs_raw") is not None]
-    out = []
-    for clients in (128, 64):
-        for protocol, bound in GOALS.items():
-            candidates = [p for p in points if (p["model"], p["protocol"], p["clients"]) == (HEAVY, protocol, clients)]
-            best = max((p for p in candidates if p["frontends"] != REPLICAS), key=lambda p: p["vs_raw"])
-            pair = next((p for p in candidates if p["frontends"] == REPLICAS), None)
-            out.append(
-                {
-                    "goal": f"heavy, {protocol}, {clients} clients: rows/s / onnxruntime alone at the formed batch",
-                    "measured": best["vs_raw"],
-                    "target": f">= {bound}" if clients == 128 else "reported",
-                    "at": f"W = {best['frontends']}, batch {best['batch']:.1f}"
-                    + (f"; 2 replicas {pair['vs_raw']:.2f} at batch {pair['batch']:.1f}" if pair else ""),
-                }
-            )
-    light = [p for p in points if (p["model"], p["protocol"]) == (LIGHT, "binary") and p["frontends"] != REPLICAS]
-    best = max(light, key=lambda p: p["requests_per_s"])
-    out.append(
-        {
-            "goal": "light, binary: single-row requests/s",
-            "measured": best["requests_per_s"],
-            "target": f">= {LIGHT_BINARY_GOAL}",
-            "at": f"W = {best['frontends']}, {best['clients']} clients, batch {best['batch']:.1f}",
-        }
-    )
-    for model in MODELS:
-        single = result["single_row"][model]["p50_ms"]
-        ones = [p for p in result["points"] if p["model"] == model and p["clients"] == 1]
-        for label, group in (
-            ("W = 1", ["1"]),
-            ("W > 1", [p["frontends"] for p in ones if p["frontends"] not in ("1", REPLICAS)]),
-        ):
-            chosen = [p for p in ones if p["frontends"] in group]
-            if not chosen:
-                continue
-            worst = max(chosen, key=lambda p: p["p50_ms"])
-            out.append(
-                {
-                    "goal": f"{model}, {label}: p50 at 1 client minus raw single-row p50 (ms), worst protocol",
-                    "measured": worst["p50_ms"] - single,
-                    "target": f"<= {P50_GOAL_MS}",
-                    "at": f"W = {worst['frontends']}, {worst['protocol']}",
-                }
-            )
-    out.append(
-        {
-            "goal": "probabilities against the CPU path: largest absolute difference, every W",
-            "measured": max(p["max_abs_diff"] for p in result["parity"]),
-            "target": f"<= {PARITY_GOAL}",
-            "at": "64 rows per model",
-        }
-    )
-    for row in out:
-        op, _, bound = row["target"].partition(" ")
-        if op in (">=", "<="):
-            row["met"] = row["measured"] >= float(bound) if op == ">=" else row["measured"] <= float(bound)
-        else:
-            row["met"] = "reported"
-    return out
 
 
 def report(result: dict) -> str:

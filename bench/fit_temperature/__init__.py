@@ -1,27 +1,29 @@
-"""Benchmark: time of calibkit.temperature.fit_temperature (and the ECE grid search) on N samples.
+"""Time of calibkit.temperature.fit_temperature (and the ECE grid search) on N samples.
 
 python -m bench.fit_temperature [--n 100000] [--classes 10] [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
-from bench.common import table, write_result
+from bench.common import Benchmark, table
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import fit_temperature
 
+COLUMNS = "objective n classes fitted_T best_s median_s".split()
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def arguments(parser) -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+
+
+def measure(args) -> dict:
+    """Temperature scaling fitted to logits of true temperature 2.5: NLL ``--repeats`` times, the ECE search once."""
     n, repeats = (10_000, 1) if args.smoke else (args.n, args.repeats)
     z, y = calibrated_logits(n, n_classes=args.classes, seed=0)
     rows = []
@@ -42,9 +44,11 @@ def main() -> None:
                 "median_s": float(np.median(times)),
             }
         )
-    print(table(rows, ["objective", "n", "classes", "fitted_T", "true_T", "best_s", "median_s"]))
-    write_result("fit_temperature", {"results": rows}, smoke=args.smoke)
+    return {"results": rows}
 
 
-if __name__ == "__main__":
-    main()
+def render(result: dict) -> str:
+    return f"## fit_temperature\n\n{table(result['results'], COLUMNS)}\n"
+
+
+BENCHMARK = Benchmark(measure, lambda result: [], render, arguments)

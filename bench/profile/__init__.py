@@ -1,22 +1,20 @@
-"""Where the serving process's CPU goes: py-spy samples every thread of the service (on-CPU samples
-only) while wrk drives single-row clients at the heavy model, through JSON /predict and through v2 infer
-with binary tensors (tritonclient.http's body), and each sample is put in the stage its frames show (the
-innermost frame that names one). With the process's CPU seconds over the same window, each stage's share
-becomes CPU milliseconds per request; wrk's own CPU is measured too, since on a small machine the client
-takes cores from the server. Just before, the same load runs without the profiler (which takes CPU of its
-own) and the machine's cores are split by thread from /proc: the event loop, each inference thread, the
-service's other threads, wrk, other processes and idle (``cores_by_thread``). The same split is then taken
-of the batching floor (``bench/floor_app.py`` with ``FLOOR_MODEL``: parsing, the service's batcher and
-sessions, an answer, nothing else) under the same load, and the two are set side by side per request
-(``compared_threads``): what the service's own work costs on the event loop, and the idle it adds at the
-hand-offs.
+"""Where the serving process's CPU goes (``python -m bench.profile``, part of ``make bench``): py-spy samples every
+thread of the service (on-CPU samples only) while wrk drives single-row clients at the heavy model, through JSON
+/predict and through v2 infer with binary tensors (tritonclient.http's body), and each sample is put in the stage
+its frames show (the innermost frame that names one). With the process's CPU seconds over the same window, each
+stage's share becomes CPU milliseconds per request; wrk's own CPU is measured too, since on a small machine the
+client takes cores from the server. Just before, the same load runs without the profiler (which takes CPU of its
+own) and the machine's cores are split by thread from /proc: the event loop, each inference thread, the service's
+other threads, wrk, other processes and idle (``cores_by_thread``). The same split is then taken of the batching
+floor (``bench/serving/floor_app.py`` with ``FLOOR_MODEL``: parsing, the service's batcher and sessions, an answer,
+nothing else) under the same load, and the two are set side by side per request (``compared_threads``): what the
+service's own work costs on the event loop, and the idle it adds at the hand-offs.
 
     python -m bench.profile [--seconds 10] [--clients 64] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -27,7 +25,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from bench.common import children_cpu_seconds, process_cpu_seconds, table, write_result, wrk
+from bench.common import Benchmark, children_cpu_seconds, process_cpu_seconds, table, wrk
 from bench.serving.measure import HEAVY, binary_load, floor_server, heavy_artifact, service, single_row_requests
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
@@ -227,46 +225,63 @@ def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]
 THREAD_COLUMNS = ["where", "cores", "ms_per_request"]
-COMPARED_COLUMNS = [
-    "where",
-    "service_cores",
-    "floor_cores",
-    "service_ms_per_request",
-    "floor_ms_per_request",
-    "added_ms_per_request",
-]
+COMPARED_COLUMNS = (
+    "where service_cores floor_cores service_ms_per_request floor_ms_per_request added_ms_per_request".split()
+)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    runs = [
-        profile(2.0 if args.smoke else args.seconds, 4 if args.smoke else args.clients, protocol)
-        for protocol in PROTOCOLS
+
+
+def measure(args) -> dict:
+    seconds, clients = (2.0, 4) if args.smoke else (args.seconds, args.clients)
+    return {"runs": [profile(seconds, clients, protocol) for protocol in PROTOCOLS]}
+
+
+def render(result: dict) -> str:
+    """The page's section: per protocol, the stages, the cores by thread without the profiler, and the service
+    against the batching floor."""
+    out = [
+        "## Where the server's CPU goes",
+        "",
+        "py-spy samples of every thread of a service process (on-CPU samples, 200 per second) while wrk drives "
+        "single-row clients at the heavy model (bench/profile), through each protocol on a fresh process. A "
+        "sample counts for the stage of its innermost frame that names one. Of the machine's "
+        f"{result['machine']['cores']} cores, what the server and wrk leave is idle.",
+        "",
     ]
-    for result in runs:
-        print(
-            f"{result['model']}, {PROTOCOLS[result['protocol']]} at {result['clients']} clients: "
-            f"{result['requests_per_s']:.0f} requests/s, server {result['server_cpu_ms_per_request']:.2f} CPU ms per "
-            f"request, {result['server_cores_busy']:.2f} cores busy in the server and "
-            f"{result['client_cores_busy']:.2f} in wrk"
-        )
-        print(table(result["stages"], COLUMNS))
-        print(
-            f"without the profiler: {result['unprofiled']['requests_per_s']:.0f} requests/s, the machine's cores by "
-            f"thread"
-        )
-        print(table(result["unprofiled"]["threads"], THREAD_COLUMNS))
-        print(
-            f"the batching floor under the same load: {result['batching_floor']['requests_per_s']:.0f} requests/s; "
-            f"the cores against the service's"
-        )
-        print(table(result["compared"], COMPARED_COLUMNS))
-    write_result("profile", {"runs": runs}, smoke=args.smoke)
+    for run in result["runs"]:
+        out += [
+            f"{PROTOCOLS[run['protocol']]}, {run['clients']} clients at {run['model']} for "
+            f"{run['seconds']:.0f} s: {run['requests_per_s']:.0f} requests/s, "
+            f"{run['server_cpu_ms_per_request']:.2f} server CPU ms per request, "
+            f"{run['server_cores_busy']:.2f} cores busy in the server and {run['client_cores_busy']:.2f} "
+            "in wrk:",
+            "",
+            table(run["stages"], COLUMNS),
+            "",
+        ]
+        if run.get("unprofiled"):
+            out += [
+                f"The same load just before, without the profiler: {run['unprofiled']['requests_per_s']:.0f} "
+                "requests/s; the machine's cores by thread (/proc), and as milliseconds per request:",
+                "",
+                table(run["unprofiled"]["threads"], THREAD_COLUMNS),
+                "",
+            ]
+        if run.get("compared"):
+            out += [
+                f"The batching floor (bench/serving/floor_app.py serving the model through the service's batcher, "
+                f"nothing else) under the same load: {run['batching_floor']['requests_per_s']:.0f} requests/s; "
+                "its cores against the service's, inference threads summed, and what the service adds per "
+                "request:",
+                "",
+                table(run["compared"], COMPARED_COLUMNS),
+                "",
+            ]
+    return "\n".join(out)
 
 
-if __name__ == "__main__":
-    main()
+BENCHMARK = Benchmark(measure, lambda result: [], render, arguments)

@@ -4,7 +4,7 @@ flight on one HTTP/2 connection (or ``connections``) for ``seconds``, the reques
 h2load sees HTTP statuses only (a gRPC status travels in trailers): callers check the gRPC outcome apart, from the
 server's own ``calib_grpc_requests_total`` or with one call through a gRPC client.
 
-    python -m bench.grpc_load --target 127.0.0.1:8081 --model cifar-resnet56 --shape 3,32,32 --clients 64 --seconds 3
+    python -m bench.serving.grpc_load --target 127.0.0.1:8081 --model cifar-resnet56 --shape 3,32,32 --seconds 3
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The batching floor over gRPC: a bare ``grpc.aio`` server answering ``ModelInfer`` with nothing but what any
 batching server of these requests must do. It decodes the message, takes the raw input as a float32 array,
 sends the row through the service's own dynamic batcher to onnxruntime sessions made as the service makes them
-(``bench.floor_app.BatchingFloor``), and answers the row's probabilities as raw contents: no validation beyond
+(``bench.serving.floor_app.BatchingFloor``), and answers the row's probabilities as raw contents: no validation beyond
 that, no scoring, prediction log, metrics or ids. Its rows/s against onnxruntime alone is what a batching
 gRPC server reaches on this machine with nothing the service adds (``bench.serving.measure.heavy_rounds``).
 ``/floor.Floor/Stats`` answers the rows and onnxruntime calls it has run, as JSON bytes.
 
-    FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m bench.grpc_floor_app --port 8002
+    FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m bench.serving.grpc_floor_app --port 8002
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from bench.floor_app import PROBABILITIES, BatchingFloor
+from bench.serving.floor_app import PROBABILITIES, BatchingFloor
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 
 

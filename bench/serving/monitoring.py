@@ -1,35 +1,26 @@
-"""Monitoring benchmark: sustained POST /feedback throughput and GET /calibration latency with many
-labelled rows stored.
+"""The serving benchmark's monitoring measurements, on its soak server: sustained POST /feedback throughput and
+GET /calibration latency with many labelled rows stored.
 
-Feedback: offline items (probabilities + label) in batches of ``--batch`` through HTTP for a fixed
-time, after one warm-up request (which also folds the directly written rows into the e-detector):
-labels/s. Calibration: ``--rows`` labelled predictions are written straight into the store
-(the same store calls the service makes), then GET /calibration is timed for windows of 10^3,
-10^5 and 10^6 labels (p50, p99). Prints a table and writes JSON.
-
-    python -m bench.monitoring [--rows 1000000] [--smoke]
+Feedback: offline items (probabilities + label) in batches through HTTP for a fixed time, after one warm-up request
+(which also folds the directly written rows into the e-detector): labels/s. Calibration: labelled predictions are
+written straight into the store (the same store calls the service makes, ``fill_store``), then GET /calibration is
+timed for windows of 10^3, 10^5 and 10^6 labels (p50, p99).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 
-from bench.common import PYTHON, ROOT, Server, table, write_result
 from calibkit import binning
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
 MODEL = "digits-lenet5"
-CALIBRATION_COLUMNS = ["window", "labels_arriving", "p50_ms", "p99_ms", "requests"]
+CALIBRATION_COLUMNS = "window labels_arriving p50_ms p99_ms requests".split()
 
 
 def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
@@ -117,38 +108,3 @@ def calibration_latency(base: str, windows: list[int], repeats: int) -> list[dic
                     }
                 )
     return rows
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    rows, seconds, repeats = (5_000, 2.0, 3) if args.smoke else (args.rows, args.seconds, args.repeats)
-    windows = [w for w in (1_000, 100_000, 1_000_000) if w <= rows]
-    work = Path(tempfile.mkdtemp(prefix="calib-bench-mon-"))
-    url = f"sqlite:///{work / 'store.db'}"
-    result: dict[str, Any] = {}
-    try:
-        result["fill_seconds"] = fill_store(url, rows)
-        env = {"CALIB_DATABASE_URL": url, "CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_LOG_LEVEL": "warning"}
-        server = Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
-        try:
-            result["calibration"] = calibration_latency(server.url, windows, repeats)
-            result["feedback"] = feedback_throughput(server.url, seconds, args.batch)
-        finally:
-            server.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    result["rows"] = rows
-    print(f"stored {rows} labelled predictions in {result['fill_seconds']:.1f} s")
-    print("\nGET /calibration\n" + table(result["calibration"], CALIBRATION_COLUMNS))
-    print("\nPOST /feedback\n" + table([result["feedback"]], ["batch", "labels_per_s", "labels"]))
-    write_result("monitoring", result, smoke=args.smoke)
-
-
-if __name__ == "__main__":
-    main()

@@ -13,8 +13,8 @@ prediction log, metrics, middleware or validation beyond the parsers'. Its rows/
 is what a batching server on this stack reaches with nothing the service adds (``bench.serving.measure.heavy_rounds``);
 ``GET /`` answers the rows and onnxruntime calls it has run.
 
-    python -m uvicorn bench.floor_app:app --port 8001
-    FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m uvicorn bench.floor_app:app --port 8001
+    python -m uvicorn bench.serving.floor_app:app --port 8001
+    FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m uvicorn bench.serving.floor_app:app --port 8001
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""The registry of the benchmarks: each one's name (its package ``bench.<name>``, run as ``python -m bench.<name>``),
+in the order ``python -m bench`` runs them, and the generated page it writes; a page that several share is put
+together here."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from bench.common import ROOT, load_result, machine, table
+
+MAIN_PAGE = "benchmarks.md"
+PAGES = {
+    "fit_temperature": MAIN_PAGE,
+    "training": MAIN_PAGE,
+    "serving": MAIN_PAGE,
+    "profile": MAIN_PAGE,
+    "feedback_load": MAIN_PAGE,
+    "auth": MAIN_PAGE,
+    "alarm": "alarm_benchmark.md",
+    "conformal": "conformal_benchmark.md",
+    "engine": "engine_benchmark.md",
+}
+
+
+def module(name: str) -> ModuleType:
+    """The package of benchmark ``name``, whose ``BENCHMARK`` holds its steps."""
+    return importlib.import_module(f"bench.{name}")
+
+
+def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
+    """Write docs/<page> (``text``)."""
+    (ROOT / "docs" / page).write_text(text(page, fresh))
+
+
+def text(page: str, fresh: dict[str, dict] | None = None) -> str:
+    """The page from the stored results of its benchmarks (``fresh`` ones taken instead, by name). The main page
+    opens with the machine and every benchmark's run time, and ends with the recorded GPU runs."""
+    results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
+    sections = [module(name).BENCHMARK.render(result) for name, result in results.items() if result]
+    if page == MAIN_PAGE:
+        from bench.serving.device import recorded_section
+
+        sections = [head(results.get("serving")), *sections, recorded_section(), ""]
+    return "\n".join(sections)
+
+
+def head(serving: dict | None) -> str:
+    """The main page's opening: the machine of the serving run, and each benchmark's wall time in its last run."""
+    m = machine()
+    m["commit"] = (serving or {}).get("machine", {}).get("commit") or m["commit"]  # the run's, not the rendering's
+    times = []
+    for name, page in PAGES.items():
+        result = load_result(name) or {}
+        times.append({"benchmark": name, "page": page, "seconds": result.get("wall_seconds", ""), "at": ""})
+        times[-1]["at"] = result.get("machine", {}).get("commit") or ""
+    return "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            f'Measured by `make bench` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), {m["memory_gib"]} GiB, '
+            f"{m['gpu'] or 'no GPU'}, Python {m['python']}, at commit `{m['commit']}`. Client (wrk) and server share "
+            "the machine; absolute numbers drift on shared machines, so goals are stated as ratios measured in one "
+            "run. On a machine with an NVIDIA GPU: `pip install onnxruntime-gpu` (with the CUDA and cuDNN "
+            "libraries it names) and `python -m bench.serving --device cuda`; the goals are then the GPU's.",
+            "",
+            "## Run times",
+            "",
+            "Each benchmark's wall time in its last run (`make bench`, `python -m bench`, runs them all in turn), "
+            "and the commit it ran at:",
+            "",
+            table(times, "benchmark page seconds at"),
+            "",
+        ]
+    )
