@@ -46,6 +46,15 @@ def machine() -> dict:
     }
 
 
+def measured_by(command: str, m: dict, seconds: float | None = None) -> str:
+    """The opening of a page: the command, the machine ``m`` (``machine()``), the commit, and the run's seconds."""
+    return (
+        f'Measured by `{command}` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), {m["memory_gib"]} GiB, '
+        f"{m.get('gpu') or 'no GPU'}, Python {m['python']}, numpy {m.get('numpy')}, at commit `{m['commit']}`"
+        + (f", in {seconds:.0f} s." if seconds is not None else ".")
+    )
+
+
 def gpu_name() -> str | None:
     """The first NVIDIA GPU's name (nvidia-smi), None without one."""
     try:
@@ -107,6 +116,10 @@ def table(rows: list[dict], columns: str | list[str]) -> str:
     return "\n".join(lines)
 
 
+GOAL_COLUMNS = "goal measured target met note".split()
+"""The columns of goal rows that ``judged`` judges."""
+CHECKED_COLUMNS = "goal rows met worst".split()
+"""The columns of goal rows checked on many rows at once: how many, whether all meet it, and the worst."""
 _CHECKS = {">=": lambda v, b: v >= b, "<=": lambda v, b: v <= b, "within": lambda v, b: abs(v) <= b}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from bench.common import ROOT, load_result, machine, table
+from bench.common import ROOT, load_result, machine, measured_by, table
 
 MAIN_PAGE = "benchmarks.md"
 PAGES = {
@@ -58,8 +58,7 @@ def head(serving: dict | None) -> str:
         [
             "# Benchmarks",
             "",
-            f'Measured by `make bench` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), {m["memory_gib"]} GiB, '
-            f"{m['gpu'] or 'no GPU'}, Python {m['python']}, at commit `{m['commit']}`. Client (wrk) and server share "
+            measured_by("make bench", m) + " Client (wrk) and server share "
             "the machine; absolute numbers drift on shared machines, so goals are stated as ratios measured in one "
             "run. On a machine with an NVIDIA GPU: `pip install onnxruntime-gpu` (with the CUDA and cuDNN "
             "libraries it names) and `python -m bench.serving --device cuda`; the goals are then the GPU's.",

@@ -7,7 +7,6 @@ import numpy as np
 
 from bench.alarm.measure import AFTER
 
-GOAL_COLUMNS = ["goal", "rows", "met", "worst"]
 MAX_RATIO = 1.5
 
 

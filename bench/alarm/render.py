@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from bench.alarm.goals import GOAL_COLUMNS
 from bench.alarm.measure import (
     AFTER,
     BEFORE,
@@ -14,7 +13,7 @@ from bench.alarm.measure import (
     WARNING_COLUMNS,
     WARNING_EVERY,
 )
-from bench.common import table
+from bench.common import CHECKED_COLUMNS, measured_by, table
 
 
 def markdown(result: dict) -> str:
@@ -22,15 +21,14 @@ def markdown(result: dict) -> str:
     lines = [
         "# Alarm benchmark",
         "",
-        f'Measured by `make bench-alarm` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
-        f"{m['memory_gib']} GiB, Python {m['python']}, at commit `{m['commit']}`, in {result['wall_seconds']:.0f} s. "
+        measured_by("make bench-alarm", m, result["wall_seconds"]) + " "
         f"Detector: tolerance {config['tolerance']}, threshold A = {config['threshold']:.3g} "
         f"(E[labels to a false alarm] >= A for any traffic within the tolerance), clearing threshold "
         f"B = {config['clear_threshold']:.3g}.",
         "",
         "## Goals",
         "",
-        table(result["goals"], GOAL_COLUMNS),
+        table(result["goals"], CHECKED_COLUMNS),
         "",
         "## False alarms",
         "",

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PYTHON, ROOT, Benchmark, Server, table, wrk
+from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
@@ -103,21 +103,23 @@ def check_seconds(repeats: int = 200_000) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def goals(rows: list[dict], check_us: float | None = None) -> list[str]:
+def goals(result: dict) -> list[dict]:
+    """The tokens' requests/s over the open default's on the median round, beside the check's own cost."""
+    rows, check_us = result["rows"], result["check_us"]
     ratios = sorted(r["ratio"] for r in rows)
-    median = ratios[len(ratios) // 2]
-    lines = [
-        f"light /predict with predict tokens at {median:.3f}x the open default's requests/s (median of "
-        f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; goal >= {GOAL_RATIO}): "
-        f"{'met' if median >= GOAL_RATIO else 'NOT met'}"
-    ]
-    if check_us is not None:
-        per_request = 1e6 / sorted(r["open_rps"] for r in rows)[len(rows) // 2]
-        lines.append(
-            f"the check alone: {check_us:.2f} us per request, {100 * check_us / per_request:.2f}% of the "
-            f"open server's {per_request:.0f} us per request (its median round)"
-        )
-    return lines
+    per_request = 1e6 / sorted(r["open_rps"] for r in rows)[len(rows) // 2]
+    return judged(
+        [
+            {
+                "goal": "light /predict with predict tokens: requests/s over the open default's, median round",
+                "measured": ratios[len(ratios) // 2],
+                "target": f">= {GOAL_RATIO}",
+                "note": f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; the check alone: {check_us:.2f} us "
+                f"per request, {100 * check_us / per_request:.2f}% of the open server's {per_request:.0f} us per "
+                "request (its median round)",
+            }
+        ]
+    )
 
 
 def arguments(parser) -> None:
@@ -143,10 +145,10 @@ def render(result: dict) -> str:
             "",
             table(result["rows"], COLUMNS),
             "",
-            *[f"- {line}" for line in result["goals"]],
+            table(result["goals"], GOAL_COLUMNS),
             "",
         ]
     )
 
 
-BENCHMARK = Benchmark(measure, lambda result: goals(result["rows"], result.get("check_us")), render, arguments)
+BENCHMARK = Benchmark(measure, goals, render, arguments)

@@ -5,7 +5,6 @@ measurement is missing from the result is listed as not yet measured, so that th
 
 from __future__ import annotations
 
-GOAL_COLUMNS = ["goal", "rows", "met", "worst"]
 #: Mean coverage within this of 1 - alpha.
 COVERAGE_TOLERANCE = 0.005
 #: The family-wise level of the law tests: each row's KS p-value against LAW_LEVEL / rows (Bonferroni).

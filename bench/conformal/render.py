@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bench.common import table
-from bench.conformal.goals import GOAL_COLUMNS
+from bench.common import CHECKED_COLUMNS, measured_by, table
 from bench.conformal.measure import (
     BIN_COLUMNS,
     CLASS_COLUMNS,
@@ -105,15 +104,14 @@ def markdown(result: dict) -> str:
     lines = [
         "# Conformal benchmark",
         "",
-        f'Measured by `make bench-conformal` on {m["cores"]} cores of "{m["cpu"]}" ({m["isa"]}), '
-        f"{m['memory_gib']} GiB, Python {m['python']}, numpy {m['numpy']}, at commit `{m['commit']}`, in "
-        f"{result['wall_seconds']:.0f} s. Split conformal classification of `calibkit.conformal`, the adaptive "
+        measured_by("make bench-conformal", m, result["wall_seconds"])
+        + " Split conformal classification of `calibkit.conformal`, the adaptive "
         "thresholds of `calibkit.conformal.adaptive`, the alarm of `calibkit.coverage_alarm`, and the cost of sets in "
         "the service's /predict.",
         "",
         "## Goals",
         "",
-        table(result["goals"], GOAL_COLUMNS),
+        table(result["goals"], CHECKED_COLUMNS),
         "",
         "## Data",
         "",

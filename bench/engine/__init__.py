@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.common import ROOT, Benchmark, Server, children, process_cpu_seconds, table, wrk
+from bench.common import ROOT, Benchmark, Server, children, measured_by, process_cpu_seconds, table, wrk
 
 MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
 IN_FLIGHT = 64
@@ -285,8 +285,8 @@ def markdown(result: dict) -> str:
         [
             "# Engine benchmark",
             "",
-            f'Measured by `python -m bench.engine` on {m.get("cores")} cores of "{m.get("cpu")}", Python '
-            f"{m.get('python')}, at commit `{m.get('commit')}`, {result['requests']} single-row requests a row. "
+            measured_by("make bench-engine", m, result.get("wall_seconds"))
+            + f" {result['requests']} single-row requests a row. "
             "What the first part of the engine design (issue 54) costs: the same requests through the in-process "
             "dynamic batcher and through an engine process over ZeroMQ (`service.engine`); `null` is an engine "
             "whose model answers zeros at once, the IPC alone. The load generator shares the cores with the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.common import table
+from bench.common import GOAL_COLUMNS, table
 from bench.serving.measure import HEAVY, PHASES, RAW_COLUMNS
 from bench.serving.monitoring import CALIBRATION_COLUMNS
 
@@ -192,5 +192,5 @@ def markdown(result: dict) -> str:
         table(soak["samples"], ["minutes", "rss_mib"]),
         "",
     ]
-    out += ["## Goals", "", table(serving["goals"], ["goal", "measured", "target", "met", "note"]), ""]
+    out += ["## Goals", "", table(serving["goals"], GOAL_COLUMNS), ""]
     return "\n".join(out)
