@@ -295,6 +295,14 @@ def histogram_totals(url: str) -> dict[str, list[float]]:
     return totals
 
 
+def metric_samples(url: str, name: str) -> list:
+    """The samples named ``name`` in the service's /metrics at ``url`` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    return [sample for family in families for sample in family.samples if sample.name == name]
+
+
 def histogram_means(before: dict, after: dict, keys: list[str]) -> dict:
     """Mean per observation of each histogram between two ``histogram_totals`` snapshots."""
     out = {}

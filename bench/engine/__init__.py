@@ -26,7 +26,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.common import ROOT, Benchmark, Server, children, measured_by, process_cpu_seconds, table, wrk
+from bench.common import (
+    ROOT,
+    Benchmark,
+    Server,
+    children,
+    histogram_totals,
+    measured_by,
+    process_cpu_seconds,
+    table,
+    wrk,
+)
 
 MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
 IN_FLIGHT = 64
@@ -115,16 +125,9 @@ def service_runs(seconds: float) -> list[dict]:
 
 
 def batch_sums(url: str) -> tuple[float, float]:
-    """Rows and batches the service's batchers have run (its ``calib_batch_size_rows`` histogram)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    rows = count = 0.0
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        if family.name == "calib_batch_size_rows":
-            for sample in family.samples:
-                rows += sample.value if sample.name.endswith("_sum") else 0.0
-                count += sample.value if sample.name.endswith("_count") else 0.0
-    return rows, count
+    """Rows and batches the service's batchers have run (its ``calib_batch_size_rows`` histogram, every model)."""
+    sums = [v for k, v in histogram_totals(url).items() if k.startswith("batch:")]
+    return sum(s for s, _ in sums), sum(c for _, c in sums)
 
 
 async def drive(submit, x: np.ndarray, requests: int, in_flight: int) -> dict:

@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, table, wrk
+from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, metric_samples, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
@@ -128,30 +128,15 @@ def predicted_ids(base: str, n: int) -> list[tuple[str, int]]:
 
 def answered(base: str) -> int:
     """2xx responses the service has sent to POST /feedback (its own counter)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return int(
-        sum(
-            sample.value
-            for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
-            if family.name == "calib_http_requests"
-            for sample in family.samples
-            if sample.name == "calib_http_requests_total"
-            and sample.labels["route"] == "/feedback"
-            and sample.labels["status"].startswith("2")
-        )
-    )
+    samples = metric_samples(base, "calib_http_requests_total")
+    return int(sum(s.value for s in samples if s.labels["route"] == "/feedback" and s.labels["status"][0] == "2"))
 
 
 def settle(base: str, timeout: float = 30.0) -> None:
     """Wait until the service has answered everything wrk left in flight."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = httpx.get(f"{base}/metrics").text
-        in_flight = next(
-            float(line.split()[1]) for line in text.splitlines() if line.startswith("calib_http_requests_in_flight ")
-        )
-        if in_flight <= 1:  # this request
+        if metric_samples(base, "calib_http_requests_in_flight")[0].value <= 1:  # this request
             return
         time.sleep(0.1)
 

@@ -15,6 +15,7 @@ service's own work costs on the event loop, and the idle it adds at the hand-off
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -81,15 +82,11 @@ def thread_names(pid: int) -> dict[int, str]:
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """User + system CPU seconds of each thread of process ``pid`` (``/proc/<pid>/task/<tid>/stat``)."""
+    """User + system CPU seconds of each live thread of process ``pid``."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except FileNotFoundError:  # the thread ended
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(FileNotFoundError):  # the thread ended
+            out[int(task.name)] = process_cpu_seconds(pid, thread=int(task.name))
     return out
 
 

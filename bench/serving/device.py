@@ -45,7 +45,7 @@ from bench.serving.measure import (
     body,
     both_artifacts,
     formed_batch,
-    raw_onnxruntime,
+    raw_at,
     service,
     single_row_requests,
 )
@@ -218,7 +218,7 @@ def service_points(svc: Server, artifacts: Path, device: Device, seconds: float,
             after = histogram_totals(svc.url)
             formed = formed_batch(svc, before, model) or 1.0
             means = histogram_means(before, after, [*PHASES, f"queue:{model}", f"inference:{model}"])
-            raw = raw_onnxruntime(path, SHAPES[model], seconds, (max(1, round(formed)),), device)[0]
+            raw = raw_at(path, formed, seconds, device, model)
             one = wrk(url, payload, 1, seconds, lua=lua)
             rows.append(
                 {

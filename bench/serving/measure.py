@@ -10,8 +10,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from bench.common import (
     children_cpu_seconds,
     histogram_means,
     histogram_totals,
+    metric_samples,
     process_cpu_seconds,
     table,
     v2_binary_request,
@@ -153,24 +155,24 @@ def floor_server(model_path: Path | None = None) -> Server:
     )
 
 
+def raw_at(model_path: Path, formed: float | None, seconds: float, device: Device, model: str = HEAVY) -> dict:
+    """onnxruntime alone (``raw_onnxruntime``) at the whole batch size nearest the mean ``formed`` (1 when none)."""
+    return raw_onnxruntime(model_path, SHAPES[model], seconds, (max(1, round(formed or 1.0)),), device)[0]
+
+
 def batching_floor(
-    svc: Server,
-    path: str,
-    payload: str | None,
-    clients: int,
-    seconds: float,
-    lua: str | None,
-    model_path: Path,
-    device: Device,
+    stats: Callable[[], dict], load: Callable[[], dict], seconds: float, model_path: Path, device: Device
 ) -> dict:
-    """The batching floor (``floor_server(model_path)``) at ``clients`` single-row clients of one protocol: its
-    rows/s over onnxruntime alone at the batch size it formed (``GET /`` counts its rows and calls)."""
-    before = httpx.get(svc.url).json()
-    rps = wrk(svc.url + path, payload, clients, seconds, lua=lua)["requests_per_s"]
-    after = httpx.get(svc.url).json()
+    """A batching floor's rows/s under ``load`` over onnxruntime alone at the batch size it formed, from its ``stats``
+    (the rows and onnxruntime calls it has run: ``GET /`` of floor_app, ``/floor.Floor/Stats`` of grpc_floor_app)."""
+    before = stats()
+    rps = load()["requests_per_s"]
+    after = stats()
     formed = (after["rows"] - before["rows"]) / max(1, after["calls"] - before["calls"])
-    raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]["rows_per_s"]
-    return {"batching_floor_batch": formed, "batching_floor_vs_raw": rps / raw}
+    return {
+        "batching_floor_batch": formed,
+        "batching_floor_vs_raw": rps / raw_at(model_path, formed, seconds, device)["rows_per_s"],
+    }
 
 
 def ceiling(
@@ -198,15 +200,7 @@ def grpc_load(target: str, model: str, clients: int, seconds: float) -> dict:
 
 def grpc_errors(svc: Server) -> float:
     """gRPC calls the service has ended with another status than OK (its ``calib_grpc_requests_total``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(
-        s.value
-        for f in text_string_to_metric_families(httpx.get(f"{svc.url}/metrics").text)
-        if f.name == "calib_grpc_requests"
-        for s in f.samples
-        if s.name.endswith("_total") and s.labels["code"] != "OK"
-    )
+    return sum(s.value for s in metric_samples(svc.url, "calib_grpc_requests_total") if s.labels["code"] != "OK")
 
 
 def grpc_target(svc: Server) -> str:
@@ -236,17 +230,6 @@ def grpc_floor_server(model_path: Path) -> Server:
     return Server(
         [PYTHON, "-m", "bench.serving.grpc_floor_app"], None, {"FLOOR_MODEL": str(model_path)}, probe=_grpc_floor_up
     )
-
-
-def grpc_batching_floor(floor: Server, clients: int, seconds: float, model_path: Path, device: Device) -> dict:
-    """The gRPC batching floor at ``clients`` single-row clients: its rows/s over onnxruntime alone at the batch
-    size it formed."""
-    before = _grpc_floor_stats(floor.port)
-    rps = grpc_load(f"127.0.0.1:{floor.port}", HEAVY, clients, seconds)["requests_per_s"]
-    after = _grpc_floor_stats(floor.port)
-    formed = (after["rows"] - before["rows"]) / max(1, after["calls"] - before["calls"])
-    raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]["rows_per_s"]
-    return {"grpc_batching_floor_batch": formed, "grpc_batching_floor_vs_raw": rps / raw}
 
 
 def providers(svc: Server) -> dict[str, str]:
@@ -360,47 +343,35 @@ def heavy_rounds(
             wrk(batching.url + path, side_payload, clients, 1.0, lua=side_lua)
         wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
         wrk(f"{floor.url}/predict", requests["json"][1], clients, 1.0)
+        floor_stats = {
+            "json": lambda: httpx.get(batching.url).json(),
+            "grpc": lambda: _grpc_floor_stats(grpc_floor.port),
+        }
         for _ in range(rounds):
             row: dict[str, Any] = {}
-            for side, (path, side_payload, side_lua) in requests.items():
+            for side in ("json", "binary", "grpc"):
                 before = histogram_totals(svc.url)
-                rps = wrk(svc.url + path, side_payload, clients, seconds, lua=side_lua)["requests_per_s"]
+                if side == "grpc":
+                    errors = grpc_errors(svc)
+                    point = grpc_load(target, HEAVY, clients, seconds)
+                    row["grpc_failed"] = point["failed"] + grpc_errors(svc) - errors
+                    floor_load = partial(grpc_load, f"127.0.0.1:{grpc_floor.port}", HEAVY, clients, seconds)
+                else:
+                    path, payload, script = requests[side]
+                    point = wrk(svc.url + path, payload, clients, seconds, lua=script)
+                    floor_load = partial(wrk, batching.url + path, payload, clients, seconds, lua=script)
                 formed = formed_batch(svc, before, HEAVY) or 1.0
-                raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
-                row |= {
-                    f"{side}_rows_per_s": rps,
-                    f"{side}_batch": formed,
-                    f"raw_{side}_rows_per_s": raw["rows_per_s"],
-                    f"{side}_vs_raw": rps / raw["rows_per_s"],
-                }
-                row |= {
-                    f"{side}_{key}": value
-                    for key, value in (
-                        ceiling(
-                            floor.url + path,
-                            floor.process.pid,
-                            side_payload,
-                            clients,
-                            seconds,
-                            side_lua,
-                            raw["rows_per_s"],
-                        )
-                        | batching_floor(batching, path, side_payload, clients, seconds, side_lua, model_path, device)
-                    ).items()
-                }
-            before, errors = histogram_totals(svc.url), grpc_errors(svc)
-            point = grpc_load(target, HEAVY, clients, seconds)
-            formed = formed_batch(svc, before, HEAVY) or 1.0
-            raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (max(1, round(formed)),), device)[0]
-            rps = point["requests_per_s"]
-            row |= {
-                "grpc_rows_per_s": rps,
-                "grpc_batch": formed,
-                "raw_grpc_rows_per_s": raw["rows_per_s"],
-                "grpc_vs_raw": rps / raw["rows_per_s"],
-                "grpc_failed": point["failed"] + grpc_errors(svc) - errors,
-            }
-            row |= grpc_batching_floor(grpc_floor, clients, seconds, model_path, device)
+                raw, rps = raw_at(model_path, formed, seconds, device)["rows_per_s"], point["requests_per_s"]
+                row |= {f"{side}_rows_per_s": rps, f"{side}_batch": formed, f"raw_{side}_rows_per_s": raw}
+                row[f"{side}_vs_raw"] = rps / raw
+                measured_floor = (
+                    {}
+                    if side == "grpc"
+                    else ceiling(floor.url + path, floor.process.pid, payload, clients, seconds, script, raw)
+                )
+                stats = floor_stats["grpc" if side == "grpc" else "json"]
+                measured_floor |= batching_floor(stats, floor_load, seconds, model_path, device)
+                row |= {f"{side}_{key}": value for key, value in measured_floor.items()}
             row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
                 "requests_per_s"
             ]

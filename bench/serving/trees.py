@@ -32,7 +32,7 @@ from bench.serving.measure import (
     body,
     both_artifacts,
     formed_batch,
-    raw_onnxruntime,
+    raw_at,
     service,
     single_row_requests,
 )
@@ -90,7 +90,7 @@ def one_round(svc: Server, light: str, requests: dict, model_path: Path, seconds
         before = histogram_totals(svc.url)
         rps = wrk(svc.url + path, payload, CLIENTS, seconds, lua=lua)["requests_per_s"]
         batch = max(1, round(formed_batch(svc, before, HEAVY) or 1.0))
-        raw = raw_onnxruntime(model_path, SHAPES[HEAVY], seconds, (batch,), "cpu")[0]["rows_per_s"]
+        raw = raw_at(model_path, batch, seconds, "cpu")["rows_per_s"]
         row |= {f"{side}_rows_per_s": rps, f"{side}_batch": batch, f"{side}_vs_raw": rps / raw}
     return row
 
