@@ -1,5 +1,6 @@
-"""Every benchmark of the registry (``bench.registry``), each in a process of its own, in turn; prints how long each
-took (each result records its own wall time, which docs/benchmarks.md shows).
+"""Every benchmark of the registry (bench/registry.py) in turn, each in a process of its own, each timed.
+
+Prints how long each took; each result records its own wall time, which docs/benchmarks.md shows.
 
     python -m bench [--smoke] [--only NAME ...] [--device cuda]   (make bench; --smoke: seconds each, no page)
 """
