@@ -1,7 +1,7 @@
 """The usual alternative a user would write: a plain FastAPI endpoint calling onnxruntime once per
 request, no batching, no calibration monitoring. Used only as the benchmarks' baseline.
 
-    python bench/serving/baseline_app.py --model artifacts/digits-lenet5/1/model.onnx --port 8001
+    python -m bench.serving.baseline_app --model artifacts/digits-lenet5/1/model.onnx --port 8001
 """
 
 from __future__ import annotations
