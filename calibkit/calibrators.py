@@ -190,7 +190,7 @@ class VectorScaling(Calibrator):
 
     method = "vector"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.w: np.ndarray | None = None
         self.b: np.ndarray | None = None
 
@@ -286,7 +286,7 @@ class PlattScaling(Calibrator):
 
     method = "platt"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.a: float | None = None
         self.b: float | None = None
 
@@ -385,7 +385,7 @@ class IsotonicCalibration(Calibrator):
 
     method = "isotonic"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.x: list[np.ndarray] | None = None
         self.y: list[np.ndarray] | None = None
 

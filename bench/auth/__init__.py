@@ -2,7 +2,7 @@
 model with predict tokens on, against the open default, in the same run.
 
 Two ``python -m service`` processes (the default artifact, SQLite, the same settings but
-``CALIB_PREDICT_TOKENS``) take wrk at 32 connections in turn, ``--rounds`` times each, alternating which goes
+``CALIB_AUTH__PREDICT_TOKENS``) take wrk at 32 connections in turn, ``--rounds`` times each, alternating which goes
 first. Reports each round's requests/s and p99, and the median ratio tokens/open with its range over rounds;
 goal: at least 0.97 (the check costs at most 3%). Rounds on a shared machine drift by more than that, so the
 check itself is also timed in this process (the route group and the constant-time comparison with each token,
@@ -43,15 +43,15 @@ def measure_rounds(seconds: float, rounds: int) -> list[dict]:
     env = {"CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_DEFAULT_MODEL": MODEL, "CALIB_LOG_LEVEL": "warning"}
     servers = {
         "open": Server(
-            [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_DATABASE_URL": f"sqlite:///{work / 'open.db'}"}
+            [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_STORE__URL": f"sqlite:///{work / 'open.db'}"}
         ),
         "tokens": Server(
             [PYTHON, "-m", "service"],
             "/v2/health/ready",
             env
             | {
-                "CALIB_DATABASE_URL": f"sqlite:///{work / 'tokens.db'}",
-                "CALIB_PREDICT_TOKENS": f"other:{TOKEN[::-1]},bench:{TOKEN}",
+                "CALIB_STORE__URL": f"sqlite:///{work / 'tokens.db'}",
+                "CALIB_AUTH__PREDICT_TOKENS": f"other:{TOKEN[::-1]},bench:{TOKEN}",
             },
         ),
     }
@@ -90,9 +90,9 @@ def check_seconds(repeats: int = 200_000) -> float:
     from service.app import create_app
     from service.auth import AccessControl
     from service.http.routes import RouteAccess
-    from service.settings import Settings
+    from service.settings import AuthSettings, Settings
 
-    settings = Settings(predict_tokens=SecretStr(f"other:{TOKEN[::-1]},bench:{TOKEN}"))
+    settings = Settings(auth=AuthSettings(predict_tokens=SecretStr(f"other:{TOKEN[::-1]},bench:{TOKEN}")))
     access, groups = AccessControl(settings), RouteAccess.of_app(create_app(settings))
     header = f"Bearer {TOKEN}"
     start = time.perf_counter()

@@ -218,7 +218,7 @@ def run(
                         after = rng.integers(0, len(ys), length - SHIFT_BEFORE)
                         sx = np.concatenate([sx[:SHIFT_BEFORE], xs[after]])
                         sy = np.concatenate([sy[:SHIFT_BEFORE], ys[after]])
-                    env = {"CALIB_DATABASE_URL": f"sqlite:///{tmp}/{data}-{delay}-{index}.db", "CALIB_GRPC_PORT": "0"}
+                    env = {"CALIB_STORE__URL": f"sqlite:///{tmp}/{data}-{delay}-{index}.db", "CALIB_GRPC_PORT": "0"}
                     server = Server(
                         [sys.executable, "-m", "service", "--artifacts", str(artifacts)], "/v2/health/ready", env=env
                     )

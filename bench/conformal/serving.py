@@ -29,6 +29,7 @@ import orjson
 
 from bench.common import ROOT, histogram_means, histogram_totals, process_cpu_seconds, table, wrk
 from bench.serving.measure import LIGHT, SHAPES, service
+from service.cli import GC_THRESHOLD
 
 CLIENTS = 64
 #: Rows per request: single-row clients (the goal's load), and 8-row requests.
@@ -211,7 +212,7 @@ def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dic
     spent: dict[bool, list[int]] = {True: [], False: []}
     thresholds = gc.get_threshold()
     gc.freeze()  # the collector as the service runs it (``service.cli``)
-    gc.set_threshold(Settings().gc_threshold, *thresholds[1:])
+    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
     try:
         for i in range(repeats):
             for with_sets in (True, False) if i % 2 == 0 else (False, True):

@@ -84,7 +84,7 @@ def service_runs(seconds: float) -> list[dict]:
         for frontends in (1, 2):
             env = {
                 "CALIB_FRONTENDS": str(frontends),
-                "CALIB_DATABASE_URL": f"sqlite:///{tmp}/w{frontends}.db",
+                "CALIB_STORE__URL": f"sqlite:///{tmp}/w{frontends}.db",
                 "CALIB_GRPC_PORT": "0",
             }
             server = Server([sys.executable, "-m", "service"], "/v2/health/ready", env=env)

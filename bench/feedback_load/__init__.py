@@ -7,7 +7,7 @@ request labelling a distinct prediction obtained beforehand from /predict (a wrk
 file of ids, each used once); (c) the same for ids whose prediction is not in the store, as when a label
 reaches another replica before the prediction log has written it: every label is stored as pending, and the
 pending labels pile up (a worst case for the joiner's passes). Then a second process with
-``CALIB_PREDICTION_LOG_DURABILITY=sync`` serves (d) single-row /predict: the cost of making every answered id
+``CALIB_PREDICTION_LOG__DURABILITY=sync`` serves (d) single-row /predict: the cost of making every answered id
 durable, against (a). Reports requests/s, p50 and p99, the ratio feedback/predict, and
 checks that every acknowledged label is stored: the labels found in the store afterwards against the
 2xx responses wrk received (more are stored: the requests in flight when wrk stops are committed
@@ -155,7 +155,7 @@ def store_round(store: str, seconds: float, smoke: bool) -> dict:
     try:
         with store_url(store, work) as url:
             env = {
-                "CALIB_DATABASE_URL": url,
+                "CALIB_STORE__URL": url,
                 "CALIB_ARTIFACTS": str(ROOT / "artifacts"),
                 "CALIB_DEFAULT_MODEL": MODEL,
                 "CALIB_LOG_LEVEL": "warning",
@@ -181,7 +181,7 @@ def store_round(store: str, seconds: float, smoke: bool) -> dict:
             finally:
                 server.stop()
             sync_server = Server(
-                [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_PREDICTION_LOG_DURABILITY": "sync"}
+                [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_PREDICTION_LOG__DURABILITY": "sync"}
             )
             try:
                 wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
@@ -315,7 +315,7 @@ def render(result: dict) -> str:
         out += [
             "Labels that wait for their prediction (single-label /feedback for ids not in the store: every "
             "one stored as pending, piling up), and single-row /predict on a second process with "
-            "`CALIB_PREDICTION_LOG_DURABILITY=sync` against the write-behind default of the same round:",
+            "`CALIB_PREDICTION_LOG__DURABILITY=sync` against the write-behind default of the same round:",
             "",
             table(result["runs"], DURABILITY_COLUMNS),
             "",

@@ -36,12 +36,10 @@ if TYPE_CHECKING:
 
 SWEEP = {
     "defaults": {},
-    "switch interval 0.5 ms": {"CALIB_SWITCH_INTERVAL_MS": "0.5"},
-    "io binding off": {"CALIB_IO_BINDING": "off"},
     "one session": {"CALIB_BATCHING__INSTANCES": "1"},
-    "no padding": {"CALIB_PAD_BATCHES": "off"},
-    "one session for all buckets": {"CALIB_BUCKET_SESSIONS": "off"},
-    "one intra-op thread": {"CALIB_INTRA_OP_THREADS": "1"},
+    "no padding": {"CALIB_RUNTIME__PAD_BATCHES": "off"},
+    "one session for all buckets": {"CALIB_RUNTIME__BUCKET_SESSIONS": "off"},
+    "one intra-op thread": {"CALIB_RUNTIME__INTRA_OP_THREADS": "1"},
 }
 """Service settings compared by ``--sweep`` on the heavy model alone, each run twice: in this order, then in the
 reverse one, so that a setting's effect can be told from drift over the sweep."""

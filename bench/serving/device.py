@@ -239,11 +239,11 @@ def service_points(svc: Server, artifacts: Path, device: Device, seconds: float,
 
 
 VARIANTS: dict[str, dict] = {  # str values, but a **dict[str, str] is checked against service()'s Path keywords
-    "TF32 on": {"CALIB_CUDA_TF32": "true"},
-    "one session for all buckets": {"CALIB_BUCKET_SESSIONS": "off"},
+    "TF32 on": {"CALIB_RUNTIME__CUDA_TF32": "true"},
+    "one session for all buckets": {"CALIB_RUNTIME__BUCKET_SESSIONS": "off"},
     "one session for all buckets, DEFAULT search": {
-        "CALIB_BUCKET_SESSIONS": "off",
-        "CALIB_CUDA_CONV_ALGO_SEARCH": "DEFAULT",
+        "CALIB_RUNTIME__BUCKET_SESSIONS": "off",
+        "CALIB_RUNTIME__CUDA_CONV_ALGO_SEARCH": "DEFAULT",
     },
 }
 """CUDA settings measured beside the defaults (TF32 off, cuDNN's HEURISTIC algorithm choice, batches padded to

@@ -125,10 +125,10 @@ def service(
     env = (
         {
             "CALIB_ARTIFACTS": str(artifacts),
-            "CALIB_DATABASE_URL": database_url,
+            "CALIB_STORE__URL": database_url,
             "CALIB_LOG_LEVEL": "warning",
             "CALIB_GRPC_PORT": "0",
-            "CALIB_PREDICTION_LOG": "true" if log else "false",
+            "CALIB_PREDICTION_LOG__ENABLED": "true" if log else "false",
             "CALIB_DEFAULT_MODEL": LIGHT,
             "CALIB_DEVICE": device,
         }

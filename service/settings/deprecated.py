@@ -1,9 +1,9 @@
 """The settings' old names, accepted for one release with a ``FutureWarning`` that names the new one.
 
-``RENAMED`` maps each old name (``CALIB_<OLD>`` in the environment, or ``Settings(<old>=...)``) to the dotted path of
-the setting that replaced it; ``REMOVED`` lists the old settings that are now fixed, which are ignored. The
-``DeprecatedNames`` source reads these names only, after the init arguments and the environment, so that a new name
-set anywhere wins over an old one (and the warning says the old one was ignored).
+``RENAMED`` maps each old name (``CALIB_<OLD>`` in the environment) to the dotted path of the setting that replaced
+it; ``REMOVED`` lists the old settings that are now fixed, which are ignored. The ``DeprecatedNames`` source reads
+these names only, after the init arguments and the environment, so that a new name set anywhere wins over an old one
+(and the warning says the old one was ignored). In code, ``Settings`` takes the new shape only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
 
-from service.settings.groups import PREFIX, env_name
+from service.settings.groups import env_name
 
 #: Old name -> the dotted path of its setting now (``CALIB_<OLD>`` -> ``CALIB_<GROUP>__<NAME>``).
 RENAMED: dict[str, str] = {
@@ -83,16 +83,10 @@ REMOVED: dict[str, str] = {
 SHADOWED = frozenset(old for old in RENAMED if old == RENAMED[old].split(".")[0])
 
 
-def replacement(old: str, init: bool = False) -> str:
-    """What to set instead of ``CALIB_<OLD>`` (or, ``init``, of ``Settings(<old>=...)``), as the warnings and
-    docs/settings.md say it."""
+def replacement(old: str) -> str:
+    """What to set instead of ``CALIB_<OLD>``, as the warnings and docs/settings.md say it."""
     path = RENAMED[old]
-    value = "admin:<token>" if old == "admin_token" else None
-    if init:
-        group, name = path.split(".")
-        shown = repr(value) if value else "..."
-        return f"Settings({group}={{{name!r}: {shown}}})"
-    return f"{env_name(path)}={value}" if value else env_name(path)
+    return f"{env_name(path)}=admin:<token>" if old == "admin_token" else env_name(path)
 
 
 def _is_set(state: Mapping[str, Any], path: str) -> bool:
@@ -150,21 +144,13 @@ class DeprecatedNames(PydanticBaseSettingsSource):
         """Unused: ``__call__`` reads the old names, which are no fields."""
         return None, field_name, False
 
-    def _given(self, old: str) -> tuple[Any, str] | None:
-        """The value of an old name and how it was given (the init argument first, as a new name's would win)."""
-        init = self.settings_sources_data.get("InitSettingsSource", {})
-        if old in init and old not in self.settings_cls.model_fields:
-            return init[old], f"Settings({old}=...)"
-        value = self._plain(old)
-        return None if value is None else (value, (self.prefix + old).upper())
-
     def __call__(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for old, path in RENAMED.items():
-            given = self._given(old)
-            if given is None:
+            value = self._plain(old)
+            if value is None:
                 continue
-            value, name = given
+            name = (self.prefix + old).upper()
             if old == "admin_token":  # one more admin token, named admin, beside CALIB_ADMIN_TOKENS' as before
                 value = f"admin:{_text(value)}"
                 if _is_set(values, path):
@@ -172,10 +158,9 @@ class DeprecatedNames(PydanticBaseSettingsSource):
             if _is_set(self.current_state, path):
                 _warn(f"{name} is deprecated and was ignored: {env_name(path)} is set")
                 continue
-            _warn(f"{name} is deprecated; use {replacement(old, init=not name.startswith(PREFIX))}")
+            _warn(f"{name} is deprecated; use {replacement(old)}")
             _put(values, path, value)
         for old, fixed in REMOVED.items():
-            given = self._given(old)
-            if given is not None:
-                _warn(f"{given[1]} is no longer a setting and is ignored (fixed: {fixed})")
+            if self._plain(old) is not None:
+                _warn(f"{(self.prefix + old).upper()} is no longer a setting and is ignored (fixed: {fixed})")
         return values

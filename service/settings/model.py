@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, Field
 from pydantic_settings import (
@@ -104,11 +103,6 @@ class Settings(BaseSettings):
     conformal: ConformalSettings = ConformalSettings()
     auth: AuthSettings = AuthSettings()
 
-    if TYPE_CHECKING:
-        # the old flat names are accepted as init arguments for one release (``DeprecatedNames``), which the
-        # signature that type checkers derive from the fields would refuse
-        def __init__(self, **values: Any) -> None: ...
-
     @classmethod
     def settings_customise_sources(
         cls,
@@ -131,14 +125,6 @@ class Settings(BaseSettings):
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return max(1, min(16, cores - 1)) if cuda_wanted(self.device) else 1
-
-    @property
-    def gc_threshold(self) -> int:
-        """``service.cli.GC_THRESHOLD``, no longer a setting: kept for one release for code that still reads it."""
-        from service.cli import GC_THRESHOLD
-
-        warnings.warn("Settings.gc_threshold is no longer a setting; use service.cli.GC_THRESHOLD", FutureWarning, 2)
-        return GC_THRESHOLD
 
 
 def setting_path(variable: str) -> str | None:

@@ -137,15 +137,6 @@ def test_the_old_prediction_log_switch_is_read_though_the_group_has_its_name(val
     assert (log.enabled, log.durability, log.queue) == (False, "sync", 500)
 
 
-def test_old_names_as_init_arguments_warn_naming_the_new_shape(monkeypatch):
-    with pytest.warns(FutureWarning, match=r"^Settings\(conformal_method=...\) is deprecated; use Settings\(conf"):
-        settings = Settings(conformal_method="aps", default_model="m")
-    assert settings == Settings(conformal={"method": "aps"}, default_model="m")
-    monkeypatch.setenv("CALIB_CONFORMAL__METHOD", "lac")  # a new name wins wherever the old one is given
-    with pytest.warns(FutureWarning, match="was ignored"):
-        assert Settings(conformal_method="aps").conformal.method == "lac"
-
-
 def test_the_warnings_are_shown_by_default():
     env = dict(os.environ, CALIB_N_BINS="20", CALIB_GC_THRESHOLD="5")
     done = subprocess.run(
