@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("calibkit", "service", "training")
+PACKAGES = ("calibkit", "service", "training", "bench")
 GENERATED = re.compile(r"_pb2(_grpc)?\.py$")  # protoc's output in service/serving/protocol/
 HELP_KEYWORDS = {"description", "help"}
 
@@ -117,6 +117,7 @@ def test_the_packages_are_read():
         "calibkit/conformal/sets.py",
         "service/settings/groups.py",
         "training/config.py",
+        "bench/common.py",
     } <= paths
     assert not any("_pb2" in path for path in paths)
 
