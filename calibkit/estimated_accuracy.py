@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibkit.validation import check_probs, expected
+from calibkit.validation import check_level, check_probs, expected
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,7 @@ def estimate_accuracy(probs, level: float = 0.95) -> EstimatedAccuracy:
         (0.725, (0.25, 1.0), [1.9, 2.1])
     """
     p = check_probs(probs)
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
-        raise ValueError(expected("level", "a number in (0, 1)", level))
+    check_level(level)
     confidence = p.max(axis=1)
     n = len(confidence)
     cdf = np.cumsum(poisson_binomial_pmf(confidence))

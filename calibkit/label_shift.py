@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from calibkit.validation import check_probs, check_probs_labels, expected
+from calibkit.validation import check_level, check_probs, check_probs_labels, expected
 
 #: EM's default stopping rule: every prior moves by at most this much in one iteration (Alexandari et al.'s code).
 EM_TOLERANCE = 1e-6
@@ -151,7 +151,7 @@ def em_priors(
         raise ValueError(expected("tolerance", "a positive number", tolerance))
     _check_count("max_iterations", max_iterations, 1)
     _check_count("resamples", resamples, 0)
-    _check_level(level)
+    check_level(level)
     ratios = p / source
     priors, iterations, converged = _em(ratios, source[None, :], None, tolerance, max_iterations)
     lower = upper = None
@@ -253,7 +253,7 @@ def bbse_priors(probs, confusion, level: float = 0.95) -> PriorEstimate:
     p = check_probs(probs)
     n, k = p.shape
     counts = _check_confusion(confusion, k)
-    _check_level(level)
+    check_level(level)
     m = counts.sum()
     joint = counts / m
     source = joint.sum(axis=0)
@@ -323,8 +323,3 @@ def _check_confusion(values, k: int) -> np.ndarray:
 def _check_count(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(expected(name, f"an integer >= {minimum}", value))
-
-
-def _check_level(level) -> None:
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
-        raise ValueError(expected("level", "a number in (0, 1)", level))

@@ -200,6 +200,23 @@ def check_n_bins(n_bins: int) -> int:
     return int(n_bins)
 
 
+def check_level(level) -> float:
+    """Check an interval's probability.
+
+    Args:
+        level: A number in (0, 1) (not a bool).
+
+    Returns:
+        ``level`` as a float.
+
+    Raises:
+        ValueError: Naming ``level`` and the value given.
+    """
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
+        raise ValueError(expected("level", "a number in (0, 1)", level))
+    return float(level)
+
+
 def expected(name: str, requirement: str, value: object) -> str:
     """The message of a failed parameter check, naming the parameter and the value given.
 
