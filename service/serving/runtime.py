@@ -217,14 +217,15 @@ def create_runtime(
             settings.device,
             provider,
         )
-    io_binding = IO_BINDING == "on" or (IO_BINDING == "auto" and provider == CUDA)
-    pads = max_batch_size > 0 and (
-        settings.runtime.pad_batches == "on" or (settings.runtime.pad_batches == "auto" and provider == CUDA)
-    )
+
+    def wanted(choice: Literal["auto", "on", "off"]) -> bool:
+        """An ``auto``/``on``/``off`` choice for this session: ``auto`` is on where it runs on CUDA."""
+        return choice == "on" or (choice == "auto" and provider == CUDA)
+
+    io_binding = wanted(IO_BINDING)
+    pads = max_batch_size > 0 and wanted(settings.runtime.pad_batches)
     buckets = batch_buckets(max_batch_size) if pads else ()
-    own = bool(buckets) and (
-        settings.runtime.bucket_sessions == "on" or (settings.runtime.bucket_sessions == "auto" and provider == CUDA)
-    )
+    own = bool(buckets) and wanted(settings.runtime.bucket_sessions)
     return ModelRuntime(
         session,
         provider,
