@@ -118,8 +118,8 @@ def _text(value: Any) -> str:
 
 
 class DeprecatedNames(PydanticBaseSettingsSource):
-    """The values of the old names in the init arguments and the environment that ``env`` (the env source) read,
-    each at its new path unless a source before this one gave that path. Each old name found is warned about.
+    """The values of the old names in the environment that ``env`` (the env source) read, each at its new path unless
+    a source before this one (the init arguments, the new names) gave that path. Each old name found is warned about.
 
     An old name that is now a group's name (``CALIB_PREDICTION_LOG=false``) holds the old setting unless its value is
     a JSON object (the group's): such a value is taken out of ``env``, which would fail to read it as the group."""

@@ -163,8 +163,7 @@ def render() -> str:
         "## Deprecated names",
         "",
         "Accepted until the next release, each with a `FutureWarning` that names its replacement; where both are "
-        "set, the new name wins and the old one is ignored. `Settings(...)` takes the old names as init arguments "
-        "the same way.",
+        "set, the new name wins and the old one is ignored. In code, `Settings(...)` takes the new names only.",
         "",
         "| old | new |",
         "| --- | --- |",

@@ -2,8 +2,8 @@
 
 Top level are what an operator sets first, the command-line flags and the ports (``CALIB_<NAME>``); each group is
 ``CALIB_<GROUP>__<NAME>``, or the whole group as a JSON object in ``CALIB_<GROUP>``. Init arguments take the same
-shape: ``Settings(conformal={"method": "aps"})``. The old names are accepted for one release
-(``service.settings.deprecated``).
+shape: ``Settings(conformal={"method": "aps"})``. The old names are accepted, in the environment only,
+for one release (``service.settings.deprecated``).
 """
 
 from __future__ import annotations
