@@ -52,8 +52,8 @@ def head(serving: dict | None) -> str:
     times = []
     for name, page in PAGES.items():
         result = load_result(name) or {}
-        times.append({"benchmark": name, "page": page, "seconds": result.get("wall_seconds", ""), "at": ""})
-        times[-1]["at"] = result.get("machine", {}).get("commit") or ""
+        at = result.get("machine", {}).get("commit") or ""
+        times.append({"benchmark": name, "page": page, "seconds": result.get("wall_seconds", ""), "at": at})
     return "\n".join(
         [
             "# Benchmarks",
