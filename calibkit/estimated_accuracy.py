@@ -114,18 +114,36 @@ def estimate_accuracy(probs, level: float = 0.95) -> EstimatedAccuracy:
     p = check_probs(probs)
     check_level(level)
     confidence = p.max(axis=1)
-    n = len(confidence)
-    cdf = np.cumsum(poisson_binomial_pmf(confidence))
-    # the first s whose CDF reaches q; rounding can leave the last entry a hair under 1
-    lower, upper = (min(int(np.searchsorted(cdf, q, side="left")), n) for q in ((1 - level) / 2, (1 + level) / 2))
+    lower, upper = accuracy_interval(confidence, level)
     return EstimatedAccuracy(
         estimate=float(confidence.mean()),
-        lower=lower / n,
-        upper=upper / n,
+        lower=lower,
+        upper=upper,
         level=float(level),
-        n=n,
+        n=len(confidence),
         expected_counts=tuple(float(c) for c in p.sum(axis=0)),
     )
+
+
+def accuracy_interval(confidences, level: float = 0.95) -> tuple[float, float]:
+    """The equal-tailed Poisson-binomial interval of ``estimate_accuracy`` from the top-label confidences alone.
+
+    (F^-1((1 - level) / 2) / n, F^-1((1 + level) / 2) / n), F the law of S = sum_i B_i, B_i ~ Bernoulli(c_i)
+    independent, F^-1(q) = min{s : P(S <= s) >= q} (Kivimäki et al. 2024).
+
+    Raises:
+        ValueError: Naming ``probabilities`` or ``level`` when it fails its check.
+
+    Examples:
+        >>> accuracy_interval([0.9, 0.8, 0.6, 0.7], level=0.8)
+        (0.5, 1.0)
+    """
+    check_level(level)
+    cdf = np.cumsum(poisson_binomial_pmf(confidences))
+    n = len(cdf) - 1
+    # the first s whose CDF reaches q; rounding can leave the last entry a hair under 1
+    lower, upper = (min(int(np.searchsorted(cdf, q, side="left")), n) for q in ((1 - level) / 2, (1 + level) / 2))
+    return lower / n, upper / n
 
 
 def _shown(values: np.ndarray) -> object:
@@ -134,3 +152,67 @@ def _shown(values: np.ndarray) -> object:
         return f"shape {values.shape}"
     bad = ~np.isfinite(values) | (values < 0.0) | (values > 1.0)
     return float(values[np.flatnonzero(bad)[0]]) if bad.any() else f"shape {values.shape}"
+
+
+@dataclass(frozen=True)
+class IntervalChecks:
+    """How often ``accuracy_interval`` held, counted over consecutive blocks of ``block`` labelled predictions.
+
+    Labels are folded in their order; each complete block of ``block`` (confidence, correct) pairs is one check: the
+    interval of its confidences at ``level`` either holds its realized accuracy (``held``) or not. With calibrated
+    confidences each check holds with probability at least ``level``, so ``held / windows`` estimates the interval's
+    coverage on the served traffic. ``pending`` holds the rows of the incomplete block. Folding in one call or in many
+    gives the same state, and ``to_dict`` / ``from_dict`` carry it through JSON exactly.
+
+    Examples:
+        >>> checks = IntervalChecks.fresh(block=4, level=0.8).fold([0.9, 0.8, 0.6, 0.7, 0.9], [1, 1, 0, 1, 1])
+        >>> checks.windows, checks.held, len(checks.pending)
+        (1, 1, 1)
+    """
+
+    block: int
+    level: float
+    windows: int = 0
+    held: int = 0
+    pending: tuple[tuple[float, int], ...] = ()
+
+    @classmethod
+    def fresh(cls, block: int, level: float) -> IntervalChecks:
+        """No check yet."""
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(expected("block", "an integer >= 1", block))
+        check_level(level)
+        return cls(block=block, level=float(level))
+
+    def fold(self, confidences, correct) -> IntervalChecks:
+        """The state after the labelled rows (their served top-label confidence and whether it was right), in order."""
+        c = np.asarray(confidences, dtype=np.float64).ravel()
+        y = np.asarray(correct).ravel()
+        if len(c) != len(y):
+            raise ValueError(expected("correct", f"{len(c)} values, one per confidence", len(y)))
+        rows = self.pending + tuple((float(ci), int(yi)) for ci, yi in zip(c, y, strict=True))
+        windows, held = self.windows, self.held
+        while len(rows) >= self.block:
+            chunk, rows = rows[: self.block], rows[self.block :]
+            lower, upper = accuracy_interval([ci for ci, _ in chunk], self.level)
+            realized = sum(yi for _, yi in chunk) / self.block
+            windows, held = windows + 1, held + int(lower <= realized <= upper)
+        return IntervalChecks(self.block, self.level, windows, held, rows)
+
+    def to_dict(self) -> dict:
+        """The state as JSON data."""
+        return {
+            "block": self.block,
+            "level": self.level,
+            "windows": self.windows,
+            "held": self.held,
+            "pending": [list(row) for row in self.pending],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, block: int, level: float) -> IntervalChecks:
+        """The state of ``to_dict``; a fresh one when it was saved with another block or level."""
+        if data.get("block") != block or data.get("level") != float(level):
+            return cls.fresh(block, level)
+        pending = tuple((float(c), int(y)) for c, y in data["pending"])
+        return cls(block, float(level), int(data["windows"]), int(data["held"]), pending)

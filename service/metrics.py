@@ -197,6 +197,42 @@ class ServiceMetrics:
             multiprocess_mode="livemostrecent",
         )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
+        self.estimated_accuracy, self.estimated_accuracy_low, self.estimated_accuracy_high = (
+            Gauge(
+                f"calib_estimated_accuracy{suffix}",
+                f"{what} of the drift window's recent predictions, from their calibrated confidences alone "
+                "(Poisson-binomial interval at CALIB_SHIFT__INTERVAL_LEVEL)",
+                mv,
+                registry=r,
+                multiprocess_mode="livemostrecent",
+            )
+            for suffix, what in (
+                ("", "Estimated accuracy"),
+                ("_lower", "Lower bound of the estimated accuracy"),
+                ("_upper", "Upper bound of the estimated accuracy"),
+            )
+        )
+        self.accuracy_floor = Gauge(
+            "calib_accuracy_floor",
+            "CALIB_SHIFT__ACCURACY_FLOOR: the estimated accuracy's alert floor",
+            mv,
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.estimated_prior = Gauge(
+            "calib_estimated_prior",
+            "Class prior of the drift window's recent predictions, by EM on their calibrated probabilities",
+            [*mv, "class_name"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.prior_shift = Gauge(
+            "calib_prior_shift",
+            "Total variation distance between the EM priors of recent predictions and the validation priors",
+            mv,
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
         sets = [*mv, "method", "coverage", "randomized"]
         self.coverage_observed = Gauge(
             "calib_set_coverage",

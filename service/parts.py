@@ -81,6 +81,7 @@ class ServiceParts:
             set_adaptation=settings.conformal.adaptation,
             set_step=settings.conformal.step,
             coverage_alarm_threshold=settings.conformal.alarm_threshold,
+            shift=settings.shift,
         )
         webhook = AlarmWebhook(settings.monitoring.webhook_url, metrics)
         evaluator = Evaluator(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from calibkit.alarms import LEVELS, AlarmPolicy, AlarmStatus, Evidence, assess
 from calibkit.detector import DetectorState
 from calibkit.drift import confidence_shift
+from calibkit.estimated_accuracy import IntervalChecks
 from service.metrics import ServiceMetrics
 from service.monitoring.calibrations import ActiveCalibrations
 from service.serving.repository import ServedModel
@@ -31,6 +32,15 @@ def load_detector(saved: str | None, policy: AlarmPolicy) -> DetectorState:
     return DetectorState(config) if saved is None else DetectorState.from_dict(json.loads(saved), config)
 
 
+def load_checks(saved: str | None, block: int, level: float) -> IntervalChecks:
+    """The interval checks saved as JSON; fresh ones for None or checks saved with another block or level."""
+    return (
+        IntervalChecks.fresh(block, level)
+        if saved is None
+        else IntervalChecks.from_dict(json.loads(saved), block, level)
+    )
+
+
 def saved_status(row) -> AlarmStatus:
     """The alarm status of a stored state row (ok when there is none)."""
     return AlarmStatus(row.state, tuple(json.loads(row.reasons)), row.since) if row else AlarmStatus()
@@ -45,8 +55,13 @@ class Alarm:
         policy: AlarmPolicy,
         drift_rows: int,
         trusted: frozenset[str] | None = None,
+        *,
+        check_labels: int = 500,
+        check_level: float = 0.95,
     ):
         self.store = store
+        self.check_labels = check_labels
+        self.check_level = check_level
         self.trusted = trusted
         self.metrics = metrics
         self.calibrations = calibrations
@@ -68,18 +83,21 @@ class Alarm:
         still the one it started from, and redone otherwise. A transition is stored, logged and counted."""
         seen = self.store.alarm_states.get(key)
         fresh = json.dumps(load_detector(None, self.policy).to_dict())
-        base: tuple[int, str] = (seen.last_seq, seen.detector) if seen else (0, fresh)
+        base: tuple[int, str, str | None] = (
+            (seen.last_seq, seen.detector, seen.estimate_checks) if seen else (0, fresh, None)
+        )
         prefolded = self._fold(key, *base, lambda seq, newest: self.store.labels.after(key, seq, newest=newest))
 
         with self.store.alarm_states.locked(key, fresh) as state:
             row = state.row
-            detector, last_seq, folded = (
+            detector, checks, last_seq, folded = (
                 prefolded
-                if (row.last_seq, row.detector) == base
+                if (row.last_seq, row.detector, row.estimate_checks) == base
                 else self._fold(
                     key,
                     row.last_seq,
                     row.detector,
+                    row.estimate_checks,
                     lambda seq, newest: self.store.labels.after(key, seq, state.connection, newest),
                 )
             )
@@ -88,6 +106,7 @@ class Alarm:
             state.save(
                 last_seq=max(last_seq, row.last_seq),
                 detector=json.dumps(detector.to_dict()),
+                estimate_checks=json.dumps(checks.to_dict()),
                 state=status.state,
                 since=status.since,
                 reasons=json.dumps(list(status.reasons)),
@@ -119,21 +138,30 @@ class Alarm:
         )
 
     def _fold(
-        self, key: CalibrationKey, last_seq: int, saved: str, labels_after: Callable[[int, int | None], Sequence]
-    ) -> tuple[DetectorState, int, bool]:
-        """(detector, last label looked at, whether any was) after folding the labels after ``last_seq`` into
-        the saved detector: those of the trusted sources only, when they are set (the others are passed
-        over, never folded). A detector that holds no label (new, or restarted by an upgrade or new
-        settings) folds the key's ``REPLAY_LABELS`` most recent labels: a store that already holds a
-        million labels is not read whole, and the e-detector's guarantee holds from any start."""
+        self,
+        key: CalibrationKey,
+        last_seq: int,
+        saved: str,
+        saved_checks: str | None,
+        labels_after: Callable[[int, int | None], Sequence],
+    ) -> tuple[DetectorState, IntervalChecks, int, bool]:
+        """(detector, interval checks, last label looked at, whether any was) after folding the labels after
+        ``last_seq`` into the saved detector and the label-free interval's checks: those of the trusted sources
+        only, when they are set (the others are passed over, never folded). A detector that holds no label (new,
+        or restarted by an upgrade or new settings) folds the key's ``REPLAY_LABELS`` most recent labels: a store
+        that already holds a million labels is not read whole, and the e-detector's guarantee holds from any
+        start."""
         detector = load_detector(saved, self.policy)
+        checks = load_checks(saved_checks, self.check_labels, self.check_level)
         if detector.n[0] == 0 and last_seq > 0:
             log.warning("detector state of %s/%s/%s restarted: replaying its recent labels", *key)
         new = labels_after(0, REPLAY_LABELS) if detector.n[0] == 0 else labels_after(last_seq, None)
         counted = new if self.trusted is None else [label for label in new if label.source in self.trusted]
         if counted:
-            detector.fold([[label.confidence for label in counted]], [[label.correct for label in counted]])
-        return detector, new[-1].seq if new else last_seq, bool(new)
+            confidences, correct = [label.confidence for label in counted], [label.correct for label in counted]
+            detector.fold([confidences], [correct])
+            checks = checks.fold(confidences, correct)
+        return detector, checks, new[-1].seq if new else last_seq, bool(new)
 
     def _evidence(self, served: ServedModel, key: CalibrationKey, detector: DetectorState, connection) -> Evidence:
         recent = self.store.predictions.recent_confidences(key, self.drift_rows, connection)

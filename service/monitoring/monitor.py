@@ -11,11 +11,13 @@ from service.metrics import ServiceMetrics
 from service.monitoring.alarm import Alarm
 from service.monitoring.calibrations import ActiveCalibrations
 from service.monitoring.coverage import CoverageMonitor
+from service.monitoring.estimates import Estimates
 from service.monitoring.labels import LabelRecorder
 from service.monitoring.reports import MIN_REFIT_LABELS, Reports
 from service.monitoring.windows import Window
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse
 from service.serving.repository import ModelRepository
+from service.settings.groups import ShiftSettings
 from service.store import Store
 
 
@@ -37,11 +39,23 @@ class Monitor:
         set_adaptation: str = DEFAULT_METHOD,
         set_step: float | None = None,
         coverage_alarm_threshold: float = DEFAULT_THRESHOLD,
+        shift: ShiftSettings | None = None,
     ):
+        shift = shift or ShiftSettings()
         self.repository = repository
         self.calibrations = ActiveCalibrations(store, repository)
         self.labels = LabelRecorder(store, repository, metrics, self.calibrations, n_bins, retention_seconds)
-        self.alarm = Alarm(store, metrics, self.calibrations, policy, drift_rows, trusted)
+        self.alarm = Alarm(
+            store,
+            metrics,
+            self.calibrations,
+            policy,
+            drift_rows,
+            trusted,
+            check_labels=shift.check_labels,
+            check_level=shift.interval_level,
+        )
+        self.estimates = Estimates(store, metrics, rows=drift_rows, settings=shift)
         self.coverage = CoverageMonitor(
             store,
             repository,
@@ -63,6 +77,7 @@ class Monitor:
             drift_rows=drift_rows,
             n_resamples=n_resamples,
             trusted=trusted,
+            estimates=self.estimates,
         )
 
     def sync(self) -> None:
@@ -72,13 +87,14 @@ class Monitor:
         self.coverage.load()
 
     def assess(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
-        """Re-assess the alarm of a model version with its new labels (``Alarm.assess``) and refresh the
-        window gauges when there were any: (status, the transition or None)."""
+        """Re-assess the alarm of a model version with its new labels (``Alarm.assess``), refresh the
+        window gauges when there were any and the label-free estimate's: (status, the transition or None)."""
         served = self.repository.get(name, version)
         key = self.calibrations.key(served)
         status, transition, folded = self.alarm.assess(served, key)
         if folded:
             self.reports.export_window(served, key)
+        self.estimates.export(served, key)
         return status, transition
 
     def report(self, name: str | None, version: str | None, window: str | None, by_source: bool = False) -> dict:

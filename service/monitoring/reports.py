@@ -17,8 +17,9 @@ from calibkit.plotting import figure_png, reliability_figure
 from calibkit.significance import consistency_test, ece_interval
 from calibkit.temperature import apply_temperature, fit_temperature
 from service.metrics import ServiceMetrics
-from service.monitoring.alarm import load_detector, saved_status
+from service.monitoring.alarm import load_checks, load_detector, saved_status
 from service.monitoring.calibrations import ActiveCalibrations
+from service.monitoring.estimates import Estimates
 from service.monitoring.windows import Window
 from service.schemas import Refit, TimelinePoint, TimelineResponse
 from service.serving.repository import ModelRepository, ServedModel
@@ -45,9 +46,11 @@ class Reports:
         detail_rows: int,
         drift_rows: int,
         n_resamples: int,
+        estimates: Estimates,
         trusted: frozenset[str] | None = None,
     ):
         self.store = store
+        self.estimates = estimates
         self.trusted = trusted
         self.repository = repository
         self.metrics = metrics
@@ -117,7 +120,17 @@ class Reports:
             },
         }
         body.update(self._window_metrics(served, key, sums, win))
-        body["drift"] = self._drift(served, key, sums)
+        body["drift"] = self._drift(served, key, sums) | {
+            "estimated": self.estimates.block(
+                served,
+                key,
+                load_checks(
+                    state_row.estimate_checks if state_row else None,
+                    self.estimates.settings.check_labels,
+                    self.estimates.settings.interval_level,
+                ),
+            )
+        }
         body["unmatched_labels"] = self.store.pending.counts()
         if by_source:
             body["by_source"] = self._by_source(key, win)

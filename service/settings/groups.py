@@ -260,6 +260,37 @@ class MonitoringSettings(BaseModel):
     webhook_url: str | None = Field(default=None, description="alarm transitions are POSTed here as JSON")
 
 
+class ShiftSettings(BaseModel):
+    """Label-free estimates from the served probabilities: the accuracy they promise with its interval, the class
+    priors of the traffic (label shift), and how they are checked once labels come (docs/monitoring.md)."""
+
+    interval_level: float = Field(
+        default=0.95,
+        gt=0,
+        lt=1,
+        description="the probability of the estimated accuracy's interval (Poisson-binomial, Kivimaki et al. 2024) "
+        "and of the estimated priors' intervals",
+    )
+    check_labels: int = Field(
+        default=500,
+        ge=10,
+        description="labels per check of the estimated accuracy's interval: each block of this many labels, in label "
+        "order, counts as one window where the interval held its realized accuracy or not",
+    )
+    prior_resamples: int = Field(
+        default=200,
+        ge=0,
+        description="bootstrap resamples of the EM priors' intervals (0: none); the rows are the drift window's",
+    )
+    accuracy_floor: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="the accuracy below which the EstimatedAccuracyBelowFloor alert fires, exported as the gauge "
+        "calib_accuracy_floor; unset: no floor, no alert",
+    )
+
+
 class ConformalSettings(BaseModel):
     """The prediction sets' defaults when a request does not say, and how they follow the labels
     (docs/conformal.md)."""

@@ -34,6 +34,7 @@ from service.settings.groups import (
     PodSettings,
     PredictionLogSettings,
     RuntimeSettings,
+    ShiftSettings,
     StoreSettings,
 )
 
@@ -100,6 +101,7 @@ class Settings(BaseSettings):
     prediction_log: PredictionLogSettings = PredictionLogSettings()
     labels: LabelsSettings = LabelsSettings()
     monitoring: MonitoringSettings = MonitoringSettings()
+    shift: ShiftSettings = ShiftSettings()
     conformal: ConformalSettings = ConformalSettings()
     auth: AuthSettings = AuthSettings()
 

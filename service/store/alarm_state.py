@@ -23,13 +23,21 @@ class LockedAlarmState:
     def __init__(self, connection: sa.Connection, key: CalibrationKey, row: sa.Row):
         self.connection, self.key, self.row = connection, key, row
 
-    def save(self, *, last_seq: int, detector: str, state: str, since: float | None, reasons: str) -> None:
+    def save(
+        self, *, last_seq: int, detector: str, estimate_checks: str, state: str, since: float | None, reasons: str
+    ) -> None:
         """Store the assessed state; a change of state is also recorded in ``alarm_events``."""
         self.connection.execute(
             monitor_state.update()
             .where(*scope(monitor_state, self.key))
             .values(
-                last_seq=last_seq, detector=detector, state=state, since=since, reasons=reasons, updated_at=time.time()
+                last_seq=last_seq,
+                detector=detector,
+                estimate_checks=estimate_checks,
+                state=state,
+                since=since,
+                reasons=reasons,
+                updated_at=time.time(),
             )
         )
         if state != self.row.state:

@@ -12,7 +12,16 @@ import sqlalchemy as sa
 
 from service.store import locks
 from service.store.blocks import add_to_blocks, block_sums
-from service.store.schema import SCHEMA_VERSION, label_bins, labels, metadata, pending_labels, predictions, schema_info
+from service.store.schema import (
+    SCHEMA_VERSION,
+    label_bins,
+    labels,
+    metadata,
+    monitor_state,
+    pending_labels,
+    predictions,
+    schema_info,
+)
 
 log = logging.getLogger("service.store")
 
@@ -41,9 +50,9 @@ def migrate(connection: sa.Connection) -> None:
 
 def _add_columns(c: sa.Connection) -> None:
     """Nullable columns added to tables of an existing store (older versions ignore them): the source of
-    labels and pending labels, the prediction sets of predictions and labels; and indexes added since (and the
-    one they replaced)."""
-    for table in (labels, pending_labels, predictions):
+    labels and pending labels, the prediction sets of predictions and labels, the interval checks of the monitor
+    state; and indexes added since (and the one they replaced)."""
+    for table in (labels, pending_labels, predictions, monitor_state):
         present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
         for column in table.columns:
             if column.name not in present and column.nullable:

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from service.store.blocks import IDS
 from service.store.bulk import BulkInsert
 from service.store.database import Database
-from service.store.rows import OFFLINE, CalibrationKey, PredictionRow
-from service.store.schema import predictions, scope
+from service.store.rows import OFFLINE, CalibrationKey, PredictionRow, RecentPredictions, decode_rows
+from service.store.schema import labels, predictions, scope
 
 insert_predictions = BulkInsert(predictions, PredictionRow._fields)
 _PREDICTIONS_OF = sa.select(predictions).where(predictions.c.id.in_(IDS))
@@ -50,3 +50,29 @@ class Predictions:
             return np.array([r[0] for r in c.execute(query)], dtype=np.float64)
 
         return work(connection) if connection is not None else self.db.run(work, write=False)
+
+    def recent(self, key: CalibrationKey, limit: int) -> RecentPredictions:
+        """The ``limit`` most recent predictions the service served (as ``recent_confidences`` chooses them), newest
+        first, with the label of each that has one: the rows of the label-free estimates and of their check. Ordered
+        by (time, id), so every replica reading the same store gets the same rows in the same order."""
+        query = (
+            sa.select(predictions.c.id, predictions.c.probabilities, labels.c.label, labels.c.correct)
+            .select_from(predictions.outerjoin(labels, labels.c.prediction_id == predictions.c.id))
+            .where(*scope(predictions, key), predictions.c.source != OFFLINE)
+            .order_by(predictions.c.created_at.desc(), predictions.c.id.desc())
+            .limit(limit)
+        )
+
+        def work(c):
+            rows = c.execute(query).all()
+            if not rows:
+                return RecentPredictions.empty()
+            unlabelled = -1
+            return RecentPredictions(
+                newest_id=rows[0].id,
+                probs=decode_rows([r.probabilities for r in rows]),
+                label=np.array([unlabelled if r.label is None else r.label for r in rows], dtype=np.int64),
+                correct=np.array([-1 if r.correct is None else r.correct for r in rows], dtype=np.int64),
+            )
+
+        return self.db.run(work, write=False)

@@ -97,6 +97,26 @@ class NewestRows(NamedTuple):
         return NewestRows(*(np.concatenate([a, b])[:limit] for a, b in zip(self, older)))
 
 
+class RecentPredictions(NamedTuple):
+    """Served predictions, newest first: the newest one's id (None when there are none), their calibrated
+    probabilities as served, and for each its label and whether the prediction was right (-1 for both when it has no
+    label yet)."""
+
+    newest_id: str | None
+    probs: np.ndarray
+    label: np.ndarray
+    correct: np.ndarray
+
+    @classmethod
+    def empty(cls) -> RecentPredictions:
+        return cls(None, np.zeros((0, 0)), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    @property
+    def labelled(self) -> np.ndarray:
+        """Which rows have a label."""
+        return self.correct >= 0
+
+
 def prediction_ids(n: int) -> list[str]:
     """``n`` new prediction ids: 32 hex digits, a millisecond timestamp then 80 random bits, like
     UUIDv7 (RFC 9562). Time-ordered keys are inserted at the end of the primary-key and label

@@ -145,6 +145,8 @@ monitor_state = sa.Table(
     sa.Column("since", sa.Float),
     sa.Column("reasons", sa.Text, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
+    # JSON: how often the label-free accuracy interval held on the labels folded (calibkit IntervalChecks)
+    sa.Column("estimate_checks", sa.Text),
 )
 
 coverage_state = sa.Table(

@@ -2,12 +2,13 @@
 realized accuracy on unlabelled windows as often as it says."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from calibkit.estimated_accuracy import estimate_accuracy, poisson_binomial_pmf
+from calibkit.estimated_accuracy import IntervalChecks, estimate_accuracy, poisson_binomial_pmf
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
@@ -84,3 +85,29 @@ def test_bad_probabilities_are_refused_by_name(values, shown):
         poisson_binomial_pmf(values)
     message = str(error.value)
     assert message.startswith("Expected `probabilities` to be a non-empty 1-D array") and shown in message, message
+
+
+def test_interval_checks_fold_in_any_chunks_to_the_same_state_and_round_trip_json():
+    rng = np.random.default_rng(3)
+    confidence = rng.uniform(0.3, 1.0, 1234)
+    correct = rng.random(1234) < confidence
+    whole = IntervalChecks.fresh(100, 0.9).fold(confidence, correct)
+    pieces = IntervalChecks.fresh(100, 0.9)
+    for chunk in np.array_split(np.arange(1234), [1, 99, 100, 450, 451, 1200]):
+        pieces = pieces.fold(confidence[chunk], correct[chunk])
+    assert pieces == whole and (whole.windows, len(whole.pending)) == (12, 34)
+    assert IntervalChecks.from_dict(json.loads(json.dumps(whole.to_dict())), 100, 0.9) == whole
+    assert IntervalChecks.from_dict(whole.to_dict(), 200, 0.9) == IntervalChecks.fresh(200, 0.9)  # other settings
+    with pytest.raises(ValueError, match="correct"):
+        whole.fold([0.5, 0.6], [1])
+
+
+def test_interval_checks_hold_at_least_their_level_on_calibrated_outcomes():
+    """400 blocks of 200 calibrated outcomes: the share of blocks whose interval held is at least the level, up to
+    its binomial sampling error (one-sided 99.9% bound)."""
+    rng = np.random.default_rng(11)
+    confidence = rng.beta(5, 1.5, 400 * 200)
+    correct = rng.random(len(confidence)) < confidence
+    checks = IntervalChecks.fresh(200, 0.9).fold(confidence, correct)
+    assert checks.windows == 400
+    assert checks.held >= stats.binom.ppf(0.001, 400, 0.9), checks.held

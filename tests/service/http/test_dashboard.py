@@ -306,6 +306,9 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
             elif name == "ok":
                 assert report["n"] >= 200
                 assert any(reason.startswith("E-detector") for reason in reasons), reasons
+                est = report["drift"]["estimated"]  # the label-free estimate, with the labels' check beside it
+                line = next(r for r in reasons if r.startswith("Before labels: estimated accuracy"))
+                assert f"{100 * est['accuracy']['estimate']:.1f}%" in line and "realized" in line, line
                 (choice,) = report["coverage"]["choices"]  # the default set choice, served with each prediction
                 assert choice["n"] == report["n"] and choice["alarm"]["state"] == "ok"
                 row = _sets_row(page, choice)

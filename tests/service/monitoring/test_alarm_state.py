@@ -67,6 +67,8 @@ class _Repository:
         manifest = SimpleNamespace(
             calibration=SimpleNamespace(temperature=1.0),
             reference=SimpleNamespace(confidences=list(np.linspace(0.2, 1.0, 50))),
+            class_names=["a", "b"],
+            label_shift=None,
         )
         return SimpleNamespace(name=name, version=version, manifest=manifest)
 

@@ -1,0 +1,150 @@
+"""What the served probabilities say before any label: ``drift.estimated`` of ``GET /calibration`` and its gauges.
+
+Over the drift window (the ``drift_rows`` most recent predictions the service served, labelled or not): the accuracy
+the calibrated confidences promise, with its Poisson-binomial interval (Kivimäki et al. 2024,
+``calibkit.estimated_accuracy``); the expected count of each class; and, when the manifest carries the validation
+priors (``label_shift``), the traffic's class priors by EM (Saerens et al. 2002) with a bootstrap interval and by
+BBSE (Lipton et al. 2018) as a cross-check (``calibkit.label_shift``). Where some of the window's predictions have
+labels, their realized accuracy stands beside the interval computed from their own confidences; and the interval's
+running record, how often it held over consecutive blocks of labels, comes from the monitor state that the
+evaluator folds in label order. Everything is derived from the store, seeds included, so replicas report the same.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import numpy as np
+
+from calibkit.estimated_accuracy import IntervalChecks, accuracy_interval, estimate_accuracy
+from calibkit.label_shift import bbse_priors, em_priors
+from service.metrics import ServiceMetrics
+from service.serving.repository import ServedModel
+from service.settings.groups import ShiftSettings
+from service.store import Store
+from service.store.rows import CalibrationKey, RecentPredictions
+
+CACHE_SIZE = 16  # calibration keys whose last label-free estimate is held
+
+
+class Estimates:
+    def __init__(self, store: Store, metrics: ServiceMetrics, *, rows: int, settings: ShiftSettings):
+        self.store = store
+        self.metrics = metrics
+        self.rows = rows
+        self.settings = settings
+        self._cache: dict[CalibrationKey, tuple[str | None, int, dict]] = {}
+        self._lock = threading.Lock()
+
+    def block(self, served: ServedModel, key: CalibrationKey, checks: IntervalChecks) -> dict:
+        """The ``drift.estimated`` block: the label-free estimates of the drift window, what its labels say of them,
+        and the interval's running record ``checks``."""
+        recent = self.store.predictions.recent(key, self.rows)
+        return (
+            self._unlabelled(served, key, recent)
+            | {"labelled": self._labelled(recent)}
+            | {
+                "interval_checks": {
+                    "labels_per_check": checks.block,
+                    "windows": checks.windows,
+                    "held": checks.held,
+                    "held_rate": checks.held / checks.windows if checks.windows else None,
+                    "level": checks.level,
+                }
+            }
+        )
+
+    def export(self, served: ServedModel, key: CalibrationKey) -> None:
+        """Set the estimate's gauges from the drift window (after an evaluation pass)."""
+        name, version = served.name, served.version
+        if self.settings.accuracy_floor is not None:
+            self.metrics.accuracy_floor.labels(name, version).set(self.settings.accuracy_floor)
+        found = self._unlabelled(served, key, self.store.predictions.recent(key, self.rows))
+        accuracy = found["accuracy"]
+        if accuracy is None:
+            return
+        self.metrics.estimated_accuracy.labels(name, version).set(accuracy["estimate"])
+        self.metrics.estimated_accuracy_low.labels(name, version).set(accuracy["lower"])
+        self.metrics.estimated_accuracy_high.labels(name, version).set(accuracy["upper"])
+        priors = found["priors"]
+        if priors is not None:
+            for class_name, value in priors["em"]["priors"].items():
+                self.metrics.estimated_prior.labels(name, version, class_name).set(value)
+            self.metrics.prior_shift.labels(name, version).set(priors["total_variation"])
+
+    def _unlabelled(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
+        """The estimates that need no label, cached by the window's newest prediction and size."""
+        n = len(recent.probs)
+        with self._lock:
+            found = self._cache.get(key)
+        if found is not None and found[:2] == (recent.newest_id, n):
+            return found[2]
+        names = served.manifest.class_names
+        level = self.settings.interval_level
+        if n == 0:
+            body: dict = {"n": 0, "level": level, "accuracy": None, "expected_counts": None, "priors": None}
+        else:
+            estimate = estimate_accuracy(recent.probs, level)
+            body = {
+                "n": n,
+                "level": level,
+                "accuracy": {"estimate": estimate.estimate, "lower": estimate.lower, "upper": estimate.upper},
+                "expected_counts": dict(zip(names, estimate.expected_counts, strict=True)),
+                "priors": self._priors(served, key, recent),
+            }
+        with self._lock:
+            self._cache[key] = (recent.newest_id, n, body)
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))
+        return body
+
+    def _priors(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict | None:
+        """EM priors with their bootstrap interval, BBSE's as the cross-check, and the EM priors' total variation
+        distance from the validation priors; None when the manifest has no ``label_shift`` entry."""
+        reference = served.manifest.label_shift
+        if reference is None:
+            return None
+        names = served.manifest.class_names
+        level = self.settings.interval_level
+        seed = zlib.crc32(f"{key.model}/{key.version}/{key.calibration_version}/{recent.newest_id}".encode())
+        em = em_priors(recent.probs, reference.priors, resamples=self.settings.prior_resamples, level=level, seed=seed)
+        bbse = bbse_priors(recent.probs, reference.confusion, level=level)
+
+        def by_class(values) -> dict | None:
+            return None if values is None else dict(zip(names, values, strict=True))
+
+        def entry(estimate) -> dict:
+            return {
+                "priors": by_class(estimate.priors),
+                "lower": by_class(estimate.lower),
+                "upper": by_class(estimate.upper),
+                "weights": by_class(estimate.weights),
+            }
+
+        return {
+            "reference": by_class(reference.priors),
+            "reference_rows": reference.n_samples,
+            "em": entry(em) | {"iterations": em.iterations, "converged": em.converged},
+            "bbse": entry(bbse),
+            "total_variation": 0.5 * float(np.abs(np.subtract(em.priors, reference.priors)).sum()),
+        }
+
+    def _labelled(self, recent: RecentPredictions) -> dict | None:
+        """The window's labelled predictions: their realized accuracy and the interval their own confidences give
+        (None when none has a label yet)."""
+        labelled = recent.labelled
+        m = int(labelled.sum())
+        if m == 0:
+            return None
+        confidences = recent.probs[labelled].max(axis=1)
+        lower, upper = accuracy_interval(confidences, self.settings.interval_level)
+        realized = float(recent.correct[labelled].mean())
+        return {
+            "n": m,
+            "realized_accuracy": realized,
+            "estimate": float(confidences.mean()),
+            "lower": lower,
+            "upper": upper,
+            "held": lower <= realized <= upper,
+        }
