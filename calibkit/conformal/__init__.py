@@ -15,8 +15,11 @@ serving. From probabilities (N, K) of a model trained on other data, this packag
   ranked with its set size (``ranked_sets``), which is what a server lists, in ``sets``;
 - conformal p-values per class (``p_values``, in ``sets``), whose level sets {k : p_k > alpha} are the prediction
   sets at every alpha, so the sets for different coverage levels are nested;
+- the weighted quantiles of label shift (``label_shift_quantiles``, ``label_shift_thresholds``, module
+  ``weighted``; Podkopaev & Ramdas 2021): one threshold per candidate class from the calibration scores weighted by
+  the prior ratios of their labels, which keep the coverage when the class priors move;
 - ``SplitConformal`` (``calibrator``), the fitted calibrator: its sorted scores, ``quantile``, ``sets``,
-  ``p_values``, ``to_dict`` / ``from_dict``.
+  ``p_values``, ``label_shift_quantiles`` / ``label_shift_sets`` (classwise), ``to_dict`` / ``from_dict``.
 
 The private ``_ranking`` ranks the rows (by keys and block sums at many classes); ``_checks`` checks the inputs.
 
@@ -63,6 +66,7 @@ from calibkit.conformal.scores import (
 )
 from calibkit.conformal.sets import _count_at_or_above as _count_at_or_above
 from calibkit.conformal.sets import p_values, prediction_sets, ranked_sets
+from calibkit.conformal.weighted import label_shift_quantiles, label_shift_thresholds
 
 __all__ = [
     "METHODS",
@@ -73,6 +77,8 @@ __all__ = [
     "conformal_quantile",
     "conformity_scores",
     "floor_scores",
+    "label_shift_quantiles",
+    "label_shift_thresholds",
     "lac_scores",
     "pick_k_reg",
     "prediction_sets",

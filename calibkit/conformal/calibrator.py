@@ -19,6 +19,7 @@ from calibkit.conformal._checks import (
 from calibkit.conformal.quantile import _classwise_thresholds, _rank, _sort_by_class
 from calibkit.conformal.scores import conformity_scores
 from calibkit.conformal.sets import _p_values, _rule_sets
+from calibkit.conformal.weighted import label_shift_thresholds
 from calibkit.validation import check_labels, expected
 
 
@@ -192,6 +193,47 @@ class SplitConformal:
         """
         p = self._check_width(probs)
         return _rule_sets(p, self.quantile(alpha), self.method, self.k_reg, self.lam, u, self.floor)
+
+    def label_shift_quantiles(self, weights, alpha: float) -> np.ndarray:
+        """The thresholds under label shift (K,): ``label_shift_thresholds`` of these classwise scores.
+
+        Args:
+            weights: The ratios w_y = pi_t(y) / pi_s(y) (K,), finite, >= 0, not all 0.
+            alpha: The miscoverage level, in (0, 1).
+
+        Returns:
+            q_y per candidate class (K,).
+
+        Raises:
+            ValueError: Naming ``class_counts`` when the calibrator is marginal (its scores have no labels), or
+                ``weights`` / ``alpha`` when malformed.
+        """
+        if self.class_counts is None:
+            raise ValueError(
+                expected("class_counts", "the count of each class (a classwise calibrator: weights need labels)", None)
+            )
+        return label_shift_thresholds(self.scores, self.class_counts, weights, alpha)
+
+    def label_shift_sets(self, probs, weights, alpha: float, *, u=None) -> np.ndarray:
+        """Prediction sets (N, K) under label shift: ``prediction_sets`` at ``label_shift_quantiles(weights, alpha)``,
+        under this calibrator's rule (randomized with ``u``, or the floor sets).
+
+        Args:
+            probs: Probabilities (N, K), those the scores were computed from (not adapted to the new priors).
+            weights: The ratios w_y = pi_t(y) / pi_s(y) (K,).
+            alpha: The miscoverage level, in (0, 1).
+            u: As for ``sets``.
+
+        Returns:
+            The sets (N, K).
+
+        Raises:
+            ValueError: Naming the argument when one is malformed, ``class_counts`` for a marginal calibrator.
+        """
+        p = self._check_width(probs)
+        return _rule_sets(
+            p, self.label_shift_quantiles(weights, alpha), self.method, self.k_reg, self.lam, u, self.floor
+        )
 
     def p_values(self, probs, *, u=None) -> np.ndarray:
         """Conformal p-values (N, K): ``p_values`` with these scores, whose level sets are ``sets``.
