@@ -9,7 +9,8 @@ split (``LabelShiftReference``); manifests written before it load with it None.
 
 An artifact may also hold ``conformal.json``, the split-conformal calibrators fitted on a part of the
 validation split kept apart from the temperature's (``ConformalSpec`` names it, with its SHA-256);
-``load_conformal`` reads it back as ``calibkit.conformal.SplitConformal`` objects, checked against the manifest.
+``load_conformal`` reads it back as ``calibkit.conformal.SplitConformal`` objects, checked against the manifest:
+marginal, or per class (the weighted sets of label shift need the scores' labels; None for files before them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from calibkit.conformal import METHODS, SplitConformal
@@ -288,26 +290,35 @@ def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
 
 
 def load_conformal(
-    directory: str | Path, spec: ConformalSpec, class_names: Sequence[str], floor: bool = False
+    directory: str | Path,
+    spec: ConformalSpec,
+    class_names: Sequence[str],
+    floor: bool = False,
+    by_class: bool = False,
 ) -> dict[str, SplitConformal] | None:
     """Read the conformal calibrators that ``spec`` describes, after checking them against it.
 
     The file is ``{"format": 1, "calibrators": {method: SplitConformal.to_dict(), ...}, "floor_calibrators":
-    {...}, "split": {...}}``: ``calibrators`` the exact ones (LAC, randomized APS and RAPS), ``floor_calibrators``
-    those of the floor sets (``calibkit.conformal.floor_scores``), absent from files written before them.
-    It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods`` is present, marginal
-    (one threshold, which the served sets and their adaptation use), with ``n_classes == len(class_names)`` and
-    ``spec.calibration_rows`` scores.
+    {...}, "class_calibrators": {...}, "class_floor_calibrators": {...}, "split": {...}}``: ``calibrators`` the
+    exact ones (LAC, randomized APS and RAPS), ``floor_calibrators`` those of the floor sets
+    (``calibkit.conformal.floor_scores``), absent from files written before them; ``class_calibrators`` and
+    ``class_floor_calibrators`` the same scores of the same rows kept per class (``class_counts``), which the
+    weighted quantile of label shift needs (``calibkit.conformal.label_shift_thresholds``), absent from files
+    written before them. It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods``
+    is present with ``n_classes == len(class_names)`` and ``spec.calibration_rows`` scores: marginal (one threshold,
+    which the served sets and their adaptation use), or, ``by_class``, classwise with the scores of the marginal
+    calibrator of the same method and rule, sorted within each class.
 
     Args:
         directory: The artifact directory that holds ``spec.file``.
         spec: The manifest's ``conformal`` entry.
         class_names: The manifest's class names.
-        floor: Read ``floor_calibrators`` instead of ``calibrators``.
+        floor: Read the floor sets' calibrators instead of the exact ones.
+        by_class: Read the classwise calibrators (``class_calibrators`` / ``class_floor_calibrators``).
 
     Returns:
-        ``{method: SplitConformal}`` for each method of ``spec.methods``; None for ``floor`` when the file has no
-        floor calibrators.
+        ``{method: SplitConformal}`` for each method of ``spec.methods``; None when ``floor`` or ``by_class`` asks
+        for calibrators that the file, written before them, does not have.
 
     Raises:
         ValueError: Naming the file and what is wrong with it.
@@ -328,9 +339,26 @@ def load_conformal(
         shown = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path}: {expected('format', str(CONFORMAL_FORMAT), shown)}")
     key = "floor_calibrators" if floor else "calibrators"
-    calibrators = data.get(key)
-    if floor and calibrators is None:
+    if (floor or by_class) and data.get(("class_" if by_class else "") + key) is None:
         return None
+    marginal = _calibrators(path, data, key, spec, class_names, floor, None)
+    if not by_class:
+        return marginal
+    return _calibrators(path, data, "class_" + key, spec, class_names, floor, marginal)
+
+
+def _calibrators(
+    path: Path,
+    data: dict,
+    key: str,
+    spec: ConformalSpec,
+    class_names: Sequence[str],
+    floor: bool,
+    marginal: dict[str, SplitConformal] | None,
+) -> dict[str, SplitConformal]:
+    """The calibrators of ``data[key]``, checked: marginal when ``marginal`` is None, else classwise with the same
+    method, parameters, rule and scores as each of ``marginal``'s."""
+    calibrators = data.get(key)
     if not isinstance(calibrators, dict):
         raise ValueError(f"{path}: {expected(key, 'an object of calibrators by method', calibrators)}")
     missing = [m for m in spec.methods if m not in calibrators]
@@ -347,10 +375,12 @@ def load_conformal(
             raise ValueError(f"{where}: {expected('method', repr(method), calibrator.method)}")
         if calibrator.floor != floor:
             raise ValueError(f"{where}: {expected('floor', str(floor).lower(), str(calibrator.floor).lower())}")
-        if calibrator.classwise:
+        if marginal is None and calibrator.classwise:
             raise ValueError(
                 f"{where}: {expected('class_counts', 'null (served sets use one marginal threshold)', 'class counts')}"
             )
+        if marginal is not None and not calibrator.classwise:
+            raise ValueError(f"{where}: {expected('class_counts', 'the count of each class', None)}")
         if calibrator.n_classes != len(class_names):
             raise ValueError(
                 f"{where}: {expected('n_classes', f'{len(class_names)} (the class names)', calibrator.n_classes)}"
@@ -360,5 +390,11 @@ def load_conformal(
                 f"{where}: has {len(calibrator.scores)} scores but the manifest's "
                 f"calibration_rows is {spec.calibration_rows}"
             )
+        if marginal is not None:
+            same = marginal[method]
+            if (calibrator.k_reg, calibrator.lam, calibrator.randomized) != (same.k_reg, same.lam, same.randomized):
+                raise ValueError(f"{where}: k_reg, lambda or randomized differ from the marginal calibrator's")
+            if not np.array_equal(np.sort(calibrator.scores), same.scores):
+                raise ValueError(f"{where}: its scores are not the marginal calibrator's, per class")
         loaded[method] = calibrator
     return loaded

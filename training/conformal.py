@@ -8,10 +8,13 @@ calibration scores to be exchangeable with the test scores given the whole fitte
 they tune RAPS). Rows that fitted the temperature are not: it was chosen to fit them.
 
 ``conformal.json`` holds ``{"format": 1, "calibrators": {"lac", "aps", "raps"}, "floor_calibrators": {...},
-"split": ..., "draws": ..., "raps": ...}``: the exact calibrators, LAC non-randomized and APS and RAPS randomized
-with one seeded uniform draw per calibration row (the service draws per served row); and the floor sets' (the
-service's default: ``calibkit.conformal.floor_scores``); RAPS with ``k_reg`` from ``pick_k_reg`` at alpha 0.1 on
-the temperature part (a tuning split apart from the conformal part) and lambda 0.01.
+"class_calibrators": {...}, "class_floor_calibrators": {...}, "split": ..., "draws": ..., "raps": ...}``: the exact
+calibrators, LAC non-randomized and APS and RAPS randomized with one seeded uniform draw per calibration row (the
+service draws per served row); the floor sets' (the service's default: ``calibkit.conformal.floor_scores``); and
+both again with the same scores kept per class (``class_counts``), which the weighted quantile of label shift
+needs (``calibkit.conformal.label_shift_thresholds``: the scores' labels carry the weights); RAPS with ``k_reg``
+from ``pick_k_reg`` at alpha 0.1 on the temperature part (a tuning split apart from the conformal part) and
+lambda 0.01.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def fit_conformal(probs: np.ndarray, labels: np.ndarray, split: CalibrationSplit
         split: Which rows are the temperature part (RAPS's ``k_reg`` is tuned there) and which the conformal part.
 
     Returns:
-        ``{"format", "calibrators", "split", "draws", "raps"}``, JSON-serialisable.
+        ``{"format", "calibrators", "floor_calibrators", "class_calibrators", "class_floor_calibrators", "split",
+        "draws", "raps"}``, JSON-serialisable.
 
     Raises:
         ValueError: When the split has no conformal rows.
@@ -94,20 +98,28 @@ def fit_conformal(probs: np.ndarray, labels: np.ndarray, split: CalibrationSplit
     p_cal, y_cal = p[split.conformal], y[split.conformal]
     k_reg = pick_k_reg(p[split.temperature], y[split.temperature], RAPS_ALPHA)
     draws = np.random.default_rng(split.seed).random(len(y_cal))
-    calibrators = {
-        "lac": SplitConformal.fit(p_cal, y_cal, "lac"),
-        "aps": SplitConformal.fit(p_cal, y_cal, "aps", u=draws),
-        "raps": SplitConformal.fit(p_cal, y_cal, "raps", k_reg=k_reg, lam=RAPS_LAMBDA, u=draws),
-    }
-    floors = {
-        "lac": SplitConformal.fit(p_cal, y_cal, "lac", floor=True),
-        "aps": SplitConformal.fit(p_cal, y_cal, "aps", floor=True),
-        "raps": SplitConformal.fit(p_cal, y_cal, "raps", k_reg=k_reg, lam=RAPS_LAMBDA, floor=True),
-    }
+    params: dict[str, dict] = {"lac": {}, "aps": {}, "raps": {"k_reg": k_reg, "lam": RAPS_LAMBDA}}
+
+    def fitted(floor: bool, classwise: bool) -> dict:
+        return {
+            method: SplitConformal.fit(
+                p_cal,
+                y_cal,
+                method,
+                u=None if floor or method == "lac" else draws,
+                classwise=classwise,
+                floor=floor,
+                **kwargs,
+            ).to_dict()
+            for method, kwargs in params.items()
+        }
+
     return {
         "format": CONFORMAL_FORMAT,
-        "calibrators": {method: calibrator.to_dict() for method, calibrator in calibrators.items()},
-        "floor_calibrators": {method: calibrator.to_dict() for method, calibrator in floors.items()},
+        "calibrators": fitted(floor=False, classwise=False),
+        "floor_calibrators": fitted(floor=True, classwise=False),
+        "class_calibrators": fitted(floor=False, classwise=True),
+        "class_floor_calibrators": fitted(floor=True, classwise=True),
         "split": {
             "fitted_on": "validation",
             "rows": len(y_cal),

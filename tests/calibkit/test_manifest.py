@@ -295,3 +295,82 @@ def test_the_committed_artifact_loads_unchanged_and_writes_back_the_same_json(tm
     assert manifest.input.row_shape == (1, 8, 8) and manifest.preprocessing is not None
     write_manifest(manifest, tmp_path)
     assert json.loads((tmp_path / "manifest.json").read_text()) == json.loads(committed.read_text())
+
+
+def _with_class_calibrators(directory, spec: dict, change=None) -> ConformalSpec:
+    """conformal.json rewritten with exact and floor calibrators, marginal and per class, of the same rows."""
+    rng = np.random.default_rng(1)
+    probs, labels, draws = rng.dirichlet(np.ones(3), 40), rng.integers(0, 3, 40), rng.random(40)
+    data = json.loads((directory / "conformal.json").read_text())
+    for prefix, classwise in (("", False), ("class_", True)):
+        data[prefix + "calibrators"] = {
+            "lac": SplitConformal.fit(probs, labels, "lac", classwise=classwise).to_dict(),
+            "aps": SplitConformal.fit(probs, labels, "aps", u=draws, classwise=classwise).to_dict(),
+        }
+        data[prefix + "floor_calibrators"] = {
+            m: SplitConformal.fit(probs, labels, m, floor=True, classwise=classwise).to_dict() for m in ("lac", "aps")
+        }
+    if change is not None:
+        change(data)
+    raw = json.dumps(data).encode()
+    (directory / "conformal.json").write_bytes(raw)
+    return ConformalSpec(**(spec | {"sha256": hashlib.sha256(raw).hexdigest()}))
+
+
+def test_class_calibrators_round_trip_and_are_none_in_files_from_before_them(tmp_path):
+    spec = _conformal_artifact(tmp_path)
+    for floor in (False, True):  # a file from before them: None, and the marginal calibrators load as they did
+        assert load_conformal(tmp_path, ConformalSpec(**spec), ["0", "1", "2"], floor=floor, by_class=True) is None
+    assert load_conformal(tmp_path, ConformalSpec(**spec), ["0", "1", "2"]) is not None
+    spec = _with_class_calibrators(tmp_path, spec)
+    written = json.loads((tmp_path / "conformal.json").read_text())
+    for floor, key in ((False, "class_calibrators"), (True, "class_floor_calibrators")):
+        loaded = load_conformal(tmp_path, spec, ["0", "1", "2"], floor=floor, by_class=True)
+        marginal = load_conformal(tmp_path, spec, ["0", "1", "2"], floor=floor)
+        assert loaded is not None and marginal is not None and list(loaded) == ["lac", "aps"]
+        for method, calibrator in loaded.items():
+            assert calibrator.to_dict() == written[key][method] and calibrator.classwise and calibrator.floor == floor
+            # the weighted quantile at unit weights is the served marginal quantile
+            q = calibrator.label_shift_quantiles(np.ones(3), 0.2)
+            assert np.array_equal(q, np.full(3, marginal[method].quantile(0.2)))
+
+
+def test_the_committed_artifact_has_no_class_calibrators_yet_and_still_verifies():
+    directory = Path(__file__).resolve().parents[2] / "artifacts" / "digits-lenet5" / "1"
+    manifest = load_manifest(directory / "manifest.json")
+    assert manifest.conformal is not None
+    assert load_conformal(directory, manifest.conformal, manifest.class_names) is not None
+    assert load_conformal(directory, manifest.conformal, manifest.class_names, by_class=True) is None
+
+
+@pytest.mark.parametrize(
+    "change, floor, message",
+    [
+        (lambda d: d["class_calibrators"].pop("aps"), False, r"\['aps'\] are not in `class_calibrators`"),
+        (
+            lambda d: d["class_calibrators"].update(lac=d["calibrators"]["lac"]),
+            False,
+            r"class_calibrators.lac: Expected `class_counts` to be the count of each class",
+        ),
+        (
+            lambda d: d["class_floor_calibrators"].update(aps=d["class_calibrators"]["aps"]),
+            True,
+            "class_floor_calibrators.aps: Expected `floor` to be true",
+        ),
+        (
+            lambda d: d["class_calibrators"]["aps"].update(randomized=False),
+            False,
+            "class_calibrators.aps: k_reg, lambda or randomized differ from the marginal",
+        ),
+        (
+            lambda d: d["class_calibrators"]["lac"]["scores"].__setitem__(0, 0.0),
+            False,
+            "class_calibrators.lac: its scores are not the marginal calibrator's",
+        ),
+        (lambda d: d.update(class_calibrators=[]), False, "Expected `class_calibrators` to be an object"),
+    ],
+)
+def test_class_calibrators_that_are_not_the_marginal_ones_per_class_are_refused(tmp_path, change, floor, message):
+    spec = _with_class_calibrators(tmp_path, _conformal_artifact(tmp_path), change)
+    with pytest.raises(ValueError, match=message):
+        load_conformal(tmp_path, spec, ["0", "1", "2"], floor=floor, by_class=True)

@@ -150,6 +150,13 @@ def test_the_artifact_holds_the_scores_of_the_served_probabilities(trained, tmp_
     draws = np.random.default_rng(0).random(len(split.conformal))
     aps = SplitConformal.fit(served[split.conformal], val.y[split.conformal], "aps", u=draws)
     np.testing.assert_array_equal(calibrators["aps"].scores, aps.scores)
+    # the same scores per class, exact and floor, for the weighted sets of label shift
+    for floor in (False, True):
+        by_class = load_conformal(directory, manifest.conformal, manifest.class_names, floor=floor, by_class=True)
+        assert by_class is not None and set(by_class) == {"lac", "aps", "raps"}
+        lac = SplitConformal.fit(served[split.conformal], val.y[split.conformal], "lac", classwise=True, floor=floor)
+        np.testing.assert_array_equal(by_class["lac"].scores, lac.scores)
+        np.testing.assert_array_equal(by_class["lac"].class_counts, np.bincount(val.y[split.conformal], minlength=10))
     assert "conformal.json" not in {p.name for p in directory.glob("plots/*")}
 
 
@@ -181,6 +188,18 @@ def test_calibrate_onnx_writes_the_conformal_scores(trained, tmp_path, capsys):
     served = calibrated.run(["probabilities"], {"input": val.x})[0].astype(np.float64)
     lac = SplitConformal.fit(served[split.conformal], val.y[split.conformal], "lac")
     np.testing.assert_array_equal(SplitConformal.from_dict(data["calibrators"]["lac"]).scores, lac.scores)
+    assert set(data["class_calibrators"]) == set(data["class_floor_calibrators"]) == {"lac", "aps", "raps"}
+    aps = SplitConformal.fit(
+        served[split.conformal],
+        val.y[split.conformal],
+        "aps",
+        u=np.random.default_rng(3).random(len(split.conformal)),
+        classwise=True,
+    )
+    np.testing.assert_array_equal(SplitConformal.from_dict(data["class_calibrators"]["aps"]).scores, aps.scores)
+    manifest = load_manifest(version / "manifest.json")
+    assert manifest.conformal is not None
+    assert load_conformal(version, manifest.conformal, manifest.class_names, by_class=True) is not None
     # a served version needs its conformal scores: 0 leaves none and is refused, naming the fraction
     with pytest.raises(ValueError, match="leave 0 for the conformal scores"):
         calibrate_onnx(onnx_path, tmp_path / "val.npz", artifacts=mine, conformal_fraction=0.0)
