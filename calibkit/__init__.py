@@ -10,6 +10,7 @@ of e-processes), ``coverage_alarm`` (the anytime-valid coverage alarm), ``detect
 and ``alarms`` (the anytime-valid miscalibration alarm), ``drift`` (label-free shift tests),
 ``estimated_accuracy`` (the accuracy calibrated probabilities promise, with its Poisson-binomial interval),
 ``label_shift`` (new class priors without labels: EM and BBSE, and the prior-adapted probabilities),
+``label_shift_alarm`` (the anytime-valid label-shift alarm on unlabelled predictions),
 ``manifest`` (the artifact contract), ``plotting`` (reliability diagrams) and ``validation``
 (input checks).
 """
