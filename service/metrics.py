@@ -197,6 +197,23 @@ class ServiceMetrics:
             multiprocess_mode="livemostrecent",
         )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
+        self.label_shift_alarm = Gauge(
+            "calib_label_shift_alarm",
+            "1 while the label-shift alarm is raised: some class's mean calibrated probability left its band",
+            mv,
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.label_shift_e_detector = Gauge(
+            "calib_label_shift_e_detector",
+            "The label-shift alarm's e-detector (alarm at CALIB_SHIFT__ALARM_THRESHOLD)",
+            mv,
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.label_shift_transitions = Counter(
+            "calib_label_shift_transitions_total", "Label-shift alarm transitions", [*mv, "to"], registry=r
+        )
         self.estimated_accuracy, self.estimated_accuracy_low, self.estimated_accuracy_high = (
             Gauge(
                 f"calib_estimated_accuracy{suffix}",

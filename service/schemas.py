@@ -388,6 +388,12 @@ class CalibrationReport(BaseModel):
         "coverage with its Wilson interval, mean set size, coverage per class and by set size; the adapted "
         "threshold against the static one with its version and long-run bound; the coverage alarm",
     )
+    label_shift: dict[str, Any] | None = Field(
+        default=None,
+        description="the label-shift alarm on the served predictions, no labels needed: state, e-detector and "
+        "clearing evidence against their thresholds, the class that drives it, and per class the reference mean "
+        "probability, its band and the traffic's means (docs/monitoring.md)",
+    )
     alarm: AlarmInfo
     e_detector: dict[str, Any]
     thresholds: dict[str, Any]

@@ -104,6 +104,15 @@ class Evaluator(BackgroundLoop):
                 return transitions, exc
             except Exception:  # the sets' coverage must not stop the calibration's evaluation
                 log.exception("coverage evaluation of %s version %s failed", served.name, served.version)
+            try:
+                shift = self.monitor.assess_shift(served.name, served.version)
+            except StorageUnavailable as exc:
+                return transitions, exc
+            except Exception:  # nor the label-shift alarm's
+                log.exception("label-shift evaluation of %s version %s failed", served.name, served.version)
+                continue
+            if shift is not None:
+                transitions.append(shift)
         return transitions, None
 
     async def _loop(self) -> None:

@@ -14,6 +14,7 @@ from service.monitoring.coverage import CoverageMonitor
 from service.monitoring.estimates import Estimates
 from service.monitoring.labels import LabelRecorder
 from service.monitoring.reports import MIN_REFIT_LABELS, Reports
+from service.monitoring.shift_alarm import ShiftAlarm
 from service.monitoring.windows import Window
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse
 from service.serving.repository import ModelRepository
@@ -56,6 +57,7 @@ class Monitor:
             check_level=shift.interval_level,
         )
         self.estimates = Estimates(store, metrics, rows=drift_rows, settings=shift)
+        self.shift_alarm = ShiftAlarm(store, metrics, shift)
         self.coverage = CoverageMonitor(
             store,
             repository,
@@ -97,6 +99,11 @@ class Monitor:
         self.estimates.export(served, key)
         return status, transition
 
+    def assess_shift(self, name: str, version: str) -> dict | None:
+        """Fold the predictions served since the last pass into the label-shift alarm: the transition or None."""
+        served = self.repository.get(name, version)
+        return self.shift_alarm.assess(served, self.calibrations.key(served))
+
     def report(self, name: str | None, version: str | None, window: str | None, by_source: bool = False) -> dict:
         """The body of GET /calibration: the calibration report and the coverage of the served prediction sets
         over the same window."""
@@ -104,6 +111,7 @@ class Monitor:
         served = self.repository.get(name, version)
         win = Window.parse(window) if window is not None else self.reports.alarm_window
         body["coverage"] = self.coverage.report(served, win)
+        body["label_shift"] = self.shift_alarm.report(served, self.calibrations.key(served))
         return body
 
     def recalibrate(self, name: str | None, version: str | None, window: str | None) -> RecalibrateResponse:

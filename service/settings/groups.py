@@ -282,6 +282,31 @@ class ShiftSettings(BaseModel):
         ge=0,
         description="bootstrap resamples of the EM priors' intervals (0: none); the rows are the drift window's",
     )
+    alarm_tolerance: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description="the label-shift alarm's material change: a change of the class priors of total variation up to "
+        "this is inside its null (beside the margins of the reference's own sampling error)",
+    )
+    alarm_threshold: float = Field(
+        default=1e8,
+        gt=1,
+        description="A of the label-shift alarm: while the traffic's class means stay inside the band, P(a false "
+        "alarm within n predictions) <= n / A (1e8: at most 1% per million predictions)",
+    )
+    alarm_clear_threshold: float = Field(
+        default=1e8,
+        gt=1,
+        description="B: a raised label-shift alarm clears when the evidence that every class is back inside its band "
+        "reaches B (hysteresis)",
+    )
+    settle_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="the label-shift alarm folds the predictions served at least this long ago, so that the "
+        "prediction logs of every replica have written theirs (a prediction written later is passed over)",
+    )
     accuracy_floor: float | None = Field(
         default=None,
         gt=0,

@@ -1,5 +1,5 @@
-"""The shared store: predictions, labels with their block sums, pending labels, calibration versions and alarm state
-(SQLAlchemy Core on SQLite or PostgreSQL). ``Store`` gathers one object per table family over one
+"""The shared store: predictions, labels with their block sums, pending labels, calibration versions, alarm and
+label-shift state (SQLAlchemy Core on SQLite or PostgreSQL). ``Store`` gathers one object per table family over one
 ``Database``; every method is blocking (call it from a thread)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from service.store.labels import Labels
 from service.store.pending import PendingLabels
 from service.store.predictions import Predictions
 from service.store.retention import purge
+from service.store.shift_state import ShiftStates
 
 
 class Store:
@@ -23,6 +24,7 @@ class Store:
         self.calibrations = Calibrations(self.db)
         self.alarm_states = AlarmStates(self.db)
         self.coverage = CoverageStates(self.db)
+        self.shift_states = ShiftStates(self.db)
 
     def purge(self, older_than: float) -> int:
         """Delete predictions (and their labels) created before ``older_than``, and pending labels received

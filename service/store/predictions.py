@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from service.store.blocks import IDS
 from service.store.bulk import BulkInsert
 from service.store.database import Database
-from service.store.rows import OFFLINE, CalibrationKey, PredictionRow, RecentPredictions, decode_rows
+from service.store.rows import OFFLINE, CalibrationKey, PredictionRow, RecentPredictions, ServedAfter, decode_rows
 from service.store.schema import labels, predictions, scope
 
 insert_predictions = BulkInsert(predictions, PredictionRow._fields)
@@ -76,3 +76,34 @@ class Predictions:
             )
 
         return self.db.run(work, write=False)
+
+    def served_after(
+        self,
+        key: CalibrationKey,
+        cursor: tuple[float, str] | None,
+        until: float,
+        limit: int,
+        connection: sa.Connection | None = None,
+    ) -> ServedAfter:
+        """The predictions the service served after ``cursor`` (created_at, id) and created at or before ``until``,
+        oldest first, at most ``limit``: what the label-shift alarm folds next, in an order every replica sees."""
+        after = []
+        if cursor is not None:
+            at, pid = cursor
+            after = [
+                sa.or_(predictions.c.created_at > at, sa.and_(predictions.c.created_at == at, predictions.c.id > pid))
+            ]
+        query = (
+            sa.select(predictions.c.id, predictions.c.created_at, predictions.c.probabilities)
+            .where(*scope(predictions, key), predictions.c.source != OFFLINE, predictions.c.created_at <= until, *after)
+            .order_by(predictions.c.created_at, predictions.c.id)
+            .limit(limit)
+        )
+
+        def work(c):
+            rows = c.execute(query).all()
+            if not rows:
+                return ServedAfter(None, np.zeros((0, 0)))
+            return ServedAfter((float(rows[-1].created_at), rows[-1].id), decode_rows([r.probabilities for r in rows]))
+
+        return work(connection) if connection is not None else self.db.run(work, write=False)

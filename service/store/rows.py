@@ -117,6 +117,14 @@ class RecentPredictions(NamedTuple):
         return self.correct >= 0
 
 
+class ServedAfter(NamedTuple):
+    """Served predictions oldest first: the (created_at, id) of the newest (None when there are none) and their
+    calibrated probabilities as served."""
+
+    last: tuple[float, str] | None
+    probs: np.ndarray
+
+
 def prediction_ids(n: int) -> list[str]:
     """``n`` new prediction ids: 32 hex digits, a millisecond timestamp then 80 random bits, like
     UUIDv7 (RFC 9562). Time-ordered keys are inserted at the end of the primary-key and label

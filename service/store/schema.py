@@ -149,6 +149,20 @@ monitor_state = sa.Table(
     sa.Column("estimate_checks", sa.Text),
 )
 
+shift_state = sa.Table(
+    "shift_state",
+    metadata,
+    *_calibration_key(primary_key=True),
+    # the newest prediction folded, by (created_at, id): the label-shift alarm folds the served predictions in
+    # that order (NULL: none yet)
+    sa.Column("cursor_at", sa.Float),
+    sa.Column("cursor_id", sa.String(32)),
+    sa.Column("state", sa.Text, nullable=False),  # JSON: calibkit.label_shift_alarm.LabelShiftAlarmState
+    sa.Column("alarmed", sa.Boolean, nullable=False),
+    sa.Column("since", sa.Float),  # when the current state (raised or clear) began
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
 coverage_state = sa.Table(
     "coverage_state",
     metadata,

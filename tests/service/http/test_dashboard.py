@@ -309,6 +309,7 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
                 est = report["drift"]["estimated"]  # the label-free estimate, with the labels' check beside it
                 line = next(r for r in reasons if r.startswith("Before labels: estimated accuracy"))
                 assert f"{100 * est['accuracy']['estimate']:.1f}%" in line and "realized" in line, line
+                assert report["label_shift"]["available"] is False  # the committed artifact predates its entry
                 (choice,) = report["coverage"]["choices"]  # the default set choice, served with each prediction
                 assert choice["n"] == report["n"] and choice["alarm"]["state"] == "ok"
                 row = _sets_row(page, choice)

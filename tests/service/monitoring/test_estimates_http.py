@@ -56,7 +56,15 @@ def test_label_shift_is_seen_before_the_labels_and_the_interval_is_checked_with_
         default_model=MODEL,
         store={"url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
         monitoring={"drift_rows": ROWS, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
-        shift={"check_labels": CHECK, "prior_resamples": 200, "accuracy_floor": 0.99},
+        # A = 1e6 (1% false alarms per 10,000 predictions): the default 1e8 takes about as many predictions as
+        # this test sends, and the order of a batch's rows (by id) varies from run to run
+        shift={
+            "check_labels": CHECK,
+            "prior_resamples": 200,
+            "accuracy_floor": 0.99,
+            "settle_seconds": 0,
+            "alarm_threshold": 1e6,
+        },
     )
     with running_server(settings) as (base_url, app):
         served = []
@@ -95,7 +103,15 @@ def test_label_shift_is_seen_before_the_labels_and_the_interval_is_checked_with_
         assert all(inside)
         assert em == pytest.approx(em_priors(probs, reference).priors, abs=1e-4)  # float32 as stored
 
+        alarm = httpx.get(f"{base_url}/calibration", timeout=30).json()["label_shift"]
+        assert alarm["available"] and alarm["state"] == "alarm" and alarm["predictions"] == ROWS, alarm
+        assert alarm["driver"] == {"class": "0", "side": "up"}  # the class the traffic moved most
+        moved = next(c for c in alarm["classes"] if c["class"] == "0")
+        assert moved["mean_since"] is not None and moved["reference"] + 0.1 < probs[:, 0].mean()
+        assert alarm["raises"] == 1 and alarm["threshold"] == 1e6 and alarm["changed_at"] is not None
+
         metrics = httpx.get(f"{base_url}/metrics", timeout=30).text
+        assert f'calib_label_shift_alarm{{model="{MODEL}",version="1"}} 1.0' in metrics
         assert f'calib_estimated_accuracy{{model="{MODEL}",version="1"}}' in metrics
         assert f'calib_accuracy_floor{{model="{MODEL}",version="1"}} 0.99' in metrics
         assert f'calib_estimated_prior{{class_name="0",model="{MODEL}",version="1"}}' in metrics
@@ -143,7 +159,7 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
             default_model=MODEL,
             store={"url": database_url},
             monitoring={"drift_rows": 400, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
-            shift={"check_labels": 100, "prior_resamples": 100},
+            shift={"check_labels": 100, "prior_resamples": 100, "settle_seconds": 0},
         )
 
     with running_server(settings()) as (url_a, app_a), running_server(settings()) as (url_b, app_b):
@@ -162,3 +178,30 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
         assert a == b
         assert a["labelled"]["n"] == 300 and a["interval_checks"]["windows"] == 3
         assert a["priors"]["em"]["lower"] is not None
+        shift_a, shift_b = (httpx.get(f"{u}/calibration", timeout=30).json()["label_shift"] for u in (url_a, url_b))
+        assert shift_a == shift_b and shift_a["predictions"] == len(rows)
+
+
+def test_unshifted_traffic_raises_no_label_shift_alarm(shifted_artifact, tmp_path, evaluate_now):
+    """The test split as it comes (near the validation priors): the priors barely move, the alarm stays ok."""
+    from tests.service.conftest import running_server
+
+    test = load_digits_splits().test
+    settings = Settings(
+        artifacts=shifted_artifact,
+        default_model=MODEL,
+        store={"url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
+        monitoring={"drift_rows": len(test.y), "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
+        shift={"settle_seconds": 0},
+    )
+    with running_server(settings) as (base_url, app):
+        assert httpx.post(f"{base_url}/predict", json={"inputs": test.x.tolist()}, timeout=30).status_code == 200
+        deadline = time.monotonic() + 30
+        while _estimated(base_url)["n"] < len(test.y):
+            assert time.monotonic() < deadline, "the predictions were not logged"
+            time.sleep(0.2)
+        evaluate_now(app)
+        report = httpx.get(f"{base_url}/calibration", timeout=30).json()
+        assert report["label_shift"]["state"] == "ok" and report["label_shift"]["predictions"] == len(test.y)
+        assert report["label_shift"]["statistic"] < 10
+        assert report["drift"]["estimated"]["priors"]["total_variation"] < 0.1

@@ -1,0 +1,137 @@
+"""The label-shift alarm in the service: the served predictions folded, oldest first, into the anytime-valid alarm
+of ``calibkit.label_shift_alarm`` (each class's mean calibrated probability against a band around the manifest's
+validation means), under the state row's lock shared by all replicas.
+
+Predictions have no sequence number: they are folded in (created_at, id) order from a stored cursor, up to those
+served ``settle_seconds`` ago, when every replica's prediction log has written its rows; a row written later than
+that is passed over, never folded twice. The state is one row per calibration key, so every replica reports the
+same. A model version whose manifest has no ``label_shift`` entry has no alarm, and the report says why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from calibkit.label_shift_alarm import LabelShiftAlarmConfig, LabelShiftAlarmState
+from service.metrics import ServiceMetrics
+from service.serving.repository import ServedModel
+from service.settings.groups import ShiftSettings
+from service.store import Store
+from service.store.rows import CalibrationKey
+
+log = logging.getLogger("service.monitoring")
+
+#: The most predictions one evaluation folds per model version: a backlog is taken in steps, so that the state
+#: row's lock (on SQLite the database's write lock) is held for tens of milliseconds at most.
+MAX_FOLD = 20_000
+
+
+class ShiftAlarm:
+    def __init__(self, store: Store, metrics: ServiceMetrics, settings: ShiftSettings):
+        self.store = store
+        self.metrics = metrics
+        self.settings = settings
+        self._configs: dict[tuple[str, str], LabelShiftAlarmConfig] = {}
+
+    def config(self, served: ServedModel) -> LabelShiftAlarmConfig | None:
+        """The alarm's settings for a model version; None without the manifest's ``label_shift`` entry."""
+        reference = served.manifest.label_shift
+        if reference is None:
+            return None
+        found = self._configs.get((served.name, served.version))
+        if found is None:
+            found = self._configs[(served.name, served.version)] = LabelShiftAlarmConfig.for_reference(
+                reference,
+                tolerance=self.settings.alarm_tolerance,
+                threshold=self.settings.alarm_threshold,
+                clear_threshold=self.settings.alarm_clear_threshold,
+            )
+        return found
+
+    def assess(self, served: ServedModel, key: CalibrationKey) -> dict | None:
+        """Fold the predictions served since the cursor into the alarm; the transition (raised or cleared) or None."""
+        config = self.config(served)
+        if config is None:
+            return None
+        fresh = json.dumps(LabelShiftAlarmState.fresh(config).to_dict())
+        until = time.time() - self.settings.settle_seconds
+        with self.store.shift_states.locked(key, fresh) as locked:
+            row = locked.row
+            state = _load(row.state, config)
+            cursor = None if row.cursor_at is None else (float(row.cursor_at), row.cursor_id)
+            new = self.store.predictions.served_after(key, cursor, until, MAX_FOLD, locked.connection)
+            if new.last is None:
+                self._export(served, state)
+                return None
+            was = bool(state.alarmed[0])
+            state = state.fold(new.probs)
+            now = bool(state.alarmed[0])
+            since = time.time() if now != was else row.since
+            locked.save(cursor=new.last, state=json.dumps(state.to_dict()), alarmed=now, since=since)
+        self._export(served, state)
+        if now == was:
+            return None
+        summary = state.summary()
+        driver = summary["driver"]
+        name = served.manifest.class_names[driver["class"]]
+        reason = (
+            f"class {name!r} is {'above' if driver['side'] == 'up' else 'below'} its band: the label-shift "
+            f"e-detector reached its threshold {config.threshold:.3g}"
+            if now
+            else f"every class is back inside its band (clearing evidence {config.clear_threshold:.3g} reached)"
+        )
+        log.warning(
+            "label shift of %s version %s: %s: %s", key.model, key.version, "raised" if now else "cleared", reason
+        )
+        self.metrics.label_shift_transitions.labels(key.model, key.version, "alarm" if now else "ok").inc()
+        return {
+            "alarm": "label_shift",
+            "model": key.model,
+            "version": key.version,
+            "calibration_version": key.calibration_version,
+            "from": "alarm" if was else "ok",
+            "to": "alarm" if now else "ok",
+            "reasons": [reason],
+            "since": since,
+        }
+
+    def report(self, served: ServedModel, key: CalibrationKey) -> dict:
+        """The ``label_shift`` block of GET /calibration."""
+        config = self.config(served)
+        if config is None:
+            return {
+                "available": False,
+                "reason": "the manifest has no label_shift entry (artifacts exported before it; see "
+                "scripts/upgrade_artifact.py)",
+            }
+        row = self.store.shift_states.get(key)
+        state = _load(row.state if row else None, config)
+        summary = state.summary()
+        names = served.manifest.class_names
+        for entry in summary["classes"]:
+            entry["class"] = names[entry["class"]]
+        summary["driver"]["class"] = names[summary["driver"]["class"]]
+        return {
+            "available": True,
+            "state": "alarm" if summary.pop("alarmed") else "ok",
+            "changed_at": row.since if row else None,
+            "folded_through": row.cursor_at if row else None,
+            "tolerance": config.tolerance,
+            "reference_rows": config.n_reference,
+            "raises": int(state.raises[0]),
+        } | summary
+
+    def _export(self, served: ServedModel, state: LabelShiftAlarmState) -> None:
+        self.metrics.label_shift_alarm.labels(served.name, served.version).set(int(state.alarmed[0]))
+        self.metrics.label_shift_e_detector.labels(served.name, served.version).set(float(state.statistic[0]))
+
+
+def _load(saved: str | None, config: LabelShiftAlarmConfig) -> LabelShiftAlarmState:
+    """The state saved as JSON; a fresh one for None or one saved under other settings."""
+    return (
+        LabelShiftAlarmState.fresh(config)
+        if saved is None
+        else LabelShiftAlarmState.from_dict(json.loads(saved), config)
+    )

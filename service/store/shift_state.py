@@ -1,0 +1,57 @@
+"""The label-shift alarm's state per calibration key, shared by all replicas: the alarm folded over the served
+predictions up to a cursor, updated under the row's lock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from service.store.database import Database
+from service.store.rows import CalibrationKey
+from service.store.schema import scope, shift_state
+
+
+class LockedShiftState:
+    """One key's row, write-locked until the unit of work ends; reads of the same snapshot pass ``connection``."""
+
+    def __init__(self, connection: sa.Connection, key: CalibrationKey, row: sa.Row):
+        self.connection, self.key, self.row = connection, key, row
+
+    def save(self, *, cursor: tuple[float, str] | None, state: str, alarmed: bool, since: float | None) -> None:
+        at, pid = cursor if cursor is not None else (None, None)
+        self.connection.execute(
+            shift_state.update()
+            .where(*scope(shift_state, self.key))
+            .values(cursor_at=at, cursor_id=pid, state=state, alarmed=alarmed, since=since, updated_at=time.time())
+        )
+
+
+class ShiftStates:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def get(self, key: CalibrationKey) -> sa.Row | None:
+        query = sa.select(shift_state).where(*scope(shift_state, key))
+        return self.db.run(lambda c: c.execute(query).first(), write=False)
+
+    @contextmanager
+    def locked(self, key: CalibrationKey, fresh: str) -> Iterator[LockedShiftState]:
+        """A unit of work holding ``key``'s row write-locked (created with the state ``fresh`` on first use), as
+        ``AlarmStates.locked`` does."""
+        with self.db.unit() as c:
+            where = scope(shift_state, key)
+            if not c.execute(shift_state.update().where(*where).values(updated_at=time.time())).rowcount:
+                try:
+                    with c.begin_nested():
+                        c.execute(
+                            shift_state.insert().values(
+                                **key._asdict(), state=fresh, alarmed=False, since=None, updated_at=time.time()
+                            )
+                        )
+                except IntegrityError:  # another replica created it meanwhile
+                    c.execute(shift_state.update().where(*where).values(updated_at=time.time()))
+            yield LockedShiftState(c, key, c.execute(sa.select(shift_state).where(*where).with_for_update()).one())
