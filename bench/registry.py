@@ -20,6 +20,7 @@ PAGES = {
     "alarm": "alarm_benchmark.md",
     "conformal": "conformal_benchmark.md",
     "engine": "engine_benchmark.md",
+    "shift": "shift_benchmark.md",
 }
 
 

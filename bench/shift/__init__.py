@@ -1,0 +1,39 @@
+"""The benchmark of label-free accuracy estimation and label-shift correction (``python -m bench.shift``,
+docs/shift_benchmark.md): on the digits model and synthetic sources of known calibration, windows under no shift,
+label shift (Dirichlet priors), covariate shift and both, measured against their labels, an oracle told the priors,
+and NannyML's CBPE.
+
+``streams`` builds the sources and windows, ``measure`` measures them, ``goals`` judges, ``render`` writes the page;
+``cbpe.py`` runs CBPE in .venv-shift-refs.
+
+    python -m bench.shift [--streams 200] [--windows 500,2000] [--seed 0] [--smoke] [--report-only]
+"""
+
+from __future__ import annotations
+
+from bench.common import Benchmark
+from bench.shift import goals, measure, render
+from bench.shift.streams import POOL_ROWS
+
+
+def arguments(parser) -> None:
+    parser.add_argument("--streams", type=int, default=200, help="seeded windows per row")
+    parser.add_argument(
+        "--windows",
+        type=lambda text: tuple(int(v) for v in text.split(",")),
+        default=measure.WINDOWS,
+        help="window sizes, comma-separated",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pool-rows", type=int, default=POOL_ROWS, help="rows of each synthetic pool")
+
+
+def run(args) -> dict:
+    if args.streams < 2 or min(args.windows) < 10:
+        raise SystemExit(f"--streams: expected at least 2, --windows at least 10, got {args.streams}, {args.windows}")
+    if args.smoke:
+        args.streams, args.pool_rows = 20, 20_000
+    return measure.run(args)
+
+
+BENCHMARK = Benchmark(run, goals.goals, render.markdown, arguments)
