@@ -119,8 +119,8 @@ test-vision: $(VISION_VENV)/.installed
 
 ## bench: every benchmark of bench/registry.py in turn, each timed (tables on stdout, bench/results/*.json,
 ## docs/benchmarks.md with the run times, docs/alarm_benchmark.md, docs/conformal_benchmark.md,
-## docs/engine_benchmark.md); about 2 hours, most of it the alarm's simulations
-bench: $(VENV)/.installed-dev tools
+## docs/engine_benchmark.md, docs/shift_benchmark.md); about 2 hours, most of it the alarm's simulations
+bench: $(VENV)/.installed-dev tools shift-refs
 	$(PY) -m bench
 
 ## bench-alarm: make bench's alarm entry alone: false alarms, detection and clearing delays on simulated streams,

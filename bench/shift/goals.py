@@ -165,4 +165,11 @@ def _cbpe(goal: str, rows: list[dict], bound: float, note: str) -> dict:
         f" (MAE {worst['mae_served_adapted']:.4f} against {worst['mae_cbpe']:.4f}; plain estimate "
         f"{worst['mae_plain']:.4f}; floor, the oracle's estimate {worst['mae_oracle']:.4f})"
     )
+    synthetic = [r for r in rows if r["source"] in CALIBRATED and r.get("dev_cbpe_ratio") is not None]
+    if synthetic:
+        far = max(synthetic, key=lambda r: r["dev_cbpe_ratio"])
+        row["worst"] += (
+            f"; from the expected accuracy on {', '.join(CALIBRATED)}: worst ratio {far['dev_cbpe_ratio']:.3f} "
+            f"({where(far)}, {far['dev_served_adapted']:.4f} against {far['dev_cbpe']:.4f})"
+        )
     return row

@@ -14,7 +14,8 @@ calibrated probabilities (``LabelShiftReference.mean_probabilities``, the priors
   class frequencies;
 - the oracle: p adapted with the true w = pi_t / pi_true (``Source.true_priors``); its accuracy and NLL against the
   EM-adapted ones (Alexandari et al. 2020's comparison), and its estimate of the served predictions' accuracy, the
-  error no label-free estimate avoids (the realized accuracy's own sampling noise);
+  error no label-free estimate avoids (the realized accuracy's own sampling noise); ``dev_*``: each estimate's mean
+  distance from that expected accuracy instead of the realized one;
 - CBPE (``bench/shift/cbpe.py``, in .venv-shift-refs) on the same windows.
 
 Coverage is the share of windows whose interval holds the realized accuracy, with its Clopper-Pearson interval.
@@ -136,10 +137,14 @@ def measure_row(
         "accuracy_oracle": float(v["accuracy_oracle"].mean()),
         "accuracy_gap": float((v["accuracy_oracle"] - adapted).mean()),
         "bias_plain": float((v["plain"] - realized).mean()),
+        "bias_adapted": float((v["adapted"] - adapted).mean()),
+        "width_adapted": float((v["adapted_upper"] - v["adapted_lower"]).mean()),
         "mae_plain": float(np.abs(v["plain"] - realized).mean()),
         "mae_adapted": float(np.abs(v["adapted"] - adapted).mean()),
         "mae_served_adapted": float(np.abs(v["served_adapted"] - realized).mean()),
         "mae_oracle": float(np.abs(v["served_oracle"] - realized).mean()),
+        "dev_plain": float(np.abs(v["plain"] - v["served_oracle"]).mean()),
+        "dev_served_adapted": float(np.abs(v["served_adapted"] - v["served_oracle"]).mean()),
         "cover_plain": float(cover_plain.mean()),
         "cover_plain_ci": clopper_pearson(int(cover_plain.sum()), streams),
         "cover_adapted": float(cover_adapted.mean()),
@@ -162,6 +167,7 @@ def measure_row(
             v["nll_plain"].mean() - v["nll_adapted"].mean(), v["nll_plain"].mean() - v["nll_oracle"].mean()
         ),
         "_realized": realized,
+        "_expected": v["served_oracle"],
     }
     return row, windows
 
@@ -222,9 +228,11 @@ def run(args) -> dict:
                 )
     estimates, cbpe_note = cbpe_estimates(all_sources, cases)
     for i, row in enumerate(rows):
-        realized = row.pop("_realized")
+        realized, expected = row.pop("_realized"), row.pop("_expected")
         if estimates is not None:
             row["mae_cbpe"] = float(np.abs(estimates[i] - realized).mean())
+            row["dev_cbpe"] = float(np.abs(estimates[i] - expected).mean())
+            row["dev_cbpe_ratio"] = _share(row["dev_served_adapted"], row["dev_cbpe"])
             row["cbpe_ratio"] = _share(row["mae_served_adapted"], row["mae_cbpe"])
             row["plain_cbpe_ratio"] = _share(row["mae_plain"], row["mae_cbpe"])
     return {
