@@ -138,7 +138,7 @@ def goals(result: dict) -> list[dict]:
     out.append(row)
     out.append(
         checked(
-            f"adapted accuracy within {ACCURACY_POINTS:.0%} of the oracle's (label shift)",
+            f"adapted accuracy within {ACCURACY_POINTS * 100:g} point of the oracle's (label shift)",
             label,
             "accuracy_gap",
             ACCURACY_POINTS,

@@ -163,9 +163,9 @@ def measure_row(
         "nll_adapted": float(v["nll_adapted"].mean()),
         "nll_oracle": float(v["nll_oracle"].mean()),
         "nll_ratio": float(v["nll_adapted"].mean() / v["nll_oracle"].mean() - 1.0),
-        "nll_recovered": _share(
-            v["nll_plain"].mean() - v["nll_adapted"].mean(), v["nll_plain"].mean() - v["nll_oracle"].mean()
-        ),
+        "nll_recovered": None
+        if scenario.alpha is None  # no gain to recover
+        else _share(v["nll_plain"].mean() - v["nll_adapted"].mean(), v["nll_plain"].mean() - v["nll_oracle"].mean()),
         "_realized": realized,
         "_expected": v["served_oracle"],
     }

@@ -27,8 +27,10 @@ def _shown(row: dict) -> dict:
     for key in ("cover_plain", "cover_adapted"):
         low, high = row[f"{key}_ci"]
         out[key] = f"{row[key]:.3f} [{low:.3f}, {high:.3f}]"
-    for key in ("mae_cbpe", "cbpe_ratio"):
+    for key in ("mae_cbpe", "cbpe_ratio", "dev_cbpe", "dev_cbpe_ratio"):
         out.setdefault(key, "")
+    if row["alpha"] == "" or out.get("nll_recovered") is None:  # without label shift there is no gain to recover
+        out["nll_recovered"] = ""
     return out
 
 
@@ -97,7 +99,7 @@ def markdown(result: dict) -> str:
         "`nll_ratio`: adapted NLL / oracle NLL - 1; `nll_recovered`: the share of the oracle's NLL gain over the "
         "unadapted probabilities that EM's adaptation recovers.",
         "",
-        table(rows, PRIOR_COLUMNS),
+        table(shown, PRIOR_COLUMNS),
         "",
     ]
     if d:
@@ -105,8 +107,9 @@ def markdown(result: dict) -> str:
         lines += [
             "## The digits intervals and the reference's calibration error",
             "",
-            f"The Poisson-binomial interval assumes calibrated confidences; the committed digits model is calibrated "
-            f"on {d['rows']} validation rows only, and on the test split its confidence is not its accuracy. The "
+            f"The Poisson-binomial interval assumes calibrated confidences; the committed digits model's temperature "
+            f"was fitted on part of its validation split, and on the test split (`bias_plain`) and per class its "
+            f"confidence is not its accuracy. The "
             f"reference (validation) rows give the error to allow for: their top-label ECE (15 bins) is "
             f"{d['ece']:.4f} (95% bootstrap upper bound {d['ece_upper']:.4f}), their mean confidence minus "
             f"accuracy {d['gap']:+.4f} (|gap| upper bound {d['gap_upper']:.4f}). The plain estimate's bias is at "
