@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: help run serve demo tools proto conformance shift-refs lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine bench-shift artifacts study simulate k8s-rules clean
+.PHONY: help run serve demo tools proto conformance shift-refs lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine bench-shift artifacts upgrade-artifact study simulate k8s-rules clean
 
 ## help: every target and what it does (the comments above each rule)
 help:
@@ -33,6 +33,14 @@ run: $(VENV)/.installed-training
 ## artifacts: regenerate the committed default artifact artifacts/digits-lenet5/1
 artifacts: $(VENV)/.installed-training
 	$(PY) -m training run --version 1 --overwrite --run-dir runs/default --no-progress
+
+# The artifact directory that upgrade-artifact upgrades.
+ARTIFACT ?= artifacts/digits-lenet5/1
+
+## upgrade-artifact: add the entries newer than an artifact (ARTIFACT, default artifacts/digits-lenet5/1) to it: the
+## manifest's label_shift and conformal.json's per-class scores, computed again from its model and split, nothing changed
+upgrade-artifact: $(VENV)/.installed-training
+	$(PY) scripts/upgrade_artifact.py $(ARTIFACT)
 
 ## study: the loss comparison of Mukhoti et al. (Table 1) on digits over 5 seeds with the papers' protocol
 ## (full schedule, final model), written to docs/study/ (protocol and reading: docs/study/protocol.md)
