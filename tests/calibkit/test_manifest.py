@@ -335,12 +335,14 @@ def test_class_calibrators_round_trip_and_are_none_in_files_from_before_them(tmp
             assert np.array_equal(q, np.full(3, marginal[method].quantile(0.2)))
 
 
-def test_the_committed_artifact_has_no_class_calibrators_yet_and_still_verifies():
+def test_the_committed_artifact_has_class_calibrators_and_a_label_shift_entry_and_verifies():
+    """Added by scripts/upgrade_artifact.py (tests/training/test_default_artifact.py checks their values)."""
     directory = Path(__file__).resolve().parents[2] / "artifacts" / "digits-lenet5" / "1"
     manifest = load_manifest(directory / "manifest.json")
-    assert manifest.conformal is not None
-    assert load_conformal(directory, manifest.conformal, manifest.class_names) is not None
-    assert load_conformal(directory, manifest.conformal, manifest.class_names, by_class=True) is None
+    assert manifest.conformal is not None and manifest.label_shift is not None
+    for floor in (False, True):
+        assert load_conformal(directory, manifest.conformal, manifest.class_names, floor=floor) is not None
+        assert load_conformal(directory, manifest.conformal, manifest.class_names, floor=floor, by_class=True)
 
 
 @pytest.mark.parametrize(

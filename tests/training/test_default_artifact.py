@@ -59,6 +59,40 @@ def test_default_artifact_fits_temperature_and_conformal_scores_on_disjoint_part
         np.testing.assert_array_equal(floor.scores, fitted.scores)
 
 
+def test_default_artifact_carries_the_label_shift_reference_and_the_scores_per_class():
+    """The manifest's ``label_shift`` is that of every validation row under the served calibration, and
+    ``conformal.json``'s per-class calibrators (exact and floor) hold the marginal calibrators' scores of the conformal
+    part, sorted within each class, with its class counts and the same parameters."""
+    from calibkit.label_shift import confusion_counts
+
+    manifest = load_manifest(DEFAULT / "manifest.json")
+    entry, spec = manifest.label_shift, manifest.conformal
+    assert entry is not None and spec is not None
+    val = load_dataset("digits").val
+    session = ort.InferenceSession(str(DEFAULT / "model.onnx"), providers=["CPUExecutionProvider"])
+    served = session.run(["probabilities"], {"input": val.x})[0].astype(np.float64)
+    assert entry.split == "validation" and entry.n_samples == len(val.y) == len(manifest.reference.confidences)
+    np.testing.assert_array_equal(entry.priors, np.bincount(val.y, minlength=10) / len(val.y))
+    np.testing.assert_array_equal(entry.confusion, confusion_counts(served, val.y))
+    np.testing.assert_allclose(entry.mean_probabilities, served.mean(axis=0), atol=1e-6)
+    conformal_rows = calibration_split(val.y, 0.5, seed=0).conformal
+    for floor in (False, True):
+        marginal = load_conformal(DEFAULT, spec, manifest.class_names, floor=floor)
+        by_class = load_conformal(DEFAULT, spec, manifest.class_names, floor=floor, by_class=True)
+        assert marginal is not None and by_class is not None and set(by_class) == set(marginal) == set(spec.methods)
+        for method, calibrator in by_class.items():
+            same = marginal[method]
+            assert calibrator.classwise and not same.classwise
+            assert (calibrator.k_reg, calibrator.lam, calibrator.randomized, calibrator.floor) == (
+                same.k_reg,
+                same.lam,
+                same.randomized,
+                floor,
+            )
+            np.testing.assert_array_equal(np.sort(calibrator.scores), same.scores)
+            np.testing.assert_array_equal(calibrator.class_counts, np.bincount(val.y[conformal_rows], minlength=10))
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_example_configs_validate(path, tmp_path):
     """Every config in configs/ validates with its local files given; a torchvision one, where torchvision does not
