@@ -48,6 +48,13 @@ class PredictOptions(_Request):
         "service's default (CALIB_CONFORMAL__RANDOMIZED) when omitted",
     )
     return_p_values: bool = Field(default=False, description="also return each class's conformal p-value")
+    adapt_priors: bool | None = Field(
+        default=None,
+        description="true: probabilities adapted to the class priors estimated on recent traffic (label shift; "
+        "p(y|x) reweighted by pi_t(y) / pi_s(y) and renormalised) and sets by the weighted conformal quantile, "
+        "their version in priors_version; false: the model's own; the service's default (CALIB_SHIFT__ADAPT) when "
+        "omitted",
+    )
 
 
 class PredictRequest(PredictOptions):
@@ -105,6 +112,11 @@ class PredictResponse(BaseModel):
     temperature: float | None = Field(description="temperature of the calibration (null for other methods)")
     provider: str = Field(description="onnxruntime execution provider that computed the result")
     conformal: SetsInfo | None = Field(default=None, description="the prediction sets; null when none are served")
+    priors_version: str | None = Field(
+        default=None,
+        description="the version of the class priors the probabilities and sets were adapted to (the estimate's "
+        "method, window size and newest prediction); null when not adapted",
+    )
     predictions: list[Prediction]
 
 

@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 
 from calibkit.estimated_accuracy import IntervalChecks, accuracy_interval, estimate_accuracy
-from calibkit.label_shift import bbse_priors, em_priors
+from calibkit.label_shift import adapt_probabilities, bbse_priors, em_priors
 from service.metrics import ServiceMetrics
 from service.serving.repository import ServedModel
 from service.settings.groups import ShiftSettings
@@ -44,6 +44,7 @@ class Estimates:
         return (
             self._unlabelled(served, key, recent)
             | {"labelled": self._labelled(recent)}
+            | {"adapted": self._adapted(served, recent)}
             | {
                 "interval_checks": {
                     "labels_per_check": checks.block,
@@ -72,6 +73,10 @@ class Estimates:
             for class_name, value in priors["em"]["priors"].items():
                 self.metrics.estimated_prior.labels(name, version, class_name).set(value)
             self.metrics.prior_shift.labels(name, version).set(priors["total_variation"])
+
+    def priors(self, served: ServedModel, key: CalibrationKey) -> dict | None:
+        """The ``priors`` entry of the drift window now (cached), for the adaptation the service serves."""
+        return self._unlabelled(served, key, self.store.predictions.recent(key, self.rows))["priors"]
 
     def _unlabelled(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
         """The estimates that need no label, cached by the window's newest prediction and size."""
@@ -123,11 +128,30 @@ class Estimates:
             }
 
         return {
+            "version": f"em:{len(recent.probs)}:{recent.newest_id}",
             "reference": by_class(reference.priors),
             "reference_rows": reference.n_samples,
             "em": entry(em) | {"iterations": em.iterations, "converged": em.converged},
             "bbse": entry(bbse),
             "total_variation": 0.5 * float(np.abs(np.subtract(em.priors, reference.priors)).sum()),
+        }
+
+    def _adapted(self, served: ServedModel, recent: RecentPredictions) -> dict | None:
+        """The same window's probabilities adapted to the priors adaptations serve (``ServedModel.adaptation``):
+        the accuracy they promise with its interval, and, for the labelled rows, the realized accuracy of the
+        adapted predictions (None without priors or predictions)."""
+        adaptation = served.adaptation
+        if adaptation is None or not len(recent.probs):
+            return None
+        probs = adapt_probabilities(recent.probs, adaptation.weights)
+        estimate = estimate_accuracy(probs, self.settings.interval_level)
+        labelled = recent.labelled
+        return {
+            "priors_version": adaptation.version,
+            "accuracy": {"estimate": estimate.estimate, "lower": estimate.lower, "upper": estimate.upper},
+            "labelled_realized_accuracy": float((probs[labelled].argmax(axis=1) == recent.label[labelled]).mean())
+            if labelled.any()
+            else None,
         }
 
     def _labelled(self, recent: RecentPredictions) -> dict | None:

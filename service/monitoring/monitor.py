@@ -57,7 +57,7 @@ class Monitor:
             check_level=shift.interval_level,
         )
         self.estimates = Estimates(store, metrics, rows=drift_rows, settings=shift)
-        self.shift_alarm = ShiftAlarm(store, metrics, shift)
+        self.shift_alarm = ShiftAlarm(store, metrics, shift, self.estimates)
         self.coverage = CoverageMonitor(
             store,
             repository,

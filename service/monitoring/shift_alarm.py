@@ -16,6 +16,8 @@ import time
 
 from calibkit.label_shift_alarm import LabelShiftAlarmConfig, LabelShiftAlarmState
 from service.metrics import ServiceMetrics
+from service.monitoring.estimates import Estimates
+from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
 from service.settings.groups import ShiftSettings
 from service.store import Store
@@ -29,8 +31,9 @@ MAX_FOLD = 20_000
 
 
 class ShiftAlarm:
-    def __init__(self, store: Store, metrics: ServiceMetrics, settings: ShiftSettings):
+    def __init__(self, store: Store, metrics: ServiceMetrics, settings: ShiftSettings, estimates: Estimates):
         self.store = store
+        self.estimates = estimates
         self.metrics = metrics
         self.settings = settings
         self._configs: dict[tuple[str, str], LabelShiftAlarmConfig] = {}
@@ -51,25 +54,28 @@ class ShiftAlarm:
         return found
 
     def assess(self, served: ServedModel, key: CalibrationKey) -> dict | None:
-        """Fold the predictions served since the cursor into the alarm; the transition (raised or cleared) or None."""
+        """Fold the predictions served since the cursor into the alarm, store the priors of the drift window that
+        adaptations serve, and hand them to ``served``: the transition (raised or cleared) or None."""
         config = self.config(served)
         if config is None:
             return None
         fresh = json.dumps(LabelShiftAlarmState.fresh(config).to_dict())
         until = time.time() - self.settings.settle_seconds
+        estimated = self.estimates.priors(served, key)
         with self.store.shift_states.locked(key, fresh) as locked:
             row = locked.row
             state = _load(row.state, config)
+            was = bool(state.alarmed[0])
             cursor = None if row.cursor_at is None else (float(row.cursor_at), row.cursor_id)
             new = self.store.predictions.served_after(key, cursor, until, MAX_FOLD, locked.connection)
-            if new.last is None:
-                self._export(served, state)
-                return None
-            was = bool(state.alarmed[0])
-            state = state.fold(new.probs)
+            if new.last is not None:
+                state, cursor = state.fold(new.probs), new.last
             now = bool(state.alarmed[0])
             since = time.time() if now != was else row.since
-            locked.save(cursor=new.last, state=json.dumps(state.to_dict()), alarmed=now, since=since)
+            priors = row.priors if estimated is None else _served_priors(estimated)
+            if new.last is not None or priors != row.priors:
+                locked.save(cursor=cursor, state=json.dumps(state.to_dict()), alarmed=now, since=since, priors=priors)
+        served.adaptation = Adaptation.from_json(priors, now)
         self._export(served, state)
         if now == was:
             return None
@@ -113,9 +119,18 @@ class ShiftAlarm:
         for entry in summary["classes"]:
             entry["class"] = names[entry["class"]]
         summary["driver"]["class"] = names[summary["driver"]["class"]]
+        adaptation = Adaptation.from_json(row.priors if row else None, False)
         return {
             "available": True,
             "state": "alarm" if summary.pop("alarmed") else "ok",
+            "adapt": self.settings.adapt,
+            "served_priors": None
+            if adaptation is None
+            else {
+                "version": adaptation.version,
+                "priors": dict(zip(names, adaptation.priors, strict=True)),
+                "weights": dict(zip(names, adaptation.weights.tolist(), strict=True)),
+            },
             "changed_at": row.since if row else None,
             "folded_through": row.cursor_at if row else None,
             "tolerance": config.tolerance,
@@ -126,6 +141,19 @@ class ShiftAlarm:
     def _export(self, served: ServedModel, state: LabelShiftAlarmState) -> None:
         self.metrics.label_shift_alarm.labels(served.name, served.version).set(int(state.alarmed[0]))
         self.metrics.label_shift_e_detector.labels(served.name, served.version).set(float(state.statistic[0]))
+
+
+def _served_priors(estimated: dict) -> str:
+    """The JSON the state row keeps of an EM estimate (``Estimates``): its version, weights and priors in class
+    order."""
+    em = estimated["em"]
+    return json.dumps(
+        {
+            "version": estimated["version"],
+            "weights": list(em["weights"].values()),
+            "priors": list(em["priors"].values()),
+        }
+    )
 
 
 def _load(saved: str | None, config: LabelShiftAlarmConfig) -> LabelShiftAlarmState:

@@ -188,8 +188,11 @@ class ModelSets:
         floors: dict[str, SplitConformal] | None = None,
         levels: tuple[float, ...] = (),
         randomized: bool = False,
+        by_class: dict[str, SplitConformal] | None = None,
+        floors_by_class: dict[str, SplitConformal] | None = None,
     ):
         self.calibrators = calibrators
+        self.by_class, self.floors_by_class = by_class, floors_by_class
         self.floors = floors if floors is not None else {m: replace(c, floor=True) for m, c in calibrators.items()}
         self.floors_fitted = floors is not None
         self.default_method = default_method
@@ -226,11 +229,23 @@ class ModelSets:
         calibrators = load_conformal(directory, spec, manifest.class_names)
         assert calibrators is not None  # the exact calibrators are always there
         floors = load_conformal(directory, spec, manifest.class_names, floor=True)
+        by_class = load_conformal(directory, spec, manifest.class_names, by_class=True)
+        floors_by_class = load_conformal(directory, spec, manifest.class_names, floor=True, by_class=True)
         chosen = method or spec.default_method
         if chosen not in calibrators:
             raise ValueError(f"conformal method {chosen!r} is not in the artifact's {sorted(calibrators)}")
         default = coverage or spec.default_coverage
-        return cls(calibrators, chosen, default, spec.sha256[:12], floors=floors, levels=levels, randomized=randomized)
+        return cls(
+            calibrators,
+            chosen,
+            default,
+            spec.sha256[:12],
+            floors=floors,
+            levels=levels,
+            randomized=randomized,
+            by_class=by_class,
+            floors_by_class=floors_by_class,
+        )
 
     @property
     def available(self) -> bool:
@@ -256,6 +271,7 @@ class ModelSets:
             else "the exact scores (conservative: exported before floor sets)",
             "calibration_rows": {m: len(c.scores) for m, c in self.calibrators.items()},
             "threshold_version": self.version(0),
+            "label_shift_sets": self.by_class is not None,
         }
 
     def version(self, folded: int) -> str:
@@ -315,6 +331,37 @@ class ModelSets:
         order, sizes = served_ranked_sets(calibrator, probs, threshold, u=draws, check_input=False)
         p = calibrator.p_values(probs, u=draws).astype(np.float32) if choice.p_values else None
         return ServedSets(choice, order, sizes, p, threshold, version, choice.randomized)
+
+    def label_shift_sets(
+        self, probs: np.ndarray, ids: list[str], choice: SetChoice, weights: np.ndarray, priors_version: str
+    ) -> ServedSets | None:
+        """The sets of rows served adapted to new class priors: the weighted split-conformal quantile of Podkopaev &
+        Ramdas 2021, one threshold per candidate class from the calibration scores of each class weighted by w =
+        pi_t / pi_s, at the choice's static level (the adaptive threshold follows the unweighted sets, and serves
+        them again once adaptation stops). None when the artifact has no per-class scores (exported before them).
+        ``probs`` are the model's own, before adaptation, as the scores were computed; p-values stay the unweighted
+        ones. A set need not be a prefix of the ranking: its members come first in ``order``, most probable first."""
+        found = self.by_class if choice.randomized else self.floors_by_class
+        if found is None:
+            return None
+        calibrator = found[choice.method]
+        draws = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
+        members = calibrator.label_shift_sets(probs, weights, 1.0 - choice.coverage, u=draws)
+        ranked = np.argsort(-probs, axis=1, kind="stable")
+        order = np.take_along_axis(
+            ranked, np.argsort(~np.take_along_axis(members, ranked, axis=1), axis=1, kind="stable"), axis=1
+        )
+        uniform = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
+        p = self.calibrator(choice.method, choice.randomized).p_values(probs, u=uniform) if choice.p_values else None
+        return ServedSets(
+            choice,
+            order,
+            members.sum(axis=1),
+            None if p is None else p.astype(np.float32),
+            math.nan,
+            f"{self.checksum}:priors={priors_version}",
+            choice.randomized,
+        )
 
     def label_scores(
         self, probs: np.ndarray, labels: np.ndarray, ids: list[str], method: str, randomized: bool

@@ -27,6 +27,7 @@ from service.schemas import (
     V2ModelMetadata,
     V2TensorMetadata,
 )
+from service.serving.adaptation import Adaptation, adapted, chosen
 from service.serving.batching import DynamicBatcher, Timing
 from service.serving.conformal import ServedSets, SetChoice
 from service.serving.preprocessing import numeric_batch, to_batch
@@ -192,12 +193,18 @@ class DataPlane:
         choice = model.sets.choice(
             options.set_method, options.coverage, options.return_p_values, randomized=options.randomized
         )
+        adaptation = chosen(self.settings.shift.adapt, model.adaptation, options.adapt_priors)
         phases.mark("validate")
         result, timing = await self.infer(model, x)
         phases.mark("batch")
-        sets = self.sets_for(model, result, choice)
-        ids = await self.log(model, result.scored, sets)
-        return self.respond(model, options, result.scored, ids, sets), timing
+        if adaptation is None:
+            sets = self.sets_for(model, result, choice)
+            ids = await self.log(model, result.scored, sets)
+            return self.respond(model, options, result.scored, ids, sets), timing
+        sets = self.adapted_sets(model, result, choice, adaptation)
+        ids = await self.log(model, result.scored, sets, adaptation.version)
+        body = self.respond(model, options, adapted(result.scored, adaptation), ids, sets)
+        return body | {"priors_version": adaptation.version}, timing
 
     def run_batch(self, model: ServedModel, runtime: Runtime, x: np.ndarray) -> InferenceResult:
         """On an inference thread: the outputs of one of the model's sessions and the batch scored under the
@@ -237,12 +244,27 @@ class DataPlane:
         probs = result.outputs[model.manifest.outputs["probabilities"]]
         return model.sets.sets(probs, result.scored.ids, choice)
 
-    async def log(self, model: ServedModel, scored: ScoredBatch, sets: ServedSets | None = None) -> list[str]:
-        """The one logging hook of both protocols: queue a request's scored rows, with the sets served with them,
-        for the prediction log unless logging is disabled, and under sync durability wait until they are
-        committed; their prediction ids (answered either way)."""
+    def adapted_sets(
+        self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation
+    ) -> ServedSets | None:
+        """A request's sets when it is served adapted to new class priors: the weighted conformal quantile's
+        (``ModelSets.label_shift_sets``), or the unweighted ones when the artifact has no per-class scores."""
+        if choice is None:
+            return None
+        probs = result.outputs[model.manifest.outputs["probabilities"]]
+        weighted = model.sets.label_shift_sets(probs, result.scored.ids, choice, adaptation.weights, adaptation.version)
+        return weighted if weighted is not None else self.sets_for(model, result, choice)
+
+    async def log(
+        self, model: ServedModel, scored: ScoredBatch, sets: ServedSets | None = None, priors_version: str | None = None
+    ) -> list[str]:
+        """The one logging hook of both protocols: queue a request's scored rows (the model's own probabilities),
+        with the sets served with them and the priors' version when they were served adapted, for the prediction
+        log unless logging is disabled, and under sync durability wait until they are committed; their prediction
+        ids (answered either way)."""
         if self.prediction_log is not None:
-            ticket = self.prediction_log.enqueue(scored.prediction_rows(model.name, model.version, sets=sets))
+            rows = scored.prediction_rows(model.name, model.version, sets=sets, priors_version=priors_version)
+            ticket = self.prediction_log.enqueue(rows)
             if self.prediction_log.sync:
                 await self.prediction_log.written(ticket)
         return scored.ids
@@ -281,6 +303,7 @@ class DataPlane:
             "temperature": s.temperature,
             "provider": model.runtime.provider,
             "conformal": None if sets is None else sets.info(),
+            "priors_version": None,
             "predictions": predictions,
         }
 
@@ -388,22 +411,32 @@ class DataPlane:
         if unknown:
             raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
         choice = self._v2_choice(model, request.parameters or {}, requested)
+        asked = (request.parameters or {}).get("adapt_priors")
+        if asked is not None and not isinstance(asked, bool):
+            raise InvalidInput(f"must be true or false, got {asked!r}", field="parameters.adapt_priors")
+        adaptation = chosen(self.settings.shift.adapt, model.adaptation, asked, field="parameters.adapt_priors")
         phases.mark("validate")
         result, _ = await self.infer(model, x)
         phases.mark("batch")
-        sets = self.sets_for(model, result, choice)
-        ids = await self.log(model, result.scored, sets)
+        if adaptation is None:
+            sets = self.sets_for(model, result, choice)
+            ids = await self.log(model, result.scored, sets)
+            probabilities = result.scored.probabilities
+        else:
+            sets = self.adapted_sets(model, result, choice, adaptation)
+            ids = await self.log(model, result.scored, sets, adaptation.version)
+            probabilities = adapted(result.scored, adaptation).probabilities
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
         served = {
-            model.manifest.outputs["probabilities"]: result.scored.probabilities,
+            model.manifest.outputs["probabilities"]: probabilities,
             PREDICTION_ID: np.array(ids, dtype=object),
         }
-        info = {}
+        info: dict = {} if adaptation is None else {"priors_version": adaptation.version}
         if sets is not None:
             served[PREDICTION_SET] = sets.members
             if sets.p_values is not None:
                 served[P_VALUES] = sets.p_values
-            info = {("set_method" if k == "method" else k): v for k, v in sets.info().items() if v is not None}
+            info |= {("set_method" if k == "method" else k): v for k, v in sets.info().items() if v is not None}
         # every requested name is known: served here or an output of the graph
         outputs = {name: served[name] if name in served else result.outputs[name] for name in requested}
         return model, outputs, ids, info

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from calibkit.manifest import Manifest, load_manifest
 from service.errors import ModelNotFound, NotReady
+from service.serving.adaptation import Adaptation
 from service.serving.batching import Batcher
 from service.serving.conformal import ModelSets
 from service.serving.runtime import ModelRuntime, Runtime, create_runtime, preload_cuda_libraries
@@ -40,6 +41,7 @@ class ServedModel:
     batching: BatchingConfig
     batcher: Batcher | None = None
     sets: ModelSets = field(default_factory=lambda: ModelSets({}, reason="not loaded"))
+    adaptation: Adaptation | None = None  # the class priors adaptations serve (``service.monitoring.shift_alarm``)
 
     @property
     def runtime(self) -> Runtime:

@@ -48,9 +48,15 @@ class ScoredBatch:
         return ScoredBatch(**per_row, calibration_version=self.calibration_version, temperature=self.temperature)
 
     def prediction_rows(
-        self, model: str, version: str, now: float | None = None, sets: ServedSets | None = None
+        self,
+        model: str,
+        version: str,
+        now: float | None = None,
+        sets: ServedSets | None = None,
+        priors_version: str | None = None,
     ) -> list[PredictionRow]:
-        """The rows as the prediction log stores them, with the prediction sets served with them (packed bits)."""
+        """The rows as the prediction log stores them, with the prediction sets served with them (packed bits) and
+        the version of the class priors they were served adapted to (None: not adapted)."""
         now = time.time() if now is None else now
         if len(self) and self.probability_bytes[0] is None:  # ``score`` encodes every row of a batch or none
             raise ValueError("rows scored without encode=True have no encodings to log")
@@ -77,6 +83,7 @@ class ScoredBatch:
                 method,
                 randomized,
                 set_probabilities[i],
+                priors_version,
             )
             for i, k in enumerate(self.predicted)
         ]

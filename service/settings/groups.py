@@ -282,6 +282,13 @@ class ShiftSettings(BaseModel):
         ge=0,
         description="bootstrap resamples of the EM priors' intervals (0: none); the rows are the drift window's",
     )
+    adapt: Literal["off", "alarm", "always"] = Field(
+        default="off",
+        description="serve probabilities adapted to the traffic's class priors (EM on the drift window, Saerens et "
+        "al. 2002) and prediction sets by the weighted conformal quantile (Podkopaev & Ramdas 2021): off; alarm, "
+        "while the label-shift alarm is raised; always, whenever priors are estimated. A request's adapt_priors "
+        "overrides it",
+    )
     alarm_tolerance: float = Field(
         default=0.02,
         ge=0,

@@ -43,6 +43,7 @@ class PredictionRow(NamedTuple):
     set_method: str | None = None
     set_randomized: bool | None = None
     set_probabilities: bytes | None = None
+    priors_version: str | None = None
 
 
 @dataclass(frozen=True)

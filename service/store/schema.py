@@ -47,6 +47,9 @@ predictions = sa.Table(
     sa.Column("set_method", sa.String(8)),
     sa.Column("set_randomized", sa.Boolean),
     sa.Column("set_probabilities", sa.LargeBinary),
+    # the version of the class priors the served probabilities and sets were adapted to (NULL: not adapted; the
+    # probabilities above are then the model's, before the adaptation, which the label-free estimates need)
+    sa.Column("priors_version", sa.String(64)),
     sa.Index("ix_predictions_model_time", "model", "version", "calibration_version", "created_at"),
 )
 
@@ -158,6 +161,8 @@ shift_state = sa.Table(
     sa.Column("cursor_at", sa.Float),
     sa.Column("cursor_id", sa.String(32)),
     sa.Column("state", sa.Text, nullable=False),  # JSON: calibkit.label_shift_alarm.LabelShiftAlarmState
+    # JSON: the class priors served adaptations use, {"version", "weights", "priors"} (NULL: none estimated yet)
+    sa.Column("priors", sa.Text),
     sa.Column("alarmed", sa.Boolean, nullable=False),
     sa.Column("since", sa.Float),  # when the current state (raised or clear) began
     sa.Column("updated_at", sa.Float, nullable=False),

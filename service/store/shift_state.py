@@ -21,12 +21,28 @@ class LockedShiftState:
     def __init__(self, connection: sa.Connection, key: CalibrationKey, row: sa.Row):
         self.connection, self.key, self.row = connection, key, row
 
-    def save(self, *, cursor: tuple[float, str] | None, state: str, alarmed: bool, since: float | None) -> None:
+    def save(
+        self,
+        *,
+        cursor: tuple[float, str] | None,
+        state: str,
+        alarmed: bool,
+        since: float | None,
+        priors: str | None,
+    ) -> None:
         at, pid = cursor if cursor is not None else (None, None)
         self.connection.execute(
             shift_state.update()
             .where(*scope(shift_state, self.key))
-            .values(cursor_at=at, cursor_id=pid, state=state, alarmed=alarmed, since=since, updated_at=time.time())
+            .values(
+                cursor_at=at,
+                cursor_id=pid,
+                state=state,
+                alarmed=alarmed,
+                since=since,
+                priors=priors,
+                updated_at=time.time(),
+            )
         )
 
 

@@ -46,6 +46,7 @@ def _settings(repository_dir: Path, tmp_path: Path, **extra) -> Settings:
         **extra,
         store={"url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
         monitoring={"bootstrap_resamples": 300, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
+        shift={"settle_seconds": 0},
     )
 
 
@@ -309,7 +310,9 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
                 est = report["drift"]["estimated"]  # the label-free estimate, with the labels' check beside it
                 line = next(r for r in reasons if r.startswith("Before labels: estimated accuracy"))
                 assert f"{100 * est['accuracy']['estimate']:.1f}%" in line and "realized" in line, line
-                assert report["label_shift"]["available"] is False  # the committed artifact predates its entry
+                shift = report["label_shift"]  # the predictions folded at once (settle_seconds 0)
+                assert shift["state"] == "ok" and shift["predictions"] == len(DIGITS.y)
+                assert any(r.startswith(f"Label-shift alarm ok on {len(DIGITS.y)} predictions") for r in reasons)
                 (choice,) = report["coverage"]["choices"]  # the default set choice, served with each prediction
                 assert choice["n"] == report["n"] and choice["alarm"]["state"] == "ok"
                 row = _sets_row(page, choice)

@@ -9,12 +9,11 @@ import time
 
 import httpx
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from calibkit.estimated_accuracy import accuracy_interval
 from calibkit.label_shift import em_priors
-from calibkit.manifest import LabelShiftReference, load_manifest, write_manifest
+from calibkit.manifest import load_manifest
 from service.settings import Settings
 from tests.service.conftest import DEFAULT_ARTIFACT
 from training.data import load_digits_splits
@@ -28,17 +27,11 @@ PRIORS = np.array([0.3, 0.25, 0.15] + [0.3 / 7] * 7)
 
 @pytest.fixture(scope="module")
 def shifted_artifact(tmp_path_factory):
-    """The committed default artifact with the manifest's ``label_shift`` entry from its validation split."""
+    """The committed default artifact, whose manifest carries the validation priors (``label_shift``) and whose
+    conformal file the per-class scores."""
     root = tmp_path_factory.mktemp("shift-artifacts")
-    target = root / MODEL / "1"
-    shutil.copytree(DEFAULT_ARTIFACT, target)
-    manifest = load_manifest(target / "manifest.json")
-    validation = load_digits_splits().val
-    session = ort.InferenceSession(str(target / manifest.model_file), providers=["CPUExecutionProvider"])
-    probs = session.run(["probabilities"], {manifest.input.name: validation.x.astype(np.float32)})[0]
-    write_manifest(
-        manifest.model_copy(update={"label_shift": LabelShiftReference.from_rows(probs, validation.y)}), target
-    )
+    shutil.copytree(DEFAULT_ARTIFACT, root / MODEL / "1")
+    assert load_manifest(root / MODEL / "1" / "manifest.json").label_shift is not None
     return root
 
 
@@ -159,7 +152,7 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
             default_model=MODEL,
             store={"url": database_url},
             monitoring={"drift_rows": 400, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
-            shift={"check_labels": 100, "prior_resamples": 100, "settle_seconds": 0},
+            shift={"check_labels": 100, "prior_resamples": 100, "settle_seconds": 0, "adapt": "always"},
         )
 
     with running_server(settings()) as (url_a, app_a), running_server(settings()) as (url_b, app_b):
@@ -180,6 +173,13 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
         assert a["priors"]["em"]["lower"] is not None
         shift_a, shift_b = (httpx.get(f"{u}/calibration", timeout=30).json()["label_shift"] for u in (url_a, url_b))
         assert shift_a == shift_b and shift_a["predictions"] == len(rows)
+        # both serve the same adaptation: the same priors' version, the same probabilities and sets, bit for bit
+        answers = [
+            httpx.post(f"{u}/predict", json={"inputs": test.x[:20].tolist()}, timeout=30).json() for u in (url_a, url_b)
+        ]
+        assert answers[0]["priors_version"] == answers[1]["priors_version"] == shift_a["served_priors"]["version"]
+        for key in ("probabilities", "prediction_set", "confidence", "label"):
+            assert [p[key] for p in answers[0]["predictions"]] == [p[key] for p in answers[1]["predictions"]]
 
 
 def test_unshifted_traffic_raises_no_label_shift_alarm(shifted_artifact, tmp_path, evaluate_now):
@@ -205,3 +205,98 @@ def test_unshifted_traffic_raises_no_label_shift_alarm(shifted_artifact, tmp_pat
         assert report["label_shift"]["state"] == "ok" and report["label_shift"]["predictions"] == len(test.y)
         assert report["label_shift"]["statistic"] < 10
         assert report["drift"]["estimated"]["priors"]["total_variation"] < 0.1
+
+
+def _nll(probs: np.ndarray, labels: np.ndarray) -> float:
+    return float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
+
+
+def test_a_label_shift_is_corrected_once_the_alarm_is_raised(shifted_artifact, tmp_path, evaluate_now):
+    """CALIB_SHIFT__ADAPT=alarm: the first shifted traffic is served as the model gives it; once the label-shift
+    alarm is raised (no label sent), the responses carry adapted probabilities and weighted sets with the priors'
+    version, and the client, holding the true labels, measures that they fit the traffic better."""
+    from tests.service.conftest import running_server
+
+    test = load_digits_splits().test
+    rng = np.random.default_rng(5656)
+    settings = Settings(
+        artifacts=shifted_artifact,
+        default_model=MODEL,
+        store={"url": f"sqlite:///{tmp_path / 'db.sqlite'}"},
+        monitoring={"drift_rows": ROWS, "evaluate_seconds": 3600, "evaluate_every_labels": 10**9},
+        # A = 1e4: this test is of the adaptation that follows the alarm, not of the alarm's power (tested above)
+        shift={"adapt": "alarm", "settle_seconds": 0, "alarm_threshold": 1e4},
+    )
+
+    def shifted(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.choice(10, size=n, p=PRIORS)
+        return test.x[[rng.choice(np.flatnonzero(test.y == k)) for k in labels]], labels
+
+    def predict(base_url: str, x: np.ndarray, **options) -> list[dict]:
+        bodies = []
+        for start in range(0, len(x), 100):
+            r = httpx.post(
+                f"{base_url}/predict", json={"inputs": x[start : start + 100].tolist(), **options}, timeout=30
+            )
+            assert r.status_code == 200, r.text
+            bodies.append(r.json())
+        return bodies
+
+    with running_server(settings) as (base_url, app):
+        r = httpx.post(f"{base_url}/predict", json={"inputs": test.x[:2].tolist(), "adapt_priors": True}, timeout=30)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "adapt_priors", r.text  # no priors yet
+
+        x, _ = shifted(ROWS)
+        assert all(body["priors_version"] is None for body in predict(base_url, x))  # no alarm yet: as the model says
+        deadline = time.monotonic() + 30
+        while _estimated(base_url)["n"] < ROWS:
+            assert time.monotonic() < deadline, "the predictions were not logged"
+            time.sleep(0.2)
+        evaluate_now(app)
+        report = httpx.get(f"{base_url}/calibration", timeout=30).json()
+        alarm = report["label_shift"]
+        assert alarm["state"] == "alarm" and alarm["served_priors"] is not None
+        version = alarm["served_priors"]["version"]
+        weights = np.array(list(alarm["served_priors"]["weights"].values()))
+        assert version == report["drift"]["estimated"]["priors"]["version"] == f"em:{ROWS}:{version.split(':')[2]}"
+
+        x, labels = shifted(ROWS)
+        adapted_bodies = predict(base_url, x)
+        own_bodies = predict(base_url, x, adapt_priors=False)
+        assert {body["priors_version"] for body in adapted_bodies} == {version}
+        assert {body["priors_version"] for body in own_bodies} == {None}
+        adapted_rows = [p for body in adapted_bodies for p in body["predictions"]]
+        own_rows = [p for body in own_bodies for p in body["predictions"]]
+        adapted_probs = np.array([p["probabilities"] for p in adapted_rows])
+        own_probs = np.array([p["probabilities"] for p in own_rows])
+        expected = weights * own_probs
+        np.testing.assert_allclose(adapted_probs, expected / expected.sum(axis=1, keepdims=True), atol=1e-6)
+        assert _nll(adapted_probs, labels) < _nll(own_probs, labels)  # corrected: closer to the traffic
+        assert (adapted_probs.argmax(axis=1) == labels).mean() >= (own_probs.argmax(axis=1) == labels).mean() - 0.005
+
+        # the sets: weighted (Podkopaev & Ramdas 2021), named by the priors' version, still covering the target
+        info = adapted_bodies[0]["conformal"]
+        assert info["threshold_version"].endswith(f"priors={version}") and info["threshold"] is None
+        covered = np.mean([str(y) in p["prediction_set"] for p, y in zip(adapted_rows, labels)])
+        assert covered >= info["coverage"] - 0.03, covered
+
+        # the prediction log keeps the model's own probabilities and the version of the rows served adapted
+        store = app.state.parts.monitor.reports.store
+        logged = store.predictions.fetch([p["id"] for p in adapted_rows[:50]])
+        assert {row.priors_version for row in logged.values()} == {version}
+        np.testing.assert_allclose(
+            np.frombuffer(logged[adapted_rows[0]["id"]].probabilities, np.float32), own_probs[0], atol=1e-6
+        )
+
+        # the Open Inference Protocol too, by its request parameter
+        tensor = {"name": "input", "shape": [5, 1, 8, 8], "datatype": "FP32", "data": x[:5].ravel().tolist()}
+        v2 = f"{base_url}/v2/models/{MODEL}/infer"
+        r = httpx.post(v2, json={"inputs": [tensor], "parameters": {"adapt_priors": True}}, timeout=30)
+        assert r.status_code == 200 and r.json()["parameters"]["priors_version"] == version, r.text
+        answered = next(o for o in r.json()["outputs"] if o["name"] == "probabilities")
+        np.testing.assert_allclose(np.reshape(answered["data"], (5, 10)), adapted_probs[:5], atol=1e-6)
+        r = httpx.post(v2, json={"inputs": [tensor], "parameters": {"adapt_priors": "yes"}}, timeout=30)
+        assert r.status_code == 400 and "parameters.adapt_priors" in r.text, r.text
+
+        est = _estimated(base_url)["adapted"]  # the estimate recomputed from the adapted probabilities
+        assert est["priors_version"] == version and 0 < est["accuracy"]["lower"] <= est["accuracy"]["upper"] <= 1
