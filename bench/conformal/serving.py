@@ -47,18 +47,20 @@ SUMMARY_COLUMNS = (
 COST_REPEATS = 3000
 
 
-def repository(work: Path) -> Path:
+def repository(work: Path, entry: str = "conformal") -> Path:
     """A model repository under ``work``: the committed light model as version ``WITH`` and, without its manifest's
-    ``conformal`` field (and its conformal file), as version ``WITHOUT``."""
+    ``entry`` (``conformal``, with its conformal file; or ``label_shift``), as version ``WITHOUT``."""
     artifacts = work / "artifacts"
     source = ROOT / "artifacts" / LIGHT / "1"
     shutil.copytree(source, artifacts / LIGHT / WITH)
     plain = artifacts / LIGHT / WITHOUT
     shutil.copytree(source, plain)
     manifest = json.loads((plain / "manifest.json").read_text())
-    if manifest.get("conformal") is None:
-        raise RuntimeError(f"{source} has no conformal scores: there are no sets to measure")
-    (plain / manifest.pop("conformal")["file"]).unlink()
+    if manifest.get(entry) is None:
+        raise RuntimeError(f"{source} has no {entry} entry: there is nothing to measure")
+    removed = manifest.pop(entry)
+    if entry == "conformal":
+        (plain / removed["file"]).unlink()
     manifest["version"] = WITHOUT
     (plain / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return artifacts
@@ -128,41 +130,8 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_
         artifacts = repository(work)
         svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, "cpu", cwd=cwd)
         try:
-            url = f"{svc.url}/predict"
             checked = check_sets(svc.url, {v: request_body(v, 1) for v in (WITH, WITHOUT)})
-            rows_out = []
-            for rows in ROW_COUNTS:
-                bodies = {v: request_body(v, rows) for v in (WITH, WITHOUT)}
-                for payload in bodies.values():  # warm-ups, discarded
-                    wrk(url, payload, CLIENTS, 1.0)
-                for r in range(rounds):
-                    measured, cpu, batch = {}, {}, {}
-                    for version in (WITH, WITHOUT)[:: 1 if r % 2 == 0 else -1]:
-                        start, histograms = process_cpu_seconds(svc.process.pid), histogram_totals(svc.url)
-                        result = wrk(url, bodies[version], CLIENTS, seconds)
-                        if result["non_2xx"] or result["socket_errors"]:
-                            raise RuntimeError(f"version {version}, {rows} rows: {result}")
-                        measured[version] = result["requests_per_s"] * rows
-                        used = process_cpu_seconds(svc.process.pid) - start
-                        cpu[version] = 1e6 * used / (result["requests"] * rows)
-                        key = f"batch:{LIGHT}"
-                        batch[version] = histogram_means(histograms, histogram_totals(svc.url), [key])[key]
-                    rows_out.append(
-                        {
-                            "rows": rows,
-                            "round": r + 1,
-                            "seconds": seconds,
-                            "with_rows_per_s": measured[WITH],
-                            "without_rows_per_s": measured[WITHOUT],
-                            "ratio": measured[WITH] / measured[WITHOUT],
-                            "with_cpu_us_per_row": cpu[WITH],
-                            "without_cpu_us_per_row": cpu[WITHOUT],
-                            "cpu_ratio": cpu[WITHOUT] / cpu[WITH],
-                            "with_batch_rows": batch[WITH],
-                            "without_batch_rows": batch[WITHOUT],
-                        }
-                    )
-                    print(table([rows_out[-1]], ROUND_COLUMNS).splitlines()[-1], flush=True)
+            rows_out = alternating_rounds(svc, seconds, rounds)
         finally:
             svc.stop()
         summary = summarize(rows_out)
@@ -172,6 +141,47 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"clients": CLIENTS, "sets": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
+
+
+def alternating_rounds(svc, seconds: float, rounds: int) -> list[dict]:
+    """Per row count of ``ROW_COUNTS``: a one-second warm-up of each version, then ``rounds`` rounds of ``seconds``
+    of wrk load on each, in alternating order; each round's rows/s, service CPU per row and mean batch per version
+    and their ratios (``ROUND_COLUMNS``), printed as they come."""
+    url = f"{svc.url}/predict"
+    rows_out = []
+    for rows in ROW_COUNTS:
+        bodies = {v: request_body(v, rows) for v in (WITH, WITHOUT)}
+        for payload in bodies.values():  # warm-ups, discarded
+            wrk(url, payload, CLIENTS, 1.0)
+        for r in range(rounds):
+            measured, cpu, batch = {}, {}, {}
+            for version in (WITH, WITHOUT)[:: 1 if r % 2 == 0 else -1]:
+                start, histograms = process_cpu_seconds(svc.process.pid), histogram_totals(svc.url)
+                result = wrk(url, bodies[version], CLIENTS, seconds)
+                if result["non_2xx"] or result["socket_errors"]:
+                    raise RuntimeError(f"version {version}, {rows} rows: {result}")
+                measured[version] = result["requests_per_s"] * rows
+                used = process_cpu_seconds(svc.process.pid) - start
+                cpu[version] = 1e6 * used / (result["requests"] * rows)
+                key = f"batch:{LIGHT}"
+                batch[version] = histogram_means(histograms, histogram_totals(svc.url), [key])[key]
+            rows_out.append(
+                {
+                    "rows": rows,
+                    "round": r + 1,
+                    "seconds": seconds,
+                    "with_rows_per_s": measured[WITH],
+                    "without_rows_per_s": measured[WITHOUT],
+                    "ratio": measured[WITH] / measured[WITHOUT],
+                    "with_cpu_us_per_row": cpu[WITH],
+                    "without_cpu_us_per_row": cpu[WITHOUT],
+                    "cpu_ratio": cpu[WITHOUT] / cpu[WITH],
+                    "with_batch_rows": batch[WITH],
+                    "without_batch_rows": batch[WITHOUT],
+                }
+            )
+            print(table([rows_out[-1]], ROUND_COLUMNS).splitlines()[-1], flush=True)
+    return rows_out
 
 
 def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:

@@ -35,6 +35,7 @@ class Estimates:
         self.rows = rows
         self.settings = settings
         self._cache: dict[CalibrationKey, tuple[str | None, int, dict]] = {}
+        self._intervals: dict[tuple, dict] = {}
         self._lock = threading.Lock()
 
     def block(self, served: ServedModel, key: CalibrationKey, checks: IntervalChecks) -> dict:
@@ -42,7 +43,7 @@ class Estimates:
         and the interval's running record ``checks``."""
         recent = self.store.predictions.recent(key, self.rows)
         return (
-            self._unlabelled(served, key, recent)
+            self._with_intervals(served, key, recent)
             | {"labelled": self._labelled(recent)}
             | {"adapted": self._adapted(served, recent)}
             | {
@@ -78,8 +79,40 @@ class Estimates:
         """The ``priors`` entry of the drift window now (cached), for the adaptation the service serves."""
         return self._unlabelled(served, key, self.store.predictions.recent(key, self.rows))["priors"]
 
+    def _with_intervals(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
+        """``_unlabelled`` with the EM priors' bootstrap interval, which only reports need (the evaluator's passes
+        skip it: it costs ``prior_resamples`` EM runs); cached by the window like the rest."""
+        body = self._unlabelled(served, key, recent)
+        reference = served.manifest.label_shift
+        if body["priors"] is None or reference is None or not self.settings.prior_resamples:
+            return body
+        window = (key, recent.newest_id, len(recent.probs))
+        with self._lock:
+            found = self._intervals.get(window)
+        if found is None:
+            seed = zlib.crc32(f"{key.model}/{key.version}/{key.calibration_version}/{recent.newest_id}".encode())
+            boot = em_priors(
+                recent.probs,
+                reference.priors,
+                resamples=self.settings.prior_resamples,
+                level=self.settings.interval_level,
+                seed=seed,
+            )
+            names = served.manifest.class_names
+            found = {
+                "lower": dict(zip(names, boot.lower or (), strict=True)),
+                "upper": dict(zip(names, boot.upper or (), strict=True)),
+            }
+            with self._lock:
+                self._intervals[window] = found
+                while len(self._intervals) > CACHE_SIZE:
+                    self._intervals.pop(next(iter(self._intervals)))
+        priors = body["priors"]
+        return body | {"priors": priors | {"em": priors["em"] | found}}
+
     def _unlabelled(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
-        """The estimates that need no label, cached by the window's newest prediction and size."""
+        """The estimates that need no label, cached by the window's newest prediction and size; the EM priors
+        without their interval (``_with_intervals``)."""
         n = len(recent.probs)
         with self._lock:
             found = self._cache.get(key)
@@ -105,16 +138,14 @@ class Estimates:
         return body
 
     def _priors(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict | None:
-        """EM priors with their bootstrap interval, BBSE's as the cross-check, and the EM priors' total variation
-        distance from the validation priors; None when the manifest has no ``label_shift`` entry."""
+        """EM priors (their interval comes with ``_with_intervals``), BBSE's as the cross-check, and the EM priors'
+        total variation distance from the validation priors; None when the manifest has no ``label_shift`` entry."""
         reference = served.manifest.label_shift
         if reference is None:
             return None
         names = served.manifest.class_names
-        level = self.settings.interval_level
-        seed = zlib.crc32(f"{key.model}/{key.version}/{key.calibration_version}/{recent.newest_id}".encode())
-        em = em_priors(recent.probs, reference.priors, resamples=self.settings.prior_resamples, level=level, seed=seed)
-        bbse = bbse_priors(recent.probs, reference.confusion, level=level)
+        em = em_priors(recent.probs, reference.priors)
+        bbse = bbse_priors(recent.probs, reference.confusion, level=self.settings.interval_level)
 
         def by_class(values) -> dict | None:
             return None if values is None else dict(zip(names, values, strict=True))

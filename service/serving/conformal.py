@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibkit.conformal import SplitConformal, conformity_scores
+from calibkit.conformal import SplitConformal, conformity_scores, prediction_sets
 from calibkit.conformal.adaptive import LogQuantileTracker, served_ranked_sets
 from calibkit.manifest import Manifest, load_conformal
 from service.errors import InvalidInput
@@ -193,6 +193,7 @@ class ModelSets:
     ):
         self.calibrators = calibrators
         self.by_class, self.floors_by_class = by_class, floors_by_class
+        self._weighted: dict[tuple, np.ndarray] = {}  # per-class thresholds by (set choice, priors version)
         self.floors = floors if floors is not None else {m: replace(c, floor=True) for m, c in calibrators.items()}
         self.floors_fitted = floors is not None
         self.default_method = default_method
@@ -346,13 +347,26 @@ class ModelSets:
             return None
         calibrator = found[choice.method]
         draws = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
-        members = calibrator.label_shift_sets(probs, weights, 1.0 - choice.coverage, u=draws)
+        thresholds = self._weighted.get((choice.key, priors_version))
+        if thresholds is None:  # once per priors version: the weighted quantile sorts and sums every class's scores
+            thresholds = calibrator.label_shift_quantiles(weights, 1.0 - choice.coverage)
+            if len(self._weighted) >= 64:
+                self._weighted.clear()
+            self._weighted[(choice.key, priors_version)] = thresholds
+        members = prediction_sets(
+            probs,
+            thresholds,
+            calibrator.method,
+            k_reg=calibrator.k_reg,
+            lam=calibrator.lam,
+            u=draws,
+            floor=calibrator.floor,
+        )
         ranked = np.argsort(-probs, axis=1, kind="stable")
         order = np.take_along_axis(
             ranked, np.argsort(~np.take_along_axis(members, ranked, axis=1), axis=1, kind="stable"), axis=1
         )
-        uniform = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
-        p = self.calibrator(choice.method, choice.randomized).p_values(probs, u=uniform) if choice.p_values else None
+        p = self.calibrator(choice.method, choice.randomized).p_values(probs, u=draws) if choice.p_values else None
         return ServedSets(
             choice,
             order,

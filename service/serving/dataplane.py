@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -201,9 +202,9 @@ class DataPlane:
             sets = self.sets_for(model, result, choice)
             ids = await self.log(model, result.scored, sets)
             return self.respond(model, options, result.scored, ids, sets), timing
-        sets = self.adapted_sets(model, result, choice, adaptation)
+        sets, scored = self.adapted_for(model, result, choice, adaptation)
         ids = await self.log(model, result.scored, sets, adaptation.version)
-        body = self.respond(model, options, adapted(result.scored, adaptation), ids, sets)
+        body = self.respond(model, options, scored, ids, sets)
         return body | {"priors_version": adaptation.version}, timing
 
     def run_batch(self, model: ServedModel, runtime: Runtime, x: np.ndarray) -> InferenceResult:
@@ -232,7 +233,12 @@ class DataPlane:
         served = None
         if default is not None:
             served = sets.sets(outputs[names["probabilities"]], scored.ids, default).listed()
-        return InferenceResult(outputs, scored, served)
+        adaptation = chosen(self.settings.shift.adapt, model.adaptation, None)
+        if adaptation is None:
+            return InferenceResult(outputs, scored, served)
+        batch = InferenceResult(outputs, scored, served, adaptation, adapted(scored, adaptation))
+        weighted = self.adapted_sets(model, batch, default, adaptation)
+        return replace(batch, adapted_sets=None if weighted is None else weighted.listed())
 
     @staticmethod
     def sets_for(model: ServedModel, result: InferenceResult, choice: SetChoice | None) -> ServedSets | None:
@@ -243,6 +249,17 @@ class DataPlane:
             return result.sets
         probs = result.outputs[model.manifest.outputs["probabilities"]]
         return model.sets.sets(probs, result.scored.ids, choice)
+
+    def adapted_for(
+        self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation
+    ) -> tuple[ServedSets | None, ScoredBatch]:
+        """A request's adapted sets and rows: its share of the batch's when the batch was adapted to the same priors
+        (and, for the sets, under the same choice), else its own."""
+        same = result.adaptation is adaptation and result.adapted is not None
+        scored = result.adapted if same and result.adapted is not None else adapted(result.scored, adaptation)
+        if same and result.adapted_sets is not None and result.adapted_sets.choice == choice:
+            return result.adapted_sets, scored
+        return self.adapted_sets(model, result, choice, adaptation), scored
 
     def adapted_sets(
         self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation
@@ -423,9 +440,9 @@ class DataPlane:
             ids = await self.log(model, result.scored, sets)
             probabilities = result.scored.probabilities
         else:
-            sets = self.adapted_sets(model, result, choice, adaptation)
+            sets, scored = self.adapted_for(model, result, choice, adaptation)
             ids = await self.log(model, result.scored, sets, adaptation.version)
-            probabilities = adapted(result.scored, adaptation).probabilities
+            probabilities = scored.probabilities
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
         served = {
             model.manifest.outputs["probabilities"]: probabilities,

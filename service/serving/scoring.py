@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -93,11 +93,16 @@ class ScoredBatch:
 class InferenceResult:
     """One batch's graph outputs by name, its rows scored under the calibration in force and their prediction
     sets under the model's default choice (None without sets), built once on an inference thread for both
-    protocols and the prediction log; ``result[a:b]`` is one request's share."""
+    protocols and the prediction log; when the service adapts to the traffic's class priors by default, also the
+    ``adaptation`` in force, the rows adapted to it and their weighted default sets (``service.serving.adaptation``).
+    ``result[a:b]`` is one request's share."""
 
     outputs: dict[str, np.ndarray]
     scored: ScoredBatch
     sets: ServedSets | None = None
+    adaptation: Any = None  # service.serving.adaptation.Adaptation (which imports this module)
+    adapted: ScoredBatch | None = None
+    adapted_sets: ServedSets | None = None
 
     def __len__(self) -> int:
         return len(self.scored)
@@ -107,6 +112,9 @@ class InferenceResult:
             {name: value[rows] for name, value in self.outputs.items()},
             self.scored[rows],
             None if self.sets is None else self.sets[rows],
+            self.adaptation,
+            None if self.adapted is None else self.adapted[rows],
+            None if self.adapted_sets is None else self.adapted_sets[rows],
         )
 
 

@@ -1,0 +1,175 @@
+"""The serving cost of label shift's features: /predict rows/s on the light model with them against the same model
+without, measured as the sets' cost is (``bench.conformal.serving``).
+
+One service process serves the committed light model twice: version ``WITH`` as committed (its manifest's
+``label_shift`` entry, so the evaluator folds every prediction into the label-shift alarm and estimates the priors
+of the drift window, and, under ``CALIB_SHIFT__ADAPT=always``, every /predict answers adapted probabilities and
+weighted sets), and version ``WITHOUT``, the same files without that entry (no alarm, no priors, no adaptation). Both
+serve the default sets and log their predictions. Rounds alternate under wrk's closed-loop load; the evaluator runs
+every second in the same process, so its folding and EM count in both the throughput and the process's CPU per row.
+Beside them, the request path's own added CPU, in process (``adaptation_cost``).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+from bench.common import ROOT
+from bench.conformal.serving import (
+    COST_REPEATS,
+    WITH,
+    WITHOUT,
+    alternating_rounds,
+    repository,
+    request_body,
+    summarize,
+)
+from bench.serving.measure import LIGHT, SHAPES, service
+from service.cli import GC_THRESHOLD
+
+#: The service's settings for ``WITH``: adapt every request, fold predictions at once, evaluate every second.
+SETTINGS = {
+    "CALIB_SHIFT__ADAPT": "always",
+    "CALIB_SHIFT__SETTLE_SECONDS": "0",
+    "CALIB_MONITORING__EVALUATE_SECONDS": "1",
+}
+
+
+def wait_for_priors(url: str, timeout: float = 60.0) -> str:
+    """Send ``WITH`` some traffic until the evaluator has estimated its priors; their version."""
+    deadline = time.monotonic() + timeout
+    body = request_body(WITH, 8)
+    while time.monotonic() < deadline:
+        httpx.post(f"{url}/predict", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+        report = httpx.get(f"{url}/calibration", params={"model": LIGHT, "version": WITH}, timeout=30).json()
+        served = report["label_shift"].get("served_priors")
+        if served is not None:
+            return served["version"]
+        time.sleep(0.5)
+    raise RuntimeError(f"no priors estimated for version {WITH} within {timeout} s")
+
+
+def check_adapted(url: str) -> dict:
+    """One request to each version: ``WITH`` answers adapted probabilities and weighted sets, ``WITHOUT`` neither."""
+    answers = {
+        v: httpx.post(
+            f"{url}/predict", content=request_body(v, 1), headers={"Content-Type": "application/json"}, timeout=30
+        ).json()
+        for v in (WITH, WITHOUT)
+    }
+    if answers[WITH]["priors_version"] is None or "priors=" not in answers[WITH]["conformal"]["threshold_version"]:
+        raise RuntimeError(f"version {WITH} was not served adapted: {answers[WITH]['conformal']}")
+    if answers[WITHOUT]["priors_version"] is not None:
+        raise RuntimeError(f"version {WITHOUT} was served adapted")
+    return {"priors_version": answers[WITH]["priors_version"], "conformal": answers[WITH]["conformal"]}
+
+
+def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_REPEATS) -> dict:
+    """``rounds`` alternating rounds of ``seconds`` per version and row count, on a service run from ``cwd``; the
+    rows of every round, their ``summarize`` and the request path's added CPU per row."""
+    work = Path(tempfile.mkdtemp(prefix="calib-bench-shift-"))
+    try:
+        artifacts = repository(work, "label_shift")
+        # adapt every request, fold predictions at once, evaluate every second
+        svc = service(
+            artifacts,
+            f"sqlite:///{work / 'bench.db'}",
+            True,
+            "cpu",
+            cwd=cwd,
+            CALIB_SHIFT__ADAPT="always",
+            CALIB_SHIFT__SETTLE_SECONDS="0",
+            CALIB_MONITORING__EVALUATE_SECONDS="1",
+        )
+        try:
+            wait_for_priors(svc.url)
+            checked = check_adapted(svc.url)
+            rows_out = alternating_rounds(svc, seconds, rounds)
+        finally:
+            svc.stop()
+        summary = summarize(rows_out)
+        for s in summary:
+            s |= adaptation_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)
+            s["cost_ratio"] = s["without_cpu_us_per_row"] / (
+                s["without_cpu_us_per_row"] + s["adaptation_cpu_us_per_row"]
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"adapted": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
+
+
+def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:
+    """The CPU the adaptation adds per row on the request path, in process: a batch of ``batch_rows`` rows of the
+    light model scored once with its default sets; then for each request's share, its /predict body and log rows,
+    with adaptation (the adapted probabilities, the weighted sets) and without (the batch's sets). Both sides
+    alternate, thread CPU time, median over ``repeats``, the garbage collector as the service sets it."""
+    from service.schemas import PredictOptions
+    from service.serving.adaptation import Adaptation, adapted
+    from service.serving.dataplane import DataPlane
+    from service.serving.repository import ModelRepository
+    from service.serving.scoring import InferenceResult, score
+    from service.settings import Settings
+
+    repo = ModelRepository(Settings(artifacts=artifacts, default_model=LIGHT))
+    repo.load()
+    model = repo.get(LIGHT, WITH)
+    reference = model.manifest.label_shift
+    assert reference is not None  # version WITH keeps its entry
+    k = len(model.manifest.class_names)
+    priors = np.random.default_rng(3).dirichlet(np.ones(k))
+    adaptation = Adaptation("em:500:bench", priors / np.asarray(reference.priors), tuple(priors), True)
+    requests = max(1, round(batch_rows / rows))
+    x = np.random.default_rng(2).random((requests * rows, *SHAPES[LIGHT])).astype(np.float32)
+    outputs = model.runtime.run(x)
+    names = model.manifest.outputs
+    scored = score(outputs[names["logits"]], outputs[names["probabilities"]], 0, None, encode=True)
+    default = model.sets.choice(None, None, False)
+    assert default is not None
+    sets = model.sets.sets(outputs[names["probabilities"]], scored.ids, default).listed()
+    result = InferenceResult(outputs, scored, sets)
+    options = PredictOptions()
+
+    respond = functools.partial(DataPlane.respond, None, model, options)  # type: ignore[arg-type]
+
+    def serve(adapt: bool) -> None:
+        for start in range(0, len(scored), rows):
+            share = result[start : start + rows]
+            if adapt:
+                probs = share.outputs[names["probabilities"]]
+                served = model.sets.label_shift_sets(probs, share.scored.ids, default, adaptation.weights, "v")
+                body = respond(adapted(share.scored, adaptation), share.scored.ids, served)
+                logged = share.scored.prediction_rows(model.name, model.version, sets=served, priors_version="v")
+            else:
+                body = respond(share.scored, share.scored.ids, share.sets)
+                logged = share.scored.prediction_rows(model.name, model.version, sets=share.sets)
+            orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+            del logged
+
+    spent: dict[bool, list[int]] = {True: [], False: []}
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
+    try:
+        for i in range(repeats):
+            for adapt in (True, False) if i % 2 == 0 else (False, True):
+                start = time.thread_time_ns()
+                serve(adapt)
+                spent[adapt].append(time.thread_time_ns() - start)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+    with_us, without_us = (float(np.median(spent[k])) / 1e3 for k in (True, False))
+    return {
+        "cost_batch_rows": requests * rows,
+        "adaptation_cpu_us_per_row": (with_us - without_us) / (requests * rows),
+        "path_cpu_us_per_row": without_us / (requests * rows),
+    }
