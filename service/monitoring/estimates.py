@@ -20,6 +20,7 @@ import numpy as np
 from calibkit.estimated_accuracy import IntervalChecks, accuracy_interval, estimate_accuracy
 from calibkit.label_shift import adapt_probabilities, bbse_priors, em_priors
 from service.metrics import ServiceMetrics
+from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
 from service.settings.groups import ShiftSettings
 from service.store import Store
@@ -45,7 +46,7 @@ class Estimates:
         return (
             self._with_intervals(served, key, recent)
             | {"labelled": self._labelled(recent)}
-            | {"adapted": self._adapted(served, recent)}
+            | {"adapted": self._adapted(key, recent)}
             | {
                 "interval_checks": {
                     "labels_per_check": checks.block,
@@ -167,11 +168,12 @@ class Estimates:
             "total_variation": 0.5 * float(np.abs(np.subtract(em.priors, reference.priors)).sum()),
         }
 
-    def _adapted(self, served: ServedModel, recent: RecentPredictions) -> dict | None:
-        """The same window's probabilities adapted to the priors adaptations serve (``ServedModel.adaptation``):
-        the accuracy they promise with its interval, and, for the labelled rows, the realized accuracy of the
+    def _adapted(self, key: CalibrationKey, recent: RecentPredictions) -> dict | None:
+        """The same window's probabilities adapted to the priors adaptations serve, as stored with the label-shift
+        state: the accuracy they promise with its interval, and, for the labelled rows, the realized accuracy of the
         adapted predictions (None without priors or predictions)."""
-        adaptation = served.adaptation
+        row = self.store.shift_states.get(key)
+        adaptation = Adaptation.from_json(row.priors if row else None, bool(row and row.alarmed))
         if adaptation is None or not len(recent.probs):
             return None
         probs = adapt_probabilities(recent.probs, adaptation.weights)

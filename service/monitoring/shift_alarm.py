@@ -75,7 +75,14 @@ class ShiftAlarm:
             priors = row.priors if estimated is None else _served_priors(estimated)
             if new.last is not None or priors != row.priors:
                 locked.save(cursor=cursor, state=json.dumps(state.to_dict()), alarmed=now, since=since, priors=priors)
-        served.adaptation = Adaptation.from_json(priors, now)
+        current = served.adaptation
+        if (
+            current is None
+            or current.alarmed != now
+            or priors is None
+            or current.version != json.loads(priors)["version"]
+        ):
+            served.adaptation = Adaptation.from_json(priors, now)  # kept otherwise: batches compare it by identity
         self._export(served, state)
         if now == was:
             return None

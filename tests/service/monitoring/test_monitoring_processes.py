@@ -37,6 +37,9 @@ class Replica:
             CALIB_DEFAULT_MODEL="digits-lenet5",
             CALIB_MONITORING__BOOTSTRAP_RESAMPLES="300",
             CALIB_MONITORING__EVALUATE_SECONDS="0.2",
+            # the label-shift alarm folds predictions as soon as they are logged: with its default settle time, a
+            # pass folding them could fall between the two replicas' reports the tests compare
+            CALIB_SHIFT__SETTLE_SECONDS="0",
         )
         environment.update(env)
         self.process = subprocess.Popen(
