@@ -21,6 +21,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -184,6 +185,25 @@ def alternating_rounds(svc, seconds: float, rounds: int) -> list[dict]:
     return rows_out
 
 
+def paired_cpu_us(serve: Callable[[bool], None], repeats: int) -> tuple[float, float]:
+    """The median thread CPU time, in microseconds, of ``serve(True)`` and of ``serve(False)``, called alternately
+    ``repeats`` times each, with the garbage collector set as the service sets it (``service.cli``)."""
+    spent: dict[bool, list[int]] = {True: [], False: []}
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
+    try:
+        for i in range(repeats):
+            for side in (True, False) if i % 2 == 0 else (False, True):
+                start = time.thread_time_ns()
+                serve(side)
+                spent[side].append(time.thread_time_ns() - start)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+    return float(np.median(spent[True])) / 1e3, float(np.median(spent[False])) / 1e3
+
+
 def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:
     """The CPU that the sets' own code adds per row, measured in process, where nothing else runs: a batch of the
     light model of ``batch_rows`` rows (the mean the service formed, rounded to whole requests of ``rows`` rows),
@@ -219,20 +239,7 @@ def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dic
             orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
             share.scored.prediction_rows(model.name, model.version, sets=share.sets)
 
-    spent: dict[bool, list[int]] = {True: [], False: []}
-    thresholds = gc.get_threshold()
-    gc.freeze()  # the collector as the service runs it (``service.cli``)
-    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
-    try:
-        for i in range(repeats):
-            for with_sets in (True, False) if i % 2 == 0 else (False, True):
-                start = time.thread_time_ns()
-                serve(with_sets)
-                spent[with_sets].append(time.thread_time_ns() - start)
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-    with_us, without_us = (float(np.median(spent[k])) / 1e3 for k in (True, False))
+    with_us, without_us = paired_cpu_us(serve, repeats)
     return {
         "cost_batch_rows": requests * rows,
         "sets_cpu_us_per_row": (with_us - without_us) / (requests * rows),

@@ -13,7 +13,6 @@ Beside them, the request path's own added CPU, in process (``adaptation_cost``).
 from __future__ import annotations
 
 import functools
-import gc
 import shutil
 import tempfile
 import time
@@ -29,12 +28,12 @@ from bench.conformal.serving import (
     WITH,
     WITHOUT,
     alternating_rounds,
+    paired_cpu_us,
     repository,
     request_body,
     summarize,
 )
 from bench.serving.measure import LIGHT, SHAPES, service
-from service.cli import GC_THRESHOLD
 
 #: The service's settings for ``WITH``: adapt every request, fold predictions at once, evaluate every second.
 SETTINGS = {
@@ -154,20 +153,7 @@ def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int)
             orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
             del logged
 
-    spent: dict[bool, list[int]] = {True: [], False: []}
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
-    try:
-        for i in range(repeats):
-            for adapt in (True, False) if i % 2 == 0 else (False, True):
-                start = time.thread_time_ns()
-                serve(adapt)
-                spent[adapt].append(time.thread_time_ns() - start)
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-    with_us, without_us = (float(np.median(spent[k])) / 1e3 for k in (True, False))
+    with_us, without_us = paired_cpu_us(serve, repeats)
     return {
         "cost_batch_rows": requests * rows,
         "adaptation_cpu_us_per_row": (with_us - without_us) / (requests * rows),

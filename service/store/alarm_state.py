@@ -8,10 +8,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from calibkit.alarms import OK
 from service.store.database import Database
+from service.store.locks import locked_row
 from service.store.rows import CalibrationKey
 from service.store.schema import alarm_events, monitor_state, scope
 
@@ -57,25 +57,9 @@ class AlarmStates:
         """A unit of work holding ``key``'s state row write-locked (created with ``new_detector`` on first
         use): the lock is taken first by an UPDATE (a row lock on PostgreSQL, the database write lock on
         SQLite); what is saved commits when the block ends."""
+        initial = dict(key._asdict(), last_seq=0, detector=new_detector, state=OK, since=None, reasons="[]")
         with self.db.unit() as c:
-            where = scope(monitor_state, key)
-            if not c.execute(monitor_state.update().where(*where).values(updated_at=time.time())).rowcount:
-                try:
-                    with c.begin_nested():
-                        c.execute(
-                            monitor_state.insert().values(
-                                **key._asdict(),
-                                last_seq=0,
-                                detector=new_detector,
-                                state=OK,
-                                since=None,
-                                reasons="[]",
-                                updated_at=time.time(),
-                            )
-                        )
-                except IntegrityError:  # another replica created it meanwhile
-                    c.execute(monitor_state.update().where(*where).values(updated_at=time.time()))
-            yield LockedAlarmState(c, key, c.execute(sa.select(monitor_state).where(*where).with_for_update()).one())
+            yield LockedAlarmState(c, key, locked_row(c, monitor_state, scope(monitor_state, key), initial))
 
     def all(self) -> Sequence[sa.Row]:
         return self.db.run(lambda c: c.execute(sa.select(monitor_state)).all(), write=False)

@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from service.store.database import Database
+from service.store.locks import locked_row
 from service.store.rows import ANONYMOUS
 from service.store.schema import coverage_state, labels
 
@@ -39,17 +39,7 @@ class CoverageStates:
         ``AlarmStates.locked`` does; what is saved commits when the block ends."""
         where = (coverage_state.c.model == model, coverage_state.c.version == version)
         with self.db.unit() as c:
-            if not c.execute(coverage_state.update().where(*where).values(updated_at=time.time())).rowcount:
-                try:
-                    with c.begin_nested():
-                        c.execute(
-                            coverage_state.insert().values(
-                                model=model, version=version, last_seq=0, states="{}", updated_at=time.time()
-                            )
-                        )
-                except IntegrityError:  # another replica created it meanwhile
-                    c.execute(coverage_state.update().where(*where).values(updated_at=time.time()))
-            row = c.execute(sa.select(coverage_state).where(*where).with_for_update()).one()
+            row = locked_row(c, coverage_state, where, dict(model=model, version=version, last_seq=0, states="{}"))
             yield LockedCoverageState(c, model, version, row)
 
     def all(self) -> Sequence[sa.Row]:

@@ -5,7 +5,11 @@ the lock is a no-op: one file is one replica's store."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 
 MIGRATION = 0x63616C6962  # the schema's creation and upgrade ("calib")
 CALIBRATIONS = 0x63616C6963  # calibration versions: version 0 from the manifest, refits, activation
@@ -24,3 +28,16 @@ def try_advisory_lock(connection: sa.Connection, key: int) -> bool:
     if connection.dialect.name == "postgresql":
         return bool(connection.execute(sa.text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": key}).scalar_one())
     return True
+
+
+def locked_row(c: sa.Connection, table: sa.Table, where: Sequence, initial: dict) -> sa.Row:
+    """The state row of ``table`` matching ``where``, write-locked until the transaction ends, created with
+    ``initial`` (and ``updated_at``) on first use. The lock is taken first by an UPDATE (a row lock on PostgreSQL,
+    the database write lock on SQLite); a replica that loses the race to create the row locks the one created."""
+    if not c.execute(table.update().where(*where).values(updated_at=time.time())).rowcount:
+        try:
+            with c.begin_nested():
+                c.execute(table.insert().values(**initial, updated_at=time.time()))
+        except IntegrityError:  # another replica created it meanwhile
+            c.execute(table.update().where(*where).values(updated_at=time.time()))
+    return c.execute(sa.select(table).where(*where).with_for_update()).one()

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
 
 from service.store.database import Database
+from service.store.locks import locked_row
 from service.store.rows import CalibrationKey
 from service.store.schema import scope, shift_state
 
@@ -58,16 +58,6 @@ class ShiftStates:
     def locked(self, key: CalibrationKey, fresh: str) -> Iterator[LockedShiftState]:
         """A unit of work holding ``key``'s row write-locked (created with the state ``fresh`` on first use), as
         ``AlarmStates.locked`` does."""
+        initial = dict(key._asdict(), state=fresh, alarmed=False, since=None)
         with self.db.unit() as c:
-            where = scope(shift_state, key)
-            if not c.execute(shift_state.update().where(*where).values(updated_at=time.time())).rowcount:
-                try:
-                    with c.begin_nested():
-                        c.execute(
-                            shift_state.insert().values(
-                                **key._asdict(), state=fresh, alarmed=False, since=None, updated_at=time.time()
-                            )
-                        )
-                except IntegrityError:  # another replica created it meanwhile
-                    c.execute(shift_state.update().where(*where).values(updated_at=time.time()))
-            yield LockedShiftState(c, key, c.execute(sa.select(shift_state).where(*where).with_for_update()).one())
+            yield LockedShiftState(c, key, locked_row(c, shift_state, scope(shift_state, key), initial))
