@@ -55,9 +55,12 @@ is under both nulls: it raises and clears rarely, rather than flapping as a stat
 The state holds the log S of both detectors, the predictions folded, the index of the latest raise and clear, the
 count of raises, and two means per class for reports (``summary``): since the latest raise or clear, and an
 exponentially weighted one of half-life ``half_life`` predictions. It has a leading axis of independent streams
-(for simulations); folding predictions in one call or in many gives the same state bit for bit, so a service that
-derives it from the stored predictions in order agrees across replicas and restarts. ``to_dict`` / ``from_dict``
-carry a single-stream state through JSON exactly.
+(for simulations), folded row by row; a single stream's stretch of predictions without an alarm is folded at once,
+by cumulative sums and minima (U_i = C_i + max(U_0, -min(0, C_1..C_{i-1})): a service folds thousands a second).
+Folding in one call or in many gives the same raises and clears at the same predictions and the same statistics to
+rounding (a stretch's sums round by where it starts). A service keeps one state per model, folded under a lock, so
+its replicas read the same bits.
+``to_dict`` / ``from_dict`` carry a single-stream state through JSON exactly.
 
 References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
 detection", New England Journal of Statistics in Data Science; Waudby-Smith & Ramdas 2023, "Estimating means of
@@ -85,7 +88,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import special
+from scipy import signal, special
 
 from calibkit.mixture import crosses, log_mixture
 from calibkit.validation import PROB_SUM_ATOL, expected
@@ -530,7 +533,8 @@ class LabelShiftAlarmState:
 
     def fold(self, probs) -> LabelShiftAlarmState:
         """The state after the calibrated probability vectors ``probs``, in order: (n, K) (or (K,) for one) for a
-        single stream, (streams, n, K) otherwise. Any split into chunks gives the same state bit for bit.
+        single stream, (streams, n, K) otherwise. Any split into chunks gives the same raises and clears, and the
+        same statistics to rounding.
 
         Raises:
             ValueError: Naming ``probs`` when its shape does not match the streams and classes, or a row is not a
@@ -546,9 +550,25 @@ class LabelShiftAlarmState:
         for start in range(0, p.shape[1], _CHUNK):
             part = np.ascontiguousarray(p[:, start : start + _CHUNK].transpose(1, 0, 2))  # (T, streams, K)
             log_up, log_down = cfg.log_e_values(part), None  # the clearing e-values once a stream is alarmed
-            for i in range(part.shape[0]):
+            i = 0
+            while i < part.shape[0]:
                 index = self.predictions + start + i
                 alarmed = raised > cleared
+                if len(log_s) == 1 and not alarmed[0]:  # a service's stream, no clearing detector: up to the raise
+                    log_s, taken, up = self._run(log_s, log_up[i:])
+                    since = np.cumsum(np.concatenate([since[None], part[i : i + taken]]), axis=0)[-1]
+                    recent = signal.lfilter(
+                        [1.0], [1.0, -cfg.decay], part[i : i + taken], axis=0, zi=recent[None] * cfg.decay
+                    )[0][-1]
+                    for _ in range(taken):
+                        weight = weight * cfg.decay + 1.0
+                    if up.any():
+                        index += taken - 1
+                        raised[up] = index
+                        raises[up] += 1
+                        since[up] = 0.0
+                    i += taken
+                    continue
                 log_s = np.maximum(log_s, 0.0) + log_up[i]
                 up = crosses(log_s, cfg.log_weights, cfg.log_threshold, ~alarmed)
                 since += part[i]
@@ -568,9 +588,27 @@ class LabelShiftAlarmState:
                     raised[up] = index
                     raises[up] += 1
                     since[up] = 0.0
+                i += 1
         return LabelShiftAlarmState(
             cfg, log_s, log_c, self.predictions + p.shape[1], raised, cleared, raises, since, recent, weight
         )
+
+    def _run(self, log_s: np.ndarray, log_e: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+        """The raising detectors over the rows of ``log_e`` (T, streams, 2K J) while no stream is alarmed, up to and
+        including the first row at which some stream's statistic reaches A: (log S after it, the rows taken, which
+        streams reached A there). The CUSUM U_i = max(U_{i-1}, 0) + x_i is, with C_i = x_1 + ... + x_i and
+        m_i = min(0, C_1, ..., C_i), U_i = C_i + max(U_0, -m_{i-1}): cumulative sums and minima, not a loop."""
+        cfg = self.config
+        c = np.cumsum(log_e, axis=0)
+        low = np.minimum.accumulate(np.concatenate([np.zeros_like(c[:1]), c[:-1]]), axis=0)
+        u = c + np.maximum(log_s[None], -np.minimum(low, 0.0))
+        rows, streams = np.nonzero(u.max(axis=2) >= cfg.log_threshold)  # M <= max_j S^(j): only these can cross
+        hits = np.zeros(u.shape[:2], dtype=bool)
+        if len(rows):
+            hits[rows, streams] = log_mixture(u[rows, streams], cfg.log_weights) >= cfg.log_threshold
+        crossed = np.flatnonzero(hits.any(axis=1))
+        last = int(crossed[0]) if len(crossed) else len(u) - 1
+        return u[last], last + 1, hits[last]
 
     def _clears(self, log_c: np.ndarray, among: np.ndarray, live: np.ndarray, classes: int, bets: int) -> np.ndarray:
         """Per stream, ``among`` and every live side's mean over bets of the clearing S at B or more. A mean over bets
