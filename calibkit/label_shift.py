@@ -10,8 +10,8 @@ Decaestecker 2002). Two estimators of pi_t from a window of unlabelled predictio
 - ``bbse_priors``: black-box shift estimation (Lipton, Wang & Smola 2018), w = C^-1 mu_hat from the validation
   confusion matrix of hard predictions and the window's predicted-class frequencies, with a delta-method interval.
 
-``adapt_probabilities`` applies the estimated weights; ``confusion_counts`` builds the matrix BBSE needs, which the
-manifest carries.
+``em_bootstrap`` gives EM's bootstrap draws themselves; ``adapt_probabilities`` applies the estimated weights;
+``confusion_counts`` builds the matrix BBSE needs, which the manifest carries.
 """
 
 from __future__ import annotations
@@ -156,13 +156,53 @@ def em_priors(
     priors, iterations, converged = _em(ratios, source[None, :], None, tolerance, max_iterations)
     lower = upper = None
     if resamples:
-        rng = np.random.default_rng(seed)
-        draws = rng.integers(0, n, size=(resamples, n)) + n * np.arange(resamples)[:, None]
-        counts = np.bincount(draws.ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.float64)
-        start = np.broadcast_to(source, (resamples, k))
-        boot, _, _ = _em(ratios, start, counts, tolerance, max_iterations)
+        boot = _bootstrap(ratios, source, resamples, seed, tolerance, max_iterations)
         lower, upper = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2], axis=0)
     return _estimate("em", priors[0], source, lower, upper, level if resamples else None, n, iterations, converged)
+
+
+def em_bootstrap(
+    probs,
+    source_priors,
+    resamples: int,
+    *,
+    seed: int | np.random.Generator | None = 0,
+    tolerance: float = EM_TOLERANCE,
+    max_iterations: int = EM_MAX_ITERATIONS,
+) -> np.ndarray:
+    """EM's priors on ``resamples`` bootstrap resamples of the window's rows, (resamples, K): the draws behind
+    ``em_priors``' interval (same seed, same draws), for propagating the priors' uncertainty through what depends on
+    them (``calibkit.estimated_accuracy.estimate_adapted_accuracy``).
+
+    Each resample draws the n rows with replacement and reruns EM on it from pi_s (Saerens et al. 2002; the
+    percentile bootstrap of Efron & Tibshirani 1993, Ch. 13); all resamples run at once, as counts per row.
+
+    Raises:
+        ValueError: Naming the argument that fails its check.
+
+    Examples:
+        >>> p = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.2, 0.8]])
+        >>> draws = em_bootstrap(p, [0.5, 0.5], resamples=3)
+        >>> draws.shape, bool(np.allclose(draws.sum(axis=1), 1.0))
+        ((3, 2), True)
+    """
+    p = check_probs(probs)
+    source = _check_source_priors(source_priors, p.shape[1])
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
+        raise ValueError(expected("tolerance", "a positive number", tolerance))
+    _check_count("max_iterations", max_iterations, 1)
+    _check_count("resamples", resamples, 1)
+    return _bootstrap(p / source, source, resamples, seed, tolerance, max_iterations)
+
+
+def _bootstrap(ratios, source, resamples, seed, tolerance, max_iterations) -> np.ndarray:
+    """EM on ``resamples`` resamples of the rows of ``ratios`` (p / pi_s), as counts per row."""
+    n, k = ratios.shape
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n, size=(resamples, n)) + n * np.arange(resamples)[:, None]
+    counts = np.bincount(draws.ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.float64)
+    boot, _, _ = _em(ratios, np.broadcast_to(source, (resamples, k)), counts, tolerance, max_iterations)
+    return boot
 
 
 def _em(

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from calibkit import metrics
-from calibkit.label_shift import adapt_probabilities, bbse_priors, confusion_counts, em_priors
+from calibkit.label_shift import adapt_probabilities, bbse_priors, confusion_counts, em_bootstrap, em_priors
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
@@ -102,6 +102,11 @@ def test_em_bootstrap_intervals_hold_the_priors(source):
     assert em_priors(probs, np.full(K, 1 / K), resamples=20, seed=3) == em_priors(
         probs, np.full(K, 1 / K), resamples=20, seed=3
     )
+    # the draws behind the interval, the same for the same seed
+    draws = em_bootstrap(probs, np.full(K, 1 / K), 20, seed=3)
+    result = em_priors(probs, np.full(K, 1 / K), resamples=20, level=0.9, seed=3)
+    np.testing.assert_allclose(np.quantile(draws, [0.05, 0.95], axis=0), [result.lower, result.upper])
+    np.testing.assert_allclose(draws.sum(axis=1), 1.0)
 
 
 def test_bbse_solves_the_confusion_system_and_clips_negative_weights():
@@ -159,6 +164,8 @@ PROBS = np.array([[0.7, 0.3], [0.4, 0.6]])
         (lambda: em_priors(PROBS, [0.5, 0.5], resamples=-1), "resamples", "-1"),
         (lambda: em_priors(PROBS, [0.5, 0.5], resamples=2.5), "resamples", "2.5"),
         (lambda: em_priors(PROBS, [0.5, 0.5], level=1.0), "level", "1.0"),
+        (lambda: em_bootstrap(PROBS, [0.5, 0.5], 0), "resamples", "0"),
+        (lambda: em_bootstrap(PROBS, [0.5, 0.5], 3, tolerance=-1.0), "tolerance", "-1.0"),
         (lambda: bbse_priors(PROBS, [[1, 1], [1, 1]]), "confusion", "[[1.0, 1.0], [1.0, 1.0]]"),
         (lambda: bbse_priors(PROBS, [[1, 0], [1, 0]]), "confusion", "[[1.0, 0.0], [1.0, 0.0]]"),
         (lambda: bbse_priors(PROBS, [[1.5, 0], [0, 1]]), "confusion", "[[1.5, 0.0], [0.0, 1.0]]"),
