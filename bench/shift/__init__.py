@@ -3,16 +3,19 @@ docs/shift_benchmark.md): on the digits model and synthetic sources of known cal
 label shift (Dirichlet priors), covariate shift and both, measured against their labels, an oracle told the priors,
 and NannyML's CBPE.
 
-``streams`` builds the sources and windows, ``measure`` measures them, ``goals`` judges, ``render`` writes the page;
+``streams`` builds the sources and windows, ``measure`` measures them (with ``alarm``, the label-shift alarm's
+streams, and ``sets``, the prediction sets under label shift), ``goals`` judges, ``render`` writes the page;
 ``cbpe.py`` runs CBPE in .venv-shift-refs.
 
-    python -m bench.shift [--streams 200] [--windows 500,2000] [--seed 0] [--smoke] [--report-only]
+    python -m bench.shift [--streams 200] [--windows 500,2000] [--alarm-length 10000] [--seed 0] [--smoke]
+        [--report-only]
 """
 
 from __future__ import annotations
 
 from bench.common import Benchmark
 from bench.shift import goals, measure, render
+from bench.shift.alarm import ALARM_LENGTH
 from bench.shift.streams import POOL_ROWS
 
 
@@ -26,13 +29,14 @@ def arguments(parser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pool-rows", type=int, default=POOL_ROWS, help="rows of each synthetic pool")
+    parser.add_argument("--alarm-length", type=int, default=ALARM_LENGTH, help="predictions per alarm stream")
 
 
 def run(args) -> dict:
-    if args.streams < 2 or min(args.windows) < 10:
+    if args.streams < 2 or min(args.windows) < 10 or args.alarm_length < 1:
         raise SystemExit(f"--streams: expected at least 2, --windows at least 10, got {args.streams}, {args.windows}")
     if args.smoke:
-        args.streams, args.pool_rows = 20, 20_000
+        args.streams, args.pool_rows, args.alarm_length = 20, 20_000, 2_000
     return measure.run(args)
 
 

@@ -10,13 +10,18 @@ calibrated probabilities (``LabelShiftReference.mean_probabilities``, the priors
   (p, w); ``estimate_accuracy(p')`` against the realized accuracy of argmax p', the predictions served with
   adaptation on; and mean_i p'(argmax p_i | x_i), the adapted estimate of the unadapted predictions' accuracy, the
   one to set beside NannyML's CBPE, which estimates the served predictions' accuracy;
+- ``carried`` (label-shift rows): ``estimate_adapted_accuracy``'s interval, which mixes the Poisson-binomial laws
+  over EM's bootstrap priors and so carries their error, beside the plain adapted interval, which treats p' as
+  exact; ``carried_error``, on a few windows of n <= ``EXACT_WINDOW``, the most its normal approximation moves an
+  end against the exact laws, in counts;
 - priors: the L1 distance of EM's and BBSE's (``bbse_priors``, Lipton et al. 2018) priors from the window's realized
   class frequencies;
 - the oracle: p adapted with the true w = pi_t / pi_true (``Source.true_priors``); its accuracy and NLL against the
   EM-adapted ones (Alexandari et al. 2020's comparison), and its estimate of the served predictions' accuracy, the
   error no label-free estimate avoids (the realized accuracy's own sampling noise); ``dev_*``: each estimate's mean
   distance from that expected accuracy instead of the realized one;
-- CBPE (``bench/shift/cbpe.py``, in .venv-shift-refs) on the same windows.
+- CBPE (``bench/shift/cbpe.py``, in .venv-shift-refs) on the same windows;
+- the label-shift alarm's rows (``bench.shift.alarm``) and the sets under label shift (``bench.shift.sets``).
 
 Coverage is the share of windows whose interval holds the realized accuracy, with its Clopper-Pearson interval.
 """
@@ -33,15 +38,22 @@ import numpy as np
 from scipy import stats
 
 from bench.common import ROOT
+from bench.shift import alarm, sets
 from bench.shift.streams import Scenario, Source, Windows, draw_windows, scenarios, sources
 from calibkit import metrics
-from calibkit.estimated_accuracy import estimate_accuracy
+from calibkit.estimated_accuracy import estimate_accuracy, estimate_adapted_accuracy
 from calibkit.label_shift import adapt_probabilities, bbse_priors, em_priors
 
 WINDOWS = (500, 2_000)
 LEVEL = 0.95
 #: Bootstrap resamples of the reference rows for the upper bounds of its calibration error.
 REFERENCE_RESAMPLES = 2_000
+#: EM's bootstrap resamples in the interval that carries the priors' error (label-shift rows).
+CARRY_RESAMPLES = 100
+#: Windows of each label-shift row whose carried interval is also computed from the exact laws.
+EXACT_CHECKS = 3
+#: The largest window checked against the exact laws (they cost O(R n^2)).
+EXACT_WINDOW = 500
 REFS_PYTHON = ROOT / ".venv-shift-refs" / "bin" / "python"
 CBPE_SCRIPT = Path(__file__).with_name("cbpe.py")
 
@@ -72,8 +84,11 @@ def reference_error(source: Source, seed: int, resamples: int = REFERENCE_RESAMP
     }
 
 
-def window_measures(p: np.ndarray, y: np.ndarray, priors: np.ndarray, source: Source, pi_s, confusion) -> dict:
-    """Every per-window figure of the module's docstring, for one window."""
+def window_measures(
+    p: np.ndarray, y: np.ndarray, priors: np.ndarray, source: Source, pi_s, confusion, carry=False, exact=False
+) -> dict:
+    """Every per-window figure of the module's docstring, for one window; with ``carry`` the interval that carries
+    EM's error too, and with ``exact`` how far its normal approximation moves its ends (in counts)."""
     n, k = p.shape
     rows = np.arange(n)
     served = p.argmax(axis=1)
@@ -83,7 +98,14 @@ def window_measures(p: np.ndarray, y: np.ndarray, priors: np.ndarray, source: So
     adapted_estimate = estimate_accuracy(adapted, LEVEL)
     oracle = adapt_probabilities(p, priors / source.true_priors)
     frequencies = np.bincount(y, minlength=k) / n
-    return {
+    extra = {}
+    if carry:
+        carried = estimate_adapted_accuracy(p, pi_s, LEVEL, resamples=CARRY_RESAMPLES, seed=0)
+        extra = {"carried_lower": carried.lower, "carried_upper": carried.upper}
+        if exact:
+            check = estimate_adapted_accuracy(p, pi_s, LEVEL, resamples=CARRY_RESAMPLES, seed=0, exact=True)
+            extra["carried_error"] = n * max(abs(check.lower - carried.lower), abs(check.upper - carried.upper))
+    return extra | {
         "realized": float(np.mean(served == y)),
         "plain": plain.estimate,
         "plain_lower": plain.lower,
@@ -113,11 +135,22 @@ def measure_row(
     reference = source.reference
     pi_s, confusion = np.asarray(reference.mean_probabilities), np.asarray(reference.confusion)
     windows = draw_windows(pool, scenario.alpha, streams, n, seed)
+    carry = scenario.shift == "label"
     per = [
-        window_measures(pool.probs[i], pool.labels[i], priors, source, pi_s, confusion)
-        for i, priors in zip(windows.index, windows.priors)
+        window_measures(
+            pool.probs[i],
+            pool.labels[i],
+            priors,
+            source,
+            pi_s,
+            confusion,
+            carry,
+            carry and j < EXACT_CHECKS and n <= EXACT_WINDOW,
+        )
+        for j, (i, priors) in enumerate(zip(windows.index, windows.priors))
     ]
-    v = {key: np.array([w[key] for w in per]) for key in per[0]}
+    keys = dict.fromkeys(key for w in per for key in w)  # ``carried_error`` is on the first windows only
+    v = {key: np.array([w[key] for w in per if key in w]) for key in keys}
     realized, adapted = v["realized"], v["realized_adapted"]
 
     def covered(lower, upper, truth, widen=0.0) -> np.ndarray:
@@ -125,7 +158,16 @@ def measure_row(
 
     cover_plain = covered(v["plain_lower"], v["plain_upper"], realized)
     cover_adapted = covered(v["adapted_lower"], v["adapted_upper"], adapted)
-    row = {
+    carried = {}
+    if carry:
+        held = covered(v["carried_lower"], v["carried_upper"], adapted)
+        carried = {
+            "cover_carried": float(held.mean()),
+            "cover_carried_ci": clopper_pearson(int(held.sum()), streams),
+            "width_carried": float((v["carried_upper"] - v["carried_lower"]).mean()),
+            "carried_error": float(v["carried_error"].max()) if "carried_error" in v else None,
+        }
+    row = carried | {
         "source": source.name,
         "shift": scenario.shift,
         "condition": scenario.condition,
@@ -226,6 +268,11 @@ def run(args) -> dict:
                     f"cover {row['cover_plain']:.3f}",
                     flush=True,
                 )
+    length = getattr(args, "alarm_length", alarm.ALARM_LENGTH)
+    alarm_rows, set_rows = [], []
+    for s, source in enumerate(all_sources):
+        alarm_rows += alarm.alarm_rows(source, args.streams, length, args.seed + 1_000 * (s + 1), clopper_pearson)
+        set_rows += sets.set_rows(source, args.streams, args.seed + 1_000 * (s + 1) + 500)
     estimates, cbpe_note = cbpe_estimates(all_sources, cases)
     for i, row in enumerate(rows):
         realized, expected = row.pop("_realized"), row.pop("_expected")
@@ -242,6 +289,12 @@ def run(args) -> dict:
             "level": LEVEL,
             "seed": args.seed,
             "pool_rows": args.pool_rows,
+            "alarm_length": length,
+            "alarm_thresholds": list(alarm.THRESHOLDS),
+            "set_alpha": sets.SET_ALPHA,
+            "set_shifts": sets.SET_SHIFTS,
+            "set_window": sets.SET_WINDOW,
+            "carry_resamples": CARRY_RESAMPLES,
             "sources": {
                 src.name: {
                     "classes": src.reference_probs.shape[1],
@@ -255,4 +308,6 @@ def run(args) -> dict:
         "reference_error": errors,
         "cbpe": cbpe_note,
         "rows": rows,
+        "alarm": alarm_rows,
+        "sets": set_rows,
     }

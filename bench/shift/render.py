@@ -15,6 +15,18 @@ PRIOR_COLUMNS = (
     "source shift condition alpha n em_l1 bbse_l1 freq_l1 em_unconverged accuracy accuracy_adapted accuracy_oracle "
     "accuracy_gap nll_plain nll_adapted nll_oracle nll_ratio nll_recovered"
 )
+CARRIED_COLUMNS = (
+    "source alpha n accuracy_adapted bias_adapted em_l1 cover_adapted width_adapted cover_carried width_carried "
+    "carried_error"
+)
+ALARM_COLUMNS = (
+    "source shift condition alpha threshold length raised bound left_band delay oracle_share oracle_delay "
+    "raised_left_band delay_left_band oracle_delay_left_band"
+)
+SET_COLUMNS = (
+    "source alpha rule calibration_rows em_l1 worst_unadapted worst_em worst_oracle worst_classwise mean_unadapted "
+    "mean_em missed_unadapted missed_em missed_oracle size_unadapted size_em size_oracle size_classwise"
+)
 DIGITS_COLUMNS = (
     "shift condition alpha n accuracy bias_plain cover_plain cover_widened_gap cover_widened_ece cover_adapted "
     "cover_adapted_widened_ece"
@@ -24,13 +36,41 @@ DIGITS_COLUMNS = (
 def _shown(row: dict) -> dict:
     """A row with its coverages written with their Clopper-Pearson intervals."""
     out = dict(row)
-    for key in ("cover_plain", "cover_adapted"):
-        low, high = row[f"{key}_ci"]
-        out[key] = f"{row[key]:.3f} [{low:.3f}, {high:.3f}]"
+    for key in ("cover_plain", "cover_adapted", "cover_carried"):
+        if key in row:
+            low, high = row[f"{key}_ci"]
+            out[key] = f"{row[key]:.3f} [{low:.3f}, {high:.3f}]"
     for key in ("mae_cbpe", "cbpe_ratio", "dev_cbpe", "dev_cbpe_ratio"):
         out.setdefault(key, "")
     if row["alpha"] == "" or out.get("nll_recovered") is None:  # without label shift there is no gain to recover
         out["nll_recovered"] = ""
+    return out
+
+
+def _quantiles(q: list[float] | None) -> str:
+    return "" if not q else f"{q[1]:,.0f} ({q[0]:,.0f}-{q[2]:,.0f})"
+
+
+def _alarm_shown(row: dict) -> dict:
+    """An alarm row with its share raised and interval, and its delays as median (10%-90%)."""
+    out = dict(row)
+    low, high = row["raised_ci"]
+    out["raised"] = f"{row['raised']}/{row['streams']}: {row['raised_share']:.3f} [{low:.3f}, {high:.3f}]"
+    out["threshold"] = f"{row['threshold']:g}"
+    out["bound"] = f"{row['bound']:.4g}"
+    for key in ("delay", "oracle_delay", "delay_left_band", "oracle_delay_left_band"):
+        out[key] = _quantiles(row.get(key))
+    for key in ("oracle_share", "raised_left_band"):
+        out[key] = "" if row.get(key) is None else f"{row[key]:.3f}"
+    return out
+
+
+def _set_shown(row: dict) -> dict:
+    """A sets row with the worst shift's coverage of each variant and its 95% t interval over the splits."""
+    out = dict(row)
+    for variant in ("unadapted", "em", "oracle", "classwise"):
+        low, high = row[f"worst_{variant}_ci"]
+        out[f"worst_{variant}"] = f"{row[f'worst_{variant}']:.4f} [{low:.4f}, {high:.4f}]"
     return out
 
 
@@ -102,6 +142,9 @@ def markdown(result: dict) -> str:
         table(shown, PRIOR_COLUMNS),
         "",
     ]
+    lines += _carried_section(result, shown)
+    lines += _alarm_section(result)
+    lines += _set_section(result)
     if d:
         digits = [r for r in rows if r["source"] == "digits"]
         lines += [
@@ -131,3 +174,88 @@ def markdown(result: dict) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _carried_section(result: dict, shown: list[dict]) -> list[str]:
+    label = [r for r in shown if r["shift"] == "label" and "cover_carried" in r]
+    if not label:
+        return []
+    resamples = result["setup"].get("carry_resamples", "")
+    return [
+        "## Adapted intervals that carry EM's error",
+        "",
+        "`cover_adapted`, `width_adapted`: the Poisson-binomial interval of the EM-adapted probabilities, which "
+        "treats them as exact. `cover_carried`, `width_carried`: `calibkit.estimated_accuracy."
+        f"estimate_adapted_accuracy` ({resamples} bootstrap resamples of the window's rows, EM rerun on each), the "
+        "quantiles of the mixture over the resamples of the Poisson-binomial laws of the adapted confidences of the "
+        "served predictions, each law normal with a continuity correction; against the same realized accuracy of "
+        "the adapted predictions. `carried_error`: on the first windows of n <= 500, the most the normal "
+        "approximation moved an end of the interval against the mixture of exact laws, in counts of n. `em_l1`: "
+        "EM's priors from the window's class frequencies.",
+        "",
+        table(label, CARRIED_COLUMNS),
+        "",
+    ]
+
+
+def _alarm_section(result: dict) -> list[str]:
+    rows = result.get("alarm", [])
+    if not rows:
+        return []
+    return [
+        "## Label-shift alarm",
+        "",
+        "`calibkit.label_shift_alarm` with `LabelShiftAlarmConfig.for_reference` of each source's validation "
+        "reference (tolerance 0.02, epsilon 0.01, margins for the reference's rows) and threshold A; streams of "
+        "`length` predictions drawn from the pool as the windows are, the shift from the first prediction on. "
+        "`raised`: streams raised within the length, with the 95% Clopper-Pearson interval of the share. "
+        "`bound`: n / A + epsilon, what decision 0032 proves for unshifted traffic (the detector's n / A plus the "
+        "probability that the reference's margins miss); at the default A = 10^8 it is about epsilon, at 10^5 "
+        "n / A is the informative part, at 10^3 it is vacuous. `left_band`: the share of streams whose law moves "
+        "some class's mean probability beyond its band (tolerance plus margins), the shifts the alarm is built "
+        "to raise on. `delay`: predictions to the first raise among the raised, median (10%-90% quantiles). The "
+        "oracle (`oracle_share`, `oracle_delay`) is told the new priors: the CUSUM of log sum_y w_y p(y | x_t), "
+        "w = pi_t / pi_s (Page 1954; the fastest at its false-alarm rate, Lorden 1971), at the same A and "
+        "without a tolerance. `raised_left_band`, `delay_left_band`, `oracle_delay_left_band`: the same among the "
+        "streams that left the band. Covariate rows: no label shift; without labels the alarm cannot always tell "
+        "the corrupted inputs' moved means from a label shift.",
+        "",
+        table([_alarm_shown(r) for r in rows], ALARM_COLUMNS),
+        "",
+    ]
+
+
+def _set_section(result: dict) -> list[str]:
+    rows = result.get("sets", [])
+    if not rows:
+        return []
+    setup = result["setup"]
+    target = rows[0]["target"]
+    return [
+        "## Sets under label shift",
+        "",
+        f"Split conformal sets at 1 - alpha = {target:g} (`calibkit.conformal`: LAC; APS randomized, one uniform "
+        f"draw per row). Per source and Dirichlet concentration, {setup.get('set_shifts', '')} target priors; per "
+        f"target, {rows[0]['splits']} random calibration splits of `calibration_rows` rows (digits: random halves of "
+        "its 359 validation rows, so the mean is over the splits but given that one validation split; the "
+        "synthetic sources: fresh rows of the source). Per split: `unadapted`, the marginal threshold; `em`, the "
+        "weighted conformal quantile (`label_shift_quantiles`, Podkopaev & Ramdas 2021) with EM's weights from "
+        f"{setup.get('set_window', 2000):,} unlabelled rows of the target (`em_l1`: their priors' L1 distance "
+        "from the target's); `oracle`, weighted by the true ratios; `classwise`, Mondrian thresholds "
+        "(`classwise_quantiles`), which cover every class and so any priors. A split's coverage under the target "
+        "is sum_y pi_t(y) cov_y over the pool (exact given the split); a shift's is the mean over its splits. "
+        "`worst_*`: the lowest shift's coverage, with its 95% t interval over the splits; `mean_*`: the mean over "
+        f"the shifts; `missed_*`: shifts whose interval lies below {target - 0.01:g}; `size_*`: mean set size "
+        "under the targets.",
+        "",
+        table([_set_shown(r) for r in rows], SET_COLUMNS),
+        "",
+        "**With the adaptive threshold** (decision 0033). Adaptive conformal inference's level alpha_t (Gibbs & "
+        "Candès 2021) feeds the weighted quantile in place of alpha, and the miss it folds is the weighted set's: "
+        "its long-run bound holds for any sets nested in the level, so for the weighted sets whatever the weights. "
+        "The weights correct at once, before any label, what the priors explain; the level corrects from the "
+        "labels what is left (EM's error, a shift of p(x | y)). The service serves the weighted sets at the static "
+        "level while adapting, and the served log-scale tracker follows the unweighted sets: its bound is about its "
+        "own marginal sets, so it would have to fold the weighted sets' misses to steer them.",
+        "",
+    ]

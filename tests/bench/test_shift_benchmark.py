@@ -1,7 +1,10 @@
 """The shift benchmark (bench/shift): a tiny run has every row, goal and section, and says when CBPE did not run; on
 seeded synthetic windows, the oracle's adaptation lowers the NLL under label shift, EM's priors land nearer the
 window's class frequencies than the unadapted source priors, and the 95% Poisson-binomial interval holds the
-realized accuracy of a calibrated source about 95% of the time (a binomial bound on the count)."""
+realized accuracy of a calibrated source about 95% of the time (a binomial bound on the count); the label-shift
+alarm stays silent on unshifted streams and raises on a strong shift, later than the oracle told it; the sets that
+the benchmark counts are ``prediction_sets``', and under a shift toward the hard class the weighted sets cover more
+than the unweighted ones."""
 
 import argparse
 
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bench.shift import goals, measure, render
+from bench.shift import alarm, goals, measure, render, sets
 from bench.shift.streams import (
     CIFAR_LIKE,
     SYNTHETIC,
@@ -18,6 +21,9 @@ from bench.shift.streams import (
     scenarios,
     synthetic_source,
 )
+from calibkit.conformal import label_shift_quantiles, prediction_sets
+from calibkit.label_shift import em_priors
+from calibkit.label_shift_alarm import LabelShiftAlarmConfig
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +32,7 @@ def tiny(tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(measure, "REFS_PYTHON", missing)
         patch.setattr(measure, "ROOT", missing.parent.parent)
-        args = argparse.Namespace(seed=0, pool_rows=5_000, windows=(100, 2_000), streams=3)
+        args = argparse.Namespace(seed=0, pool_rows=5_000, windows=(100, 2_000), streams=3, alarm_length=300)
         result = measure.run(args)
     result["goals"] = goals.goals(result)
     return result
@@ -61,8 +67,25 @@ def test_a_tiny_run_has_every_row_goal_and_section(tiny):
             **tiny,
         }
     )
-    for section in ("## Goals", "## Estimated accuracy", "## Priors and adaptation", "## The digits intervals"):
+    for section in (
+        "## Goals",
+        "## Estimated accuracy",
+        "## Priors and adaptation",
+        "## Adapted intervals that carry EM's error",
+        "## Label-shift alarm",
+        "## Sets under label shift",
+        "## The digits intervals",
+    ):
         assert section in page
+    # no shift at three thresholds, three alphas, and the covariate pools of digits and cifar-like
+    assert len(tiny["alarm"]) == 3 * 6 + 2 * 5
+    assert {(r["source"], r["alpha"], r["rule"]) for r in tiny["sets"]} >= {
+        ("digits", 0.1, "lac"),
+        ("synthetic", 10.0, "aps"),
+    }
+    assert all("cover_carried" in r for r in rows if r["shift"] == "label")
+    assert isinstance(next(v for g, v in met.items() if g.startswith("sets weighted by EM's priors")), bool)
+    assert met["label-shift alarm: detection delay under label shift, against an oracle told the shift"] == "reported"
     assert "at commit `abc1234`" in page and "pending" in page
 
 
@@ -105,3 +128,57 @@ def test_label_shift_windows_draw_their_class_counts_from_the_priors():
     assert np.abs(frequencies - windows.priors).sum(axis=1).mean() < 0.05
     again = draw_windows(pool, 0.1, 50, 2_000, seed=0)
     np.testing.assert_array_equal(windows.index, again.index)
+
+
+def test_the_alarm_stays_silent_without_shift_and_the_oracle_raises_first_on_a_strong_one():
+    """40 unshifted streams of 2,000 predictions at the default A: the bound allows 2,000 / 10^8 per stream plus
+    epsilon = 0.01 for the reference's draw, and none raises. Under Dirichlet(0.1) priors every stream's means leave
+    the band; the alarm raises on each within 2,000, and the oracle told the priors, the CUSUM of the exact
+    likelihood ratio, raises first on the median."""
+    source = synthetic_source(SYNTHETIC, seed=4, rows=20_000)
+    config = LabelShiftAlarmConfig.for_reference(source.reference)
+    pool = source.pools["clean"]
+    quiet = draw_windows(pool, None, 40, 2_000, seed=6)
+    assert np.all(alarm.first_raise(config, pool.probs, quiet.index) == -1)
+    shifted = draw_windows(pool, 0.1, 40, 2_000, seed=7)
+    ours = alarm.first_raise(config, pool.probs, shifted.index)
+    oracle = alarm.oracle_raise(pool.probs, shifted.index, shifted.priors / source.true_priors, config.threshold)
+    assert np.all(alarm.left_band(config, pool, shifted.priors))
+    assert np.all(ours >= 0) and np.all(oracle >= 0)
+    assert np.median(oracle) < np.median(ours)
+
+
+def test_the_counted_sets_are_prediction_sets_and_weights_lift_coverage_toward_the_hard_class():
+    """The sets the benchmark counts (all labels' scores at or below per-class thresholds) are ``prediction_sets``'
+    for LAC and randomized APS. On the 5-class source, whose class 0 is the easy one, a shift toward class 4 lowers
+    the unweighted sets' coverage; over 100 calibration splits of 500 fresh rows the sets weighted by the true
+    ratios and by EM's cover more, the mean of the paired gains above 0 by more than 3.3 standard errors (a 99.95%
+    one-sided bound)."""
+    source = synthetic_source(SYNTHETIC, seed=3, rows=20_000)
+    pool = source.pools["clean"]
+    probs, labels = pool.probs[:10_000], pool.labels[:10_000]
+    rng = np.random.default_rng(8)
+    u = rng.random(len(labels))
+    thresholds = np.array([0.3, 0.5, 0.6, 0.7, 0.8])
+    for rule in ("lac", "aps"):
+        counted = sets.all_scores(probs, rule, u) <= thresholds + sets.SCORE_ATOL
+        served = prediction_sets(probs, thresholds, rule, u=u if rule == "aps" else None)
+        np.testing.assert_array_equal(counted, served)
+    target = np.array([0.01, 0.01, 0.01, 0.01, 0.96])
+    spare_probs, spare_labels = pool.probs[10_000:], pool.labels[10_000:]
+    scores = sets.all_scores(spare_probs, "lac", None)[np.arange(len(spare_labels)), spare_labels]
+    true = sets.all_scores(probs, "lac", None)[np.arange(len(labels)), labels]
+    per_class = np.bincount(labels, minlength=5)
+    gains = []
+    for _ in range(100):
+        calibration = rng.choice(len(spare_labels), 500, replace=False)
+        rows = np.concatenate([rng.choice(pool.by_class[c], n) for c, n in enumerate(rng.multinomial(2_000, target))])
+        em = em_priors(pool.probs[rows], np.asarray(source.reference.mean_probabilities))
+        covered = []
+        for weights in (np.ones(5), target / source.true_priors, np.asarray(em.weights)):
+            q = label_shift_quantiles(scores[calibration], spare_labels[calibration], weights, 0.1, 5)
+            held = np.bincount(labels, weights=true <= q[labels] + sets.SCORE_ATOL, minlength=5) / per_class
+            covered.append(target @ held)
+        gains.append([covered[1] - covered[0], covered[2] - covered[0]])
+    gains = np.array(gains)
+    assert np.all(gains.mean(axis=0) - 3.3 * gains.std(axis=0, ddof=1) / np.sqrt(len(gains)) > 0)

@@ -1,0 +1,149 @@
+"""The shift benchmark's rows of prediction sets under label shift: split conformal sets, unadapted and weighted by
+the prior ratios (``calibkit.conformal.label_shift_quantiles``, Podkopaev & Ramdas 2021), over random calibration
+splits of the source's reference rows.
+
+For each source and Dirichlet concentration alpha, ``SET_SHIFTS`` target priors pi_t ~ Dirichlet(alpha); for each,
+``streams`` random calibration splits of half as many rows as the reference has (``CALIBRATION_SHARE``), and
+``SET_WINDOW`` unlabelled rows drawn from the pool under pi_t (class counts ~ Multinomial, rows by class) give EM's
+priors. Digits: each split is a random half of its validation rows, so its coverage is averaged over the splits but
+conditional on the one validation split there is (and its pool is the 359 test images). The synthetic sources: each
+split is drawn afresh from the source (rows of the clean pool outside those the coverage is computed on), so the
+average is over the calibration draw, which is what split conformal's guarantee is about. Per split and rule (LAC;
+APS randomized, one uniform draw per row), four sets at 1 - ``SET_ALPHA``:
+
+- ``unadapted``: the marginal split conformal threshold (every weight 1);
+- ``em``: weighted by EM's ratios w = pi_em / pi_s (``em_priors``' weights; pi_s the reference's mean probabilities),
+  the realistic one;
+- ``oracle``: weighted by the true ratios pi_t / pi_true (``Source.true_priors``);
+- ``classwise``: Mondrian sets (``classwise_quantiles``), which cover every class at 1 - alpha, so any priors, with
+  no weights, at the price of larger sets.
+
+The coverage of a split's sets under pi_t is computed on the whole pool, sum_y pi_t(y) cov_y with cov_y the share of
+the pool's rows of class y whose label is in their set (the pool is the target's p(x | y)): exact given the split,
+without the noise of a test window. A shift's coverage is the mean over its splits, with a 95% t interval across
+them: split conformal covers on average over the calibration draw, so that mean is what the guarantee is about,
+for each shift. ``set_size``: the mean set size under pi_t, from the pool likewise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from bench.shift.streams import ALPHAS, Source
+from calibkit.conformal import SCORE_ATOL, classwise_quantiles, conformity_scores, label_shift_quantiles
+from calibkit.label_shift import em_priors
+
+SET_ALPHA = 0.1
+#: Target priors per Dirichlet concentration, each with ``streams`` calibration splits.
+SET_SHIFTS = 5
+#: The share of the reference rows that calibrates each split.
+CALIBRATION_SHARE = 0.5
+#: Unlabelled rows of the target that EM estimates the priors on.
+SET_WINDOW = 2_000
+#: The most pool rows that the coverage and set sizes are computed on (a seeded subsample beyond).
+POOL_LIMIT = 20_000
+RULES = ("lac", "aps")
+VARIANTS = ("unadapted", "em", "oracle", "classwise")
+
+
+def all_scores(probs: np.ndarray, rule: str, u: np.ndarray | None) -> np.ndarray:
+    """s(x_i, k) for every row and label (N, K): the set at thresholds q (one per label) is s <= q + SCORE_ATOL."""
+    n, k = probs.shape
+    return np.stack(
+        [conformity_scores(probs, np.full(n, c), rule, u=u if rule != "lac" else None) for c in range(k)], axis=1
+    )
+
+
+def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
+    """One row per alpha and rule: each variant's coverage and set size per shift, and across shifts."""
+    pool = source.pools["clean"]
+    rng = np.random.default_rng(seed)
+    m = len(source.reference_labels)
+    size_calibration = int(CALIBRATION_SHARE * m)
+    evaluated = np.arange(len(pool.labels))
+    if len(evaluated) >= POOL_LIMIT + 10 * m:  # a synthetic source: calibrate on fresh rows of the pool
+        order = rng.permutation(len(evaluated))
+        evaluated, spare = np.sort(order[:POOL_LIMIT]), order[POOL_LIMIT:]
+        calibration_probs, calibration_labels = pool.probs[spare], pool.labels[spare]
+    else:  # digits: random halves of the validation rows
+        calibration_probs, calibration_labels = source.reference_probs, source.reference_labels
+    probs, labels = pool.probs[evaluated], pool.labels[evaluated]
+    k = probs.shape[1]
+    pi_s = np.asarray(source.reference.mean_probabilities)
+    pi_s = pi_s / pi_s.sum()
+    u_pool, u_calibration = rng.random(len(labels)), rng.random(len(calibration_labels))
+    scores = {rule: all_scores(probs, rule, u_pool) for rule in RULES}
+    reference = {
+        rule: conformity_scores(calibration_probs, calibration_labels, rule, u=u_calibration if rule != "lac" else None)
+        for rule in RULES
+    }
+    class_rows = np.bincount(labels, minlength=k).astype(np.float64)
+    true_scores = {rule: scores[rule][np.arange(len(labels)), labels] for rule in RULES}
+    rows = []
+    for alpha in ALPHAS:
+        shifts = rng.dirichlet(np.full(k, alpha), SET_SHIFTS)
+        # per shift, split, rule, variant: (coverage, size)
+        cover = np.zeros((SET_SHIFTS, streams, len(RULES), len(VARIANTS)))
+        size = np.zeros_like(cover)
+        em_l1 = np.zeros((SET_SHIFTS, streams))
+        for s, target in enumerate(shifts):
+            oracle = target / source.true_priors
+            for split in range(streams):
+                calibration = rng.choice(len(calibration_labels), size_calibration, replace=False)
+                counts = rng.multinomial(SET_WINDOW, target)
+                window = np.concatenate([rng.choice(pool.by_class[c], counts[c]) for c in range(k) if counts[c]])
+                em = em_priors(pool.probs[window], pi_s)
+                em_l1[s, split] = float(np.abs(np.asarray(em.priors) - target).sum())
+                y = calibration_labels[calibration]
+                for r, rule in enumerate(RULES):
+                    cal = reference[rule][calibration]
+                    thresholds = (
+                        label_shift_quantiles(cal, y, np.ones(k), SET_ALPHA, k),
+                        label_shift_quantiles(cal, y, em.weights, SET_ALPHA, k),
+                        label_shift_quantiles(cal, y, oracle, SET_ALPHA, k),
+                        classwise_quantiles(cal, y, SET_ALPHA, k),
+                    )
+                    for v, q in enumerate(thresholds):
+                        held = np.bincount(labels, weights=true_scores[rule] <= q[labels] + SCORE_ATOL, minlength=k)
+                        sizes = np.bincount(labels, weights=(scores[rule] <= q + SCORE_ATOL).sum(axis=1), minlength=k)
+                        with np.errstate(invalid="ignore", divide="ignore"):
+                            per_class_cover = np.where(class_rows > 0, held / class_rows, 1.0)
+                            per_class_size = np.where(class_rows > 0, sizes / class_rows, 0.0)
+                        cover[s, split, r, v] = target @ per_class_cover
+                        size[s, split, r, v] = target @ per_class_size
+        tv = 0.5 * np.abs(shifts - source.true_priors).sum(axis=1)
+        for r, rule in enumerate(RULES):
+            row: dict = {
+                "source": source.name,
+                "alpha": alpha,
+                "rule": rule,
+                "shifts": SET_SHIFTS,
+                "splits": streams,
+                "calibration_rows": size_calibration,
+                "fresh_calibration": bool(len(calibration_labels) != m),
+                "target": 1 - SET_ALPHA,
+                "shift_tv": [float(t) for t in tv],
+                "em_l1": float(em_l1.mean()),
+            }
+            for v, variant in enumerate(VARIANTS):
+                c = cover[:, :, r, v]
+                means = c.mean(axis=1)
+                half = stats.t.ppf(0.975, streams - 1) * c.std(axis=1, ddof=1) / np.sqrt(streams)
+                worst = int(np.argmin(means))
+                row |= {
+                    f"cover_{variant}": [float(x) for x in means],
+                    f"cover_{variant}_ci": [[float(a - h), float(a + h)] for a, h in zip(means, half)],
+                    f"worst_{variant}": float(means[worst]),
+                    f"worst_{variant}_ci": [float(means[worst] - half[worst]), float(means[worst] + half[worst])],
+                    f"mean_{variant}": float(means.mean()),
+                    f"missed_{variant}": int(np.sum(means + half < 1 - SET_ALPHA - 0.01)),
+                    f"size_{variant}": float(size[:, :, r, v].mean()),
+                }
+            rows.append(row)
+            print(
+                f"sets {source.name} alpha {alpha:g} {rule}: worst "
+                + ", ".join(f"{v} {row[f'worst_{v}']:.4f}" for v in VARIANTS),
+                flush=True,
+            )
+    return rows
