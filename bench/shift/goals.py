@@ -199,14 +199,14 @@ def alarm_goals(rows: list[dict]) -> list[dict]:
     )
     if covariate:
         high = max(covariate, key=lambda r: r["raised_share"])
-        low = min(covariate, key=lambda r: r["raised_share"])
         out.append(
             {
                 "goal": "label-shift alarm: firing under covariate shift (no label shift)",
                 "rows": len(covariate),
                 "met": "reported",
-                "worst": f"raised in {low['raised_share']:.2f} ({low['source']} {low['condition']}) to "
-                f"{high['raised_share']:.2f} ({high['source']} {high['condition']}) of streams",
+                "worst": f"raised in {sum(r['raised'] for r in covariate)} of {sum(r['streams'] for r in covariate)} "
+                f"streams; highest {high['raised_share']:.3f} ({high['source']} {high['condition']}); streams whose "
+                f"means left the band: at most {max(r['left_band'] for r in covariate):.3f} of a row",
             }
         )
     return out

@@ -36,7 +36,7 @@ from calibkit.label_shift import em_priors
 
 SET_ALPHA = 0.1
 #: Target priors per Dirichlet concentration, each with ``streams`` calibration splits.
-SET_SHIFTS = 5
+SET_SHIFTS = 10
 #: The share of the reference rows that calibrates each split.
 CALIBRATION_SHARE = 0.5
 #: Unlabelled rows of the target that EM estimates the priors on.
