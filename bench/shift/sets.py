@@ -18,11 +18,13 @@ APS randomized, one uniform draw per row), four sets at 1 - ``SET_ALPHA``:
 - ``classwise``: Mondrian sets (``classwise_quantiles``), which cover every class at 1 - alpha, so any priors, with
   no weights, at the price of larger sets.
 
-The coverage of a split's sets under pi_t is computed on the whole pool, sum_y pi_t(y) cov_y with cov_y the share of
-the pool's rows of class y whose label is in their set (the pool is the target's p(x | y)): exact given the split,
-without the noise of a test window. A shift's coverage is the mean over its splits, with a 95% t interval across
-them: split conformal covers on average over the calibration draw, so that mean is what the guarantee is about,
-for each shift. ``set_size``: the mean set size under pi_t, from the pool likewise.
+The coverage of a split's sets under pi_t is computed on the pool, sum_y pi_t(y) cov_y with cov_y the share of the
+pool's rows of class y whose label is in their set (the pool is the target's p(x | y); for the synthetic sources the
+rows not set apart for calibration, ``SPARE_ROWS``): given the split, without the noise of a test window, but with
+that of the pool's finite rows, which the splits share (per class about sqrt(0.09 / rows of the class)). A shift's
+coverage is the mean over its splits, with a 95% t interval across them: split conformal covers on average over the
+calibration draw, so that mean is what the guarantee is about, for each shift. ``set_size``: the mean set size
+under pi_t, from a subsample of the pool (``POOL_LIMIT``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ SET_SHIFTS = 10
 CALIBRATION_SHARE = 0.5
 #: Unlabelled rows of the target that EM estimates the priors on.
 SET_WINDOW = 2_000
-#: The most pool rows that the coverage and set sizes are computed on (a seeded subsample beyond).
+#: The rows of a synthetic source's pool set apart for fresh calibration draws; the coverage is computed on the rest.
+SPARE_ROWS = 20_000
+#: The most pool rows that the set sizes are computed on (a seeded subsample beyond).
 POOL_LIMIT = 20_000
 RULES = ("lac", "aps")
 VARIANTS = ("unadapted", "em", "oracle", "classwise")
@@ -62,9 +66,9 @@ def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
     m = len(source.reference_labels)
     size_calibration = int(CALIBRATION_SHARE * m)
     evaluated = np.arange(len(pool.labels))
-    if len(evaluated) >= POOL_LIMIT + 10 * m:  # a synthetic source: calibrate on fresh rows of the pool
+    if len(evaluated) >= 5 * SPARE_ROWS:  # a synthetic source: calibrate on fresh rows of the pool
         order = rng.permutation(len(evaluated))
-        evaluated, spare = np.sort(order[:POOL_LIMIT]), order[POOL_LIMIT:]
+        evaluated, spare = np.sort(order[SPARE_ROWS:]), order[:SPARE_ROWS]
         calibration_probs, calibration_labels = pool.probs[spare], pool.labels[spare]
     else:  # digits: random halves of the validation rows
         calibration_probs, calibration_labels = source.reference_probs, source.reference_labels
@@ -73,13 +77,24 @@ def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
     pi_s = np.asarray(source.reference.mean_probabilities)
     pi_s = pi_s / pi_s.sum()
     u_pool, u_calibration = rng.random(len(labels)), rng.random(len(calibration_labels))
-    scores = {rule: all_scores(probs, rule, u_pool) for rule in RULES}
+    # coverage: every evaluated row's own-label score, sorted within its class; sizes: a subsample's every score
+    sized = np.sort(rng.choice(len(labels), min(POOL_LIMIT, len(labels)), replace=False))
+    scores = {rule: all_scores(probs[sized], rule, u_pool[sized]) for rule in RULES}
+    by_class = [np.flatnonzero(labels == c) for c in range(k)]
+    own = {
+        rule: [
+            np.sort(conformity_scores(probs[i], labels[i], rule, u=u_pool[i] if rule != "lac" else None))
+            for i in by_class
+        ]
+        for rule in RULES
+    }
     reference = {
         rule: conformity_scores(calibration_probs, calibration_labels, rule, u=u_calibration if rule != "lac" else None)
         for rule in RULES
     }
-    class_rows = np.bincount(labels, minlength=k).astype(np.float64)
-    true_scores = {rule: scores[rule][np.arange(len(labels)), labels] for rule in RULES}
+    class_rows = np.array([len(i) for i in by_class], dtype=np.float64)
+    sized_labels = labels[sized]
+    sized_rows = np.bincount(sized_labels, minlength=k).astype(np.float64)
     rows = []
     for alpha in ALPHAS:
         shifts = rng.dirichlet(np.full(k, alpha), SET_SHIFTS)
@@ -105,11 +120,15 @@ def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
                         classwise_quantiles(cal, y, SET_ALPHA, k),
                     )
                     for v, q in enumerate(thresholds):
-                        held = np.bincount(labels, weights=true_scores[rule] <= q[labels] + SCORE_ATOL, minlength=k)
-                        sizes = np.bincount(labels, weights=(scores[rule] <= q + SCORE_ATOL).sum(axis=1), minlength=k)
+                        held = np.array(
+                            [np.searchsorted(own[rule][c], q[c] + SCORE_ATOL, side="right") for c in range(k)]
+                        )
+                        sizes = np.bincount(
+                            sized_labels, weights=(scores[rule] <= q + SCORE_ATOL).sum(axis=1), minlength=k
+                        )
                         with np.errstate(invalid="ignore", divide="ignore"):
                             per_class_cover = np.where(class_rows > 0, held / class_rows, 1.0)
-                            per_class_size = np.where(class_rows > 0, sizes / class_rows, 0.0)
+                            per_class_size = np.where(sized_rows > 0, sizes / sized_rows, 0.0)
                         cover[s, split, r, v] = target @ per_class_cover
                         size[s, split, r, v] = target @ per_class_size
         tv = 0.5 * np.abs(shifts - source.true_priors).sum(axis=1)
