@@ -395,6 +395,14 @@ class LabelShiftAlarmConfig:
         }
 
 
+def _cusum(start: np.ndarray, log_e: np.ndarray) -> np.ndarray:
+    """The trajectory (T, ...) of CUSUMs U_i = max(U_{i-1}, 0) + x_i from U_0 = ``start`` over the rows of ``log_e``:
+    U_i = C_i + max(U_0, -min(0, C_1, ..., C_{i-1})) with C_i = x_1 + ... + x_i."""
+    c = np.cumsum(log_e, axis=0)
+    low = np.minimum.accumulate(np.concatenate([np.zeros_like(c[:1]), c[:-1]]), axis=0)
+    return c + np.maximum(start[None], -np.minimum(low, 0.0))
+
+
 def _side_mixtures(log_s: np.ndarray, classes: int, bets: int) -> np.ndarray:
     """log of the mean over bets of S, per side: (streams, 2K J) -> (streams, 2, K)."""
     grouped = log_s.reshape(log_s.shape[0], 2, classes, bets)
@@ -554,19 +562,31 @@ class LabelShiftAlarmState:
             while i < part.shape[0]:
                 index = self.predictions + start + i
                 alarmed = raised > cleared
-                if len(log_s) == 1 and not alarmed[0]:  # a service's stream, no clearing detector: up to the raise
-                    log_s, taken, up = self._run(log_s, log_up[i:])
+                if len(log_s) == 1:  # a service's stream: the rows up to its next raise or clear at once
+                    if alarmed[0] and log_down is None:
+                        log_down = cfg.log_e_values(part, clearing=True)
+                    log_s, log_c, taken, event = self._stretch(
+                        log_s,
+                        log_c,
+                        log_up[i:],
+                        None if log_down is None else log_down[i:],
+                        bool(alarmed[0]),
+                        index - int(raised[0]),
+                    )
                     since = np.cumsum(np.concatenate([since[None], part[i : i + taken]]), axis=0)[-1]
                     recent = signal.lfilter(
                         [1.0], [1.0, -cfg.decay], part[i : i + taken], axis=0, zi=recent[None] * cfg.decay
                     )[0][-1]
                     for _ in range(taken):
                         weight = weight * cfg.decay + 1.0
-                    if up.any():
+                    if event:
                         index += taken - 1
-                        raised[up] = index
-                        raises[up] += 1
-                        since[up] = 0.0
+                        since[0] = 0.0
+                        if alarmed[0]:
+                            cleared[0] = index
+                        else:
+                            raised[0] = index
+                            raises[0] += 1
                     i += taken
                     continue
                 log_s = np.maximum(log_s, 0.0) + log_up[i]
@@ -593,22 +613,34 @@ class LabelShiftAlarmState:
             cfg, log_s, log_c, self.predictions + p.shape[1], raised, cleared, raises, since, recent, weight
         )
 
-    def _run(self, log_s: np.ndarray, log_e: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
-        """The raising detectors over the rows of ``log_e`` (T, streams, 2K J) while no stream is alarmed, up to and
-        including the first row at which some stream's statistic reaches A: (log S after it, the rows taken, which
-        streams reached A there). The CUSUM U_i = max(U_{i-1}, 0) + x_i is, with C_i = x_1 + ... + x_i and
-        m_i = min(0, C_1, ..., C_i), U_i = C_i + max(U_0, -m_{i-1}): cumulative sums and minima, not a loop."""
+    def _stretch(
+        self, log_s: np.ndarray, log_c: np.ndarray, log_up: np.ndarray, log_down, alarmed: bool, after_raise: int
+    ) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """One stream's detectors over the rows of ``log_up`` (T, 1, 2K J) (and, while ``alarmed``, the clearing
+        e-values ``log_down``), up to and including the first row where the alarm is raised, or cleared: (log S and
+        log S of the clearing detectors after it, the rows taken, whether the alarm changed there). ``after_raise``
+        is the first row's index less the latest raise's. Each CUSUM U_i = max(U_{i-1}, 0) + x_i is, with
+        C_i = x_1 + ... + x_i, U_i = C_i + max(U_0, -min(0, C_1, ..., C_{i-1})): cumulative sums and minima."""
         cfg = self.config
-        c = np.cumsum(log_e, axis=0)
-        low = np.minimum.accumulate(np.concatenate([np.zeros_like(c[:1]), c[:-1]]), axis=0)
-        u = c + np.maximum(log_s[None], -np.minimum(low, 0.0))
-        rows, streams = np.nonzero(u.max(axis=2) >= cfg.log_threshold)  # M <= max_j S^(j): only these can cross
-        hits = np.zeros(u.shape[:2], dtype=bool)
-        if len(rows):
-            hits[rows, streams] = log_mixture(u[rows, streams], cfg.log_weights) >= cfg.log_threshold
-        crossed = np.flatnonzero(hits.any(axis=1))
-        last = int(crossed[0]) if len(crossed) else len(u) - 1
-        return u[last], last + 1, hits[last]
+        u = _cusum(log_s, log_up)
+        if not alarmed:
+            rows = np.flatnonzero(u[:, 0].max(axis=1) >= cfg.log_threshold)  # M <= max_j S^(j): only these
+            rows = rows[log_mixture(u[rows, 0], cfg.log_weights) >= cfg.log_threshold] if len(rows) else rows
+            last = int(rows[0]) if len(rows) else len(u) - 1
+            return u[last], log_c, last + 1, bool(len(rows))
+        c = _cusum(log_c, log_down)
+        classes, bets = cfg.classes, len(cfg.fractions)
+        live = cfg.live.ravel()
+        eligible = after_raise + np.arange(len(c)) >= cfg.min_clear
+        grouped = c[:, 0].reshape(len(c), 2 * classes, bets)
+        rows = np.flatnonzero(eligible & (grouped.max(axis=2)[:, live].min(axis=1) >= cfg.log_clear_threshold))
+        if len(rows):  # a mean over bets is at most their largest: only these rows can clear
+            mixed = special.logsumexp(grouped[rows], axis=2) - math.log(bets)
+            rows = rows[mixed[:, live].min(axis=1) >= cfg.log_clear_threshold]
+        if not len(rows):
+            return u[-1], c[-1], len(u), False
+        last = int(rows[0])
+        return np.zeros_like(u[last]), np.zeros_like(c[last]), last + 1, True
 
     def _clears(self, log_c: np.ndarray, among: np.ndarray, live: np.ndarray, classes: int, bets: int) -> np.ndarray:
         """Per stream, ``among`` and every live side's mean over bets of the clearing S at B or more. A mean over bets

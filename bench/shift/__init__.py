@@ -29,6 +29,10 @@ def arguments(parser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pool-rows", type=int, default=POOL_ROWS, help="rows of each synthetic pool")
+    parser.add_argument(
+        "--serving-seconds", type=float, default=4.0, help="seconds of load per version, round and request size"
+    )
+    parser.add_argument("--serving-rounds", type=int, default=5, help="alternating rounds of the /predict cost")
     parser.add_argument("--alarm-length", type=int, default=ALARM_LENGTH, help="predictions per alarm stream")
 
 

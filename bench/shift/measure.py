@@ -273,6 +273,13 @@ def run(args) -> dict:
     for s, source in enumerate(all_sources):
         alarm_rows += alarm.alarm_rows(source, args.streams, length, args.seed + 1_000 * (s + 1), clopper_pearson)
         set_rows += sets.set_rows(source, args.streams, args.seed + 1_000 * (s + 1) + 500)
+    from bench.shift import serving  # wrk and a service process: only when the benchmark runs
+
+    cost = {}
+    if getattr(args, "serving_rounds", 0):  # none in the unit tests' tiny runs
+        smoke = getattr(args, "smoke", False)
+        seconds, rounds, repeats = (1.0, 1, 20) if smoke else (args.serving_seconds, args.serving_rounds, 1000)
+        cost = {mode: serving.run(seconds, rounds, cost_repeats=repeats, adapt=mode) for mode in serving.MODES}
     estimates, cbpe_note = cbpe_estimates(all_sources, cases)
     for i, row in enumerate(rows):
         realized, expected = row.pop("_realized"), row.pop("_expected")
@@ -310,4 +317,5 @@ def run(args) -> dict:
         "rows": rows,
         "alarm": alarm_rows,
         "sets": set_rows,
+        "serving": cost,
     }

@@ -145,6 +145,7 @@ def markdown(result: dict) -> str:
     lines += _carried_section(result, shown)
     lines += _alarm_section(result)
     lines += _set_section(result)
+    lines += _serving_section(result)
     if d:
         digits = [r for r in rows if r["source"] == "digits"]
         lines += [
@@ -223,6 +224,31 @@ def _alarm_section(result: dict) -> list[str]:
         table([_alarm_shown(r) for r in rows], ALARM_COLUMNS),
         "",
     ]
+
+
+def _serving_section(result: dict) -> list[str]:
+    serving = result.get("serving")
+    if not serving:
+        return []
+    lines = [
+        "## Cost on /predict",
+        "",
+        "`bench/shift/serving.py`, measured as the sets' cost is (`bench/conformal/serving.py`): one service process "
+        "serves the light model as version 1 (its manifest's `label_shift` entry: the evaluator folds its "
+        "predictions into the label-shift alarm and estimates its priors every second) and as version 2 (without "
+        "it), both with their default sets and the prediction log; wrk's 64 closed-loop clients alternate between "
+        "them, round after round. `median_ratio`: rows/s of version 1 over version 2, the median over rounds, with "
+        "their range and `spread` (the larger max / min of either version's rows/s over the rounds); "
+        "`median_cpu_ratio`: the service's CPU per row without over with. With adaptation always, "
+        "`adaptation_cpu_us_per_row` is the request path's own added CPU, measured in process, per request (the "
+        "service adapts once per batch, so this is its upper bound), beside the path's.",
+        "",
+    ]
+    columns = ["rows", "rounds", "seconds", "median_ratio", "ratio_range", "spread", "median_cpu_ratio", "batch_rows"]
+    for mode, found in serving.items():
+        extra = ["adaptation_cpu_us_per_row", "path_cpu_us_per_row"] if mode == "always" else []
+        lines += [f"`CALIB_SHIFT__ADAPT={mode}`:", "", table(found["summary"], columns + extra), ""]
+    return lines
 
 
 def _set_section(result: dict) -> list[str]:

@@ -35,6 +35,9 @@ from bench.conformal.serving import (
 )
 from bench.serving.measure import LIGHT, SHAPES, service
 
+#: The settings measured: the default (the alarm and the estimates run, nothing is adapted) and adaptation always.
+MODES = ("off", "always")
+
 #: The service's settings for ``WITH``: adapt every request, fold predictions at once, evaluate every second.
 SETTINGS = {
     "CALIB_SHIFT__ADAPT": "always",
@@ -72,9 +75,11 @@ def check_adapted(url: str) -> dict:
     return {"priors_version": answers[WITH]["priors_version"], "conformal": answers[WITH]["conformal"]}
 
 
-def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_REPEATS) -> dict:
-    """``rounds`` alternating rounds of ``seconds`` per version and row count, on a service run from ``cwd``; the
-    rows of every round, their ``summarize`` and the request path's added CPU per row."""
+def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_REPEATS, adapt: str = "always") -> dict:
+    """``rounds`` alternating rounds of ``seconds`` per version and row count, on a service run from ``cwd`` with
+    ``CALIB_SHIFT__ADAPT=adapt``; the rows of every round, their ``summarize`` and, when adapting, the request path's
+    added CPU per row. With ``adapt`` "off" (the default setting), what remains is the evaluator's work: the alarm's
+    folding and the estimates."""
     work = Path(tempfile.mkdtemp(prefix="calib-bench-shift-"))
     try:
         artifacts = repository(work, "label_shift")
@@ -85,25 +90,25 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_
             True,
             "cpu",
             cwd=cwd,
-            CALIB_SHIFT__ADAPT="always",
+            CALIB_SHIFT__ADAPT=adapt,
             CALIB_SHIFT__SETTLE_SECONDS="0",
             CALIB_MONITORING__EVALUATE_SECONDS="1",
         )
         try:
             wait_for_priors(svc.url)
-            checked = check_adapted(svc.url)
+            checked = check_adapted(svc.url) if adapt == "always" else {"adapt": adapt}
             rows_out = alternating_rounds(svc, seconds, rounds)
         finally:
             svc.stop()
         summary = summarize(rows_out)
-        for s in summary:
+        for s in summary if adapt == "always" else []:
             s |= adaptation_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)
             s["cost_ratio"] = s["without_cpu_us_per_row"] / (
                 s["without_cpu_us_per_row"] + s["adaptation_cpu_us_per_row"]
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"adapted": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
+    return {"adapt": adapt, "adapted": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
 
 
 def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:

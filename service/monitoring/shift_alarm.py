@@ -21,6 +21,7 @@ from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
 from service.settings.groups import ShiftSettings
 from service.store import Store
+from service.store.predictions import SHARES
 from service.store.rows import CalibrationKey
 
 log = logging.getLogger("service.monitoring")
@@ -67,13 +68,18 @@ class ShiftAlarm:
             state = _load(row.state, config)
             was = bool(state.alarmed[0])
             cursor = None if row.cursor_at is None else (float(row.cursor_at), row.cursor_id)
-            new = self.store.predictions.served_after(key, cursor, until, MAX_FOLD, locked.connection)
-            if new.last is not None:
-                state, cursor = state.fold(new.probs), new.last
+            waiting = self.store.predictions.count_served(key, cursor, until, locked.connection)
+            if waiting:
+                # at most ``fold_rate`` predictions a second, sampled by their ids' random bits when more came
+                seconds = until - cursor[0] if cursor is not None else self.settings.settle_seconds + 1.0
+                budget = self.settings.fold_rate * max(seconds, 1.0)
+                share = SHARES if waiting <= budget else max(1, int(SHARES * budget / waiting))
+                new = self.store.predictions.served_after(key, cursor, until, MAX_FOLD, locked.connection, share)
+                state, cursor = (state.fold(new.probs) if len(new.probs) else state), new.last
             now = bool(state.alarmed[0])
             since = time.time() if now != was else row.since
             priors = row.priors if estimated is None else _served_priors(estimated)
-            if new.last is not None or priors != row.priors:
+            if waiting or priors != row.priors:
                 locked.save(cursor=cursor, state=json.dumps(state.to_dict()), alarmed=now, since=since, priors=priors)
         current = served.adaptation
         if (

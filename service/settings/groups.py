@@ -308,6 +308,13 @@ class ShiftSettings(BaseModel):
         description="B: a raised label-shift alarm clears when the evidence that every class is back inside its band "
         "reaches B (hysteresis)",
     )
+    fold_rate: float = Field(
+        default=1000.0,
+        gt=0,
+        description="the most served predictions a second the label-shift alarm folds: above it, a sample chosen by "
+        "the prediction ids' random bits (independent of what they hold, so the alarm's guarantee stands), which "
+        "bounds its cost at any traffic and slows its detection, counted in predictions, by the sampling factor",
+    )
     settle_seconds: float = Field(
         default=5.0,
         ge=0,

@@ -119,10 +119,10 @@ class RecentPredictions(NamedTuple):
 
 
 class ServedAfter(NamedTuple):
-    """Served predictions oldest first: the (created_at, id) of the newest (None when there are none) and their
-    calibrated probabilities as served."""
+    """Served predictions oldest first, their calibrated probabilities as served, and the (created_at, id) cursor a
+    next read starts after."""
 
-    last: tuple[float, str] | None
+    last: tuple[float, str]
     probs: np.ndarray
 
 
