@@ -87,6 +87,8 @@ class Monitor:
         self.calibrations.sync()
         self.alarm.export_states()
         self.coverage.load()
+        for served in self.repository.all():
+            self.shift_alarm.load(served, self.calibrations.key(served))
 
     def assess(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
         """Re-assess the alarm of a model version with its new labels (``Alarm.assess``), refresh the

@@ -81,14 +81,7 @@ class ShiftAlarm:
             priors = row.priors if estimated is None else _served_priors(estimated)
             if waiting or priors != row.priors:
                 locked.save(cursor=cursor, state=json.dumps(state.to_dict()), alarmed=now, since=since, priors=priors)
-        current = served.adaptation
-        if (
-            current is None
-            or current.alarmed != now
-            or priors is None
-            or current.version != json.loads(priors)["version"]
-        ):
-            served.adaptation = Adaptation.from_json(priors, now)  # kept otherwise: batches compare it by identity
+        _serve(served, priors, now)
         self._export(served, state)
         if now == was:
             return None
@@ -115,6 +108,13 @@ class ShiftAlarm:
             "reasons": [reason],
             "since": since,
         }
+
+    def load(self, served: ServedModel, key: CalibrationKey) -> None:
+        """Serve the priors stored with the label-shift state: a pod's front-ends that run no evaluation (and any
+        replica, between its passes) pick up what the evaluating one stored."""
+        row = self.store.shift_states.get(key)
+        if row is not None and self.config(served) is not None:
+            _serve(served, row.priors, bool(row.alarmed))
 
     def report(self, served: ServedModel, key: CalibrationKey) -> dict:
         """The ``label_shift`` block of GET /calibration."""
@@ -154,6 +154,19 @@ class ShiftAlarm:
     def _export(self, served: ServedModel, state: LabelShiftAlarmState) -> None:
         self.metrics.label_shift_alarm.labels(served.name, served.version).set(int(state.alarmed[0]))
         self.metrics.label_shift_e_detector.labels(served.name, served.version).set(float(state.statistic[0]))
+
+
+def _serve(served: ServedModel, priors: str | None, alarmed: bool) -> None:
+    """Hand a model version the stored priors; its current ``Adaptation`` is kept while their version and the alarm
+    are unchanged, since batches adapted under it are matched to requests by identity."""
+    current = served.adaptation
+    if (
+        current is None
+        or current.alarmed != alarmed
+        or priors is None
+        or current.version != json.loads(priors)["version"]
+    ):
+        served.adaptation = Adaptation.from_json(priors, alarmed)
 
 
 def _served_priors(estimated: dict) -> str:

@@ -180,6 +180,11 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
         assert answers[0]["priors_version"] == answers[1]["priors_version"] == shift_a["served_priors"]["version"]
         for key in ("probabilities", "prediction_set", "confidence", "label"):
             assert [p[key] for p in answers[0]["predictions"]] == [p[key] for p in answers[1]["predictions"]]
+        # a front-end that runs no evaluation (a pod's others) serves the stored priors from its refresh pass
+        served_b = app_b.state.parts.repository.get(MODEL, "1")
+        served_b.adaptation = None
+        app_b.state.parts.monitor.sync()
+        assert served_b.adaptation is not None and served_b.adaptation.version == answers[0]["priors_version"]
 
 
 def test_unshifted_traffic_raises_no_label_shift_alarm(shifted_artifact, tmp_path, evaluate_now):
