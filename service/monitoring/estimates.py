@@ -58,15 +58,16 @@ class Estimates:
             }
         )
 
-    def export(self, served: ServedModel, key: CalibrationKey) -> None:
-        """Set the estimate's gauges from the drift window (after an evaluation pass)."""
+    def export(self, served: ServedModel, key: CalibrationKey) -> dict | None:
+        """Set the estimate's gauges from the drift window (at an evaluation pass); the window's ``priors`` entry,
+        which the label-shift alarm's pass stores for adaptations (None without one)."""
         name, version = served.name, served.version
         if self.settings.accuracy_floor is not None:
             self.metrics.accuracy_floor.labels(name, version).set(self.settings.accuracy_floor)
         found = self._unlabelled(served, key, self.store.predictions.recent(key, self.rows))
         accuracy = found["accuracy"]
         if accuracy is None:
-            return
+            return None
         self.metrics.estimated_accuracy.labels(name, version).set(accuracy["estimate"])
         self.metrics.estimated_accuracy_low.labels(name, version).set(accuracy["lower"])
         self.metrics.estimated_accuracy_high.labels(name, version).set(accuracy["upper"])
@@ -75,10 +76,7 @@ class Estimates:
             for class_name, value in priors["em"]["priors"].items():
                 self.metrics.estimated_prior.labels(name, version, class_name).set(value)
             self.metrics.prior_shift.labels(name, version).set(priors["total_variation"])
-
-    def priors(self, served: ServedModel, key: CalibrationKey) -> dict | None:
-        """The ``priors`` entry of the drift window now (cached), for the adaptation the service serves."""
-        return self._unlabelled(served, key, self.store.predictions.recent(key, self.rows))["priors"]
+        return priors
 
     def _with_intervals(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
         """``_unlabelled`` with the EM priors' bootstrap interval, which only reports need (the evaluator's passes

@@ -57,7 +57,7 @@ class Monitor:
             check_level=shift.interval_level,
         )
         self.estimates = Estimates(store, metrics, rows=drift_rows, settings=shift)
-        self.shift_alarm = ShiftAlarm(store, metrics, shift, self.estimates)
+        self.shift_alarm = ShiftAlarm(store, metrics, shift)
         self.coverage = CoverageMonitor(
             store,
             repository,
@@ -91,20 +91,21 @@ class Monitor:
             self.shift_alarm.load(served, self.calibrations.key(served))
 
     def assess(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
-        """Re-assess the alarm of a model version with its new labels (``Alarm.assess``), refresh the
-        window gauges when there were any and the label-free estimate's: (status, the transition or None)."""
+        """Re-assess the alarm of a model version with its new labels (``Alarm.assess``) and refresh the
+        window gauges when there were any: (status, the transition or None)."""
         served = self.repository.get(name, version)
         key = self.calibrations.key(served)
         status, transition, folded = self.alarm.assess(served, key)
         if folded:
             self.reports.export_window(served, key)
-        self.estimates.export(served, key)
         return status, transition
 
     def assess_shift(self, name: str, version: str) -> dict | None:
-        """Fold the predictions served since the last pass into the label-shift alarm: the transition or None."""
+        """Refresh the label-free estimate's gauges and fold the predictions served since the last pass into the
+        label-shift alarm, with the drift window's priors read once for both: the transition or None."""
         served = self.repository.get(name, version)
-        return self.shift_alarm.assess(served, self.calibrations.key(served))
+        key = self.calibrations.key(served)
+        return self.shift_alarm.assess(served, key, self.estimates.export(served, key))
 
     def report(self, name: str | None, version: str | None, window: str | None, by_source: bool = False) -> dict:
         """The body of GET /calibration: the calibration report and the coverage of the served prediction sets

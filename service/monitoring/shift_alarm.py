@@ -16,7 +16,6 @@ import time
 
 from calibkit.label_shift_alarm import LabelShiftAlarmConfig, LabelShiftAlarmState
 from service.metrics import ServiceMetrics
-from service.monitoring.estimates import Estimates
 from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
 from service.settings.groups import ShiftSettings
@@ -32,9 +31,8 @@ MAX_FOLD = 20_000
 
 
 class ShiftAlarm:
-    def __init__(self, store: Store, metrics: ServiceMetrics, settings: ShiftSettings, estimates: Estimates):
+    def __init__(self, store: Store, metrics: ServiceMetrics, settings: ShiftSettings):
         self.store = store
-        self.estimates = estimates
         self.metrics = metrics
         self.settings = settings
         self._configs: dict[tuple[str, str], LabelShiftAlarmConfig] = {}
@@ -54,15 +52,15 @@ class ShiftAlarm:
             )
         return found
 
-    def assess(self, served: ServedModel, key: CalibrationKey) -> dict | None:
-        """Fold the predictions served since the cursor into the alarm, store the priors of the drift window that
-        adaptations serve, and hand them to ``served``: the transition (raised or cleared) or None."""
+    def assess(self, served: ServedModel, key: CalibrationKey, estimated: dict | None) -> dict | None:
+        """Fold the predictions served since the cursor into the alarm, store ``estimated``, the drift window's priors
+        (``Estimates.export``), for adaptations, and hand them to ``served``: the transition (raised or cleared) or
+        None."""
         config = self.config(served)
         if config is None:
             return None
         fresh = json.dumps(LabelShiftAlarmState.fresh(config).to_dict())
         until = time.time() - self.settings.settle_seconds
-        estimated = self.estimates.priors(served, key)
         with self.store.shift_states.locked(key, fresh) as locked:
             row = locked.row
             state = _load(row.state, config)
