@@ -60,10 +60,10 @@ def raw_onnxruntime(
     """rows/s of onnxruntime alone with the service's providers, sessions, thread and I/O binding
     settings: each of the model's sessions called back to back from its own thread, all at once."""
     from service.serving.runtime import create_runtime
-    from service.settings import BatchingConfig, Settings
+    from service.settings import Settings
 
     settings = Settings(device=device)
-    sessions = BatchingConfig().sessions()
+    sessions = settings.batching.sessions()
     runtimes = [create_runtime(path, settings, sessions) for _ in range(sessions)]
     rows = []
     for batch in batches:

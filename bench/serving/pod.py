@@ -30,7 +30,16 @@ import numpy as np
 from bench.common import Server, children, histogram_totals, machine, process_cpu_seconds, table, wrk
 from bench.serving.goals import REPLICAS, pod_goals
 from bench.serving.grpc_load import load as grpc_load
-from bench.serving.measure import HEAVY, LIGHT, SHAPES, binary_load, raw_onnxruntime, service, single_row_requests
+from bench.serving.measure import (
+    HEAVY,
+    LIGHT,
+    SHAPES,
+    binary_load,
+    drained_queue,
+    raw_onnxruntime,
+    service,
+    single_row_requests,
+)
 
 if TYPE_CHECKING:
     from service.settings import Device
@@ -40,8 +49,8 @@ PROTOCOLS = ("binary", "json", "grpc")
 CLIENTS = (64, 128)
 PARITY_ROWS = 64
 POINT_COLUMNS = (
-    "frontends model protocol clients requests_per_s batch raw_rows_per_s vs_raw cpu_us_frontends cpu_us_engine "
-    "cpu_us_engine_loop message_rows round_trip_ms inference_busy gpu_util queue_ms inference_ms errors"
+    "frontends model protocol clients requests_per_s batch raw_rows_per_s vs_raw vs_padded cpu_us_frontends "
+    "cpu_us_engine cpu_us_engine_loop message_rows round_trip_ms inference_busy gpu_util queue_ms inference_ms errors"
 ).split()
 
 
@@ -49,6 +58,15 @@ def grpc_connections(frontends: int) -> int:
     """HTTP/2 connections for gRPC load: the smallest power of two of at least 2W, so that SO_REUSEPORT's hash
     reaches every front-end and the clients divide evenly among the connections."""
     return 1 << (2 * frontends - 1).bit_length()
+
+
+def padded_to(batch: float) -> int:
+    """The bucket a batch of ``batch`` rows (rounded) is padded to on CUDA (``service.serving.runtime``)."""
+    from service.serving.runtime import batch_buckets
+    from service.settings import Settings
+
+    rows = max(1, round(batch))
+    return next((b for b in batch_buckets(Settings().batching.max_batch_size) if b >= rows), rows)
 
 
 def roles(svc: Server) -> dict[str, list[int]]:
@@ -187,8 +205,8 @@ def served(url: str, model: str) -> np.ndarray:
 
 
 def sweep_service(servers: list[Server], w: int, seconds: float, work: Path, label: str) -> list[dict]:
-    """Every (model, protocol, clients) point on ``servers``, a one-second warm-up per model and protocol; then p50
-    and p99 at one client."""
+    """Every (model, protocol, clients) point on ``servers``, a one-second warm-up per model and protocol; then one
+    client, whose stage means (round trip, queue, inference) show where its latency goes."""
     rows = []
     for model in MODELS:
         for protocol in PROTOCOLS:
@@ -197,11 +215,9 @@ def sweep_service(servers: list[Server], w: int, seconds: float, work: Path, lab
                 row = {"frontends": label} | point(servers, model, protocol, clients, seconds, work, w)
                 rows.append(row)
                 print(table([row], POINT_COLUMNS), flush=True)
-            one = drive(servers[:1], model, protocol, 1, 1.0, work, w)
-            rows.append(
-                {"frontends": label, "model": model, "protocol": protocol, "clients": 1}
-                | {k: one[k] for k in ("requests_per_s", "p50_ms", "p99_ms", "errors")}
-            )
+            drained_queue(servers[0])  # the loaded point's last requests would count as the one client's
+            time.sleep(0.2)
+            rows.append({"frontends": label} | point(servers[:1], model, protocol, 1, 1.0, work, w))
     return rows
 
 
@@ -264,6 +280,7 @@ def run(
         for row in result["points"]:
             if row.get("batch"):
                 formed[row["model"]].add(max(1, round(row["batch"])))
+                formed[row["model"]].add(padded_to(row["batch"]))
         result["raw"] = {
             m: {
                 str(r["batch"]): r["rows_per_s"]
@@ -276,8 +293,11 @@ def run(
         }
         for row in result["points"]:
             if row.get("batch"):
-                row["raw_rows_per_s"] = result["raw"][row["model"]][str(max(1, round(row["batch"])))]
+                raw = result["raw"][row["model"]]
+                row["raw_rows_per_s"] = raw[str(max(1, round(row["batch"])))]
                 row["vs_raw"] = row["requests_per_s"] / row["raw_rows_per_s"]
+                bucket = padded_to(row["batch"])
+                row["vs_padded"] = row["requests_per_s"] / (raw[str(bucket)] * row["batch"] / bucket)
         save("onnxruntime alone")
         cpu = service(artifacts, f"sqlite:///{work / 'cpu.db'}", False, "cpu", CALIB_FRONTENDS="1")
         try:
@@ -306,7 +326,21 @@ def report(result: dict) -> str:
         f"{json.dumps(device.get('machine', machine()))}; {result.get('minutes', 0):.1f} minutes, "
         f"{result['seconds_per_point']} s per point; ready seconds by W: {json.dumps(result.get('ready_seconds'))}",
         "\n### Single-row clients\n" + table(loaded, POINT_COLUMNS),
-        "\n### One client (ms)\n" + table(ones, ["frontends", "model", "protocol", "p50_ms", "p99_ms", "errors"]),
+        "\n### One client (ms)\n"
+        + table(
+            ones,
+            [
+                "frontends",
+                "model",
+                "protocol",
+                "p50_ms",
+                "p99_ms",
+                "round_trip_ms",
+                "queue_ms",
+                "inference_ms",
+                "errors",
+            ],
+        ),
         "\n### Raw single-row inference (ms)\n"
         + table([{"model": m} | v for m, v in result.get("single_row", {}).items()], ["model", "provider", "p50_ms"]),
     ]
