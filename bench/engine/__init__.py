@@ -6,7 +6,9 @@ path, W = 1) and through an engine process over ZeroMQ (``service.engine``), one
 and the CPU per request of each process (this front-end process; the engine's from /proc), summed.
 
 Then the whole service at W = 1 and W = 2 (``CALIB_FRONTENDS``) under wrk: the CPU per request summed over every
-process of the service, the issue's 1.2x goal.
+process of the service, the issue's 1.2x goal, judged where each onnxruntime call lasts as long as a batch of the
+heavy model in the recorded GPU run (``bench.engine.fitted``), so that inference costs time but no CPU, as on a
+GPU.
 
     python -m bench.engine [--requests 4000] [--seconds 8] [--smoke] [--report-only]
 """
@@ -39,10 +41,16 @@ from bench.common import (
 )
 
 MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
+#: Rounds of the fitted model's services (in process, a pod of one, a pod of two), the order rotating.
+ROUNDS = 3
+#: The folder whose sitecustomize stretches a service's onnxruntime calls (``bench.engine.fitted``).
+STRETCH = Path(__file__).parent / "stretch"
 IN_FLIGHT = 64
 #: The issue's goal: the pod's CPU per request, summed over its processes, at W = 2 against W = 1.
 CPU_RATIO = 1.2
-SERVICE_COLUMNS = "frontends protocol connections requests requests_per_s cpu_us_per_request mean_batch".split()
+SERVICE_COLUMNS = (
+    "model frontends round protocol connections requests requests_per_s cpu_us_per_request mean_batch inference_ms"
+).split()
 COLUMNS = (
     "path model in_flight requests rows_per_s p50_ms p99_ms cpu_us_front cpu_us_engine cpu_us_total mean_batch".split()
 )
@@ -71,63 +79,96 @@ def tree_cpu_seconds(pid: int) -> float:
     return process_cpu_seconds(pid) + sum(process_cpu_seconds(c) for c in children(pid))
 
 
-def service_runs(seconds: float) -> list[dict]:
-    """``python -m service`` at W = 1 (in process) and W = 2 (a pod) under single-row load at 64 in flight: JSON
-    ``/predict`` from wrk, and gRPC ``ModelInfer`` from h2load on one HTTP/2 connection and on W; rows/s, the CPU
-    per request summed over the service's processes, and the mean batch the front-ends formed."""
+def service_runs(seconds: float, rounds: int = ROUNDS) -> list[dict]:
+    """``python -m service`` under single-row load at 64 in flight. The light model as it is, at W = 1 (in process)
+    and W = 2 (a pod): JSON ``/predict`` from wrk and gRPC ``ModelInfer`` from h2load on one HTTP/2 connection and on
+    W. Then ``fitted`` (the light model's calls stretched to the recorded GPU batch time, ``bench.engine.fitted``)
+    over JSON, ``rounds`` rounds of in process, a pod of one front-end (``bench.engine.pod_of_one``: the IPC alone)
+    and a pod of two, the order rotating. Rows/s, the CPU per request summed over the service's processes, and the
+    mean batch formed."""
+    from bench.engine.fitted import fitted_batch_ms
+
+    a, c = fitted_batch_ms()
+    fitted = {
+        "CALIB_BENCH_BATCH_MS": f"{a},{c}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(STRETCH), str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    service = [sys.executable, "-m", "service"]
+    layouts = {"1": service, "pod of 1": [sys.executable, "-m", "bench.engine.pod_of_one"], "2": service}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for frontends in ("1", "2"):
+            env = {"CALIB_FRONTENDS": frontends, "CALIB_STORE__URL": f"sqlite:///{tmp}/light-w{frontends}.db"}
+            rows += service_run(service, env, seconds, {"model": "light", "frontends": frontends}, grpc=True)
+        for round_ in range(rounds):
+            names = list(layouts)
+            for frontends in names[round_ % 3 :] + names[: round_ % 3]:
+                env = fitted | {
+                    "CALIB_FRONTENDS": "2" if frontends == "2" else "1",
+                    "CALIB_STORE__URL": f"sqlite:///{tmp}/fitted-{round_}-{frontends.replace(' ', '')}.db",
+                }
+                label = {"model": "fitted", "frontends": frontends, "round": round_ + 1}
+                rows += service_run(layouts[frontends], env, seconds, label, grpc=False)
+    return rows
+
+
+def service_run(argv: list[str], env: dict, seconds: float, label: dict, grpc: bool) -> list[dict]:
+    """One service of ``service_runs`` (``argv``, which gets ``--port``): its JSON row, and with ``grpc`` its gRPC
+    rows on one HTTP/2 connection and on W; each row starts with ``label``."""
     from bench.serving.grpc_load import load
     from training.data import load_dataset
 
     body = json.dumps({"inputs": load_dataset("digits").test.x[:1].tolist()})
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for frontends in (1, 2):
-            env = {
-                "CALIB_FRONTENDS": str(frontends),
-                "CALIB_STORE__URL": f"sqlite:///{tmp}/w{frontends}.db",
-                "CALIB_GRPC_PORT": "0",
-            }
-            server = Server([sys.executable, "-m", "service"], "/v2/health/ready", env=env)
-            try:
-                target = f"127.0.0.1:{httpx.get(server.url + '/health').json()['grpc_port']}"
-                runs = [("json", 1, functools.partial(wrk, server.url + "/predict", body, IN_FLIGHT, seconds))]
-                for connections in sorted({1, frontends}):
-                    runs.append(
-                        (
-                            "grpc",
-                            connections,
-                            functools.partial(
-                                load, target, "digits-lenet5", (1, 8, 8), IN_FLIGHT, seconds, connections
-                            ),
-                        )
-                    )
-                wrk(server.url + "/predict", body, IN_FLIGHT, 1.0)  # warm-up
-                for protocol, connections, drive_load in runs:
-                    cpu, batches = tree_cpu_seconds(server.process.pid), batch_sums(server.url)
-                    got = drive_load()
-                    used = tree_cpu_seconds(server.process.pid) - cpu
-                    rows_, count = (a - b for a, b in zip(batch_sums(server.url), batches))
-                    rows.append(
-                        {
-                            "frontends": frontends,
-                            "protocol": protocol,
-                            "connections": connections if protocol == "grpc" else IN_FLIGHT,
-                            "requests": got["requests"],
-                            "requests_per_s": got["requests_per_s"],
-                            "cpu_us_per_request": used / got["requests"] * 1e6,
-                            "mean_batch": rows_ / count if count else float("nan"),
-                        }
-                    )
-                    print(table(rows[-1:], SERVICE_COLUMNS), flush=True)
-            finally:
-                server.stop()
+    server = Server(argv, "/v2/health/ready", env=env | {"CALIB_GRPC_PORT": "0"})
+    frontends = int(env["CALIB_FRONTENDS"])
+    try:
+        target = f"127.0.0.1:{httpx.get(server.url + '/health').json()['grpc_port']}"
+        runs = [("json", 1, functools.partial(wrk, server.url + "/predict", body, IN_FLIGHT, seconds))]
+        for connections in sorted({1, frontends}) if grpc else ():
+            runs.append(
+                (
+                    "grpc",
+                    connections,
+                    functools.partial(load, target, "digits-lenet5", (1, 8, 8), IN_FLIGHT, seconds, connections),
+                )
+            )
+        wrk(server.url + "/predict", body, IN_FLIGHT, 1.0)  # warm-up
+        for protocol, connections, drive_load in runs:
+            cpu, batches = tree_cpu_seconds(server.process.pid), batch_sums(server.url)
+            got = drive_load()
+            used = tree_cpu_seconds(server.process.pid) - cpu
+            rows_, count, seconds_, calls = (a - b for a, b in zip(batch_sums(server.url), batches))
+            rows.append(
+                label
+                | {
+                    "protocol": protocol,
+                    "connections": connections if protocol == "grpc" else IN_FLIGHT,
+                    "requests": got["requests"],
+                    "requests_per_s": got["requests_per_s"],
+                    "cpu_us_per_request": used / got["requests"] * 1e6,
+                    "mean_batch": rows_ / count if count else float("nan"),
+                    "inference_ms": seconds_ / calls * 1e3 if calls else float("nan"),
+                }
+            )
+            print(table(rows[-1:], SERVICE_COLUMNS), flush=True)
+    finally:
+        server.stop()
     return rows
 
 
-def batch_sums(url: str) -> tuple[float, float]:
-    """Rows and batches the service's batchers have run (its ``calib_batch_size_rows`` histogram, every model)."""
-    sums = [v for k, v in histogram_totals(url).items() if k.startswith("batch:")]
-    return sum(s for s, _ in sums), sum(c for _, c in sums)
+def batch_sums(url: str) -> tuple[float, float, float, float]:
+    """Rows and batches the service's batchers have run (its ``calib_batch_size_rows`` histogram, every model), and
+    the seconds and count of its inference histogram."""
+    totals = histogram_totals(url)
+    batch = [v for k, v in totals.items() if k.startswith("batch:")]
+    inference = [v for k, v in totals.items() if k.startswith("inference:")]
+    return (
+        sum(s for s, _ in batch),
+        sum(c for _, c in batch),
+        sum(s for s, _ in inference),
+        sum(c for _, c in inference),
+    )
 
 
 async def drive(submit, x: np.ndarray, requests: int, in_flight: int) -> dict:
@@ -193,7 +234,7 @@ async def through_engine(argv: list[str], endpoint: str, model: str, x, requests
     return row | {"path": "engine", "cpu_us_front": front, "cpu_us_engine": back, "cpu_us_total": front + back}
 
 
-def run(requests: int, seconds: float) -> dict:
+def run(requests: int, seconds: float, rounds: int = ROUNDS) -> dict:
     from training.data import load_dataset
 
     x = load_dataset("digits").test.x
@@ -223,14 +264,23 @@ def run(requests: int, seconds: float) -> dict:
             )
             rows.append(got | {"model": "null", "in_flight": in_flight})
             print(table(rows[-3:], COLUMNS), flush=True)
-    return {"rows": rows, "requests": requests, "service": service_runs(seconds), "seconds_per_run": seconds}
+    from bench.engine.fitted import fitted_batch_ms
+
+    a, c = fitted_batch_ms()
+    return {
+        "rows": rows,
+        "requests": requests,
+        "service": service_runs(seconds, rounds),
+        "seconds_per_run": seconds,
+        "fitted_ms": f"{a:.3f} + {c:.4f} * rows ms",
+    }
 
 
 def goals(result: dict) -> list[dict]:
     """Reported figures of the IPC: the issue's goal (W = 2 front-ends at most 1.2x the CPU per request of W = 1,
     the whole service summed over its processes) is judged once the front-ends exist."""
     by = {(r["path"], r["model"], r["in_flight"]): r for r in result["rows"]}
-    out = []
+    out: list[dict] = []
     for in_flight in (1, IN_FLIGHT):
         base, engine = by[("in-process", "light", in_flight)], by[("engine", "light", in_flight)]
         added = engine["cpu_us_total"] - base["cpu_us_total"]
@@ -243,18 +293,47 @@ def goals(result: dict) -> list[dict]:
                 f"{base['mean_batch']:.1f}",
             }
         )
-    if result.get("service"):
-        w1, w2 = (next(r for r in result["service"] if r["frontends"] == w and r["protocol"] == "json") for w in (1, 2))
-        ratio = w2["cpu_us_per_request"] / w1["cpu_us_per_request"]
+    service = [r for r in result.get("service", []) if r["protocol"] == "json"]
+    light = {r["frontends"]: r for r in service if r["model"] == "light"}
+    if {"1", "2"} <= light.keys():
+        ratio = light["2"]["cpu_us_per_request"] / light["1"]["cpu_us_per_request"]
         out.append(
             {
-                "goal": f"a pod of 2 front-ends and an engine spends at most {CPU_RATIO}x the CPU per request of one "
-                f"process (JSON /predict, single rows, {IN_FLIGHT} connections; summed over the pod's processes)",
-                "met": ratio <= CPU_RATIO,
-                "worst": f"{ratio:.2f}x ({w2['cpu_us_per_request']:.0f} against {w1['cpu_us_per_request']:.0f} us); "
-                f"requests/s {w2['requests_per_s']:.0f} against {w1['requests_per_s']:.0f} on these "
-                f"{os.cpu_count()} cores shared with the load generator; 16 cores at this CPU per request, if one "
-                f"engine keeps up: {16e6 / w2['cpu_us_per_request']:.0f} requests/s",
+                "goal": "the light model as it is: a pod of 2 front-ends against one process, CPU per request "
+                "(reported)",
+                "met": "reported",
+                "worst": f"{ratio:.2f}x ({light['2']['cpu_us_per_request']:.0f} against "
+                f"{light['1']['cpu_us_per_request']:.0f} us); requests/s {light['2']['requests_per_s']:.0f} against "
+                f"{light['1']['requests_per_s']:.0f}; batch {light['2']['mean_batch']:.1f} against "
+                f"{light['1']['mean_batch']:.1f}",
+            }
+        )
+    fitted = [r for r in service if r["model"] == "fitted"]
+    for layout, what in (
+        ("2", "a pod of 2 front-ends and an engine"),
+        ("pod of 1", "a pod of 1 front-end and an engine (the IPC alone, the traffic unsplit)"),
+    ):
+        rounds = sorted({r["round"] for r in fitted})
+        pairs = [
+            [next(r for r in fitted if r["round"] == n and r["frontends"] == f) for f in ("1", layout)] for n in rounds
+        ]
+        if not pairs:
+            continue
+        ratios = [pod["cpu_us_per_request"] / one["cpu_us_per_request"] for one, pod in pairs]
+        speed = [pod["requests_per_s"] / one["requests_per_s"] for one, pod in pairs]
+        median = float(np.median(ratios))
+        cpu = float(np.median([pod["cpu_us_per_request"] for _, pod in pairs]))
+        out.append(
+            {
+                "goal": f"{what} spends at most {CPU_RATIO}x the CPU per request of one process (JSON /predict, "
+                f"single rows, {IN_FLIGHT} connections, the model's calls stretched to the recorded H100 batch time; "
+                "summed over the processes; median of the rounds)",
+                "met": median <= CPU_RATIO,
+                "worst": f"{median:.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)}); requests/s "
+                f"{np.median(speed):.2f}x of one process on these {os.cpu_count()} cores shared with the load "
+                f"generator; batch {np.median([p['mean_batch'] for _, p in pairs]):.1f} against "
+                f"{np.median([o['mean_batch'] for o, _ in pairs]):.1f}; 16 cores at this CPU per request ({cpu:.0f} "
+                f"us), if one engine keeps up: {16e6 / cpu:.0f} requests/s",
             }
         )
     grpc = [r for r in result.get("service", []) if r["protocol"] == "grpc"]
@@ -310,8 +389,14 @@ def markdown(result: dict) -> str:
             "## The service",
             "",
             f"`python -m service` with `CALIB_FRONTENDS` 1 (inference in process) and 2 (a pod: two front-ends and an "
-            f"engine on one port), {result.get('seconds_per_run', 0):g} s of wrk at {IN_FLIGHT} connections each, "
-            "single-row JSON `/predict` to the light model; the CPU of every process of the service.",
+            "engine on one port), and `pod of 1` (`bench.engine.pod_of_one`: one front-end and the engine, the IPC "
+            f"without splitting the traffic); {result.get('seconds_per_run', 0):g} s of load at {IN_FLIGHT} "
+            "connections each (wrk for JSON `/predict`, h2load for gRPC), single rows; the CPU of every process of "
+            "the service. `light`: the committed light model; `fitted`: the same, each onnxruntime call stretched "
+            "by a sleep to the heavy model's batch time on the recorded H100 run (`bench.engine.fitted`: a "
+            f"least-squares line through its raw single-row and batch times, {result.get('fitted_ms', '')}), so "
+            "that the model costs time but no CPU, in rounds whose order rotates. `inference_ms`: the mean of the "
+            "service's inference histogram.",
             "",
             table(result.get("service", []), SERVICE_COLUMNS),
             "",
@@ -325,7 +410,7 @@ def arguments(parser) -> None:
 
 
 def measure(args) -> dict:
-    return run(*((256, 1.0) if args.smoke else (args.requests, args.seconds)))
+    return run(*((256, 1.0, 1) if args.smoke else (args.requests, args.seconds, ROUNDS)))
 
 
 BENCHMARK = Benchmark(measure, goals, markdown, arguments)

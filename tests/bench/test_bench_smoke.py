@@ -32,6 +32,12 @@ def test_benchmark_runs_from_the_registry_and_writes_its_result(name, tmp_path, 
     assert "|" in result.stdout and f"| {name} | " in result.stdout  # the rendering, and the runner's times
     if name == "serving":  # the monitoring and memory measurements of its soak server are part of its result
         assert data["monitoring"]["calibration"] and data["soak"]["samples"]
+    if name == "engine":  # the GPU-like model's calls take its fitted time in process and in both pods' engines
+        from bench.engine.fitted import fitted_batch_ms
+
+        fitted = {r["frontends"]: r for r in data["service"] if r["model"] == "fitted"}
+        assert fitted.keys() == {"1", "pod of 1", "2"}
+        assert all(r["inference_ms"] >= fitted_batch_ms()[0] and r["requests"] > 0 for r in fitted.values())
     if name == "profile":  # the cores by thread, measured without the profiler, account for the whole machine
         for run in data["runs"]:
             for split in (run["unprofiled"], run["batching_floor"]):
