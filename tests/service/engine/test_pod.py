@@ -1,10 +1,11 @@
 """A pod (`python -m service` with CALIB_FRONTENDS=2): one engine and two front-ends on one port, answering as one
-service: the in-process answers, ids unique and stored, /metrics summed over the processes, tritonclient and gRPC
-as before; a killed engine answers 503 and is back within a bound; a killed front-end is replaced while the other
-serves; SIGTERM drains the pod and it exits 0."""
+service: the in-process answers, ids unique and stored, /metrics summed over the processes, tritonclient over
+HTTP and gRPC as before; a killed engine answers 503 and is back within a bound; a killed front-end is replaced
+while the other serves; SIGTERM drains the pod and it exits 0."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,14 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.serving.protocol import grpc_predict_v2_pb2 as pb
-from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.serving.runtime import create_runtime
 from service.settings import Settings
 from training.data import load_dataset
@@ -162,14 +160,23 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     given.set_data_from_numpy(x[:1])
     answer = client.infer("digits-lenet5", [given], outputs=[triton.InferRequestedOutput("probabilities")])
     np.testing.assert_array_equal(answer.as_numpy("probabilities")[0], reference[0])
+    # tritonclient.grpc, unchanged, in a process of its own (tests/conformance/triton_grpc_client.py): its 3 seeded
+    # rows answered as the in-process session answers them, with ids of their own, and a bad shape refused
     port = httpx.get(f"{url}/health").json()["grpc_port"]
-    request = pb.ModelInferRequest(model_name="digits-lenet5")
-    request.inputs.add(name="input", datatype="FP32", shape=[1, 1, 8, 8])
-    request.raw_input_contents.append(x[:1].tobytes())
-    reply = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}")).ModelInfer(request, timeout=30)
-    names = [o.name for o in reply.outputs]
-    got = np.frombuffer(reply.raw_output_contents[names.index("probabilities")], np.float32)
-    np.testing.assert_array_equal(got, reference[0])
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "conformance" / "triton_grpc_client.py"), f"127.0.0.1:{port}"]
+        + ['{"digits-lenet5": [1, 8, 8]}'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])["models"]["digits-lenet5"]
+    seeded = np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32)
+    expected = create_runtime(DEFAULT / "model.onnx", Settings(), 1).run(seeded)["probabilities"]
+    np.testing.assert_array_equal(np.asarray(got["infer"]["probabilities"], np.float32), expected)
+    assert len(set(got["infer"]["ids"])) == 3 and not set(got["infer"]["ids"]) & set(ids)
+    assert got["bad_shape"]["status"] == "StatusCode.INVALID_ARGUMENT"
 
 
 def test_a_killed_engine_answers_503_and_is_back_within_the_bound(pod):
