@@ -4,12 +4,13 @@
 For W in ``--frontends`` (1 is today's in-process path), each of the two models (light LeNet-5, heavy ResNet-56),
 each protocol (v2 binary tensors, JSON ``/predict``, gRPC ``ModelInfer`` over at least 2W HTTP/2 connections) and
 each count of single-row clients (64, 128): requests/s, the batch the engine formed, the CPU per request of the
-front-ends and of the engine (from /proc), the engine's inference busy share (its inference histogram over the
-wall time) and the GPU's utilisation (NVML); p50 and p99 at one client. Then the same load on two plain replicas
-(W = 1 each, a CUDA context each, the clients split between them), onnxruntime alone at every batch that was
-formed, and the probabilities of every W against the CPU path. Results are written after every stage, so that a
-run cut short still returns what it measured: ``engine-gpu.json`` and ``engine-gpu.md`` under ``--out``. Goals:
-``bench.serving.goals.pod_goals``.
+front-ends and of the engine (from /proc), the engine's inference busy share (its inference histogram over the wall
+time) and the GPU's utilisation (NVML); at one client p50, p99 and the mean round trip, queue and inference. Then
+the same load on two plain replicas (W = 1 each, a CUDA context each, the clients split between them), onnxruntime
+alone at every batch that was formed and at the bucket it is padded to on CUDA (``vs_padded``: rows/s against the
+padded call, scaled to the rows used), and the probabilities of every W against the CPU path. Results are written
+after every stage, so that a run cut short still returns what it measured: ``engine-gpu.json`` and ``engine-gpu.md``
+under ``--out``. Goals: ``bench.serving.goals.pod_goals``.
 """
 
 from __future__ import annotations
