@@ -148,8 +148,8 @@ def _blind_paths(confidence, correct, curves, sizes, tolerance: float) -> np.nda
     """The statistic of an oracle told only that the shift is one of ``curves`` at one of ``sizes`` times its size:
     the mean of the CUSUMs of all of them."""
     return oracle.mixture_paths(
-        oracle.cusum_paths(oracle.scaled_curve_increments(confidence, correct, curve, size, tolerance))
-        for curve in curves
+        oracle.cusum_paths(oracle.scaled_curve_increments(confidence, correct, accuracy, size, tolerance))
+        for accuracy in (curve(confidence) for curve in curves)
         for size in sizes
     )
 

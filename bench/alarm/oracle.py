@@ -74,14 +74,16 @@ def detection_increments(confidence, correct, curve: AccuracyCurve, tolerance: f
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 
 
-def scaled_accuracy(confidence: np.ndarray, curve: AccuracyCurve, size: float) -> np.ndarray:
-    """The shift of the same shape as ``curve`` but ``size`` times as large: C + size (a(C) - C)."""
-    return np.clip(confidence + size * (curve(confidence) - confidence), _LOG_EDGE, 1 - _LOG_EDGE)
+def scaled_accuracy(confidence: np.ndarray, accuracy: np.ndarray, size: float) -> np.ndarray:
+    """The shift of the same shape as a curve but ``size`` times as large, C + size (a(C) - C), from the curve's
+    ``accuracy`` a(C) at these confidences (computed once for all sizes: the curve's lookup is the dear part)."""
+    return np.clip(confidence + size * (accuracy - confidence), _LOG_EDGE, 1 - _LOG_EDGE)
 
 
-def scaled_curve_increments(confidence, correct, curve: AccuracyCurve, size: float, tolerance: float) -> np.ndarray:
-    """x_t for the shift of the same shape as ``curve`` but ``size`` times as large."""
-    a = scaled_accuracy(confidence, curve, size)
+def scaled_curve_increments(confidence, correct, accuracy: np.ndarray, size: float, tolerance: float) -> np.ndarray:
+    """x_t for the shift of the same shape as a curve, whose ``accuracy`` at these confidences is given, but
+    ``size`` times as large."""
+    a = scaled_accuracy(confidence, accuracy, size)
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 
 
@@ -132,8 +134,8 @@ def blind_clearing_paths(confidence, correct, curves: Sequence[AccuracyCurve], s
     True
     """
     bayes = -mixture_paths(
-        -np.cumsum(log_ratio(correct, confidence, scaled_accuracy(confidence, curve, size)), axis=-1)
-        for curve in curves
+        -np.cumsum(log_ratio(correct, confidence, scaled_accuracy(confidence, accuracy, size)), axis=-1)
+        for accuracy in (curve(confidence) for curve in curves)
         for size in sizes
     )
     return cusum_paths(np.diff(bayes, axis=-1, prepend=0.0))
