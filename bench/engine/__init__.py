@@ -369,7 +369,7 @@ def markdown(result: dict) -> str:
             "",
             measured_by("make bench-engine", m, result.get("wall_seconds"))
             + f" {result['requests']} single-row requests a row. "
-            "What the first part of the engine design (issue 54) costs: the same requests through the in-process "
+            "What the engine design (issue 54) costs: the same requests through the in-process "
             "dynamic batcher and through an engine process over ZeroMQ (`service.engine`); `null` is an engine "
             "whose model answers zeros at once, the IPC alone. The load generator shares the cores with the "
             "engine, so throughput here does not show the scaling that front-end processes buy on a many-core "
