@@ -486,9 +486,9 @@ def recorded_section(folder: Path = RECORDED) -> str:
     out = [
         "## GPU runs (`python -m bench.gpu`)",
         "",
-        "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`; "
-        "docs/decisions/0001-gpu-run.md and 0020-bucket-sessions.md say what was learnt). Each run's settings are "
-        "named above its tables.",
+        "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`, and "
+        "`--engine` for the pod; docs/decisions/0001-gpu-run.md, 0020-bucket-sessions.md and 0027-engine-process.md "
+        "say what was learnt). Each run's settings are named above its tables.",
     ]
     recorded = [(path, json.loads(path.read_text())) for path in folder.glob("*.json")]
     for path, data in sorted(recorded, key=lambda r: (r[1]["recorded"].get("session", 1), r[0].name)):
