@@ -22,7 +22,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -204,6 +206,39 @@ def paired_cpu_us(serve: Callable[[bool], None], repeats: int) -> tuple[float, f
     return float(np.median(spent[True])) / 1e3, float(np.median(spent[False])) / 1e3
 
 
+@dataclass
+class ScoredBatch:
+    """A batch of the light model's version ``WITH``, run and scored once, with its default set choice: what the
+    in-process cost measurements (``set_cost``, ``bench.shift.serving.adaptation_cost``) serve from."""
+
+    model: Any
+    outputs: dict[str, np.ndarray]
+    probabilities: np.ndarray
+    scored: Any
+    default: Any
+    rows: int
+
+
+def scored_batch(artifacts: Path, rows: int, batch_rows: float) -> ScoredBatch:
+    """``batch_rows`` rows (the mean the service formed, rounded to whole requests of ``rows`` rows) of seeded inputs
+    through version ``WITH`` of ``artifacts``' light model, scored as the service scores a batch."""
+    from service.serving.repository import ModelRepository
+    from service.serving.scoring import score
+    from service.settings import Settings
+
+    repo = ModelRepository(Settings(artifacts=artifacts, default_model=LIGHT))
+    repo.load()
+    model = repo.get(LIGHT, WITH)
+    requests = max(1, round(batch_rows / rows))
+    x = np.random.default_rng(2).random((requests * rows, *SHAPES[LIGHT])).astype(np.float32)
+    outputs = model.runtime.run(x)
+    names = model.manifest.outputs
+    scored = score(outputs[names["logits"]], outputs[names["probabilities"]], 0, None, encode=True)
+    default = model.sets.choice(None, None, False)
+    assert default is not None  # version WITH serves sets
+    return ScoredBatch(model, outputs, outputs[names["probabilities"]], scored, default, requests * rows)
+
+
 def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:
     """The CPU that the sets' own code adds per row, measured in process, where nothing else runs: a batch of the
     light model of ``batch_rows`` rows (the mean the service formed, rounded to whole requests of ``rows`` rows),
@@ -214,25 +249,15 @@ def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dic
     difference per row is the sets' cost, the batch's and its requests' alike."""
     from service.schemas import PredictOptions
     from service.serving.dataplane import DataPlane
-    from service.serving.repository import ModelRepository
-    from service.serving.scoring import InferenceResult, score
-    from service.settings import Settings
+    from service.serving.scoring import InferenceResult
 
-    repository = ModelRepository(Settings(artifacts=artifacts, default_model=LIGHT))
-    repository.load()
-    model = repository.get(LIGHT, WITH)
-    requests = max(1, round(batch_rows / rows))
-    x = np.random.default_rng(2).random((requests * rows, *SHAPES[LIGHT])).astype(np.float32)
-    outputs = model.runtime.run(x)
-    names = model.manifest.outputs
-    scored = score(outputs[names["logits"]], outputs[names["probabilities"]], 0, None, encode=True)
-    default = model.sets.choice(None, None, False)
-    assert default is not None  # version WITH serves sets
+    batch = scored_batch(artifacts, rows, batch_rows)
+    model, scored = batch.model, batch.scored
     options = PredictOptions()
 
     def serve(with_sets: bool) -> None:
-        sets = model.sets.sets(outputs[names["probabilities"]], scored.ids, default).listed() if with_sets else None
-        result = InferenceResult(outputs, scored, sets)
+        sets = model.sets.sets(batch.probabilities, scored.ids, batch.default).listed() if with_sets else None
+        result = InferenceResult(batch.outputs, scored, sets)
         for start in range(0, len(scored), rows):
             share = result[start : start + rows]
             body = DataPlane.respond(None, model, options, share.scored, share.scored.ids, share.sets)  # type: ignore[arg-type]
@@ -241,7 +266,7 @@ def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dic
 
     with_us, without_us = paired_cpu_us(serve, repeats)
     return {
-        "cost_batch_rows": requests * rows,
-        "sets_cpu_us_per_row": (with_us - without_us) / (requests * rows),
-        "path_cpu_us_per_row": without_us / (requests * rows),
+        "cost_batch_rows": batch.rows,
+        "sets_cpu_us_per_row": (with_us - without_us) / batch.rows,
+        "path_cpu_us_per_row": without_us / batch.rows,
     }

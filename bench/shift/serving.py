@@ -31,9 +31,10 @@ from bench.conformal.serving import (
     paired_cpu_us,
     repository,
     request_body,
+    scored_batch,
     summarize,
 )
-from bench.serving.measure import LIGHT, SHAPES, service
+from bench.serving.measure import LIGHT, service
 
 #: The settings measured: the default (the alarm and the estimates run, nothing is adapted) and adaptation always.
 MODES = ("off", "always")
@@ -119,27 +120,17 @@ def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int)
     from service.schemas import PredictOptions
     from service.serving.adaptation import Adaptation, adapted
     from service.serving.dataplane import DataPlane
-    from service.serving.repository import ModelRepository
-    from service.serving.scoring import InferenceResult, score
-    from service.settings import Settings
+    from service.serving.scoring import InferenceResult
 
-    repo = ModelRepository(Settings(artifacts=artifacts, default_model=LIGHT))
-    repo.load()
-    model = repo.get(LIGHT, WITH)
+    batch = scored_batch(artifacts, rows, batch_rows)
+    model, scored, default = batch.model, batch.scored, batch.default
     reference = model.manifest.label_shift
     assert reference is not None  # version WITH keeps its entry
     k = len(model.manifest.class_names)
     priors = np.random.default_rng(3).dirichlet(np.ones(k))
     adaptation = Adaptation("em:500:bench", priors / np.asarray(reference.priors), tuple(priors), True)
-    requests = max(1, round(batch_rows / rows))
-    x = np.random.default_rng(2).random((requests * rows, *SHAPES[LIGHT])).astype(np.float32)
-    outputs = model.runtime.run(x)
     names = model.manifest.outputs
-    scored = score(outputs[names["logits"]], outputs[names["probabilities"]], 0, None, encode=True)
-    default = model.sets.choice(None, None, False)
-    assert default is not None
-    sets = model.sets.sets(outputs[names["probabilities"]], scored.ids, default).listed()
-    result = InferenceResult(outputs, scored, sets)
+    result = InferenceResult(batch.outputs, scored, model.sets.sets(batch.probabilities, scored.ids, default).listed())
     options = PredictOptions()
 
     respond = functools.partial(DataPlane.respond, None, model, options)  # type: ignore[arg-type]
@@ -160,7 +151,7 @@ def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int)
 
     with_us, without_us = paired_cpu_us(serve, repeats)
     return {
-        "cost_batch_rows": requests * rows,
-        "adaptation_cpu_us_per_row": (with_us - without_us) / (requests * rows),
-        "path_cpu_us_per_row": without_us / (requests * rows),
+        "cost_batch_rows": batch.rows,
+        "adaptation_cpu_us_per_row": (with_us - without_us) / batch.rows,
+        "path_cpu_us_per_row": without_us / batch.rows,
     }
