@@ -198,14 +198,9 @@ class DataPlane:
         phases.mark("validate")
         result, timing = await self.infer(model, x)
         phases.mark("batch")
-        if adaptation is None:
-            sets = self.sets_for(model, result, choice)
-            ids = await self.log(model, result.scored, sets)
-            return self.respond(model, options, result.scored, ids, sets), timing
-        sets, scored = self.adapted_for(model, result, choice, adaptation)
-        ids = await self.log(model, result.scored, sets, adaptation.version)
+        scored, sets, ids = await self.answered(model, result, choice, adaptation)
         body = self.respond(model, options, scored, ids, sets)
-        return body | {"priors_version": adaptation.version}, timing
+        return (body if adaptation is None else body | {"priors_version": adaptation.version}), timing
 
     def run_batch(self, model: ServedModel, runtime: Runtime, x: np.ndarray) -> InferenceResult:
         """On an inference thread: the outputs of one of the model's sessions and the batch scored under the
@@ -249,6 +244,18 @@ class DataPlane:
             return result.sets
         probs = result.outputs[model.manifest.outputs["probabilities"]]
         return model.sets.sets(probs, result.scored.ids, choice)
+
+    async def answered(
+        self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation | None
+    ) -> tuple[ScoredBatch, ServedSets | None, list[str]]:
+        """What both protocols answer a request with: its rows (adapted when ``adaptation``), their sets, and their
+        ids once queued for the log, which keeps the model's own probabilities and the priors' version."""
+        if adaptation is None:
+            sets, scored = self.sets_for(model, result, choice), result.scored
+        else:
+            sets, scored = self.adapted_for(model, result, choice, adaptation)
+        ids = await self.log(model, result.scored, sets, None if adaptation is None else adaptation.version)
+        return scored, sets, ids
 
     def adapted_for(
         self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation
@@ -435,17 +442,10 @@ class DataPlane:
         phases.mark("validate")
         result, _ = await self.infer(model, x)
         phases.mark("batch")
-        if adaptation is None:
-            sets = self.sets_for(model, result, choice)
-            ids = await self.log(model, result.scored, sets)
-            probabilities = result.scored.probabilities
-        else:
-            sets, scored = self.adapted_for(model, result, choice, adaptation)
-            ids = await self.log(model, result.scored, sets, adaptation.version)
-            probabilities = scored.probabilities
+        scored, sets, ids = await self.answered(model, result, choice, adaptation)
         # the probabilities answered are the scored ones: after a recalibration they are not the graph's
         served = {
-            model.manifest.outputs["probabilities"]: probabilities,
+            model.manifest.outputs["probabilities"]: scored.probabilities,
             PREDICTION_ID: np.array(ids, dtype=object),
         }
         info: dict = {} if adaptation is None else {"priors_version": adaptation.version}
