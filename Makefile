@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: help run serve demo tools proto conformance shift-refs lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine bench-shift artifacts upgrade-artifact study simulate k8s-rules clean
+.PHONY: help run serve demo tools proto conformance shift-refs lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine bench-shift bench-store artifacts upgrade-artifact study simulate k8s-rules clean
 
 ## help: every target and what it does (the comments above each rule)
 help:
@@ -127,7 +127,8 @@ test-vision: $(VISION_VENV)/.installed
 
 ## bench: every benchmark of bench/registry.py in turn, each timed (tables on stdout, bench/results/*.json,
 ## docs/benchmarks.md with the run times, docs/alarm_benchmark.md, docs/conformal_benchmark.md,
-## docs/engine_benchmark.md, docs/shift_benchmark.md); about 2 hours, most of it the alarm's simulations
+## docs/engine_benchmark.md, docs/shift_benchmark.md, docs/store_benchmark.md); about 2 hours, most of it the alarm's
+## simulations
 bench: $(VENV)/.installed-dev tools shift-refs
 	$(PY) -m bench
 
@@ -152,6 +153,12 @@ bench-shift: $(VENV)/.installed-dev shift-refs
 ## a pod of front-ends against one process over JSON and gRPC (docs/engine_benchmark.md)
 bench-engine: $(VENV)/.installed-dev tools
 	$(PY) -m bench --only engine
+
+## bench-store: make bench's store entry alone: the prediction log on PostgreSQL, compact and partitioned against
+## schema version 2: bytes, WAL and server CPU per prediction, expiry and query latency against the log's size, and
+## /predict during retention (docs/store_benchmark.md)
+bench-store: $(VENV)/.installed-dev
+	$(PY) -m bench --only store
 
 ## k8s-rules: render deploy/prometheus/alerts.yml as the PrometheusRule of deploy/k8s/prometheus-operator
 k8s-rules: $(VENV)/.installed-dev

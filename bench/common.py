@@ -14,12 +14,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
+import sqlalchemy as sa
 
 from service.ports import free_port
 from training.machine import hardware
@@ -87,6 +90,31 @@ def v2_binary_request(rows: np.ndarray, outputs: tuple[str, ...] = ("probabiliti
         separators=(",", ":"),
     ).encode()
     return header + x.tobytes(), len(header)
+
+
+#: The PostgreSQL whose database a benchmark may create and drop one of its own in (the test suite points it at its
+#: throwaway server).
+PG_ADMIN_URL = os.environ.get("CALIB_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@contextmanager
+def store_url(store: str, work: Path) -> Iterator[str]:
+    """The service's database URL: an SQLite file in ``work``, or a fresh PostgreSQL database."""
+    if store == "sqlite":
+        yield f"sqlite:///{work / 'store.db'}"
+        return
+    if store != "postgresql":
+        raise ValueError(f"store is sqlite or postgresql, not {store!r}")
+    name = f"calib_bench_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.exec_driver_sql(f"CREATE DATABASE {name}")
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as c:
+            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
 
 
 def write_result(name: str, data: dict, smoke: bool = False) -> Path:

@@ -17,6 +17,7 @@ PAGES = {
     "profile": MAIN_PAGE,
     "feedback_load": MAIN_PAGE,
     "auth": MAIN_PAGE,
+    "store": "store_benchmark.md",
     "alarm": "alarm_benchmark.md",
     "conformal": "conformal_benchmark.md",
     "engine": "engine_benchmark.md",

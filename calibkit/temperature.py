@@ -62,6 +62,48 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:
     return softmax(z / t)
 
 
+def logits_from_probabilities(probs, temperature: float) -> np.ndarray:
+    """The logits that temperature scaling turned into ``probs``, up to a constant per row: q = softmax(z / T)
+    gives log q = z / T - logsumexp(z / T), so z = T * log q + c, and softmax(z / T') is the same for every c.
+
+    Args:
+        probs: Probabilities (N, K), every entry positive (a zero has no logarithm).
+        temperature: T > 0, the temperature that made them.
+
+    Returns:
+        T * log q (N, K), each row shifted to a maximum of 0.
+
+    References:
+        Guo et al. 2017, Sec. 4.2.
+    """
+    logq = np.log(np.asarray(probs, dtype=np.float64))
+    return temperature * (logq - logq.max(axis=-1, keepdims=True))
+
+
+def recovered_by_temperature(logits, probs, temperature: float, rtol: float = 1e-5) -> np.ndarray:
+    """Which rows' logits ``logits_from_probabilities(probs, T)`` gives back up to a constant: every difference
+    z_k - z_j within ``rtol * (1 + max |z|)`` of the recovered one's. Rows with a zero or non-finite probability
+    (float32 underflow) or non-finite logits are not recovered.
+
+    Args:
+        logits: Logits (N, K).
+        probs: The probabilities as kept (N, K), e.g. float32 ones.
+        temperature: T > 0.
+        rtol: The tolerance, relative to the row's largest logit.
+
+    Returns:
+        A boolean mask (N,).
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    p = np.asarray(probs, dtype=np.float64)
+    usable = np.all(p > 0, axis=-1) & np.all(np.isfinite(p), axis=-1) & np.all(np.isfinite(z), axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        back = logits_from_probabilities(np.where(usable[:, None], p, 1.0), temperature)
+    shifted = z - z.max(axis=-1, keepdims=True)
+    scale = 1.0 + np.abs(np.where(np.isfinite(z), z, 0.0)).max(axis=-1)
+    return usable & (np.abs(shifted - back).max(axis=-1) <= rtol * scale)
+
+
 def fit_temperature(logits, labels, objective: str = "nll") -> float:
     """Fit the temperature T > 0 of temperature scaling on held-out (validation) logits and labels.
 

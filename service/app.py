@@ -120,23 +120,38 @@ async def _sync_store(parts: ServiceParts) -> bool:
 
 async def _housekeeping(parts: ServiceParts, retention: bool = True) -> None:
     """Refresh active calibrations and the sets' states (replicas and a pod's front-ends see each other's) and, with
-    ``retention``, apply retention."""
+    ``retention``, run the store's upkeep hourly (retention and partitions; each tick while an old log is moved)."""
     settings, store = parts.settings, parts.store
-    last_purge = 0.0
+    last_upkeep = 0.0
     while True:
         await asyncio.sleep(settings.monitoring.refresh_seconds)
         await _sync_store(parts)
-        if retention and time.time() - last_purge > 3600 and store.db.last_error is None:
-            cutoff = time.time() - settings.store.retention_days * 86400
+        if retention and time.time() - last_upkeep > 3600 and store.db.last_error is None:
             try:
-                purged = await anyio.to_thread.run_sync(store.purge, cutoff)
-                last_purge = time.time()
-                if purged:
-                    log.info(
-                        "retention: deleted %d predictions older than %.1f days", purged, settings.store.retention_days
-                    )
+                done = await anyio.to_thread.run_sync(store.upkeep, settings.store.retention_days * 86400)
             except StorageUnavailable:
-                pass
+                continue
+            last_upkeep = time.time()
+            if done is not None:
+                _report_upkeep(parts, done)
+                if done.converted:  # the version-2 log is being moved: go on at the next tick
+                    last_upkeep = 0.0
+
+
+def _report_upkeep(parts: ServiceParts, done) -> None:
+    """Log and export what a pass of the store's upkeep did (``service.store.retention.Upkeep``)."""
+    if done.partitions_end is not None:
+        parts.metrics.partitions_end.labels("prediction_log").set(done.partitions_end)
+    if done.dropped or done.deleted or done.labels or done.pending or done.converted:
+        log.info(
+            "retention: dropped partitions %s, deleted %d log rows, %d labels and %d pending labels; moved %d rows of "
+            "the version-2 log",
+            done.dropped or "none",
+            done.deleted,
+            done.labels,
+            done.pending,
+            done.converted,
+        )
 
 
 async def _reload_tokens(access: AccessControl, seconds: float) -> None:

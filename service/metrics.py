@@ -139,6 +139,14 @@ class ServiceMetrics:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        self.partitions_end = Gauge(
+            "calib_store_partitions_end_timestamp_seconds",
+            "When the newest partition of the prediction log ends (PostgreSQL; set by the replica that did the last "
+            "upkeep): inserts of predictions made after it would fail",
+            ["table"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.feedback_items = Counter(
             "calib_feedback_items_total",
             "Feedback items by result: accepted, pending (stored until their prediction is) or rejected",

@@ -139,11 +139,13 @@ def empty_postgres(url: str) -> str:
     """The PostgreSQL at ``url``, emptied of this service's tables."""
     import sqlalchemy as sa
 
+    from service.store.legacy import legacy_metadata
     from service.store.schema import metadata
 
     engine = sa.create_engine(url)
     with engine.begin() as connection:
-        metadata.drop_all(connection)
+        metadata.drop_all(connection)  # the log's partitions go with it
+        legacy_metadata.drop_all(connection)  # the log of schema version 2
     engine.dispose()
     return url
 

@@ -20,27 +20,22 @@ PostgreSQL runs in a fresh database on the server of ``CALIB_BENCH_DATABASE_URL`
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, metric_samples, table, wrk
+from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, metric_samples, store_url, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
 GOAL_RATIO = 0.25
 GOAL_P99_MS = 100.0
-#: The PostgreSQL whose database the benchmark may create and drop one of its own in (the test suite points it at its
-#: throwaway server).
-PG_ADMIN_URL = os.environ.get("CALIB_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WARMUP_SECONDS = 1.0
 COLUMNS = (
     "store round predict_rps feedback_rps ratio feedback_p50_ms feedback_p99_ms predict_p99_ms acknowledged "
@@ -67,26 +62,6 @@ request = function()
   return wrk.format(nil, nil, nil, bodies[i])
 end
 """
-
-
-@contextmanager
-def store_url(store: str, work: Path):
-    """The service's database URL: an SQLite file in ``work``, or a fresh PostgreSQL database."""
-    if store == "sqlite":
-        yield f"sqlite:///{work / 'store.db'}"
-        return
-    if store != "postgresql":
-        raise ValueError(f"store is sqlite or postgresql, not {store!r}")
-    name = f"calib_bench_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as c:
-            c.exec_driver_sql(f"CREATE DATABASE {name}")
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as c:
-            c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
 
 
 def count_labels(url: str, table: str = "labels") -> int:

@@ -7,7 +7,6 @@ elsewhere (``service.monitoring.evaluator``), never here."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, cast
@@ -23,10 +22,18 @@ from service.serving.conformal import covered, set_size
 from service.serving.repository import ModelRepository, ServedModel
 from service.store import Store
 from service.store.labels import insert_labels
-from service.store.pending import ALREADY_LABELLED, JoinPass, PendingLabel
-from service.store.rows import ANONYMOUS, OFFLINE, LabelRow, PredictionRow, decode_rows, encode_rows, prediction_ids
+from service.store.pending import ALREADY_LABELLED, Joinable, JoinPass, PendingLabel
+from service.store.rows import (
+    ANONYMOUS,
+    OFFLINE,
+    PREDICTION_ID,
+    LabelRow,
+    PredictionRow,
+    decode_rows,
+    encode_rows,
+    prediction_ids,
+)
 
-_PREDICTION_ID = re.compile("[0-9a-f]{32}")
 _CLOCK_SKEW = 300.0  # seconds a replica's clock may run ahead of another's
 ALREADY_PENDING = "duplicate feedback: this prediction already has a pending label"
 
@@ -156,12 +163,13 @@ class LabelRecorder:
         replica is joining."""
         now = time.time()
 
-        def resolve(rows: list) -> tuple[dict[int, LabelRow], dict[int, str]]:
+        def resolve(rows: list[Joinable]) -> tuple[dict[int, LabelRow], dict[int, str]]:
             reasons: list[str | None] = [None] * len(rows)
             candidates: list[_Candidate] = []
             for index, row in enumerate(rows):
+                pid = row.prediction.id
                 outcome = self._resolve(
-                    index, _Labelled(row.id, json.loads(row.label)), {row.id: row}, now, row.label_source or ANONYMOUS
+                    index, _Labelled(pid, json.loads(row.label)), {pid: row.prediction}, now, row.source or ANONYMOUS
                 )
                 if isinstance(outcome, str):
                     reasons[index] = outcome
@@ -233,7 +241,7 @@ class LabelRecorder:
         id this service cannot have made (``prediction_ids``: 32 hex digits, the first 12 a time in ms), one
         older than the retention period, or a label that is a class of no served model."""
         prediction_id = item.prediction_id
-        if not _PREDICTION_ID.fullmatch(prediction_id):
+        if not PREDICTION_ID.fullmatch(prediction_id):
             return f"unknown prediction id {prediction_id!r}: not a prediction id (32 hex digits)"
         made = int(prediction_id[:12], 16) / 1000
         if made > now + _CLOCK_SKEW:

@@ -2,10 +2,11 @@
 of ``calibkit.label_shift_alarm`` (each class's mean calibrated probability against a band around the manifest's
 validation means), under the state row's lock shared by all replicas.
 
-Predictions have no sequence number: they are folded in (created_at, id) order from a stored cursor, up to those
-served ``settle_seconds`` ago, when every replica's prediction log has written its rows; a row written later than
-that is passed over, never folded twice. The state is one row per calibration key, so every replica reports the
-same. A model version whose manifest has no ``label_shift`` entry has no alarm, and the report says why.
+Predictions have no sequence number: they are folded in id order (an id begins with its time) from a stored
+cursor, up to those served ``settle_seconds`` ago, when every replica's prediction log has written its rows; a row
+written later than that is passed over, never folded twice. The state is one row per calibration key, so every
+replica reports the same. A model version whose manifest has no ``label_shift`` entry has no alarm, and the report
+says why.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from service.serving.repository import ServedModel
 from service.settings.groups import ShiftSettings
 from service.store import Store
 from service.store.predictions import SHARES
-from service.store.rows import CalibrationKey
+from service.store.rows import CalibrationKey, id_time
 
 log = logging.getLogger("service.monitoring")
 
@@ -65,12 +66,14 @@ class ShiftAlarm:
             row = locked.row
             state = _load(row.state, config)
             was = bool(state.alarmed[0])
-            cursor = None if row.cursor_at is None else (float(row.cursor_at), row.cursor_id)
-            waiting = self.store.predictions.count_served(key, cursor, until, locked.connection)
+            cursor = row.cursor_id
+            # at most ``fold_rate`` predictions a second, sampled by their ids' random bits when more came; counted
+            # up to the number past which the share is the smallest anyway
+            seconds = until - id_time(cursor) if cursor is not None else self.settings.settle_seconds + 1.0
+            budget = self.settings.fold_rate * max(seconds, 1.0)
+            cap = int(budget * SHARES) + 1
+            waiting = self.store.predictions.count_served(key, cursor, until, locked.connection, cap)
             if waiting:
-                # at most ``fold_rate`` predictions a second, sampled by their ids' random bits when more came
-                seconds = until - cursor[0] if cursor is not None else self.settings.settle_seconds + 1.0
-                budget = self.settings.fold_rate * max(seconds, 1.0)
                 share = SHARES if waiting <= budget else max(1, int(SHARES * budget / waiting))
                 new = self.store.predictions.served_after(key, cursor, until, MAX_FOLD, locked.connection, share)
                 state, cursor = (state.fold(new.probs) if len(new.probs) else state), new.last

@@ -84,6 +84,7 @@ class ScoredBatch:
                 randomized,
                 set_probabilities[i],
                 priors_version,
+                self.temperature,
             )
             for i, k in enumerate(self.predicted)
         ]

@@ -152,8 +152,8 @@ class StoreSettings(BaseModel):
     retention_days: float = Field(
         default=30.0,
         gt=0,
-        description="predictions older than this are deleted, with their labels, and pending labels received before "
-        "then",
+        description="predictions older than this go, with their labels, and pending labels received before then; on "
+        "PostgreSQL a day's partition at a time, so a prediction is kept this long to a day longer",
     )
 
 

@@ -6,12 +6,21 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from service.store.schema import PredictionId, id_value
+
 # SQLite inserts: full chunks of _SQLITE_CHUNK rows by one multi-row statement, the rest row by row. Two
 # statement texts per table only: the driver caches prepared statements by text, and a text per batch
 # length would fill that cache with statements of thousands of parameters.
 _SQLITE_CHUNK = 256
 # binary COPY needs each column's exact wire type
-_BINARY_TYPES = {sa.String: "text", sa.Integer: "int4", sa.Float: "float8", sa.LargeBinary: "bytea", sa.Boolean: "bool"}
+_BINARY_TYPES = {
+    sa.String: "text",
+    sa.Integer: "int4",
+    sa.Float: "float8",
+    sa.LargeBinary: "bytea",
+    sa.Boolean: "bool",
+    PredictionId: "uuid",
+}
 
 
 class BulkInsert:
@@ -28,9 +37,12 @@ class BulkInsert:
         self.insert_chunk = self.insert_row + ", " + ", ".join([placeholders] * (_SQLITE_CHUNK - 1))
         self.copy = f"COPY {table.name} ({names}) FROM STDIN (FORMAT BINARY)"
         self.copy_types = [_BINARY_TYPES[type(table.c[name].type)] for name in columns]
+        self.ids = {i for i, name in enumerate(columns) if isinstance(table.c[name].type, PredictionId)}
 
     def __call__(self, c: sa.Connection, rows: Sequence[tuple]) -> None:
         dialect = c.dialect.name
+        if self.ids:  # prediction ids as the dialect stores them
+            rows = [tuple(id_value(v, dialect) if i in self.ids else v for i, v in enumerate(row)) for row in rows]
         if dialect == "postgresql" and c.dialect.driver == "psycopg":
             driver_connection = c.connection.driver_connection
             assert driver_connection is not None  # None only once the connection is detached or invalidated

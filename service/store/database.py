@@ -89,7 +89,7 @@ class Database:
             with self.engine.begin() if write else self.engine.connect() as connection:
                 yield connection
         except SQLAlchemyError as exc:  # OperationalError, DBAPIError and every other driver failure
-            raise self._fail(exc) from exc
+            raise self.unavailable(exc) from exc
         self._recovered()
 
     def run(self, work: Callable[[sa.Connection], T], write: bool = True) -> T:
@@ -110,12 +110,12 @@ class Database:
             with self.engine.connect() as connection:
                 connection.execute(sa.text("SELECT 1"))
         except SQLAlchemyError as exc:
-            self._fail(exc)
+            self.unavailable(exc)
             return False
         self._recovered()
         return True
 
-    def _fail(self, exc: Exception) -> StorageUnavailable:
+    def unavailable(self, exc: Exception) -> StorageUnavailable:
         """The 503 for a failed operation. The driver's text (hosts, ports, database names) goes to the log,
         once per outage, and to ``last_error`` for authenticated views; the client gets none of it."""
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__

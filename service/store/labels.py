@@ -17,7 +17,7 @@ from service.store.blocks import IDS, ROW_COLUMNS, bin_totals, in_block, labels_
 from service.store.bulk import BulkInsert
 from service.store.database import Database
 from service.store.pending import PendingLabel, add_pending, pending_among
-from service.store.predictions import insert_predictions
+from service.store.predictions import Predictions
 from service.store.rows import ANONYMOUS, CalibrationKey, LabelRow, NewestRows, PredictionRow, decode_rows
 from service.store.schema import from_sources, label_bins, labels, scope
 
@@ -74,8 +74,9 @@ class WindowSums:
 
 
 class Labels:
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, predictions: Predictions):
         self.db = db
+        self.predictions = predictions
 
     def insert(
         self,
@@ -87,9 +88,11 @@ class Labels:
         transaction; returns the prediction ids refused as duplicates: (those that already had a label,
         those that already had a pending one). The first label sent wins. Committed before returning."""
 
+        compact = self.predictions.compact(new_predictions) if new_predictions else []
+
         def work(c):
-            if new_predictions:
-                insert_predictions(c, new_predictions)
+            if compact:
+                Predictions.write(c, compact)
             waiting = pending_among(c, [r.prediction_id for r in rows] + [p.prediction_id for p in pending])
             labelled = insert_labels(c, [r for r in rows if r.prediction_id not in waiting])
             add_pending(c, [p for p in pending if p.prediction_id not in waiting])

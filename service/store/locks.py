@@ -6,7 +6,8 @@ the lock is a no-op: one file is one replica's store."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -15,6 +16,7 @@ MIGRATION = 0x63616C6962  # the schema's creation and upgrade ("calib")
 CALIBRATIONS = 0x63616C6963  # calibration versions: version 0 from the manifest, refits, activation
 PENDING_LABELS = 0x63616C6964  # joining pending labels to their predictions
 LABELS = 0x63616C6965  # inserting labels: their sequence numbers commit in order
+MAINTENANCE = 0x63616C6966  # retention and the prediction log's partitions: one replica at a time
 
 
 def advisory_lock(connection: sa.Connection, key: int) -> None:
@@ -41,3 +43,20 @@ def locked_row(c: sa.Connection, table: sa.Table, where: Sequence, initial: dict
         except IntegrityError:  # another replica created it meanwhile
             c.execute(table.update().where(*where).values(updated_at=time.time()))
     return c.execute(sa.select(table).where(*where).with_for_update()).one()
+
+
+@contextmanager
+def maintenance_turn(engine: sa.Engine) -> Iterator[bool]:
+    """Whether this replica has the maintenance turn, held until the block ends: a session-level advisory lock on a
+    connection of its own (the work inside runs in transactions of its own, some outside any transaction), released
+    when the block ends or the session dies. Always True on SQLite."""
+    if engine.dialect.name != "postgresql":
+        yield True
+        return
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        taken = bool(c.execute(sa.text("SELECT pg_try_advisory_lock(:key)"), {"key": MAINTENANCE}).scalar_one())
+        try:
+            yield taken
+        finally:
+            if taken:
+                c.execute(sa.text("SELECT pg_advisory_unlock(:key)"), {"key": MAINTENANCE})

@@ -7,11 +7,13 @@ StorageUnavailable and migrates on its next unit of work.)"""
 from __future__ import annotations
 
 import logging
+import time
 
 import sqlalchemy as sa
 
-from service.store import locks
+from service.store import legacy, locks, partitions
 from service.store.blocks import add_to_blocks, block_sums
+from service.store.rows import last_id
 from service.store.schema import (
     SCHEMA_VERSION,
     label_bins,
@@ -19,18 +21,22 @@ from service.store.schema import (
     metadata,
     monitor_state,
     pending_labels,
-    predictions,
     schema_info,
+    shift_state,
 )
 
 log = logging.getLogger("service.store")
 
 
-def migrate(connection: sa.Connection) -> None:
+def migrate(connection: sa.Connection, now: float | None = None) -> None:
     """Create the schema (idempotent) and record its version; refuse a newer schema. Version 1 had
     neither block sums nor the served probabilities on labels: the replica that moves the version to 2
-    adds the columns, copies them from the predictions and builds ``label_bins``. Call inside the
-    transaction that commits the migration: the lock is held until it ends."""
+    adds the columns, copies them from the predictions and builds ``label_bins``. Version 3 logs predictions
+    in ``prediction_log``: the replica that moves the version to 3 drops the labels' foreign key to the old log,
+    which stays readable until its rows are moved (``service.store.legacy``), turns the label-shift cursors into
+    ids and keeps every prediction id in 16 bytes. On PostgreSQL the partitions from yesterday to
+    ``partitions.AHEAD`` days ahead are made. Call inside the transaction that commits the migration: the lock is
+    held until it ends."""
     locks.advisory_lock(connection, locks.MIGRATION)
     metadata.create_all(connection)
     found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
@@ -39,20 +45,29 @@ def migrate(connection: sa.Connection) -> None:
         log.info("schema created at version %d", SCHEMA_VERSION)
     elif found > SCHEMA_VERSION:
         raise RuntimeError(f"database schema version {found} is newer than this service ({SCHEMA_VERSION})")
-    elif (
-        found == 1
-        and connection.execute(schema_info.update().where(schema_info.c.version == 1).values(version=2)).rowcount
-    ):
-        _labels_to_v2(connection)
-        log.info("schema migrated from version 1 to %d", SCHEMA_VERSION)
+    else:
+        for step, upgrade in ((1, _labels_to_v2), (2, _log_to_v3)):
+            if found <= step and _advance(connection, step):
+                upgrade(connection)
+                log.info("schema migrated from version %d to %d", step, step + 1)
     _add_columns(connection)
+    if connection.dialect.name == "postgresql":
+        now = time.time() if now is None else now
+        partitions.create(connection, now - partitions.DAY, now + (partitions.AHEAD + 1) * partitions.DAY)
+
+
+def _advance(c: sa.Connection, step: int) -> bool:
+    """Move the recorded version from ``step`` to ``step + 1``; whether this transaction did (another replica may
+    have, while this one waited on the lock)."""
+    return bool(c.execute(schema_info.update().where(schema_info.c.version == step).values(version=step + 1)).rowcount)
 
 
 def _add_columns(c: sa.Connection) -> None:
     """Nullable columns added to tables of an existing store (older versions ignore them): the source of
     labels and pending labels, the prediction sets of predictions and labels, the interval checks of the monitor
     state; and indexes added since (and the one they replaced)."""
-    for table in (labels, pending_labels, predictions, monitor_state):
+    tables = [labels, pending_labels, monitor_state] + ([legacy.predictions] if legacy.present(c) else [])
+    for table in tables:
         present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
         for column in table.columns:
             if column.name not in present and column.nullable:
@@ -73,10 +88,72 @@ def _labels_to_v2(c: sa.Connection) -> None:
     for name in ("probabilities", "logits"):
         if name not in present:
             c.exec_driver_sql(f"ALTER TABLE labels ADD COLUMN {name} {binary}")
+    old_log = legacy.predictions
     served = {
-        name: sa.select(predictions.c[name]).where(predictions.c.id == labels.c.prediction_id).scalar_subquery()
+        name: sa.select(old_log.c[name]).where(old_log.c.id == labels.c.prediction_id).scalar_subquery()
         for name in ("probabilities", "logits")
     }
     c.execute(labels.update().values(**served))
     c.execute(label_bins.delete())
     add_to_blocks(c, block_sums(sa.true()))
+
+
+def _log_to_v3(c: sa.Connection) -> None:
+    """Schema version 2 -> 3: labels lose their foreign key to ``predictions`` (the old log, now moved in the
+    background and then dropped; SQLite rebuilds the labels table, which cannot drop a constraint), each
+    label-shift cursor (created_at, id) becomes the id it stopped at (``~``, past every id of its time: that
+    time's last id), and the prediction ids of labels, pending labels and cursors take 16 bytes."""
+    if any(fk["referred_table"] == legacy.predictions.name for fk in sa.inspect(c).get_foreign_keys(labels.name)):
+        if c.dialect.name == "postgresql":
+            for fk in sa.inspect(c).get_foreign_keys(labels.name):
+                c.exec_driver_sql(f'ALTER TABLE {labels.name} DROP CONSTRAINT "{fk["name"]}"')
+        else:
+            _rebuild_sqlite_labels(c)
+    c.exec_driver_sql("DROP INDEX IF EXISTS ix_predictions_model_time")  # the old log is read by its key alone now
+    past = sa.text("SELECT model, version, calibration_version, cursor_at FROM shift_state WHERE cursor_id = '~'")
+    moved = sa.text(
+        "UPDATE shift_state SET cursor_id = :cursor "
+        "WHERE model = :model AND version = :version AND calibration_version = :calibration_version"
+    ).bindparams(sa.bindparam("cursor", type_=sa.String))
+    for model, version, calibration_version, at in c.execute(past).all():
+        values = dict(model=model, version=version, calibration_version=calibration_version)
+        c.execute(moved, values | {"cursor": last_id(at)})
+    for table, column in ((labels, "prediction_id"), (pending_labels, "prediction_id"), (shift_state, "cursor_id")):
+        _ids_to_bytes(c, table.name, column, checked=table is not pending_labels)
+
+
+def _ids_to_bytes(c: sa.Connection, table: str, column: str, checked: bool) -> None:
+    """Store the 32-hex-digit ids of ``table.column`` in 16 bytes: PostgreSQL's uuid (a rewrite of the table and its
+    indexes), SQLite's BLOB (values converted in place). Unless the ids are ``checked`` (made by the service), rows
+    whose id is no prediction id go first (pending labels that could never join). A column already converted is
+    left alone."""
+    if c.dialect.name == "postgresql":
+        kind = next(col["type"] for col in sa.inspect(c).get_columns(table) if col["name"] == column)
+        if isinstance(kind, sa.String):
+            if not checked:
+                c.exec_driver_sql(f"DELETE FROM {table} WHERE {column} !~ '^[0-9a-f]{{32}}$'")
+            c.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE uuid USING {column}::uuid")
+        return
+    driver = c.connection.driver_connection
+    assert driver is not None
+    driver.create_function("calib_unhex", 1, bytes.fromhex, deterministic=True)
+    if not checked:
+        c.exec_driver_sql(
+            f"DELETE FROM {table} WHERE typeof({column}) = 'text' "
+            f"AND (length({column}) != 32 OR {column} GLOB '*[^0-9a-f]*')"
+        )
+    c.exec_driver_sql(f"UPDATE {table} SET {column} = calib_unhex({column}) WHERE typeof({column}) = 'text'")
+
+
+def _rebuild_sqlite_labels(c: sa.Connection) -> None:
+    """SQLite's way to change a table's constraints: a new table, the rows copied, the old one dropped, the new one
+    renamed, its indexes made again (SQLite, "Making Other Kinds Of Table Schema Changes")."""
+    ddl = str(sa.schema.CreateTable(labels).compile(dialect=c.dialect))
+    c.exec_driver_sql(ddl.replace(f"CREATE TABLE {labels.name} ", "CREATE TABLE labels_v3 ", 1))
+    present = {column["name"] for column in sa.inspect(c).get_columns(labels.name)}
+    columns = ", ".join(column.name for column in labels.columns if column.name in present)
+    c.exec_driver_sql(f"INSERT INTO labels_v3 ({columns}) SELECT {columns} FROM {labels.name}")
+    c.exec_driver_sql(f"DROP TABLE {labels.name}")
+    c.exec_driver_sql(f"ALTER TABLE labels_v3 RENAME TO {labels.name}")
+    for index in labels.indexes:
+        index.create(c, checkfirst=True)

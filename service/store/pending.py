@@ -15,8 +15,9 @@ import sqlalchemy as sa
 from service.store import locks
 from service.store.blocks import IDS
 from service.store.database import Database
-from service.store.rows import ANONYMOUS, LabelRow
-from service.store.schema import pending_labels, predictions
+from service.store.predictions import Predictions
+from service.store.rows import ANONYMOUS, LabelRow, PredictionRow
+from service.store.schema import pending_labels
 
 PENDING, EXPIRED, REJECTED = "pending", "expired", "rejected"
 ALREADY_LABELLED = "duplicate feedback: this prediction already has a label"
@@ -24,14 +25,25 @@ _PENDING_AMONG = sa.select(pending_labels.c.prediction_id).where(
     pending_labels.c.prediction_id.in_(IDS), pending_labels.c.status == PENDING
 )
 _ANY_PENDING = sa.select(pending_labels.c.seq).where(pending_labels.c.status == PENDING).limit(1)
-_JOINABLE = (
-    sa.select(pending_labels.c.seq, pending_labels.c.label, pending_labels.c.source.label("label_source"), predictions)
-    .join(predictions, predictions.c.id == pending_labels.c.prediction_id)
-    .where(pending_labels.c.status == PENDING)
+_WAITING = (
+    sa.select(pending_labels.c.seq, pending_labels.c.prediction_id, pending_labels.c.label, pending_labels.c.source)
+    .where(pending_labels.c.status == PENDING, pending_labels.c.seq > sa.bindparam("after"))
     .order_by(pending_labels.c.seq)
 )
 _BY_STATUS = sa.select(pending_labels.c.status, sa.func.count()).group_by(pending_labels.c.status)
-Resolver = Callable[[list[sa.Row]], tuple[dict[int, LabelRow], dict[int, str]]]
+
+
+class Joinable(NamedTuple):
+    """A pending label whose prediction is stored: its sequence number, its label as sent (JSON) and source, and
+    the prediction."""
+
+    seq: int
+    label: str
+    source: str | None
+    prediction: PredictionRow
+
+
+Resolver = Callable[[list[Joinable]], tuple[dict[int, LabelRow], dict[int, str]]]
 
 
 class PendingLabel(NamedTuple):
@@ -65,8 +77,25 @@ def add_pending(c: sa.Connection, rows: Sequence[PendingLabel]) -> None:
 
 
 class PendingLabels:
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, predictions: Predictions):
         self.db = db
+        self.predictions = predictions
+
+    def _joinable(self, c: sa.Connection, limit: int) -> list[Joinable]:
+        """The oldest ``limit`` pending labels whose prediction is stored, read a page of pending labels at a time
+        (those still waiting for their prediction are passed over)."""
+        found: list[Joinable] = []
+        after = 0
+        while len(found) < limit:
+            page = c.execute(_WAITING.limit(limit), {"after": after}).all()
+            if not page:
+                break
+            stored = self.predictions.fetch([r.prediction_id for r in page], c)
+            found += [
+                Joinable(r.seq, r.label, r.source, stored[r.prediction_id]) for r in page if r.prediction_id in stored
+            ]
+            after = page[-1].seq
+        return found[:limit]
 
     def join(
         self,
@@ -78,23 +107,22 @@ class PendingLabels:
         limit: int = 5000,
     ) -> JoinPass | None:
         """One pass, in one transaction: the pending labels whose prediction is stored (at most ``limit``, the
-        oldest first) become label rows by ``resolve`` (rows of the pending label's seq and label and the
-        prediction's columns -> label rows by seq, and the reasons of those it refuses), stored by ``insert``
-        (which returns the ids that already had a label); then those still pending after ``horizon`` seconds
-        expire. None when another replica is running a pass (PostgreSQL): one at a time keeps each label
-        joined once and in arrival order."""
+        oldest first) become label rows by ``resolve`` (``Joinable``s -> label rows by seq, and the reasons of
+        those it refuses), stored by ``insert`` (which returns the ids that already had a label); then those still
+        pending after ``horizon`` seconds expire. None when another replica is running a pass (PostgreSQL): one at
+        a time keeps each label joined once and in arrival order."""
 
         def work(c: sa.Connection) -> JoinPass | None:
             if c.execute(_ANY_PENDING).first() is None:  # the common case: a read, no lock, no write
                 return JoinPass([], 0, 0, 0)
             if not locks.try_advisory_lock(c, locks.PENDING_LABELS):
                 return None
-            rows, first, reasons = c.execute(_JOINABLE.limit(limit)).all(), {}, {}
+            rows, first, reasons = self._joinable(c, limit), {}, {}
             for row in rows:  # two pending labels for one prediction (sent to two replicas at once): the first wins
-                if row.id in first:
+                if row.prediction.id in first:
                     reasons[row.seq] = ALREADY_LABELLED
                 else:
-                    first[row.id] = row
+                    first[row.prediction.id] = row
             label_rows, refused = resolve(list(first.values()))
             reasons |= refused
             ordered = sorted(label_rows.items())

@@ -1,94 +1,213 @@
-"""The prediction log's table: every served prediction, written in bulk by ``service.serving.prediction_log``."""
+"""The prediction log: every served prediction, written in bulk by ``service.serving.prediction_log``, in a compact
+row (``schema.prediction_log``). What a row repeats goes to the dictionaries (``service.store.dictionary``); what
+its columns give back is derived on reading: its time from its id, the predicted class and confidence from its
+probabilities, and its logits from the probabilities and the key's temperature where temperature scaling can be
+inverted (z = T log q + c, ``calibkit.temperature.logits_from_probabilities``), else they are stored. Every read is
+bounded by the id, the log's time and partition key."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import numpy as np
 import sqlalchemy as sa
 
+from calibkit.temperature import logits_from_probabilities, recovered_by_temperature
+from service.store import legacy, partitions
 from service.store.blocks import IDS
 from service.store.bulk import BulkInsert
 from service.store.database import Database
-from service.store.rows import OFFLINE, CalibrationKey, PredictionRow, RecentPredictions, ServedAfter, decode_rows
-from service.store.schema import labels, predictions, scope
+from service.store.dictionary import Choice, Dictionaries
+from service.store.rows import (
+    OFFLINE,
+    PREDICTION_ID,
+    CalibrationKey,
+    PredictionRow,
+    RecentPredictions,
+    ServedAfter,
+    decode_rows,
+    encode_rows,
+    first_id,
+    id_time,
+    last_id,
+)
+from service.store.schema import labels, prediction_log
 
-#: The shares of ``served_after``'s samples: 256ths, from the first two random hex digits of a prediction id.
+#: The shares of ``served_after``'s samples: 256ths, from the first random byte of a prediction id.
 SHARES = 256
-_DRAW = 12  # where the random digits of a prediction id start, after its 12-digit millisecond stamp
-_AFTER_ANY_ID = "~"  # sorts after every hex id: a cursor (t, "~") is past every prediction created at t
-
-insert_predictions = BulkInsert(predictions, PredictionRow._fields)
-_PREDICTIONS_OF = sa.select(predictions).where(predictions.c.id.in_(IDS))
+_DRAW = 6  # the byte of a prediction id where its random bits start, after its 6-byte millisecond stamp
+_LOG = prediction_log.c
+_LOG_COLUMNS = ("id", "key", "offline", "probabilities", "logits", "set_members", "choice", "set_probabilities")
+_insert_log = BulkInsert(prediction_log, _LOG_COLUMNS)
+_KEYS: sa.BindParameter[int] = sa.bindparam("keys", expanding=True)
 
 
 class Predictions:
     def __init__(self, db: Database):
         self.db = db
+        self.dictionaries = Dictionaries(db)
+        self._days: set[str] = set()  # the partitions this process knows exist (PostgreSQL)
+        self._legacy_gone = False  # the log of schema version 2 was seen dropped
 
     def insert(self, rows: Sequence[PredictionRow]) -> None:
         """Bulk insert in one transaction (see ``BulkInsert``)."""
         if rows:
-            self.db.run(lambda c: insert_predictions(c, rows))
+            compact = self.compact(rows)
+            self.db.run(lambda c: self.write(c, compact))
 
-    def fetch(self, ids: Iterable[str]) -> dict[str, sa.Row]:
-        """The stored predictions among ``ids``, by id."""
-        ids = list(ids)
+    def compact(self, rows: Sequence[PredictionRow]) -> list[tuple]:
+        """The log rows of ``rows`` (dictionary entries they need are added first, in a transaction of their own).
+        Logits are left out where the key's temperature gives them back."""
+        row_keys = [CalibrationKey(r.model, r.version, r.calibration_version) for r in rows]
+        row_choices = [_choice(r) for r in rows]
+        keys = self.dictionaries.key_ids(zip(row_keys, (r.temperature for r in rows)))
+        choices = self.dictionaries.choice_ids([choice for choice in row_choices if choice is not None])
+        # the check uses the temperature stored with the key, which reading will use, whatever the row says
+        stored = {key: self.dictionaries.stored_temperature(key_id) for key, key_id in keys.items()}
+        logits = _kept_logits(rows, [stored[key] for key in row_keys])
+        if self.db.engine.dialect.name == "postgresql":
+            self._partitions_for(rows)
+        return [
+            (
+                r.id,
+                keys[key],
+                r.source == OFFLINE,
+                r.probabilities,
+                kept,
+                r.set_members,
+                None if choice is None else choices[choice],
+                r.set_probabilities,
+            )
+            for r, key, choice, kept in zip(rows, row_keys, row_choices, logits)
+        ]
+
+    def _partitions_for(self, rows: Sequence[PredictionRow]) -> None:
+        """Make sure the partitions of ``rows``' times exist: the upkeep makes them days ahead, and this makes a
+        missing one (an upkeep that has not run, rows of another time) rather than fail the insert."""
+        wanted = {partitions.partition_of(id_time(stamp)) for stamp in {r.id[:12] for r in rows}}
+        if {p.name for p in wanted} <= self._days:
+            return
+
+        def work(c: sa.Connection) -> None:
+            for part in wanted:
+                if part.name not in self._days:
+                    partitions.create(c, part.start, part.end)
+            self._days = {p.name for p in partitions.existing(c)}
+
+        self.db.run(work)
+
+    @staticmethod
+    def write(c: sa.Connection, compact: Sequence[tuple]) -> None:
+        """Write ``compact`` rows (from ``compact``) on ``c``."""
+        _insert_log(c, compact)
+
+    def fetch(self, ids: Iterable[str], connection: sa.Connection | None = None) -> dict[str, PredictionRow]:
+        """The stored predictions among ``ids``, by id: one probe of the primary key per calibration key, within
+        the partitions of the ids' times; those not found are looked up in the log of schema version 2 while an
+        upgraded store still has one (``service.store.legacy``)."""
+        ids = sorted({i for i in ids if PREDICTION_ID.fullmatch(i)})  # others were never made: not found
         if not ids:
             return {}
-        return self.db.run(lambda c: {row.id: row for row in c.execute(_PREDICTIONS_OF, {"ids": ids})}, write=False)
+
+        def work(c: sa.Connection) -> dict[str, PredictionRow]:
+            keys = self.dictionaries.all_key_ids(c)
+            found: dict[str, PredictionRow] = {}
+            if keys:
+                query = sa.select(prediction_log).where(
+                    _LOG.key.in_(_KEYS), _LOG.id.in_(IDS), _LOG.id.between(ids[0], ids[-1])
+                )
+                found = {row.id: row for row in self._rows(c, c.execute(query, {"keys": keys, "ids": ids}).all())}
+            missing = [i for i in ids if i not in found]
+            if missing and not self._legacy_gone:
+                if legacy.present(c):
+                    found |= legacy.fetch(c, missing)
+                else:  # gone for good: an empty one made again by an older replica's start holds nothing to find
+                    self._legacy_gone = True
+            return found
+
+        return work(connection) if connection is not None else self.db.run(work, write=False)
+
+    def _rows(self, c: sa.Connection, rows: Sequence[sa.Row]) -> list[PredictionRow]:
+        """Log rows as ``PredictionRow``s: time from the id, logits derived where they were left out."""
+        out = []
+        for row in rows:
+            key, temperature = self.dictionaries.key_of(c, row.key)
+            choice = self.dictionaries.choice_of(c, row.choice)
+            probs = np.frombuffer(row.probabilities, dtype=np.float32)
+            logits = row.logits
+            if logits is None and temperature is not None and not row.offline:  # offline rows come without logits
+                logits = encode_rows(logits_from_probabilities(probs[None, :], temperature))[0]
+            k = int(probs.argmax())
+            out.append(
+                PredictionRow(
+                    row.id,
+                    *key,
+                    id_time(row.id),
+                    k,
+                    float(probs[k]),
+                    None,
+                    row.probabilities,
+                    logits,
+                    OFFLINE if row.offline else "online",
+                    row.set_members,
+                    choice.set_coverage,
+                    choice.set_method,
+                    choice.set_randomized,
+                    row.set_probabilities,
+                    choice.priors_version,
+                    temperature,
+                )
+            )
+        return out
+
+    def _served(self, c: sa.Connection, key: CalibrationKey) -> list | None:
+        """The WHERE terms of ``key``'s served (not offline) rows; None when no row has the key."""
+        key_id = self.dictionaries.key_id(c, key)
+        return None if key_id is None else [_LOG.key == key_id, sa.not_(_LOG.offline)]
+
+    def _newest(self, c: sa.Connection, key: CalibrationKey, columns: Sequence, limit: int) -> Sequence[sa.Row]:
+        """``columns`` of the ``limit`` newest rows the service served under ``key``, newest first: the end of the
+        key's primary-key range in the newest partitions."""
+        served = self._served(c, key)
+        if served is None:
+            return []
+        query = sa.select(*columns).where(*served).order_by(_LOG.id.desc()).limit(limit)
+        return c.execute(query).all()
 
     def recent_confidences(
         self, key: CalibrationKey, limit: int, connection: sa.Connection | None = None
     ) -> np.ndarray:
         """Calibrated confidences of the most recent predictions the service served (labelled or not): probabilities
-        scored elsewhere and sent with their labels (``source`` "offline") are not its traffic, and coming through a
-        feedback token, even an untrusted one, they must not move the label-free drift check."""
-        query = (
-            sa.select(predictions.c.confidence)
-            .where(*scope(predictions, key), predictions.c.source != OFFLINE)
-            .order_by(predictions.c.created_at.desc())
-            .limit(limit)
-        )
+        scored elsewhere and sent with their labels (offline) are not its traffic, and coming through a feedback
+        token, even an untrusted one, they must not move the label-free drift check."""
 
         def work(c):
-            return np.array([r[0] for r in c.execute(query)], dtype=np.float64)
+            rows = self._newest(c, key, [_LOG.probabilities], limit)
+            return decode_rows([r[0] for r in rows]).max(axis=1) if rows else np.zeros(0)
 
         return work(connection) if connection is not None else self.db.run(work, write=False)
 
     def recent(self, key: CalibrationKey, limit: int) -> RecentPredictions:
         """The ``limit`` most recent predictions the service served (as ``recent_confidences`` chooses them), newest
         first, with the label of each that has one: the rows of the label-free estimates and of their check. Ordered
-        by (time, id), so every replica reading the same store gets the same rows in the same order."""
-        served = (*scope(predictions, key), predictions.c.source != OFFLINE)
-        # the time of the limit-th newest, read along the (key, created_at) index: the rows from it on are few, so
-        # their join and their sort by (time, id) never touch the rest of the log
-        oldest = (
-            sa.select(predictions.c.created_at)
-            .where(*served)
-            .order_by(predictions.c.created_at.desc())
-            .offset(limit - 1)
-            .limit(1)
-            .scalar_subquery()
-        )
-        query = (
-            sa.select(predictions.c.id, predictions.c.probabilities, labels.c.label, labels.c.correct)
-            .select_from(predictions.outerjoin(labels, labels.c.prediction_id == predictions.c.id))
-            .where(*served, predictions.c.created_at >= sa.func.coalesce(oldest, 0.0))
-            .order_by(predictions.c.created_at.desc(), predictions.c.id.desc())
-            .limit(limit)
-        )
+        by id (time, then random bits), so every replica reading the same store gets the same rows in the same
+        order."""
 
         def work(c):
-            rows = c.execute(query).all()
+            rows = self._newest(c, key, [_LOG.id, _LOG.probabilities], limit)
             if not rows:
                 return RecentPredictions.empty()
-            unlabelled = -1
+            ids = [r.id for r in rows]
+            labelled = sa.select(labels.c.prediction_id, labels.c.label, labels.c.correct).where(
+                labels.c.prediction_id.in_(IDS), labels.c.prediction_id.between(ids[-1], ids[0])
+            )
+            found = {r.prediction_id: r for r in c.execute(labelled, {"ids": ids})}
             return RecentPredictions(
-                newest_id=rows[0].id,
+                newest_id=ids[0],
                 probs=decode_rows([r.probabilities for r in rows]),
-                label=np.array([unlabelled if r.label is None else r.label for r in rows], dtype=np.int64),
-                correct=np.array([-1 if r.correct is None else r.correct for r in rows], dtype=np.int64),
+                label=np.array([found[i].label if i in found else -1 for i in ids], dtype=np.int64),
+                correct=np.array([found[i].correct if i in found else -1 for i in ids], dtype=np.int64),
             )
 
         return self.db.run(work, write=False)
@@ -96,43 +215,76 @@ class Predictions:
     def served_after(
         self,
         key: CalibrationKey,
-        cursor: tuple[float, str] | None,
+        cursor: str | None,
         until: float,
         limit: int,
         connection: sa.Connection,
         share: int = SHARES,
     ) -> ServedAfter:
-        """The predictions the service served after ``cursor`` (created_at, id) and created at or before ``until``,
-        oldest first, at most ``limit``: what the label-shift alarm folds next, in an order every replica sees. With
-        ``share`` < ``SHARES``, only those whose id's first two random hex digits are below it: a share / 256 sample
-        chosen by random bits, whatever the rows hold. ``last`` is where the next call starts: the last row taken
-        when ``limit`` stopped the read, else ``until`` (every row up to it looked at)."""
-        sample = [] if share >= SHARES else [sa.func.substr(predictions.c.id, _DRAW + 1, 2) < f"{share:02x}"]
+        """The predictions the service served after the id ``cursor`` and made at or before ``until``, oldest first,
+        at most ``limit``: what the label-shift alarm folds next, in an order every replica sees. With ``share`` <
+        ``SHARES``, only those whose id's first random byte is below it: a share / 256 sample chosen by random bits,
+        whatever the rows hold. ``last`` is where the next call starts: the last row taken when ``limit`` stopped the
+        read, else the last id of ``until`` (every row up to it looked at)."""
+        served = self._served(connection, key)
+        if served is None:
+            return ServedAfter(last_id(until), np.zeros((0, 0)))
+        sample = [] if share >= SHARES else [_sampled(connection.dialect.name, share)]
         query = (
-            sa.select(predictions.c.id, predictions.c.created_at, predictions.c.probabilities)
-            .where(*_served_between(key, cursor, until), *sample)
-            .order_by(predictions.c.created_at, predictions.c.id)
+            sa.select(_LOG.id, _LOG.probabilities)
+            .where(*served, *_between(cursor, until), *sample)
+            .order_by(_LOG.id)
             .limit(limit)
         )
         rows = connection.execute(query).all()
-        last = (float(rows[-1].created_at), rows[-1].id) if len(rows) == limit else (until, _AFTER_ANY_ID)
+        last = rows[-1].id if len(rows) == limit else last_id(until)
         return ServedAfter(last, decode_rows([r.probabilities for r in rows]) if rows else np.zeros((0, 0)))
 
     def count_served(
-        self, key: CalibrationKey, cursor: tuple[float, str] | None, until: float, connection: sa.Connection
+        self, key: CalibrationKey, cursor: str | None, until: float, connection: sa.Connection, cap: int | None = None
     ) -> int:
-        """How many predictions ``served_after`` would look at (along the (key, created_at) index)."""
-        query = sa.select(sa.func.count()).select_from(predictions).where(*_served_between(key, cursor, until))
-        return int(connection.execute(query).scalar_one())
+        """How many predictions ``served_after`` would look at (a range of the key's primary key), counted up to
+        ``cap`` at most when given."""
+        served = self._served(connection, key)
+        if served is None:
+            return 0
+        rows = sa.select(sa.literal(1)).select_from(prediction_log).where(*served, *_between(cursor, until))
+        counted = sa.select(sa.func.count()).select_from((rows if cap is None else rows.limit(cap)).subquery())
+        return int(connection.execute(counted).scalar_one())
 
 
-def _served_between(key: CalibrationKey, cursor: tuple[float, str] | None, until: float) -> list:
-    """The WHERE terms of the served predictions after ``cursor`` (created_at, id), created at or before ``until``."""
-    terms = [*scope(predictions, key), predictions.c.source != OFFLINE, predictions.c.created_at <= until]
-    if cursor is not None:
-        at, pid = cursor
-        terms += [  # the first term lets the (key, created_at) index bound the scan
-            predictions.c.created_at >= at,
-            sa.or_(predictions.c.created_at > at, sa.and_(predictions.c.created_at == at, predictions.c.id > pid)),
-        ]
-    return terms
+def _between(cursor: str | None, until: float) -> list:
+    """The id range after ``cursor`` (from the start when None) up to the last id of ``until``."""
+    return [_LOG.id <= last_id(until), _LOG.id > (cursor if cursor is not None else first_id(0))]
+
+
+def _sampled(dialect: str, share: int):
+    """The WHERE term of the ids whose first random byte is below ``share``."""
+    if dialect == "postgresql":
+        return sa.func.get_byte(sa.func.uuid_send(_LOG.id), _DRAW) < share
+    return sa.func.substr(_LOG.id, _DRAW + 1, 1) < sa.literal(bytes([share]), sa.LargeBinary)  # a one-byte blob
+
+
+def _choice(row: PredictionRow) -> Choice | None:
+    """What ``row`` was served with, None when neither a set nor adapted priors."""
+    if row.set_members is None and row.priors_version is None:
+        return None
+    return Choice(row.set_coverage, row.set_method, row.set_randomized, row.priors_version)
+
+
+def _kept_logits(rows: Sequence[PredictionRow], temperatures: Sequence[float | None]) -> list[bytes | None]:
+    """Each row's logits as the log keeps them: None where ``temperatures`` (its key's) gives them back from its
+    stored probabilities (``recovered_by_temperature``), else as given. Rows are checked in groups of one class
+    count."""
+    kept: list[bytes | None] = [r.logits for r in rows]
+    groups: dict[tuple[float, int], list[int]] = {}
+    for i, (r, temperature) in enumerate(zip(rows, temperatures)):
+        if r.logits is not None and temperature is not None and len(r.logits) == len(r.probabilities):
+            groups.setdefault((temperature, len(r.logits)), []).append(i)
+    for (temperature, _), members in groups.items():
+        z = decode_rows([cast(bytes, rows[i].logits) for i in members])
+        p = decode_rows([rows[i].probabilities for i in members])
+        for i, recovered in zip(members, recovered_by_temperature(z, p, temperature)):
+            if recovered:
+                kept[i] = None
+    return kept

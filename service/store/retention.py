@@ -1,33 +1,116 @@
-"""Retention: predictions older than the retention period go, with their labels; the bin sums of the
-blocks they touched are rebuilt from the labels left. Pending labels (joined or not) go after the same period."""
+"""Retention and the prediction log's upkeep, done by one replica at a time (``locks.maintenance_turn``).
+
+A prediction is kept the retention period N, and on PostgreSQL at most one partition width (a day) longer: a
+partition goes once all of its ids are older than N, so the log holds N to N + 1 days. Its labels go first, by a
+range of the labels' unique index on ``prediction_id``, and the bin sums of the blocks they touched are rebuilt
+from the labels left; then the partition is detached and dropped (``service.store.partitions``). On SQLite the
+log's rows go by a range of its primary key per calibration key. Pending labels go through their index on
+``received_at``. No statement scans the log."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+
 import sqlalchemy as sa
 
+from service.store import legacy, partitions
 from service.store.blocks import BLOCK, add_to_blocks, block_sums, in_block
 from service.store.database import Database, unbounded
-from service.store.rows import CalibrationKey
-from service.store.schema import label_bins, labels, pending_labels, predictions, scope
+from service.store.predictions import Predictions
+from service.store.rows import CalibrationKey, first_id
+from service.store.schema import calibration_keys, label_bins, labels, pending_labels, prediction_log, scope
+
+log = logging.getLogger("service.store")
+CONVERT_BATCH = 5000
 
 
-def purge(db: Database, older_than: float) -> int:
-    """Delete predictions (and their labels) created before ``older_than``; returns the count."""
+@dataclass
+class Upkeep:
+    """What one pass did: partitions created and dropped, log rows deleted (SQLite), labels and pending labels
+    deleted, rows moved from the version-2 log, and when the newest partition ends (None on SQLite)."""
 
-    def work(c):
-        unbounded(c)
-        old = sa.select(predictions.c.id).where(predictions.c.created_at < older_than)
-        touched = c.execute(
-            sa.select(labels.c.model, labels.c.version, labels.c.calibration_version, BLOCK)
-            .where(labels.c.prediction_id.in_(old))
-            .distinct()
-        ).all()
-        c.execute(labels.delete().where(labels.c.prediction_id.in_(old)))
-        for model, version, calibration_version, block in touched:
-            key = CalibrationKey(model, version, calibration_version)
-            c.execute(label_bins.delete().where(*scope(label_bins, key), label_bins.c.block == block))
-            add_to_blocks(c, block_sums(*scope(labels, key), in_block(block)))
-        c.execute(pending_labels.delete().where(pending_labels.c.received_at < older_than))
-        return c.execute(predictions.delete().where(predictions.c.created_at < older_than)).rowcount
+    created: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    deleted: int = 0
+    labels: int = 0
+    pending: int = 0
+    converted: int = 0
+    partitions_end: float | None = None
 
-    return db.run(work)
+
+def upkeep(db: Database, predictions: Predictions, now: float, retention_seconds: float) -> Upkeep:
+    """One pass: create the partitions up to ``partitions.AHEAD`` days ahead, expire what is older than the cutoff
+    (on PostgreSQL the partitions that end before it, and the labels of their ids), and move a batch of the version-2
+    log's rows. Call under the maintenance turn."""
+    cutoff = now - retention_seconds
+    done = Upkeep()
+    postgres = db.engine.dialect.name == "postgresql"
+    if postgres:  # the partitions from yesterday on (a write makes any other it needs), and the day of the cutoff on
+        ahead = now + (partitions.AHEAD + 1) * partitions.DAY
+        done.created = db.run(lambda c: partitions.create(c, now - partitions.DAY, ahead))
+        expired = [p for p in db.run(partitions.existing, write=False) if p.end <= cutoff]
+        kept_from = partitions.partition_of(cutoff).start
+    else:
+        expired, kept_from = [], cutoff
+    done.labels, done.pending, done.deleted = db.run(lambda c: _expire_rows(c, first_id(kept_from), cutoff))
+    for part in expired:
+        partitions.detach_and_drop(db.engine, part)
+        done.dropped.append(part.name)
+    if postgres:
+        for part in db.run(partitions.detached, write=False):  # detached by a pass that then failed to drop them
+            if part.end <= cutoff:
+                partitions.detach_and_drop(db.engine, part, attached=False)
+                done.dropped.append(part.name)
+    done.converted = convert(db, predictions, first_id(kept_from))
+    if postgres:
+        done.partitions_end = max((p.end for p in db.run(partitions.existing, write=False)), default=None)
+    return done
+
+
+def _expire_rows(c: sa.Connection, bound: str, cutoff: float) -> tuple[int, int, int]:
+    """Delete the labels of predictions before the id ``bound`` and rebuild the block sums they were in, the pending
+    labels received before ``cutoff`` and, on SQLite, the log's rows before ``bound``: (labels, pending, log rows)."""
+    unbounded(c)
+    old = labels.c.prediction_id < bound
+    touched = c.execute(
+        sa.select(labels.c.model, labels.c.version, labels.c.calibration_version, BLOCK).where(old).distinct()
+    ).all()
+    n_labels = c.execute(labels.delete().where(old)).rowcount
+    for model, version, calibration_version, block in touched:
+        key = CalibrationKey(model, version, calibration_version)
+        c.execute(label_bins.delete().where(*scope(label_bins, key), label_bins.c.block == block))
+        add_to_blocks(c, block_sums(*scope(labels, key), in_block(block)))
+    n_pending = c.execute(pending_labels.delete().where(pending_labels.c.received_at < cutoff)).rowcount
+    n_log = 0
+    if c.dialect.name != "postgresql":
+        for (key_id,) in c.execute(sa.select(calibration_keys.c.id)):
+            n_log += c.execute(
+                prediction_log.delete().where(prediction_log.c.key == key_id, prediction_log.c.id < bound)
+            ).rowcount
+    return n_labels, n_pending, n_log
+
+
+def convert(db: Database, predictions: Predictions, bound: str, budget_seconds: float = 5.0) -> int:
+    """Move the version-2 log's rows from the id ``bound`` on into the log, newest first, a batch per transaction,
+    for at most about ``budget_seconds``; drop the version-2 log once none of its rows is that new. Rows moved."""
+    moved, started = 0, time.monotonic()
+    while time.monotonic() - started < budget_seconds:
+        batch = db.run(lambda c: legacy.newest(c, bound, CONVERT_BATCH) if legacy.present(c) else None, write=False)
+        if batch is None:
+            break
+        if not batch:
+            db.run(legacy.drop)
+            log.info("the version-2 prediction log is converted and dropped")
+            break
+        db.run(functools.partial(_move, predictions.compact(batch), [r.id for r in batch]))
+        moved += len(batch)
+    return moved
+
+
+def _move(compact: list[tuple], ids: list[str], c: sa.Connection) -> None:
+    """Write the converted rows ``compact`` and delete the version-2 rows ``ids`` they came from, in one transaction."""
+    Predictions.write(c, compact)
+    legacy.forget(c, ids)

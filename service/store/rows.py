@@ -4,6 +4,7 @@ and the compact encoding of probability and logit vectors."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -12,6 +13,7 @@ import numpy as np
 
 ANONYMOUS = "anonymous"  # the source of labels sent where feedback takes no token
 OFFLINE = "offline"  # the source of prediction rows scored elsewhere and sent with their labels
+PREDICTION_ID = re.compile("[0-9a-f]{32}")  # what ``prediction_ids`` makes
 
 
 class CalibrationKey(NamedTuple):
@@ -44,6 +46,7 @@ class PredictionRow(NamedTuple):
     set_randomized: bool | None = None
     set_probabilities: bytes | None = None
     priors_version: str | None = None
+    temperature: float | None = None  # T when the probabilities are softmax(logits / T) (None: another calibration)
 
 
 @dataclass(frozen=True)
@@ -119,20 +122,36 @@ class RecentPredictions(NamedTuple):
 
 
 class ServedAfter(NamedTuple):
-    """Served predictions oldest first, their calibrated probabilities as served, and the (created_at, id) cursor a
-    next read starts after."""
+    """Served predictions oldest first, their calibrated probabilities as served, and the id a next read starts
+    after."""
 
-    last: tuple[float, str]
+    last: str
     probs: np.ndarray
 
 
-def prediction_ids(n: int) -> list[str]:
-    """``n`` new prediction ids: 32 hex digits, a millisecond timestamp then 80 random bits, like
-    UUIDv7 (RFC 9562). Time-ordered keys are inserted at the end of the primary-key and label
-    indexes instead of at random pages, which keeps inserts fast in a store of millions of rows."""
-    stamp = f"{time.time_ns() // 1_000_000:012x}"
+def prediction_ids(n: int, at: float | None = None) -> list[str]:
+    """``n`` new prediction ids: 32 hex digits, a millisecond timestamp (now, or ``at`` seconds since the epoch)
+    then 80 random bits, like UUIDv7 (RFC 9562). An id's time is its prediction's time: the log is ordered,
+    partitioned and expired by it, and time-ordered keys are inserted at the end of the indexes instead of at
+    random pages, which keeps inserts fast in a store of millions of rows."""
+    stamp = f"{(time.time_ns() // 1_000_000 if at is None else int(at * 1000)):012x}"
     digits = os.urandom(10 * n).hex()
     return [stamp + digits[20 * i : 20 * (i + 1)] for i in range(n)]
+
+
+def id_time(prediction_id: str) -> float:
+    """The time of a prediction id, in seconds since the epoch."""
+    return int(prediction_id[:12], 16) / 1000
+
+
+def first_id(at: float) -> str:
+    """The smallest prediction id of time ``at`` (every id made at or after ``at`` is at least this)."""
+    return f"{int(at * 1000):012x}" + "0" * 20
+
+
+def last_id(at: float) -> str:
+    """The largest prediction id of the millisecond of ``at``."""
+    return f"{int(at * 1000):012x}" + "f" * 20
 
 
 def encode_rows(matrix: np.ndarray) -> list[bytes]:

@@ -1,15 +1,20 @@
-"""Tables (SQLAlchemy Core). Every table but ``pending_labels`` is scoped by a ``CalibrationKey``;
-``label_bins`` holds the mergeable per-bin sums of each block of ``BLOCK_LABELS`` consecutive labels (see
-``service.store.labels``); ``pending_labels`` the labels that arrived before their prediction
-(``service.store.pending``)."""
+"""Tables (SQLAlchemy Core). ``prediction_log`` is the served predictions in a compact row, referring to the
+dictionaries ``calibration_keys`` and ``served_choices`` (``service.store.predictions``); every other table but
+``pending_labels`` is scoped by a ``CalibrationKey``; ``label_bins`` holds the mergeable per-bin sums of each block
+of ``BLOCK_LABELS`` consecutive labels (see ``service.store.labels``); ``pending_labels`` the labels that arrived
+before their prediction (``service.store.pending``). Prediction ids are 16 bytes wherever they are kept
+(``PredictionId``)."""
 
 from __future__ import annotations
 
+import uuid
+
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from service.store.rows import ANONYMOUS, CalibrationKey
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BigId = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 
 metadata = sa.MetaData()
@@ -27,39 +32,95 @@ def _calibration_key(primary_key: bool = False) -> list[sa.Column]:
 
 schema_info = sa.Table("schema_info", metadata, sa.Column("version", sa.Integer, primary_key=True))
 
-predictions = sa.Table(
-    "predictions",
+
+class PredictionId(sa.types.TypeDecorator):
+    """A prediction id, 32 hex digits to the service, 16 bytes in the store: PostgreSQL's ``uuid`` (its
+    byte order is its sort order, so id ranges are time ranges), SQLite's BLOB. Ids are a millisecond time
+    then random bits (``service.store.rows.prediction_ids``)."""
+
+    impl = sa.LargeBinary
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(
+            postgresql.UUID(as_uuid=True) if dialect.name == "postgresql" else sa.LargeBinary()
+        )
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else id_value(value, dialect.name)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else id_hex(value)
+
+
+def id_value(hex_id: str, dialect: str):
+    """The stored form of a prediction id: a ``uuid.UUID`` on PostgreSQL, 16 bytes elsewhere."""
+    if not isinstance(hex_id, str):  # already stored form
+        return hex_id
+    return uuid.UUID(hex=hex_id) if dialect == "postgresql" else bytes.fromhex(hex_id)
+
+
+def id_hex(value) -> str:
+    """The 32 hex digits of a stored prediction id (``uuid.UUID`` or 16 bytes)."""
+    return value.hex if isinstance(value, uuid.UUID) else bytes(value).hex()
+
+
+# The calibration keys of the prediction log: one small integer per (model, version, calibration_version), with the
+# temperature T of the key's calibration when its probabilities are softmax(z / T) (the log then keeps the logits z
+# only where T * log p does not give them back: ``service.store.predictions``).
+calibration_keys = sa.Table(
+    "calibration_keys",
     metadata,
-    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     *_calibration_key(),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("predicted", sa.Integer, nullable=False),
-    sa.Column("confidence", sa.Float, nullable=False),
-    sa.Column("uncalibrated_confidence", sa.Float),
-    sa.Column("probabilities", sa.LargeBinary, nullable=False),
-    sa.Column("logits", sa.LargeBinary),
-    sa.Column("source", sa.String(16), nullable=False),
-    # the prediction set served with the row (NULL: none): its members as packed bits, coverage and score,
-    # whether it was randomized (NULL: served before floor sets, randomized for APS and RAPS), and the probabilities
-    # it was computed from when they are not ``probabilities`` (under a refitted temperature; NULL otherwise)
-    sa.Column("set_members", sa.LargeBinary),
+    sa.Column("temperature", sa.Float),
+    sa.UniqueConstraint("model", "version", "calibration_version", name="uq_calibration_keys"),
+)
+
+# What a batch of predictions was served with, once for many rows: the set choice (coverage, method, randomized;
+# randomized NULL: served before floor sets) and the version of the class priors the rows were adapted to.
+# ``signature`` is the four as one string, unique (NULLs are distinct in a unique constraint).
+served_choices = sa.Table(
+    "served_choices",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("signature", sa.Text, nullable=False, unique=True),
     sa.Column("set_coverage", sa.Float),
     sa.Column("set_method", sa.String(8)),
     sa.Column("set_randomized", sa.Boolean),
-    sa.Column("set_probabilities", sa.LargeBinary),
-    # the version of the class priors the served probabilities and sets were adapted to (NULL: not adapted; the
-    # probabilities above are then the model's, before the adaptation, which the label-free estimates need)
     sa.Column("priors_version", sa.String(64)),
-    sa.Index("ix_predictions_model_time", "model", "version", "calibration_version", "created_at"),
+)
+
+# The prediction log: one row per served prediction, eight columns so PostgreSQL's row header stays 24 bytes. The
+# primary key (key, id) is its only index: per key it is time order (windows, the label-shift cursor), and a lookup
+# by id alone probes it once per key. On PostgreSQL the table is range-partitioned by id, that is by time
+# (``service.store.partitions``); on SQLite it is a WITHOUT ROWID table, the key's B-tree itself.
+prediction_log = sa.Table(
+    "prediction_log",
+    metadata,
+    sa.Column("id", PredictionId, nullable=False),
+    sa.Column("key", sa.Integer, nullable=False),  # calibration_keys.id
+    sa.Column("offline", sa.Boolean, nullable=False),  # scored elsewhere, sent with its label
+    sa.Column("probabilities", sa.LargeBinary, nullable=False),  # float32, as served (before any adaptation)
+    sa.Column("logits", sa.LargeBinary),  # float32; NULL where the key's temperature gives them back (offline: none)
+    # the set served with the row (NULL: none), its members as packed bits, what it was served with (the choice, and
+    # the priors' version, which may be set without a set), and the probabilities it was computed from when they are
+    # not ``probabilities`` (under a refitted temperature; NULL otherwise)
+    sa.Column("set_members", sa.LargeBinary),
+    sa.Column("choice", sa.Integer),  # served_choices.id
+    sa.Column("set_probabilities", sa.LargeBinary),
+    sa.PrimaryKeyConstraint("key", "id", name="pk_prediction_log"),
+    postgresql_partition_by="RANGE (id)",
+    sqlite_with_rowid=False,
 )
 
 labels = sa.Table(
     "labels",
     metadata,
     sa.Column("seq", BigId, primary_key=True, autoincrement=True),
-    sa.Column(
-        "prediction_id", sa.String(32), sa.ForeignKey("predictions.id", ondelete="CASCADE"), nullable=False, unique=True
-    ),
+    # the labelled prediction's id: no foreign key, the log's partitions go by retention (which deletes their labels
+    # first, by this unique index's range), and its unique index keeps one label per prediction
+    sa.Column("prediction_id", PredictionId, nullable=False, unique=True),
     *_calibration_key(),
     sa.Column("label", sa.Integer, nullable=False),
     sa.Column("correct", sa.Integer, nullable=False),
@@ -127,7 +188,7 @@ pending_labels = sa.Table(
     "pending_labels",
     metadata,
     sa.Column("seq", BigId, primary_key=True, autoincrement=True),
-    sa.Column("prediction_id", sa.String(32), nullable=False),  # no foreign key: the prediction may come later
+    sa.Column("prediction_id", PredictionId, nullable=False),  # no foreign key: the prediction may come later
     sa.Column("label", sa.Text, nullable=False),  # as sent (class name or index), JSON
     sa.Column("received_at", sa.Float, nullable=False),
     sa.Column("status", sa.String(16), nullable=False),  # pending, expired or rejected; a joined one leaves
@@ -136,6 +197,7 @@ pending_labels = sa.Table(
     sa.Column("source", sa.String(64)),
     sa.Index("ix_pending_labels_id", "prediction_id"),
     sa.Index("ix_pending_labels_status", "status", "seq"),
+    sa.Index("ix_pending_labels_received", "received_at"),  # retention deletes by it
 )
 
 monitor_state = sa.Table(
@@ -156,10 +218,10 @@ shift_state = sa.Table(
     "shift_state",
     metadata,
     *_calibration_key(primary_key=True),
-    # the newest prediction folded, by (created_at, id): the label-shift alarm folds the served predictions in
-    # that order (NULL: none yet)
+    # the id of the newest prediction folded, and its time: the label-shift alarm folds the served predictions in
+    # id order (NULL: none yet)
     sa.Column("cursor_at", sa.Float),
-    sa.Column("cursor_id", sa.String(32)),
+    sa.Column("cursor_id", PredictionId),
     sa.Column("state", sa.Text, nullable=False),  # JSON: calibkit.label_shift_alarm.LabelShiftAlarmState
     # JSON: the class priors served adaptations use, {"version", "weights", "priors"} (NULL: none estimated yet)
     sa.Column("priors", sa.Text),

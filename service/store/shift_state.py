@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from service.store.database import Database
 from service.store.locks import locked_row
-from service.store.rows import CalibrationKey
+from service.store.rows import CalibrationKey, id_time
 from service.store.schema import scope, shift_state
 
 
@@ -24,19 +24,19 @@ class LockedShiftState:
     def save(
         self,
         *,
-        cursor: tuple[float, str] | None,
+        cursor: str | None,
         state: str,
         alarmed: bool,
         since: float | None,
         priors: str | None,
     ) -> None:
-        at, pid = cursor if cursor is not None else (None, None)
+        at = None if cursor is None else id_time(cursor)
         self.connection.execute(
             shift_state.update()
             .where(*scope(shift_state, self.key))
             .values(
                 cursor_at=at,
-                cursor_id=pid,
+                cursor_id=cursor,
                 state=state,
                 alarmed=alarmed,
                 since=since,

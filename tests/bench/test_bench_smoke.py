@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e  # benchmark smoke runs: server processes, wrk, Pos
 
 @pytest.mark.parametrize("name", [name for name in PAGES if name != "alarm"])
 def test_benchmark_runs_from_the_registry_and_writes_its_result(name, tmp_path, request):
-    if name == "feedback_load":  # its PostgreSQL rounds, on the suite's server (CALIB_BENCH_DATABASE_URL)
+    if name in ("feedback_load", "store"):  # PostgreSQL databases, on the suite's server (CALIB_BENCH_DATABASE_URL)
         request.getfixturevalue("postgres_server")
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--only", name, "--smoke"],

@@ -30,7 +30,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
-from service.store.schema import label_bins, labels, schema_info
+from service.store import Store, legacy
+from service.store.schema import calibration_keys, label_bins, labels, prediction_log, schema_info, served_choices
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s" / "base"
@@ -210,8 +211,15 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
     finally:
         if process.poll() is None:
             process.kill()
-    engine = sa.create_engine(pg_url)
-    with engine.begin() as c:
+    engine, store = sa.create_engine(pg_url), Store(pg_url)
+    with engine.connect() as c:
+        logged = store.predictions.fetch(c.execute(sa.select(labels.c.prediction_id)).scalars().all())
+    store.db.engine.dispose()
+    with engine.begin() as c:  # the log as versions 1 and 2 kept it, and no table of version 3
+        legacy.predictions.create(c)
+        legacy.insert_version_2(c, list(logged.values()))
+        for table in (prediction_log, calibration_keys, served_choices):
+            table.drop(c)
         c.execute(label_bins.delete())
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN logits")
@@ -250,7 +258,7 @@ def test_replicas_starting_together_migrate_the_store_once_and_all_serve(store, 
     assert not any("database unavailable" in text or "Traceback" in text for text in logs), "\n".join(logs)
     engine = sa.create_engine(pg_url)
     with engine.connect() as c:
-        assert c.execute(sa.select(schema_info.c.version)).scalars().all() == [2]
+        assert c.execute(sa.select(schema_info.c.version)).scalars().all() == [3]
         assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar() == seeded + 5 * REPLICAS
         counted = c.execute(sa.select(sa.func.coalesce(sa.func.sum(label_bins.c.count), 0))).scalar()
     engine.dispose()

@@ -150,7 +150,7 @@ def test_the_pod_answers_as_one_in_process_service(pod):
 
     def stored() -> bool:
         with sqlite3.connect(db) as con:
-            return {r[0] for r in con.execute("select id from predictions")} >= set(ids)
+            return {r[0] for r in con.execute("select lower(hex(id)) from prediction_log")} >= set(ids)
 
     _wait(stored, 10, "every answered id stored")
     import tritonclient.http as triton

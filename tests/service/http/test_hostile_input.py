@@ -196,7 +196,7 @@ def test_an_unreachable_store_tells_clients_nothing_of_it_and_logs_once(reposito
     with caplog.at_level(logging.WARNING, logger="service.store"):
         with server_for(settings) as (base_url, _):
             answers = [
-                httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": "p", "label": 0}]})
+                httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": "0" * 12 + "f" * 20, "label": 0}]})
                 for _ in range(3)
             ]
             public = httpx.get(f"{base_url}/health").json()

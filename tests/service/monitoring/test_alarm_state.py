@@ -75,7 +75,7 @@ class _Repository:
 
 def _store(storage: Store, model: str, start: int, stop: int) -> None:
     conf, correct = CONFIDENCE[0, start:stop], CORRECT[0, start:stop]
-    ids = [f"{model:>5}{i:027d}" for i in range(start, stop)]
+    ids = [f"{model.encode().hex()[:5]:>05}{i:027x}" for i in range(start, stop)]  # prediction ids: 32 hex digits
     blobs = [np.array([c, 1 - c], np.float32).tobytes() for c in conf]
     storage.labels.insert(
         [

@@ -5,6 +5,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 from calibkit import metrics
 from calibkit.alarms import AlarmPolicy
@@ -15,6 +16,7 @@ from service.schemas import ActivateResponse, HistoryResponse, RecalibrateRespon
 from service.settings import Settings
 from service.store import Store
 from service.store.rows import PredictionRow, encode_rows, prediction_ids
+from service.store.schema import labels as label_table
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits()
@@ -351,8 +353,8 @@ def _until(condition, timeout: float = 20.0):
 def _labelled_in_order(database_url: str) -> list[str]:
     store = Store(database_url)
     try:
-        query = "SELECT prediction_id FROM labels ORDER BY seq"
-        return store.db.run(lambda c: [r[0] for r in c.exec_driver_sql(query)], write=False)
+        query = sa.select(label_table.c.prediction_id).order_by(label_table.c.seq)
+        return store.db.run(lambda c: list(c.execute(query).scalars()), write=False)
     finally:
         store.db.engine.dispose()
 

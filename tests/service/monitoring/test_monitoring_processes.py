@@ -184,7 +184,7 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
         third.stop()
     assert 40 + sum(acknowledged) + len(acknowledged_ids) <= stored <= 40 + sum(sent) + len(sent_ids)
     with sqlite3.connect(tmp_path / "store.db") as db:
-        labelled = {prediction_id for (prediction_id,) in db.execute("SELECT prediction_id FROM labels")}
+        labelled = {prediction_id.hex() for (prediction_id,) in db.execute("SELECT prediction_id FROM labels")}
     assert set(acknowledged_ids) <= labelled
 
 
@@ -289,12 +289,14 @@ def _stored_ids(url: str) -> tuple[set[str], set[str]]:
     """(ids of the stored predictions, ids of the stored labels), read from the store itself."""
     import sqlalchemy as sa
 
+    from service.store.schema import labels, prediction_log
+
     engine = sa.create_engine(url)
     try:
         with engine.connect() as c:
             return (
-                {r[0] for r in c.exec_driver_sql("SELECT id FROM predictions")},
-                {r[0] for r in c.exec_driver_sql("SELECT prediction_id FROM labels")},
+                {r[0] for r in c.execute(sa.select(prediction_log.c.id))},
+                {r[0] for r in c.execute(sa.select(labels.c.prediction_id))},
             )
     finally:
         engine.dispose()

@@ -125,14 +125,16 @@ def test_sqlite_bulk_inserts_use_two_statement_texts_whatever_the_batch_lengths(
     sa.event.listen(
         storage.db.engine,
         "before_cursor_execute",
-        lambda conn, cursor, statement, *args: texts.add(statement) if "INSERT" in statement else None,
+        lambda conn, cursor, statement, *args: (
+            texts.add(statement) if "INSERT INTO prediction_log" in statement else None
+        ),
     )
     start = 0
     for n in (1, 7, 255, 256, 257, 600, 1999):
         storage.predictions.insert(_rows(n, start))
         start += n
     with storage.db.engine.connect() as c:
-        assert c.execute(sa.text("SELECT count(*) FROM predictions")).scalar() == start
+        assert c.execute(sa.text("SELECT count(*) FROM prediction_log")).scalar() == start
     assert len(texts) == 2
     storage.db.engine.dispose()
 
@@ -141,10 +143,8 @@ def test_bulk_insert_stores_every_field_exactly(database_url):
     """Each bulk path (binary COPY on PostgreSQL, multi-row and single-row INSERTs on SQLite) stores
     the values it was given, NULLs included, for batches around the SQLite chunk size."""
     import numpy as np
-    import sqlalchemy as sa
 
     from service.store import Store
-    from service.store.schema import predictions
 
     storage = Store(database_url)
     storage.db.migrate()
@@ -155,21 +155,23 @@ def test_bulk_insert_stores_every_field_exactly(database_url):
             "digits-lenet5",
             "7",
             i % 3,
-            1.7e9 + i / 3,
-            i % 10,
-            float(rng.random()),
-            None if i % 4 == 0 else float(rng.random()),
+            0.0,  # the time of the id (its first 12 hex digits)
+            0,
+            0.0,
+            None,
             rng.random(10).astype(np.float32).tobytes(),
-            None if i % 5 == 0 else rng.random(10).astype(np.float32).tobytes(),
+            None if i % 5 == 0 or i % 2 else rng.random(10).astype(np.float32).tobytes(),  # offline rows have none
             "offline" if i % 2 else "online",
         )
         for i in range(300)
     ]
     storage.predictions.insert(rows)
-    with storage.db.engine.connect() as c:
-        stored = {r.id: tuple(r) for r in c.execute(sa.select(*[predictions.c[f] for f in PredictionRow._fields]))}
+    stored = storage.predictions.fetch([r.id for r in rows])
     storage.db.engine.dispose()
-    assert stored == {r.id: tuple(r) for r in rows}
+    for r in rows:
+        probs = np.frombuffer(r.probabilities, np.float32)
+        k = int(probs.argmax())
+        assert stored[r.id] == r._replace(predicted=k, confidence=float(probs[k]))
 
 
 def test_sync_durability_answers_only_once_the_rows_are_committed_and_503_when_they_cannot_be():

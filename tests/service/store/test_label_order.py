@@ -10,7 +10,6 @@ import sqlalchemy as sa
 
 from service.store import Store
 from service.store.labels import insert_labels
-from service.store.predictions import insert_predictions
 from service.store.rows import LabelRow, PredictionRow
 from service.store.schema import labels
 
@@ -36,8 +35,9 @@ def test_a_second_replica_waits_until_the_first_commits_its_labels_of_another_ca
         second.labels.insert(second_labels, second_predictions)
         done.set()
 
+    compact = first.predictions.compact(first_predictions)
     with first.db.unit() as c:
-        insert_predictions(c, first_predictions)
+        first.predictions.write(c, compact)
         insert_labels(c, first_labels)  # drew its sequence numbers; not committed yet
         writer = threading.Thread(target=other_replica)
         writer.start()

@@ -1,5 +1,5 @@
 """Window statistics from block sums equal the same statistics aggregated over every label row, for
-count and time windows across block boundaries, after retention purges and after migrating a
+count and time windows across block boundaries, after retention and after migrating a
 version-1 store (no block sums) -- on SQLite and on the real PostgreSQL."""
 
 import numpy as np
@@ -9,23 +9,29 @@ import sqlalchemy as sa
 from calibkit import binning
 from service.store import Store
 from service.store.blocks import BLOCK_LABELS
-from service.store.rows import CalibrationKey, LabelRow, PredictionRow
+from service.store.rows import CalibrationKey, LabelRow, PredictionRow, prediction_ids
 from service.store.schema import label_bins, labels, schema_info
+from tests.service.store.v2_store import version_2_store
 
 KEY = CalibrationKey("m", "1", 0)
 N_BINS = 15
 EDGES = binning.equal_width_edges(N_BINS)
+MIDNIGHT = 1_790_121_600.0  # a UTC day's start: the store's partitions are UTC days
+T0 = MIDNIGHT - 1500
 
 
-def _fill(storage: Store, n: int, *, start: int = 0, model: str = "m", t0: float = 1000.0, seed: int = 0) -> None:
-    """``n`` labelled predictions, one second apart, stored in requests of up to 700 labels."""
+def _fill(
+    storage: Store, n: int, *, start: int = 0, model: str = "m", t0: float = T0, seed: int = 0, v2: bool = False
+) -> None:
+    """``n`` labelled predictions, one second apart (their ids of their times), stored in requests of up to 700
+    labels (``v2``: into a store as version 2 left it)."""
     rng = np.random.default_rng(seed)
     for offset in range(0, n, 700):
         k = min(700, n - offset)
         conf = rng.uniform(0.1, 1.0, k)
         correct = (rng.random(k) < conf).astype(int)
         at = t0 + start + offset + np.arange(k)
-        ids = [f"{model[:5]}{start + offset + i:027d}" for i in range(k)]
+        ids = [prediction_ids(1, at=float(t))[0] for t in at]
         blobs = [np.array([conf[i], 1 - conf[i]], np.float32).tobytes() for i in range(k)]
         preds = [
             PredictionRow(ids[i], model, "1", 0, float(at[i]), 0, float(conf[i]), None, blobs[i], None, "offline")
@@ -48,7 +54,10 @@ def _fill(storage: Store, n: int, *, start: int = 0, model: str = "m", t0: float
             )
             for i in range(k)
         ]
-        storage.labels.insert(rows, preds)
+        if v2:
+            version_2_store(storage.db.url, preds, rows)
+        else:
+            storage.labels.insert(rows, preds)
 
 
 def _brute_force(storage: Store, model: str = "m", *, last: int | None = None, cutoff: float | None = None):
@@ -112,9 +121,11 @@ def test_time_windows_equal_a_scan_of_every_row(filled):
         )
 
 
-def test_purge_rebuilds_the_block_sums_it_touches(filled):
-    purged = filled.purge(older_than=1000.0 + 1500)
-    assert purged > 1500  # labels of both models
+def test_retention_rebuilds_the_block_sums_it_touches(filled):
+    done = filled.upkeep(retention_seconds=86400.0, now=MIDNIGHT + 86400.0)  # the day before MIDNIGHT goes
+    assert done is not None and done.labels == 1500 + 500  # labels of both models
+    with filled.db.engine.connect() as c:
+        assert c.execute(sa.select(sa.func.min(labels.c.labelled_at))).scalar() >= MIDNIGHT
     for last in (100, 2000, 10**6):
         _assert_same(
             filled.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(filled, last=last)
@@ -124,8 +135,7 @@ def test_purge_rebuilds_the_block_sums_it_touches(filled):
 
 def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrated(database_url):
     storage = Store(database_url)
-    storage.db.migrate()
-    _fill(storage, 2 * BLOCK_LABELS + 5)
+    _fill(storage, 2 * BLOCK_LABELS + 5, v2=True)
     with storage.db.engine.begin() as c:  # what a version-1 service left behind: no block sums, no blobs on labels
         c.execute(label_bins.delete())
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
@@ -136,7 +146,7 @@ def test_a_version_1_store_gets_block_sums_and_served_probabilities_when_migrate
     fresh.db.migrate()
     fresh.db.migrate()  # idempotent: a second replica starting does not add the sums twice
     with fresh.db.engine.connect() as c:
-        assert c.execute(sa.select(schema_info.c.version)).scalar() == 2
+        assert c.execute(sa.select(schema_info.c.version)).scalar() == 3
     for last in (10, 1500, None):
         _assert_same(
             fresh.labels.window(CalibrationKey("m", "1", 0), N_BINS, last=last), _brute_force(fresh, last=last)
@@ -236,19 +246,32 @@ def test_a_store_without_prediction_set_columns_gets_them_and_their_index(databa
     _fill(storage, 20)  # rows without sets
     with storage.db.engine.begin() as c:  # what the version before prediction sets left behind
         c.exec_driver_sql("DROP INDEX ix_labels_covered")
-        for table, columns in (
-            ("predictions", ("set_members", "set_coverage", "set_method")),
-            ("labels", ("covered", "set_size", "set_coverage", "set_method")),
-        ):
-            for column in columns:
-                c.exec_driver_sql(f"ALTER TABLE {table} DROP COLUMN {column}")
+        for column in ("covered", "set_size", "set_coverage", "set_method"):
+            c.exec_driver_sql(f"ALTER TABLE labels DROP COLUMN {column}")
     fresh = Store(database_url)
     fresh.db.migrate()
     fresh.db.migrate()  # idempotent
     with fresh.db.engine.connect() as c:
         assert "ix_labels_covered" in {i["name"] for i in sa.inspect(c).get_indexes("labels")}
     row = LabelRow(
-        f"{99:032x}", "m", "1", 0, 2, 1, 0.9, 13, 0.1, 0.01, 3000.0, None, None, "anonymous", 1, 2, 0.9, "raps"
+        prediction_ids(1, at=3000.0)[0],
+        "m",
+        "1",
+        0,
+        2,
+        1,
+        0.9,
+        13,
+        0.1,
+        0.01,
+        3000.0,
+        None,
+        None,
+        "anonymous",
+        1,
+        2,
+        0.9,
+        "raps",
     )
     prediction = PredictionRow(row.prediction_id, "m", "1", 0, 3000.0, 2, 0.9, None, b"\0" * 12, None, "online")
     fresh.labels.insert([row], [prediction._replace(set_members=b"\x30", set_coverage=0.9, set_method="raps")])

@@ -1,0 +1,3 @@
+from bench.common import main
+
+main("store")
