@@ -61,7 +61,7 @@ EXPIRING_ROWS = 100_000
 RATE = 10_000.0  # predictions a second of the rows written, which sets how many share a millisecond
 _CLOCK = [time.time()]  # where the next rows' ids begin
 SIZE_COLUMNS = "schema classes rows bytes_per_prediction log_heap log_toast log_indexes labels_share other wal".split()
-SPEED_COLUMNS = "round schema rows rows_per_s database_cpu_us rows_per_database_cpu_s wal_per_row".split()
+SPEED_COLUMNS = "round schema rows rows_per_s batch_ms database_cpu_us rows_per_database_cpu_s wal_per_row".split()
 SCALE_COLUMNS = "log_rows expire_s calibration_p50_ms calibration_p99_ms join_p50_ms join_p99_ms requests".split()
 RETENTION_COLUMNS = "round retention predict_rps predict_p99_ms passes".split()
 
@@ -705,11 +705,12 @@ def render(result: dict) -> str:
             "",
             "Each write path in rotating rounds, one writer: its rows/s, and the CPU time of the PostgreSQL "
             "server's processes and the WAL per row, which set how many rows one PostgreSQL takes "
-            "(`rows_per_database_cpu_s`: its ceiling per server core). `floor` writes the ids alone into a table "
+            "(`rows_per_database_cpu_s`: its ceiling per server core); `batch_ms` is the mean time to write one batch, "
+            "the log's write latency. `floor` writes the ids alone into a table "
             f"whose primary key they are: what any row costs. Ids are those of traffic at {RATE:,.0f} predictions "
             "a second:",
             "",
-            table(result["speed"], SPEED_COLUMNS),
+            table([r | {"batch_ms": 1000 * result["batch"] / r["rows_per_s"]} for r in result["speed"]], SPEED_COLUMNS),
             "",
             f"Expiry of one partition of {result['expiring_rows']:,} rows (1.2% labelled; seconds of the retention "
             "pass, median of its samples) at two sizes of the rest of the log, and on a service over each of the "
