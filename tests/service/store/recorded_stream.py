@@ -15,9 +15,7 @@ import asyncio
 import json
 import shutil
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -41,28 +39,6 @@ def settings(artifacts: Path, url: str):
     )
 
 
-@contextmanager
-def serve(config):
-    """A uvicorn server of ``config`` on a free loopback port, in a thread: (base URL, app)."""
-    import uvicorn
-
-    from service.app import create_app
-
-    app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
 def evaluate(app) -> None:
     """One evaluation pass now (the evaluator runs on the server's loop)."""
     evaluator = app.state.parts.evaluator
@@ -80,6 +56,7 @@ def calibration(base: str) -> dict:
 
 
 def record(out: Path) -> None:
+    from tests.service.conftest import running_server
     from training.data import load_digits_splits
 
     out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +64,7 @@ def record(out: Path) -> None:
     rng = np.random.default_rng(64)
     rows = rng.choice(len(test.y), ROWS)
     config = settings(ROOT / "artifacts", f"sqlite:///{out / 'store.db'}")
-    with serve(config) as (base, app):
+    with running_server(config) as (base, app):
         ids: list[str] = []
         for start in range(0, ROWS, REQUEST_ROWS):
             body = {"inputs": test.x[rows[start : start + REQUEST_ROWS]].tolist()}

@@ -22,8 +22,8 @@ import sqlalchemy as sa
 
 from calibkit.manifest import load_manifest
 from service.store import Store, legacy
-from tests.service.conftest import DEFAULT_ARTIFACT
-from tests.service.store.recorded_stream import ROOT, calibration, evaluate, send_labels, serve, settings
+from tests.service.conftest import DEFAULT_ARTIFACT, running_server
+from tests.service.store.recorded_stream import ROOT, calibration, evaluate, send_labels, settings
 
 RECORDED = Path(__file__).parent / "recorded"
 TIMESTAMP = 1e9  # a float this large is a time (seconds since the epoch), which differs from run to run
@@ -61,7 +61,7 @@ def _answer_of(url: str, tmp_path: Path, labels: list[list[dict]] | None = None)
     artifacts = tmp_path / "artifacts"
     if not artifacts.exists():
         shutil.copytree(ROOT / "artifacts", artifacts)
-    with serve(settings(artifacts, url)) as (base, app):
+    with running_server(settings(artifacts, url)) as (base, app):
         evaluate(app)
         if labels is not None:
             send_labels(base, labels)
