@@ -41,7 +41,9 @@ class BulkInsert:
 
     def __call__(self, c: sa.Connection, rows: Sequence[tuple]) -> None:
         dialect = c.dialect.name
-        if self.ids:  # prediction ids as the dialect stores them
+        if self.ids == {0}:  # prediction ids as the dialect stores them (a log row's id leads it)
+            rows = [(id_value(row[0], dialect), *row[1:]) for row in rows]
+        elif self.ids:
             rows = [tuple(id_value(v, dialect) if i in self.ids else v for i, v in enumerate(row)) for row in rows]
         if dialect == "postgresql" and c.dialect.driver == "psycopg":
             driver_connection = c.connection.driver_connection
