@@ -52,7 +52,7 @@ def test_alert_rules_check_and_unit_tests_pass():
     check = subprocess.run(
         [_tool("promtool"), "check", "rules", str(PROMETHEUS / "alerts.yml")], capture_output=True, text=True
     )
-    assert check.returncode == 0 and "SUCCESS: 12 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 13 rules found" in check.stdout, check.stdout + check.stderr
     tests = subprocess.run(
         [_tool("promtool"), "test", "rules", "alerts_test.yml"], capture_output=True, text=True, cwd=PROMETHEUS
     )

@@ -220,6 +220,14 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
         legacy.insert_version_2(c, list(logged.values()))
         for table in (prediction_log, calibration_keys, served_choices):
             table.drop(c)
+        for table, column in (
+            ("labels", "prediction_id"),
+            ("pending_labels", "prediction_id"),
+            ("shift_state", "cursor_id"),
+        ):
+            c.exec_driver_sql(  # ids as text, as versions 1 and 2 kept them
+                f"ALTER TABLE {table} ALTER COLUMN {column} TYPE varchar(32) USING replace({column}::text, '-', '')"
+            )
         c.execute(label_bins.delete())
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN probabilities")
         c.exec_driver_sql("ALTER TABLE labels DROP COLUMN logits")
