@@ -321,8 +321,8 @@ def _fill_sql(url: str, key_id: int, start: float, end: float, n: int, blob: byt
                 "k": k,
                 "p": float(probs[k]),
                 "blob": blob,
-                "lo": _uuid(start),
-                "hi": _uuid(end),
+                "lo": partitions.bound(start),
+                "hi": partitions.bound(end),
             },
         )
         c.execute(label_bins.delete())
@@ -349,14 +349,6 @@ def _partitions(url: str, start: float, end: float) -> None:
     with engine.begin() as c:
         partitions.create(c, start, end)
     engine.dispose()
-
-
-def _uuid(at: float) -> str:
-    import uuid
-
-    from service.store.rows import first_id
-
-    return str(uuid.UUID(hex=first_id(at)))
 
 
 def _key_id(url: str) -> int:
@@ -467,21 +459,16 @@ def _feedback(ids: list[str]) -> list:
 def _steady_shift_state(url: str) -> None:
     """The label-shift alarm's state as a service that has been serving all along leaves it: folded up to the newest
     prediction (the log filled in SQL has no alarm behind it, which would otherwise fold it all from the start)."""
-    from calibkit.label_shift_alarm import LabelShiftAlarmConfig, LabelShiftAlarmState
+    from calibkit.label_shift_alarm import LabelShiftAlarmState
     from calibkit.manifest import load_manifest
+    from service.monitoring.shift_alarm import alarm_config
     from service.settings.groups import ShiftSettings
     from service.store import Store
     from service.store.rows import CalibrationKey
 
     reference = load_manifest(ROOT / "artifacts" / MODEL / "1" / "manifest.json").label_shift
     assert reference is not None, "the default artifact has its label_shift entry"
-    shift = ShiftSettings()
-    config = LabelShiftAlarmConfig.for_reference(
-        reference,
-        tolerance=shift.alarm_tolerance,
-        threshold=shift.alarm_threshold,
-        clear_threshold=shift.alarm_clear_threshold,
-    )
+    config = alarm_config(reference, ShiftSettings())
     store = Store(url)
     with store.shift_states.locked(CalibrationKey(MODEL, "1", 0), json.dumps({})) as locked:
         locked.save(

@@ -31,6 +31,7 @@ from service.store.rows import (
     PredictionRow,
     decode_rows,
     encode_rows,
+    id_time,
     prediction_ids,
 )
 
@@ -243,7 +244,7 @@ class LabelRecorder:
         prediction_id = item.prediction_id
         if not PREDICTION_ID.fullmatch(prediction_id):
             return f"unknown prediction id {prediction_id!r}: not a prediction id (32 hex digits)"
-        made = int(prediction_id[:12], 16) / 1000
+        made = id_time(prediction_id)
         if made > now + _CLOCK_SKEW:
             return f"unknown prediction id {prediction_id!r}: its time is in the future"
         if made < now - self.retention_seconds:

@@ -16,6 +16,7 @@ import logging
 import time
 
 from calibkit.label_shift_alarm import LabelShiftAlarmConfig, LabelShiftAlarmState
+from calibkit.manifest import LabelShiftReference
 from service.metrics import ServiceMetrics
 from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
@@ -45,12 +46,7 @@ class ShiftAlarm:
             return None
         found = self._configs.get((served.name, served.version))
         if found is None:
-            found = self._configs[(served.name, served.version)] = LabelShiftAlarmConfig.for_reference(
-                reference,
-                tolerance=self.settings.alarm_tolerance,
-                threshold=self.settings.alarm_threshold,
-                clear_threshold=self.settings.alarm_clear_threshold,
-            )
+            found = self._configs[(served.name, served.version)] = alarm_config(reference, self.settings)
         return found
 
     def assess(self, served: ServedModel, key: CalibrationKey, estimated: dict | None) -> dict | None:
@@ -189,4 +185,14 @@ def _load(saved: str | None, config: LabelShiftAlarmConfig) -> LabelShiftAlarmSt
         LabelShiftAlarmState.fresh(config)
         if saved is None
         else LabelShiftAlarmState.from_dict(json.loads(saved), config)
+    )
+
+
+def alarm_config(reference: LabelShiftReference, settings: ShiftSettings) -> LabelShiftAlarmConfig:
+    """The alarm's configuration for a manifest's ``label_shift`` reference under ``settings``."""
+    return LabelShiftAlarmConfig.for_reference(
+        reference,
+        tolerance=settings.alarm_tolerance,
+        threshold=settings.alarm_threshold,
+        clear_threshold=settings.alarm_clear_threshold,
     )

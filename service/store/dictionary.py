@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from service.store.database import Database
 from service.store.rows import CalibrationKey
-from service.store.schema import calibration_keys, served_choices
+from service.store.schema import calibration_keys, scope, served_choices
 
 
 class Choice(NamedTuple):
@@ -52,13 +52,12 @@ class Dictionaries:
         self._choice_of: dict[int, Choice] = {}
 
     def key_ids(self, pairs: Iterable[tuple[CalibrationKey, float | None]]) -> dict[CalibrationKey, int]:
-        """The ids of ``wanted`` (key, temperature or None), added when missing; a temperature given for a key
-        stored without one is recorded."""
-        given: dict[CalibrationKey, float | None] = {}
+        """The ids of the keys of ``pairs`` (key, temperature or None), added when missing; a temperature given for a
+        key stored without one is recorded."""
+        wanted: dict[CalibrationKey, float | None] = {}
         for key, temperature in pairs:  # a key's temperature is the first one given
-            if given.get(key) is None:
-                given[key] = temperature
-        wanted = given
+            if wanted.get(key) is None:
+                wanted[key] = temperature
         missing = {
             k: t
             for k, t in wanted.items()
@@ -83,7 +82,7 @@ class Dictionaries:
             if t is not None:
                 c.execute(
                     calibration_keys.update()
-                    .where(*_key_terms(key), calibration_keys.c.temperature.is_(None))
+                    .where(*scope(calibration_keys, key), calibration_keys.c.temperature.is_(None))
                     .values(temperature=t)
                 )
         self._load_keys(c)
@@ -134,11 +133,3 @@ class Dictionaries:
         if choice_id not in self._choice_of:
             self._load_choices(c)
         return self._choice_of[choice_id]
-
-
-def _key_terms(key: CalibrationKey) -> list:
-    return [
-        calibration_keys.c.model == key.model,
-        calibration_keys.c.version == key.version,
-        calibration_keys.c.calibration_version == key.calibration_version,
-    ]

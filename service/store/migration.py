@@ -53,7 +53,7 @@ def migrate(connection: sa.Connection, now: float | None = None) -> None:
     _add_columns(connection)
     if connection.dialect.name == "postgresql":
         now = time.time() if now is None else now
-        partitions.create(connection, now - partitions.DAY, now + (partitions.AHEAD + 1) * partitions.DAY)
+        partitions.make_ahead(connection, now)
 
 
 def _advance(c: sa.Connection, step: int) -> bool:

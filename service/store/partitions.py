@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from typing import NamedTuple
 
 import sqlalchemy as sa
 
 from service.store import locks
 from service.store.rows import first_id
+from service.store.schema import id_value
 
 log = logging.getLogger("service.store")
 
@@ -70,8 +70,15 @@ def _named(name: str, detaching: bool = False) -> Partition:
     return Partition(name, day, day + DAY, detaching)
 
 
-def _uuid(at: float) -> str:
-    return str(uuid.UUID(hex=first_id(at)))
+def bound(at: float) -> str:
+    """The partition bound of time ``at``: its first id as PostgreSQL writes a uuid."""
+    return str(id_value(first_id(at), "postgresql"))
+
+
+def make_ahead(c: sa.Connection, now: float) -> list[str]:
+    """Create the partitions from yesterday's to the one ``AHEAD`` days after today's (``create``): the upkeep's and
+    the migration's, so that writes never wait for one; the names created."""
+    return create(c, now - DAY, now + (AHEAD + 1) * DAY)
 
 
 def create(c: sa.Connection, start: float, end: float) -> list[str]:
@@ -89,7 +96,7 @@ def create(c: sa.Connection, start: float, end: float) -> list[str]:
         c.exec_driver_sql(f"CREATE TABLE {part.name} (LIKE prediction_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
         c.exec_driver_sql(
             f"ALTER TABLE prediction_log ATTACH PARTITION {part.name} "
-            f"FOR VALUES FROM ('{_uuid(part.start)}') TO ('{_uuid(part.end)}')"
+            f"FOR VALUES FROM ('{bound(part.start)}') TO ('{bound(part.end)}')"
         )
         made.append(part.name)
     if made:

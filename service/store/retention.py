@@ -49,8 +49,7 @@ def upkeep(db: Database, predictions: Predictions, now: float, retention_seconds
     done = Upkeep()
     postgres = db.engine.dialect.name == "postgresql"
     if postgres:  # the partitions from yesterday on (a write makes any other it needs), and the day of the cutoff on
-        ahead = now + (partitions.AHEAD + 1) * partitions.DAY
-        done.created = db.run(lambda c: partitions.create(c, now - partitions.DAY, ahead))
+        done.created = db.run(lambda c: partitions.make_ahead(c, now))
         expired = [p for p in db.run(partitions.existing, write=False) if p.end <= cutoff]
         kept_from = partitions.partition_of(cutoff).start
     else:
