@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from calibkit.manifest import load_manifest
 from service.store import Store, legacy
 from tests.service.conftest import DEFAULT_ARTIFACT, running_server
-from tests.service.store.recorded_stream import ROOT, calibration, evaluate, send_labels, settings
+from tests.service.store.recorded_stream import MODEL, calibration, evaluate, send_labels, settings
 
 RECORDED = Path(__file__).parent / "recorded"
 TIMESTAMP = 1e9  # a float this large is a time (seconds since the epoch), which differs from run to run
@@ -59,8 +59,8 @@ def _answer_of(url: str, tmp_path: Path, labels: list[list[dict]] | None = None)
     """GET /calibration of a service over ``url`` after an evaluation pass, the labels ``labels`` sent (and a pass
     before them, as recorded) when given."""
     artifacts = tmp_path / "artifacts"
-    if not artifacts.exists():
-        shutil.copytree(ROOT / "artifacts", artifacts)
+    if not artifacts.exists():  # the committed version alone, as recorded (``make run`` adds versions to artifacts/)
+        shutil.copytree(DEFAULT_ARTIFACT, artifacts / MODEL / "1")
     with running_server(settings(artifacts, url)) as (base, app):
         evaluate(app)
         if labels is not None:
