@@ -106,6 +106,17 @@ class EngineUnavailable(ServiceError):
         super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
+class DeadlineExceeded(ServiceError):
+    """A request's outputs did not come within its model's ``deadline_seconds`` (a stuck or lost batch, or a queue
+    too long to serve it in time): retry shortly. Triton's queue policy answers the same way."""
+
+    status = 503
+    code = "deadline_exceeded"
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
 class StorageUnavailable(ServiceError):
     """The database cannot be reached: retry later."""
 

@@ -85,7 +85,7 @@ class ServiceMetrics:
         )
         self.inference = Histogram(
             "calib_inference_duration_seconds",
-            "onnxruntime time of a batch",
+            "onnxruntime time of a batch: the session's call only, in process and in a pod's engine alike",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -97,6 +97,14 @@ class ServiceMetrics:
             "calib_engine_round_trip_seconds",
             "A front-end's batch sent to the engine process until its answer (pods of front-ends only; the engine's "
             "own batches and onnxruntime time are the two histograms above)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_queue = Histogram(
+            "calib_engine_queue_duration_seconds",
+            "Time a front-end's batch waited in the engine process's queue for an onnxruntime call (pods of "
+            "front-ends only; calib_queue_duration_seconds is the wait in the front-end)",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,

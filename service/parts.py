@@ -142,7 +142,11 @@ class ServiceParts:
                 "io_binding": m.runtime.io_binding,
                 "batch_buckets": list(m.runtime.buckets),
                 "bucket_sessions": bool(m.runtime.bucket_sessions),
-                "sessions": len(m.runtimes),
+                "cuda_graphs": all(r.cuda_graphs for r in m.runtimes),
+                "graph_fallback": next((r.graph_fallback for r in m.runtimes if r.graph_fallback), ""),
+                "warmup_seconds": round(sum(r.warmup_seconds for r in m.runtimes), 6),
+                "staging_bytes": sum(r.staging_bytes for r in m.runtimes),
+                "sessions": getattr(m.runtime, "sessions", len(m.runtimes)),  # a front-end's: the engine's
                 "queued_rows": m.batcher.queued_rows if m.batcher else 0,
             }
             for m in self.repository.all()
@@ -197,7 +201,12 @@ class ServiceParts:
             "frontends": self.settings.frontend_count(),
             "pid": os.getpid(),
             "loops": "every one" if self.settings.pod.index in (None, 0) else "the sets' folder",
-            "engine": {"endpoint": engine.endpoint, "answering": engine.ready},
+            "engine": {
+                "endpoint": engine.endpoint,
+                "answering": engine.ready,
+                "batches_run": engine.batches_run,
+                "stalled_seconds": round(engine.stalled_seconds, 3),
+            },
         }
 
     def server_ready(self) -> dict:

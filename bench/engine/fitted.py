@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +44,11 @@ def install(spec: str) -> None:
     a, c = (float(v) / 1e3 for v in spec.split(","))
     run = ModelRuntime.run
 
-    def stretched(self: ModelRuntime, x: np.ndarray) -> dict[str, np.ndarray]:
+    def stretched(self: ModelRuntime, x: np.ndarray | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         started = time.perf_counter()
         out = run(self, x)
-        time.sleep(max(0.0, a + c * len(x) - (time.perf_counter() - started)))
+        rows = len(x) if isinstance(x, np.ndarray) else sum(len(part) for part in x)
+        time.sleep(max(0.0, a + c * rows - (time.perf_counter() - started)))
         return out
 
     ModelRuntime.run = stretched  # type: ignore[method-assign]

@@ -288,6 +288,7 @@ def provider_evidence(svc: Server) -> dict:
         "cuda_libraries": health.get("cuda_libraries"),
         "models": {
             m["name"]: {k: m[k] for k in ("provider", "requested_providers", "io_binding", "sessions", "batch_buckets")}
+            | {k: m.get(k) for k in ("cuda_graphs", "graph_fallback", "warmup_seconds", "staging_bytes")}
             for m in health["models"]
         },
         "metrics": metrics,

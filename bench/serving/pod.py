@@ -66,8 +66,10 @@ def padded_to(batch: float) -> int:
     from service.serving.runtime import batch_buckets
     from service.settings import Settings
 
+    settings = Settings()
     rows = max(1, round(batch))
-    return next((b for b in batch_buckets(Settings().batching.max_batch_size) if b >= rows), rows)
+    buckets = batch_buckets(settings.batching.max_batch_size, settings.runtime.bucket_step)
+    return next((b for b in buckets if b >= rows), rows)
 
 
 def roles(svc: Server) -> dict[str, list[int]]:

@@ -39,6 +39,8 @@ class EngineClient:
         self._connected = False
         self._tasks: list[asyncio.Task] = []
         self._socket: zmq.asyncio.Socket | None = None
+        self.batches_run = 0  # the engine's progress, as its last ping reported it
+        self.stalled_seconds = 0.0
 
     @property
     def ready(self) -> bool:
@@ -104,9 +106,13 @@ class EngineClient:
             frames = await socket.recv_multipart()
             header, outputs = wire.read_reply(frames)
             self._last_answer = time.monotonic()
+            if header.seq == 0:  # a ping's answer (or the engine's error reply to a message it could not read)
+                if header.status == "ok":
+                    self.batches_run, self.stalled_seconds = header.batch_id, header.stalled_seconds
+                continue
             future = self._pending.pop(header.seq, None)
             if future is None or future.done():
-                continue  # a ping's answer, or a request that already failed
+                continue  # a request that already failed
             if header.status == "ok" and header.message:  # a describe request's answer
                 future.set_result(json.loads(header.message))
             elif header.status == "ok":
@@ -147,6 +153,8 @@ def error_of(header: wire.Reply) -> ServiceError:
         return Overloaded(header.message, retry_after=max(header.retry_after, 1))
     if header.status == "not_ready":
         return NotReady(header.message)
+    if header.status == "unavailable":
+        return EngineUnavailable(header.message, retry_after=max(header.retry_after, 1))
     if header.status == "model_not_found":
         return ModelNotFound(header.message, field="model")
     if header.status == "invalid":

@@ -1,10 +1,11 @@
 """The frames between front-ends and the engine: a msgspec header, then each tensor's raw bytes as a frame.
 
-Request: ``[header, rows]``, the header naming the model, version, dtype and shape of the rows. Reply:
-``[header, output, ...]``, the header carrying the request's sequence number, a status, and per output its name,
-dtype and shape, with the batch's facts (rows, queue wait, inference time, batch id). A ping is a request of kind
-``ping`` without rows; its reply has status ``ok`` and no outputs. A ``describe`` request is answered with the
-engine's model versions and their sessions (provider, outputs) as JSON in the reply's message.
+Request: ``[header, rows]``, the header naming the model, version, dtype and shape of the rows. Reply: ``[header,
+output, ...]``, the header carrying the request's sequence number, a status, and per output its name, dtype and
+shape, with the batch's facts (rows, queue wait, inference time, batch id) and the rows then queued in the engine. A
+ping is a request of kind ``ping`` without rows; its reply has status ``ok``, no outputs, and the engine's progress:
+batches run (``batch_id``) and the longest-running batch's time so far (``stalled_seconds``). A ``describe`` request
+is answered with the engine's model versions and their sessions (provider, outputs) as JSON in the reply's message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import msgspec
 import numpy as np
 
 #: Statuses of a reply; every one but ``ok`` becomes the matching ``service.errors`` error at the front-end.
-STATUSES = ("ok", "overloaded", "not_ready", "model_not_found", "invalid", "error")
+STATUSES = ("ok", "overloaded", "not_ready", "model_not_found", "invalid", "unavailable", "error")
 
 
 class Tensor(msgspec.Struct, array_like=True):
@@ -40,6 +41,8 @@ class Reply(msgspec.Struct, array_like=True):
     batch_rows: int = 0
     queue_seconds: float = 0.0
     inference_seconds: float = 0.0
+    queued_rows: int = 0  # rows queued in the engine for the model when the reply left (a front-end's window)
+    stalled_seconds: float = 0.0  # a ping's: how long the engine's longest-running batch has run so far
 
 
 _request = msgspec.msgpack.Decoder(Request)
@@ -67,11 +70,24 @@ def described(seq: int, facts: str) -> list:
     return [_encode(Reply(seq, "ok", facts))]
 
 
+def request_seq(frames: list) -> int:
+    """The sequence number of a request that cannot be read whole, so that its error reply reaches its sender;
+    0 when even that is unreadable."""
+    try:
+        header = msgspec.msgpack.decode(frames[0])
+        seq = header[0] if isinstance(header, list) and header else 0
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+    except Exception:  # noqa: BLE001 - any garbage: no sequence number
+        return 0
+
+
 def read_request(frames: list) -> tuple[Request, np.ndarray | None]:
     """The header and the rows (a read-only view of the frame) of a request."""
     header = _request.decode(frames[0])
     if header.rows is None:
         return header, None
+    if len(frames) != 2:
+        raise ValueError(f"an inference request has a header and one frame of rows, not {len(frames) - 1}")
     return header, _array(header.rows, frames[1])
 
 

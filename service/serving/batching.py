@@ -10,9 +10,16 @@ long for more rows, as Triton's ``dynamic_batching`` does; the wait is timed on 
 thread, so a busy event loop does not stretch it. Whole requests are batched (never split); a
 request larger than ``max_batch_size`` runs alone. The queue is bounded in rows: past
 ``max_queue_rows`` a request is refused with ``Overloaded`` (HTTP 503 + Retry-After) instead of
-growing memory without bound. A caller without an event loop (the engine's socket thread,
+growing memory without bound (an empty queue takes any request, so a share of the bound smaller than a
+request never refuses it forever). A caller without an event loop (the engine's socket thread,
 ``service.engine.server``) queues with ``submit_nowait`` and is answered by a callback on the
 inference thread.
+
+Every ``submit`` waits at most its model's ``deadline_seconds``: past it the request is answered with
+``DeadlineExceeded`` (503 + Retry-After) and a batch that has not taken it yet skips it, so a stuck session or a
+lost reply never holds a caller. ``window`` bounds the batches running at once (at most one per inference
+thread); a front-end narrows and widens it with the engine's load (``service.engine.frontend``). One failing
+callback never keeps the other requests of its batch from their answers.
 """
 
 from __future__ import annotations
@@ -28,14 +35,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.errors import NotReady, Overloaded, ServiceError
+from service.errors import DeadlineExceeded, NotReady, Overloaded, ServiceError
 from service.settings import BatchingConfig
 
 log = logging.getLogger("service.serving.batching")
 
-RunFn = Callable[[np.ndarray], Any]
-"""Runs a batch; what it returns is sliced by rows: a dict value by value (arrays, lists, nested dicts of them),
-anything else as ``result[start:stop]``."""
+RunFn = Callable[[Any], Any]
+"""Runs a batch (its rows as one array, or with ``gather`` the requests' arrays in order); what it returns, after
+``finish``, is sliced by rows: a dict value by value (arrays, lists, nested dicts of them), anything else as
+``result[start:stop]``."""
 
 
 def _rows(outputs: Any, start: int, stop: int) -> Any:
@@ -67,6 +75,18 @@ class _Pending:
     enqueued: float = field(default_factory=time.perf_counter)
     done: Done | None = None
 
+    @property
+    def abandoned(self) -> bool:
+        """Its caller stopped waiting (its deadline passed): no batch runs it."""
+        return self.future is not None and self.future.done()
+
+
+def _expire(future: asyncio.Future, name: str, deadline: float, retry_after: int) -> None:
+    """On the event loop, at a request's deadline: answer it with ``DeadlineExceeded`` unless it has its outputs."""
+    if not future.done():
+        message = f"model {name} gave no outputs within its deadline of {deadline:g} s; retry shortly"
+        future.set_exception(DeadlineExceeded(message, retry_after))
+
 
 BatchObserver = Callable[[int, float], None]
 
@@ -87,7 +107,10 @@ class Batcher(Protocol):
 
 
 class DynamicBatcher:
-    """Coalesces ``submit`` calls into batched ``run`` calls; see the module docstring."""
+    """Coalesces ``submit`` calls into batched ``run`` calls; see the module docstring. ``on_batch(rows, seconds)``
+    observes each ``run`` call (the inference span); ``finish``, when given, turns its outputs into the result the
+    requests share, outside that span (scores, sets); with ``gather`` a run gets the requests' arrays, not their
+    concatenation (``ModelRuntime.run`` copies them into its staging buffer at once)."""
 
     def __init__(
         self,
@@ -96,18 +119,25 @@ class DynamicBatcher:
         name: str,
         retry_after: int = 1,
         on_batch: BatchObserver | None = None,
+        finish: Callable[[Any], Any] | None = None,
+        gather: bool = False,
     ):
         self._runs = list(run) if isinstance(run, Sequence) else [run]
         self.config = config
         self.name = name
         self._retry_after = retry_after
-        self._on_batch = on_batch
+        self.on_batch = on_batch
+        self.timeline: Callable[[dict], None] | None = None  # opt-in: each batch's timeline entry
+        self._finish = finish
+        self._gather = gather
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._ready = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
+        self._running: dict[int, float] = {}  # inference thread -> when its batch's run began
+        self.window = len(self._runs)
         self.batches_run = 0
 
     @property
@@ -119,6 +149,19 @@ class DynamicBatcher:
     def queued_rows(self) -> int:
         """Rows waiting for a batch."""
         return self._queued_rows
+
+    def stalled_seconds(self) -> float:
+        """How long the longest-running batch has run so far (0 when none runs): a watchdog's measure of a stuck
+        session."""
+        with self._ready:
+            started = min(self._running.values(), default=None)
+        return 0.0 if started is None else time.perf_counter() - started
+
+    def set_window(self, window: int) -> None:
+        """Let at most ``window`` batches run at once (1 to the number of inference threads)."""
+        with self._ready:
+            self.window = max(1, min(len(self._runs), window))
+            self._ready.notify_all()
 
     def start(self) -> None:
         """Start the inference threads (one per run function); ``submit``'s results are delivered to the
@@ -157,7 +200,12 @@ class DynamicBatcher:
             raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
         future = self._loop.create_future()
         self._enqueue(_Pending(x, future))
-        return await future
+        deadline = self.config.deadline_seconds
+        timer = self._loop.call_later(deadline, _expire, future, self.name, deadline, self._retry_after)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     def submit_nowait(self, x: np.ndarray, done: Done) -> None:
         """Queue a (rows, ...) batch; ``done`` is called on an inference thread with its rows of the result and
@@ -170,7 +218,7 @@ class DynamicBatcher:
         with self._ready:
             if not self._accepting:
                 raise NotReady(f"model {self.name} is not accepting requests (starting or shutting down)")
-            if self._queued_rows + rows > self.config.max_queue_rows:
+            if self._queued_rows and self._queued_rows + rows > self.config.max_queue_rows:
                 raise Overloaded(
                     f"model {self.name} has {self._queued_rows} rows queued (limit {self.config.max_queue_rows}); "
                     f"retry in {self._retry_after} s",
@@ -181,17 +229,42 @@ class DynamicBatcher:
             self._ready.notify()
 
     def _work(self, run: RunFn) -> None:
+        me = threading.get_ident()
         while True:
+            back = time.perf_counter()
             with self._ready:
-                while not self._queue and self._accepting:
+                queued_back = self._queued_rows
+                while (not self._queue or len(self._running) >= self.window) and self._accepting:
                     self._ready.wait()
                 if not self._queue:
                     return
                 self._fill()
-                if not self._queue:  # another inference thread took the rows while this one waited
-                    continue
                 batch = self._take()
-            self._run_batch(run, batch)
+                if not batch:  # another inference thread took the rows while this one waited, or all were abandoned
+                    continue
+                taken = self._running[me] = time.perf_counter()
+                queued_after = self._queued_rows
+            try:
+                batch_id, elapsed = self._run_batch(run, batch)
+            finally:
+                with self._ready:
+                    del self._running[me]
+                    self._ready.notify()
+            if self.timeline is not None:
+                self.timeline(
+                    {
+                        "model": self.name,
+                        "thread": threading.current_thread().name,
+                        "batch": batch_id,
+                        "rows": sum(len(p.x) for p in batch),
+                        "back": back,  # the thread came back to the queue
+                        "queued_back": queued_back,  # rows then queued: 0 means it idled for want of work
+                        "taken": taken,  # ... and took its batch (the run starts now)
+                        "ran": taken + elapsed,  # the session's call ended
+                        "queued_after": queued_after,
+                        "answered": time.perf_counter(),  # the run and its callbacks are done
+                    }
+                )
 
     def _fill(self) -> None:
         """Wait (lock held, released while waiting) until the batch is full or the oldest request has
@@ -206,66 +279,87 @@ class DynamicBatcher:
             self._ready.wait(remaining)
 
     def _take(self) -> list[_Pending]:
-        batch = [self._queue.popleft()]
-        rows = len(batch[0].x)
-        while self._queue and rows + len(self._queue[0].x) <= self.config.max_batch_size:
-            item = self._queue.popleft()
-            batch.append(item)
-            rows += len(item.x)
-        self._queued_rows -= rows
+        """The next batch (lock held): whole requests up to ``max_batch_size`` rows (a larger one alone), dropping
+        the abandoned ones on the way."""
+        batch: list[_Pending] = []
+        rows = 0
+        while self._queue:
+            head = self._queue[0]
+            if not head.abandoned and batch and rows + len(head.x) > self.config.max_batch_size:
+                break
+            self._queue.popleft()
+            self._queued_rows -= len(head.x)
+            if not head.abandoned:
+                batch.append(head)
+                rows += len(head.x)
         return batch
 
-    def _run_batch(self, run: RunFn, batch: list[_Pending]) -> None:
+    def _run_batch(self, run: RunFn, batch: list[_Pending]) -> tuple[int, float]:
+        """Run and answer one batch; its id (0 when it failed) and the run's seconds."""
         started = time.perf_counter()
+        rows = sum(len(p.x) for p in batch)
         try:
-            x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
-            outputs = run(x)
+            if self._gather:
+                outputs = run([p.x for p in batch])
+            else:
+                outputs = run(batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch]))
+            elapsed = time.perf_counter() - started
+            if self._finish is not None:
+                outputs = self._finish(outputs)
         except ServiceError as exc:  # a front-end's engine that is down: an answer, not a fault here
             self._answer(batch, self._fail, exc)
-            return
+            return 0, time.perf_counter() - started
         except Exception as exc:  # noqa: BLE001 - every waiting request must get an answer
             log.exception("inference failed for model %s on a batch of %d requests", self.name, len(batch))
             self._answer(batch, self._fail, exc)
-            return
-        elapsed = time.perf_counter() - started
+            return 0, time.perf_counter() - started
         with self._ready:
             self.batches_run += 1
             batch_id = self.batches_run
-        if self._on_batch is not None:
-            self._on_batch(len(x), elapsed)
-        self._answer(batch, self._deliver, outputs, started, elapsed, len(x), batch_id)
+        if self.on_batch is not None:
+            self.on_batch(rows, elapsed)
+        self._answer(batch, self._deliver, outputs, started, elapsed, rows, batch_id)
+        return batch_id, elapsed
 
     def _answer(self, batch: list[_Pending], answer: Callable[..., None], *args: Any) -> None:
         """``answer(batch, futures, *args)`` (``_deliver`` or ``_fail``): on the event loop for ``submit``'s
         futures, here on the inference thread for ``submit_nowait``'s callbacks."""
         if any(p.done is not None for p in batch):
-            try:
-                answer(batch, False, *args)
-            except Exception:  # a callback's fault must not end the inference thread
-                log.exception("a batch's callback failed for model %s", self.name)
+            answer(batch, False, *args)
         if self._loop is not None and any(p.future is not None for p in batch):
             self._loop.call_soon_threadsafe(answer, batch, True, *args)
 
-    @staticmethod
     def _deliver(
-        batch: list[_Pending], futures: bool, outputs: Any, started: float, elapsed: float, rows: int, batch_id: int
+        self,
+        batch: list[_Pending],
+        futures: bool,
+        outputs: Any,
+        started: float,
+        elapsed: float,
+        rows: int,
+        batch_id: int,
     ) -> None:
         """Give every request its rows of the batch's result: the futures (``futures``, on the event loop), or the
-        callbacks."""
+        callbacks; one that fails is logged and the others still get theirs."""
         offset = 0
         for p in batch:
             n = len(p.x)
-            timing = Timing(started - p.enqueued, elapsed, rows, batch_id)
-            if futures and p.future is not None and not p.future.done():
-                p.future.set_result((_rows(outputs, offset, offset + n), timing))
-            elif not futures and p.done is not None:
-                p.done(_rows(outputs, offset, offset + n), timing, None)
+            try:
+                timing = Timing(started - p.enqueued, elapsed, rows, batch_id)
+                if futures and p.future is not None and not p.future.done():
+                    p.future.set_result((_rows(outputs, offset, offset + n), timing))
+                elif not futures and p.done is not None:
+                    p.done(_rows(outputs, offset, offset + n), timing, None)
+            except Exception:  # noqa: BLE001 - one reply's fault must not cost the batch's others theirs
+                log.exception("a reply of model %s's batch %d could not be delivered", self.name, batch_id)
             offset += n
 
-    @staticmethod
-    def _fail(batch: list[_Pending], futures: bool, exc: Exception) -> None:
+    def _fail(self, batch: list[_Pending], futures: bool, exc: Exception) -> None:
         for p in batch:
-            if futures and p.future is not None and not p.future.done():
-                p.future.set_exception(exc)
-            elif not futures and p.done is not None:
-                p.done(None, None, exc)
+            try:
+                if futures and p.future is not None and not p.future.done():
+                    p.future.set_exception(exc)
+                elif not futures and p.done is not None:
+                    p.done(None, None, exc)
+            except Exception:  # noqa: BLE001 - as in _deliver
+                log.exception("a failure of model %s could not be delivered", self.name)

@@ -33,7 +33,6 @@ from service.serving.batching import DynamicBatcher, Timing
 from service.serving.conformal import ServedSets, SetChoice
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
-from service.serving.runtime import Runtime
 from service.serving.scoring import InferenceResult, ScoredBatch, score
 from service.settings import Settings
 
@@ -43,9 +42,6 @@ PREDICTION_SET = "prediction_set"
 """The v2 output tensor (BOOL, [N, K]) of the rows' conformal prediction sets, when named in ``outputs``."""
 P_VALUES = "conformal_p_values"
 """The v2 output tensor (FP32, [N, K]) of the rows' conformal p-values per class, when named in ``outputs``."""
-#: A front-end's batches in flight to the engine per model version (its inference threads): one runs in the
-#: engine while the next forms and is sent.
-ENGINE_BATCHES = 2
 V2_DATATYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
@@ -89,15 +85,27 @@ class DataPlane:
             await self._connect_engine(self.settings.pod.engine_endpoint)
         for model in self.repository.all():
             label = f"{model.name}:{model.version}"
-            runs = [functools.partial(self.run_batch, model, runtime) for runtime in model.runtimes]
-            options = (runs, model.batching, label, self.settings.limits.retry_after_seconds)
+            finish = functools.partial(self.finish_batch, model)
+            retry_after = self.settings.limits.retry_after_seconds
             if self.engine is None:
-                batcher = DynamicBatcher(*options, on_batch=functools.partial(self.metrics.observe_batch, label))
-            else:  # the engine observes its own batches; a front-end, the messages it sends
+                runs = [runtime.run for runtime in model.runtimes]
+                observe = functools.partial(self.metrics.observe_batch, label)
+                batcher = DynamicBatcher(
+                    runs, model.batching, label, retry_after, on_batch=observe, finish=finish, gather=True
+                )
+            else:  # the engine observes its own batches; a front-end, the messages it sends and its share of the queue
                 from service.engine.frontend import EngineBatcher
 
-                observe = functools.partial(self.metrics.observe_engine_message, label)
-                batcher = EngineBatcher(self.engine, *options, on_batch=observe)
+                share = -(-model.batching.max_queue_rows // self.settings.frontend_count())
+                batcher = EngineBatcher(
+                    model.runtime,  # type: ignore[arg-type]  # _connect_engine made it a RemoteRuntime
+                    model.batching.model_copy(update={"max_queue_rows": share}),
+                    label,
+                    retry_after,
+                    on_queue_wait=self.metrics.engine_queue.labels(label).observe,
+                    on_batch=functools.partial(self.metrics.observe_engine_message, label),
+                    finish=finish,
+                )
             batcher.start()
             model.batcher = batcher
             self.metrics.model_info.labels(
@@ -106,8 +114,8 @@ class DataPlane:
             self.metrics.model_ready.labels(model.name, model.version).set(1)
 
     async def _connect_engine(self, endpoint: str) -> None:
-        """Connect to the engine and give each version it serves ``ENGINE_BATCHES`` remote sessions (batches in
-        flight to the engine); a version the engine does not serve is refused as a broken artifact would be."""
+        """Connect to the engine and give each version it serves its remote sessions; a version the engine does not
+        serve is refused as a broken artifact would be."""
         from service.engine.client import EngineClient
         from service.engine.frontend import RemoteRuntime  # no zmq import on the in-process path
 
@@ -122,8 +130,9 @@ class DataPlane:
                     {"path": f"{model.name}/{model.version}", "error": "the engine does not serve this version"}
                 )
                 continue
-            remote = RemoteRuntime(found, self.engine, model.name, model.version)
-            model.runtimes = [remote] * ENGINE_BATCHES
+            model.runtimes = [
+                RemoteRuntime(found, self.engine, model.name, model.version, model.batching.deadline_seconds)
+            ]
         self.repository.models = {name: versions for name, versions in self.repository.models.items() if versions}
 
     async def stop(self) -> None:
@@ -202,14 +211,9 @@ class DataPlane:
         body = self.respond(model, options, scored, ids, sets)
         return (body if adaptation is None else body | {"priors_version": adaptation.version}), timing
 
-    def run_batch(self, model: ServedModel, runtime: Runtime, x: np.ndarray) -> InferenceResult:
-        """On an inference thread: the outputs of one of the model's sessions and the batch scored under the
-        calibration in force."""
-        return self.finish_batch(model, runtime.run(x))
-
     def finish_batch(self, model: ServedModel, outputs: dict[str, np.ndarray]) -> InferenceResult:
-        """A batch's graph outputs scored under the calibration in force, with its prediction ids and its sets
-        under the model's default choice."""
+        """On an inference thread, after the session's call: a batch's graph outputs scored under the calibration in
+        force, with its prediction ids and its sets under the model's default choice."""
         names = model.manifest.outputs
         calibration_version, temperature = (
             self.monitor.calibrations.active(model)

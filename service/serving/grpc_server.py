@@ -27,6 +27,8 @@ from pydantic import ValidationError
 
 from service.auth import ACCESS, Access
 from service.errors import (
+    DeadlineExceeded,
+    EngineUnavailable,
     Forbidden,
     InvalidInput,
     ModelNotFound,
@@ -58,6 +60,8 @@ STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Overloaded: grpc.StatusCode.UNAVAILABLE,
     NotReady: grpc.StatusCode.UNAVAILABLE,
+    EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.UNAVAILABLE,
     StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
     Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
     Forbidden: grpc.StatusCode.PERMISSION_DENIED,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,7 +229,8 @@ def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
 
 def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig) -> None:
     """Run one row and the largest batch, or every bucket of a padding session, once (allocations, kernel and
-    algorithm choice) and check the outputs' shapes."""
+    algorithm choice) and check the outputs' shapes; the time it took adds to ``runtime.warmup_seconds``."""
+    started = time.perf_counter()
     k = len(manifest.class_names)
     for rows in runtime.buckets or sorted({1, batching.max_batch_size}):
         outputs = runtime.run(np.zeros((rows, *manifest.input.row_shape), dtype=np.float32))
@@ -239,3 +241,4 @@ def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig
             )
         if not np.allclose(probs.sum(axis=1), 1.0, atol=1e-4):
             raise ValueError("warm-up: the probabilities output does not sum to 1")
+    runtime.warmup_seconds += time.perf_counter() - started

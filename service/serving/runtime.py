@@ -4,22 +4,27 @@ The provider that really runs is read back from the session after creation: onnx
 advertises CUDA even on machines without a usable GPU and silently falls back to CPU, so what was
 asked for is not what runs. Asking for CUDA where it cannot run logs a clear warning.
 
-On CUDA a session runs through onnxruntime's I/O binding: the batch is bound where it lies in host
-memory and the outputs are bound to host buffers that onnxruntime allocates, so each call makes one
-copy each way and no intermediate copies (``IO_BINDING``; on the CPU provider it buys nothing, and
-``session.run`` is used).
-
 onnxruntime-gpu finds CUDA and cuDNN installed as pip packages (``nvidia-*``, as a CUDA build of torch
 brings them) only after ``onnxruntime.preload_dlls()``; ``preload_cuda_libraries`` calls it once at
 start-up whenever CUDA will be asked for.
 
 Dynamic batching hands a session a new batch size at almost every call; on CUDA each new input shape
 costs cuDNN an algorithm search and an execution plan for every convolution, far longer than the call.
-With ``pad_batches`` a session pads each batch to the next of a few bucket sizes (``batch_buckets``),
-all warmed up at load, and slices the outputs back. Padding alone is not enough: onnxruntime's CUDA
-convolution keeps the cuDNN descriptors and plan of the last input shape only, so a session that alternates
-between bucket sizes rebuilds them for every convolution at nearly every call. With ``bucket_sessions`` each
-bucket size gets a session of its own, which meets one shape only.
+With ``pad_batches`` a runtime pads each batch to the next of a few bucket sizes (``batch_buckets``: the powers of
+two up to ``bucket_step``, then every ``bucket_step`` rows), all warmed up at load, and slices the outputs back.
+Padding alone is not enough: onnxruntime's CUDA convolution keeps the cuDNN descriptors and plan of the last input
+shape only, so a session that alternates between bucket sizes rebuilds them for every convolution at nearly every
+call. With ``bucket_sessions`` each bucket size gets a session of its own, which meets one shape only; a batch larger
+than every bucket then runs on ``session``, which no bucket uses.
+
+Each bucket (``service.serving.buckets``) stages its batches in a host buffer of its own, which the batch's requests
+are copied into once. With I/O binding (``IO_BINDING``: on CUDA it saves onnxruntime's intermediate copies of the
+batch and the outputs; on the CPU provider it buys nothing, and ``session.run`` is used) the bucket's input and
+outputs are device buffers bound once, updated in place at each call. With ``cuda_graphs`` each bucket session
+captures a CUDA graph on those buffers at load and replays it at every call (onnxruntime's ``enable_cuda_graph``);
+onnxruntime keeps a captured graph in the state of the thread that captured it, so a runtime's graphs are captured
+and replayed on one thread of its own. A capture that fails at load leaves the runtime without graphs
+(``graph_fallback`` says why).
 
 CUDA's TF32 tensor cores round matmul and convolution inputs to a 10-bit mantissa, so probabilities
 drift from the CPU path's by more than float32 rounding; ``cuda_tf32`` is off by default, so that a
@@ -28,8 +33,12 @@ served probability is the exported model's to float32 precision on either device
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -37,6 +46,7 @@ from typing import Literal, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from service.serving.buckets import Bucket, fixed_shape
 from service.settings import Settings
 
 log = logging.getLogger("service.serving.runtime")
@@ -127,9 +137,29 @@ def provider_options(settings: Settings) -> list[str | tuple[str, dict[str, str]
     return [(p, cuda) if p == CUDA else p for p in requested_providers(settings.device)]
 
 
-def batch_buckets(max_batch_size: int) -> tuple[int, ...]:
-    """The batch sizes a padding session runs: the powers of two below ``max_batch_size``, and it."""
-    return (*(2**k for k in range(max_batch_size.bit_length()) if 2**k < max_batch_size), max_batch_size)
+def batch_buckets(max_batch_size: int, step: int = 0) -> tuple[int, ...]:
+    """The batch sizes a padding runtime runs: the powers of two up to ``step``, then every ``step`` rows, then
+    ``max_batch_size``; with ``step`` 0, the powers of two below ``max_batch_size``, then it."""
+    powers = (2**k for k in range(max_batch_size.bit_length()) if 2**k < max_batch_size and (not step or 2**k <= step))
+    steps = range(step, max_batch_size, step) if step else range(0)
+    return tuple(sorted({*powers, *steps, max_batch_size}))
+
+
+def ortvalue_device(provider: str) -> str:
+    """Where a session's bound buffers lie: ``cuda`` for a session on CUDA, else ``cpu``."""
+    return "cuda" if provider == CUDA else "cpu"
+
+
+def _new_session(path: Path, options: ort.SessionOptions, providers: list) -> ort.InferenceSession:
+    """An onnxruntime session of the model at ``path`` (every session of a runtime is made here)."""
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def _with_cuda_graphs(providers: list) -> list:
+    """``providers`` with the CUDA provider's ``enable_cuda_graph`` on."""
+    return [
+        (p[0], {**p[1], "enable_cuda_graph": "1"}) if isinstance(p, tuple) and p[0] == CUDA else p for p in providers
+    ]
 
 
 class Runtime(Protocol):
@@ -142,15 +172,27 @@ class Runtime(Protocol):
     io_binding: bool
     buckets: tuple[int, ...]
     bucket_sessions: dict
+    cuda_graphs: bool
+    graph_fallback: str
+    warmup_seconds: float
+
+    @property
+    def staging_bytes(self) -> int: ...
 
     def run(self, x: np.ndarray) -> dict[str, np.ndarray]: ...
 
 
 @dataclass
 class ModelRuntime:
-    """One onnxruntime session: its input/output names, the provider that actually runs it, and the batch
-    sizes it pads to (``buckets``; none: every batch runs as it comes), each with a session of its own in
-    ``bucket_sessions`` (none: ``session`` runs them all)."""
+    """One instance of a model in onnxruntime: its input/output names, the provider that actually runs it, and the
+    batch sizes it pads to (``buckets``; none: every batch runs as it comes), each with a session of its own in
+    ``bucket_sessions`` (none: ``session`` runs them all). ``session`` runs every batch larger than the largest bucket.
+
+    A runtime serves one inference thread at a time (each instance of a model has its own runtime and thread), so its
+    buckets' buffers (``bucket_runs``) are reused from call to call without a lock. ``cuda_graphs``: every bucket
+    session replays a CUDA graph, on ``graph_thread``; ``graph_fallback``: why not, when they were asked for.
+    ``warmup_seconds``: the runs at load (graph captures and the repository's warm-up); ``staging_bytes``: the
+    buckets' host and device buffers."""
 
     session: ort.InferenceSession
     provider: str
@@ -160,22 +202,36 @@ class ModelRuntime:
     io_binding: bool = False
     buckets: tuple[int, ...] = ()
     bucket_sessions: dict[int, ort.InferenceSession] = field(default_factory=dict)
+    bucket_runs: list[Bucket] = field(default_factory=list, repr=False)
+    cuda_graphs: bool = False
+    graph_fallback: str = ""
+    warmup_seconds: float = 0.0
+    graph_thread: ThreadPoolExecutor | None = field(default=None, repr=False)
 
-    def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """All outputs on a float32 batch (blocking; call it off the event loop). A batch smaller than a
-        bucket is padded with zero rows up to the smallest such bucket, and the outputs cut back to its rows;
-        a batch larger than every bucket runs as it is. Each bucket runs on its own session when it has one."""
-        rows = len(x)
-        size = next((b for b in self.buckets if b >= rows), rows)
-        # a batch larger than every bucket goes to the largest bucket's session, off the single-row path
-        session = self.bucket_sessions.get(min(size, self.buckets[-1]) if self.buckets else size, self.session)
-        if size == rows:
-            return self._run(session, x)
-        padded = np.zeros((size, *x.shape[1:]), dtype=np.float32)
-        padded[:rows] = x
-        return {name: value[:rows] for name, value in self._run(session, padded).items()}
+    @property
+    def staging_bytes(self) -> int:
+        return sum(bucket.nbytes for bucket in self.bucket_runs)
+
+    def run(self, x: np.ndarray | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """All outputs on a float32 batch: one array of rows, or the arrays of a batch's requests, whose rows run in
+        order as if concatenated (blocking; call it off the event loop). A batch is copied into the staging buffer of
+        the smallest bucket that holds it, padded with zero rows, and the outputs cut back to its rows; a batch larger
+        than every bucket, or every batch without buckets, runs as it is on ``session``. The arrays returned are the
+        caller's."""
+        parts = [x] if isinstance(x, np.ndarray) else list(x)
+        if not parts:
+            raise ValueError("a batch needs at least one array of rows")
+        rows = sum(len(part) for part in parts)
+        index = bisect.bisect_left(self.buckets, rows)
+        if index == len(self.buckets):
+            return self._run(self.session, parts[0] if len(parts) == 1 else np.concatenate(parts))
+        bucket = self.bucket_runs[index]
+        if bucket.graph and self.graph_thread is not None:
+            return self.graph_thread.submit(bucket.run, parts, rows).result()
+        return bucket.run(parts, rows)
 
     def _run(self, session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
+        """A batch as it comes, with an I/O binding made for the call."""
         if not self.io_binding:
             return dict(zip(self.output_names, session.run(self.output_names, {self.input_name: x})))
         binding = session.io_binding()
@@ -192,8 +248,8 @@ def create_runtime(
     """One of ``sessions`` sessions for ``path``, with the configured providers and intra-op threads (unless set,
     the machine's cores divided among the sessions). With ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA),
     it pads batches to ``batch_buckets``, each bucket run by a session of its own with ``bucket_sessions`` on (auto:
-    on CUDA). With ``profile``, onnxruntime's profiler traces every run to a JSON file of that prefix
-    (``end_profiling``)."""
+    on CUDA), and with ``cuda_graphs`` on CUDA by a CUDA graph. With ``profile``, onnxruntime's profiler traces every
+    run to a JSON file of that prefix (``end_profiling``)."""
     options = ort.SessionOptions()
     if profile is not None:
         options.enable_profiling = True
@@ -208,7 +264,7 @@ def create_runtime(
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     providers = provider_options(settings)
     requested = [p if isinstance(p, str) else p[0] for p in providers]
-    session = ort.InferenceSession(str(path), options, providers=providers)
+    session = _new_session(path, options, providers)
     provider = session.get_providers()[0]
     if requested[0] == CUDA and provider != CUDA:
         log.warning(
@@ -222,22 +278,75 @@ def create_runtime(
         """An ``auto``/``on``/``off`` choice for this session: ``auto`` is on where it runs on CUDA."""
         return choice == "on" or (choice == "auto" and provider == CUDA)
 
-    io_binding = wanted(IO_BINDING)
     pads = max_batch_size > 0 and wanted(settings.runtime.pad_batches)
-    buckets = batch_buckets(max_batch_size) if pads else ()
-    own = bool(buckets) and wanted(settings.runtime.bucket_sessions)
-    return ModelRuntime(
+    runtime = ModelRuntime(
         session,
         provider,
         requested,
         session.get_inputs()[0].name,
         [o.name for o in session.get_outputs()],
-        io_binding,
-        buckets,
-        {
-            size: session if i == 0 else ort.InferenceSession(str(path), options, providers=providers)
-            for i, size in enumerate(buckets)
-        }
-        if own
-        else {},
+        wanted(IO_BINDING),
+        batch_buckets(max_batch_size, settings.runtime.bucket_step) if pads else (),
     )
+    own = bool(runtime.buckets) and wanted(settings.runtime.bucket_sessions)
+    graphs = settings.runtime.cuda_graphs
+    runtime.graph_fallback = _graph_obstacle(runtime, own) if graphs else ""
+    if graphs and not runtime.graph_fallback:
+        _capture_graphs(runtime, path, options, providers)
+    if runtime.buckets and not runtime.cuda_graphs:
+        runtime.bucket_runs = _buckets(runtime, path, options, providers, own)
+    runtime.bucket_sessions = {b.size: b.session for b in runtime.bucket_runs} if own else {}
+    return runtime
+
+
+def _graph_obstacle(runtime: ModelRuntime, own: bool) -> str:
+    """Why a runtime cannot run CUDA graphs, or "" when it can try."""
+    if runtime.provider != CUDA:
+        return f"the sessions run on {runtime.provider}, not CUDA"
+    if not own:
+        return "CUDA graphs need padding and bucket sessions (pad_batches, bucket_sessions)"
+    if not runtime.io_binding:
+        return "CUDA graphs need I/O binding"
+    if fixed_shape(runtime.session.get_inputs()[0].shape[1:]) is None:
+        return "the model's input rows have no fixed shape"
+    return ""
+
+
+def _buckets(
+    runtime: ModelRuntime, path: Path, options: ort.SessionOptions, providers: list, own: bool, graph: bool = False
+) -> list[Bucket]:
+    """A bucket for each of ``runtime.buckets``: on a session of its own (``own``; with ``graph``, one that captures a
+    CUDA graph), else on ``runtime.session``; its buffers allocated now when the model's rows have a fixed shape, else
+    at its first batch."""
+    device = ortvalue_device(runtime.provider) if runtime.io_binding else None
+    row_shape = fixed_shape(runtime.session.get_inputs()[0].shape[1:])
+    made = []
+    for size in runtime.buckets:
+        session = _new_session(path, options, _with_cuda_graphs(providers) if graph else providers) if own else None
+        bucket = Bucket(size, session or runtime.session, runtime.input_name, runtime.output_names, device, graph)
+        if row_shape is not None:
+            bucket.allocate(row_shape)
+        made.append(bucket)
+    return made
+
+
+def _capture_graphs(runtime: ModelRuntime, path: Path, options: ort.SessionOptions, providers: list) -> None:
+    """Bucket sessions that capture a CUDA graph each, captured and checked on the runtime's graph thread (the one
+    that replays them); when a session cannot be made or a capture fails, none (``graph_fallback`` says why)."""
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuda-graphs")
+    started = time.perf_counter()
+    size = 0
+    try:
+        buckets = _buckets(runtime, path, options, providers, own=True, graph=True)
+        for bucket in buckets:
+            size = bucket.size
+            thread.submit(bucket.capture, runtime.session).result()
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to sessions without graphs
+        thread.shutdown(wait=False)
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = f"capturing the {size}-row bucket" if size else "creating a bucket session"
+        runtime.graph_fallback = f"CUDA graphs failed {where}: {first_line}"
+        log.warning("%s: %s; serving without CUDA graphs", path, runtime.graph_fallback)
+    else:
+        runtime.bucket_runs, runtime.graph_thread, runtime.cuda_graphs = buckets, thread, True
+    runtime.warmup_seconds += time.perf_counter() - started

@@ -45,8 +45,8 @@ class RuntimeSettings(BaseModel):
     )
     pad_batches: Literal["auto", "on", "off"] = Field(
         default="auto",
-        description="pad every batch with zero rows up to the next power of two (or the model's max_batch_size), so "
-        "that a session meets a handful of input shapes, each warmed up at load: on CUDA each new shape costs cuDNN an "
+        description="pad every batch with zero rows up to the next bucket size (bucket_step), so that a session "
+        "meets a handful of input shapes, each warmed up at load: on CUDA each new shape costs cuDNN an "
         "algorithm search and plan; auto = on for sessions that run on CUDA. /health lists each model's "
         "batch_buckets. Off computes no padded rows, but a batch size first met on live traffic pays its plan then",
     )
@@ -57,6 +57,22 @@ class RuntimeSettings(BaseModel):
         "them whenever the shape changes (docs/decisions/0020-bucket-sessions.md); auto = on for padding sessions "
         "that run on CUDA. GPU memory against speed: each model version then holds one session per bucket and "
         "instance; /health says bucket_sessions",
+    )
+    bucket_step: int = Field(
+        default=8,
+        ge=0,
+        description="the bucket sizes a padding session runs beyond the powers of two: the powers of two up to "
+        "bucket_step, then every bucket_step rows up to the model's max_batch_size (64 and 8: 1, 2, 4, 8, 16, 24, ... "
+        "56, 64); 0 = the powers of two alone. Fewer padded rows against more buckets: each is warmed up at load and, "
+        "with bucket_sessions, is a session of its own holding its memory",
+    )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="onnxruntime's enable_cuda_graph on the bucket sessions: each captures its whole graph once at "
+        "load on fixed device buffers bound by I/O binding, and every batch replays it with one launch. Needs sessions "
+        "on CUDA with padding and bucket_sessions. The kernel launches of a call against GPU memory (a graph and its "
+        "buffers per bucket session) and the capture time at load; a model whose capture fails is served without "
+        "graphs, and /health says cuda_graphs and graph_fallback",
     )
     intra_op_threads: int = Field(
         default=0,
@@ -85,7 +101,16 @@ class BatchingConfig(BaseModel):
     max_queue_rows: int = Field(
         default=4096,
         ge=1,
-        description="rows queued at most; past that, 503 with Retry-After (in a pod, the engine's queue bound)",
+        description="rows queued at most; past that, 503 with Retry-After at once. In a pod the bound holds for the "
+        "pod: each front-end queues its share (max_queue_rows / front-ends), and the engine holds only the batches "
+        "the front-ends have in flight. Memory and the longest wait against refusals under a burst",
+    )
+    deadline_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="how long a request waits at most for its outputs; past it, 503 with Retry-After (gRPC: "
+        "UNAVAILABLE), as Triton's queue policy timeout answers. In a pod a front-end stops waiting for the engine's "
+        "reply then, and an engine whose batch has run this long exits for the pod to restart it (a stuck session)",
     )
     instances: int = Field(
         default=0,
@@ -116,6 +141,12 @@ class PodSettings(BaseModel):
     )
     engine_wait_seconds: float = Field(
         default=120.0, gt=0, description="how long a front-end waits at start for the engine's first answer"
+    )
+    timeline: Path | None = Field(
+        default=None,
+        description="a file the engine appends one JSON line per batch to: when its inference thread came back to "
+        "the queue and with how many rows queued, took the batch, ended the call, answered, and when its replies were "
+        "sent; the engine benchmark splits the sessions' idle time with it. Unset: none (it costs a write per batch)",
     )
 
 

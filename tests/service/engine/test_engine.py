@@ -5,6 +5,7 @@ waiting request at once, then served again once it is back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -13,16 +14,21 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
+import zmq
 
 from service.engine import wire
 from service.engine.client import EngineClient
+from service.engine.frontend import FIRST_WINDOW, MAX_WINDOW, EngineBatcher, RemoteRuntime
+from service.engine.health import EngineFault, sticky_device_error
 from service.engine.server import EngineServer
-from service.errors import EngineUnavailable, ModelNotFound, Overloaded
+from service.errors import DeadlineExceeded, EngineUnavailable, ModelNotFound, Overloaded
 from service.serving.batching import DynamicBatcher
 from service.serving.runtime import create_runtime
 from service.settings import BatchingConfig, Settings
@@ -227,3 +233,271 @@ def test_the_number_of_front_ends_is_a_count_or_auto_sized_to_the_cores_where_cu
     for wrong in (0, "many"):
         with pytest.raises(ValidationError, match="frontends"):
             Settings(frontends=wrong)
+
+
+def _gated(deadline: float = 30.0) -> tuple[DynamicBatcher, threading.Event]:
+    """A batcher whose session waits for the returned event (a stuck session until the test sets it)."""
+    gate = threading.Event()
+
+    def run(x):
+        gate.wait(30)
+        return {"probabilities": np.full((len(x), 2), 0.5, np.float32)}
+
+    config = BatchingConfig(max_batch_size=4, deadline_seconds=deadline, instances=1)
+    return DynamicBatcher([run], config, "g:1"), gate
+
+
+def _front_end(client: EngineClient, deadline: float, model: str = "g") -> EngineBatcher:
+    """A front-end's batcher for version 1 of ``model`` over ``client``, with the given deadline."""
+    facts = {
+        "provider": "CPUExecutionProvider",
+        "requested": [],
+        "io_binding": False,
+        "buckets": [],
+        "bucket_sessions": False,
+        "sessions": 1,
+        "output_names": ["probabilities"],
+    }
+    remote = RemoteRuntime(facts, client, model, "1", deadline)
+    return EngineBatcher(remote, BatchingConfig(max_batch_size=4, deadline_seconds=deadline), f"{model}:1")
+
+
+def test_a_front_end_answers_503_at_its_deadline_and_serves_the_next_request_once_the_engine_is_back(tmp_path):
+    endpoint = f"ipc://{tmp_path / 'e.sock'}"
+    batcher, gate = _gated()
+
+    async def scenario():
+        server = EngineServer({("g", "1"): batcher}, endpoint)
+        serving = asyncio.ensure_future(server.serve())
+        client = EngineClient(endpoint)
+        await client.start(wait=10)
+        front = _front_end(client, deadline=0.5)
+        front.start()
+        try:
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded) as refused:
+                await front.submit(np.zeros((1, 3), np.float32))
+            waited = time.monotonic() - started
+            await asyncio.sleep(0.3)  # a ping reports the engine's batch still running
+            stalled = client.stalled_seconds
+            gate.set()
+            outputs, _ = await front.submit(np.zeros((1, 3), np.float32))
+            return refused.value, waited, stalled, outputs
+        finally:
+            await front.stop()
+            await client.stop()
+            server.stop()
+            await serving
+
+    refused, waited, stalled, outputs = asyncio.run(scenario())
+    assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+    assert 0.5 <= waited < 1.5, f"the 503 came {waited:.2f} s after the request, with a deadline of 0.5 s"
+    assert stalled > 0.3, "the engine's pings report how long its running batch has run"
+    np.testing.assert_array_equal(outputs["probabilities"], [[0.5, 0.5]])
+
+
+def test_a_lost_reply_answers_503_at_the_deadline_and_the_next_request_is_served(tmp_path, monkeypatch):
+    endpoint = f"ipc://{tmp_path / 'e.sock'}"
+    server = EngineServer({("s", "1"): _sleepy(0.0)}, endpoint)
+    send, lost = server._send, []
+
+    def losing(router, frames):
+        if not lost and len(frames) > 2:  # the first reply that carries outputs goes nowhere
+            lost.append(frames)
+            return
+        send(router, frames)
+
+    monkeypatch.setattr(server, "_send", losing)
+
+    async def scenario():
+        serving = asyncio.ensure_future(server.serve())
+        client = EngineClient(endpoint)
+        await client.start(wait=10)
+        front = _front_end(client, deadline=0.5, model="s")
+        front.start()
+        try:
+            with pytest.raises(DeadlineExceeded):
+                await front.submit(np.zeros((1, 3), np.float32))
+            return await front.submit(np.zeros((1, 3), np.float32))
+        finally:
+            await front.stop()
+            await client.stop()
+            server.stop()
+            await serving
+
+    outputs, _ = asyncio.run(scenario())
+    assert lost and outputs["probabilities"].shape == (1, 2)
+
+
+def test_a_malformed_request_gets_an_error_reply_and_the_engine_serves_on(tmp_path):
+    endpoint = f"ipc://{tmp_path / 'e.sock'}"
+    server = EngineServer({("s", "1"): _sleepy(0.0)}, endpoint)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    try:
+        header = wire.Request(5, "infer", "s", "1", wire.Tensor("rows", "<f4", [2, 3]))
+        replies = []
+        for frames in (
+            [b"not msgpack at all"],
+            [msgspec.msgpack.encode(header), b"\0" * 5],
+            wire.request(6, "s", "1", np.zeros((1, 3), np.float32)),
+        ):
+            socket.send_multipart(frames)
+            assert socket.poll(5000), "every message is answered"
+            replies.append(wire.read_reply(socket.recv_multipart()))
+    finally:
+        socket.close()
+        server.stop()
+        thread.join(10)
+    (garbage, _), (short, _), (fine, outputs) = replies
+    assert (garbage.seq, garbage.status) == (0, "invalid") and "malformed" in garbage.message
+    assert (short.seq, short.status) == (5, "invalid"), "the sender's sequence number, so its request fails at once"
+    assert (fine.seq, fine.status) == (6, "ok") and outputs["probabilities"].shape == (1, 2)
+
+
+@pytest.mark.parametrize("fault", ["stuck", "sticky"])
+def test_an_engine_that_cannot_serve_again_ends_with_a_fault_and_its_requests_get_503(tmp_path, fault):
+    endpoint = f"ipc://{tmp_path / 'e.sock'}"
+    if fault == "stuck":
+        batcher, gate = _gated(deadline=0.4)
+    else:
+        gate = threading.Event()
+
+        def run(x):
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 1 : FAIL : CUDA failure 700: an illegal memory access was encountered"
+            )
+
+        batcher = DynamicBatcher([run], BatchingConfig(max_batch_size=4, instances=1), "g:1")
+
+    async def scenario():
+        server = EngineServer({("g", "1"): batcher}, endpoint)
+        serving = asyncio.ensure_future(server.serve())
+        client = EngineClient(endpoint)
+        await client.start(wait=10)
+        try:
+            answer = await asyncio.gather(client.submit("g", "1", np.zeros((1, 3), np.float32)), return_exceptions=True)
+            with pytest.raises(EngineFault, match="past its 0.4 s deadline" if fault == "stuck" else "illegal memory"):
+                await asyncio.wait_for(serving, 5)
+            return answer[0]
+        finally:
+            gate.set()
+            await client.stop()
+
+    answer = asyncio.run(scenario())
+    assert isinstance(answer, EngineUnavailable), answer  # a sticky error's reply, or the socket's end when stuck
+    assert answer.status == 503
+
+
+def test_sticky_device_errors_are_told_from_the_others():
+    sticky = [
+        "CUDA failure 700: an illegal memory access was encountered ; GPU=0 ; hostname=h ; file=f ; line=1",
+        "CUDA failure 719: unspecified launch failure",
+        "CUDA error cudaErrorECCUncorrectable: uncorrectable ECC error encountered",
+    ]
+    recoverable = [
+        "CUDA failure 2: out of memory ; GPU=0",
+        "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Invalid rank for input",
+        "CUDNN failure 4: CUDNN_STATUS_INTERNAL_ERROR",
+    ]
+    assert all(sticky_device_error(RuntimeError(m)) for m in sticky)
+    assert not any(sticky_device_error(RuntimeError(m)) for m in recoverable)
+
+
+def test_ten_times_overload_is_refused_in_milliseconds_with_bounded_queues_and_no_wait_past_the_deadline(tmp_path):
+    """Two front-ends, each queueing its share of the pod's bound (8 of 16 rows), offer single rows at ten times what
+    a slow model serves (4 rows per 20 ms); the refusals are immediate, the queues never pass their bounds, and no
+    accepted request waits past its deadline."""
+    endpoint = f"ipc://{tmp_path / 'e.sock'}"
+    engine_batcher = _sleepy(0.02)
+    deadline, offered, seconds = 1.0, 2000, 1.0  # 2,000 rows/s against 200
+
+    async def scenario():
+        server = EngineServer({("s", "1"): engine_batcher}, endpoint)
+        serving = asyncio.ensure_future(server.serve())
+        client = EngineClient(endpoint)
+        await client.start(wait=10)
+        fronts = [_front_end(client, deadline, model="s") for _ in range(2)]
+        for front in fronts:
+            front.config = front.config.model_copy(update={"max_queue_rows": 8})
+            front.start()
+        queued = {"front": 0, "engine": 0}
+        outcomes: list[tuple[str, float]] = []
+
+        async def one(i: int) -> None:
+            started = time.monotonic()
+            try:
+                await fronts[i % 2].submit(np.zeros((1, 3), np.float32))
+                outcomes.append(("ok", time.monotonic() - started))
+            except (Overloaded, DeadlineExceeded) as exc:
+                outcomes.append((type(exc).__name__, time.monotonic() - started))
+            queued["front"] = max([queued["front"], *(f.queued_rows for f in fronts)])
+            queued["engine"] = max(queued["engine"], engine_batcher.queued_rows)
+
+        try:
+            tasks = []
+            for i in range(offered):
+                tasks.append(asyncio.ensure_future(one(i)))
+                await asyncio.sleep(seconds / offered)
+            await asyncio.gather(*tasks)
+        finally:
+            for front in fronts:
+                await front.stop()
+            await client.stop()
+            server.stop()
+            await serving
+        return outcomes, queued
+
+    outcomes, queued = asyncio.run(scenario())
+    served = [t for kind, t in outcomes if kind == "ok"]
+    refused = sorted(t for kind, t in outcomes if kind == "Overloaded")
+    assert len(outcomes) == offered and served and len(refused) > offered / 2, "most of a 10x overload is refused"
+    assert refused[len(refused) // 2] < 0.005 and refused[int(0.99 * len(refused))] < 0.05, "refusals at once"
+    assert max(t for _, t in outcomes) < deadline + 0.25, "no request waits past its deadline"
+    assert queued["front"] <= 8, "each front-end's queue stays within its share"
+    assert queued["engine"] <= 2 * 8 * 4, "the engine holds at most the front-ends' windows of batches"
+
+
+def test_the_front_end_window_widens_while_the_engine_runs_dry_and_narrows_while_its_queue_holds_full_batches():
+    front = _front_end(EngineClient("ipc:///nowhere"), deadline=1.0)  # never started: the rule alone
+    assert front.window == FIRST_WINDOW
+    front._queued_rows = 3  # this front-end has requests waiting
+    for _ in range(MAX_WINDOW + 2):
+        front._replied(0.0, queued_rows=0)
+    assert front.window == MAX_WINDOW, "an empty engine queue with work waiting here widens the window to its top"
+    front._replied(0.0, queued_rows=1)  # some rows queued, less than a batch per session: kept
+    assert front.window == MAX_WINDOW
+    for _ in range(MAX_WINDOW + 2):
+        front._replied(0.0, queued_rows=4)  # a full batch (4 rows) queued for the engine's one session
+    assert front.window == 1
+    front._queued_rows = 0
+    front._replied(0.0, queued_rows=0)
+    assert front.window == 1, "an idle engine with nothing waiting here is no reason to widen"
+
+
+def test_the_engine_timeline_records_each_batch_once_its_replies_are_sent(tmp_path):
+    endpoint, line = f"ipc://{tmp_path / 'e.sock'}", tmp_path / "timeline.jsonl"
+
+    async def scenario():
+        server = EngineServer({("s", "1"): _sleepy(0.01)}, endpoint, timeline=line)
+        serving = asyncio.ensure_future(server.serve())
+        client = EngineClient(endpoint)
+        await client.start(wait=10)
+        try:
+            x = np.zeros((1, 3), np.float32)
+            return await asyncio.gather(*(client.submit("s", "1", x) for _ in range(12)))
+        finally:
+            await client.stop()
+            server.stop()
+            await serving
+
+    answers = asyncio.run(scenario())
+    entries = [json.loads(text) for text in line.read_text().splitlines()]
+    assert sorted(e["batch"] for e in entries) == sorted({timing.batch_id for _, timing in answers})
+    assert sum(e["rows"] for e in entries) == 12
+    for e in entries:
+        assert e["back"] <= e["taken"] <= e["ran"] <= e["answered"] <= e["sent"]
+        assert e["model"] == "s:1" and e["queued_back"] >= 0 and e["queued_after"] >= 0

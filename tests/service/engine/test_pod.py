@@ -30,6 +30,9 @@ DEFAULT = ROOT / "artifacts" / "digits-lenet5" / "1"
 pytestmark = pytest.mark.e2e  # a pod of processes
 #: The bound this test states for a killed engine or front-end to be serving again (start, load, warm-up).
 BACK_WITHIN = 45.0
+#: The models' deadline in this pod: a request's longest wait, and how long a batch may run before the engine exits.
+DEADLINE = 5.0
+FAULTS = Path(__file__).resolve().parent / "faults"
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -82,6 +85,10 @@ def pod(tmp_path_factory, linear_artifact):
         CALIB_FRONTENDS="2",
         CALIB_STORE__URL=f"sqlite:///{root / 'pod.db'}",
         CALIB_GRPC_PORT="0",
+        CALIB_BATCHING__DEADLINE_SECONDS=str(DEADLINE),
+        # faults/sitecustomize.py: the engine's onnxruntime calls fail as told by the file POD_TEST_FAULT names
+        PYTHONPATH=os.pathsep.join([str(FAULTS), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        POD_TEST_FAULT=str(root / "fault"),
     )
     process = subprocess.Popen(
         # flags reach the front-ends and the engine as the settings they stand for
@@ -204,6 +211,23 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
     _wait(lambda: len([c for c in _children(process.pid).values() if "service.engine" not in c]) == 2, 10, "a new one")
     assert front[0] not in _children(process.pid)
     _wait(lambda: _ready(url), BACK_WITHIN, "the new front-end")
+
+
+@pytest.mark.parametrize("fault", ["sticky", "stuck"])
+def test_an_engine_whose_device_failed_or_whose_session_is_stuck_exits_and_the_pod_restarts_it(pod, fault):
+    url, process, db = pod
+    x = load_dataset("digits").test.x[:1].tolist()
+    engine = next(pid for pid, cmd in _children(process.pid).items() if "service.engine" in cmd)
+    (db.parent / "fault").write_text(fault)
+    started = time.monotonic()
+    refused = httpx.post(f"{url}/predict", json={"inputs": x}, timeout=60)
+    waited = time.monotonic() - started
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
+    # a sticky error is answered at once; a stuck call at the deadline, never later
+    assert waited < (1.0 if fault == "sticky" else DEADLINE + 1.0), f"the 503 came after {waited:.1f} s"
+    _wait(lambda: _gone(engine), DEADLINE + 5, "the faulty engine's exit")
+    _wait(lambda: _serves(url, x, 20), BACK_WITHIN, "a new engine")
+    assert engine not in _children(process.pid)
 
 
 def test_sigterm_drains_the_pod_and_it_exits_0(pod):

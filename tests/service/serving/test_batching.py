@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.errors import NotReady, Overloaded
+from service.errors import DeadlineExceeded, NotReady, Overloaded
 from service.serving.batching import DynamicBatcher
 from service.settings import BatchingConfig, Settings
 
@@ -317,3 +317,103 @@ def test_a_model_is_served_by_the_configured_number_of_sessions(linear_artifact,
         responses = asyncio.run(burst())
     assert health["models"][0]["sessions"] == 3
     assert all(r.status_code == 200 for r in responses)
+
+
+class GatedModel(CountingModel):
+    """A model whose every call waits for ``gate`` (a session stuck until the test lets it go)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def __call__(self, x):
+        self.gate.wait(30)
+        return super().__call__(x)
+
+
+def test_a_request_past_its_deadline_gets_503_and_no_batch_runs_it_later():
+    async def scenario():
+        model = GatedModel()
+        batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=1, deadline_seconds=0.3, instances=1), "m", 2)
+        batcher.start()
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(batcher.submit(np.ones((1, 1), np.float32)) for _ in range(3)), return_exceptions=True
+        )
+        waited = time.monotonic() - started
+        model.gate.set()  # the session comes back: the next request is served, the abandoned ones never run
+        after, _ = await batcher.submit(np.full((1, 1), 2.0, np.float32))
+        await batcher.stop()
+        return outcomes, waited, after, model.calls
+
+    outcomes, waited, after, calls = asyncio.run(scenario())
+    assert all(isinstance(o, DeadlineExceeded) for o in outcomes), outcomes
+    assert outcomes[0].status == 503 and outcomes[0].headers == {"Retry-After": "2"}
+    assert "deadline of 0.3 s" in outcomes[0].message
+    assert 0.3 <= waited < 1.5, f"answered {waited:.2f} s after submitting, with a deadline of 0.3 s"
+    assert after["sum"].tolist() == [[2.0]]
+    assert calls == [1, 1], "the stuck batch, then the next request: the two queued past their deadline never ran"
+
+
+def test_a_failing_callback_leaves_the_other_replies_of_its_batch_delivered(caplog):
+    model = GatedModel()
+    batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=8, instances=1), "m")
+    batcher.start()
+    answers: dict[int, object] = {}
+    batcher.submit_nowait(np.zeros((1, 1), np.float32), lambda *a: None)  # the first batch holds the session
+
+    def callback(i: int):
+        def done(outputs, timing, exc) -> None:
+            if i == 2:
+                raise RuntimeError("this reply's socket broke")
+            answers[i] = (outputs["sum"].tolist(), timing.batch_rows)
+
+        return done
+
+    time.sleep(0.05)
+    for i in range(5):
+        batcher.submit_nowait(np.full((1, 1), float(i), np.float32), callback(i))
+    with caplog.at_level("ERROR"):
+        model.gate.set()
+        batcher.close()
+        batcher.join()
+    assert answers == {i: ([[float(i)]], 5) for i in (0, 1, 3, 4)}, "one batch of 5; every reply but the broken one"
+    assert any("could not be delivered" in r.getMessage() for r in caplog.records)
+
+
+def test_the_window_bounds_the_batches_running_at_once():
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def run(x):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return {"sum": x}
+
+    async def scenario(window: int):
+        batcher = DynamicBatcher([run] * 4, BatchingConfig(max_batch_size=1), "m")
+        batcher.set_window(window)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit(np.ones((1, 1), np.float32)) for _ in range(12)))
+        await batcher.stop()
+
+    asyncio.run(scenario(1))
+    assert most[0] == 1
+    most[0] = 0
+    asyncio.run(scenario(4))
+    assert most[0] > 1, "a wider window lets the other inference threads run"
+
+
+def test_an_empty_queue_takes_a_request_larger_than_the_bound():
+    async def scenario():
+        batcher = DynamicBatcher(CountingModel(), BatchingConfig(max_batch_size=4, max_queue_rows=2), "m")
+        batcher.start()
+        outputs, _ = await batcher.submit(np.ones((3, 1), np.float32))
+        await batcher.stop()
+        return outputs
+
+    assert asyncio.run(scenario())["sum"].shape == (3, 1)

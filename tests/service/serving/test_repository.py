@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.serving import runtime as runtime_module
+from service.serving.buckets import Bucket
 from service.serving.repository import ModelRepository
 from service.serving.runtime import CPU, CUDA, batch_buckets, create_runtime, requested_providers
 from service.settings import Settings
@@ -109,6 +110,8 @@ def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everyw
     model = health["models"][0]
     assert (model["provider"], model["requested_providers"], model["io_binding"]) == (CPU, [CUDA, CPU], False)
     assert (model["batch_buckets"], model["bucket_sessions"]) == ([], False)  # CUDA-only defaults, off on the CPU
+    assert (model["cuda_graphs"], model["graph_fallback"], model["staging_bytes"]) == (False, "", 0)
+    assert model["warmup_seconds"] > 0
     assert predicted["provider"] == CPU
     assert {s.labels["provider"] for s in families["calib_model_info"].samples} == {CPU}
     messages = [r.getMessage() for r in caplog.records]
@@ -192,7 +195,7 @@ def test_settings_from_environment(monkeypatch):
         Settings()
 
 
-def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, linear_artifact):
+def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, linear_artifact, monkeypatch):
     path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
     plain = create_runtime(path, Settings(runtime={"pad_batches": "off"}), max_batch_size=6)
     padded = create_runtime(path, Settings(runtime={"pad_batches": "on"}), max_batch_size=6)
@@ -200,7 +203,10 @@ def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, 
     assert create_runtime(path, Settings(), max_batch_size=6).buckets == ()  # auto: only for sessions on CUDA
     assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64) and batch_buckets(1) == (1,)
     shapes = []
-    run = padded._run
+    bucket_run, run = Bucket.run, padded._run
+    monkeypatch.setattr(
+        Bucket, "run", lambda self, parts, rows: shapes.append(self.size) or bucket_run(self, parts, rows)
+    )
     padded._run = lambda session, x: shapes.append(len(x)) or run(session, x)
     for rows in (1, 3, 5, 6, 9):  # 9 rows: larger than every bucket, run as they come
         x = np.random.default_rng(rows).random((rows, 1, 2, 2), dtype=np.float32)
@@ -210,18 +216,25 @@ def test_a_padding_session_runs_its_buckets_and_cuts_the_outputs_back(tmp_path, 
     assert shapes == [1, 4, 6, 6, 9]
 
 
-def test_with_bucket_sessions_every_session_meets_one_input_shape(tmp_path, linear_artifact):
+def test_with_bucket_sessions_every_session_meets_one_input_shape(tmp_path, linear_artifact, monkeypatch):
     path = linear_artifact(tmp_path, "toy", "1") / "model.onnx"
     plain = create_runtime(path, Settings(runtime={"pad_batches": "off"}), max_batch_size=6)
     shared = create_runtime(path, Settings(runtime={"pad_batches": "on"}), max_batch_size=6)
     own = create_runtime(path, Settings(runtime={"pad_batches": "on", "bucket_sessions": "on"}), max_batch_size=6)
     assert shared.bucket_sessions == {}  # auto: a session per bucket only for sessions on CUDA
-    assert sorted(own.bucket_sessions) == [1, 2, 4, 6] and own.bucket_sessions[1] is own.session
+    assert sorted(own.bucket_sessions) == [1, 2, 4, 6] and own.session not in own.bucket_sessions.values()
     assert len({id(s) for s in own.bucket_sessions.values()}) == 4
     shapes: dict[int, set[int]] = {}
-    run = own._run
+    bucket_run, run = Bucket.run, own._run
+    monkeypatch.setattr(
+        Bucket,
+        "run",
+        lambda self, parts, rows: (
+            shapes.setdefault(id(self.session), set()).add(self.size) or bucket_run(self, parts, rows)
+        ),
+    )
     own._run = lambda session, x: shapes.setdefault(id(session), set()).add(len(x)) or run(session, x)
-    # 9 rows: larger than every bucket, run as they come by the largest bucket's session
+    # 9 rows: larger than every bucket, run as they come by the session that no bucket uses
     for rows in (1, 3, 5, 6, 2, 4, 1, 9):
         x = np.random.default_rng(rows).random((rows, 1, 2, 2), dtype=np.float32)
         expected, got = plain.run(x), own.run(x)
@@ -231,7 +244,8 @@ def test_with_bucket_sessions_every_session_meets_one_input_shape(tmp_path, line
         id(own.bucket_sessions[1]): {1},
         id(own.bucket_sessions[2]): {2},
         id(own.bucket_sessions[4]): {4},
-        id(own.bucket_sessions[6]): {6, 9},
+        id(own.bucket_sessions[6]): {6},
+        id(own.session): {9},
     }
 
 
@@ -239,14 +253,11 @@ def test_every_session_of_a_padding_model_is_warmed_up_at_each_bucket(tmp_path, 
     linear_artifact(tmp_path, "toy", "1")
     (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_batch_size": 8, "instances": 2}))
     seen = []
-    original = runtime_module.ModelRuntime._run
-    monkeypatch.setattr(
-        runtime_module.ModelRuntime,
-        "_run",
-        lambda self, session, x: seen.append((id(self), len(x))) or original(self, session, x),
-    )
+    original = Bucket.run
+    monkeypatch.setattr(Bucket, "run", lambda self, parts, rows: seen.append(id(self)) or original(self, parts, rows))
     repository = ModelRepository(Settings(artifacts=tmp_path, runtime={"pad_batches": "on"}))
     repository.load()
     runtimes = repository.get("toy").runtimes
     assert len(runtimes) == 2 and all(r.buckets == (1, 2, 4, 8) for r in runtimes)
-    assert sorted(seen) == sorted((id(r), b) for r in runtimes for b in (1, 2, 4, 8))
+    assert sorted(seen) == sorted(id(b) for r in runtimes for b in r.bucket_runs)
+    assert sorted(b.size for r in runtimes for b in r.bucket_runs) == [1, 1, 2, 2, 4, 4, 8, 8]

@@ -1,0 +1,71 @@
+"""When an engine must end: a session stuck in one batch, or a device error that no later call recovers from.
+
+Either way the process cannot serve again, however long it waits, while pings would still be answered: the
+engine's socket thread never runs inference. So the engine exits (``EngineFault``) and its supervisor, the pod or
+Kubernetes, starts a fresh one; the front-ends answer 503 meanwhile.
+
+- **Stuck**: a batch has run longer than its model's ``deadline_seconds``. Every request in it has already been
+  answered 503 by its front-end, and the requests behind it would wait as long.
+- **Sticky device error**: CUDA reports some faults (an illegal address, a failed launch, an uncorrectable ECC
+  error, ...) as "sticky": the context is corrupt and every later call in the process fails with the same error
+  (CUDA Runtime API, ``cudaError``); only a new process gets a working device. onnxruntime raises them as
+  ``CUDA failure <code>: <text>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from service.serving.batching import DynamicBatcher
+
+#: The ``cudaError_t`` codes that corrupt the context: cudaErrorECCUncorrectable (214), IllegalAddress (700),
+#: LaunchTimeout (702), Assert (710), HardwareStackError (714), IllegalInstruction (715), MisalignedAddress (716),
+#: InvalidAddressSpace (717), InvalidPc (718), LaunchFailure (719).
+STICKY_CUDA_ERRORS = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
+_CUDA_FAILURE = re.compile(r"CUDA failure (\d+)")
+_STICKY_TEXT = re.compile(
+    r"illegal memory access|unspecified launch failure|misaligned address|illegal instruction|"
+    r"uncorrectable ECC error|hardware stack error|device-side assert",
+    re.IGNORECASE,
+)
+
+
+class EngineFault(RuntimeError):
+    """The engine cannot serve again in this process; its supervisor must start a new one."""
+
+
+def sticky_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device error that leaves the process's CUDA context unusable."""
+    text = str(exc)
+    code = _CUDA_FAILURE.search(text)
+    return (code is not None and int(code[1]) in STICKY_CUDA_ERRORS) or _STICKY_TEXT.search(text) is not None
+
+
+class Health:
+    """The engine's state as its pings report it, and the reason it must end (``fault``), if any."""
+
+    def __init__(self) -> None:
+        self.fault: str | None = None
+
+    def note(self, exc: BaseException, name: str) -> None:
+        """Record a sticky device error of model ``name``'s batch as the engine's fault."""
+        if self.fault is None and sticky_device_error(exc):
+            self.fault = f"model {name}: a device error no later call recovers from: {exc}"
+
+    def check(self, batchers: Mapping[tuple[str, str], DynamicBatcher]) -> str | None:
+        """The fault, recorded or found now: a batch that has run past its model's deadline."""
+        if self.fault is None:
+            for batcher in batchers.values():
+                stalled, deadline = batcher.stalled_seconds(), batcher.config.deadline_seconds
+                if stalled > deadline:
+                    self.fault = (
+                        f"model {batcher.name}: a batch has run {stalled:.1f} s, past its {deadline:g} s deadline"
+                    )
+        return self.fault
+
+    @staticmethod
+    def progress(batchers: Iterable[DynamicBatcher]) -> tuple[int, float]:
+        """Batches run in all, and how long the longest-running batch has run so far (what a ping reports)."""
+        every = list(batchers)
+        return sum(b.batches_run for b in every), max((b.stalled_seconds() for b in every), default=0.0)
