@@ -6,6 +6,7 @@
     python -m bench.gpu --out DIR --artifacts DIR --device cuda
     python -m bench.gpu --out DIR --device cpu --smoke   # the rehearsal, a few seconds per point
     python -m bench.gpu --engine --out DIR --artifacts DIR --device cuda --seconds 2   # front-ends and an engine
+    python -m bench.gpu --engine --before .before --frontends 12 --out DIR --artifacts DIR   # issue 65's table
 """
 
 import sys

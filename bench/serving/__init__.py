@@ -13,6 +13,7 @@ front-ends and its engine on one; both write under ``--out`` (``python -m bench.
     python -m bench.serving --prepare DIR   # the two-model repository (needs torch), to carry to a GPU machine
     python -m bench.serving --device-run --out DIR [--artifacts DIR] [--device cuda] [--smoke]
     python -m bench.serving --engine --out DIR --artifacts DIR [--device cuda] [--frontends 1,4,12] [--no-replicas]
+    python -m bench.serving --engine --before DIR --out DIR --artifacts DIR [--frontends 12]   # new against DIR
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def arguments(parser) -> None:
     parser.add_argument("--frontends", default="1,4,12", help="with --engine: the numbers of front-ends, W")
     parser.add_argument("--deadline", type=float, default=3.2, help="with --engine: minutes after which no W starts")
     parser.add_argument("--no-replicas", action="store_true", help="with --engine: skip the two plain replicas")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="DIR",
+        help="with --engine: this tree's engine against the source tree DIR's, at the first W (bench/serving/limit.py)",
+    )
 
 
 def run(args) -> dict | None:
@@ -67,7 +74,12 @@ def run(args) -> dict | None:
     if args.engine or args.device_run:
         if args.out is None:
             raise SystemExit("--out is required with --device-run and --engine (or --prepare)")
-        if args.engine:
+        if args.engine and args.before:
+            from bench.serving import limit
+
+            w = int(args.frontends.split(",")[0])
+            print(limit.report(limit.run(args.out, args.device, args.artifacts, seconds or 4.0, args.before, w)))
+        elif args.engine:
             from bench.serving import pod
 
             frontends = tuple(int(w) for w in args.frontends.split(","))

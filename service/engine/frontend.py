@@ -27,9 +27,9 @@ from service.settings import BatchingConfig
 #: Milliseconds between checks of the engine's liveness while a batch waits for its reply.
 POLL_MS = 20
 #: A front-end's batches in flight to the engine per model version at first: one runs in the engine while the next
-#: forms and is sent. The window then follows the engine's queue (``EngineBatcher``), between 1 and ``MAX_WINDOW``.
+#: forms and is sent. The window then follows the engine's queue (``EngineBatcher``), between 1 and the pod's
+#: ``max_window``.
 FIRST_WINDOW = 2
-MAX_WINDOW = 8
 
 QueueObserver = Callable[[float, int], None]
 """Called with the engine's queue wait of a batch's message and the rows queued in the engine when it was answered."""
@@ -101,13 +101,13 @@ class RemoteRuntime:
 
 class EngineBatcher(DynamicBatcher):
     """The in-process batcher over a ``RemoteRuntime``: ready while the engine answers, refusing at once otherwise,
-    with ``MAX_WINDOW`` inference threads of which ``window`` may wait on the engine at once.
+    with ``max_window`` inference threads of which ``window`` may wait on the engine at once.
 
     The window follows the engine's queue, as a sender's congestion window follows its path (additive steps): a
-    reply that finds no rows queued in the engine while this front-end has requests waiting widens it by one (the
-    engine's sessions would otherwise run dry between batches); one that finds a full batch queued for each of the
-    engine's sessions narrows it by one (more in flight would only wait there, and lengthen every front-end's
-    round trip)."""
+    reply that finds no rows queued in the engine while this front-end has requests waiting widens it by one, up to
+    ``max_window`` (the engine's sessions would otherwise run dry between batches); one that finds a full batch
+    queued there narrows it by one, down to 1 (more in flight would only wait there, and cost every front-end the
+    CPU of more, smaller messages)."""
 
     def __init__(
         self,
@@ -116,12 +116,13 @@ class EngineBatcher(DynamicBatcher):
         name: str,
         retry_after: int = 1,
         on_queue_wait: Callable[[float], None] | None = None,
+        max_window: int = FIRST_WINDOW,
         **options,
     ):
-        super().__init__([remote.run] * MAX_WINDOW, config, name, retry_after, **options)
+        super().__init__([remote.run] * max_window, config, name, retry_after, **options)
         self.client = remote.client
-        self.window = FIRST_WINDOW
-        self._full = config.max_batch_size * max(1, remote.sessions)
+        self.window = min(FIRST_WINDOW, max_window)
+        self._full = config.max_batch_size
         self._on_queue_wait = on_queue_wait
         remote.on_reply = self._replied
 

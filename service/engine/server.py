@@ -230,6 +230,8 @@ class EngineServer:
                 observe_batch(rows, seconds)
             elif timeline is not None:
                 timeline.write(json.dumps(item[0] | {"sent": time.perf_counter()}) + "\n")
+        if timeline is not None:
+            timeline.flush()  # readable while the engine runs
         return sent
 
     def _send(self, router: zmq.Socket, frames: list) -> None:

@@ -103,6 +103,7 @@ class DataPlane:
                     label,
                     retry_after,
                     on_queue_wait=self.metrics.engine_queue.labels(label).observe,
+                    max_window=self.settings.pod.max_window,
                     on_batch=functools.partial(self.metrics.observe_engine_message, label),
                     finish=finish,
                 )

@@ -142,6 +142,16 @@ class PodSettings(BaseModel):
     engine_wait_seconds: float = Field(
         default=120.0, gt=0, description="how long a front-end waits at start for the engine's first answer"
     )
+    max_window: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="a front-end's batches in flight to the engine at most, per model version. From 2, the window "
+        "narrows to 1 while a full batch waits in the engine, and widens up to this while the engine's queue is "
+        "empty at a reply and requests wait in the front-end. More in flight keeps the engine's sessions fed when "
+        "the round trip is long against a batch, at the CPU of more, smaller messages; 2 keeps one batch running "
+        "while the next forms",
+    )
     timeline: Path | None = Field(
         default=None,
         description="a file the engine appends one JSON line per batch to: when its inference thread came back to "

@@ -25,7 +25,7 @@ import zmq
 
 from service.engine import wire
 from service.engine.client import EngineClient
-from service.engine.frontend import FIRST_WINDOW, MAX_WINDOW, EngineBatcher, RemoteRuntime
+from service.engine.frontend import FIRST_WINDOW, EngineBatcher, RemoteRuntime
 from service.engine.health import EngineFault, sticky_device_error
 from service.engine.server import EngineServer
 from service.errors import DeadlineExceeded, EngineUnavailable, ModelNotFound, Overloaded
@@ -247,7 +247,7 @@ def _gated(deadline: float = 30.0) -> tuple[DynamicBatcher, threading.Event]:
     return DynamicBatcher([run], config, "g:1"), gate
 
 
-def _front_end(client: EngineClient, deadline: float, model: str = "g") -> EngineBatcher:
+def _front_end(client: EngineClient, deadline: float, model: str = "g", max_window: int = 2) -> EngineBatcher:
     """A front-end's batcher for version 1 of ``model`` over ``client``, with the given deadline."""
     facts = {
         "provider": "CPUExecutionProvider",
@@ -259,7 +259,8 @@ def _front_end(client: EngineClient, deadline: float, model: str = "g") -> Engin
         "output_names": ["probabilities"],
     }
     remote = RemoteRuntime(facts, client, model, "1", deadline)
-    return EngineBatcher(remote, BatchingConfig(max_batch_size=4, deadline_seconds=deadline), f"{model}:1")
+    config = BatchingConfig(max_batch_size=4, deadline_seconds=deadline)
+    return EngineBatcher(remote, config, f"{model}:1", max_window=max_window)
 
 
 def test_a_front_end_answers_503_at_its_deadline_and_serves_the_next_request_once_the_engine_is_back(tmp_path):
@@ -458,19 +459,20 @@ def test_ten_times_overload_is_refused_in_milliseconds_with_bounded_queues_and_n
     assert refused[len(refused) // 2] < 0.005 and refused[int(0.99 * len(refused))] < 0.05, "refusals at once"
     assert max(t for _, t in outcomes) < deadline + 0.25, "no request waits past its deadline"
     assert queued["front"] <= 8, "each front-end's queue stays within its share"
-    assert queued["engine"] <= 2 * 8 * 4, "the engine holds at most the front-ends' windows of batches"
+    assert queued["engine"] <= 2 * 2 * 4, "the engine holds at most the front-ends' windows of batches"
 
 
 def test_the_front_end_window_widens_while_the_engine_runs_dry_and_narrows_while_its_queue_holds_full_batches():
-    front = _front_end(EngineClient("ipc:///nowhere"), deadline=1.0)  # never started: the rule alone
+    most = 6
+    front = _front_end(EngineClient("ipc:///nowhere"), deadline=1.0, max_window=most)  # never started
     assert front.window == FIRST_WINDOW
     front._queued_rows = 3  # this front-end has requests waiting
-    for _ in range(MAX_WINDOW + 2):
+    for _ in range(most + 2):
         front._replied(0.0, queued_rows=0)
-    assert front.window == MAX_WINDOW, "an empty engine queue with work waiting here widens the window to its top"
+    assert front.window == most, "an empty engine queue with work waiting here widens the window to its top"
     front._replied(0.0, queued_rows=1)  # some rows queued, less than a batch per session: kept
-    assert front.window == MAX_WINDOW
-    for _ in range(MAX_WINDOW + 2):
+    assert front.window == most
+    for _ in range(most + 2):
         front._replied(0.0, queued_rows=4)  # a full batch (4 rows) queued for the engine's one session
     assert front.window == 1
     front._queued_rows = 0
