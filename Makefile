@@ -12,7 +12,7 @@ VISION_VENV ?= .venv-vision
 VISION_SPEC ?= torch==2.14.1 torchvision==0.29.1
 VPY := $(VISION_VENV)/bin/python
 
-.PHONY: help run serve demo tools proto conformance shift-refs lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine bench-shift bench-store artifacts upgrade-artifact study simulate k8s-rules clean
+.PHONY: help run serve demo tools proto conformance shift-refs cbpe lint test test-fast vision test-vision bench bench-alarm bench-conformal bench-engine bench-shift bench-store artifacts upgrade-artifact study simulate k8s-rules clean
 
 ## help: every target and what it does (the comments above each rule)
 help:
@@ -74,9 +74,8 @@ MLSERVER_SPEC ?= mlserver==1.7.1 httpx
 # EM and BCTS). labelshift's package __init__ imports its training stack (torchvision, transformers, timm), and no
 # torchvision on the registries matches the CPU torch: it is installed without its dependencies, and
 # tests/conformance/label_shift_refs.py loads its estimator modules without that __init__, beside what they import
-# (torch, cvxpy, scikit-learn, pyyaml). nannyml (CBPE, the peer of make bench-shift) imports statsmodels without
-# declaring it.
-SHIFT_REFS_SPEC ?= abstention==0.1.3.1 cvxpy==1.9.3 scikit-learn pyyaml $(TORCH_SPEC) nannyml==0.13.1 statsmodels==0.15.0
+# (torch, cvxpy, scikit-learn, pyyaml).
+SHIFT_REFS_SPEC ?= abstention==0.1.3.1 cvxpy==1.9.3 scikit-learn pyyaml $(TORCH_SPEC)
 LABELSHIFT_SPEC ?= labelshift==0.2.11
 .venv-shift-refs/.installed:
 	test -x .venv-shift-refs/bin/python || $(PYTHON) -m venv .venv-shift-refs
@@ -84,9 +83,19 @@ LABELSHIFT_SPEC ?= labelshift==0.2.11
 	.venv-shift-refs/bin/python -m pip --disable-pip-version-check install -q --no-deps $(LABELSHIFT_SPEC)
 	touch $@
 
-## shift-refs: the venv of the label-shift references (abstention, labelshift) the parity tests run, and nannyml's
-## CBPE, which make bench-shift runs
+## shift-refs: the venv of the label-shift references (abstention, labelshift) the parity tests run
 shift-refs: .venv-shift-refs/.installed
+
+# NannyML's CBPE, the peer of make bench-shift, in a venv of its own that only the benchmark needs (nannyml does not
+# install beside .venv's pins, and imports statsmodels without declaring it).
+CBPE_SPEC ?= nannyml==0.13.1 statsmodels==0.15.0
+.venv-cbpe/.installed:
+	test -x .venv-cbpe/bin/python || $(PYTHON) -m venv .venv-cbpe
+	.venv-cbpe/bin/python -m pip --disable-pip-version-check install -q $(CBPE_SPEC)
+	touch $@
+
+## cbpe: the venv of NannyML's CBPE, which make bench-shift runs beside the service's estimates
+cbpe: .venv-cbpe/.installed
 
 ## proto: regenerate service/serving/protocol's Python modules from grpc_predict_v2.proto (grpcio-tools)
 proto: $(VENV)/.installed-dev
@@ -129,7 +138,7 @@ test-vision: $(VISION_VENV)/.installed
 ## docs/benchmarks.md with the run times, docs/alarm_benchmark.md, docs/conformal_benchmark.md,
 ## docs/engine_benchmark.md, docs/shift_benchmark.md, docs/store_benchmark.md); about 2 hours, most of it the alarm's
 ## simulations
-bench: $(VENV)/.installed-dev tools shift-refs
+bench: $(VENV)/.installed-dev tools cbpe
 	$(PY) -m bench
 
 ## bench-alarm: make bench's alarm entry alone: false alarms, detection and clearing delays on simulated streams,
@@ -146,7 +155,7 @@ bench-conformal: $(VENV)/.installed-dev tools
 ## bench-shift: make bench's shift entry alone: estimated accuracy and its intervals, EM and BBSE priors, and
 ## label-shift adaptation against an oracle and NannyML's CBPE, under label and covariate shift
 ## (docs/shift_benchmark.md)
-bench-shift: $(VENV)/.installed-dev shift-refs
+bench-shift: $(VENV)/.installed-dev cbpe
 	$(PY) -m bench --only shift
 
 ## bench-engine: make bench's engine entry alone: the engine process's IPC cost against the in-process batcher, and

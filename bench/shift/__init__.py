@@ -5,7 +5,7 @@ and NannyML's CBPE.
 
 ``streams`` builds the sources and windows, ``measure`` measures them (with ``alarm``, the label-shift alarm's
 streams, and ``sets``, the prediction sets under label shift), ``goals`` judges, ``render`` writes the page;
-``cbpe.py`` runs CBPE in .venv-shift-refs.
+``cbpe.py`` runs CBPE in .venv-cbpe (`make cbpe`).
 
     python -m bench.shift [--streams 200] [--windows 500,2000] [--alarm-length 10000] [--seed 0] [--smoke]
         [--report-only]

@@ -1,7 +1,7 @@
-"""NannyML's CBPE on the shift benchmark's windows, run in .venv-shift-refs (nannyml does not install beside .venv's
+"""NannyML's CBPE on the shift benchmark's windows, run in .venv-cbpe (nannyml does not install beside .venv's
 pins); the benchmark writes the inputs and reads the output (``bench.shift.measure.cbpe_estimates``).
 
-    .venv-shift-refs/bin/python bench/shift/cbpe.py cases.npz out.json
+    .venv-cbpe/bin/python bench/shift/cbpe.py cases.npz out.json
 
 ``cases.npz`` holds, for each source s, ``reference_probs_s`` (N, K) and ``reference_labels_s`` (N,), the labelled
 rows CBPE is fitted on; for each pool p, ``pool_probs_p`` (M, K); for each case c, ``case_c`` (windows, n), the rows

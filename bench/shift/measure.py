@@ -20,7 +20,7 @@ calibrated probabilities (``LabelShiftReference.mean_probabilities``, the priors
   EM-adapted ones (Alexandari et al. 2020's comparison), and its estimate of the served predictions' accuracy, the
   error no label-free estimate avoids (the realized accuracy's own sampling noise); ``dev_*``: each estimate's mean
   distance from that expected accuracy instead of the realized one;
-- CBPE (``bench/shift/cbpe.py``, in .venv-shift-refs) on the same windows;
+- CBPE (``bench/shift/cbpe.py``, in .venv-cbpe) on the same windows;
 - the label-shift alarm's rows (``bench.shift.alarm``) and the sets under label shift (``bench.shift.sets``).
 
 Coverage is the share of windows whose interval holds the realized accuracy, with its Clopper-Pearson interval.
@@ -54,7 +54,7 @@ CARRY_RESAMPLES = 100
 EXACT_CHECKS = 3
 #: The largest window checked against the exact laws (they cost O(R n^2)).
 EXACT_WINDOW = 500
-REFS_PYTHON = ROOT / ".venv-shift-refs" / "bin" / "python"
+CBPE_PYTHON = ROOT / ".venv-cbpe" / "bin" / "python"
 CBPE_SCRIPT = Path(__file__).with_name("cbpe.py")
 
 
@@ -222,9 +222,9 @@ def cbpe_estimates(
     all_sources: list[Source], cases: list[tuple[int, str, np.ndarray]]
 ) -> tuple[list[np.ndarray] | None, str]:
     """CBPE's estimated accuracy of each case's windows (case: the source's position, the pool, the rows (windows,
-    n)), run by ``cbpe.py`` in .venv-shift-refs; (None, why) when that venv or nannyml is missing or fails."""
-    if not REFS_PYTHON.exists():
-        return None, f"not run: no {REFS_PYTHON.relative_to(ROOT)} (make shift-refs)"
+    n)), run by ``cbpe.py`` in .venv-cbpe; (None, why) when that venv or nannyml is missing or fails."""
+    if not CBPE_PYTHON.exists():
+        return None, f"not run: no {CBPE_PYTHON.relative_to(ROOT)} (make cbpe)"
     pools: dict[tuple[int, str], int] = {}
     arrays: dict[str, Any] = {}  # np.savez types its keywords as its own flags
     for s, source in enumerate(all_sources):
@@ -240,11 +240,11 @@ def cbpe_estimates(
         inputs, output = Path(tmp) / "cases.npz", Path(tmp) / "cbpe.json"
         np.savez(inputs, **arrays)
         done = subprocess.run(
-            [str(REFS_PYTHON), str(CBPE_SCRIPT), str(inputs), str(output)], capture_output=True, text=True
+            [str(CBPE_PYTHON), str(CBPE_SCRIPT), str(inputs), str(output)], capture_output=True, text=True
         )
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"failed in {REFS_PYTHON.relative_to(ROOT)}: {last}"
+            return None, f"failed in {CBPE_PYTHON.relative_to(ROOT)}: {last}"
         out = json.loads(output.read_text())
     return [np.asarray(e) for e in out["estimates"]], f"nannyml {out['nannyml']}"
 

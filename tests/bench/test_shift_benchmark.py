@@ -30,7 +30,7 @@ from calibkit.label_shift_alarm import LabelShiftAlarmConfig
 def tiny(tmp_path_factory) -> dict:
     missing = tmp_path_factory.mktemp("no-venv") / "python"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(measure, "REFS_PYTHON", missing)
+        patch.setattr(measure, "CBPE_PYTHON", missing)
         patch.setattr(measure, "ROOT", missing.parent.parent)
         args = argparse.Namespace(seed=0, pool_rows=5_000, windows=(100, 2_000), streams=3, alarm_length=300)
         result = measure.run(args)
