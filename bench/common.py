@@ -382,35 +382,16 @@ class Benchmark:
     arguments: Callable[[argparse.ArgumentParser], None] = field(default=lambda parser: None)
 
 
-def main(name: str, argv: list[str] | None = None) -> None:
-    """``python -m bench.<name>``: measure, judge the goals, write bench/results/<name>.json (with the run's wall time,
-    ``wall_seconds``), print the rendering and write the page again (a smoke run writes <name>-smoke.json and no
-    page); ``--report-only`` writes the page from the stored result, goals judged again."""
-    from bench import registry
+def digits_model() -> Callable[[np.ndarray], np.ndarray]:
+    """The committed default model's calibrated ``probabilities`` output (onnxruntime on the CPU), in float64."""
+    import onnxruntime as ort
 
-    module = registry.module(name)
-    steps: Benchmark = module.BENCHMARK
-    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=(module.__doc__ or "").split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a short run that checks the benchmark works (no page)")
-    parser.add_argument(
-        "--report-only", action="store_true", help=f"write the page from bench/results/{name}.json, goals judged again"
-    )
-    steps.arguments(parser)
-    args = parser.parse_args(argv)
-    if args.report_only:
-        stored = load_result(name)
-        if stored is None:
-            parser.error(f"--report-only: no {RESULTS / name}.json")
-        registry.write_page(registry.PAGES[name], {name: stored | {"goals": steps.goals(stored)}})
-        return
-    start = time.perf_counter()
-    result = steps.measure(args)
-    if result is None:
-        return
-    result["goals"] = steps.goals(result)
-    result["wall_seconds"] = time.perf_counter() - start
-    path = write_result(name, result, smoke=args.smoke)
-    print(steps.render({"machine": machine(), **result}))
-    if not args.smoke:
-        registry.write_page(registry.PAGES[name])
-    print(f"wrote {path}")
+    artifact = ROOT / "artifacts" / "digits-lenet5" / "1"
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
+    output, name = manifest["outputs"]["probabilities"], manifest["input"]["name"]
+
+    def probs(x: np.ndarray) -> np.ndarray:
+        return session.run([output], {name: x.astype(np.float32)})[0].astype(np.float64)
+
+    return probs

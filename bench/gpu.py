@@ -11,7 +11,7 @@
 
 import sys
 
-from bench.common import main
+from bench.registry import main
 
 if __name__ == "__main__":
     main("serving", ["--device", "cuda", "--device-run", *sys.argv[1:]])

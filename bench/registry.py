@@ -4,10 +4,12 @@ together here."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import time
 from types import ModuleType
 
-from bench.common import ROOT, load_result, machine, measured_by, table
+from bench.common import RESULTS, ROOT, Benchmark, load_result, machine, measured_by, table, write_result
 
 MAIN_PAGE = "benchmarks.md"
 PAGES = {
@@ -41,7 +43,7 @@ def text(page: str, fresh: dict[str, dict] | None = None) -> str:
     results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
     sections = [module(name).BENCHMARK.render(result) for name, result in results.items() if result]
     if page == MAIN_PAGE:
-        from bench.serving.device import recorded_section
+        from bench.serving.recorded import recorded_section
 
         sections = [head(results.get("serving")), *sections, recorded_section(), ""]
     return "\n".join(sections)
@@ -74,3 +76,35 @@ def head(serving: dict | None) -> str:
             "",
         ]
     )
+
+
+def main(name: str, argv: list[str] | None = None) -> None:
+    """``python -m bench.<name>``: measure, judge the goals, write bench/results/<name>.json (with the run's wall time,
+    ``wall_seconds``), print the rendering and write the page again (a smoke run writes <name>-smoke.json and no
+    page); ``--report-only`` writes the page from the stored result, goals judged again."""
+    package = module(name)
+    steps: Benchmark = package.BENCHMARK
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=(package.__doc__ or "").split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a short run that checks the benchmark works (no page)")
+    parser.add_argument(
+        "--report-only", action="store_true", help=f"write the page from bench/results/{name}.json, goals judged again"
+    )
+    steps.arguments(parser)
+    args = parser.parse_args(argv)
+    if args.report_only:
+        stored = load_result(name)
+        if stored is None:
+            parser.error(f"--report-only: no {RESULTS / name}.json")
+        write_page(PAGES[name], {name: stored | {"goals": steps.goals(stored)}})
+        return
+    start = time.perf_counter()
+    result = steps.measure(args)
+    if result is None:
+        return
+    result["goals"] = steps.goals(result)
+    result["wall_seconds"] = time.perf_counter() - start
+    path = write_result(name, result, smoke=args.smoke)
+    print(steps.render({"machine": machine(), **result}))
+    if not args.smoke:
+        write_page(PAGES[name])
+    print(f"wrote {path}")

@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: invalid settings: {exc}")
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.frontend_count() > 1 and settings.pod.index is None:
-        from service.engine.pod import Pod
+    from service.engine.pod import Pod, frontend_count
 
+    if frontend_count(settings) > 1 and settings.pod.index is None:
         return Pod(settings).run()
     try:
         app = create_app(settings)

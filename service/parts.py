@@ -19,6 +19,7 @@ from starlette.requests import HTTPConnection
 
 from service import __version__
 from service.auth import AccessControl
+from service.engine.pod import frontend_count
 from service.errors import NotReady
 from service.metrics import ServiceMetrics
 from service.monitoring import Monitor
@@ -198,7 +199,7 @@ class ServiceParts:
             return None
         return {
             "frontend": self.settings.pod.index,
-            "frontends": self.settings.frontend_count(),
+            "frontends": frontend_count(self.settings),
             "pid": os.getpid(),
             "loops": "every one" if self.settings.pod.index in (None, 0) else "the sets' folder",
             "engine": {

@@ -5,7 +5,6 @@ serving will call."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from bench.common import ROOT, table
+from bench.common import digits_model, table
 from calibkit.conformal import (
     SplitConformal,
     classwise_quantiles,
@@ -147,21 +146,6 @@ class Source:
     split: Callable[[np.random.Generator], tuple]
     pool: int | None
     about: dict = field(default_factory=dict)
-
-
-def digits_model() -> Callable[[np.ndarray], np.ndarray]:
-    """The committed default model's calibrated ``probabilities`` output (onnxruntime on the CPU), in float64."""
-    import onnxruntime as ort
-
-    artifact = ROOT / "artifacts" / "digits-lenet5" / "1"
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
-    output, name = manifest["outputs"]["probabilities"], manifest["input"]["name"]
-
-    def probs(x: np.ndarray) -> np.ndarray:
-        return session.run([output], {name: x.astype(np.float32)})[0].astype(np.float64)
-
-    return probs
 
 
 def digits_source() -> Source:

@@ -76,7 +76,7 @@ class Shift:
 def digits_shifts(draws: int, kinds: tuple[str, ...] | None = None) -> list[Shift]:
     """The committed digits model: static LAC calibrator on the validation split (the temperature's, which the
     conformal benchmark's splits never use), streams from the test split, clean then corrupted."""
-    from bench.conformal.measure import digits_model
+    from bench.common import digits_model
     from training.data import available_corruptions, corrupt, load_digits_splits
 
     model = digits_model()

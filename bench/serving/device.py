@@ -14,7 +14,7 @@ Two models (the light LeNet-5 on 8x8 digits and the heavy CIFAR ResNet-56 of ``b
 - an onnxruntime profile of the heavy model at the batch size the service formed.
 
 Goals are ratios within this run (``bench.serving.goals.device_goals``). Writes ``gpu.json`` and ``gpu.md`` under
-``--out``; ``recorded_section`` renders the committed records of such runs into docs/benchmarks.md.
+``--out``; ``bench.serving.recorded`` renders the committed records of such runs into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
-from bench.common import ROOT, Server, histogram_means, histogram_totals, machine, table, v2_binary_request, wrk
+from bench.common import Server, histogram_means, histogram_totals, machine, table, v2_binary_request, wrk
 from bench.serving.goals import device_goals
 from bench.serving.measure import (
     CUDA,
@@ -474,62 +474,6 @@ def report(result: dict) -> str:
         "\n### Goals\n" + table(result["goals"], ["goal", "measured", "target", "met"]),
     ]
     return "\n".join(lines) + "\n"
-
-
-RECORDED = ROOT / "docs" / "benchmarks" / "gpu"
-"""Recorded GPU runs (``gpu.json`` and ``sweep.json`` of real GPU machines, with a ``recorded`` note), committed
-because GPU machines are rare; ``recorded_section`` renders them into docs/benchmarks.md."""
-
-
-def recorded_section(folder: Path = RECORDED) -> str:
-    """docs/benchmarks.md's GPU section: every recorded run (``report``) and settings sweep, by the session that
-    recorded it (``recorded.session``, 1 when absent) and then by name."""
-    out = [
-        "## GPU runs (`python -m bench.gpu`)",
-        "",
-        "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`, and "
-        "`--engine` for the pod; docs/decisions/0001-gpu-run.md, 0020-bucket-sessions.md and 0027-engine-process.md "
-        "say what was learnt). Each run's settings are named above its tables.",
-    ]
-    recorded = [(path, json.loads(path.read_text())) for path in folder.glob("*.json")]
-    for path, data in sorted(recorded, key=lambda r: (r[1]["recorded"].get("session", 1), r[0].name)):
-        note = f"\n*{path.name}: {data['recorded']['note']}.*\n"
-        if data["recorded"].get("kind") == "engine":
-            from bench.serving.pod import report as engine_report
-
-            text = engine_report(data).replace("## The engine", f"## GPU run {path.stem}: the engine", 1)
-            out += ["\n" + text.replace("\n", "\n" + note, 1).replace("\n### ", "\n#### ")]
-        elif "settings" in data:
-            out += [
-                f"\n## GPU settings sweep ({path.stem})",
-                note,
-                table(data["settings"], [c for c in SWEEP_COLUMNS if c in data["settings"][0]]),
-            ]
-            if data.get("batcher_alone"):
-                out += [
-                    "",
-                    "The service's batcher and sessions alone (no HTTP), at the same load:",
-                    "",
-                    table(data["batcher_alone"], ["sessions", "provider", "rows_per_s", "batch", "onnxruntime_ms"]),
-                ]
-            out += [
-                "",
-                "onnxruntime alone at batch 32, beside a pure-Python thread:",
-                "",
-                table(
-                    data["gil"],
-                    ["python_thread_busy", "switch_interval_ms", "batch", "sessions", "rows_per_s", "ms_per_call"],
-                ),
-            ]
-        else:
-            out += [
-                "\n"
-                + report(data)
-                .replace("## GPU run", f"## GPU run {path.stem},", 1)
-                .replace("\n", "\n" + note, 1)
-                .replace("\n### ", "\n#### ")
-            ]
-    return "\n".join(out) + "\n"
 
 
 def _log_gist(lines: list[str]) -> list[str]:

@@ -1,3 +1,3 @@
-from bench.common import main
+from bench.registry import main
 
 main("shift")

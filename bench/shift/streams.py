@@ -123,7 +123,7 @@ def draw_windows(pool: Pool, alpha: float | None, streams: int, n: int, seed: in
 def digits_source() -> Source:
     """The committed default model on the digits splits: the validation split as reference, the test split clean and
     corrupted as pools."""
-    from bench.conformal.measure import digits_model
+    from bench.common import digits_model
     from training.data import available_corruptions, corrupt, load_digits_splits
 
     model = digits_model()

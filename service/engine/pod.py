@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from service.ports import free_port
+from service.serving.runtime import cuda_wanted
 from service.settings import Settings
 
 log = logging.getLogger("service.engine.pod")
@@ -29,12 +30,21 @@ log = logging.getLogger("service.engine.pod")
 POLL, RESTART_BACKOFF = 0.2, 1.0
 
 
+def frontend_count(settings: Settings) -> int:
+    """The pod's front-ends: ``frontends`` as a number, ``auto`` the cores less one, at most 16, where CUDA is wanted
+    (the engine owns the GPU and the front-ends keep it fed), else 1."""
+    if settings.frontends != "auto":
+        return settings.frontends
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cores - 1)) if cuda_wanted(settings.device) else 1
+
+
 class Pod:
     """The supervisor; ``run`` blocks until SIGTERM or SIGINT and returns the exit code."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.count = settings.frontend_count()
+        self.count = frontend_count(settings)
         self.directory = Path(tempfile.mkdtemp(prefix="calib-pod-"))
         self.endpoint = f"ipc://{self.directory / 'engine.sock'}"
         self.metrics = self.directory / "metrics"

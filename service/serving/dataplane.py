@@ -95,8 +95,9 @@ class DataPlane:
                 )
             else:  # the engine observes its own batches; a front-end, the messages it sends and its share of the queue
                 from service.engine.frontend import EngineBatcher
+                from service.engine.pod import frontend_count
 
-                share = -(-model.batching.max_queue_rows // self.settings.frontend_count())
+                share = -(-model.batching.max_queue_rows // frontend_count(self.settings))
                 batcher = EngineBatcher(
                     model.runtime,  # type: ignore[arg-type]  # _connect_engine made it a RemoteRuntime
                     model.batching.model_copy(update={"max_queue_rows": share}),

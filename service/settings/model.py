@@ -9,7 +9,6 @@ for one release (``service.settings.deprecated``).
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_type_hints
 
@@ -118,15 +117,6 @@ class Settings(BaseSettings):
         assert isinstance(env_settings, EnvSettingsSource)
         deprecated = DeprecatedNames(settings_cls, env_settings)
         return init_settings, env_settings, deprecated, dotenv_settings, file_secret_settings
-
-    def frontend_count(self) -> int:
-        """``frontends`` as a number: ``auto`` is the cores less one, at most 16, where CUDA is wanted, else 1."""
-        if self.frontends != "auto":
-            return self.frontends
-        from service.serving.runtime import cuda_wanted
-
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return max(1, min(16, cores - 1)) if cuda_wanted(self.device) else 1
 
 
 def setting_path(variable: str) -> str | None:

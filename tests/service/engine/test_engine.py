@@ -27,6 +27,7 @@ from service.engine import wire
 from service.engine.client import EngineClient
 from service.engine.frontend import FIRST_WINDOW, EngineBatcher, RemoteRuntime
 from service.engine.health import EngineFault, sticky_device_error
+from service.engine.pod import frontend_count
 from service.engine.server import EngineServer
 from service.errors import DeadlineExceeded, EngineUnavailable, ModelNotFound, Overloaded
 from service.serving.batching import DynamicBatcher
@@ -224,10 +225,10 @@ def test_the_number_of_front_ends_is_a_count_or_auto_sized_to_the_cores_where_cu
     from pydantic import ValidationError
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    monkeypatch.setattr("service.serving.runtime.cuda_wanted", lambda device: device == "cuda")
-    assert Settings(frontends=3).frontend_count() == 3
-    assert Settings(frontends="auto", device="cuda").frontend_count() == 7
-    assert Settings(frontends="auto", device="cpu").frontend_count() == 1
+    monkeypatch.setattr("service.engine.pod.cuda_wanted", lambda device: device == "cuda")
+    assert frontend_count(Settings(frontends=3)) == 3
+    assert frontend_count(Settings(frontends="auto", device="cuda")) == 7
+    assert frontend_count(Settings(frontends="auto", device="cpu")) == 1
     monkeypatch.setenv("CALIB_FRONTENDS", "auto")
     assert Settings().frontends == "auto"
     for wrong in (0, "many"):
