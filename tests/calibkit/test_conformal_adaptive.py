@@ -304,15 +304,3 @@ def test_start_and_defaults():
 def test_bad_arguments_raise_naming_them(call, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         call()
-
-
-def test_the_old_module_name_still_imports_for_one_release_with_a_warning():
-    import importlib
-    import sys
-
-    import calibkit.conformal.adaptive as adaptive
-
-    sys.modules.pop("calibkit.adaptive_conformal", None)
-    with pytest.warns(DeprecationWarning, match="calibkit.conformal.adaptive"):
-        old = importlib.import_module("calibkit.adaptive_conformal")
-    assert old.LogQuantileTracker is adaptive.LogQuantileTracker and old.DEFAULT_STEP == adaptive.DEFAULT_STEP
