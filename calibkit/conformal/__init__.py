@@ -13,7 +13,7 @@ serving. From probabilities (N, K) of a model trained on other data, this packag
   ``quantile``;
 - prediction sets (N, K) for a threshold (``prediction_sets``), vectorized over the batch, or as each row's labels
   ranked with its set size (``ranked_sets``), which is what a server lists, in ``sets``;
-- conformal p-values per class (``p_values``, in ``sets``), whose level sets {k : p_k > alpha} are the prediction
+- conformal p-values per class (``SplitConformal.p_values``), whose level sets {k : p_k > alpha} are the prediction
   sets at every alpha, so the sets for different coverage levels are nested;
 - the weighted quantiles of label shift (``label_shift_quantiles``, ``label_shift_thresholds``, module
   ``weighted``; Podkopaev & Ramdas 2021): one threshold per candidate class from the calibration scores weighted by
@@ -57,33 +57,26 @@ from calibkit.conformal.quantile import classwise_quantiles, conformal_quantile,
 from calibkit.conformal.scores import (
     METHODS,
     SCORE_ATOL,
-    aps_scores,
     conformity_scores,
     floor_scores,
-    lac_scores,
     pick_k_reg,
-    raps_scores,
 )
 from calibkit.conformal.sets import _count_at_or_above as _count_at_or_above
-from calibkit.conformal.sets import p_values, prediction_sets, ranked_sets
+from calibkit.conformal.sets import prediction_sets, ranked_sets
 from calibkit.conformal.weighted import label_shift_quantiles, label_shift_thresholds
 
 __all__ = [
     "METHODS",
     "SCORE_ATOL",
     "SplitConformal",
-    "aps_scores",
     "classwise_quantiles",
     "conformal_quantile",
     "conformity_scores",
     "floor_scores",
     "label_shift_quantiles",
     "label_shift_thresholds",
-    "lac_scores",
     "pick_k_reg",
     "prediction_sets",
-    "p_values",
     "quantile_rank",
     "ranked_sets",
-    "raps_scores",
 ]

@@ -236,7 +236,8 @@ class SplitConformal:
         )
 
     def p_values(self, probs, *, u=None) -> np.ndarray:
-        """Conformal p-values (N, K): ``p_values`` with these scores, whose level sets are ``sets``.
+        """Conformal p-values (N, K) with these scores, whose level sets are ``sets`` (the proof:
+        ``sets._p_values_from_scores``).
 
         Args:
             probs: Probabilities (N, K).

@@ -25,94 +25,26 @@ from calibkit.validation import check_labels
 __all__ = [
     "METHODS",
     "SCORE_ATOL",
-    "aps_scores",
     "conformity_scores",
     "floor_scores",
-    "lac_scores",
     "pick_k_reg",
-    "raps_scores",
 ]
-
-
-def lac_scores(probs, labels) -> np.ndarray:
-    """LAC scores: one minus the probability of the label, s(x, y) = 1 - p_y.
-
-    The sets {k : 1 - p_k <= q} of this score are the smallest on average among all sets with the same coverage
-    (Sadinle et al. 2019), at the price of covering easy inputs more than hard ones.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-
-    Returns:
-        The scores (N,), in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
-
-    References:
-        Sadinle, Lei & Wasserman 2019, "Least Ambiguous Set-Valued Classifiers with Bounded Error Levels", JASA.
-    """
-    return conformity_scores(probs, labels, "lac")
-
-
-def aps_scores(probs, labels, *, u=None) -> np.ndarray:
-    """APS scores: the probability mass of the labels ranked at or above the label, s(x, y) = rho_x(y) + p_y.
-
-    rho_x(y) = sum of p_k over the labels with p_k > p_y. Randomized, s(x, y, u) = rho_x(y) + p_y - u p_y with
-    u ~ Uniform(0, 1), so that the scores have no ties and the coverage is exact rather than at least 1 - alpha.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        u: None for the non-randomized score, or the draws: N numbers in [0, 1] or a numpy random generator.
-
-    Returns:
-        The scores (N,), in [0, 1].
-
-    Raises:
-        ValueError: When ``probs``, ``labels`` or ``u`` is malformed.
-
-    References:
-        Romano, Sesia & Candès 2020, "Classification with Valid and Adaptive Coverage", NeurIPS;
-        Angelopoulos, Bates, Malik & Jordan 2021, "Uncertainty Sets for Image Classifiers using Conformal
-        Prediction", ICLR.
-    """
-    return conformity_scores(probs, labels, "aps", u=u)
-
-
-def raps_scores(probs, labels, *, k_reg: int, lam: float, u=None) -> np.ndarray:
-    """RAPS scores: the APS score plus a penalty on the label's rank, s(x, y) = rho_x(y) + p_y + lam (o_x(y) - k_reg)^+.
-
-    o_x(y) = #{k : p_k >= p_y} is the 1-based rank of y (tied labels share the last rank of their group). The
-    penalty shrinks the sets of inputs whose tail probabilities are noise: labels beyond rank ``k_reg`` enter a
-    set only when the mass above them is well below the threshold. Randomized, s(x, y, u) = rho_x(y) + p_y -
-    u p_y + lam (o_x(y) - k_reg)^+ (the penalty is not randomized). ``k_reg=0, lam=0`` is APS.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        k_reg: The number of top ranks without penalty, an integer >= 0 (``pick_k_reg`` picks it from data).
-        lam: The penalty per rank beyond ``k_reg``, >= 0.
-        u: None for the non-randomized score, or the draws: N numbers in [0, 1] or a numpy random generator.
-
-    Returns:
-        The scores (N,), in [0, 1 + lam (K - k_reg)^+].
-
-    Raises:
-        ValueError: When ``probs``, ``labels``, ``k_reg``, ``lam`` or ``u`` is malformed.
-
-    References:
-        Angelopoulos, Bates, Malik & Jordan 2021, "Uncertainty Sets for Image Classifiers using Conformal
-        Prediction", ICLR.
-    """
-    return conformity_scores(probs, labels, "raps", k_reg=k_reg, lam=lam, u=u)
 
 
 def conformity_scores(
     probs, labels, method: str = "lac", *, k_reg: int = 0, lam: float = 0.0, u=None, floor: bool = False
 ) -> np.ndarray:
-    """The scores s(x_i, y_i) of labelled examples by LAC, APS or RAPS: ``lac_scores``, ``aps_scores``, ``raps_scores``.
+    """The scores s(x_i, y_i) of labelled examples by LAC, APS or RAPS.
+
+    - LAC: s(x, y) = 1 - p_y. Its sets {k : 1 - p_k <= q} are the smallest on average among all sets with the same
+      coverage (Sadinle et al. 2019), at the price of covering easy inputs more than hard ones.
+    - APS: s(x, y) = rho_x(y) + p_y, the mass of the labels ranked at or above y, with rho_x(y) the sum of p_k over
+      the labels with p_k > p_y. Randomized, rho_x(y) + p_y - u p_y with u ~ Uniform(0, 1), so that the scores have
+      no ties and the coverage is exact rather than at least 1 - alpha.
+    - RAPS: the APS score plus lam (o_x(y) - k_reg)^+, with o_x(y) = #{k : p_k >= p_y} the 1-based rank of y (tied
+      labels share the last rank of their group); the penalty, never randomized, shrinks the sets of inputs whose
+      tail probabilities are noise. ``k_reg=0, lam=0`` is APS; ``pick_k_reg`` picks ``k_reg`` from data. The
+      scores lie in [0, 1 + lam (K - k_reg)^+].
 
     Args:
         probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.

@@ -1,8 +1,8 @@
 """Prediction sets C(x) = {k : s(x, k) <= q} and the conformal p-values whose level sets they are.
 
 As boolean masks (``prediction_sets``, one threshold or one per class), as each row's ranking and set size
-(``ranked_sets``), and as p-values per class (``p_values``). Vovk, Gammerman & Shafer 2005; Romano, Sesia & Candès
-2020 (APS); Angelopoulos, Bates, Malik & Jordan 2021 (RAPS).
+(``ranked_sets``), and as p-values per class (``_p_values_from_scores``, public as ``SplitConformal.p_values``).
+Vovk, Gammerman & Shafer 2005; Romano, Sesia & Candès 2020 (APS); Angelopoulos, Bates, Malik & Jordan 2021 (RAPS).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def prediction_sets(
       E(m) = p_(1) + ... + p_(m) + lam (m - k_reg)^+, E(0) = 0; the most probable label is always in. This is
       MAPIE's ``include_last_label=True``; the paper's code also takes in the next label when E(m) equals q
       exactly. Coverage at least 1 - alpha.
-    - APS and RAPS with draws ``u``: C(x) = {k : s(x, k, u) <= q}, the randomized score of ``raps_scores`` with the
-      row's draw, so the label at which the scores cross q is in with probability (q - s(x, k, 1)) / p_k; sets can
-      be empty. Exact coverage, as MAPIE's ``include_last_label="randomized"`` for APS.
+    - APS and RAPS with draws ``u``: C(x) = {k : s(x, k, u) <= q}, the randomized score of ``conformity_scores``
+      with the row's draw, so the label at which the scores cross q is in with probability (q - s(x, k, 1)) / p_k;
+      sets can be empty. Exact coverage, as MAPIE's ``include_last_label="randomized"`` for APS.
     - ``floor=True``: C(x) = {k : s(x, k) <= q} for the scores of ``floor_scores``: never empty at q >= 0, the
       same for the same input, coverage at least 1 - alpha with that function's scores.
 
@@ -149,7 +149,7 @@ def ranked_sets(
     return order, np.maximum(sizes, np.count_nonzero(_top_labels(p), axis=1))
 
 
-def p_values(
+def _p_values_from_scores(
     probs,
     scores,
     method: str = "lac",
@@ -201,7 +201,7 @@ def p_values(
     Examples:
         >>> from calibkit.conformal import conformal_quantile
         >>> probs, scores = np.array([[0.6, 0.3, 0.1]]), [0.2, 0.4, 0.5, 0.8]
-        >>> p_values(probs, scores, "lac").tolist()  # t = 0.4, 0.7, 0.9
+        >>> _p_values_from_scores(probs, scores, "lac").tolist()  # t = 0.4, 0.7, 0.9
         [[0.8, 0.4, 0.2]]
         >>> [prediction_sets(probs, conformal_quantile(scores, a), "lac").astype(int).tolist() for a in (0.3, 0.5)]
         [[[1, 1, 0]], [[1, 0, 0]]]

@@ -27,12 +27,12 @@ from calibkit.conformal import (
     classwise_quantiles,
     conformal_quantile,
     conformity_scores,
-    p_values,
     pick_k_reg,
     prediction_sets,
     quantile_rank,
     ranked_sets,
 )
+from calibkit.conformal.sets import _p_values_from_scores as p_values  # the functional form, an oracle
 from calibkit.validation import check_probs
 
 ALPHAS = (0.05, 0.1, 0.2)
@@ -142,9 +142,10 @@ def test_lac_scores_quantiles_and_sets_equal_mapie(data):
 def test_aps_equals_mapie_which_randomizes_its_calibration_scores():
     """MAPIE's APS calibration scores are always randomized (``get_conformity_scores`` subtracts U p_y whatever
     ``include_last_label`` is), so its threshold is the quantile of randomized scores. Compared exactly: those
-    scores against ``aps_scores`` with the same draws, the quantile, MAPIE's ``include_last_label=True`` sets
-    against the non-randomized sets at that threshold, and its ``"randomized"`` sets against the randomized sets
-    with the same draws (MAPIE draws U with ``check_random_state(seed).uniform``, a fresh RandomState per call)."""
+    scores against ``conformity_scores(..., "aps")`` with the same draws, the quantile, MAPIE's
+    ``include_last_label=True`` sets against the non-randomized sets at that threshold, and its ``"randomized"``
+    sets against the randomized sets with the same draws (MAPIE draws U with ``check_random_state(seed).uniform``, a
+    fresh RandomState per call)."""
     rng = np.random.default_rng(2)
     probs, labels = calibrated(rng, 600, 8)
     test, _ = calibrated(rng, 500, 8)
