@@ -395,3 +395,13 @@ def digits_model() -> Callable[[np.ndarray], np.ndarray]:
         return session.run([output], {name: x.astype(np.float32)})[0].astype(np.float64)
 
     return probs
+
+
+def save_stage(path: Path, result: dict, stage: str, started: float) -> None:
+    """A device run's result written after each stage, so that a run cut short still returns what it measured: the
+    stage appended to ``stages_done``, the minutes since ``started`` (``time.monotonic``), the JSON at ``path``."""
+    result["stages_done"] = [*result.get("stages_done", []), stage]
+    result["minutes"] = (time.monotonic() - started) / 60
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))
+    print(f"[{result['minutes']:.1f} min] {stage}", flush=True)

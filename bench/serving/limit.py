@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
-from bench.common import ROOT, table
+from bench.common import ROOT, save_stage, table
 from bench.serving.measure import HEAVY, LIGHT, SHAPES, drained_queue, raw_onnxruntime, service
 from bench.serving.pod import drive, padded_to, point, served
 
@@ -144,11 +144,7 @@ def run(out: Path, device: Device, artifacts: Path, seconds: float, before: Path
     probabilities: dict[str, dict[str, np.ndarray]] = {}
 
     def save(stage: str) -> None:
-        result["stages_done"] = [*result.get("stages_done", []), stage]
-        result["minutes"] = (time.monotonic() - started) / 60
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "limit.json").write_text(json.dumps(result, indent=2, default=str))
-        print(f"[{result['minutes']:.1f} min] {stage}", flush=True)
+        save_stage(out / "limit.json", result, stage, started)
 
     pods = [
         ("new", ROOT, {}),

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
-from bench.common import Server, children, histogram_totals, machine, process_cpu_seconds, table, wrk
+from bench.common import Server, children, histogram_totals, machine, process_cpu_seconds, save_stage, table, wrk
 from bench.serving.goals import REPLICAS, pod_goals
 from bench.serving.grpc_load import load as grpc_load
 from bench.serving.measure import (
@@ -243,11 +243,7 @@ def run(
     probabilities: dict[str, dict[str, np.ndarray]] = {}  # by W, then model: compared with the CPU path at the end
 
     def save(stage: str) -> None:
-        result["stages_done"] = [*result.get("stages_done", []), stage]
-        result["minutes"] = (time.monotonic() - started) / 60
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "engine-gpu.json").write_text(json.dumps(result, indent=2, default=str))
-        print(f"[{result['minutes']:.1f} min] {stage}", flush=True)
+        save_stage(out / "engine-gpu.json", result, stage, started)
 
     try:
         result["device"] = device_report(device)
