@@ -15,6 +15,7 @@ Kubernetes, starts a fresh one; the front-ends answer 503 meanwhile.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Mapping
 
 from service.serving.batching import DynamicBatcher
@@ -45,8 +46,10 @@ def sticky_device_error(exc: BaseException) -> bool:
 class Health:
     """The engine's state as its pings report it, and the reason it must end (``fault``), if any."""
 
-    def __init__(self) -> None:
+    def __init__(self, scan_seconds: float = 0.1) -> None:
         self.fault: str | None = None
+        self.scan_seconds = scan_seconds
+        self._next_scan = 0.0
 
     def note(self, exc: BaseException, name: str) -> None:
         """Record a sticky device error of model ``name``'s batch as the engine's fault."""
@@ -54,8 +57,11 @@ class Health:
             self.fault = f"model {name}: a device error no later call recovers from: {exc}"
 
     def check(self, batchers: Mapping[tuple[str, str], DynamicBatcher]) -> str | None:
-        """The fault, recorded or found now: a batch that has run past its model's deadline."""
-        if self.fault is None:
+        """The fault, recorded or found now: a batch that has run past its model's deadline. The socket thread asks
+        at every wake-up; the batchers' running batches are scanned at most every ``scan_seconds``."""
+        now = time.monotonic()
+        if self.fault is None and now >= self._next_scan:
+            self._next_scan = now + self.scan_seconds
             for batcher in batchers.values():
                 stalled, deadline = batcher.stalled_seconds(), batcher.config.deadline_seconds
                 if stalled > deadline:
