@@ -126,7 +126,9 @@ class BatchingConfig(BaseModel):
 
 
 class PodSettings(BaseModel):
-    """Set by a pod (``python -m service`` with ``CALIB_FRONTENDS`` > 1) for its front-ends; not for operators."""
+    """A pod of front-ends (``python -m service`` with ``CALIB_FRONTENDS`` > 1): the endpoint, index and wait the pod
+    sets for its front-ends (not for operators), and the front-ends' window and the engine's timeline, which an
+    operator or a benchmark may turn."""
 
     engine_endpoint: str | None = Field(
         default=None,
