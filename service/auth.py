@@ -1,15 +1,16 @@
 """Who may call what: named bearer tokens per route group (RFC 6750 ``Authorization: Bearer <token>``, the scheme
 matched case-insensitively as RFC 7235 says).
 
-Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedback`` (POST /feedback and the labels
-it lists) and ``admin`` (/admin/*); each HTTP route and gRPC method declares its group, or ``open``, where it is
-declared (``service.http.routes.ROUTES``, ``service.serving.grpc_server``). A group holds any number of named
-tokens, so that two are valid at once while one rotates. A group without tokens is open, except admin, which is then
-disabled (403). A group's tokens come from ``CALIB_AUTH__<GROUP>_TOKENS`` (``name:token,name:token``) or from the file
-that ``CALIB_AUTH__<GROUP>_TOKENS_FILE`` names (same format, or one ``name:token`` per line: a mounted Secret), re-read
-when it changes (``reload``, every ``CALIB_AUTH__REFRESH_SECONDS``). A token is compared with every token of its group
-in constant time (``secrets.compare_digest``), and the check runs before the body is read. Neither tokens nor their
-names are logged, exported as metrics or shown by /health.
+Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedback`` (POST /feedback and the labels it
+lists) and ``admin`` (/admin/*); each HTTP route and gRPC method declares its group, or ``open``, where it is declared
+(``service.http.routes.ROUTES``, ``service.serving.grpc_server``). A group holds any number of named tokens, so that
+two are valid at once while one rotates. A group without tokens is open, except admin, which is then disabled (403). A
+group's tokens come from ``CALIB_AUTH__<GROUP>_TOKENS`` (``name:token,name:token``, read by
+``service.settings.parse_tokens``) or from the file that ``CALIB_AUTH__<GROUP>_TOKENS_FILE`` names (same format, or
+one ``name:token`` per line: a mounted Secret), re-read when it changes (``reload``, every
+``CALIB_AUTH__REFRESH_SECONDS``). A token is compared with every token of its group in constant time
+(``secrets.compare_digest``), and the check runs before the body is read. Neither tokens nor their names are logged,
+exported as metrics or shown by /health.
 """
 
 from __future__ import annotations
@@ -18,41 +19,21 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import SecretStr
 
 from service.errors import Forbidden, Unauthorized
+from service.settings import GROUPS, Group, Settings, parse_tokens
 from service.store.rows import ANONYMOUS
-
-if TYPE_CHECKING:
-    from service.settings import Settings
 
 log = logging.getLogger("service.auth")
 
-Group = Literal["predict", "feedback", "admin"]
-GROUPS: tuple[Group, ...] = ("predict", "feedback", "admin")
 Access = Literal["predict", "feedback", "admin", "open"]
 #: Who may call a route or a gRPC method: the holders of a token of its group (a group without tokens is open,
 #: but admin, which is then disabled), or anyone.
 ACCESS: tuple[Access, ...] = (*GROUPS, "open")
 REALM = 'Bearer realm="calibrated-serving"'
-
-
-def parse_tokens(text: str, source: str) -> dict[str, bytes]:
-    """``name:token`` pairs separated by commas or new lines (blank lines and ``#`` comments skipped); a pair
-    without a name or a token, or a name given twice, is refused naming ``source`` and the pair's position
-    (never the token)."""
-    tokens: dict[str, bytes] = {}
-    pairs = [p.strip() for line in text.splitlines() if not line.lstrip().startswith("#") for p in line.split(",")]
-    for position, pair in enumerate(p for p in pairs if p):
-        name, sep, token = pair.partition(":")
-        if not sep or not name.strip() or not token.strip():
-            raise ValueError(f"{source}: entry {position + 1} is not name:token")
-        if name.strip() in tokens:
-            raise ValueError(f"{source}: the name {name.strip()!r} is given twice")
-        tokens[name.strip()] = token.strip().encode()
-    return tokens
 
 
 @dataclass

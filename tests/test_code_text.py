@@ -115,7 +115,7 @@ def test_the_packages_are_read():
     assert {
         "calibkit/detector.py",
         "calibkit/conformal/sets.py",
-        "service/settings/groups.py",
+        "service/settings.py",
         "training/config.py",
         "bench/common.py",
     } <= paths

@@ -462,7 +462,7 @@ def _steady_shift_state(url: str) -> None:
     from calibkit.label_shift_alarm import LabelShiftAlarmState
     from calibkit.manifest import load_manifest
     from service.monitoring.shift_alarm import alarm_config
-    from service.settings.groups import ShiftSettings
+    from service.settings import ShiftSettings
     from service.store import Store
     from service.store.rows import CalibrationKey
 

@@ -22,7 +22,7 @@ from calibkit.label_shift import adapt_probabilities, bbse_priors, em_priors
 from service.metrics import ServiceMetrics
 from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
-from service.settings.groups import ShiftSettings
+from service.settings import ShiftSettings
 from service.store import Store
 from service.store.rows import CalibrationKey, RecentPredictions
 

@@ -18,7 +18,7 @@ from service.monitoring.shift_alarm import ShiftAlarm
 from service.monitoring.windows import Window
 from service.schemas import ActivateResponse, HistoryResponse, RecalibrateResponse
 from service.serving.repository import ModelRepository
-from service.settings.groups import ShiftSettings
+from service.settings import ShiftSettings
 from service.store import Store
 
 

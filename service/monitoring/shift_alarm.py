@@ -20,7 +20,7 @@ from calibkit.manifest import LabelShiftReference
 from service.metrics import ServiceMetrics
 from service.serving.adaptation import Adaptation
 from service.serving.repository import ServedModel
-from service.settings.groups import ShiftSettings
+from service.settings import ShiftSettings
 from service.store import Store
 from service.store.predictions import SHARES
 from service.store.rows import CalibrationKey, id_time

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from service.metrics import ServiceMetrics
-from service.settings import setting_path
-from service.settings.deprecated import RENAMED, replacement
+from service.settings import RENAMED, replacement, setting_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"

@@ -1,9 +1,13 @@
-"""``docs/settings.md``, generated from the settings' models: one table per group in ``Settings``' order (the
-variable, its command-line flag where ``python -m service`` has one, the default, the values it takes and the
-field's description), then the deprecated names and what replaced them."""
+"""Print ``docs/settings.md``, generated from the settings' models (``service.settings``): one table per group in
+``Settings``' order (the variable, its command-line flag where ``python -m service`` has one, the default, the values
+it takes and the field's description), then the deprecated names and what replaced them.
+
+    python scripts/settings_doc.py > docs/settings.md
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import re
@@ -15,15 +19,14 @@ import annotated_types
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from service.settings.deprecated import REMOVED, RENAMED, replacement
-from service.settings.groups import PREFIX, env_name
-from service.settings.model import Settings
+from service.cli import build_parser
+from service.settings import PREFIX, REMOVED, RENAMED, Settings, env_name, replacement
 
-COMMAND = "python -m service.settings --markdown > docs/settings.md"
+COMMAND = "python scripts/settings_doc.py > docs/settings.md"
 
 INTRO = f"""# Service settings
 
-<!-- generated from service/settings/ by `{COMMAND}`: edit the field descriptions, not this page -->
+<!-- generated from service/settings.py by `{COMMAND}`: edit the field descriptions, not this page -->
 
 Every setting is an environment variable. The server's own (its address, ports, models, device, processes and
 logging) are top-level, `CALIB_<NAME>`; every other setting belongs to a group by concern,
@@ -36,8 +39,6 @@ previous release are still accepted, with a warning, until the next one ([deprec
 
 def _flags() -> dict[str, str]:
     """The command-line flag of each top-level field that ``python -m service`` has one for."""
-    from service.cli import build_parser
-
     return {
         action.dest: action.option_strings[0]
         for action in build_parser()._actions
@@ -175,3 +176,8 @@ def render() -> str:
         "",
     ]
     return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    print(render(), end="")
