@@ -142,6 +142,13 @@ def _finite_vector(name: str, values, length: int) -> np.ndarray:
     return arr
 
 
+def _temperature(params: dict) -> float:
+    t = float(params["temperature"])
+    if not np.isfinite(t) or t <= 0:
+        raise ValueError(expected("temperature", "a positive finite number", t))
+    return t
+
+
 class TemperatureScaling(Calibrator):
     """Temperature scaling: one scalar T > 0 divides every logit, q = softmax(z / T).
 
@@ -167,10 +174,7 @@ class TemperatureScaling(Calibrator):
         return {"temperature": self.temperature}
 
     def _load(self, params):
-        t = float(params["temperature"])
-        if not np.isfinite(t) or t <= 0:
-            raise ValueError(expected("temperature", "a positive finite number", t))
-        self.temperature = t
+        self.temperature = _temperature(params)
 
 
 def _nll_and_grad(scaled: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
@@ -249,14 +253,8 @@ class BiasCorrectedTemperatureScaling(Calibrator):
 
         theta0 = np.concatenate([[1.0], np.zeros(k)])
         bounds = [(1.0 / T_MAX, 1.0 / T_MIN)] + [(None, None)] * k
-        result = optimize.minimize(
-            objective,
-            theta0,
-            jac=True,
-            method="L-BFGS-B",
-            bounds=bounds,
-            options={"maxiter": BCTS_MAXITER, "ftol": BCTS_FTOL, "gtol": BCTS_GTOL},
-        )
+        options = {"maxiter": BCTS_MAXITER, "ftol": BCTS_FTOL, "gtol": BCTS_GTOL}
+        result = optimize.minimize(objective, theta0, jac=True, method="L-BFGS-B", bounds=bounds, options=options)
         self.temperature = float(1.0 / result.x[0])
         self.b = result.x[1:] - result.x[1:].mean()
 
@@ -267,10 +265,7 @@ class BiasCorrectedTemperatureScaling(Calibrator):
         return {"temperature": self.temperature, "b": self.b.tolist()}
 
     def _load(self, params):
-        t = float(params["temperature"])
-        if not np.isfinite(t) or t <= 0:
-            raise ValueError(expected("temperature", "a positive finite number", t))
-        self.temperature = t
+        self.temperature = _temperature(params)
         self.b = _finite_vector("b", params["b"], self.n_classes)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -42,72 +43,57 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         self._phases: dict[str, dict] = {}
         r = self.registry
+
+        def latest(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+            """A gauge that a pod of front-ends exposes as the value its live processes wrote last."""
+            return Gauge(name, documentation, labels, registry=r, multiprocess_mode="livemostrecent")
+
+        def timing(name: str, documentation: str, labels: Sequence[str] = ()) -> Histogram:
+            """A histogram of durations in seconds, in ``LATENCY_BUCKETS``."""
+            return Histogram(name, documentation, labels, buckets=LATENCY_BUCKETS, registry=r)
+
         self.requests = Counter(
             "calib_http_requests_total",
             "HTTP requests by route template, method and status",
             ["route", "method", "status"],
             registry=r,
         )
-        self.latency = Histogram(
-            "calib_http_request_duration_seconds",
-            "Total request latency by route template",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.latency = timing(
+            "calib_http_request_duration_seconds", "Total request latency by route template", ["route"]
         )
-        self.phase = Histogram(
+        self.phase = timing(
             "calib_request_phase_duration_seconds",
             "Request time by phase: parse (read + decode JSON), validate, batch (queue + "
             "inference, see the two histograms below), encode (build + encode the response)",
             ["route", "phase"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.grpc_requests = Counter(
             "calib_grpc_requests_total", "gRPC calls by method and status code", ["method", "code"], registry=r
         )
-        self.grpc_latency = Histogram(
-            "calib_grpc_request_duration_seconds",
-            "gRPC call latency by method",
-            ["method"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.grpc_latency = timing("calib_grpc_request_duration_seconds", "gRPC call latency by method", ["method"])
         self.in_flight = Gauge(
             "calib_http_requests_in_flight", "Requests being served", registry=r, multiprocess_mode="livesum"
         )
-        self.queue = Histogram(
-            "calib_queue_duration_seconds",
-            "Time a request waited for its batch",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.inference = Histogram(
+        self.queue = timing("calib_queue_duration_seconds", "Time a request waited for its batch", ["model"])
+        self.inference = timing(
             "calib_inference_duration_seconds",
             "onnxruntime time of a batch: the session's call only, in process and in a pod's engine alike",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.batch_size = Histogram(
             "calib_batch_size_rows", "Rows per onnxruntime call", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
-        self.engine_round_trip = Histogram(
+        self.engine_round_trip = timing(
             "calib_engine_round_trip_seconds",
             "A front-end's batch sent to the engine process until its answer (pods of front-ends only; the engine's "
             "own batches and onnxruntime time are the two histograms above)",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.engine_queue = Histogram(
+        self.engine_queue = timing(
             "calib_engine_queue_duration_seconds",
             "Time a front-end's batch waited in the engine process's queue for an onnxruntime call (pods of "
             "front-ends only; calib_queue_duration_seconds is the wait in the front-end)",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.engine_message_rows = Histogram(
             "calib_engine_message_rows",
@@ -120,20 +106,12 @@ class ServiceMetrics:
             "calib_batcher_rejected_total", "Requests refused because the queue was full", ["model"], registry=r
         )
         self.predictions = Counter("calib_predictions_total", "Rows predicted", ["model", "version"], registry=r)
-        self.model_info = Gauge(
+        self.model_info = latest(
             "calib_model_info",
             "Loaded model versions and the provider that runs them (1)",
             ["model", "version", "provider", "calibration"],
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
-        self.model_ready = Gauge(
-            "calib_model_ready",
-            "1 when the model version is ready",
-            ["model", "version"],
-            registry=r,
-            multiprocess_mode="livemostrecent",
-        )
+        self.model_ready = latest("calib_model_ready", "1 when the model version is ready", ["model", "version"])
 
         self.log_written = Counter(
             "calib_prediction_log_written_total", "Prediction rows written to the store", registry=r
@@ -141,12 +119,7 @@ class ServiceMetrics:
         self.log_dropped = Counter(
             "calib_prediction_log_dropped_total", "Prediction rows not logged, by reason", ["reason"], registry=r
         )
-        self.storage_up = Gauge(
-            "calib_storage_up",
-            "1 when the feedback store answered the last operation",
-            registry=r,
-            multiprocess_mode="livemostrecent",
-        )
+        self.storage_up = latest("calib_storage_up", "1 when the feedback store answered the last operation")
         self.partitions_end = Gauge(
             "calib_store_partitions_end_timestamp_seconds",
             "When the newest partition of the prediction log ends (PostgreSQL; set by the replica that did the last "
@@ -161,11 +134,9 @@ class ServiceMetrics:
             ["result"],
             registry=r,
         )
-        self.pending_labels = Gauge(
+        self.pending_labels = latest(
             "calib_pending_labels",
             "Labels waiting for their prediction, as this replica last counted them in the store",
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
         self.pending_resolved = Counter(
             "calib_pending_labels_resolved_total",
@@ -182,62 +153,36 @@ class ServiceMetrics:
             "calib_correct_total", "Correct labelled predictions per confidence bin", by_bin, registry=r
         )
         mv = ["model", "version"]
-        self.alarm_state = Gauge(
-            "calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv, registry=r, multiprocess_mode="livemostrecent"
-        )
-        self.window_ece = Gauge(
-            "calib_window_ece", "ECE of the alarm window", mv, registry=r, multiprocess_mode="livemostrecent"
-        )
-        self.window_ece_low = Gauge(
-            "calib_window_ece_lower",
-            "Lower bound of the alarm window's ECE interval",
-            mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
-        )
-        self.window_ece_high = Gauge(
-            "calib_window_ece_upper",
-            "Upper bound of the alarm window's ECE interval",
-            mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
-        )
-        self.window_labels = Gauge(
-            "calib_window_labels", "Labels in the alarm window", mv, registry=r, multiprocess_mode="livemostrecent"
-        )
-        self.e_detector = Gauge(
+        self.alarm_state = latest("calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv)
+        self.window_ece = latest("calib_window_ece", "ECE of the alarm window", mv)
+        self.window_ece_low = latest("calib_window_ece_lower", "Lower bound of the alarm window's ECE interval", mv)
+        self.window_ece_high = latest("calib_window_ece_upper", "Upper bound of the alarm window's ECE interval", mv)
+        self.window_labels = latest("calib_window_labels", "Labels in the alarm window", mv)
+        self.e_detector = latest(
             "calib_e_detector",
             "The alarm's e-detector: the weighted mixture of its CUSUMs (alarm at CALIB_ALARM__THRESHOLD)",
             mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
         self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
-        self.label_shift_alarm = Gauge(
+        self.label_shift_alarm = latest(
             "calib_label_shift_alarm",
             "1 while the label-shift alarm is raised: some class's mean calibrated probability left its band",
             mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
-        self.label_shift_e_detector = Gauge(
+        self.label_shift_e_detector = latest(
             "calib_label_shift_e_detector",
             "The label-shift alarm's e-detector (alarm at CALIB_SHIFT__ALARM_THRESHOLD)",
             mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
         self.label_shift_transitions = Counter(
             "calib_label_shift_transitions_total", "Label-shift alarm transitions", [*mv, "to"], registry=r
         )
         self.estimated_accuracy, self.estimated_accuracy_low, self.estimated_accuracy_high = (
-            Gauge(
+            latest(
                 f"calib_estimated_accuracy{suffix}",
                 f"{what} of the drift window's recent predictions, from their calibrated confidences alone "
                 "(Poisson-binomial interval at CALIB_SHIFT__INTERVAL_LEVEL)",
                 mv,
-                registry=r,
-                multiprocess_mode="livemostrecent",
             )
             for suffix, what in (
                 ("", "Estimated accuracy"),
@@ -245,55 +190,33 @@ class ServiceMetrics:
                 ("_upper", "Upper bound of the estimated accuracy"),
             )
         )
-        self.accuracy_floor = Gauge(
-            "calib_accuracy_floor",
-            "CALIB_SHIFT__ACCURACY_FLOOR: the estimated accuracy's alert floor",
-            mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
+        self.accuracy_floor = latest(
+            "calib_accuracy_floor", "CALIB_SHIFT__ACCURACY_FLOOR: the estimated accuracy's alert floor", mv
         )
-        self.estimated_prior = Gauge(
+        self.estimated_prior = latest(
             "calib_estimated_prior",
             "Class prior of the drift window's recent predictions, by EM on their calibrated probabilities",
             [*mv, "class_name"],
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
-        self.prior_shift = Gauge(
+        self.prior_shift = latest(
             "calib_prior_shift",
             "Total variation distance between the EM priors of recent predictions and the validation priors",
             mv,
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
         sets = [*mv, "method", "coverage", "randomized"]
-        self.coverage_observed = Gauge(
-            "calib_set_coverage",
-            "Share of labels the served prediction sets held, since the version's first",
-            sets,
-            registry=r,
-            multiprocess_mode="livemostrecent",
+        self.coverage_observed = latest(
+            "calib_set_coverage", "Share of labels the served prediction sets held, since the version's first", sets
         )
-        self.coverage_threshold = Gauge(
+        self.coverage_threshold = latest(
             "calib_set_threshold",
             "The score threshold the sets are served at (adapted from the labels, or static)",
             sets,
-            registry=r,
-            multiprocess_mode="livemostrecent",
         )
-        self.coverage_statistic = Gauge(
-            "calib_set_coverage_e_detector",
-            "The coverage alarm's e-detector mixture (alarm at its threshold)",
-            sets,
-            registry=r,
-            multiprocess_mode="livemostrecent",
+        self.coverage_statistic = latest(
+            "calib_set_coverage_e_detector", "The coverage alarm's e-detector mixture (alarm at its threshold)", sets
         )
-        self.coverage_alarm = Gauge(
-            "calib_set_coverage_alarm",
-            "1 while the coverage alarm says the sets cover less than their target",
-            sets,
-            registry=r,
-            multiprocess_mode="livemostrecent",
+        self.coverage_alarm = latest(
+            "calib_set_coverage_alarm", "1 while the coverage alarm says the sets cover less than their target", sets
         )
         self.set_size = Histogram(
             "calib_set_size",
@@ -305,11 +228,9 @@ class ServiceMetrics:
         self.webhook_failures = Counter(
             "calib_webhook_failures_total", "Alarm webhooks that could not be delivered", registry=r
         )
-        self.evaluation = Histogram(
+        self.evaluation = timing(
             "calib_evaluation_duration_seconds",
             "Alarm evaluation passes over every served model version (its count: the passes completed)",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
 
     def phases(self, route: str) -> dict:

@@ -1,7 +1,7 @@
 """Request and response models: the HTTP contract that applications and dashboards rely on.
 
-``/predict``, ``/models`` and ``/health`` are this service's own API; the ``V2*`` models are the
-Open Inference Protocol (KServe v2, as spoken by Triton and MLServer).
+``/predict``, ``/models`` and ``/health`` are this service's own API; the ``V2*`` models of the Open Inference
+Protocol (KServe v2, as spoken by Triton and MLServer) are in ``service.serving.v2_protocol``.
 """
 
 from __future__ import annotations
@@ -178,93 +178,6 @@ class HealthResponse(BaseModel):
         description="in a pod (CALIB_FRONTENDS > 1): this front-end's index and pid, the number of front-ends, "
         "and the engine's endpoint and whether it answers; null for a process that runs its own inference",
     )
-
-
-class V2Tensor(BaseModel):
-    """An input tensor of the v2 protocol; ``data`` is flat or nested, in row-major order. Fields the protocol
-    does not define are ignored, as its schema allows."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    name: str
-    shape: list[Annotated[int, Field(ge=0)]]
-    datatype: str
-    parameters: dict[str, Any] | None = None
-    data: list[Any] | None = None
-
-
-class V2RequestedOutput(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: str
-    parameters: dict[str, Any] | None = None
-
-
-class V2InferenceRequest(BaseModel):
-    """A v2 inference request. Fields the protocol does not define (``model_name``, which Triton's and
-    KServe's clients send) are ignored, as its schema allows."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: str | None = None
-    parameters: dict[str, Any] | None = None
-    inputs: list[V2Tensor] = Field(min_length=1)
-    outputs: list[V2RequestedOutput] | None = None
-
-
-class V2OutputTensor(BaseModel):
-    name: str
-    shape: list[Annotated[int, Field(ge=0)]]
-    datatype: str
-    parameters: dict[str, Any] | None = None
-    data: list[Any] | None = None
-
-
-class V2ResponseParameters(BaseModel):
-    """The response's parameters, each a string, number or boolean as the protocol requires."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prediction_ids: str = Field(
-        description="the rows' prediction ids, comma-separated, in order (also the "
-        "BYTES output tensor prediction_id); POST /feedback refers to them"
-    )
-
-
-class V2InferenceResponse(BaseModel):
-    model_name: str
-    model_version: str | None = None
-    id: str = Field(description="the request's id, or one made for the response when the request had none")
-    parameters: V2ResponseParameters
-    outputs: list[V2OutputTensor]
-
-
-class V2TensorMetadata(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-
-
-class V2ModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[V2TensorMetadata]
-    outputs: list[V2TensorMetadata]
-    parameters: dict[str, str | int | float | bool] = Field(
-        description="the manifest's classes and preprocessing (each JSON-encoded in a string, as the protocol "
-        "allows only strings, numbers and booleans) and the image polarity that images sent to /predict must have"
-    )
-
-
-class V2ServerMetadata(BaseModel):
-    name: str
-    version: str
-    extensions: list[str]
-
-
-class V2Error(BaseModel):
-    error: str
 
 
 class FeedbackItem(_Request):

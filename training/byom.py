@@ -23,14 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from calibkit import metrics
-from calibkit.calibrators import (
-    BiasCorrectedTemperatureScaling,
-    Calibrator,
-    TemperatureScaling,
-    VectorScaling,
-    build_calibrator,
-    save_calibrator,
-)
+from calibkit.calibrators import build_calibrator, save_calibrator
 from calibkit.manifest import (
     CONFORMAL_FILE,
     CalibrationSpec,
@@ -44,7 +37,7 @@ from calibkit.manifest import (
 from training import onnx_graph
 from training.conformal import DEFAULT_FRACTION, calibration_split, fit_conformal, write_conformal
 from training.evaluation import before_after, ece_by_temperature
-from training.export import MAX_PROB_DIFF, next_version, sha256_of
+from training.export import MAX_PROB_DIFF, calibration_head, next_version, sha256_of
 from training.report import write_report
 
 #: Methods the graph can carry (``training.export`` bakes the same three into a trained model).
@@ -207,7 +200,7 @@ def _write(
     """Every file of the version folder; the summary."""
     import onnx
 
-    weights, bias, temperature = _head(calibrator)
+    weights, bias, temperature = calibration_head(calibrator)  # BAKED is checked first
     onnx_path = directory / "model.onnx"
     onnx.save(
         onnx_graph.calibrated_graph(
@@ -305,17 +298,6 @@ def _write(
         "conformal": {"methods": conformal.methods, "calibration_rows": conformal.calibration_rows},
         "serve": f"python -m service --artifacts {directory.parent.parent}",
     }
-
-
-def _head(calibrator: Calibrator) -> tuple[np.ndarray | None, np.ndarray | None, float]:
-    if isinstance(calibrator, TemperatureScaling):
-        return None, None, float(calibrator.temperature)
-    if isinstance(calibrator, VectorScaling):
-        return calibrator.w, calibrator.b, 1.0
-    if isinstance(calibrator, BiasCorrectedTemperatureScaling):
-        assert calibrator.b is not None  # fitted
-        return np.full(len(calibrator.b), 1.0 / calibrator.temperature), calibrator.b, 1.0
-    raise ValueError(f"calibration {calibrator.method!r} has no ONNX form")  # BAKED is checked first
 
 
 def _preprocessing(row_shape: list[int]) -> Preprocessing | None:

@@ -45,29 +45,34 @@ class ExportError(RuntimeError):
     """The export could not produce a faithful ONNX model."""
 
 
+def calibration_head(calibrator: Calibrator) -> tuple[np.ndarray | None, np.ndarray | None, float]:
+    """(w, b, T) of softmax((w * logits + b) / T) for a calibrator a graph can carry: temperature scaling (w and b
+    None: w = 1, b = 0), vector scaling (T = 1) or BCTS (w = 1 / T, T = 1); ExportError for any other method."""
+    if isinstance(calibrator, TemperatureScaling):
+        return None, None, float(calibrator.temperature)
+    if isinstance(calibrator, VectorScaling):
+        assert calibrator.w is not None and calibrator.b is not None  # fitted
+        return calibrator.w, calibrator.b, 1.0
+    if isinstance(calibrator, BiasCorrectedTemperatureScaling):
+        assert calibrator.b is not None  # fitted
+        return np.full(len(calibrator.b), 1.0 / calibrator.temperature), calibrator.b, 1.0
+    raise ExportError(
+        f"calibration method {calibrator.method!r} cannot be baked into ONNX; "
+        "export with 'temperature', 'vector' or 'bcts' (the others are for evaluation)"
+    )
+
+
 class CalibratedClassifier(nn.Module):
     """``x -> (logits, softmax((w * logits + b) / T))`` around a trained classifier."""
 
     def __init__(self, model: nn.Module, calibrator: Calibrator):
         super().__init__()
+        w, b, t = calibration_head(calibrator)
         k = calibrator.n_classes
-        if isinstance(calibrator, TemperatureScaling):
-            assert k is not None  # fitted
-            w, b, t = np.ones(k), np.zeros(k), calibrator.temperature
-        elif isinstance(calibrator, VectorScaling):
-            assert calibrator.w is not None and calibrator.b is not None  # fitted
-            w, b, t = calibrator.w, calibrator.b, 1.0
-        elif isinstance(calibrator, BiasCorrectedTemperatureScaling):
-            assert k is not None and calibrator.b is not None  # fitted
-            w, b, t = np.full(k, 1.0 / calibrator.temperature), calibrator.b, 1.0
-        else:
-            raise ExportError(
-                f"calibration method {calibrator.method!r} cannot be baked into ONNX; "
-                "export with 'temperature', 'vector' or 'bcts' (the others are for evaluation)"
-            )
+        assert k is not None  # fitted
         self.model = model
-        self.register_buffer("w", torch.tensor(w, dtype=torch.float32).view(1, -1))
-        self.register_buffer("b", torch.tensor(b, dtype=torch.float32).view(1, -1))
+        self.register_buffer("w", torch.tensor(np.ones(k) if w is None else w, dtype=torch.float32).view(1, -1))
+        self.register_buffer("b", torch.tensor(np.zeros(k) if b is None else b, dtype=torch.float32).view(1, -1))
         self.register_buffer("t", torch.tensor(float(t), dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,15 +34,14 @@ label delay. They remain, as closed-form recursions of the miss counts, in the b
 >>> state = state.fold([0.9, 0.0])  # a miss (0.9 > 0.65) raises the level; a hit lowers it by eta alpha
 >>> state.labels, state.misses, state.threshold() > 0.65
 (2, 1, True)
->>> LogQuantileTracker.from_dict(json.loads(json.dumps(state.to_dict()))) == state
-True
 """
 
 from __future__ import annotations
 
 import json  # noqa: F401  (the doctest uses it)
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -107,18 +106,11 @@ def aci_thresholds(sorted_scores, levels) -> np.ndarray:
         >>> aci_thresholds([0.1, 0.3, 0.5, 0.9], [-0.1, 0.1, 0.4, 1.0]).tolist()
         [inf, inf, 0.5, -inf]
     """
-    try:
-        s = np.asarray(sorted_scores, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(
-            expected("sorted_scores", "a non-empty ascending 1-D array of finite numbers", sorted_scores)
-        ) from None
+    ascending = "a non-empty ascending 1-D array of finite numbers"
+    s = _array("sorted_scores", sorted_scores, ascending, np.float64)
     if s.ndim != 1 or not len(s) or not np.all(np.isfinite(s)) or np.any(np.diff(s) < 0):
-        raise ValueError(expected("sorted_scores", "a non-empty ascending 1-D array of finite numbers", _shown(s)))
-    try:
-        a = np.asarray(levels, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(expected("levels", "finite numbers", levels)) from None
+        raise ValueError(expected("sorted_scores", ascending, _shown(s)))
+    a = _array("levels", levels, "finite numbers", np.float64)
     if not np.all(np.isfinite(a)):
         raise ValueError(expected("levels", "finite numbers", _shown(a)))
     m = len(s) + 1
@@ -163,12 +155,7 @@ def check_misses(errs) -> np.ndarray:
     Raises:
         ValueError: Naming ``errs`` and the value when an entry is not 0 or 1, or the shape is not 1-D.
     """
-    try:
-        e = np.asarray(errs)
-    except (TypeError, ValueError):
-        raise ValueError(expected("errs", "0 / 1 miss indicators", errs)) from None
-    if e.ndim == 0:
-        e = e.reshape(1)
+    e = np.atleast_1d(_array("errs", errs, "0 / 1 miss indicators"))
     if e.ndim != 1 or not (e.dtype == bool or np.issubdtype(e.dtype, np.number)):
         raise ValueError(expected("errs", "a 1-D sequence of 0 / 1 miss indicators", _shown(e)))
     with np.errstate(invalid="ignore"):
@@ -342,30 +329,18 @@ class LogQuantileTracker:
     misses: int = 0
 
     def __post_init__(self) -> None:
-        alpha = _check_open_unit("alpha", self.alpha)
-        eta = _check_positive("eta", self.eta)
-        span = _check_positive("span", self.span)
-        b = _check_positive("score_range", self.score_range)
-        start = _number("start", self.start, f"in [0, span = {span!r}]")
-        if not 0.0 <= start <= span:
-            raise ValueError(expected("start", f"in [0, span = {span!r}]", self.start))
-        levels = {}
+        checked = {"alpha": _number("alpha", self.alpha, *_OPEN_UNIT)}
+        for name in ("eta", "span", "score_range"):
+            checked[name] = _number(name, getattr(self, name), *_POSITIVE)
+        span = checked["span"]
+        start = checked["start"] = _number("start", self.start, f"in [0, span = {span!r}]", lambda v: 0 <= v <= span)
         for name in ("level", "smooth"):
             value = getattr(self, name)
-            levels[name] = start if value is None else _number(name, value, "a finite number >= 0")
-            if not (math.isfinite(levels[name]) and levels[name] >= 0):
-                raise ValueError(expected(name, "a finite number >= 0", value))
-        release = _number("release", self.release, "a finite number >= 1")
-        if not (math.isfinite(release) and release >= 1):
-            raise ValueError(expected("release", "a finite number >= 1", self.release))
-        labels, misses = _check_counts(self.labels, self.misses)
-        for name, value in (("alpha", alpha), ("eta", eta), ("start", start), ("span", span), ("score_range", b)):
+            checked[name] = start if value is None else _number(name, value, *_NON_NEGATIVE)
+        checked["release"] = _number("release", self.release, *_AT_LEAST_ONE)
+        checked["labels"], checked["misses"] = _check_counts(self.labels, self.misses)
+        for name, value in checked.items():
             object.__setattr__(self, name, value)
-        object.__setattr__(self, "level", levels["level"])
-        object.__setattr__(self, "smooth", levels["smooth"])
-        object.__setattr__(self, "release", release)
-        object.__setattr__(self, "labels", labels)
-        object.__setattr__(self, "misses", misses)
 
     @classmethod
     def started(
@@ -380,8 +355,8 @@ class LogQuantileTracker:
         start is a score of the range), on the log scale: x_1 = -log(1 - q / B), capped at ``span``."""
         cal = _marginal(calibrator)
         b = score_range(cal)
-        q = min(float(aci_thresholds(cal.scores, _check_open_unit("alpha", alpha))), float(cal.scores[-1]))
-        span = _check_positive("span", span)
+        q = min(float(aci_thresholds(cal.scores, _number("alpha", alpha, *_OPEN_UNIT))), float(cal.scores[-1]))
+        span = _number("span", span, *_POSITIVE)
         return cls(alpha, eta, float(log_scores(q, span, b)), span, b, release=release)
 
     @property
@@ -402,7 +377,11 @@ class LogQuantileTracker:
 
     def sets(self, calibrator: SplitConformal, probs, *, u=None) -> np.ndarray:
         """The sets (N, K) to serve: ``prediction_sets`` at ``threshold``, all labels from x_t >= U."""
-        return _sets(_marginal(calibrator), probs, self.threshold(), u)
+        cal, q = _marginal(calibrator), self.threshold()
+        out = prediction_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, floor=cal.floor)
+        if q == math.inf or (q == -math.inf and not cal.floor):
+            out[:] = q > 0
+        return out
 
     def fold(self, scores) -> LogQuantileTracker:
         """The state after the labels with conformity scores ``scores`` (in label order; ``track``): the same for
@@ -415,22 +394,12 @@ class LogQuantileTracker:
         level, smooth, misses = track(
             self.level, self.smooth, s, self.alpha, self.eta, self.span, self.score_range, self.release
         )
-        return LogQuantileTracker(
-            self.alpha,
-            self.eta,
-            self.start,
-            self.span,
-            self.score_range,
-            float(level),
-            float(smooth),
-            self.release,
-            self.labels + len(s),
-            self.misses + int(misses),
-        )
+        counts = {"labels": self.labels + len(s), "misses": self.misses + int(misses)}
+        return replace(self, level=float(level), smooth=float(smooth), **counts)
 
     def to_dict(self) -> dict:
         """The state as JSON data, which ``from_dict`` restores exactly."""
-        return {"format": STATE_FORMAT, "method": "log-quantile", **_fields(self, _LOG_FIELDS)}
+        return {"format": STATE_FORMAT, "method": "log-quantile", **{name: getattr(self, name) for name in _FIELDS}}
 
     @classmethod
     def from_dict(cls, data: dict) -> LogQuantileTracker:
@@ -440,22 +409,23 @@ class LogQuantileTracker:
             ValueError: Naming ``data`` when it is not a log-scale tracker state of this format, or a field when
                 malformed.
         """
-        return cls(**_read(data, "log-quantile", _LOG_FIELDS))
+        keys = {"format", "method", *_FIELDS}
+        kind = f"a 'log-quantile' state of format {STATE_FORMAT} (to_dict's output)"
+        if not isinstance(data, dict) or data.get("format") != STATE_FORMAT or data.get("method") != "log-quantile":
+            raise ValueError(expected("data", kind, data))
+        if set(data) != keys:
+            raise ValueError(expected("data", f"the keys {sorted(keys)}", sorted(data)))
+        return cls(**{name: data[name] for name in _FIELDS})
 
 
 def _check_label_scores(scores) -> np.ndarray:
-    try:
-        s = np.asarray(scores, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(expected("scores", "finite conformity scores >= 0", scores)) from None
-    if s.ndim == 0:
-        s = s.reshape(1)
+    s = np.atleast_1d(_array("scores", scores, "finite conformity scores >= 0", np.float64))
     if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any(s < 0):
         raise ValueError(expected("scores", "a 1-D sequence of finite conformity scores >= 0", _shown(s)))
     return s
 
 
-_LOG_FIELDS = ("alpha", "eta", "start", "span", "score_range", "level", "smooth", "release")
+_FIELDS = ("alpha", "eta", "start", "span", "score_range", "level", "smooth", "release", "labels", "misses")
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
@@ -477,20 +447,9 @@ def served_ranked_sets(
     order, sizes = ranked_sets(
         probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, floor=cal.floor, check_input=check_input
     )
-    if q == math.inf:
-        sizes[:] = order.shape[1]
-    elif q == -math.inf and not cal.floor:
-        sizes[:] = 0
+    if q == math.inf or (q == -math.inf and not cal.floor):
+        sizes[:] = order.shape[1] if q > 0 else 0
     return order, sizes
-
-
-def _sets(cal: SplitConformal, probs, q: float, u) -> np.ndarray:
-    out = prediction_sets(probs, q, cal.method, k_reg=cal.k_reg, lam=cal.lam, u=u, floor=cal.floor)
-    if q == math.inf:
-        out[:] = True
-    elif q == -math.inf and not cal.floor:
-        out[:] = False
-    return out
 
 
 def _marginal(calibrator) -> SplitConformal:
@@ -499,27 +458,23 @@ def _marginal(calibrator) -> SplitConformal:
     return calibrator
 
 
-def _check_open_unit(name: str, value) -> float:
-    v = _number(name, value, "in (0, 1)")
-    if not 0.0 < v < 1.0:
-        raise ValueError(expected(name, "in (0, 1)", value))
-    return v
+#: (requirement, test) pairs for ``_number``.
+_OPEN_UNIT = ("in (0, 1)", lambda v: 0.0 < v < 1.0)
+_POSITIVE = ("a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+_NON_NEGATIVE = ("a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+_AT_LEAST_ONE = ("a finite number >= 1", lambda v: math.isfinite(v) and v >= 1)
 
 
-def _check_positive(name: str, value) -> float:
-    v = _number(name, value, "a finite number > 0")
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(expected(name, "a finite number > 0", value))
-    return v
-
-
-def _number(name: str, value, requirement: str) -> float:
-    if isinstance(value, (bool, np.bool_, str, bytes)):
-        raise ValueError(expected(name, requirement, value))
+def _number(name: str, value, requirement: str, ok: Callable[[float], bool]) -> float:
+    """``value`` as a float, if it is a number (not a boolean or a string) that passes ``ok``; else an error naming
+    ``name``, ``requirement`` and the value."""
     try:
-        return float(value)
+        v = float(value) if not isinstance(value, (bool, np.bool_, str, bytes)) else math.nan
     except (TypeError, ValueError):
-        raise ValueError(expected(name, requirement, value)) from None
+        v = math.nan
+    if not ok(v):
+        raise ValueError(expected(name, requirement, value))
+    return v
 
 
 def _check_counts(labels, misses) -> tuple[int, int]:
@@ -531,17 +486,11 @@ def _check_counts(labels, misses) -> tuple[int, int]:
     return int(labels), int(misses)
 
 
-def _fields(state: Any, names: tuple[str, ...]) -> dict:
-    return {name: getattr(state, name) for name in (*names, "labels", "misses")}
-
-
-def _read(data, method: str, names: tuple[str, ...]) -> dict:
-    keys = {"format", "method", *names, "labels", "misses"}
-    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT or data.get("method") != method:
-        raise ValueError(expected("data", f"a {method!r} state of format {STATE_FORMAT} (to_dict's output)", data))
-    if set(data) != keys:
-        raise ValueError(expected("data", f"the keys {sorted(keys)}", sorted(data)))
-    return {name: data[name] for name in (*names, "labels", "misses")}
+def _array(name: str, values, requirement: str, dtype=None) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError):
+        raise ValueError(expected(name, requirement, values)) from None
 
 
 def _shown(value: Any) -> str:

@@ -42,6 +42,8 @@ from service.schemas import (
     RecalibrateResponse,
     TimelineResponse,
     UnmatchedLabels,
+)
+from service.serving.v2_protocol import (
     V2Error,
     V2InferenceRequest,
     V2InferenceResponse,
@@ -258,25 +260,10 @@ ROUTES = [
         "/v2/health/live", v2.live, responses={200: {"content": {"application/json": {}}}}, tags=("v2",), access="open"
     ),
     Route("/v2/health/ready", v2.ready, responses={503: {"model": V2Error}}, tags=("v2",), access="open"),
-    Route(
-        "/v2/models/{name}",
-        v2.model_metadata,
-        response_model=V2ModelMetadata,
-        responses=V2_ERRORS,
-        tags=("v2",),
-        access="open",
-    ),
-    Route(
-        "/v2/models/{name}/versions/{version}",
-        v2.model_metadata,
-        response_model=V2ModelMetadata,
-        responses=V2_ERRORS,
-        tags=("v2",),
-        access="open",
-    ),
-    Route("/v2/models/{name}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",), access="open"),
-    Route(
-        "/v2/models/{name}/versions/{version}/ready", v2.model_ready, responses=V2_ERRORS, tags=("v2",), access="open"
+    *(
+        Route(model + path, handler, response_model=answer, responses=V2_ERRORS, tags=("v2",), access="open")
+        for path, handler, answer in (("", v2.model_metadata, V2ModelMetadata), ("/ready", v2.model_ready, None))
+        for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
     ),
     *(
         Route(

@@ -25,8 +25,15 @@ from service.errors import InvalidInput
 from service.http.codec import validate
 from service.metrics import Phases
 from service.parts import Parts, parts_of
-from service.schemas import V2InferenceRequest, V2ModelMetadata
-from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata, v2_datatype
+from service.serving import v2_protocol
+from service.serving.v2_protocol import (
+    V2_DATATYPES,
+    V2InferenceRequest,
+    V2ModelMetadata,
+    encoded,
+    raw_contents,
+    server_metadata,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -44,7 +51,7 @@ async def ready(parts: Parts) -> dict:
 
 
 async def model_metadata(parts: Parts, name: str, version: str | None = None) -> V2ModelMetadata:
-    return parts.dataplane.v2_metadata(name, version)
+    return v2_protocol.model_metadata(parts.repository, name, version)
 
 
 async def model_ready(parts: Parts, name: str, version: str | None = None) -> dict:
@@ -133,17 +140,14 @@ def _encode(
     wanted = {o.name: bool((o.parameters or {}).get("binary_data", binary_all)) for o in body.outputs or []}
     tensors, blobs = [], []
     for output, values in outputs.items():
-        datatype = v2_datatype(values)
-        strings = datatype == "BYTES"
-        if not strings:
-            values = np.ascontiguousarray(values, dtype=bool if datatype == "BOOL" else np.float32)
+        datatype, values = encoded(values)
         tensor: dict[str, Any] = {"name": output, "datatype": datatype, "shape": list(values.shape)}
         if wanted.get(output, binary_all):
-            raw = bytes_tensor(values) if strings else values.tobytes()
+            raw = raw_contents(datatype, values)
             tensor["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            tensor["data"] = values.tolist() if strings else values.ravel().tolist()
+            tensor["data"] = values.tolist() if datatype == "BYTES" else values.ravel().tolist()
         tensors.append(tensor)
     legacy = (body.parameters or {}).get("prediction_ids_format") == "list"
     header = orjson.dumps(

@@ -1,4 +1,5 @@
-"""What the inference routes do, independent of the protocol: predict, model metadata and v2 inference.
+"""What the inference routes do, independent of the protocol: predict, model listing and v2 inference (its
+tensors' conventions and checks: ``service.serving.v2_protocol``).
 
 The handlers in ``service.http`` and the gRPC servicer only translate their protocol to these calls and back.
 """
@@ -6,54 +7,24 @@ The handlers in ``service.http`` and the gRPC servicer only translate their prot
 from __future__ import annotations
 
 import functools
-import json
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import ValidationError
 
-from calibkit.conformal import METHODS
-from service import __version__
-from service.errors import InvalidInput, Overloaded
+from service.errors import Overloaded
 from service.metrics import Phases, ServiceMetrics
-from service.schemas import (
-    ModelInfo,
-    ModelsResponse,
-    ModelVersionInfo,
-    PredictOptions,
-    PredictRequest,
-    V2InferenceRequest,
-    V2ModelMetadata,
-    V2TensorMetadata,
-)
+from service.schemas import ModelInfo, ModelsResponse, ModelVersionInfo, PredictOptions, PredictRequest
+from service.serving import v2_protocol
 from service.serving.adaptation import Adaptation, adapted, chosen
 from service.serving.batching import DynamicBatcher, Timing
 from service.serving.conformal import ServedSets, SetChoice
 from service.serving.preprocessing import numeric_batch, to_batch
 from service.serving.repository import ModelRepository, ServedModel
 from service.serving.scoring import InferenceResult, ScoredBatch, score
+from service.serving.v2_protocol import P_VALUES, PREDICTION_ID, PREDICTION_SET, V2InferenceRequest
 from service.settings import Settings
-
-PREDICTION_ID = "prediction_id"
-"""The v2 output tensor (BYTES, one per row) of the rows' prediction ids, which POST /feedback takes."""
-PREDICTION_SET = "prediction_set"
-"""The v2 output tensor (BOOL, [N, K]) of the rows' conformal prediction sets, when named in ``outputs``."""
-P_VALUES = "conformal_p_values"
-"""The v2 output tensor (FP32, [N, K]) of the rows' conformal p-values per class, when named in ``outputs``."""
-V2_DATATYPES = {
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "FP16": np.float16,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-}
-
 
 if TYPE_CHECKING:
     from service.engine.client import EngineClient
@@ -362,28 +333,6 @@ class DataPlane:
             prediction_sets=model.sets.describe(),
         )
 
-    def v2_metadata(self, name: str, version: str | None) -> V2ModelMetadata:
-        model = self.repository.get(name, version)
-        pre = model.manifest.preprocessing
-        parameters: dict[str, str | int | float | bool] = {
-            "classes": json.dumps(model.manifest.class_names),
-            "preprocessing": json.dumps(None if pre is None else pre.model_dump()),
-        }
-        if pre is not None:
-            parameters["image_polarity"] = (
-                "dark strokes on a light background (the service inverts images)"
-                if pre.invert
-                else "as the training images"
-            )
-        return V2ModelMetadata(
-            name=model.name,
-            versions=sorted(self.repository.models[model.name], key=int),
-            platform="onnxruntime_onnx",
-            inputs=[V2TensorMetadata(name=model.manifest.input.name, datatype="FP32", shape=[-1, *model.shape])],
-            outputs=[V2TensorMetadata(name=n, datatype=d, shape=[-1, *s]) for n, d, s in listed_outputs(model)],
-            parameters=parameters,
-        )
-
     async def v2_infer(
         self,
         name: str,
@@ -399,51 +348,11 @@ class DataPlane:
         inputs by name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed. The sets'
         coverage and method are the request parameters ``coverage`` and ``set_method``."""
         model = self.repository.get(name, version)
-        if len(request.inputs) != 1:
-            raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
-        tensor = request.inputs[0]
-        if tensor.name != model.manifest.input.name:
-            raise InvalidInput(
-                f"unknown input {tensor.name!r}; the model's input is {model.manifest.input.name!r}",
-                field="inputs[0].name",
-            )
-        if tensor.datatype not in V2_DATATYPES:
-            raise InvalidInput(
-                f"datatype {tensor.datatype!r} is not supported; use one of {', '.join(V2_DATATYPES)}",
-                field="inputs[0].datatype",
-            )
-        if len(tensor.shape) != 1 + len(model.shape) or tuple(tensor.shape[1:]) != model.shape or tensor.shape[0] < 1:
-            raise InvalidInput(
-                f"shape {tensor.shape} does not match the model input [N, {', '.join(map(str, model.shape))}]",
-                field="inputs[0].shape",
-            )
-        if tensor.shape[0] > self.settings.limits.max_rows_per_request:
-            raise InvalidInput(
-                f"batch of {tensor.shape[0]} rows exceeds the limit of {self.settings.limits.max_rows_per_request}",
-                field="inputs[0].shape",
-            )
-        x = values.get(tensor.name)
-        if x is None:
-            raise InvalidInput("has no data (send 'data' or use the binary tensor extension)", field="inputs[0].data")
-        x = x if isinstance(x, np.ndarray) else self._v2_data(x)
-        if x.size != math.prod(tensor.shape):
-            raise InvalidInput(
-                f"holds {x.size} values but shape {tensor.shape} needs {math.prod(tensor.shape)}",
-                field="inputs[0].data",
-            )
-        x = x.reshape(tensor.shape).astype(np.float32, copy=False)
-        if not np.isfinite(x).all():
-            raise InvalidInput("contains NaN or infinite values", field="inputs[0].data")
-        known = [*model.runtime.output_names, PREDICTION_ID, PREDICTION_SET, P_VALUES]
-        # without ``outputs``, every output the metadata lists (the protocol's rule), the sets and p-values included
-        requested = [o.name for o in request.outputs] if request.outputs else [n for n, _, _ in listed_outputs(model)]
-        unknown = [o for o in requested if o not in known]
-        if unknown:
-            raise InvalidInput(f"unknown outputs {unknown}; the model has {known}", field="outputs")
-        choice = self._v2_choice(model, request.parameters or {}, requested)
-        asked = (request.parameters or {}).get("adapt_priors")
-        if asked is not None and not isinstance(asked, bool):
-            raise InvalidInput(f"must be true or false, got {asked!r}", field="parameters.adapt_priors")
+        x = v2_protocol.input_batch(model, request, values, self.settings.limits.max_rows_per_request)
+        requested = v2_protocol.requested_outputs(model, request)
+        parameters = request.parameters or {}
+        choice = v2_protocol.set_choice(model, parameters, requested)
+        asked = v2_protocol.flag(parameters, "adapt_priors")
         adaptation = chosen(self.settings.shift.adapt, model.adaptation, asked, field="parameters.adapt_priors")
         phases.mark("validate")
         result, _ = await self.infer(model, x)
@@ -463,70 +372,3 @@ class DataPlane:
         # every requested name is known: served here or an output of the graph
         outputs = {name: served[name] if name in served else result.outputs[name] for name in requested}
         return model, outputs, ids, info
-
-    @staticmethod
-    def _v2_choice(model: ServedModel, parameters: dict, requested: list[str]) -> SetChoice | None:
-        """The sets a v2 request asks for, through its outputs or its ``coverage`` / ``set_method`` / ``randomized``
-        parameters (422 naming the parameter when one is malformed, or when the version serves no sets)."""
-        coverage, method = parameters.get("coverage"), parameters.get("set_method")
-        randomized = parameters.get("randomized")
-        if coverage is not None and (
-            isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < coverage < 1
-        ):
-            raise InvalidInput(f"must be a number in (0, 1), got {coverage!r}", field="parameters.coverage")
-        if method is not None and method not in METHODS:
-            raise InvalidInput(f"must be one of {list(METHODS)}, got {method!r}", field="parameters.set_method")
-        if randomized is not None and not isinstance(randomized, bool):
-            raise InvalidInput(f"must be true or false, got {randomized!r}", field="parameters.randomized")
-        wanted = PREDICTION_SET in requested or P_VALUES in requested
-        if not wanted and coverage is None and method is None and randomized is None:
-            return None
-        if wanted and not model.sets.available:
-            raise InvalidInput(f"this model version serves no prediction sets: {model.sets.reason}", field="outputs")
-        return model.sets.choice(method, coverage, P_VALUES in requested, field="parameters.", randomized=randomized)
-
-    @staticmethod
-    def _v2_data(data) -> np.ndarray:
-        """A JSON tensor's flat or nested ``data`` as one flat array, converted once (an error naming the field)."""
-        if not isinstance(data, list):
-            raise InvalidInput("must be an array of numbers", field="inputs[0].data")
-        try:
-            array = np.asarray(data)
-        except ValueError:
-            raise InvalidInput(
-                "must be a flat or rectangular nested array of numbers", field="inputs[0].data"
-            ) from None
-        if array.dtype == bool or array.dtype.kind not in "iuf":
-            raise InvalidInput("must hold only numbers", field="inputs[0].data")
-        return array.ravel()
-
-
-def listed_outputs(model: ServedModel) -> list[tuple[str, str, list[int]]]:
-    """The outputs a version's v2 metadata lists, as (name, datatype, shape after the batch axis): the graph's
-    logits and probabilities, the prediction ids, and the sets and p-values when the version serves sets. A v2
-    infer that names no outputs answers all of them."""
-    k = len(model.manifest.class_names)
-    listed = [(model.manifest.outputs[o], "FP32", [k]) for o in ("logits", "probabilities")]
-    listed.append((PREDICTION_ID, "BYTES", []))
-    if model.sets.available:
-        listed += [(PREDICTION_SET, "BOOL", [k]), (P_VALUES, "FP32", [k])]
-    return listed
-
-
-def v2_datatype(values: np.ndarray) -> str:
-    """The v2 datatype an output is answered in: BYTES for strings, BOOL for sets, FP32 for every number."""
-    return "BYTES" if values.dtype == object else "BOOL" if values.dtype == bool else "FP32"
-
-
-def bytes_tensor(values: np.ndarray) -> bytes:
-    """A BYTES tensor as the binary tensor extension and gRPC's raw contents carry it: each element as its 4-byte
-    little-endian length, then its UTF-8 bytes."""
-    out = bytearray()
-    for value in values.ravel():
-        encoded = str(value).encode()
-        out += len(encoded).to_bytes(4, "little") + encoded
-    return bytes(out)
-
-
-def server_metadata() -> dict:
-    return {"name": "calibrated-serving", "version": __version__, "extensions": ["binary_tensor_data"]}

@@ -42,10 +42,16 @@ from service.errors import (
     field_path,
 )
 from service.metrics import Phases
-from service.schemas import V2InferenceRequest
-from service.serving.dataplane import V2_DATATYPES, bytes_tensor, server_metadata, v2_datatype
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+from service.serving.v2_protocol import (
+    V2_DATATYPES,
+    V2InferenceRequest,
+    encoded,
+    model_metadata,
+    raw_contents,
+    server_metadata,
+)
 
 if TYPE_CHECKING:
     from service.parts import ServiceParts
@@ -168,13 +174,9 @@ def inference_response(
         else:
             response.parameters[key].double_param = float(value)
     for output, values in outputs.items():
-        datatype = v2_datatype(values)
+        datatype, values = encoded(values)
         response.outputs.add(name=output, datatype=datatype, shape=list(values.shape))
-        response.raw_output_contents.append(
-            bytes_tensor(values)
-            if datatype == "BYTES"
-            else np.ascontiguousarray(values, dtype=bool if datatype == "BOOL" else "<f4").tobytes()
-        )
+        response.raw_output_contents.append(raw_contents(datatype, values))
     return response
 
 
@@ -254,7 +256,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc("open")
     async def ModelMetadata(self, request):
-        meta = self.parts.dataplane.v2_metadata(request.name, request.version or None)
+        meta = model_metadata(self.parts.repository, request.name, request.version or None)
 
         def tensors(items):
             return [
