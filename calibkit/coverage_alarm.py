@@ -5,8 +5,8 @@ The null hypothesis is that the sets cover at least 1 - alpha at every time, giv
 
     H0(alpha):  P(err_t = 1 | past) <= alpha   for every t.
 
-The statistic is a weighted mixture M_t = sum_j w_j S_t^(j) of CUSUM e-detectors (Shin, Ramdas & Rinaldo 2023),
-log S_t^(j) = max(log S_{t-1}^(j), 0) + log e_t^(j), each built from the betting e-value
+The statistic is a weighted mixture M_t = sum_j w_j S_t^(j) of CUSUM e-detectors of ``calibkit.eprocess`` (Shin,
+Ramdas & Rinaldo 2023), each built from the betting e-value
 
     e_t^(j) = 1 + lambda_j (err_t - alpha),   lambda_j = (p_j - alpha) / (alpha (1 - alpha)),
 
@@ -14,14 +14,13 @@ which is >= 0 for lambda_j in [0, 1 / alpha] and has E[e_t | past] <= 1 under H0
 lambda_j is the Kelly bet against the miss rate p_j, where e_t^(j) equals the likelihood ratio Bern(err; p_j) /
 Bern(err; alpha): the detector of alternative j is the CUSUM of an oracle told the rate p_j, and the mixture over
 rates p_j = alpha (1 + r_j) (``rises``; capped half-way from alpha to 1) pays log(1 / w_j) for not knowing which.
-The alarm is raised when M_t reaches A (``threshold``).
+The alarm is raised when M_t reaches A (``threshold``); it does not clear.
 
 Guarantees under H0(alpha), for every sequence of conditional miss rates at most alpha:
 
-- Each S^(j) is an e-detector, E[S_tau] <= E[tau] for every stopping time tau (Shin et al., e-CUSUM), so is the
-  weighted mean M. For the first time tau_A that M reaches A, E[tau_A] >= A (the average run length to a false
-  alarm), and, stopping at min(tau_A, n), P(a false alarm within n labels) <= n / A. ``threshold_for(n, rate)``
-  = n / rate is the A that makes this bound ``rate`` (10^6 for 1% per 10,000 labels).
+- ``calibkit.eprocess`` derives E[labels to a false alarm] >= A and P(a false alarm within n labels) <= n / A;
+  ``eprocess.threshold_for(n, rate)`` = n / rate is the A that makes this bound ``rate`` (10^6 for 1% per 10,000
+  labels).
 - Every e-value rises with err_t (lambda_j >= 0), and the recursion and the mixture are nondecreasing in each
   e-value. Coupling err_t = 1[U_t < p_t] with 1[U_t < alpha] through the same uniforms shows that independent
   misses at exactly rate alpha are the least favourable null: the false-alarm probability within n labels at
@@ -36,9 +35,10 @@ reaches A (Siegmund's approximation puts the factor near 1 / KL(alpha || p)). A 
 10,000 with no simulation, would delay every alarm by about log(10) / KL(p || alpha) labels more.
 
 The state is the log S^(j), the labels folded and the label at which each stream raised; it has a leading axis of
-independent streams (for simulations) and folding labels in one call or in many gives the same state bit for
-bit, so a service that derives it by folding the stored labels in order agrees across replicas and restarts.
-``to_dict`` / ``from_dict`` carry a single-stream state through JSON exactly.
+independent streams (for simulations). Folding labels in one call or in many gives the same raise at the same label
+and the same statistic to rounding (``calibkit.eprocess``), so a service that derives it by folding the stored labels
+in order agrees across replicas and restarts. ``to_dict`` / ``from_dict`` carry a single-stream state through JSON
+exactly.
 
 Miss indicators of ACI-served sets (``calibkit.conformal.adaptive``) are not under H0 at every instant: ACI
 raises its level alpha_t after a run of covered labels, and then misses more often than alpha for a while, by
@@ -63,13 +63,14 @@ from __future__ import annotations
 import functools
 import json  # noqa: F401  (the doctest uses it)
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
+from calibkit import eprocess
 from calibkit.conformal.adaptive import check_misses
-from calibkit.mixture import crosses, log_mixture
+from calibkit.eprocess import EProcess, EState, Readings, check_int, check_level, check_unit
 from calibkit.validation import expected
 
 __all__ = [
@@ -81,7 +82,6 @@ __all__ = [
     "CoverageAlarmConfig",
     "CoverageAlarmState",
     "calibration_tolerance",
-    "threshold_for",
 ]
 
 #: The false-alarm budget the default threshold is for: at most DEFAULT_RATE per DEFAULT_LABELS labels.
@@ -92,6 +92,8 @@ DEFAULT_THRESHOLD = 1e5
 DEFAULT_EPSILON = 0.01
 #: The layout of ``to_dict``.
 STATE_FORMAT = 1
+
+_CHUNK = 1024  # labels whose e-values are taken at once (bounds the memory of a long fold)
 
 
 @functools.lru_cache(maxsize=256)
@@ -131,30 +133,6 @@ def calibration_tolerance(n: int, alpha: float, epsilon: float = DEFAULT_EPSILON
     return max(0.0, float(beta.ppf(1.0 - epsilon, n + 1 - k, k)) - alpha)
 
 
-def threshold_for(labels: int = DEFAULT_LABELS, rate: float = DEFAULT_RATE) -> float:
-    """A = labels / rate: the level at which P(a false alarm within ``labels`` labels) <= ``rate`` under H0.
-
-    Args:
-        labels: n, an integer >= 1.
-        rate: The allowed probability, in (0, 1).
-
-    Returns:
-        A.
-
-    Raises:
-        ValueError: Naming ``labels`` or ``rate`` when one is out of range.
-
-    Examples:
-        >>> threshold_for(10_000, 0.01)
-        1000000.0
-    """
-    if isinstance(labels, bool) or not isinstance(labels, (int, np.integer)) or labels < 1:
-        raise ValueError(expected("labels", "an integer >= 1", labels))
-    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating)) or not 0 < rate < 1:
-        raise ValueError(expected("rate", "in (0, 1)", rate))
-    return float(labels) / float(rate)
-
-
 @dataclass(frozen=True)
 class CoverageAlarmConfig:
     """The alarm's settings; ``alpha`` and ``threshold`` make the guarantee, ``rises`` and ``weights`` its speed.
@@ -162,7 +140,7 @@ class CoverageAlarmConfig:
     Attributes:
         alpha: The target miscoverage (the sets' target coverage is 1 - alpha), in (0, 1).
         threshold: A > 1: the alarm is raised when the mixture reaches A (``DEFAULT_THRESHOLD``, or
-            ``threshold_for`` for the bound alone).
+            ``eprocess.threshold_for`` for the bound alone).
         rises: r_j > 0: the mixture bets on miss rates p_j = alpha (1 + r_j), each capped at (1 + alpha) / 2.
         weights: w_j, positive, one per rise, normalised to sum to 1; None for equal weights.
 
@@ -176,29 +154,17 @@ class CoverageAlarmConfig:
     weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
-            raise ValueError(expected("alpha", "in (0, 1)", self.alpha))
-        if (
-            isinstance(self.threshold, bool)
-            or not isinstance(self.threshold, (int, float))
-            or not (math.isfinite(self.threshold) and self.threshold > 1)
-        ):
-            raise ValueError(expected("threshold", "a finite number > 1", self.threshold))
-        rises = tuple(self.rises) if isinstance(self.rises, (tuple, list)) else None
-        if not rises or not all(isinstance(r, (int, float)) and math.isfinite(r) and r > 0 for r in rises):
+        object.__setattr__(self, "alpha", check_unit("alpha", self.alpha))
+        object.__setattr__(self, "threshold", check_level("threshold", self.threshold))
+        rises = _positive(self.rises)
+        if not rises:
             raise ValueError(expected("rises", "a non-empty sequence of finite numbers > 0", self.rises))
-        object.__setattr__(self, "rises", tuple(float(r) for r in rises))
-        object.__setattr__(self, "alpha", float(self.alpha))
-        object.__setattr__(self, "threshold", float(self.threshold))
+        object.__setattr__(self, "rises", rises)
         if self.weights is not None:
-            w = tuple(self.weights) if isinstance(self.weights, (tuple, list)) else None
-            if (
-                w is None
-                or len(w) != len(rises)
-                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in w)
-            ):
+            w = _positive(self.weights)
+            if w is None or len(w) != len(rises):
                 raise ValueError(expected("weights", f"{len(rises)} finite numbers > 0 (one per rise)", self.weights))
-            object.__setattr__(self, "weights", tuple(float(x) for x in w))
+            object.__setattr__(self, "weights", w)
 
     @cached_property
     def rates(self) -> np.ndarray:
@@ -222,9 +188,9 @@ class CoverageAlarmConfig:
         return np.log(w / w.sum())
 
     @cached_property
-    def log_threshold(self) -> float:
-        """log A."""
-        return math.log(self.threshold)
+    def process(self) -> EProcess:
+        """The e-process: the mixture of ``log_weights`` raised at A, never cleared."""
+        return EProcess(self.log_weights, self.threshold)
 
     def to_dict(self) -> dict:
         """The settings as JSON data."""
@@ -232,9 +198,20 @@ class CoverageAlarmConfig:
         return {"alpha": self.alpha, "threshold": self.threshold, "rises": list(self.rises), "weights": weights}
 
 
+def _positive(values) -> tuple[float, ...] | None:
+    """``values`` as floats when it is a tuple or list of finite numbers > 0; None otherwise."""
+    if not isinstance(values, (tuple, list)) or not all(
+        isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in values
+    ):
+        return None
+    return tuple(float(x) for x in values)
+
+
 @dataclass(frozen=True, eq=False)
-class CoverageAlarmState:
-    """The alarm's state for ``streams`` independent streams; frozen: ``fold`` returns a new state.
+class CoverageAlarmState(Readings):
+    """The alarm's state for ``streams`` independent streams; frozen: ``fold`` returns a new state. It reads
+    ``streams``, ``log_mixture``, ``statistic`` (M_t) and ``alarmed`` (raised, as it never clears) off its e-process
+    (``eprocess.Readings``).
 
     Attributes:
         config: The settings.
@@ -247,56 +224,32 @@ class CoverageAlarmState:
     log_statistic: np.ndarray
     labels: int
     raised_at: np.ndarray
+    core: EState = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, CoverageAlarmConfig):
             raise ValueError(expected("config", "a CoverageAlarmConfig", self.config))
-        log_s = np.array(self.log_statistic, dtype=np.float64)
-        if log_s.ndim != 2 or log_s.shape[1] != len(self.config.rises) or not np.all(np.isfinite(log_s)):
-            raise ValueError(
-                expected("log_statistic", f"finite, of shape (streams, {len(self.config.rises)})", log_s.shape)
-            )
-        if isinstance(self.labels, bool) or not isinstance(self.labels, (int, np.integer)) or self.labels < 0:
-            raise ValueError(expected("labels", "an integer >= 0", self.labels))
-        raised = np.array(self.raised_at, dtype=np.int64)
-        if raised.shape != (log_s.shape[0],) or np.any((raised < -1) | (raised >= max(int(self.labels), 0))):
-            raise ValueError(expected("raised_at", f"{log_s.shape[0]} label indices or -1", self.raised_at))
-        for array in (log_s, raised):
-            array.setflags(write=False)
-        object.__setattr__(self, "log_statistic", log_s)
-        object.__setattr__(self, "raised_at", raised)
+        log_s, raised = np.array(self.log_statistic, dtype=np.float64), np.array(self.raised_at, dtype=np.int64)
+        empty, never = np.zeros((len(np.atleast_1d(log_s)), 0)), np.full(raised.shape, -1)
+        core = self.config.process.state(log_s, empty, self.labels, raised, never, raised >= 0, "labels")
+        object.__setattr__(self, "core", core)
+        object.__setattr__(self, "log_statistic", core.log_statistic)
+        object.__setattr__(self, "raised_at", core.raised_at)
         object.__setattr__(self, "labels", int(self.labels))
 
     @classmethod
     def fresh(cls, config: CoverageAlarmConfig | None = None, streams: int = 1) -> CoverageAlarmState:
         """The state before any label: log S = 0 (S = 1), not raised."""
         cfg = config or CoverageAlarmConfig()
-        if isinstance(streams, bool) or not isinstance(streams, (int, np.integer)) or streams < 1:
-            raise ValueError(expected("streams", "an integer >= 1", streams))
-        return cls(cfg, np.zeros((int(streams), len(cfg.rises))), 0, np.full(int(streams), -1))
+        return cls._of(cfg, cfg.process.fresh(check_int("streams", streams, 1)))
 
-    @property
-    def streams(self) -> int:
-        return self.log_statistic.shape[0]
-
-    @property
-    def log_mixture(self) -> np.ndarray:
-        """log M_t = log sum_j w_j S_t^(j), per stream."""
-        return log_mixture(self.log_statistic, self.config.log_weights)
-
-    @property
-    def statistic(self) -> np.ndarray:
-        """M_t per stream: the alarm is raised when it reaches ``threshold``."""
-        return np.exp(np.minimum(self.log_mixture, 700.0))
-
-    @property
-    def alarmed(self) -> np.ndarray:
-        """Per stream, whether the alarm has been raised."""
-        return self.raised_at >= 0
+    @classmethod
+    def _of(cls, config: CoverageAlarmConfig, core: EState) -> CoverageAlarmState:
+        return cls(config, core.log_statistic, core.count, core.raised_at)
 
     def fold(self, errs) -> CoverageAlarmState:
         """The state after the miss indicators ``errs``, in order: (labels,) for a single stream, (streams, labels)
-        otherwise. Any split into chunks gives the same state bit for bit.
+        otherwise. Any split into chunks gives the same raises and the same statistics to rounding.
 
         Raises:
             ValueError: Naming ``errs`` when an entry is not 0 / 1 or the shape does not match the streams.
@@ -308,23 +261,15 @@ class CoverageAlarmState:
             e = check_misses(e.ravel()).reshape(e.shape)
         if e.ndim != 2 or e.shape[0] != self.streams:
             raise ValueError(expected("errs", f"(labels,) or ({self.streams}, labels) miss indicators", np.shape(errs)))
-        cfg = self.config
-        log_s = self.log_statistic.copy()
-        raised = self.raised_at.copy()
-        for t in range(e.shape[1]):
-            log_s = np.maximum(log_s, 0.0) + cfg.log_e[e[:, t]]
-            up = crosses(log_s, cfg.log_weights, cfg.log_threshold, raised < 0)
-            raised[up] = self.labels + t
-        return CoverageAlarmState(cfg, log_s, self.labels + e.shape[1], raised)
+        cfg, core, start = self.config, self.core, 0
+        while start < e.shape[1]:
+            stop = min(e.shape[1], start + _CHUNK)
+            step = eprocess.advance(cfg.process, core, cfg.log_e[e[:, start:stop].T])
+            core, start = step.state, start + step.taken
+        return self._of(cfg, core)
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, CoverageAlarmState)
-            and self.config == other.config
-            and self.labels == other.labels
-            and np.array_equal(self.log_statistic, other.log_statistic)
-            and np.array_equal(self.raised_at, other.raised_at)
-        )
+        return isinstance(other, CoverageAlarmState) and self.config == other.config and self.core == other.core
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -334,15 +279,7 @@ class CoverageAlarmState:
         Raises:
             ValueError: When the state has more than one stream.
         """
-        if self.streams != 1:
-            raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
-        return {
-            "format": STATE_FORMAT,
-            **self.config.to_dict(),
-            "log_statistic": self.log_statistic[0].tolist(),
-            "labels": self.labels,
-            "raised_at": int(self.raised_at[0]),
-        }
+        return eprocess.state_dict(self.core, self.config.to_dict(), STATE_FORMAT, "labels")
 
     @classmethod
     def from_dict(cls, data: dict, config: CoverageAlarmConfig) -> CoverageAlarmState:
@@ -354,13 +291,5 @@ class CoverageAlarmState:
         Raises:
             ValueError: Naming ``data`` when it has this format and settings but malformed fields.
         """
-        if (
-            not isinstance(data, dict)
-            or data.get("format") != STATE_FORMAT
-            or any(data.get(k) != v for k, v in config.to_dict().items())
-        ):
-            return cls.fresh(config)
-        try:
-            return cls(config, np.array([data["log_statistic"]]), data["labels"], np.array([data["raised_at"]]))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(expected("data", "to_dict's output", f"missing or malformed {exc}")) from None
+        core = eprocess.read_state(data, config.to_dict(), STATE_FORMAT, "labels", 0)
+        return cls.fresh(config) if core is None else cls._of(config, core)

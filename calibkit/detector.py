@@ -5,18 +5,20 @@ hypothesis is calibration within a tolerance eps at every confidence level,
 
     H0(eps):  |E[Y_t | C_t, past] - C_t| <= eps   for every t.
 
-The statistic is a weighted mixture sum_d w_d S_t^(d) of CUSUM e-detectors, log S_t = max(log S_{t-1}, 0) + log e_t.
+The statistic is a weighted mixture sum_d w_d S_t^(d) of CUSUM e-detectors, log S_t = max(log S_{t-1}, 0) + log e_t
+(``calibkit.eprocess``, which derives the guarantee and folds the recursion).
 Learned detectors bet e_t = 1 + lambda_t (Y_t - C_t) - |lambda_t| eps, the plug-in Kelly bet on the gap per
 confidence bin estimated from earlier blocks of labels only (one detector per memory, and an adaptive one that uses
 only the labels of its current run); fixed detectors bet the likelihood ratio of a logit scaling, a constant gap or a
-step against the nearest edge of the null.
+step against the nearest edge of the null. ``calibkit.calibration_bets`` holds these bets and what they learn.
 
 Guarantee: for every traffic shape of H0(eps), the alarm at level A (``threshold``) keeps
 E[labels to the first false alarm] >= A and, by Ville's inequality, P(false alarm within n labels) <= n / A.
 A raised alarm clears when a CUSUM of Bern(Y; C) / Bern(Y; C + kappa g(C)), g the gap learned since the alarm,
 reaches B (``clear_threshold``); while a shift at least that large persists, P(a clear within n labels) <= n / B.
-State arrays have a leading axis of independent streams; folding labels in one call or in many gives the same
-state bit for bit.
+The state is frozen (``fold`` returns a new one); its arrays have a leading axis of independent streams. Folding
+labels in one call or in many gives the same raises and clears at the same labels and the same statistics to
+rounding.
 
 References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
 detection"; Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by betting"; Lorden &
@@ -32,11 +34,13 @@ from typing import cast
 
 import numpy as np
 
-from calibkit.mixture import crosses, log_mixture
+from calibkit import calibration_bets, eprocess
+from calibkit.eprocess import EProcess, EState, capped_exp, check_int, check_level, check_unit
 from calibkit.validation import expected
 
-STATE_FORMAT = 7
-_FIELDS = (
+STATE_FORMAT = 8
+# The arrays of the bets' and the clearing test's learning, then those of the e-process
+_LEARNING = (
     "gap_sum",
     "weight",
     "global_gap_sum",
@@ -46,18 +50,14 @@ _FIELDS = (
     "run_gap",
     "run_count",
     "table",
-    "log_statistic",
-    "alarmed",
     "clear_pending_gap",
     "clear_pending_count",
     "raised_gap",
     "alarm_gap",
     "alarm_count",
-    "log_clear",
-    "since_alarm",
-    "n",
 )
-_BET_EDGE = 1e-3  # bets and likelihood ratios keep probabilities this far from 0 and 1: a label's evidence is bounded
+_CORE = ("log_statistic", "log_clear", "raised_at", "cleared_at", "raises")
+_FIELDS = (*_LEARNING, *_CORE, "n")
 
 
 @dataclass(frozen=True)
@@ -119,26 +119,21 @@ class DetectorConfig:
         if not 0.0 <= self.tolerance < 0.5:
             raise ValueError(expected("tolerance", "in [0, 0.5)", self.tolerance))
         for name in ("threshold", "clear_threshold"):
-            if getattr(self, name) <= 1:
-                raise ValueError(expected(name, "greater than 1", getattr(self, name)))
+            check_level(name, getattr(self, name))
         for name in ("edges", "clear_edges"):
             edges = getattr(self, name)
             if list(edges) != sorted(edges) or not all(0 < e < 1 for e in edges):
                 raise ValueError(expected(name, "increasing and inside (0, 1)", edges))
         if not self.half_lives or min(self.half_lives) <= 0:
             raise ValueError(expected("half_lives", "non-empty and positive", self.half_lives))
-        if self.prior_labels <= 0:
-            raise ValueError(expected("prior_labels", "positive", self.prior_labels))
-        if not 0 < self.max_bet < 1:
-            raise ValueError(expected("max_bet", "in (0, 1)", self.max_bet))
+        for name in ("prior_labels", "clear_prior_labels"):
+            if getattr(self, name) <= 0:
+                raise ValueError(expected(name, "positive", getattr(self, name)))
+        check_unit("max_bet", self.max_bet)
         if not 0 < self.clear_shrink <= 1:
             raise ValueError(expected("clear_shrink", "in (0, 1]", self.clear_shrink))
-        if self.clear_prior_labels <= 0:
-            raise ValueError(expected("clear_prior_labels", "positive", self.clear_prior_labels))
-        if self.block < 1:
-            raise ValueError(expected("block", "at least 1", self.block))
-        if self.min_clear_labels < 0:
-            raise ValueError(expected("min_clear_labels", "at least 0", self.min_clear_labels))
+        check_int("block", self.block, 1)
+        check_int("min_clear_labels", self.min_clear_labels, 0)
         if not 0 <= self.adaptive_prior < len(self.half_lives):
             index = f"an index of `half_lives` (0 to {len(self.half_lives) - 1})"
             raise ValueError(expected("adaptive_prior", index, self.adaptive_prior))
@@ -228,9 +223,9 @@ class DetectorConfig:
         return self.decay ** (self.block / self.n_bins)
 
     @cached_property
-    def log_raise(self) -> float:
-        """log A: the level of the mixture at which the alarm is raised."""
-        return float(np.log(self.threshold))
+    def process(self) -> EProcess:
+        """The e-process: the mixture of ``log_weights`` raised at A, one clearing CUSUM cleared at B."""
+        return EProcess(self.log_weights, self.threshold, [[0]], 1, self.clear_threshold, self.min_clear_labels)
 
     @cached_property
     def kernel(self) -> np.ndarray:
@@ -251,14 +246,15 @@ class Fold:
     cleared: np.ndarray
 
 
-# The default of a state array: None, which __post_init__ replaces with zeros of the field's shape (typed as an
-# array, which every field holds once the state exists)
+# The default of a state array: None, which __post_init__ replaces with its fresh value of the field's shape (typed
+# as an array, which every field holds once the state exists)
 _UNSET = cast(np.ndarray, None)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class DetectorState:
-    """The detector's sufficient state for ``streams`` independent streams (arrays, leading axis = stream)."""
+    """The detector's sufficient state for ``streams`` independent streams (arrays, leading axis = stream); frozen:
+    ``fold`` returns a new state. ``DetectorState(config, streams)`` is the state before any label."""
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     streams: int = 1
@@ -271,73 +267,73 @@ class DetectorState:
     run_gap: np.ndarray = _UNSET
     run_count: np.ndarray = _UNSET
     table: np.ndarray = _UNSET
-    log_statistic: np.ndarray = _UNSET
-    alarmed: np.ndarray = _UNSET
     clear_pending_gap: np.ndarray = _UNSET
     clear_pending_count: np.ndarray = _UNSET
     raised_gap: np.ndarray = _UNSET
     alarm_gap: np.ndarray = _UNSET
     alarm_count: np.ndarray = _UNSET
+    log_statistic: np.ndarray = _UNSET
     log_clear: np.ndarray = _UNSET
-    since_alarm: np.ndarray = _UNSET
+    raised_at: np.ndarray = _UNSET
+    cleared_at: np.ndarray = _UNSET
+    raises: np.ndarray = _UNSET
     n: np.ndarray = _UNSET
+    core: EState = field(init=False, repr=False)
 
     def __post_init__(self):
         s, m, k, d = self.streams, len(self.config.half_lives), self.config.n_bins, self.config.detectors
         learned, kc = self.config.learned, self.config.clear_bins
         shapes = {
-            "gap_sum": (s, m, k),
-            "weight": (s, m, k),
-            "global_gap_sum": (s, m),
-            "global_weight": (s, m),
-            "pending_gap": (s, k),
-            "pending_count": (s, k),
-            "run_gap": (s, k),
-            "run_count": (s, k),
+            **dict.fromkeys(("gap_sum", "weight"), (s, m, k)),
+            **dict.fromkeys(("global_gap_sum", "global_weight"), (s, m)),
+            **dict.fromkeys(("pending_gap", "pending_count", "run_gap", "run_count"), (s, k)),
+            **dict.fromkeys(
+                ("clear_pending_gap", "clear_pending_count", "raised_gap", "alarm_gap", "alarm_count"), (s, kc)
+            ),
             "table": (s, learned, k),
             "log_statistic": (s, d),
-            "clear_pending_gap": (s, kc),
-            "clear_pending_count": (s, kc),
-            "raised_gap": (s, kc),
-            "alarm_gap": (s, kc),
-            "alarm_count": (s, kc),
+            "log_clear": (s, 1),
         }
         for name in _FIELDS:
-            dtype = bool if name == "alarmed" else np.int64 if name in ("since_alarm", "n") else np.float64
-            shape = shapes.get(name, (s,))
+            count = name in ("raised_at", "cleared_at", "raises", "n")
+            dtype, shape = (np.int64, (s,)) if count else (np.float64, shapes[name])
             value = getattr(self, name)
-            array = np.zeros(shape, dtype) if value is None else np.array(value, dtype=dtype).reshape(shape)
-            setattr(self, name, array)
+            if value is None:
+                value = np.full(shape, -1 if name in ("raised_at", "cleared_at") else 0, dtype)
+            array = np.array(np.broadcast_to(value, shape) if name == "n" else value, dtype=dtype).reshape(shape)
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
+        core = EState(
+            *(getattr(self, name) for name in _CORE[:2]), int(self.n[0]), *(getattr(self, x) for x in _CORE[2:])
+        )
+        object.__setattr__(self, "core", core)
+
+    @property
+    def alarmed(self) -> np.ndarray:
+        """Per stream, whether the alarm is raised now."""
+        return self.core.alarmed
 
     @property
     def statistic(self) -> np.ndarray:
         """sum_d w_d S_t^(d), the e-detector of each stream: the alarm is raised when it reaches A."""
-        return np.exp(np.minimum(log_mixture(self.log_statistic, self.config.log_weights), 700.0))
+        return capped_exp(self.config.process.log_mixture(self.log_statistic))
 
     @property
     def clear_statistic(self) -> np.ndarray:
         """K_t, the evidence that calibration has returned (meaningful while alarmed)."""
-        return np.exp(np.minimum(self.log_clear, 700.0))
+        return capped_exp(self.log_clear[:, 0])
 
     def gaps(self) -> np.ndarray:
-        """The gap accuracy - confidence around each bin that the learned detectors bet on.
+        """The gap accuracy - confidence around each bin that the learned detectors bet on
+        (``calibration_bets.gap_table``)."""
+        return calibration_bets.gap_table(self.config, vars(self))
 
-        From the labels of finished blocks, pooled over neighbouring bins by a Gaussian kernel of ``bandwidth``
-        on the log-odds scale and shrunk by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap;
-        for the adaptive detector (last), from the labels of its current run towards the memory ``adaptive_prior``.
+    def fold(self, confidence, correct) -> DetectorState:
+        """The state after the labels, folded in label order, raising and clearing alarms as the module docstring
+        says (``trace`` also returns what each label did)."""
+        return self.trace(confidence, correct)[0]
 
-        Returns:
-            (streams, M + 1, bins) gaps, one row per learned detector.
-        """
-        prior, kernel = self.config.prior_labels, self.config.kernel
-        overall = self.global_gap_sum / (self.global_weight + prior)
-        memories = (self.gap_sum @ kernel + prior * overall[..., None]) / (self.weight @ kernel + prior)
-        adaptive = (self.run_gap @ kernel + prior * memories[:, self.config.adaptive_prior]) / (
-            self.run_count @ kernel + prior
-        )
-        return np.concatenate([memories, adaptive[:, None, :]], axis=1)
-
-    def fold(self, confidence, correct) -> Fold:
+    def trace(self, confidence, correct) -> tuple[DetectorState, Fold]:
         """Fold labels into the state, in label order, raising and clearing alarms as the module docstring says.
 
         Args:
@@ -345,7 +341,8 @@ class DetectorState:
             correct: Outcomes Y_t (1 when the predicted class was right, else 0), of the same shape.
 
         Returns:
-            What each label did: its e-values and whether it raised or cleared the alarm (``Fold``).
+            The state after the labels, and what each label did: its e-values and whether it raised or cleared the
+            alarm (``Fold``).
 
         Raises:
             ValueError: When the shapes differ or do not have ``streams`` rows, or when the streams of this
@@ -366,123 +363,61 @@ class DetectorState:
                 f"{sorted(set(self.n.tolist()))}"
             )
         cfg, total = self.config, c.shape[1]
+        a = {name: getattr(self, name).copy() for name in _LEARNING}
+        core = self.core
         e_value = np.ones((self.streams, cfg.detectors, total))
         raised = np.zeros(c.shape, bool)
         cleared = np.zeros(c.shape, bool)
         start = 0
         while start < total:
-            stop = min(total, start + cfg.block - int(self.n[0]) % cfg.block)
+            stop = min(total, start + cfg.block - core.count % cfg.block)
             part = slice(start, stop)
-            e_value[..., part], raised[:, part], cleared[:, part] = self._fold_block(c[:, part], y[:, part])
-            if self.n[0] % cfg.block == 0:
-                self._end_block()
+            e_value[..., part], core = self._fold_block(
+                a, core, c[:, part], y[:, part], raised[:, part], cleared[:, part]
+            )
+            if core.count % cfg.block == 0:
+                calibration_bets.end_block(cfg, a, core)
             start = stop
-        return Fold(e_value, raised, cleared)
+        after = DetectorState(
+            cfg, self.streams, **a, **{name: getattr(core, name) for name in _CORE}, n=np.full(self.streams, core.count)
+        )
+        return after, Fold(e_value, raised, cleared)
 
-    def _fold_block(self, c: np.ndarray, y: np.ndarray):
-        """Labels of one block (or the part of it at hand): the bets of the whole part from the frozen gap
-        table at once, then the CUSUM recursions label by label (a few operations on (streams, detectors))."""
+    def _fold_block(self, a: dict, core: EState, c: np.ndarray, y: np.ndarray, raised, cleared):
+        """Labels of one block (or the part of it at hand): the bets of the whole part from the frozen gap table
+        at once, then the e-process over them (``eprocess.advance``) up to each raise or clear, where the raise
+        sets the gap the clearing test starts from (so its e-values are taken again). Returns the e-values and
+        the e-process after the part; ``raised`` and ``cleared`` are filled in."""
         cfg = self.config
         rows = np.arange(self.streams)[:, None]
         b = np.searchsorted(cfg.edges, c, side="left")  # (streams, labels)
-        gap = np.take_along_axis(self.table, b[:, None, :], axis=2)  # (streams, detectors, labels)
-        cm = c[:, None, :]
-        accuracy = np.clip(cm + gap, 0.0, 1.0)
-        boundary = np.clip(cm + np.sign(gap) * cfg.tolerance, _BET_EDGE, 1 - _BET_EDGE)
-        bet = np.where(np.abs(gap) > cfg.tolerance, (accuracy - boundary) / (boundary * (1 - boundary)), 0.0)
-        cap = np.where(bet > 0, cfg.max_bet / (cm + cfg.tolerance), cfg.max_bet / (1 - cm + cfg.tolerance))
-        bet = np.clip(bet, -cap, cap)
-        e_value = np.concatenate(
-            [1.0 + bet * (y - c)[:, None, :] - np.abs(bet) * cfg.tolerance, self._fixed_e_values(c, y)], axis=1
-        )
-        log_e = np.log(e_value)
-        null = np.clip(c, _BET_EDGE, 1 - _BET_EDGE)
+        e_value = calibration_bets.e_values(cfg, a["table"], b, c, y)
+        log_e = np.log(e_value).transpose(2, 0, 1)  # (labels, streams, detectors)
         cells = (np.broadcast_to(rows, b.shape), b)
-        np.add.at(self.pending_gap, cells, y - c)
-        np.add.at(self.pending_count, cells, 1.0)
+        np.add.at(a["pending_gap"], cells, y - c)
+        np.add.at(a["pending_count"], cells, 1.0)
         bc = np.searchsorted(cfg.clear_edges, c, side="left")
-        np.add.at(self.clear_pending_gap, (cells[0], bc), y - c)
-        np.add.at(self.clear_pending_count, (cells[0], bc), 1.0)
-
-        raised = np.zeros(c.shape, bool)
-        cleared = np.zeros(c.shape, bool)
-        log_clear_level = np.log(cfg.clear_threshold)
-        log_ratio = self._clear_log_ratio(null, bc, y)
-        for t in range(c.shape[1]):
-            self.log_statistic = np.maximum(self.log_statistic, 0.0) + log_e[:, :, t]
-            up = crosses(self.log_statistic, cfg.log_weights, cfg.log_raise, ~self.alarmed)
-            self.since_alarm = np.where(self.alarmed, self.since_alarm + 1, 0)
-            self.log_clear = np.where(self.alarmed, np.maximum(self.log_clear, 0.0) + log_ratio[:, t], 0.0)
-            down = self.alarmed & (self.log_clear >= log_clear_level) & (self.since_alarm >= cfg.min_clear_labels)
+        np.add.at(a["clear_pending_gap"], (cells[0], bc), y - c)
+        np.add.at(a["clear_pending_count"], (cells[0], bc), 1.0)
+        i, log_ratio = 0, None
+        while i < c.shape[1]:
+            if log_ratio is None and core.alarmed.any():
+                log_ratio = calibration_bets.clear_log_ratio(cfg, a, c, bc, y).T[:, :, None]
+            step = eprocess.advance(cfg.process, core, log_e[i:], None if log_ratio is None else log_ratio[i:])
+            core, i = step.state, i + step.taken
+            raised[:, i - 1], cleared[:, i - 1] = step.raised, step.cleared
+            up = step.raised
             if up.any():
-                self.raised_gap[up] = self.table[up].mean(axis=1)[:, cfg.clear_to_bin]
-                self.alarm_gap[up] = 0.0
-                self.alarm_count[up] = 0.0
-                log_ratio = self._clear_log_ratio(null, bc, y)
-            self.alarmed = (self.alarmed | up) & ~down
-            self.log_clear = np.where(down | up, 0.0, self.log_clear)
-            self.since_alarm = np.where(down | up, 0, self.since_alarm)
-            self.log_statistic = np.where(down[:, None], 0.0, self.log_statistic)
-            raised[:, t], cleared[:, t] = up, down
-        self.n += c.shape[1]
-        return e_value, raised, cleared
-
-    def _fixed_e_values(self, c: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """(streams, F, labels): Bern(Y; a(C)) / Bern(Y; e(C)) of each fixed alternative a, with e(C) its nearest
-        point of the null band (1 inside the band): a_s(C) = sigmoid(logit(C) / s) per logit scale s, a_g(C) = C + g
-        per gap g, then per step magnitude m, orientation o = 1, -1 and pivot p, C - o m where logit(C) > p and
-        C + o m elsewhere."""
-        cfg = self.config
-        log_odds = (np.log(np.clip(c, 1e-12, 1.0)) - np.log(np.clip(1.0 - c, 1e-12, 1.0)))[:, None, :]
-        cm = c[:, None, :]
-        scaled = 1.0 / (1.0 + np.exp(-log_odds / np.asarray(cfg.scales, dtype=np.float64)[None, :, None]))
-        gapped = cm + np.asarray(cfg.gaps, dtype=np.float64)[None, :, None]
-        above = log_odds > np.asarray(cfg.pivots, dtype=np.float64)[None, :, None]  # (streams, pivots, labels)
-        steps = [cm + np.where(above, -o * m, o * m) for m in cfg.steps for o in (1.0, -1.0)]
-        alternative = np.clip(np.concatenate([scaled, gapped, *steps], axis=1), _BET_EDGE, 1 - _BET_EDGE)
-        edge = np.clip(np.clip(alternative, cm - cfg.tolerance, cm + cfg.tolerance), _BET_EDGE, 1 - _BET_EDGE)
-        ratio = np.where(y[:, None, :] > 0.5, alternative / edge, (1 - alternative) / (1 - edge))
-        return np.where(np.abs(alternative - cm) > cfg.tolerance, ratio, 1.0)
+                a["raised_gap"][up] = a["table"][up].mean(axis=1)[:, cfg.clear_to_bin]
+                a["alarm_gap"][up] = 0.0
+                a["alarm_count"][up] = 0.0
+                log_ratio = None
+        return e_value, core
 
     def clear_alternative(self) -> np.ndarray:
-        """The miscalibration g(C) that the clearing test pits calibration against.
-
-        The gap of each clearing bin over the labels since the alarm (from finished blocks), shrunk by
-        ``clear_prior_labels`` pseudo-labels towards the gap estimated when the alarm was raised.
-
-        Returns:
-            (streams, clearing bins) gaps, 0 where a gap is inside the tolerance.
-        """
-        cfg = self.config
-        prior = cfg.clear_prior_labels
-        estimate = (self.alarm_gap + prior * self.raised_gap) / (self.alarm_count + prior)
-        return np.where(np.abs(estimate) > cfg.tolerance, estimate, 0.0)
-
-    def _clear_log_ratio(self, null: np.ndarray, b: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """log Bern(Y; C) / Bern(Y; C + kappa g(C)) of each label, against the alternative g of
-        ``clear_alternative``."""
-        shift = self.config.clear_shrink * np.take_along_axis(self.clear_alternative(), b, axis=1)
-        alternative = np.clip(null + shift, _BET_EDGE, 1 - _BET_EDGE)
-        return np.where(y > 0.5, np.log(null / alternative), np.log((1 - null) / (1 - alternative)))
-
-    def _end_block(self) -> None:
-        """Fold the finished block's sums into the decayed sums and into the adaptive detector's run (a run
-        that is not ahead, log S <= 0, starts again from this block), and refresh the gap table of the bets."""
-        cfg = self.config
-        ahead = (self.log_statistic[:, cfg.learned - 1] > 0.0)[:, None]
-        self.run_gap = np.where(ahead, self.run_gap + self.pending_gap, self.pending_gap)
-        self.run_count = np.where(ahead, self.run_count + self.pending_count, self.pending_count)
-        keep = cfg.decay[None, :, None] ** self.pending_count[:, None, :]
-        self.gap_sum = self.gap_sum * keep + self.pending_gap[:, None, :]
-        self.weight = self.weight * keep + self.pending_count[:, None, :]
-        self.global_gap_sum = self.global_gap_sum * cfg.block_decay + self.pending_gap.sum(axis=1)[:, None]
-        self.global_weight = self.global_weight * cfg.block_decay + self.pending_count.sum(axis=1)[:, None]
-        alarmed = self.alarmed[:, None]
-        self.alarm_gap = np.where(alarmed, self.alarm_gap + self.clear_pending_gap, self.alarm_gap)
-        self.alarm_count = np.where(alarmed, self.alarm_count + self.clear_pending_count, self.alarm_count)
-        for sums in (self.pending_gap, self.pending_count, self.clear_pending_gap, self.clear_pending_count):
-            sums[:] = 0.0
-        self.table = self.gaps()
+        """The miscalibration g(C) that the clearing test pits calibration against
+        (``calibration_bets.clear_alternative``)."""
+        return calibration_bets.clear_alternative(self.config, vars(self))
 
     def regions(self) -> list[dict]:
         """The bins of a single-stream state as reports show them.
@@ -518,30 +453,8 @@ class DetectorState:
         Raises:
             ValueError: When the state has more than one stream.
         """
-        if self.streams != 1:
-            raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", self.streams))
-        out = {
-            "format": STATE_FORMAT,
-            "tolerance": self.config.tolerance,
-            "threshold": self.config.threshold,
-            "block": self.config.block,
-            **self._mixture_settings(self.config),
-        }
-        out.update({name: getattr(self, name).ravel().tolist() for name in _FIELDS})
-        return out
-
-    @staticmethod
-    def _mixture_settings(config: DetectorConfig) -> dict:
-        """The settings that make up the mixture, stored with the state: evidence gathered by another mixture is
-        not this one's."""
-        return {
-            "scales": list(config.scales),
-            "scale_weight": config.scale_weight,
-            "gaps": list(config.gaps),
-            "steps": list(config.steps),
-            "pivots": list(config.pivots),
-            "step_weight": config.step_weight,
-        }
+        out = eprocess.state_dict(self.core, _settings(self.config), STATE_FORMAT, "n")
+        return {**out, **{name: getattr(self, name).ravel().tolist() for name in _LEARNING}}
 
     @classmethod
     def from_dict(cls, data: dict, config: DetectorConfig) -> DetectorState:
@@ -557,13 +470,24 @@ class DetectorState:
         Returns:
             The saved state, or a fresh one when ``data`` was saved under other settings or is not a dict.
         """
-        if (
-            not isinstance(data, dict)
-            or data.get("format") != STATE_FORMAT
-            or data.get("tolerance") != config.tolerance
-            or data.get("threshold") != config.threshold
-            or data.get("block") != config.block
-            or any(data.get(name) != value for name, value in cls._mixture_settings(config).items())
-        ):
+        core = eprocess.read_state(data, _settings(config), STATE_FORMAT, "n", 1)
+        if core is None:
             return cls(config)
-        return cls(config, 1, **{name: data[name] for name in _FIELDS})
+        progress = {name: getattr(core, name) for name in _CORE}
+        return cls(config, 1, **{name: data[name] for name in _LEARNING}, **progress, n=np.full(1, core.count))
+
+
+def _settings(config: DetectorConfig) -> dict:
+    """The settings a state's evidence depends on, stored with it: the null, the level and the mixture (evidence
+    gathered by another mixture is not this one's)."""
+    return {
+        "tolerance": config.tolerance,
+        "threshold": config.threshold,
+        "block": config.block,
+        "scales": list(config.scales),
+        "scale_weight": config.scale_weight,
+        "gaps": list(config.gaps),
+        "steps": list(config.steps),
+        "pivots": list(config.pivots),
+        "step_weight": config.step_weight,
+    }

@@ -50,7 +50,7 @@ def run_detector(
     while start < total:
         stop = min(start + chunk, total)
         stop = after if start < after < stop else stop
-        fold = state.fold(confidence[:, start:stop], correct[:, start:stop])
+        state, fold = state.trace(confidence[:, start:stop], correct[:, start:stop])
         raised[:, start:stop], cleared[:, start:stop] = fold.raised, fold.cleared
         if stop == after:
             alarmed_at_end = state.alarmed.copy()

@@ -29,7 +29,8 @@ from calibkit.conformal.adaptive import (
     misses_of,
     track,
 )
-from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, threshold_for
+from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState
+from calibkit.eprocess import threshold_for
 from calibkit.synthetic import TrafficShape
 from calibkit.temperature import softmax
 
@@ -332,7 +333,10 @@ def delay_rows(streams: int, oracle_streams: int, seed: int) -> tuple[list[dict]
     rates = np.r_[np.full(DROP_BEFORE, DROP_FROM), np.full(DROP_DURING, DROP_TO)]
     errs = (rng.random((streams, len(rates))) < rates).astype(np.int64)
     delays = {}
-    for name, threshold in (("detector (default)", config.threshold), ("detector (union bound)", threshold_for())):
+    for name, threshold in (
+        ("detector (default)", config.threshold),
+        ("detector (union bound)", threshold_for(ALARM_LABELS, ALARM_RATE)),
+    ):
         state = CoverageAlarmState.fresh(CoverageAlarmConfig(DROP_FROM, threshold), streams).fold(errs)
         delays[name] = (threshold, state.raised_at - DROP_BEFORE)
     for name, paths, lev in (

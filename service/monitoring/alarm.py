@@ -150,7 +150,8 @@ class Alarm:
         only, when they are set (the others are passed over, never folded). A detector that holds no label (new,
         or restarted by an upgrade or new settings) folds the key's ``REPLAY_LABELS`` most recent labels: a store
         that already holds a million labels is not read whole, and the e-detector's guarantee holds from any
-        start."""
+        start. The label-free interval's checks are not restarted with it: they fold only the labels after
+        ``last_seq``."""
         detector = load_detector(saved, self.policy)
         checks = load_checks(saved_checks, self.check_labels, self.check_level)
         if detector.n[0] == 0 and last_seq > 0:
@@ -158,9 +159,10 @@ class Alarm:
         new = labels_after(0, REPLAY_LABELS) if detector.n[0] == 0 else labels_after(last_seq, None)
         counted = new if self.trusted is None else [label for label in new if label.source in self.trusted]
         if counted:
-            confidences, correct = [label.confidence for label in counted], [label.correct for label in counted]
-            detector.fold([confidences], [correct])
-            checks = checks.fold(confidences, correct)
+            detector = detector.fold([[label.confidence for label in counted]], [[label.correct for label in counted]])
+        unchecked = [label for label in counted if label.seq > last_seq]  # the saved checks hold the others
+        if unchecked:
+            checks = checks.fold([label.confidence for label in unchecked], [label.correct for label in unchecked])
         return detector, checks, new[-1].seq if new else last_seq, bool(new)
 
     def _evidence(self, served: ServedModel, key: CalibrationKey, detector: DetectorState, connection) -> Evidence:

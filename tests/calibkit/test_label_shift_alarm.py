@@ -11,14 +11,16 @@ import pytest
 from scipy import stats
 from scipy.special import logsumexp
 
+from calibkit.eprocess import threshold_for
 from calibkit.label_shift_alarm import (
+    DEFAULT_PREDICTIONS,
+    DEFAULT_RATE,
     DEFAULT_THRESHOLD,
     LabelShiftAlarmConfig,
     LabelShiftAlarmState,
-    reference_tolerance,
-    threshold_for,
 )
 from calibkit.manifest import LabelShiftReference
+from calibkit.reference_margins import reference_tolerance
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 
@@ -206,7 +208,9 @@ def test_the_alarm_holds_on_the_edge_and_clears_when_the_shift_ends():
     state = state.fold(edge)
     assert (state.cleared_at >= 0).sum() <= _binomial_high(streams, 3_000 / config.clear_threshold)
     assert state.raises.max() <= 2
-    naive = _raising_trajectory(config, np.concatenate([shifted, edge], axis=1))[:, 300:] >= config.log_threshold
+    naive = (
+        _raising_trajectory(config, np.concatenate([shifted, edge], axis=1))[:, 300:] >= config.process.log_threshold
+    )
     flips = np.abs(np.diff(naive.astype(int), axis=1)).sum(axis=1)
     assert np.mean(flips) > 5 * np.mean(state.raises + (state.cleared_at >= 0))
     state = state.fold(back)
@@ -331,7 +335,7 @@ def test_margins_shrink_with_rows_and_towards_rare_classes():
 
 
 def test_defaults_and_the_manifest_entry():
-    assert threshold_for() == DEFAULT_THRESHOLD == 1e8
+    assert threshold_for(DEFAULT_PREDICTIONS, DEFAULT_RATE) == DEFAULT_THRESHOLD == 1e8
     rng = np.random.default_rng(8)
     entry = LabelShiftReference.from_rows(rng.dirichlet((1, 1, 1), 400), rng.integers(0, 3, 400))
     config = LabelShiftAlarmConfig.for_reference(entry, tolerance=0.01)
@@ -373,7 +377,7 @@ def test_defaults_and_the_manifest_entry():
         (lambda: reference_tolerance(0, [0.5, 0.5]), "n"),
         (lambda: reference_tolerance(10, [0.5, 0.5], 1.0), "epsilon"),
         (lambda: reference_tolerance(10, [[0.5, 0.5]]), "reference"),
-        (lambda: threshold_for(0, 0.01), "predictions"),
+        (lambda: threshold_for(0, 0.01, "predictions"), "predictions"),
         (lambda: threshold_for(10, 1.0), "rate"),
     ],
 )

@@ -135,8 +135,15 @@ def test_the_decision_depends_on_the_labels_not_on_when_or_where_they_are_evalua
     a, b = _saved(storage, "a"), _saved(storage, "b")
     assert a.state == b.state == status.state == "alarm"
     detector_a, detector_b = json.loads(a.detector), json.loads(b.detector)
-    assert detector_a["n"] == detector_b["n"] == [1200]
-    assert detector_a == detector_b  # the same state, bit for bit
+    assert detector_a["n"] == detector_b["n"] == 1200
+    # the same state: the same decisions, the statistics and sums to rounding (the e-process folds a run of labels by
+    # cumulative sums, whose rounding depends on where the run starts)
+    assert detector_a.keys() == detector_b.keys()
+    for name, value in detector_a.items():
+        if isinstance(value, list) and value and isinstance(value[0], float):
+            np.testing.assert_allclose(detector_b[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+        else:
+            assert detector_b[name] == value, name
     storage.db.engine.dispose()
 
 
@@ -147,10 +154,10 @@ def test_a_store_filled_before_any_evaluation_is_not_read_whole(database_url):
     with patch.object(alarm, "REPLAY_LABELS", 300):
         _monitor(storage).assess("big", "1")
     row = _saved(storage, "big")
-    assert json.loads(row.detector)["n"] == [300] and row.last_seq == _saved_seq(storage)
+    assert json.loads(row.detector)["n"] == 300 and row.last_seq == _saved_seq(storage)
     _store(storage, "big", 1100, 1200)
     _monitor(storage).assess("big", "1")  # from then on every new label is folded
-    assert json.loads(_saved(storage, "big").detector)["n"] == [400]
+    assert json.loads(_saved(storage, "big").detector)["n"] == 400
     storage.db.engine.dispose()
 
 
@@ -177,7 +184,7 @@ def test_a_store_written_by_a_previous_detector_keeps_its_data_and_gets_a_workin
     status, _ = _monitor(storage).assess("old", "1")
     row = _saved(storage, "old")
     detector = json.loads(row.detector)
-    assert detector["format"] == STATE_FORMAT and detector["n"] == [1200]  # the recent labels were replayed
+    assert detector["format"] == STATE_FORMAT and detector["n"] == 1200  # the recent labels were replayed
     assert status.state == row.state == "alarm" and row.last_seq == last_seq
     with storage.db.engine.connect() as c:
         assert c.execute(sa.select(sa.func.count()).select_from(labels)).scalar_one() == 1200
