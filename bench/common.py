@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -15,10 +16,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -28,6 +30,8 @@ from service.ports import free_port
 from training.machine import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
+LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
+GPU_MAX_BATCH = 256  # the batcher's largest batch on a GPU (64 on CPUs, where larger batches gain nothing)
 # BENCH_RESULTS_DIR moves the JSON results elsewhere (the tests point it at a temporary directory)
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results")
 
@@ -147,8 +151,22 @@ def table(rows: list[dict], columns: str | list[str]) -> str:
 GOAL_COLUMNS = "goal measured target met note".split()
 """The columns of goal rows that ``judged`` judges."""
 CHECKED_COLUMNS = "goal rows met worst".split()
-"""The columns of goal rows checked on many rows at once: how many, whether all meet it, and the worst."""
+"""The columns of goal rows checked on many rows at once (``checked``): how many, whether all meet it, and the worst."""
+Side = TypeVar("Side", bound=Hashable)
+Measured = TypeVar("Measured")
 _CHECKS = {">=": lambda v, b: v >= b, "<=": lambda v, b: v <= b, "within": lambda v, b: abs(v) <= b}
+
+
+def goal(name: str, measured: float, target: str, note: str = "") -> dict:
+    """A goal row: its ``name``, the ``measured`` value and its ``target`` (">= x", "<= x", "within x", or a word
+    such as "reported"), which ``judged`` judges."""
+    return {"goal": name, "measured": measured, "target": target, "note": note}
+
+
+def many(name: str, rows: int, met: bool | str, worst: str | None) -> dict:
+    """A goal row checked on many ``rows`` at once (``CHECKED_COLUMNS``): whether all of them meet it (or a word
+    such as "reported"), and the worst."""
+    return {"goal": name, "rows": rows, "met": met, "worst": worst}
 
 
 def judged(rows: list[dict]) -> list[dict]:
@@ -161,9 +179,54 @@ def judged(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def checked(
+    name: str,
+    rows: list[dict],
+    key: str | Callable[[dict], float],
+    target: str,
+    where: Callable[[dict], str],
+    fmt: str = "{:.4f}",
+) -> dict:
+    """A goal on many ``rows`` at once (``CHECKED_COLUMNS``): every row's ``key`` (a column, or a function of the
+    row) against ``target`` (">= x", "<= x", "within x"); the worst row (``fmt`` of its value, ``where`` it is) and
+    how many met it."""
+    if not rows:
+        return many(name, 0, "not measured", "")
+    value = key if callable(key) else (lambda r: r[key])
+    op, _, bound = target.partition(" ")
+    check = functools.partial(_CHECKS[op], b=float(bound))
+    worst = (min if op == ">=" else max)(rows, key=lambda r: abs(value(r)) if op == "within" else value(r))
+    met = sum(bool(check(value(r))) for r in rows)
+    return many(
+        name, len(rows), met == len(rows), f"{fmt.format(value(worst))} ({where(worst)}); {met} of {len(rows)} rows met"
+    )
+
+
+def ab_rounds(
+    sides: Sequence[Side],
+    rounds: int,
+    measure: Callable[[Side, int], Measured],
+    warm_up: Callable[[Side], object] | None = None,
+    rotate: bool = False,
+) -> list[dict[Side, Measured]]:
+    """Alternating rounds, so that a drift of the machine's speed hits every side alike: ``warm_up(side)`` of each
+    side first (discarded), then ``rounds`` rounds of ``measure(side, round)`` (``round`` from 0) on every side, in
+    the order of ``sides``, reversed every other round (or, with ``rotate``, rotated by one more each round). Per
+    round, a dict of each side's measurement, in the order measured."""
+    if warm_up is not None:
+        for side in sides:
+            warm_up(side)
+    out = []
+    for i in range(rounds):
+        turn = i % len(sides)
+        order = [*sides[turn:], *sides[:turn]] if rotate else (sides if i % 2 == 0 else sides[::-1])
+        out.append({side: measure(side, i) for side in order})
+    return out
+
+
 class Server:
     """A server process (``argv`` gets ``--port``) with a readiness URL, or a ``probe`` of its port for one that
-    does not speak HTTP; its output goes to the file ``output`` (or nowhere)."""
+    does not speak HTTP; its output goes to the file ``output`` (or nowhere). Stopped at the end of a ``with``."""
 
     def __init__(
         self,
@@ -202,6 +265,12 @@ class Server:
         code = self.process.poll()
         self.stop()
         raise RuntimeError(f"{argv} " + ("did not become ready" if code is None else f"exited with status {code}"))
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def rss_mib(self) -> float:
         return rss_mib(self.process.pid)
@@ -368,6 +437,38 @@ def rss_mib(pid: int) -> float:
 
 
 PYTHON = sys.executable
+
+
+def service(
+    artifacts: Path,
+    database_url: str,
+    log: bool = True,
+    device: str = "cpu",
+    output: Path | None = None,
+    ready_path: str = "/v2/health/ready",
+    cwd: Path = ROOT,
+    launcher: Sequence[str] = (),
+    argv: Sequence[str] = (PYTHON, "-m", "service"),
+    **env: str,
+) -> Server:
+    """The service (``argv``, ``launcher`` such as a profiler in front) over the model repository ``artifacts`` on
+    ``device``, run from the source tree ``cwd`` (its log to ``output``), its store at ``database_url``, with the
+    settings ``env`` on top; waited for until ``ready_path`` answers 200. On a GPU its batcher may form batches of
+    up to ``GPU_MAX_BATCH`` rows."""
+    env = (
+        {
+            "CALIB_ARTIFACTS": str(artifacts),
+            "CALIB_STORE__URL": database_url,
+            "CALIB_LOG_LEVEL": "warning",
+            "CALIB_GRPC_PORT": "0",
+            "CALIB_PREDICTION_LOG__ENABLED": "true" if log else "false",
+            "CALIB_DEFAULT_MODEL": LIGHT,
+            "CALIB_DEVICE": device,
+        }
+        | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda" else {})
+        | env
+    )
+    return Server([*launcher, *argv], ready_path, env, cwd=cwd, output=output)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def text(page: str, fresh: dict[str, dict] | None = None) -> str:
     results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
     sections = [module(name).BENCHMARK.render(result) for name, result in results.items() if result]
     if page == MAIN_PAGE:
-        from bench.serving.recorded import recorded_section
+        from bench.gpu import recorded_section
 
         sections = [head(results.get("serving")), *sections, recorded_section(), ""]
     return "\n".join(sections)

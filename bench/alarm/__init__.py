@@ -26,7 +26,7 @@ def arguments(parser) -> None:
 
 def run(args) -> dict:
     if args.smoke:
-        args.streams, args.shift_streams, args.oracle_streams, args.labels = 20, 20, 50, 1_000
+        args.streams, args.shift_streams, args.oracle_streams, args.labels = 10, 10, 20, 1_000
         args.warning_predictions = 10_000
     return measure.run(args)
 

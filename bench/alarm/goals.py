@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.alarm.measure import AFTER
+from bench.common import many
 
 MAX_RATIO = 1.5
 
@@ -17,126 +18,122 @@ def goals(result: dict) -> list[dict]:
     steps = [r for r in rows if not r["shift"].startswith("ramp")]
 
     out = [
-        {
-            "goal": "false alarms <= 1% per null and tolerance-edge row, 95% upper bound <= 2%",
-            "rows": len(fa),
-            "met": all(r["rate"] <= 0.01 and r["ci95_high"] <= 0.02 for r in fa),
-            "worst": "{rate:.2%} (<= {ci95_high:.2%}) {shape} {traffic}".format(
+        many(
+            "false alarms <= 1% per null and tolerance-edge row, 95% upper bound <= 2%",
+            len(fa),
+            all(r["rate"] <= 0.01 and r["ci95_high"] <= 0.02 for r in fa),
+            "{rate:.2%} (<= {ci95_high:.2%}) {shape} {traffic}".format(
                 **max(fa, key=lambda r: (r["rate"], r["ci95_high"]))
             ),
-        }
+        )
     ]
     for key, what in (("ratio", "detection"), ("clear_ratio", "clearing")):
         worst = max(steps, key=lambda r: _median(r[key]))
         met = sum(r[key] is not None and r[key] <= MAX_RATIO for r in steps)
         out.append(
-            {
-                "goal": f"{what}: median within {MAX_RATIO}x of the oracle on every row",
-                "rows": len(steps),
-                "met": met == len(steps),
-                "worst": f"{_median(worst[key]):.2f} ({worst['shape']} {worst['shift']}); "
-                f"{met} of {len(steps)} rows met",
-            }
+            many(
+                f"{what}: median within {MAX_RATIO}x of the oracle on every row",
+                len(steps),
+                met == len(steps),
+                (f"{_median(worst[key]):.2f} ({worst['shape']} {worst['shift']}); {met} of {len(steps)} rows met"),
+            )
         )
     beyond = [r for r in steps if _interval_low(r["family_blind_ci90"]) > MAX_RATIO]
     limit = max(steps, key=lambda r: _median(r["family_blind_ratio"]))
     out.append(
-        {
-            "goal": f"information limit: the family-blind oracle itself within {MAX_RATIO}x of the oracle",
-            "rows": len(steps),
-            "met": not beyond and _median(limit["family_blind_ratio"]) <= MAX_RATIO,
-            "worst": f"{_median(limit['family_blind_ratio']):.2f} ({limit['family_blind_ci90']}, {limit['shape']} "
+        many(
+            f"information limit: the family-blind oracle itself within {MAX_RATIO}x of the oracle",
+            len(steps),
+            not beyond and _median(limit["family_blind_ratio"]) <= MAX_RATIO,
+            f"{_median(limit['family_blind_ratio']):.2f} ({limit['family_blind_ci90']}, {limit['shape']} "
             f"{limit['shift']}); 90% interval above {MAX_RATIO} on {len(beyond)} rows",
-        }
+        )
     )
     ours = [_relative(r["delay_p50"], r["family_blind_p50"]) for r in steps]
     slowest = int(np.argmax(ours))
     out.append(
-        {
-            "goal": f"detection: median within {MAX_RATIO}x of the family-blind oracle on every row",
-            "rows": len(steps),
-            "met": max(ours) <= MAX_RATIO,
-            "worst": f"{ours[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
+        many(
+            f"detection: median within {MAX_RATIO}x of the family-blind oracle on every row",
+            len(steps),
+            max(ours) <= MAX_RATIO,
+            f"{ours[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
             f"{sum(r <= MAX_RATIO for r in ours)} of {len(steps)} rows met",
-        }
+        )
     )
     limit = max(steps, key=lambda r: _median(r.get("clear_family_blind_ratio")))
     out.append(
-        {
-            "goal": f"information limit (clearing): the family-blind clearing oracle within {MAX_RATIO}x of the "
+        many(
+            f"information limit (clearing): the family-blind clearing oracle within {MAX_RATIO}x of the "
             "clearing oracle",
-            "rows": len(steps),
-            "met": _median(limit.get("clear_family_blind_ratio")) <= MAX_RATIO,
-            "worst": f"{_median(limit.get('clear_family_blind_ratio')):.2f} ({limit['shape']} {limit['shift']})",
-        }
+            len(steps),
+            _median(limit.get("clear_family_blind_ratio")) <= MAX_RATIO,
+            f"{_median(limit.get('clear_family_blind_ratio')):.2f} ({limit['shape']} {limit['shift']})",
+        )
     )
     ours = [_relative(r["clear_p50"], r.get("clear_family_blind_p50")) for r in steps]
     slowest = int(np.argmax(ours))
     out.append(
-        {
-            "goal": f"clearing: median within {MAX_RATIO}x of the family-blind clearing oracle on every row",
-            "rows": len(steps),
-            "met": max(ours) <= MAX_RATIO,
-            "worst": f"{ours[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
+        many(
+            f"clearing: median within {MAX_RATIO}x of the family-blind clearing oracle on every row",
+            len(steps),
+            max(ours) <= MAX_RATIO,
+            f"{ours[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
             f"{sum(r <= MAX_RATIO for r in ours)} of {len(steps)} rows met",
-        }
+        )
     )
     quick = [r for r in rows if r["clear_oracle_p50"] is not None and r["clear_oracle_p50"] < 600]
     slowest_quick = max(quick, key=lambda r: _median(r["clear_p50"]), default=None)
     out.append(
-        {
-            "goal": "clearing: median <= 1000 where the oracle needs under 600",
-            "rows": len(quick),
-            "met": all(r["clear_p50"] is not None and r["clear_p50"] <= 1_000 for r in quick),
-            "worst": slowest_quick
-            and f"{slowest_quick['clear_p50']} ({slowest_quick['shape']} {slowest_quick['shift']})",
-        }
+        many(
+            "clearing: median <= 1000 where the oracle needs under 600",
+            len(quick),
+            all(r["clear_p50"] is not None and r["clear_p50"] <= 1_000 for r in quick),
+            (slowest_quick and f"{slowest_quick['clear_p50']} ({slowest_quick['shape']} {slowest_quick['shift']})"),
+        )
     )
     latched = max(rows, key=lambda r: r["latched"])
     out.append(
-        {
-            "goal": f"none still alarmed {AFTER} calibrated labels after the shift",
-            "rows": len(rows),
-            "met": all(r["latched"] == 0 for r in rows),
-            "worst": f"{latched['latched']:.1%} ({latched['shape']} {latched['shift']}; the clearing oracle "
+        many(
+            f"none still alarmed {AFTER} calibrated labels after the shift",
+            len(rows),
+            all(r["latched"] == 0 for r in rows),
+            f"{latched['latched']:.1%} ({latched['shape']} {latched['shift']}; the clearing oracle "
             f"{latched.get('clear_oracle_latched', float('nan')):.1%}, the family-blind one "
             f"{latched.get('clear_family_blind_latched', float('nan')):.1%})",
-        }
+        )
     )
     flappy = max(rows, key=lambda r: r["flaps"])
     out.append(
-        {
-            "goal": "flaps <= 2% on every row",
-            "rows": len(rows),
-            "met": all(r["flaps"] <= 0.02 for r in rows),
-            "worst": f"{flappy['flaps']:.1%} ({flappy['shape']} {flappy['shift']})",
-        }
+        many(
+            "flaps <= 2% on every row",
+            len(rows),
+            all(r["flaps"] <= 0.02 for r in rows),
+            f"{flappy['flaps']:.1%} ({flappy['shape']} {flappy['shift']})",
+        )
     )
     tenth = [r for r in steps if 0.08 <= r["ece"] < 0.13]
     out.append(
-        {
-            "goal": "at ECE ~0.10 faster than the naive 500-label window",
-            "rows": len(tenth),
-            "met": all(_median(r["naive_delay_p50"]) > _median(r["delay_p50"]) for r in tenth),
-            "worst": "; ".join(
+        many(
+            "at ECE ~0.10 faster than the naive 500-label window",
+            len(tenth),
+            all(_median(r["naive_delay_p50"]) > _median(r["delay_p50"]) for r in tenth),
+            "; ".join(
                 f"{r['shape']} {r['shift']}: {r['delay_p50']} vs {r['naive_delay_p50']}"
                 for r in tenth
                 if _median(r["naive_delay_p50"]) <= _median(r["delay_p50"])
             )
             or None,
-        }
+        )
     )
     if result.get("warnings"):
         our_rules = [r for r in result["warnings"] if "D >=" in r["rule"]]
         out.append(
-            {
-                "goal": "label-free warning: <= 1% of in-distribution checks",
-                "rows": len(our_rules),
-                "met": all(r["rate"] <= 0.01 for r in our_rules),
-                "worst": "{rate:.2%} (<= {ci95_high:.2%}) on {recent} recent".format(
-                    **max(our_rules, key=lambda r: r["rate"])
-                ),
-            }
+            many(
+                "label-free warning: <= 1% of in-distribution checks",
+                len(our_rules),
+                all(r["rate"] <= 0.01 for r in our_rules),
+                "{rate:.2%} (<= {ci95_high:.2%}) on {recent} recent".format(**max(our_rules, key=lambda r: r["rate"])),
+            )
         )
     return out
 

@@ -372,7 +372,7 @@ def covariate_rows(args) -> dict:
 def feedback_rows(args) -> list[dict]:
     from bench import feedback_load
 
-    return feedback_load.measure_rounds(["sqlite", "postgresql"], 2.0 if args.smoke else 10.0, 1, args.smoke)
+    return feedback_load.measure_rounds(["sqlite", "postgresql"], 1.0 if args.smoke else 10.0, 1, args.smoke)
 
 
 def run(args) -> dict:

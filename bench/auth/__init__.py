@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, table, wrk
+from bench.common import GOAL_COLUMNS, ROOT, Benchmark, ab_rounds, goal, judged, service, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
@@ -34,48 +34,37 @@ wrk.body = io.open("{body}"):read("*a")
 
 
 def measure_rounds(seconds: float, rounds: int) -> list[dict]:
-    """``rounds`` rounds of single-row /predict on the open and the guarded process, alternately first."""
+    """``rounds`` alternating rounds (``ab_rounds``) of single-row /predict on the open and the guarded process."""
     from training.data import load_digits_splits
 
     work = Path(tempfile.mkdtemp(prefix="calib-bench-auth-"))
     body = work / "body.json"
     body.write_text(json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()}))
-    env = {"CALIB_ARTIFACTS": str(ROOT / "artifacts"), "CALIB_DEFAULT_MODEL": MODEL, "CALIB_LOG_LEVEL": "warning"}
+    tokens = f"other:{TOKEN[::-1]},bench:{TOKEN}"
     servers = {
-        "open": Server(
-            [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_STORE__URL": f"sqlite:///{work / 'open.db'}"}
-        ),
-        "tokens": Server(
-            [PYTHON, "-m", "service"],
-            "/v2/health/ready",
-            env
-            | {
-                "CALIB_STORE__URL": f"sqlite:///{work / 'tokens.db'}",
-                "CALIB_AUTH__PREDICT_TOKENS": f"other:{TOKEN[::-1]},bench:{TOKEN}",
-            },
-        ),
+        "open": service(ROOT / "artifacts", f"sqlite:///{work / 'open.db'}"),
+        "tokens": service(ROOT / "artifacts", f"sqlite:///{work / 'tokens.db'}", CALIB_AUTH__PREDICT_TOKENS=tokens),
     }
     lua = _LUA.format(token=TOKEN, body=body)
+
+    def load(name: str, _round: int, seconds: float = seconds) -> dict:
+        run = wrk(f"{servers[name].url}/predict", None, CONNECTIONS, seconds, lua=lua)
+        assert run["non_2xx"] == 0, run
+        return run
+
     try:
-        for server in servers.values():  # warm-up
-            wrk(f"{server.url}/predict", None, CONNECTIONS, 1.0, lua=lua)
-        rows = []
-        for i in range(rounds):
-            runs = {}
-            for name in ("open", "tokens") if i % 2 == 0 else ("tokens", "open"):
-                runs[name] = wrk(f"{servers[name].url}/predict", None, CONNECTIONS, seconds, lua=lua)
-                assert runs[name]["non_2xx"] == 0, runs[name]
-            rows.append(
-                {
-                    "round": i + 1,
-                    "open_rps": runs["open"]["requests_per_s"],
-                    "tokens_rps": runs["tokens"]["requests_per_s"],
-                    "ratio": runs["tokens"]["requests_per_s"] / runs["open"]["requests_per_s"],
-                    "open_p99_ms": runs["open"]["p99_ms"],
-                    "tokens_p99_ms": runs["tokens"]["p99_ms"],
-                }
-            )
-        return rows
+        measured = ab_rounds(("open", "tokens"), rounds, load, lambda name: load(name, 0, 1.0))
+        return [
+            {
+                "round": i + 1,
+                "open_rps": runs["open"]["requests_per_s"],
+                "tokens_rps": runs["tokens"]["requests_per_s"],
+                "ratio": runs["tokens"]["requests_per_s"] / runs["open"]["requests_per_s"],
+                "open_p99_ms": runs["open"]["p99_ms"],
+                "tokens_p99_ms": runs["tokens"]["p99_ms"],
+            }
+            for i, runs in enumerate(measured)
+        ]
     finally:
         for server in servers.values():
             server.stop()
@@ -108,18 +97,12 @@ def goals(result: dict) -> list[dict]:
     rows, check_us = result["rows"], result["check_us"]
     ratios = sorted(r["ratio"] for r in rows)
     per_request = 1e6 / sorted(r["open_rps"] for r in rows)[len(rows) // 2]
-    return judged(
-        [
-            {
-                "goal": "light /predict with predict tokens: requests/s over the open default's, median round",
-                "measured": ratios[len(ratios) // 2],
-                "target": f">= {GOAL_RATIO}",
-                "note": f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; the check alone: {check_us:.2f} us "
-                f"per request, {100 * check_us / per_request:.2f}% of the open server's {per_request:.0f} us per "
-                "request (its median round)",
-            }
-        ]
+    note = (
+        f"{len(rows)} rounds, {ratios[0]:.3f}-{ratios[-1]:.3f}; the check alone: {check_us:.2f} us per request, "
+        f"{100 * check_us / per_request:.2f}% of the open server's {per_request:.0f} us per request (its median round)"
     )
+    name = "light /predict with predict tokens: requests/s over the open default's, median round"
+    return judged([goal(name, ratios[len(ratios) // 2], f">= {GOAL_RATIO}", note)])
 
 
 def arguments(parser) -> None:

@@ -15,7 +15,6 @@ and empty sets measured from the sets the client received.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.common import ROOT, Server, table
+from bench.common import ROOT, many, service, table
 from calibkit.conformal import SplitConformal, conformity_scores
 from calibkit.synthetic import TrafficShape
 
@@ -218,14 +217,8 @@ def run(
                         after = rng.integers(0, len(ys), length - SHIFT_BEFORE)
                         sx = np.concatenate([sx[:SHIFT_BEFORE], xs[after]])
                         sy = np.concatenate([sy[:SHIFT_BEFORE], ys[after]])
-                    env = {"CALIB_STORE__URL": f"sqlite:///{tmp}/{data}-{delay}-{index}.db", "CALIB_GRPC_PORT": "0"}
-                    server = Server(
-                        [sys.executable, "-m", "service", "--artifacts", str(artifacts)], "/v2/health/ready", env=env
-                    )
-                    try:
+                    with service(artifacts, f"sqlite:///{tmp}/{data}-{delay}-{index}.db") as server:
                         got = stream(server.url, model, sx, sy, delay)
-                    finally:
-                        server.stop()
                     start = SHIFT_BEFORE + delay if shifted else delay
                     probs = got["probs"][start:]
                     static = float(calibrator.sets(probs, 1 - coverage).sum(axis=1).mean())
@@ -346,12 +339,12 @@ def goals(e2e: dict, target: float = 0.9) -> list[dict]:
         results = {k: check(v) for k, v in mine.items()}
         key = min(results, key=lambda k: worst(mine[k])) if results else None
         out.append(
-            {
-                "goal": goal,
-                "rows": sum(len(v) for v in mine.values()),
-                "met": bool(results) and all(results.values()),
-                "worst": "" if key is None else f"{sign * worst(mine[key]) + 0.0:.4g}, {key[1]} delay {key[2]:,}",
-            }
+            many(
+                goal,
+                sum(len(v) for v in mine.values()),
+                bool(results) and all(results.values()),
+                "" if key is None else f"{sign * worst(mine[key]) + 0.0:.4g}, {key[1]} delay {key[2]:,}",
+            )
         )
 
     def share(v):
@@ -410,12 +403,12 @@ def goals(e2e: dict, target: float = 0.9) -> list[dict]:
     )
     alarm = e2e["alarm"]
     out.append(
-        {
-            "goal": f"coverage alarm in process, adaptation on: false alarms over {alarm['streams']} exchangeable "
+        many(
+            f"coverage alarm in process, adaptation on: false alarms over {alarm['streams']} exchangeable "
             f"streams of {alarm['labels']:,} labels within the stated bound n / A + 0.01",
-            "rows": alarm["streams"],
-            "met": alarm["raised"] / alarm["streams"] <= alarm["bound"],
-            "worst": f"{alarm['raised']} of {alarm['streams']} raised (bound {alarm['bound']:.2f})",
-        }
+            alarm["streams"],
+            alarm["raised"] / alarm["streams"] <= alarm["bound"],
+            f"{alarm['raised']} of {alarm['streams']} raised (bound {alarm['bound']:.2f})",
+        )
     )
     return out

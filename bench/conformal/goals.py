@@ -5,6 +5,8 @@ measurement is missing from the result is listed as not yet measured, so that th
 
 from __future__ import annotations
 
+from bench.common import many
+
 #: Mean coverage within this of 1 - alpha.
 COVERAGE_TOLERANCE = 0.005
 #: The family-wise level of the law tests: each row's KS p-value against LAW_LEVEL / rows (Bonferroni).
@@ -62,33 +64,33 @@ def goals(result: dict) -> list[dict]:
 
     far = max(exact, key=lambda r: abs(r["excess"]))
     out.append(
-        {
-            "goal": f"exchangeable: mean coverage within {COVERAGE_TOLERANCE * 100:g} points of 1 - alpha "
+        many(
+            f"exchangeable: mean coverage within {COVERAGE_TOLERANCE * 100:g} points of 1 - alpha "
             "(LAC, randomized APS and RAPS)",
-            "rows": len(exact),
-            "met": all(abs(r["excess"]) <= COVERAGE_TOLERANCE for r in exact),
-            "worst": f"{far['excess'] * 100:+.2f} points (se {far['coverage_se'] * 100:.2f}), {_where(far)}",
-        }
+            len(exact),
+            all(abs(r["excess"]) <= COVERAGE_TOLERANCE for r in exact),
+            f"{far['excess'] * 100:+.2f} points (se {far['coverage_se'] * 100:.2f}), {_where(far)}",
+        )
     )
     low = min(exact, key=lambda r: r["ks_p"])
     level = LAW_LEVEL / len(exact)
     out.append(
-        {
-            "goal": "exchangeable: per-split coverage consistent with its exact law (KS, family-wise level "
+        many(
+            "exchangeable: per-split coverage consistent with its exact law (KS, family-wise level "
             f"{LAW_LEVEL:g}: each p >= {level:.2g})",
-            "rows": len(exact),
-            "met": all(r["ks_p"] >= level for r in exact),
-            "worst": f"p = {low['ks_p']:.3g} (D = {low['ks_d']:.3f}), {_where(low)}",
-        }
+            len(exact),
+            all(r["ks_p"] >= level for r in exact),
+            f"p = {low['ks_p']:.3g} (D = {low['ks_d']:.3f}), {_where(low)}",
+        )
     )
     most = max(conservative, key=lambda r: r["excess"])
     out.append(
-        {
-            "goal": "exchangeable: non-randomized APS and RAPS are conservative: mean excess over 1 - alpha",
-            "rows": len(conservative),
-            "met": "reported",
-            "worst": f"{most['excess'] * 100:+.2f} points, {_where(most)}",
-        }
+        many(
+            "exchangeable: non-randomized APS and RAPS are conservative: mean excess over 1 - alpha",
+            len(conservative),
+            "reported",
+            f"{most['excess'] * 100:+.2f} points, {_where(most)}",
+        )
     )
 
     pairs = []
@@ -101,27 +103,25 @@ def goals(result: dict) -> list[dict]:
         pairs.append((raps["size"] / aps["size"], aps, raps))
     ratio, aps, raps = max(pairs, key=lambda t: t[0])
     out.append(
-        {
-            "goal": "RAPS's mean set size at most APS's at the same coverage (randomized: both exact)",
-            "rows": len(pairs),
-            "met": all(t[0] <= 1.0 for t in pairs),
-            "worst": f"{raps['size']:.3f} against {aps['size']:.3f} ({ratio:.3f}x), {aps['data']} alpha "
-            f"{aps['alpha']:g}",
-        }
+        many(
+            "RAPS's mean set size at most APS's at the same coverage (randomized: both exact)",
+            len(pairs),
+            all(t[0] <= 1.0 for t in pairs),
+            (f"{raps['size']:.3f} against {aps['size']:.3f} ({ratio:.3f}x), {aps['data']} alpha {aps['alpha']:g}"),
+        )
     )
 
     groups = _bin_groups(result["bins"])
     adaptive = {k: v for k, v in groups.items() if not k[2].startswith("LAC")}
     key, b = min(((k, _worst_bin(v)) for k, v in adaptive.items()), key=lambda t: t[1]["coverage"] - (1 - t[0][1]))
     out.append(
-        {
-            "goal": f"coverage by set size, APS and RAPS (randomized), bins of >= {result['setup']['min_bin_labels']} "
+        many(
+            f"coverage by set size, APS and RAPS (randomized), bins of >= {result['setup']['min_bin_labels']} "
             f"labels: worst bin >= 1 - alpha - {BIN_SLACK:g}",
-            "rows": len(adaptive),
-            "met": all(_worst_bin(v)["coverage"] >= 1 - k[1] - BIN_SLACK - 1e-12 for k, v in adaptive.items()),
-            "worst": f"{b['coverage']:.3f} at sizes {b['sizes']} ({b['labels']} labels), {key[0]} alpha {key[1]:g} "
-            f"{key[2]}",
-        }
+            len(adaptive),
+            all(_worst_bin(v)["coverage"] >= 1 - k[1] - BIN_SLACK - 1e-12 for k, v in adaptive.items()),
+            (f"{b['coverage']:.3f} at sizes {b['sizes']} ({b['labels']} labels), {key[0]} alpha {key[1]:g} {key[2]}"),
+        )
     )
     lac = {k: v for k, v in groups.items() if k[2] == "LAC"}
     key, b = min(((k, _worst_bin(v)) for k, v in lac.items()), key=lambda t: t[1]["coverage"] - (1 - t[0][1]))
@@ -129,67 +129,67 @@ def goals(result: dict) -> list[dict]:
     classes = [r for r in result["classes"] if r["method"] == "LAC" and r["sets"] == "marginal"]
     weak = min(classes, key=lambda r: r["worst_coverage"] - (1 - r["alpha"]))
     out.append(
-        {
-            "goal": "LAC's conditional weakness: its worst set-size bin and worst class",
-            "rows": len(lac),
-            "met": "reported",
-            "worst": f"bin {b['coverage']:.3f} at sizes {b['sizes']}, best {best['coverage']:.3f} at "
+        many(
+            "LAC's conditional weakness: its worst set-size bin and worst class",
+            len(lac),
+            "reported",
+            f"bin {b['coverage']:.3f} at sizes {b['sizes']}, best {best['coverage']:.3f} at "
             f"{best['sizes']} ({key[0]} alpha {key[1]:g}); class "
             f"{weak['worst_class']} {weak['worst_coverage']:.3f} ({weak['data']} alpha {weak['alpha']:g})",
-        }
+        )
     )
     mondrian = [r for r in result["classes"] if r["sets"] == "mondrian"]
     weak = min(mondrian, key=lambda r: r["worst_coverage"] - (1 - r["alpha"]))
     out.append(
-        {
-            "goal": "Mondrian (class-conditional) sets: worst per-class coverage",
-            "rows": len(mondrian),
-            "met": "reported",
-            "worst": f"class {weak['worst_class']} {weak['worst_coverage']:.3f} for 1 - alpha = "
+        many(
+            "Mondrian (class-conditional) sets: worst per-class coverage",
+            len(mondrian),
+            "reported",
+            f"class {weak['worst_class']} {weak['worst_coverage']:.3f} for 1 - alpha = "
             f"{1 - weak['alpha']:g}, {_where(weak)}",
-        }
+        )
     )
 
     big, slow, within = _big_cost(result, ("served", "sets"))
     out.append(
-        {
-            "goal": f"cost: sets of 64 rows at 1,000 classes, median <= {COST_MS:g} ms per method, as the service "
+        many(
+            f"cost: sets of 64 rows at 1,000 classes, median <= {COST_MS:g} ms per method, as the service "
             "computes them for a batch (`served`: draws, ranking, sizes) and as masks (`sets`)",
-            "rows": len(big),
-            "met": within == len(big),
-            "worst": f"{slow['median_ms']:.3f} ms, {slow['op']} {slow['method']} ({within} of {len(big)} met)",
-        }
+            len(big),
+            within == len(big),
+            f"{slow['median_ms']:.3f} ms, {slow['op']} {slow['method']} ({within} of {len(big)} met)",
+        )
     )
     big, slow, within = _big_cost(result, ("listed",))
     out.append(
-        {
-            "goal": "cost: the served sets of 64 rows at 1,000 classes listed for the responses and the log, median "
+        many(
+            "cost: the served sets of 64 rows at 1,000 classes listed for the responses and the log, median "
             "per method (reported: Python lists of every member, as long as the responses that carry them)",
-            "rows": len(big),
-            "met": "reported",
-            "worst": f"{slow['median_ms']:.3f} ms, {slow['method']}, mean set size {slow['mean_set_size']:.1f} "
+            len(big),
+            "reported",
+            f"{slow['median_ms']:.3f} ms, {slow['method']}, mean set size {slow['mean_set_size']:.1f} "
             f"({within} of {len(big)} within {COST_MS:g} ms)",
-        }
+        )
     )
     big, slow, within = _big_cost(result, ("p_values",))
     out.append(
-        {
-            "goal": "cost: p-values of 64 rows at 1,000 classes, median per method (reported: the issue asks for "
+        many(
+            "cost: p-values of 64 rows at 1,000 classes, median per method (reported: the issue asks for "
             "p-values on request only, and sets its cost goal on sets)",
-            "rows": len(big),
-            "met": "reported",
-            "worst": f"{slow['median_ms']:.3f} ms, {slow['method']} ({within} of {len(big)} within {COST_MS:g} ms)",
-        }
+            len(big),
+            "reported",
+            f"{slow['median_ms']:.3f} ms, {slow['method']} ({within} of {len(big)} within {COST_MS:g} ms)",
+        )
     )
     small = [r for r in result["cost"] if r["classes"] == 10]
     slow = max(small, key=lambda r: r["median_ms"])
     out.append(
-        {
-            "goal": "cost: sets and p-values of 64 rows at the light model's 10 classes",
-            "rows": len(small),
-            "met": "reported",
-            "worst": f"{slow['median_ms']:.3f} ms, {slow['op'].replace('_', '-')} {slow['method']}",
-        }
+        many(
+            "cost: sets and p-values of 64 rows at the light model's 10 classes",
+            len(small),
+            "reported",
+            f"{slow['median_ms']:.3f} ms, {slow['op'].replace('_', '-')} {slow['method']}",
+        )
     )
     pending = [] if "serving" in result else NOT_YET[:1]
     if "serving" in result:
@@ -202,7 +202,7 @@ def goals(result: dict) -> list[dict]:
         from bench.conformal.e2e import goals as e2e_goals
 
         out += e2e_goals(result["e2e"])
-    out += [{"goal": goal, "rows": 0, "met": "not yet measured", "worst": f"needs {needs}"} for goal, needs in pending]
+    out += [many(goal, 0, "not yet measured", f"needs {needs}") for goal, needs in pending]
     return out
 
 
@@ -225,14 +225,14 @@ def serving_goal(serving: dict) -> dict:
         f"{s['low']:.3f}-{s['high']:.3f})"
         for s in summary
     )
-    return {
-        "goal": f"sets on the light model cost at most {1 - SERVING_RATIO:.0%} of /predict throughput: CPU per row "
+    return many(
+        f"sets on the light model cost at most {1 - SERVING_RATIO:.0%} of /predict throughput: CPU per row "
         f"without sets over with >= {SERVING_RATIO:g}, the sets' CPU measured in process at the batch size the "
         f"service formed under {serving['clients']} clients (single-row and 8-row requests)",
-        "rows": sum(s["rounds"] for s in summary),
-        "met": all(s["cost_ratio"] >= SERVING_RATIO for s in summary),
-        "worst": f"{low['cost_ratio']:.3f} at {low['rows']}-row; {shown}",
-    }
+        sum(s["rounds"] for s in summary),
+        all(s["cost_ratio"] >= SERVING_RATIO for s in summary),
+        f"{low['cost_ratio']:.3f} at {low['rows']}-row; {shown}",
+    )
 
 
 def shift_goals(shift: dict) -> list[dict]:
@@ -245,13 +245,13 @@ def shift_goals(shift: dict) -> list[dict]:
     fall = min(rows, key=lambda r: r["static_after"])
     below = sum(r["static_after"] < target - LONG_RUN_POINTS for r in rows)
     out.append(
-        {
-            "goal": "under shift: how far static split conformal falls (coverage over the labels after the shift)",
-            "rows": len(rows),
-            "met": "reported",
-            "worst": f"{fall['static_after']:.3f} for {target:g}, {fall['data']} {fall['shift']}; {below} of "
+        many(
+            "under shift: how far static split conformal falls (coverage over the labels after the shift)",
+            len(rows),
+            "reported",
+            f"{fall['static_after']:.3f} for {target:g}, {fall['data']} {fall['shift']}; {below} of "
             f"{len(rows)} shifts more than a point below",
-        }
+        )
     )
     for key, points, what in (
         ("long_run", LONG_RUN_POINTS, "long-run coverage over 10,000 labels"),
@@ -259,49 +259,49 @@ def shift_goals(shift: dict) -> list[dict]:
     ):
         far = min(rows, key=lambda r: r[key])
         out.append(
-            {
-                "goal": f"under shift, adaptation on ({name}): {what} at least the target less {points * 100:g} "
+            many(
+                f"under shift, adaptation on ({name}): {what} at least the target less {points * 100:g} "
                 "points, every stream (labels folded one by one, no delay)",
-                "rows": len(rows),
-                "met": all(r[key] >= target - points - 1e-12 for r in rows),
-                "worst": f"{far[key]:.4f}, {far['data']} {far['shift']}",
-            }
+                len(rows),
+                all(r[key] >= target - points - 1e-12 for r in rows),
+                f"{far[key]:.4f}, {far['data']} {far['shift']}",
+            )
         )
     big = max(rows, key=lambda r: r["size_ratio"])
     out.append(
-        {
-            "goal": f"under shift, adaptation on ({name}): mean set size at most {SIZE_RATIO:g}x an oracle split "
+        many(
+            f"under shift, adaptation on ({name}): mean set size at most {SIZE_RATIO:g}x an oracle split "
             "conformal calibrated on the shifted data, at the same coverage",
-            "rows": len(rows),
-            "met": all(r["size_ratio"] <= SIZE_RATIO for r in rows),
-            "worst": f"{big['size_ratio']:.3f}x ({big['size']:.2f} against {big['oracle_size']:.2f}), {big['data']} "
+            len(rows),
+            all(r["size_ratio"] <= SIZE_RATIO for r in rows),
+            f"{big['size_ratio']:.3f}x ({big['size']:.2f} against {big['oracle_size']:.2f}), {big['data']} "
             f"{big['shift']}; {sum(r['size_ratio'] <= SIZE_RATIO for r in rows)} of {len(rows)} met",
-        }
+        )
     )
     fa = [r for r in shift["false_alarms"] if r["case"] == "default"]
     worst = max(fa, key=lambda r: r["ci95_high"])
     out.append(
-        {
-            "goal": "coverage alarm: at most 1% false alarms per 10,000 labels at target (i.i.d. misses at alpha, "
+        many(
+            "coverage alarm: at most 1% false alarms per 10,000 labels at target (i.i.d. misses at alpha, "
             "the least favourable null), 95% upper bound",
-            "rows": len(fa),
-            "met": all(r["ci95_high"] <= ALARM_RATE for r in fa),
-            "worst": f"{worst['rate']:.2%} (<= {worst['ci95_high']:.2%}) at alpha {worst['alpha']:g}, "
+            len(fa),
+            all(r["ci95_high"] <= ALARM_RATE for r in fa),
+            f"{worst['rate']:.2%} (<= {worst['ci95_high']:.2%}) at alpha {worst['alpha']:g}, "
             f"{worst['streams']:,} streams",
-        }
+        )
     )
     delays = {r["detector"]: r for r in shift["delays"]}
     mine, blind = delays["detector (default)"], delays["rate-blind oracle"]
     out.append(
-        {
-            "goal": f"coverage alarm: a drop from 0.90 to 0.85 detected within {DELAY_RATIO:g}x the mean delay of an "
+        many(
+            f"coverage alarm: a drop from 0.90 to 0.85 detected within {DELAY_RATIO:g}x the mean delay of an "
             "oracle CUSUM told the drop, at the same false-alarm rate",
-            "rows": 1,
-            "met": mine["ratio"] <= DELAY_RATIO,
-            "worst": f"{mine['ratio']:.2f}x (90% CI {mine['ratio_ci90'][0]:.2f}-{mine['ratio_ci90'][1]:.2f}; "
+            1,
+            mine["ratio"] <= DELAY_RATIO,
+            f"{mine['ratio']:.2f}x (90% CI {mine['ratio_ci90'][0]:.2f}-{mine['ratio_ci90'][1]:.2f}; "
             f"{mine['mean_delay']:.0f} against {delays['oracle CUSUM told the drop']['mean_delay']:.0f} labels); "
             f"rate-blind oracle {blind['ratio']:.2f}x",
-        }
+        )
     )
     return out
 

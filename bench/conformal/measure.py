@@ -477,7 +477,7 @@ def run(args) -> dict:
         from bench.conformal import e2e
 
         small: dict[str, Any] = (
-            {"delays": (0, 100), "measured": 2_000, "shift_min": 2_000, "alarm": 10} if args.smoke else {}
+            {"delays": (100,), "measured": 1_000, "shift_min": 1_000, "alarm": 10} if args.smoke else {}
         )
         out["e2e"] = e2e.run(args.seed + 500, args.e2e_streams, args.e2e_shift_streams, **small)
     return out

@@ -30,8 +30,18 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.common import ROOT, histogram_means, histogram_totals, process_cpu_seconds, table, wrk
-from bench.serving.measure import LIGHT, SHAPES, service
+from bench.common import (
+    LIGHT,
+    ROOT,
+    ab_rounds,
+    histogram_means,
+    histogram_totals,
+    process_cpu_seconds,
+    service,
+    table,
+    wrk,
+)
+from bench.serving.measure import SHAPES
 from service.cli import GC_THRESHOLD
 
 CLIENTS = 64
@@ -131,12 +141,9 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_
     work = Path(tempfile.mkdtemp(prefix="calib-bench-sets-"))
     try:
         artifacts = repository(work)
-        svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, "cpu", cwd=cwd)
-        try:
+        with service(artifacts, f"sqlite:///{work / 'bench.db'}", True, "cpu", cwd=cwd) as svc:
             checked = check_sets(svc.url, {v: request_body(v, 1) for v in (WITH, WITHOUT)})
             rows_out = alternating_rounds(svc, seconds, rounds)
-        finally:
-            svc.stop()
         summary = summarize(rows_out)
         for s in summary:
             s |= set_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)
@@ -147,40 +154,37 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_
 
 
 def alternating_rounds(svc, seconds: float, rounds: int) -> list[dict]:
-    """Per row count of ``ROW_COUNTS``: a one-second warm-up of each version, then ``rounds`` rounds of ``seconds``
-    of wrk load on each, in alternating order; each round's rows/s, service CPU per row and mean batch per version
-    and their ratios (``ROUND_COLUMNS``), printed as they come."""
-    url = f"{svc.url}/predict"
-    rows_out = []
+    """Per row count of ``ROW_COUNTS``: a one-second warm-up of each version, then ``rounds`` alternating rounds
+    (``ab_rounds``) of ``seconds`` of wrk load on each; each round's rows/s, service CPU per row and mean batch per
+    version and their ratios (``ROUND_COLUMNS``), printed as they come."""
+    rows_out, url, key = [], f"{svc.url}/predict", f"batch:{LIGHT}"
     for rows in ROW_COUNTS:
         bodies = {v: request_body(v, rows) for v in (WITH, WITHOUT)}
-        for payload in bodies.values():  # warm-ups, discarded
-            wrk(url, payload, CLIENTS, 1.0)
-        for r in range(rounds):
-            measured, cpu, batch = {}, {}, {}
-            for version in (WITH, WITHOUT)[:: 1 if r % 2 == 0 else -1]:
-                start, histograms = process_cpu_seconds(svc.process.pid), histogram_totals(svc.url)
-                result = wrk(url, bodies[version], CLIENTS, seconds)
-                if result["non_2xx"] or result["socket_errors"]:
-                    raise RuntimeError(f"version {version}, {rows} rows: {result}")
-                measured[version] = result["requests_per_s"] * rows
-                used = process_cpu_seconds(svc.process.pid) - start
-                cpu[version] = 1e6 * used / (result["requests"] * rows)
-                key = f"batch:{LIGHT}"
-                batch[version] = histogram_means(histograms, histogram_totals(svc.url), [key])[key]
+
+        def load(version: str, _round: int, rows: int = rows, bodies: dict = bodies) -> dict:
+            start, histograms = process_cpu_seconds(svc.process.pid), histogram_totals(svc.url)
+            result = wrk(url, bodies[version], CLIENTS, seconds)
+            if result["non_2xx"] or result["socket_errors"]:
+                raise RuntimeError(f"version {version}, {rows} rows: {result}")
+            used = process_cpu_seconds(svc.process.pid) - start
+            return {
+                "rows_per_s": result["requests_per_s"] * rows,
+                "cpu_us_per_row": 1e6 * used / (result["requests"] * rows),
+                "batch_rows": histogram_means(histograms, histogram_totals(svc.url), [key])[key],
+            }
+
+        def warm_up(version: str, bodies: dict = bodies) -> None:
+            wrk(url, bodies[version], CLIENTS, 1.0)
+
+        for r, m in enumerate(ab_rounds((WITH, WITHOUT), rounds, load, warm_up)):
+            sides = {
+                f"{side}_{k}": v for side, ver in (("with", WITH), ("without", WITHOUT)) for k, v in m[ver].items()
+            }
             rows_out.append(
-                {
-                    "rows": rows,
-                    "round": r + 1,
-                    "seconds": seconds,
-                    "with_rows_per_s": measured[WITH],
-                    "without_rows_per_s": measured[WITHOUT],
-                    "ratio": measured[WITH] / measured[WITHOUT],
-                    "with_cpu_us_per_row": cpu[WITH],
-                    "without_cpu_us_per_row": cpu[WITHOUT],
-                    "cpu_ratio": cpu[WITHOUT] / cpu[WITH],
-                    "with_batch_rows": batch[WITH],
-                    "without_batch_rows": batch[WITHOUT],
+                {"rows": rows, "round": r + 1, "seconds": seconds, **sides}
+                | {
+                    "ratio": m[WITH]["rows_per_s"] / m[WITHOUT]["rows_per_s"],
+                    "cpu_ratio": m[WITHOUT]["cpu_us_per_row"] / m[WITH]["cpu_us_per_row"],
                 }
             )
             print(table([rows_out[-1]], ROUND_COLUMNS).splitlines()[-1], flush=True)
@@ -190,20 +194,21 @@ def alternating_rounds(svc, seconds: float, rounds: int) -> list[dict]:
 def paired_cpu_us(serve: Callable[[bool], None], repeats: int) -> tuple[float, float]:
     """The median thread CPU time, in microseconds, of ``serve(True)`` and of ``serve(False)``, called alternately
     ``repeats`` times each, with the garbage collector set as the service sets it (``service.cli``)."""
-    spent: dict[bool, list[int]] = {True: [], False: []}
+
+    def timed(side: bool, _round: int) -> int:
+        start = time.thread_time_ns()
+        serve(side)
+        return time.thread_time_ns() - start
+
     thresholds = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, *thresholds[1:])
     try:
-        for i in range(repeats):
-            for side in (True, False) if i % 2 == 0 else (False, True):
-                start = time.thread_time_ns()
-                serve(side)
-                spent[side].append(time.thread_time_ns() - start)
+        spent = ab_rounds((True, False), repeats, timed)
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
-    return float(np.median(spent[True])) / 1e3, float(np.median(spent[False])) / 1e3
+    return tuple(float(np.median([r[side] for r in spent])) / 1e3 for side in (True, False))  # type: ignore[return-value]
 
 
 @dataclass

@@ -31,11 +31,12 @@ import numpy as np
 from bench.common import (
     ROOT,
     Benchmark,
-    Server,
+    ab_rounds,
     children,
     histogram_totals,
     measured_by,
     process_cpu_seconds,
+    service,
     table,
     wrk,
 )
@@ -93,22 +94,24 @@ def service_runs(seconds: float, rounds: int = ROUNDS) -> list[dict]:
         "CALIB_BENCH_BATCH_MS": f"{a},{c}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(STRETCH), str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    service = [sys.executable, "-m", "service"]
-    layouts = {"1": service, "pod of 1": [sys.executable, "-m", "bench.engine.pod_of_one"], "2": service}
+    plain = [sys.executable, "-m", "service"]
+    layouts = {"1": plain, "pod of 1": [sys.executable, "-m", "bench.engine.pod_of_one"], "2": plain}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for frontends in ("1", "2"):
             env = {"CALIB_FRONTENDS": frontends, "CALIB_STORE__URL": f"sqlite:///{tmp}/light-w{frontends}.db"}
-            rows += service_run(service, env, seconds, {"model": "light", "frontends": frontends}, grpc=True)
-        for round_ in range(rounds):
-            names, turn = list(layouts), round_ % len(layouts)
-            for frontends in names[turn:] + names[:turn]:
-                env = fitted | {
-                    "CALIB_FRONTENDS": "2" if frontends == "2" else "1",
-                    "CALIB_STORE__URL": f"sqlite:///{tmp}/fitted-{round_}-{frontends.replace(' ', '')}.db",
-                }
-                label = {"model": "fitted", "frontends": frontends, "round": round_ + 1}
-                rows += service_run(layouts[frontends], env, seconds, label, grpc=False)
+            rows += service_run(plain, env, seconds, {"model": "light", "frontends": frontends}, grpc=True)
+
+        def fitted_run(frontends: str, round_: int) -> list[dict]:
+            env = fitted | {
+                "CALIB_FRONTENDS": "2" if frontends == "2" else "1",
+                "CALIB_STORE__URL": f"sqlite:///{tmp}/fitted-{round_}-{frontends.replace(' ', '')}.db",
+            }
+            label = {"model": "fitted", "frontends": frontends, "round": round_ + 1}
+            return service_run(layouts[frontends], env, seconds, label, grpc=False)
+
+        for runs in ab_rounds(list(layouts), rounds, fitted_run, rotate=True):
+            rows += [row for run in runs.values() for row in run]
     return rows
 
 
@@ -120,7 +123,7 @@ def service_run(argv: list[str], env: dict, seconds: float, label: dict, grpc: b
 
     body = json.dumps({"inputs": load_dataset("digits").test.x[:1].tolist()})
     rows = []
-    server = Server(argv, "/v2/health/ready", env=env | {"CALIB_GRPC_PORT": "0"})
+    server = service(ROOT / "artifacts", env["CALIB_STORE__URL"], argv=argv, **env)
     frontends = int(env["CALIB_FRONTENDS"])
     try:
         target = f"127.0.0.1:{httpx.get(server.url + '/health').json()['grpc_port']}"

@@ -30,9 +30,20 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
-from bench.common import GOAL_COLUMNS, PYTHON, ROOT, Benchmark, Server, judged, metric_samples, store_url, table, wrk
+from bench.common import (
+    GOAL_COLUMNS,
+    ROOT,
+    Benchmark,
+    ab_rounds,
+    goal,
+    judged,
+    metric_samples,
+    service,
+    store_url,
+    table,
+    wrk,
+)
 
-MODEL = "digits-lenet5"
 CONNECTIONS = 32
 GOAL_RATIO = 0.25
 GOAL_P99_MS = 100.0
@@ -129,14 +140,7 @@ def store_round(store: str, seconds: float, smoke: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix="calib-bench-feedback-"))
     try:
         with store_url(store, work) as url:
-            env = {
-                "CALIB_STORE__URL": url,
-                "CALIB_ARTIFACTS": str(ROOT / "artifacts"),
-                "CALIB_DEFAULT_MODEL": MODEL,
-                "CALIB_LOG_LEVEL": "warning",
-            }
-            server = Server([PYTHON, "-m", "service"], "/v2/health/ready", env)
-            try:
+            with service(ROOT / "artifacts", url) as server:
                 predict_body = json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()})
                 wrk(f"{server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
                 predict = wrk(f"{server.url}/predict", predict_body, CONNECTIONS, seconds)
@@ -153,16 +157,9 @@ def store_round(store: str, seconds: float, smoke: bool) -> dict:
                 pending = feedback_run(server.url, unknown_ids(main_n), seconds, work)
                 settle(server.url)
                 pending_stored = count_labels(url, "pending_labels")
-            finally:
-                server.stop()
-            sync_server = Server(
-                [PYTHON, "-m", "service"], "/v2/health/ready", env | {"CALIB_PREDICTION_LOG__DURABILITY": "sync"}
-            )
-            try:
+            with service(ROOT / "artifacts", url, CALIB_PREDICTION_LOG__DURABILITY="sync") as sync_server:
                 wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
                 sync_predict = wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, seconds)
-            finally:
-                sync_server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     acknowledged = feedback["requests"] - feedback["non_2xx"]
@@ -199,12 +196,9 @@ def store_round(store: str, seconds: float, smoke: bool) -> dict:
 
 
 def measure_rounds(stores: list[str], seconds: float, rounds: int, smoke: bool) -> list[dict]:
-    """``store_round`` of every store, ``rounds`` times: the stores in turn, in reverse order every other round."""
-    return [
-        store_round(store, seconds, smoke) | {"round": i + 1}
-        for i in range(rounds)
-        for store in (stores if i % 2 == 0 else stores[::-1])
-    ]
+    """``store_round`` of every store in alternating rounds (``ab_rounds``)."""
+    measured = ab_rounds(stores, rounds, lambda store, i: store_round(store, seconds, smoke) | {"round": i + 1})
+    return [run for runs in measured for run in runs.values()]
 
 
 def goals(result: dict) -> list[dict]:
@@ -221,44 +215,44 @@ def goals(result: dict) -> list[dict]:
 
         ran_out = "; the ids ran out before the end (wrk stopped early: requests/s is too low)"
         out += [
-            {
-                "goal": f"{store}: single-label feedback requests/s over single-row predict's, median round",
-                "measured": median["ratio"],
-                "target": f">= {GOAL_RATIO}",
-                "note": spread("ratio") + (ran_out if any(x["ids_ran_out"] for x in runs) else ""),
-            },
-            {
-                "goal": f"{store}: feedback p99 ms, median round",
-                "measured": median["feedback_p99_ms"],
-                "target": f"<= {GOAL_P99_MS:g}",
-                "note": spread("feedback_p99_ms"),
-            },
-            {
-                "goal": f"{store}: rounds with an acknowledged label not stored",
-                "measured": sum(not x["every_acknowledged_label_stored"] for x in runs),
-                "target": "<= 0",
-                "note": f"{sum(x['stored'] for x in runs)} labels stored for {sum(x['acknowledged'] for x in runs)} "
+            goal(
+                f"{store}: single-label feedback requests/s over single-row predict's, median round",
+                median["ratio"],
+                f">= {GOAL_RATIO}",
+                spread("ratio") + (ran_out if any(x["ids_ran_out"] for x in runs) else ""),
+            ),
+            goal(
+                f"{store}: feedback p99 ms, median round",
+                median["feedback_p99_ms"],
+                f"<= {GOAL_P99_MS:g}",
+                spread("feedback_p99_ms"),
+            ),
+            goal(
+                f"{store}: rounds with an acknowledged label not stored",
+                sum(not x["every_acknowledged_label_stored"] for x in runs),
+                "<= 0",
+                f"{sum(x['stored'] for x in runs)} labels stored for {sum(x['acknowledged'] for x in runs)} "
                 f"2xx received by wrk and {sum(x['answered_2xx'] for x in runs)} sent by the service",
-            },
+            ),
         ]
         if "pending_feedback_p99_ms" not in median:
             continue
         pending = sorted(x["pending_feedback_p99_ms"] for x in runs)
         sync = sorted(x["sync_ratio"] for x in runs)
         out += [
-            {
-                "goal": f"{store}: feedback p99 ms when every label waits for its prediction (pending), median round",
-                "measured": pending[len(pending) // 2],
-                "target": f"<= {GOAL_P99_MS:g}",
-                "note": spread("pending_feedback_p99_ms")
+            goal(
+                f"{store}: feedback p99 ms when every label waits for its prediction (pending), median round",
+                pending[len(pending) // 2],
+                f"<= {GOAL_P99_MS:g}",
+                spread("pending_feedback_p99_ms")
                 + ("" if all(x["every_pending_label_stored"] for x in runs) else "; NOT every pending label stored"),
-            },
-            {
-                "goal": f"{store}: single-row predict requests/s with sync durability over the write-behind default's",
-                "measured": sync[len(sync) // 2],
-                "target": "reported",
-                "note": spread("sync_ratio") + "; no goal: the price of durable ids",
-            },
+            ),
+            goal(
+                f"{store}: single-row predict requests/s with sync durability over the write-behind default's",
+                sync[len(sync) // 2],
+                "reported",
+                spread("sync_ratio") + "; no goal: the price of durable ids",
+            ),
         ]
     return judged(out)
 

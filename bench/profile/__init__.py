@@ -122,17 +122,16 @@ def cores_by_thread(pid: int, url: str, payload: str | None, clients: int, secon
     }
 
 
-def profile(seconds: float, clients: int, protocol: str) -> dict:
-    """One protocol's profile (``PROTOCOLS``) on a fresh service process."""
+def profile(seconds: float, clients: int, protocol: str, artifacts: Path) -> dict:
+    """One protocol's profile (``PROTOCOLS``) on a fresh service process over ``artifacts`` (the heavy model's)."""
     work = Path(tempfile.mkdtemp(prefix="calib-profile-"))
-    heavy_artifact(work / "artifacts")
-    svc = service(work / "artifacts", f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
-    floor = floor_server(work / "artifacts" / HEAVY / "1" / "model.onnx")
+    svc = service(artifacts, f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
+    floor = floor_server(artifacts / HEAVY / "1" / "model.onnx")
     path, payload, lua = single_row_requests(binary_load(work))[protocol]
     url = svc.url + path
     try:
-        wrk(url, payload, clients, 2.0, lua=lua)  # warm-ups
-        wrk(floor.url + path, payload, clients, 2.0, lua=lua)
+        wrk(url, payload, clients, min(seconds, 2.0), lua=lua)  # warm-ups
+        wrk(floor.url + path, payload, clients, min(seconds, 2.0), lua=lua)
         unprofiled = cores_by_thread(svc.process.pid, url, payload, clients, seconds, lua)
         batching_floor = cores_by_thread(floor.process.pid, floor.url + path, payload, clients, seconds, lua)
         spy = subprocess.Popen(
@@ -233,8 +232,11 @@ def arguments(parser) -> None:
 
 
 def measure(args) -> dict:
-    seconds, clients = (2.0, 4) if args.smoke else (args.seconds, args.clients)
-    return {"runs": [profile(seconds, clients, protocol) for protocol in PROTOCOLS]}
+    seconds, clients = (1.0, 4) if args.smoke else (args.seconds, args.clients)
+    protocols = list(PROTOCOLS)[:1] if args.smoke else PROTOCOLS  # a smoke run checks the path, on one protocol
+    with tempfile.TemporaryDirectory(prefix="calib-profile-") as work:
+        heavy_artifact(Path(work) / "artifacts")
+        return {"runs": [profile(seconds, clients, protocol, Path(work) / "artifacts") for protocol in protocols]}
 
 
 def render(result: dict) -> str:

@@ -5,7 +5,7 @@ of the full benchmark (``goals``), of the short device run (``device_goals``) an
 
 from __future__ import annotations
 
-from bench.common import judged
+from bench.common import goal, judged
 from bench.serving.measure import CUDA, HEAVY, LIGHT
 
 VS_RAW = {"cpu": 0.9, "gpu": 0.8}
@@ -37,29 +37,27 @@ def goals(result: dict) -> list[dict]:
     top, monitoring, memory = result["heavy_rounds"]["clients"], result["monitoring"], result["soak"]
     calibration, feedback = monitoring["calibration"], monitoring["feedback"]
     out = []
-    for goal in (_batching_goals, _latency_goal, _queue_delay_goal, _logging_goals):
+    for measured in (_batching_goals, _latency_goal, _queue_delay_goal, _logging_goals):
         try:
-            out += goal(result, top)
+            out += measured(result, top)
         except StopIteration:
             continue
-    out.append(
-        {"goal": "feedback labels/s (batches of 1000)", "measured": feedback["labels_per_s"], "target": ">= 5000"}
-    )
+    out.append(goal("feedback labels/s (batches of 1000)", feedback["labels_per_s"], ">= 5000"))
     worst = max(calibration, key=lambda r: r["p99_ms"])
     out.append(
-        {
-            "goal": "GET /calibration p99 ms, worst window (quiet or while labels arrive)",
-            "measured": worst["p99_ms"],
-            "target": "<= 50",
-            "note": f"window {worst['window']}, labels arriving: {worst['labels_arriving']}",
-        }
+        goal(
+            "GET /calibration p99 ms, worst window (quiet or while labels arrive)",
+            worst["p99_ms"],
+            "<= 50",
+            f"window {worst['window']}, labels arriving: {worst['labels_arriving']}",
+        )
     )
     out.append(
-        {
-            "goal": f"RSS change after {memory['minutes']:.1f} minutes of load, relative to after the warm-up",
-            "measured": memory["growth"],
-            "target": "within 0.05",
-        }
+        goal(
+            f"RSS change after {memory['minutes']:.1f} minutes of load, relative to after the warm-up",
+            memory["growth"],
+            "within 0.05",
+        )
     )
     return judged(out)
 
@@ -80,33 +78,33 @@ def _batching_goals(result: dict, top: int) -> list[dict]:
             f"; the bare grpcio batching floor reached {r['grpc_batching_floor_vs_raw']:.3f}" if side == "grpc" else ""
         )
         out.append(
-            {
-                "goal": f"heavy on {result['providers'][HEAVY]}: service rows/s at {top} single-row clients "
+            goal(
+                f"heavy on {result['providers'][HEAVY]}: service rows/s at {top} single-row clients "
                 f"through {name} / onnxruntime alone at the batch size the batcher formed",
-                "measured": r[f"{side}_vs_raw"],
-                "target": f">= {VS_RAW['gpu' if gpu else 'cpu']}",
-                "note": f"{rounds}; this round: {r[f'{side}_rows_per_s']:.0f} vs {r[f'raw_{side}_rows_per_s']:.0f} "
+                r[f"{side}_vs_raw"],
+                f">= {VS_RAW['gpu' if gpu else 'cpu']}",
+                f"{rounds}; this round: {r[f'{side}_rows_per_s']:.0f} vs {r[f'raw_{side}_rows_per_s']:.0f} "
                 f"rows/s at {round(r[f'{side}_batch'])} rows (mean batch {r[f'{side}_batch']:.1f}){floor}",
-            }
+            )
         )
     if gpu:
         r = heavy["json_vs_baseline"]
         out.append(
-            {
-                "goal": f"heavy on {CUDA}: service / no-batching baseline at {top} clients",
-                "measured": r["json_vs_baseline"],
-                "target": f">= {VS_BASELINE_GPU}",
-                "note": f"{rounds}; this round: {r['json_rows_per_s']:.0f} vs {r['baseline_rows_per_s']:.0f} rows/s",
-            }
+            goal(
+                f"heavy on {CUDA}: service / no-batching baseline at {top} clients",
+                r["json_vs_baseline"],
+                f">= {VS_BASELINE_GPU}",
+                f"{rounds}; this round: {r['json_rows_per_s']:.0f} vs {r['baseline_rows_per_s']:.0f} rows/s",
+            )
         )
     light_svc = _find(load, server="service", model=LIGHT, rows=1, clients=top)
     light_base = _find(load, server="baseline", model=LIGHT, rows=1, clients=top)
     out.append(
-        {
-            "goal": f"light: service requests/s / baseline at {top} clients",
-            "measured": light_svc["requests_per_s"] / light_base["requests_per_s"],
-            "target": f">= {LIGHT_VS_BASELINE}",
-        }
+        goal(
+            f"light: service requests/s / baseline at {top} clients",
+            light_svc["requests_per_s"] / light_base["requests_per_s"],
+            f">= {LIGHT_VS_BASELINE}",
+        )
     )
     return out
 
@@ -121,11 +119,11 @@ def _latency_goal(result: dict, top: int) -> list[dict]:
         single = _find(result["load"], server="service", model=model, rows=1, clients=1)
         raw_single = _find(result["raw"][model], batch=1)["ms_per_call"]
         out.append(
-            {
-                "goal": f"{model} on {result['providers'][model]}: p50 at 1 client minus raw single-row inference (ms)",
-                "measured": single["p50_ms"] - raw_single,
-                "target": f"<= {bound}",
-            }
+            goal(
+                f"{model} on {result['providers'][model]}: p50 at 1 client minus raw single-row inference (ms)",
+                single["p50_ms"] - raw_single,
+                f"<= {bound}",
+            )
         )
     return out
 
@@ -133,12 +131,12 @@ def _latency_goal(result: dict, top: int) -> list[dict]:
 def _queue_delay_goal(result: dict, top: int) -> list[dict]:
     delay = result["queue_delay"]
     return [
-        {
-            "goal": f"queue time p99 minus the configured max queue delay ({delay['max_queue_delay_ms']} ms), "
+        goal(
+            f"queue time p99 minus the configured max queue delay ({delay['max_queue_delay_ms']} ms), "
             f"{delay['clients']} clients (ms)",
-            "measured": delay["p99_ms"] - delay["max_queue_delay_ms"],
-            "target": "<= 1.0",
-        }
+            delay["p99_ms"] - delay["max_queue_delay_ms"],
+            "<= 1.0",
+        )
     ]
 
 
@@ -147,61 +145,61 @@ def _logging_goals(result: dict, top: int) -> list[dict]:
     for row in result["logging"]:
         if row["logging"] != "off":
             out.append(
-                {
-                    "goal": f"{row['model']}: extra server CPU per request with prediction logging to {row['logging']}",
-                    "measured": row["extra_cpu"],
-                    "target": "<= 0.10",
-                    "note": f"ratio of the means of {row['measurements']} measurements each; per measurement "
+                goal(
+                    f"{row['model']}: extra server CPU per request with prediction logging to {row['logging']}",
+                    row["extra_cpu"],
+                    "<= 0.10",
+                    f"ratio of the means of {row['measurements']} measurements each; per measurement "
                     f"{row['extra_cpu_range'][0]:+.3f} to {row['extra_cpu_range'][1]:+.3f}",
-                }
+                )
             )
     return out
 
 
 def device_goals(result: dict) -> list[dict]:
-    """The short device run's goals (``bench.serving.device``), on the provider the heavy model ran on."""
+    """The short device run's goals (``bench.gpu.run_device``), on the provider the heavy model ran on."""
     provider = result["evidence"]["models"][HEAVY]["provider"]
     points, baseline, single = result["points"], result["baseline_rows_per_s"], result["single_row"]
     heavy = {p["protocol"]: p for p in points if p["model"] == HEAVY}
     out = []
     for protocol, point in heavy.items():
         out.append(
-            {
-                "goal": f"heavy on {provider}, {protocol}: rows/s at {point['clients']} clients / no-batching baseline",
-                "measured": point["rows_per_s"] / baseline[HEAVY],
-                "target": f">= {VS_BASELINE_GPU}",
-            }
+            goal(
+                f"heavy on {provider}, {protocol}: rows/s at {point['clients']} clients / no-batching baseline",
+                point["rows_per_s"] / baseline[HEAVY],
+                f">= {VS_BASELINE_GPU}",
+            )
         )
         out.append(
-            {
-                "goal": f"heavy on {provider}, {protocol}: rows/s at {point['clients']} clients / onnxruntime alone at "
+            goal(
+                f"heavy on {provider}, {protocol}: rows/s at {point['clients']} clients / onnxruntime alone at "
                 f"the formed batch ({point['batch']:.1f} rows)",
-                "measured": point["vs_raw"],
-                "target": f">= {VS_RAW['gpu']}",
-            }
+                point["vs_raw"],
+                f">= {VS_RAW['gpu']}",
+            )
         )
     for point in points:
         out.append(
-            {
-                "goal": f"{point['model']}, {point['protocol']}: p50 at 1 client minus raw single-row p50 (ms)",
-                "measured": point["p50_1_client_ms"] - single[point["model"]]["p50_ms"],
-                "target": f"<= {P50_OVER_RAW_MS[HEAVY]}",
-            }
+            goal(
+                f"{point['model']}, {point['protocol']}: p50 at 1 client minus raw single-row p50 (ms)",
+                point["p50_1_client_ms"] - single[point["model"]]["p50_ms"],
+                f"<= {P50_OVER_RAW_MS[HEAVY]}",
+            )
         )
     default = [r for r in result["parity"] if r["server"] == "service"]
     if default:
         out.append(
-            {
-                "goal": f"probabilities on {provider} (TF32 off) vs the CPU path: largest absolute difference",
-                "measured": max(r["max_abs_diff"] for r in default),
-                "target": f"<= {PARITY}",
-            }
+            goal(
+                f"probabilities on {provider} (TF32 off) vs the CPU path: largest absolute difference",
+                max(r["max_abs_diff"] for r in default),
+                f"<= {PARITY}",
+            )
         )
     return judged(out)
 
 
 def pod_goals(result: dict) -> list[dict]:
-    """The pod's goals on a device (``bench.serving.pod``), each at the best W for it; the two plain replicas are
+    """The pod's goals on a device (``bench.gpu.run_pod``), each at the best W for it; the two plain replicas are
     reported beside it."""
     points = [p for p in result["points"] if p.get("vs_raw") is not None]
     out = []

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -20,14 +20,18 @@ import httpx
 import numpy as np
 
 from bench.common import (
+    HEAVY,
+    LIGHT,
     PYTHON,
     ROOT,
     Server,
+    ab_rounds,
     children_cpu_seconds,
     histogram_means,
     histogram_totals,
     metric_samples,
     process_cpu_seconds,
+    service,
     table,
     v2_binary_request,
     wrk,
@@ -37,11 +41,9 @@ from bench.serving import monitoring
 if TYPE_CHECKING:
     from service.settings import Device
 
-LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
 SHAPES = {LIGHT: (1, 8, 8), HEAVY: (3, 32, 32)}
 BATCH_SIZES = (1, 8, 32, 128, 512)
 QUEUE_DELAY_MS = 5.0
-GPU_MAX_BATCH = 256  # the batcher's largest batch on a GPU (64 on CPUs, where larger batches gain nothing)
 CUDA = "CUDAExecutionProvider"
 PROCESSES = 2  # server processes per prediction-logging setting
 PHASES = ["parse", "validate", "batch", "encode", "total"]
@@ -106,36 +108,6 @@ def run_load(url: str, payload: str, connections: int, seconds: float, rows: int
         wrk(url, payload, connections, 1.0)
     result = wrk(url, payload, connections, seconds)
     return result | {"rows_per_s": result["requests_per_s"] * rows}
-
-
-def service(
-    artifacts: Path,
-    database_url: str,
-    log: bool,
-    device: str,
-    output: Path | None = None,
-    ready_path: str = "/v2/health/ready",
-    cwd: Path = ROOT,
-    launcher: Sequence[str] = (),
-    **env,
-) -> Server:
-    """A service process on ``device`` run from the source tree ``cwd`` (its log to ``output``; ``launcher``, such
-    as a profiler, starts it), waited for until ``ready_path`` answers 200; on a GPU its batcher may form batches
-    of up to GPU_MAX_BATCH rows."""
-    env = (
-        {
-            "CALIB_ARTIFACTS": str(artifacts),
-            "CALIB_STORE__URL": database_url,
-            "CALIB_LOG_LEVEL": "warning",
-            "CALIB_GRPC_PORT": "0",
-            "CALIB_PREDICTION_LOG__ENABLED": "true" if log else "false",
-            "CALIB_DEFAULT_MODEL": LIGHT,
-            "CALIB_DEVICE": device,
-        }
-        | ({"CALIB_BATCHING__MAX_BATCH_SIZE": str(GPU_MAX_BATCH)} if device == "cuda" else {})
-        | env
-    )
-    return Server([*launcher, PYTHON, "-m", "service"], ready_path, env, cwd=cwd, output=output)
 
 
 def baseline_server(model_path: Path, device: str) -> Server:
@@ -322,8 +294,8 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
 def heavy_rounds(
     svc: Server, artifacts: Path, clients: int, seconds: float, rounds: int, device: Device, lua: str
 ) -> dict:
-    """The heavy model's goals measured in turn, ``rounds`` times, so that a drift of the machine's speed
-    hits all alike: the service at ``clients`` single-row clients through JSON /predict and through v2
+    """The heavy model's goals measured in alternating rounds (``ab_rounds``), so that a drift of the machine's
+    speed hits all alike: the service at ``clients`` single-row clients through JSON /predict and through v2
     with the binary tensor extension (the body tritonclient.http sends), onnxruntime alone at the batch
     size the service formed in each (from its histograms), the floor app's ceiling and the batching floor's
     ratio per protocol (``ceiling``, ``batching_floor``), and the no-batching baseline at ``clients``
@@ -345,38 +317,43 @@ def heavy_rounds(
         wrk(f"{floor.url}/predict", requests["json"][1], clients, 1.0)
         floor_stats = {
             "json": lambda: httpx.get(batching.url).json(),
+            "binary": lambda: httpx.get(batching.url).json(),
             "grpc": lambda: _grpc_floor_stats(grpc_floor.port),
         }
-        for _ in range(rounds):
+
+        def measure_side(side: str, _round: int) -> dict:
+            if side == "baseline":
+                return {
+                    "baseline_rows_per_s": wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
+                        "requests_per_s"
+                    ]
+                }
             row: dict[str, Any] = {}
-            for side in ("json", "binary", "grpc"):
-                before = histogram_totals(svc.url)
-                if side == "grpc":
-                    errors = grpc_errors(svc)
-                    point = grpc_load(target, HEAVY, clients, seconds)
-                    row["grpc_failed"] = point["failed"] + grpc_errors(svc) - errors
-                    floor_load = partial(grpc_load, f"127.0.0.1:{grpc_floor.port}", HEAVY, clients, seconds)
-                else:
-                    path, payload, script = requests[side]
-                    point = wrk(svc.url + path, payload, clients, seconds, lua=script)
-                    floor_load = partial(wrk, batching.url + path, payload, clients, seconds, lua=script)
-                formed = formed_batch(svc, before, HEAVY) or 1.0
-                raw, rps = raw_at(model_path, formed, seconds, device)["rows_per_s"], point["requests_per_s"]
-                row |= {f"{side}_rows_per_s": rps, f"{side}_batch": formed, f"raw_{side}_rows_per_s": raw}
-                row[f"{side}_vs_raw"] = rps / raw
-                measured_floor = (
-                    {}
-                    if side == "grpc"
-                    else ceiling(floor.url + path, floor.process.pid, payload, clients, seconds, script, raw)
-                )
-                stats = floor_stats["grpc" if side == "grpc" else "json"]
-                measured_floor |= batching_floor(stats, floor_load, seconds, model_path, device)
-                row |= {f"{side}_{key}": value for key, value in measured_floor.items()}
-            row["baseline_rows_per_s"] = wrk(f"{baseline.url}/predict", baseline_payload, clients, seconds)[
-                "requests_per_s"
-            ]
-            row["json_vs_baseline"] = row["json_rows_per_s"] / row["baseline_rows_per_s"]
-            measured.append(row)
+            before = histogram_totals(svc.url)
+            if side == "grpc":
+                errors = grpc_errors(svc)
+                point = grpc_load(target, HEAVY, clients, seconds)
+                row["grpc_failed"] = point["failed"] + grpc_errors(svc) - errors
+                floor_load = partial(grpc_load, f"127.0.0.1:{grpc_floor.port}", HEAVY, clients, seconds)
+            else:
+                path, payload, script = requests[side]
+                point = wrk(svc.url + path, payload, clients, seconds, lua=script)
+                floor_load = partial(wrk, batching.url + path, payload, clients, seconds, lua=script)
+            formed = formed_batch(svc, before, HEAVY) or 1.0
+            raw, rps = raw_at(model_path, formed, seconds, device)["rows_per_s"], point["requests_per_s"]
+            row |= {f"{side}_rows_per_s": rps, f"{side}_batch": formed, f"raw_{side}_rows_per_s": raw}
+            row[f"{side}_vs_raw"] = rps / raw
+            measured_floor = (
+                {}
+                if side == "grpc"
+                else ceiling(floor.url + path, floor.process.pid, payload, clients, seconds, script, raw)
+            )
+            measured_floor |= batching_floor(floor_stats[side], floor_load, seconds, model_path, device)
+            return row | {f"{side}_{key}": value for key, value in measured_floor.items()}
+
+        for sides in ab_rounds(("json", "binary", "grpc", "baseline"), rounds, measure_side):
+            row = {key: value for side in sides.values() for key, value in side.items()}
+            measured.append(row | {"json_vs_baseline": row["json_rows_per_s"] / row["baseline_rows_per_s"]})
     finally:
         baseline.stop()
         floor.stop()
@@ -392,20 +369,22 @@ def logging_cpu(
     artifacts: Path, work: Path, clients: int, seconds: float, rounds: int, payloads: dict, smoke: bool, device: str
 ) -> list[dict]:
     """CPU seconds the server process spends per 10,000 single-row /predict requests, with prediction
-    logging off, to SQLite and to PostgreSQL, each in ``PROCESSES`` processes on empty stores.
+    logging off, to SQLite and to PostgreSQL, each in ``PROCESSES`` processes on empty stores (a smoke run: one
+    process each, no PostgreSQL).
 
     Requests/s of two identical processes differ by more than the cost to be measured; the CPU time a
     process spends per request is a far steadier measure. Each measurement is
     a ``seconds`` wrk run at ``clients`` clients; the process's user + system time (``/proc/<pid>/stat``)
     is read before it and after the prediction log has written every row of it, so the writes count.
-    The load visits every process in turn, in reverse order every other round, ``rounds`` times. The
+    The load visits every process in alternating rounds (``ab_rounds``), ``rounds`` times. The
     database server's own CPU (PostgreSQL) is not counted: it is the cost on the serving host."""
     stores = {"off": False, "sqlite": True} | ({} if smoke else {"postgresql": True})
+    processes = 1 if smoke else PROCESSES
     servers = {}
     samples: dict[tuple, list[float]] = {}
     try:
         for store, log in stores.items():
-            for i in range(PROCESSES):
+            for i in range(processes):
                 url = (
                     "postgresql+psycopg://postgres@127.0.0.1:5432/test"
                     if store == "postgresql"
@@ -413,21 +392,25 @@ def logging_cpu(
                 )
                 servers[(store, i)] = service(artifacts, url, log, device)
         for model in SHAPES:
-            for svc in servers.values():
-                wrk(f"{svc.url}/predict", payloads[model], clients, 1.0)
+
+            def cpu_per_10k(server: tuple, _round: int, model: str = model) -> list[float]:
+                svc, cpu = servers[server], process_cpu_seconds(servers[server].process.pid)
+                requests = wrk(f"{svc.url}/predict", payloads[model], clients, seconds)["requests"]
                 drained(svc)
-            for r in range(rounds):
-                for (store, _i), svc in list(servers.items())[:: 1 if r % 2 == 0 else -1]:
-                    cpu = process_cpu_seconds(svc.process.pid)
-                    requests = wrk(f"{svc.url}/predict", payloads[model], clients, seconds)["requests"]
-                    drained(svc)
-                    cpu = process_cpu_seconds(svc.process.pid) - cpu
-                    samples.setdefault((store, model), []).append(10_000 * cpu / requests)
+                return [10_000 * (process_cpu_seconds(svc.process.pid) - cpu) / requests]
+
+            def warm_up(server: tuple, model: str = model) -> None:
+                wrk(f"{servers[server].url}/predict", payloads[model], clients, 1.0)
+                drained(servers[server])
+
+            for runs in ab_rounds(list(servers), rounds, cpu_per_10k, warm_up):
+                for (store, _i), cpu in runs.items():
+                    samples.setdefault((store, model), []).extend(cpu)
     finally:
         for svc in servers.values():
             svc.stop()
     return [
-        {"logging": store, "model": model, "clients": clients, "processes": PROCESSES, "rounds": rounds}
+        {"logging": store, "model": model, "clients": clients, "processes": processes, "rounds": rounds}
         | cpu_summary(samples[(store, model)], samples[("off", model)])
         for model in SHAPES
         for store in stores
@@ -513,12 +496,9 @@ async def _queue_delays(url: str, payload: str, clients: int, seconds: float) ->
 def queue_delay_check(artifacts: Path, database_url: str, seconds: float, device: str) -> dict:
     """Per-request queue time (Server-Timing) with max_queue_delay_ms = QUEUE_DELAY_MS, 4 clients of the
     light model: a load that leaves the machine mostly idle."""
-    svc = service(artifacts, database_url, False, device, CALIB_BATCHING__MAX_QUEUE_DELAY_MS=str(QUEUE_DELAY_MS))
-    try:
+    with service(artifacts, database_url, False, device, CALIB_BATCHING__MAX_QUEUE_DELAY_MS=str(QUEUE_DELAY_MS)) as svc:
         asyncio.run(_queue_delays(svc.url, body(LIGHT, SHAPES[LIGHT], 1), 4, 1.0))
         delays = asyncio.run(_queue_delays(svc.url, body(LIGHT, SHAPES[LIGHT], 1), 4, seconds))
-    finally:
-        svc.stop()
     return {
         "max_queue_delay_ms": QUEUE_DELAY_MS,
         "clients": 4,
@@ -564,15 +544,14 @@ def run(
     payloads = {model: body(model, shape, 1) for model, shape in SHAPES.items()}
     try:
         for model, shape in SHAPES.items():
-            result["raw"][model] = raw_onnxruntime(
-                artifacts / model / "1" / "model.onnx", shape, 0.3 if smoke else 1.5, device=device
-            )
+            onnx = artifacts / model / "1" / "model.onnx"
+            batches = BATCH_SIZES[:2] if smoke else BATCH_SIZES  # a smoke run checks the path, not the curve
+            result["raw"][model] = raw_onnxruntime(onnx, shape, 0.3 if smoke else 1.5, batches, device)
             print(f"\nonnxruntime alone, {model}\n" + table(result["raw"][model], RAW_COLUMNS))
 
         sqlite_url = f"sqlite:///{work / 'bench.db'}"
         fill_seconds = monitoring.fill_store(sqlite_url, stored_rows)
-        svc = service(artifacts, sqlite_url, True, device)
-        try:
+        with service(artifacts, sqlite_url, True, device) as svc:
             result["providers"] = providers(svc)
             load_started = time.monotonic()
             # warm-up: every request shape of the sweep and of the heavy rounds (binary v2 too) at its top
@@ -605,11 +584,8 @@ def run(
                 "server": "the soak server (prediction logging on)",
             }
             memory = soak(svc, soak_minutes, warm, load_started, payloads) | {"after_shapes_rss_mib": shapes_rss}
-        finally:
-            svc.stop()
         for model, shape in SHAPES.items():
-            baseline = baseline_server(artifacts / model / "1" / "model.onnx", device)
-            try:
+            with baseline_server(artifacts / model / "1" / "model.onnx", device) as baseline:
                 for rows in request_rows:
                     for c in concurrency:
                         point = run_load(
@@ -618,8 +594,6 @@ def run(
                         result["load"].append(
                             {"server": "baseline", "model": model, "rows": rows, "clients": c} | point
                         )
-            finally:
-                baseline.stop()
 
         # 2-second measurements: the six servers are visited in turn three times per model
         result["logging"] = logging_cpu(
@@ -644,13 +618,10 @@ def heavy_only(seconds: float, rounds: int, device: Device) -> dict:
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     try:
         artifacts = both_artifacts(work)
-        svc = service(artifacts, f"sqlite:///{work / 'bench.db'}", True, device)
-        try:
+        with service(artifacts, f"sqlite:///{work / 'bench.db'}", True, device) as svc:
             lua = binary_load(work)
             for path, payload, script in single_row_requests(lua).values():
                 wrk(svc.url + path, payload, 64, seconds, lua=script)
             return heavy_rounds(svc, artifacts, 64, seconds, rounds, device, lua)
-        finally:
-            svc.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.common import ROOT, Server, histogram_totals, table, write_result, wrk
+from bench.common import ROOT, Server, ab_rounds, histogram_totals, table, write_result, wrk
 from bench.serving.measure import (
     HEAVY,
     LIGHT,
@@ -75,16 +75,15 @@ def measure(trees: dict[str, Path], work: Path, seconds: float, rounds: int) -> 
             for path, payload, lua in requests.values():
                 wrk(svc.url + path, payload, CLIENTS, 1.0, lua=lua)
         wrk(f"{baseline.url}/predict", light, CLIENTS, 1.0)
-        rows = []
-        for r in range(rounds):
-            baseline_rps = wrk(f"{baseline.url}/predict", light, CLIENTS, seconds)["requests_per_s"]
-            for name in list(servers)[:: 1 if r % 2 == 0 else -1]:
-                rows.append(
-                    {"round": r + 1, "tree": name} | one_round(servers[name], light, requests, model_path, seconds)
-                )
-                rows[-1]["light_vs_baseline"] = rows[-1]["light_rps"] / baseline_rps
-                rows[-1]["baseline_rps"] = baseline_rps
-        return rows
+        baseline_rps: dict[int, float] = {}  # the baseline at the start of each round
+
+        def tree_round(name: str, r: int) -> dict:
+            if r not in baseline_rps:
+                baseline_rps[r] = wrk(f"{baseline.url}/predict", light, CLIENTS, seconds)["requests_per_s"]
+            row = {"round": r + 1, "tree": name} | one_round(servers[name], light, requests, model_path, seconds)
+            return row | {"light_vs_baseline": row["light_rps"] / baseline_rps[r], "baseline_rps": baseline_rps[r]}
+
+        return [row for runs in ab_rounds(list(servers), rounds, tree_round) for row in runs.values()]
     finally:
         for svc in [*servers.values(), baseline]:
             svc.stop()

@@ -3,6 +3,7 @@ piece is not built yet (the cost in /predict) is listed as pending, so that the 
 
 from __future__ import annotations
 
+from bench.common import checked, many
 from bench.shift.streams import ALPHAS
 
 #: Estimated accuracy: mean absolute error against the realized accuracy at most this.
@@ -31,20 +32,6 @@ def where(row: dict) -> str:
     return f"{row['source']} {row['shift']}{condition}{alpha} n {row['n']}"
 
 
-def checked(goal: str, rows: list[dict], key: str, bound: float, below: bool = True, fmt: str = "{:.4f}") -> dict:
-    """A goal on ``rows``: every ``row[key]`` at most ``bound`` (or at least, ``below`` False); the worst row."""
-    if not rows:
-        return {"goal": goal, "rows": 0, "met": "not measured", "worst": ""}
-    worst = (max if below else min)(rows, key=lambda r: r[key])
-    met = sum((r[key] <= bound) if below else (r[key] >= bound) for r in rows)
-    return {
-        "goal": goal,
-        "rows": len(rows),
-        "met": bool(met == len(rows)),
-        "worst": f"{fmt.format(worst[key])} ({where(worst)}); {met} of {len(rows)} rows met",
-    }
-
-
 def goals(result: dict) -> list[dict]:
     """The issue's goals, each with the rows it is checked on, whether all of them meet it (or ``reported`` /
     ``pending``), and the worst row."""
@@ -53,18 +40,24 @@ def goals(result: dict) -> list[dict]:
     label = [r for r in rows if r["shift"] == "label"]
     covariate = [r for r in rows if r["shift"] in ("covariate", "both")]
     out = [
-        checked(f"estimated accuracy: MAE <= {MAE} under no shift", none, "mae_plain", MAE),
-        checked(f"estimated accuracy: MAE <= {MAE} under label shift, with adaptation", label, "mae_adapted", MAE),
+        checked(f"estimated accuracy: MAE <= {MAE} under no shift", none, "mae_plain", f"<= {MAE}", where),
+        checked(
+            f"estimated accuracy: MAE <= {MAE} under label shift, with adaptation",
+            label,
+            "mae_adapted",
+            f"<= {MAE}",
+            where,
+        ),
     ]
     if covariate:
         worst = max(covariate, key=lambda r: r["mae_plain"])
         out.append(
-            {
-                "goal": "estimated accuracy under covariate shift (and both)",
-                "rows": len(covariate),
-                "met": "reported",
-                "worst": f"{worst['mae_plain']:.4f} ({where(worst)}); adapted {worst['mae_adapted']:.4f}",
-            }
+            many(
+                "estimated accuracy under covariate shift (and both)",
+                len(covariate),
+                "reported",
+                f"{worst['mae_plain']:.4f} ({where(worst)}); adapted {worst['mae_adapted']:.4f}",
+            )
         )
     calibrated = [r for r in none + label if r["source"] in CALIBRATED]
     out += [
@@ -72,26 +65,26 @@ def goals(result: dict) -> list[dict]:
             f"95% intervals hold in >= {COVERAGE:.0%} of windows, no shift ({', '.join(CALIBRATED)})",
             [r for r in calibrated if r["shift"] == "none"],
             "cover_plain",
-            COVERAGE,
-            below=False,
-            fmt="{:.3f}",
+            f">= {COVERAGE}",
+            where,
+            "{:.3f}",
         ),
         checked(
             f"95% intervals hold in >= {COVERAGE:.0%} of windows, label shift with adaptation "
             f"({', '.join(CALIBRATED)})",
             [r for r in calibrated if r["shift"] == "label"],
             "cover_adapted",
-            COVERAGE,
-            below=False,
-            fmt="{:.3f}",
+            f">= {COVERAGE}",
+            where,
+            "{:.3f}",
         ),
         checked(
             f"the same, the interval carrying EM's error (`estimate_adapted_accuracy`) ({', '.join(CALIBRATED)})",
             [r for r in calibrated if r["shift"] == "label" and "cover_carried" in r],
             "cover_carried",
-            COVERAGE,
-            below=False,
-            fmt="{:.3f}",
+            f">= {COVERAGE}",
+            where,
+            "{:.3f}",
         ),
     ]
     digits = [r for r in none + label if r["source"] == "digits"]
@@ -99,15 +92,15 @@ def goals(result: dict) -> list[dict]:
         worst = min(digits, key=lambda r: r["cover_plain" if r["shift"] == "none" else "cover_adapted"])
         error = result["reference_error"]["digits"]
         out.append(
-            {
-                "goal": "digits: the intervals' coverage, and widened by the reference's ECE upper bound",
-                "rows": len(digits),
-                "met": "reported",
-                "worst": f"{min(r['cover_plain'] for r in digits if r['shift'] == 'none'):.3f} no shift, "
+            many(
+                "digits: the intervals' coverage, and widened by the reference's ECE upper bound",
+                len(digits),
+                "reported",
+                f"{min(r['cover_plain'] for r in digits if r['shift'] == 'none'):.3f} no shift, "
                 f"{min(r['cover_adapted'] for r in digits if r['shift'] == 'label'):.3f} label shift adapted "
                 f"({where(worst)}); widened by {error['ece_upper']:.4f}: "
                 f"{min(r['cover_widened_ece'] for r in digits if r['shift'] == 'none'):.3f} no shift",
-            }
+            )
         )
     for alpha in ALPHAS:
         at = [r for r in label if r["alpha"] == alpha and r.get("cbpe_ratio") is not None]
@@ -125,7 +118,8 @@ def goals(result: dict) -> list[dict]:
         f"EM priors within {PRIORS_L1} (L1) of the window's class frequencies at {PRIORS_WINDOW:,}",
         priors,
         "em_l1",
-        PRIORS_L1,
+        f"<= {PRIORS_L1}",
+        where,
     )
     if priors:
         worst = max(priors, key=lambda r: r["em_l1"])
@@ -136,10 +130,17 @@ def goals(result: dict) -> list[dict]:
             f"adapted accuracy within {ACCURACY_POINTS * 100:g} point of the oracle's (label shift)",
             label,
             "accuracy_gap",
-            ACCURACY_POINTS,
+            f"<= {ACCURACY_POINTS}",
+            where,
         )
     )
-    row = checked(f"adapted NLL within {NLL_SHARE:.0%} of the oracle's (label shift)", label, "nll_ratio", NLL_SHARE)
+    row = checked(
+        f"adapted NLL within {NLL_SHARE:.0%} of the oracle's (label shift)",
+        label,
+        "nll_ratio",
+        f"<= {NLL_SHARE}",
+        where,
+    )
     if label:
         worst = max(label, key=lambda r: r["nll_ratio"])
         row["worst"] += (
@@ -163,13 +164,13 @@ def cost_goals(serving: dict) -> list[dict]:
         met = all(r["median_ratio"] >= COST_RATIO for r in rows)
         within = all(r["high"] >= 1.0 for r in rows)
         out.append(
-            {
-                "goal": f"cost at most {1 - COST_RATIO:.0%} of light /predict throughput (CALIB_SHIFT__ADAPT={mode})",
-                "rows": sum(r["rounds"] for r in rows),
-                "met": "yes" if met else "within spread" if within else "no",
-                "worst": f"{worst['rows']}-row requests: median ratio {worst['median_ratio']:.3f} (rounds "
+            many(
+                f"cost at most {1 - COST_RATIO:.0%} of light /predict throughput (CALIB_SHIFT__ADAPT={mode})",
+                sum(r["rounds"] for r in rows),
+                "yes" if met else "within spread" if within else "no",
+                f"{worst['rows']}-row requests: median ratio {worst['median_ratio']:.3f} (rounds "
                 f"{worst['ratio_range']}, spread {worst['spread']:.2f})",
-            }
+            )
         )
     return out
 
@@ -183,7 +184,7 @@ def alarm_goals(rows: list[dict]) -> list[dict]:
     reaching below the bound, over at least ``ALARM_STREAMS`` streams); the delay against the oracle, and the firing
     under covariate shift, reported."""
     if not rows:
-        return [{"goal": "label-shift alarm", "rows": 0, "met": "not measured", "worst": ""}]
+        return [many("label-shift alarm", 0, "not measured", "")]
     none = [r for r in rows if r["shift"] == "none"]
     label = [r for r in rows if r["shift"] == "label"]
     covariate = [r for r in rows if r["shift"] == "covariate"]
@@ -191,16 +192,16 @@ def alarm_goals(rows: list[dict]) -> list[dict]:
     within = [r["raised_ci"][0] <= r["bound"] for r in none]
     enough = all(r["streams"] >= ALARM_STREAMS for r in none)
     out = [
-        {
-            "goal": f"label-shift alarm: false alarms within n / A + epsilon over >= {ALARM_STREAMS} no-shift "
+        many(
+            f"label-shift alarm: false alarms within n / A + epsilon over >= {ALARM_STREAMS} no-shift "
             f"streams of {none[0]['length']:,} predictions",
-            "rows": len(none),
-            "met": bool(all(within) and enough),
-            "worst": f"{worst['raised']}/{worst['streams']} raised [{worst['raised_ci'][0]:.3f}, "
+            len(none),
+            bool(all(within) and enough),
+            f"{worst['raised']}/{worst['streams']} raised [{worst['raised_ci'][0]:.3f}, "
             f"{worst['raised_ci'][1]:.3f}] against {worst['bound']:.4g} ({worst['source']}, A {worst['threshold']:g}); "
             f"{sum(within)} of {len(none)} rows within; raised in all: {sum(r['raised'] for r in none)} of "
             f"{sum(r['streams'] for r in none)} streams",
-        }
+        )
     ]
     parts = [
         f"{r['source']} alpha {r['alpha']:g}: {r['raised_share']:.2f} raised, median {_delay(r['delay'])} "
@@ -208,24 +209,24 @@ def alarm_goals(rows: list[dict]) -> list[dict]:
         for r in label
     ]
     out.append(
-        {
-            "goal": "label-shift alarm: detection delay under label shift, against an oracle told the shift",
-            "rows": len(label),
-            "met": "reported",
-            "worst": "; ".join(parts),
-        }
+        many(
+            "label-shift alarm: detection delay under label shift, against an oracle told the shift",
+            len(label),
+            "reported",
+            "; ".join(parts),
+        )
     )
     if covariate:
         high = max(covariate, key=lambda r: r["raised_share"])
         out.append(
-            {
-                "goal": "label-shift alarm: firing under covariate shift (no label shift)",
-                "rows": len(covariate),
-                "met": "reported",
-                "worst": f"raised in {sum(r['raised'] for r in covariate)} of {sum(r['streams'] for r in covariate)} "
+            many(
+                "label-shift alarm: firing under covariate shift (no label shift)",
+                len(covariate),
+                "reported",
+                f"raised in {sum(r['raised'] for r in covariate)} of {sum(r['streams'] for r in covariate)} "
                 f"streams; highest {high['raised_share']:.3f} ({high['source']} {high['condition']}); streams whose "
                 f"means left the band: at most {max(r['left_band'] for r in covariate):.3f} of a row",
-            }
+            )
         )
     return out
 
@@ -236,7 +237,7 @@ def set_goals(all_rows: list[dict]) -> list[dict]:
     it, shown beside. Digits, whose splits are halves of its one validation split, reported."""
     rows = [r for r in all_rows if r["source"] in CALIBRATED]
     if not rows:
-        return [{"goal": "sets with adaptation under label shift", "rows": 0, "met": "not measured", "worst": ""}]
+        return [many("sets with adaptation under label shift", 0, "not measured", "")]
     target = rows[0]["target"]
     worst = min(rows, key=lambda r: r["worst_em"])
     met = sum(r["worst_em"] >= target - SET_SLACK for r in rows)
@@ -244,19 +245,19 @@ def set_goals(all_rows: list[dict]) -> list[dict]:
     shifts = sum(r["shifts"] for r in rows)
     low = min(rows, key=lambda r: r["worst_unadapted"])
     return [
-        {
-            "goal": f"sets weighted by EM's priors cover >= {target:g} - {SET_SLACK * 100:g} point under label shift "
+        many(
+            f"sets weighted by EM's priors cover >= {target:g} - {SET_SLACK * 100:g} point under label shift "
             f"(every shift, mean over {rows[0]['splits']} calibration splits; {', '.join(CALIBRATED)}), where "
             "unadapted sets miss it",
-            "rows": len(rows),
-            "met": bool(met == len(rows)),
-            "worst": f"EM-weighted {worst['worst_em']:.4f} [{worst['worst_em_ci'][0]:.4f}, "
+            len(rows),
+            bool(met == len(rows)),
+            f"EM-weighted {worst['worst_em']:.4f} [{worst['worst_em_ci'][0]:.4f}, "
             f"{worst['worst_em_ci'][1]:.4f}] ({worst['source']} {worst['rule']} alpha {worst['alpha']:g}; oracle "
             f"{worst['worst_oracle']:.4f}, unadapted {worst['worst_unadapted']:.4f}); {met} of {len(rows)} rows met; "
             f"shifts missed (interval below {target - SET_SLACK:g}): unadapted {missed['unadapted']}, EM "
             f"{missed['em']}, oracle {missed['oracle']} of {shifts}; lowest unadapted {low['worst_unadapted']:.4f} "
             f"({low['source']} {low['rule']} alpha {low['alpha']:g}, EM {low['worst_em']:.4f})",
-        }
+        )
     ] + _digits_sets([r for r in all_rows if r["source"] == "digits"])
 
 
@@ -264,24 +265,24 @@ def _digits_sets(rows: list[dict]) -> list[dict]:
     if not rows:
         return []
     return [
-        {
-            "goal": "digits sets under label shift (splits of its one validation split)",
-            "rows": len(rows),
-            "met": "reported",
-            "worst": "; ".join(
+        many(
+            "digits sets under label shift (splits of its one validation split)",
+            len(rows),
+            "reported",
+            "; ".join(
                 f"{r['rule']} alpha {r['alpha']:g}: unadapted {r['worst_unadapted']:.4f}, EM {r['worst_em']:.4f}, "
                 f"oracle {r['worst_oracle']:.4f}, classwise {r['worst_classwise']:.4f}"
                 for r in rows
             ),
-        }
+        )
     ]
 
 
 def _cbpe(goal: str, rows: list[dict], bound: float, note: str) -> dict:
     """A goal on the ratio of our MAE to CBPE's (``mae_served_adapted`` / ``mae_cbpe``), or why CBPE did not run."""
     if not rows:
-        return {"goal": goal, "rows": 0, "met": "not measured", "worst": f"CBPE {note}"}
-    row = checked(goal, rows, "cbpe_ratio", bound, fmt="{:.3f}")
+        return many(goal, 0, "not measured", f"CBPE {note}")
+    row = checked(goal, rows, "cbpe_ratio", f"<= {bound}", where, "{:.3f}")
     worst = max(rows, key=lambda r: r["cbpe_ratio"])
     row["worst"] += (
         f" (MAE {worst['mae_served_adapted']:.4f} against {worst['mae_cbpe']:.4f}; plain estimate "

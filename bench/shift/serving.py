@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.common import ROOT
+from bench.common import LIGHT, ROOT, service
 from bench.conformal.serving import (
     COST_REPEATS,
     WITH,
@@ -34,17 +34,9 @@ from bench.conformal.serving import (
     scored_batch,
     summarize,
 )
-from bench.serving.measure import LIGHT, service
 
 #: The settings measured: the default (the alarm and the estimates run, nothing is adapted) and adaptation always.
 MODES = ("off", "always")
-
-#: The service's settings for ``WITH``: adapt every request, fold predictions at once, evaluate every second.
-SETTINGS = {
-    "CALIB_SHIFT__ADAPT": "always",
-    "CALIB_SHIFT__SETTLE_SECONDS": "0",
-    "CALIB_MONITORING__EVALUATE_SECONDS": "1",
-}
 
 
 def wait_for_priors(url: str, timeout: float = 60.0) -> str:
@@ -84,23 +76,18 @@ def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_
     work = Path(tempfile.mkdtemp(prefix="calib-bench-shift-"))
     try:
         artifacts = repository(work, "label_shift")
-        # adapt every request, fold predictions at once, evaluate every second
-        svc = service(
+        # fold predictions at once, evaluate every second, adapt as told
+        with service(
             artifacts,
             f"sqlite:///{work / 'bench.db'}",
-            True,
-            "cpu",
             cwd=cwd,
             CALIB_SHIFT__ADAPT=adapt,
             CALIB_SHIFT__SETTLE_SECONDS="0",
             CALIB_MONITORING__EVALUATE_SECONDS="1",
-        )
-        try:
+        ) as svc:
             wait_for_priors(svc.url)
             checked = check_adapted(svc.url) if adapt == "always" else {"adapt": adapt}
             rows_out = alternating_rounds(svc, seconds, rounds)
-        finally:
-            svc.stop()
         summary = summarize(rows_out)
         for s in summary if adapt == "always" else []:
             s |= adaptation_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)

@@ -37,13 +37,15 @@ import sqlalchemy as sa
 from bench.common import (
     GOAL_COLUMNS,
     PG_ADMIN_URL,
-    PYTHON,
     ROOT,
     Benchmark,
     Server,
+    ab_rounds,
+    goal,
     judged,
     measured_by,
     process_cpu_seconds,
+    service,
     store_url,
     table,
     wrk,
@@ -266,27 +268,25 @@ def sizes(n: int, classes: int, work: Path) -> list[dict]:
 def speed(n: int, rounds: int, work: Path) -> list[dict]:
     """Rows/s of both write paths and of the floor, ``rounds`` rounds of ``n`` rows into one database each, in an
     order rotated by round."""
-    out = []
     schemas = ("v2", "v3", "floor")
     with contextlib.ExitStack() as stack:
         urls = {schema: stack.enter_context(store_url("postgresql", work)) for schema in schemas}
         for schema, url in urls.items():  # the schemas made, and a warm-up
             write(url, schema, scored(min(n, 2000), 10, seed=99))
-        for i in range(rounds):
-            for schema in schemas[i % 3 :] + schemas[: i % 3]:
-                written = write(urls[schema], schema, scored(n + 1, 10, seed=100 + i))
-                out.append(
-                    {
-                        "round": i + 1,
-                        "schema": schema,
-                        "rows": n,
-                        "rows_per_s": n / written.seconds,
-                        "database_cpu_us": 1e6 * written.database_cpu / n,
-                        "rows_per_database_cpu_s": n / max(written.database_cpu, 1e-9),
-                        "wal_per_row": written.wal / n,
-                    }
-                )
-    return out
+
+        def written(schema: str, i: int) -> dict:
+            w = write(urls[schema], schema, scored(n + 1, 10, seed=100 + i))
+            return {
+                "round": i + 1,
+                "schema": schema,
+                "rows": n,
+                "rows_per_s": n / w.seconds,
+                "database_cpu_us": 1e6 * w.database_cpu / n,
+                "rows_per_database_cpu_s": n / max(w.database_cpu, 1e-9),
+                "wal_per_row": w.wal / n,
+            }
+
+        return [row for rows in ab_rounds(schemas, rounds, written, rotate=True) for row in rows.values()]
 
 
 def _fill_sql(url: str, key_id: int, start: float, end: float, n: int, blob: bytes) -> None:
@@ -410,7 +410,7 @@ def scale(sizes: tuple[int, ...], samples: int, rounds: int, requests: int, work
         urls = [stack.enter_context(store_url("postgresql", work)) for _ in sizes]
         expire = [_store_of(rest, samples, url, now) for rest, url in zip(sizes, urls)]
         ids = [_unlabelled_ids(url, rounds * requests + 5) for url in urls]
-        servers = [Server([PYTHON, "-m", "service"], "/v2/health/ready", _service_env(url, work)) for url in urls]
+        servers = [_service(url) for url in urls]
         for server in servers:
             stack.callback(server.stop)
         clients = [stack.enter_context(httpx.Client(base_url=server.url, timeout=120)) for server in servers]
@@ -422,10 +422,12 @@ def scale(sizes: tuple[int, ...], samples: int, rounds: int, requests: int, work
             _latencies(client, [("GET", "/calibration", None)] * 5 + _feedback(pool[:5]))
         calibration: list[list[float]] = [[] for _ in sizes]
         joins: list[list[float]] = [[] for _ in sizes]
-        for r in range(rounds):
-            for k in range(len(sizes)) if r % 2 == 0 else reversed(range(len(sizes))):
-                calibration[k] += _latencies(clients[k], [("GET", "/calibration", None)] * requests)
-                joins[k] += _latencies(clients[k], _feedback(ids[k][5 + r * requests : 5 + (r + 1) * requests]))
+
+        def latencies(k: int, r: int) -> None:
+            calibration[k].extend(_latencies(clients[k], [("GET", "/calibration", None)] * requests))
+            joins[k].extend(_latencies(clients[k], _feedback(ids[k][5 + r * requests : 5 + (r + 1) * requests])))
+
+        ab_rounds(range(len(sizes)), rounds, latencies)
     for k, rest in enumerate(sizes):
         out.append(
             {
@@ -485,15 +487,12 @@ def _newest_id(c) -> str:
     return c.exec_driver_sql("SELECT id FROM prediction_log ORDER BY id DESC LIMIT 1").scalar_one().hex
 
 
-def _service_env(url: str, work: Path, **extra: str) -> dict:
-    return {
-        "CALIB_ARTIFACTS": str(ROOT / "artifacts"),
-        "CALIB_DEFAULT_MODEL": MODEL,
-        "CALIB_LOG_LEVEL": "warning",
-        "CALIB_STORE__URL": url,
-        "CALIB_STORE__RETENTION_DAYS": "3650",  # its own upkeep expires nothing: the benchmark's passes do
-        **extra,
-    }
+def _service(url: str, durability: str = "async") -> Server:
+    """The service over the committed artifacts and the store at ``url``, whose own upkeep expires nothing (the
+    benchmark's passes do)."""
+    return service(
+        ROOT / "artifacts", url, CALIB_STORE__RETENTION_DAYS="3650", CALIB_PREDICTION_LOG__DURABILITY=durability
+    )
 
 
 def retention_rounds(rounds: int, seconds: float, passes: int, work: Path, now: float) -> list[dict]:
@@ -504,7 +503,6 @@ def retention_rounds(rounds: int, seconds: float, passes: int, work: Path, now: 
 
     blob = scored(1, 10, seed=7)[0].probabilities
     body = json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()})
-    out = []
     with store_url("postgresql", work) as url:
         key_id = _key_id(url)
         first = math.floor(now / DAY) - 35 - rounds * passes
@@ -513,43 +511,37 @@ def retention_rounds(rounds: int, seconds: float, passes: int, work: Path, now: 
         _fill_sql(url, key_id, now - 20 * DAY, now - 60, EXPIRING_ROWS, blob)
         _partitions(url, first * DAY, (first + rounds * passes + 30 + partitions.AHEAD + 1) * DAY)
         _settle(url)
-        server = Server(
-            [PYTHON, "-m", "service"],
-            "/v2/health/ready",
-            _service_env(url, work, CALIB_PREDICTION_LOG__DURABILITY="sync"),
-        )
+        server = _service(url, "sync")
         other = Store(url)
         expired = 0
+
+        def predict(retention: bool, i: int) -> dict:
+            stop, done = threading.Event(), cast(list, [])
+
+            def passes_while_running() -> None:
+                nonlocal expired
+                while not stop.is_set() and len(done) < passes:
+                    done.append(other.upkeep(retention_seconds=30 * DAY, now=(first + expired + 1) * DAY + 30 * DAY))
+                    expired += 1
+
+            thread = threading.Thread(target=passes_while_running)
+            if retention:
+                thread.start()
+            run = wrk(f"{server.url}/predict", body, CONNECTIONS, seconds)
+            stop.set()
+            if retention:
+                thread.join()
+            return {
+                "round": i + 1,
+                "retention": "running" if retention else "none",
+                "predict_rps": run["requests_per_s"],
+                "predict_p99_ms": run["p99_ms"],
+                "passes": len(done),
+            }
+
         try:
             wrk(f"{server.url}/predict", body, CONNECTIONS, 1.0)
-            for i in range(rounds):
-                for retention in (False, True) if i % 2 == 0 else (True, False):
-                    stop, done = threading.Event(), cast(list, [])
-
-                    def passes_while_running(stop=stop, done=done) -> None:
-                        nonlocal expired
-                        while not stop.is_set() and len(done) < passes:
-                            at = (first + expired + 1) * DAY + 30 * DAY
-                            result = other.upkeep(retention_seconds=30 * DAY, now=at)
-                            expired += 1
-                            done.append(result)
-
-                    thread = threading.Thread(target=passes_while_running) if retention else None
-                    if thread is not None:
-                        thread.start()
-                    run = wrk(f"{server.url}/predict", body, CONNECTIONS, seconds)
-                    stop.set()
-                    if thread is not None:
-                        thread.join()
-                    out.append(
-                        {
-                            "round": i + 1,
-                            "retention": "running" if retention else "none",
-                            "predict_rps": run["requests_per_s"],
-                            "predict_p99_ms": run["p99_ms"],
-                            "passes": len(done),
-                        }
-                    )
+            out = [row for rows in ab_rounds((False, True), rounds, predict) for row in rows.values()]
         finally:
             server.stop()
             other.db.engine.dispose()
@@ -622,53 +614,52 @@ def goals(result: dict) -> list[dict]:
     wide = sizes_[("v3", 1000)]
     return judged(
         [
-            {
-                "goal": "bytes per logged prediction, 10 classes, tables and indexes, 1% labelled",
-                "measured": sizes_[("v3", 10)]["bytes_per_prediction"],
-                "target": "<= 180",
-                "note": f"version 2: {sizes_[('v2', 10)]['bytes_per_prediction']:.0f}",
-            },
-            {
-                "goal": "bytes per logged prediction, 1,000 classes, over the probabilities' 4,000 bytes",
-                "measured": wide["bytes_per_prediction"] / 4000,
-                "target": "<= 1.5",
-                "note": f"{wide['bytes_per_prediction']:.0f} bytes; version 2: "
+            goal(
+                "bytes per logged prediction, 10 classes, tables and indexes, 1% labelled",
+                sizes_[("v3", 10)]["bytes_per_prediction"],
+                "<= 180",
+                f"version 2: {sizes_[('v2', 10)]['bytes_per_prediction']:.0f}",
+            ),
+            goal(
+                "bytes per logged prediction, 1,000 classes, over the probabilities' 4,000 bytes",
+                wide["bytes_per_prediction"] / 4000,
+                "<= 1.5",
+                f"{wide['bytes_per_prediction']:.0f} bytes; version 2: "
                 f"{sizes_[('v2', 1000)]['bytes_per_prediction']:.0f}",
-            },
-            {
-                "goal": f"expiry of one {result['expiring_rows']:,}-row partition, log at {large['log_rows']:.0e} over "
+            ),
+            goal(
+                f"expiry of one {result['expiring_rows']:,}-row partition, log at {large['log_rows']:.0e} over "
                 f"{small['log_rows']:.0e} rows",
-                "measured": large["expire_s"] / small["expire_s"],
-                "target": "<= 1.2",
-                "note": f"{small['expire_s'] * 1000:.0f} ms and {large['expire_s'] * 1000:.0f} ms (medians)",
-            },
-            {
-                "goal": "prediction-log rows per CPU second of the PostgreSQL server, compact over version 2, median "
-                "rounds",
-                "measured": speed_ratio,
-                "target": ">= 2",
-                "note": f"{len(result['speed']) // 3} rounds; the floor (the id alone) over version 2, the most any "
+                large["expire_s"] / small["expire_s"],
+                "<= 1.2",
+                f"{small['expire_s'] * 1000:.0f} ms and {large['expire_s'] * 1000:.0f} ms (medians)",
+            ),
+            goal(
+                "prediction-log rows per CPU second of the PostgreSQL server, compact over version 2, median rounds",
+                speed_ratio,
+                ">= 2",
+                f"{len(result['speed']) // 3} rounds; the floor (the id alone) over version 2, the most any "
                 f"row could reach: {floor_ratio:.2f}; one writer's rows/s, both sides on this machine: "
                 f"{client_ratio:.2f}",
-            },
-            {
-                "goal": "GET /calibration p99, log of the larger over the smaller size",
-                "measured": large["calibration_p99_ms"] / small["calibration_p99_ms"],
-                "target": "<= 1.2",
-                "note": f"{small['calibration_p99_ms']:.1f} and {large['calibration_p99_ms']:.1f} ms",
-            },
-            {
-                "goal": "label join (single-label POST /feedback) p99, log of the larger over the smaller size",
-                "measured": large["join_p99_ms"] / small["join_p99_ms"],
-                "target": "<= 1.2",
-                "note": f"{small['join_p99_ms']:.1f} and {large['join_p99_ms']:.1f} ms",
-            },
-            {
-                "goal": "/predict p99 under sync logging during retention passes over without, median rounds",
-                "measured": with_retention / without,
-                "target": "<= 1.1",
-                "note": f"{without:.1f} and {with_retention:.1f} ms",
-            },
+            ),
+            goal(
+                "GET /calibration p99, log of the larger over the smaller size",
+                large["calibration_p99_ms"] / small["calibration_p99_ms"],
+                "<= 1.2",
+                f"{small['calibration_p99_ms']:.1f} and {large['calibration_p99_ms']:.1f} ms",
+            ),
+            goal(
+                "label join (single-label POST /feedback) p99, log of the larger over the smaller size",
+                large["join_p99_ms"] / small["join_p99_ms"],
+                "<= 1.2",
+                f"{small['join_p99_ms']:.1f} and {large['join_p99_ms']:.1f} ms",
+            ),
+            goal(
+                "/predict p99 under sync logging during retention passes over without, median rounds",
+                with_retention / without,
+                "<= 1.1",
+                f"{without:.1f} and {with_retention:.1f} ms",
+            ),
         ]
     )
 

@@ -1,13 +1,14 @@
-"""The pod on a device (bench/serving/pod.py): its load point splits a pod's CPU and batches by process, and its goals
+"""The pod on a device (bench/gpu.py, run_pod): its load point splits a pod's CPU and batches by process, and its goals
 are judged at the best number of front-ends, the two plain replicas only reported beside them."""
 
 import shutil
 
 import pytest
 
+from bench.common import HEAVY, LIGHT, service
+from bench.gpu import grpc_connections, point
+from bench.gpu import pod_report as report
 from bench.serving.goals import POD_VS_RAW, REPLICAS, pod_goals
-from bench.serving.measure import HEAVY, LIGHT, service
-from bench.serving.pod import grpc_connections, point, report
 
 
 def test_grpc_connections_reach_every_front_end_and_divide_the_clients():

@@ -1,12 +1,14 @@
-"""The engine at the device's limit (bench/serving/limit.py): the timeline's busy share and idle split, and the
+"""The engine at the device's limit (bench/gpu.py, run_limit): the timeline's busy share and idle split, and the
 issue's goals from one run's points, each pod's ratio taken against the pod of the tree before in the same run."""
 
 import json
 
 import pytest
 
-from bench.serving.limit import goals, report, timeline
-from bench.serving.measure import HEAVY, LIGHT
+from bench.common import HEAVY, LIGHT
+from bench.gpu import limit_goals as goals
+from bench.gpu import limit_report as report
+from bench.gpu import timeline
 
 
 def test_the_timeline_splits_each_session_s_time_into_busy_idle_for_want_of_work_and_waiting(tmp_path):

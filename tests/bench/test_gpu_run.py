@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.common import Server, parent_pid, v2_binary_request
-from bench.serving.device import HEAVY, LIGHT, v2_binary_outputs
+from bench.common import HEAVY, LIGHT, Server, parent_pid, v2_binary_request
+from bench.gpu import v2_binary_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
