@@ -70,8 +70,8 @@ import numpy as np
 
 from calibkit import eprocess
 from calibkit.conformal.adaptive import check_misses
-from calibkit.eprocess import EProcess, EState, Readings, check_int, check_level, check_unit
-from calibkit.validation import expected
+from calibkit.eprocess import EProcess, EState, Readings
+from calibkit.validation import check_int, check_threshold, check_unit, expected
 
 __all__ = [
     "DEFAULT_EPSILON",
@@ -155,7 +155,7 @@ class CoverageAlarmConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", check_unit("alpha", self.alpha))
-        object.__setattr__(self, "threshold", check_level("threshold", self.threshold))
+        object.__setattr__(self, "threshold", check_threshold("threshold", self.threshold))
         rises = _positive(self.rises)
         if not rises:
             raise ValueError(expected("rises", "a non-empty sequence of finite numbers > 0", self.rises))

@@ -35,8 +35,8 @@ from typing import cast
 import numpy as np
 
 from calibkit import calibration_bets, eprocess
-from calibkit.eprocess import EProcess, EState, capped_exp, check_int, check_level, check_unit
-from calibkit.validation import expected
+from calibkit.eprocess import EProcess, EState, Readings, capped_exp
+from calibkit.validation import check_int, check_threshold, check_unit, expected
 
 STATE_FORMAT = 8
 # The arrays of the bets' and the clearing test's learning, then those of the e-process
@@ -119,7 +119,7 @@ class DetectorConfig:
         if not 0.0 <= self.tolerance < 0.5:
             raise ValueError(expected("tolerance", "in [0, 0.5)", self.tolerance))
         for name in ("threshold", "clear_threshold"):
-            check_level(name, getattr(self, name))
+            check_threshold(name, getattr(self, name))
         for name in ("edges", "clear_edges"):
             edges = getattr(self, name)
             if list(edges) != sorted(edges) or not all(0 < e < 1 for e in edges):
@@ -252,9 +252,10 @@ _UNSET = cast(np.ndarray, None)
 
 
 @dataclass(frozen=True, eq=False)
-class DetectorState:
+class DetectorState(Readings):
     """The detector's sufficient state for ``streams`` independent streams (arrays, leading axis = stream); frozen:
-    ``fold`` returns a new state. ``DetectorState(config, streams)`` is the state before any label."""
+    ``fold`` returns a new state. ``DetectorState(config, streams)`` is the state before any label. ``statistic``
+    (sum_d w_d S_t^(d), raised when it reaches A) and ``alarmed`` are read off its e-process (``eprocess.Readings``)."""
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     streams: int = 1
@@ -307,16 +308,6 @@ class DetectorState:
             *(getattr(self, name) for name in _CORE[:2]), int(self.n[0]), *(getattr(self, x) for x in _CORE[2:])
         )
         object.__setattr__(self, "core", core)
-
-    @property
-    def alarmed(self) -> np.ndarray:
-        """Per stream, whether the alarm is raised now."""
-        return self.core.alarmed
-
-    @property
-    def statistic(self) -> np.ndarray:
-        """sum_d w_d S_t^(d), the e-detector of each stream: the alarm is raised when it reaches A."""
-        return capped_exp(self.config.process.log_mixture(self.log_statistic))
 
     @property
     def clear_statistic(self) -> np.ndarray:

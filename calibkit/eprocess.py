@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy import special
 
-from calibkit.validation import expected
+from calibkit.validation import check_int, check_unit, expected
 
 __all__ = [
     "EProcess",
@@ -79,37 +79,6 @@ def threshold_for(n: int, rate: float, name: str = "labels") -> float:
         1000000.0
     """
     return float(check_int(name, n, 1)) / check_unit("rate", rate)
-
-
-def is_number(value) -> bool:
-    """A real number and not a bool."""
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
-
-
-def is_int(value) -> bool:
-    """An integer and not a bool."""
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
-
-
-def check_level(name: str, value) -> float:
-    """A threshold: a finite number > 1, as a float."""
-    if not is_number(value) or not (math.isfinite(value) and value > 1):
-        raise ValueError(expected(name, "a finite number > 1", value))
-    return float(value)
-
-
-def check_unit(name: str, value) -> float:
-    """A probability strictly between 0 and 1, as a float."""
-    if not is_number(value) or not 0 < value < 1:
-        raise ValueError(expected(name, "in (0, 1)", value))
-    return float(value)
-
-
-def check_int(name: str, value, low: int) -> int:
-    """An integer >= ``low``, as an int."""
-    if not is_int(value) or value < low:
-        raise ValueError(expected(name, f"an integer >= {low}", value))
-    return int(value)
 
 
 class EProcess:

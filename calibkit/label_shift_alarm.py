@@ -85,9 +85,9 @@ import numpy as np
 from scipy import signal
 
 from calibkit import eprocess, label_shift_report
-from calibkit.eprocess import EProcess, EState, Readings, capped_exp, check_int, check_level, check_unit, is_number
+from calibkit.eprocess import EProcess, EState, Readings, capped_exp
 from calibkit.reference_margins import DEFAULT_EPSILON, check_reference, reference_tolerance
-from calibkit.validation import PROB_SUM_ATOL, expected
+from calibkit.validation import PROB_SUM_ATOL, check_int, check_threshold, check_unit, expected, is_number
 
 if TYPE_CHECKING:
     from calibkit.manifest import LabelShiftReference
@@ -167,7 +167,7 @@ class LabelShiftAlarmConfig:
             raise ValueError(expected("tolerance", "in [0, 1)", self.tolerance))
         object.__setattr__(self, "epsilon", check_unit("epsilon", self.epsilon))
         for name in ("threshold", "clear_threshold"):
-            object.__setattr__(self, name, check_level(name, getattr(self, name)))
+            object.__setattr__(self, name, check_threshold(name, getattr(self, name)))
         object.__setattr__(self, "min_clear", check_int("min_clear", self.min_clear, 0))
         fractions = tuple(self.fractions) if isinstance(self.fractions, (tuple, list)) else None
         if not fractions or not all(is_number(f) and 0 < f < 1 for f in fractions):

@@ -19,8 +19,7 @@ import math
 import numpy as np
 from scipy import special
 
-from calibkit.eprocess import check_int, check_unit
-from calibkit.validation import PROB_SUM_ATOL, expected
+from calibkit.validation import PROB_SUM_ATOL, check_int, check_unit, expected
 
 __all__ = ["DEFAULT_EPSILON", "check_reference", "reference_tolerance"]
 

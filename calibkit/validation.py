@@ -6,6 +6,7 @@ message names the argument and the problem: a metric never silently returns a wr
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import numpy as np
@@ -215,6 +216,37 @@ def check_level(level) -> float:
     if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
         raise ValueError(expected("level", "a number in (0, 1)", level))
     return float(level)
+
+
+def is_number(value) -> bool:
+    """A real number and not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
+def is_int(value) -> bool:
+    """An integer and not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def check_threshold(name: str, value) -> float:
+    """A threshold: a finite number > 1, as a float."""
+    if not is_number(value) or not (math.isfinite(value) and value > 1):
+        raise ValueError(expected(name, "a finite number > 1", value))
+    return float(value)
+
+
+def check_unit(name: str, value) -> float:
+    """A probability strictly between 0 and 1, as a float."""
+    if not is_number(value) or not 0 < value < 1:
+        raise ValueError(expected(name, "in (0, 1)", value))
+    return float(value)
+
+
+def check_int(name: str, value, low: int) -> int:
+    """An integer >= ``low``, as an int."""
+    if not is_int(value) or value < low:
+        raise ValueError(expected(name, f"an integer >= {low}", value))
+    return int(value)
 
 
 def expected(name: str, requirement: str, value: object) -> str:
