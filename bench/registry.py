@@ -1,6 +1,5 @@
-"""The registry of the benchmarks: each one's name (its package ``bench.<name>``, run as ``python -m bench.<name>``),
-in the order ``python -m bench`` runs them, and the generated page it writes; a page that several share is put
-together here."""
+"""The registry of the benchmarks: each one's name (its package ``bench.<name>``), in the order ``python -m bench``
+runs them, and the page it writes; a page that several share is put together here."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import time
 from types import ModuleType
 
 from bench.common import RESULTS, ROOT, Benchmark, load_result, machine, measured_by, table, write_result
+from bench.figures import write_readme
 
 MAIN_PAGE = "benchmarks.md"
 PAGES = {
@@ -33,13 +33,13 @@ def module(name: str) -> ModuleType:
 
 
 def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
-    """Write docs/<page> (``text``)."""
+    """Write docs/<page> (``text``), then README.md's figures table from the same results (``bench.figures``)."""
     (ROOT / "docs" / page).write_text(text(page, fresh))
+    write_readme(fresh)
 
 
 def text(page: str, fresh: dict[str, dict] | None = None) -> str:
-    """The page from the stored results of its benchmarks (``fresh`` ones taken instead, by name). The main page
-    opens with the machine and every benchmark's run time, and ends with the recorded GPU runs."""
+    """The page from its benchmarks' stored (or ``fresh``) results; the main page adds the head and the GPU runs."""
     results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
     sections = [module(name).BENCHMARK.render(result) for name, result in results.items() if result]
     if page == MAIN_PAGE:
@@ -79,9 +79,8 @@ def head(serving: dict | None) -> str:
 
 
 def main(name: str, argv: list[str] | None = None) -> None:
-    """``python -m bench.<name>``: measure, judge the goals, write bench/results/<name>.json (with the run's wall time,
-    ``wall_seconds``), print the rendering and write the page again (a smoke run writes <name>-smoke.json and no
-    page); ``--report-only`` writes the page from the stored result, goals judged again."""
+    """``python -m bench.<name>``: measure, judge, write bench/results/<name>.json (a smoke run: <name>-smoke.json
+    and no page), print the rendering and write the page; ``--report-only`` writes the page from the stored result."""
     package = module(name)
     steps: Benchmark = package.BENCHMARK
     parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=(package.__doc__ or "").split("\n")[0])
