@@ -110,14 +110,18 @@ lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# The suite's worker processes (pytest-xdist; each gets its own PostgreSQL, tests/conftest.py); 0 runs it in one.
+TEST_WORKERS ?= 2
+
 ## test: install the dev extra, the tools, the conformance venvs and the label-shift references, and run the test suite
+## on TEST_WORKERS (2) pytest-xdist workers
 test: $(VENV)/.installed-dev tools conformance shift-refs
-	$(PY) -m pytest -q --doctest-modules calibkit training tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --doctest-modules calibkit training tests
 
 ## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,
 ## docker-compose, promtool/prometheus, hadolint, wrk, server processes, long training and benchmark runs)
 test-fast: $(VENV)/.installed-dev
-	$(PY) -m pytest -q --doctest-modules -m "not e2e" calibkit training tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --doctest-modules -m "not e2e" calibkit training tests
 
 $(VISION_VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VISION_VENV)
@@ -136,8 +140,8 @@ test-vision: $(VISION_VENV)/.installed
 
 ## bench: every benchmark of bench/registry.py in turn, each timed (tables on stdout, bench/results/*.json,
 ## docs/benchmarks.md with the run times, docs/alarm_benchmark.md, docs/conformal_benchmark.md,
-## docs/engine_benchmark.md, docs/shift_benchmark.md, docs/store_benchmark.md); about 2 hours, most of it the alarm's
-## simulations
+## docs/engine_benchmark.md, docs/shift_benchmark.md, docs/store_benchmark.md, and README.md's figures table); about
+## 2 hours, most of it the alarm's simulations
 bench: $(VENV)/.installed-dev tools cbpe
 	$(PY) -m bench
 

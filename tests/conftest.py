@@ -61,7 +61,7 @@ def postgres_server(tmp_path_factory) -> Iterator[str]:
     also exported as ``CALIB_TEST_DATABASE_URL`` and ``CALIB_BENCH_DATABASE_URL`` for the processes tests start."""
     given = os.environ.get(TEST_DATABASE_URL)
     if given:
-        yield given
+        yield _worker_database(given)
         return
     from port_for import get_port
     from pytest_postgresql.executors import PostgreSQLExecutor
@@ -124,6 +124,25 @@ def _user_exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+def _worker_database(url: str) -> str:
+    """``url`` itself in a run of one process; under pytest-xdist a database of the worker's own on its server
+    (``<database>_<worker>``, created when missing), since each worker empties the service's tables as it goes."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return url
+    import sqlalchemy as sa
+
+    base = sa.make_url(url)
+    name = f"{base.database}_{worker}"
+    engine = sa.create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        exists = connection.exec_driver_sql("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).first()
+    engine.dispose()
+    if not exists:
+        _create_database(base.set(database="postgres").render_as_string(hide_password=False), name)
+    return base.set(database=name).render_as_string(hide_password=False)
 
 
 def _create_database(maintenance_url: str, name: str) -> None:
