@@ -97,16 +97,8 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
     """The next status of the alarm, from the previous one and what the evaluation knows.
 
     ``alarm`` while the detector's alarm is raised; otherwise ``warning`` when the e-detector has reached
-    ``warn_threshold`` or the confidences have shifted materially (:func:`shift_is_material`); else ``ok``.
-
-    Args:
-        previous: The status before this evaluation.
-        evidence: The detector's state and the drift test.
-        policy: The alarm's settings.
-        now: The time of the evaluation (seconds since the epoch).
-
-    Returns:
-        The new status with its reasons; ``since`` is kept while the state does not change, else ``now``.
+    ``warn_threshold`` or the confidences have shifted materially (:func:`shift_is_material`); else ``ok``. The new
+    status's ``since`` is kept while the state does not change, else ``now`` (seconds since the epoch).
 
     Examples:
         >>> policy = AlarmPolicy()
@@ -148,16 +140,9 @@ def assess(previous: AlarmStatus, evidence: Evidence, policy: AlarmPolicy, now: 
 def shift_is_material(shift: ShiftTest, policy: AlarmPolicy) -> bool:
     """Whether the label-free drift test warns: a shift that is both significant and material.
 
-    A large sample makes any difference significant, so the KS distance D (the largest gap between the two
-    confidence CDFs) must reach ``shift_distance`` too.
-
-    Args:
-        shift: The KS test of recent against reference confidences.
-        policy: The alarm's settings.
-
-    Returns:
-        True when there are at least ``min_unlabelled`` recent predictions, p < ``shift_p_value`` and
-        D >= ``shift_distance``.
+    True when there are at least ``min_unlabelled`` recent predictions, p < ``shift_p_value`` and D >=
+    ``shift_distance``: a large sample makes any difference significant, so the KS distance D (the largest gap
+    between the two confidence CDFs) must reach ``shift_distance`` too.
 
     Examples:
         >>> policy = AlarmPolicy()

@@ -24,15 +24,8 @@ class BinSums(NamedTuple):
 
 
 def equal_width_edges(n_bins: int) -> np.ndarray:
-    """The edges of M equal-width bins of [0, 1].
-
-    e_m = m / M, each the correctly rounded float of m/M (so 0.6 is an edge, not 0.6000000000000001).
-
-    Args:
-        n_bins: The number M of bins.
-
-    Returns:
-        The M + 1 edges e_0 = 0, ..., e_M = 1.
+    """The M + 1 edges e_m = m / M of M equal-width bins of [0, 1], each the correctly rounded float of m/M (so 0.6
+    is an edge, not 0.6000000000000001).
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 2.
@@ -45,14 +38,8 @@ def equal_width_edges(n_bins: int) -> np.ndarray:
 
 
 def bin_index(confidence: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The bin of each confidence: index m of the bin (e_m, e_{m+1}] that holds it.
-
-    Args:
-        confidence: Values in [0, 1], of any shape.
-        edges: Increasing bin edges e_0, ..., e_M.
-
-    Returns:
-        Bin indexes in [0, M), of the shape of ``confidence``; values <= e_0 go to bin 0.
+    """The bin of each confidence (any shape): index m in [0, M) of the bin (e_m, e_{m+1}] of the increasing
+    ``edges`` that holds it; values <= e_0 go to bin 0.
 
     Examples:
         >>> bin_index(np.array([0.0, 0.1, 0.5, 0.51, 1.0]), equal_width_edges(2)).tolist()
@@ -63,16 +50,8 @@ def bin_index(confidence: np.ndarray, edges: np.ndarray) -> np.ndarray:
 
 
 def bin_sums(confidence: np.ndarray, outcome: np.ndarray, edges: np.ndarray) -> BinSums:
-    """The sums per bin of a confidence vector and its 0/1 outcome vector.
-
-    Args:
-        confidence: Confidences (N,), in [0, 1].
-        outcome: Outcomes (N,), 1 for an event (e.g. a correct prediction) and 0 otherwise.
-        edges: Increasing bin edges e_0, ..., e_M.
-
-    Returns:
-        Per bin the count |B_m|, the sum of confidences and the sum of outcomes, each (M,).
-    """
+    """Per bin of ``edges`` the count |B_m|, the sum of confidences (N,) and the sum of their 0/1 outcomes (N,) (1
+    for an event, e.g. a correct prediction), each (M,)."""
     idx = bin_index(confidence, edges)
     n_bins = len(edges) - 1
     return BinSums(
@@ -83,16 +62,8 @@ def bin_sums(confidence: np.ndarray, outcome: np.ndarray, edges: np.ndarray) -> 
 
 
 def classwise_bin_sums(probs: np.ndarray, labels: np.ndarray, edges: np.ndarray) -> BinSums:
-    """The bin sums of p_k against 1[y = k] for every class k at once.
-
-    Args:
-        probs: Probabilities (N, K).
-        labels: Class indices (N,).
-        edges: Increasing bin edges e_0, ..., e_M.
-
-    Returns:
-        Per class and bin the count, the sum of p_k and the number of labels k, each (K, M).
-    """
+    """The bin sums of p_k against 1[y = k] for every class k at once: per class and bin the count, the sum of p_k
+    and the number of labels k, each (K, M)."""
     n_classes, n_bins = probs.shape[1], len(edges) - 1
     flat = (bin_index(probs, edges) + n_bins * np.arange(n_classes)).ravel()
     one_hot = (labels[:, None] == np.arange(n_classes)).astype(np.float64).ravel()
@@ -107,13 +78,8 @@ def classwise_bin_sums(probs: np.ndarray, labels: np.ndarray, edges: np.ndarray)
 def classwise_error(sums: BinSums) -> float:
     """The classwise calibration error: the mean over classes of each class's l1 calibration error.
 
-    CW-ECE = 1/K sum_k sum_m |B_mk| / N * |freq_k(B_mk) - mean p_k(B_mk)|.
-
-    Args:
-        sums: Class-wise bin sums, each (K, M), e.g. from :func:`classwise_bin_sums`.
-
-    Returns:
-        The classwise ECE, in [0, 1].
+    CW-ECE = 1/K sum_k sum_m |B_mk| / N * |freq_k(B_mk) - mean p_k(B_mk)|, from class-wise bin sums (K, M) as
+    :func:`classwise_bin_sums` gives them.
 
     References:
         Kull et al. 2019, "Beyond temperature scaling: Obtaining well-calibrated multi-class probabilities with
@@ -123,20 +89,10 @@ def classwise_error(sums: BinSums) -> float:
 
 
 def calibration_error(sums: BinSums, norm: str = "l1") -> float:
-    """The binned calibration error (ECE or MCE) from bin sums.
+    """The binned calibration error (ECE or MCE) from bin sums, in [0, 1]; ValueError when every bin is empty.
 
     ``l1``:  ECE = sum_m |B_m| / n * |acc(B_m) - conf(B_m)| = sum_m |S_acc,m - S_conf,m| / n
     ``max``: MCE = max over non-empty bins of |acc(B_m) - conf(B_m)|
-
-    Args:
-        sums: Bin sums, e.g. from :func:`bin_sums`.
-        norm: ``"l1"`` for the ECE, ``"max"`` for the MCE.
-
-    Returns:
-        The error, in [0, 1].
-
-    Raises:
-        ValueError: When every bin is empty or ``norm`` is neither ``"l1"`` nor ``"max"``.
 
     References:
         Naeini, Cooper & Hauskrecht 2015, "Obtaining Well Calibrated Probabilities Using Bayesian Binning";
@@ -160,15 +116,9 @@ def calibration_error(sums: BinSums, norm: str = "l1") -> float:
 
 
 def overconfidence(sums: BinSums) -> float:
-    """The overconfidence error from bin sums: the ECE of over-confident bins, weighted by confidence.
+    """The overconfidence error from bin sums: the ECE of over-confident bins, weighted by confidence, in [0, 1].
 
     OE = sum_m |B_m| / n * conf(B_m) * max(conf(B_m) - acc(B_m), 0)
-
-    Args:
-        sums: Bin sums, e.g. from :func:`bin_sums`.
-
-    Returns:
-        The overconfidence error, in [0, 1].
 
     References:
         Thulasidasan et al. 2019, "On Mixup Training: Improved Calibration and Predictive Uncertainty for Deep
@@ -189,16 +139,8 @@ def debiased_l2_error(sums: BinSums) -> float:
 
         CE^2 = sum_m |B_m| / n * [(acc_m - conf_m)^2 - acc_m (1 - acc_m) / (|B_m| - 1)]
 
-    Bins with fewer than two samples contribute 0; the result is sqrt(max(CE^2, 0)).
-
-    Args:
-        sums: Bin sums, e.g. from :func:`bin_sums`.
-
-    Returns:
-        The debiased l2 calibration error, in [0, 1].
-
-    Raises:
-        ValueError: When every bin is empty.
+    Bins with fewer than two samples contribute 0; the result is sqrt(max(CE^2, 0)), in [0, 1]. ValueError when every
+    bin is empty.
 
     References:
         Kumar, Liang & Ma 2019, "Verified Uncertainty Calibration", Sec. 5.
@@ -227,12 +169,8 @@ class Reliability(NamedTuple):
     accuracy: np.ndarray
 
     def to_records(self) -> list[dict]:
-        """The diagram's data as JSON-ready records.
-
-        Returns:
-            One dict per bin (``lo``, ``hi``, ``count``, ``mean_confidence``, ``accuracy``), with None for the
-            mean confidence and accuracy of an empty bin.
-        """
+        """One JSON-ready dict per bin (``lo``, ``hi``, ``count``, ``mean_confidence``, ``accuracy``), with None for
+        the mean confidence and accuracy of an empty bin."""
         return [
             {
                 "lo": float(lo),
@@ -246,14 +184,8 @@ class Reliability(NamedTuple):
 
 
 def reliability(sums: BinSums, edges: np.ndarray) -> Reliability:
-    """The data of a reliability diagram from bin sums: per bin its mean confidence and accuracy.
-
-    Args:
-        sums: Bin sums, e.g. from :func:`bin_sums`.
-        edges: The bin edges the sums were taken over.
-
-    Returns:
-        Per bin its edges, count, mean confidence and accuracy (NaN for empty bins).
+    """The data of a reliability diagram from bin sums over ``edges``: per bin its edges, count, mean confidence and
+    accuracy (NaN for empty bins).
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Fig. 1.

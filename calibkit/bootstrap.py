@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from calibkit.validation import check_probs_labels, expected
+from calibkit.validation import check_int, check_probs_labels, check_unit, expected
 
 _BATCH = 64
 
@@ -47,22 +47,8 @@ def confidence_interval(
     rows. ``"basic"`` reflects those quantiles around the estimate theta, (2 theta - q_hi, 2 theta - q_lo), which
     corrects a statistic's resampling bias; ``"BCa"`` is scipy's bias-corrected and accelerated interval (it needs
     N extra jackknife evaluations). Binned errors such as ECE are biased upwards on finite samples, so their
-    percentile interval can lie entirely above the estimate.
-
-    Args:
-        metric: A function of (probs, labels), e.g. ``calibkit.metrics.ece``.
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_resamples: The number of resamples.
-        level: The confidence level, in (0, 1).
-        seed: The seed of the resampling: the same seed gives the same interval.
-        method: ``"percentile"``, ``"basic"`` or ``"BCa"``.
-
-    Returns:
-        The estimate on all rows and the interval.
-
-    Raises:
-        ValueError: When an argument is out of range or the inputs fail ``calibkit.validation``'s checks.
+    percentile interval can lie entirely above the estimate. ``metric`` is a function of (probs, labels), e.g.
+    ``calibkit.metrics.ece``; the same ``seed`` gives the same interval.
 
     References:
         Efron & Tibshirani 1993, "An Introduction to the Bootstrap", Ch. 13 (percentile) and 14 (BCa);
@@ -80,33 +66,15 @@ def confidence_intervals(
     seed: int | np.random.Generator | None = 0,
     method: str = "percentile",
 ) -> dict[str, ConfidenceInterval]:
-    """Bootstrap intervals of several metrics from the same resamples (cheaper than one call per metric).
-
-    Args:
-        metrics: Metrics by name, each a function of (probs, labels).
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_resamples: The number of resamples.
-        level: The confidence level, in (0, 1).
-        seed: The seed of the resampling.
-        method: ``"percentile"``, ``"basic"`` or ``"BCa"``, as in :func:`confidence_interval`.
-
-    Returns:
-        ``{name: ConfidenceInterval}`` in the order of ``metrics``.
-
-    Raises:
-        ValueError: When an argument is out of range, ``metrics`` is empty or the inputs fail
-            ``calibkit.validation``'s checks.
-    """
+    """``{name: ConfidenceInterval}`` of several metrics by name, in their order, as :func:`confidence_interval`
+    gives each, from the same resamples (cheaper than one call per metric)."""
     p, y = check_probs_labels(probs, labels)
     if np.ndim(probs) == 1:
         p = p[:, 1]
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise ValueError(expected("n_resamples", "a positive integer", n_resamples))
+    n_resamples = check_int("n_resamples", n_resamples, 1)
     if method not in ("percentile", "basic", "BCa"):
         raise ValueError(expected("method", "'percentile', 'basic' or 'BCa'", method))
-    if not 0.0 < level < 1.0:
-        raise ValueError(expected("level", "in (0, 1)", level))
+    level = check_unit("level", level)
     if not metrics:
         raise ValueError(expected("metrics", "a mapping of at least one metric", dict(metrics)))
     functions = list(metrics.values())
@@ -118,7 +86,7 @@ def confidence_intervals(
         (np.arange(len(y)),),
         statistic,
         vectorized=False,
-        n_resamples=int(n_resamples),
+        n_resamples=n_resamples,
         confidence_level=level,
         method=method,
         rng=np.random.default_rng(seed),
@@ -149,66 +117,31 @@ class RunsBootstrap:
         return np.array([contrast.get(name, 0.0) for name in self.names], dtype=np.float64)
 
     def values(self, contrast: str | Mapping[str, float]) -> np.ndarray:
-        """Per-run values of a statistic or of a contrast sum_j w_j stat_j.
-
-        Args:
-            contrast: A statistic's name, or weights by name such as ``{"a": 1, "b": -1}``.
-
-        Returns:
-            The (S,) values, one per run.
-
-        Raises:
-            ValueError: When ``contrast`` names an unknown statistic or none.
-        """
+        """The (S,) per-run values of a statistic (by name) or of a contrast sum_j w_j stat_j (weights by name such
+        as ``{"a": 1, "b": -1}``)."""
         return self.per_run @ self._weights(contrast)
 
     def mean(self, contrast: str | Mapping[str, float]) -> float:
-        """The mean over runs of a statistic or contrast (the estimate :meth:`interval` brackets).
-
-        Args:
-            contrast: A statistic's name, or weights by name.
-
-        Returns:
-            The mean.
-        """
+        """The mean over runs of a statistic or contrast (the estimate :meth:`interval` brackets)."""
         return float(np.mean(self.values(contrast)))
 
     def sd(self, contrast: str | Mapping[str, float]) -> float:
-        """The sample standard deviation over runs (ddof = 1) of a statistic or contrast.
-
-        Args:
-            contrast: A statistic's name, or weights by name.
-
-        Returns:
-            The standard deviation, 0 for a single run.
-        """
+        """The sample standard deviation over runs (ddof = 1) of a statistic or contrast; 0 for a single run."""
         values = self.values(contrast)
         return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
     def interval(
         self, contrast: str | Mapping[str, float], level: float = 0.90, method: str = "basic"
     ) -> ConfidenceInterval:
-        """The bootstrap interval of :meth:`mean`.
+        """The bootstrap interval of :meth:`mean` at ``level``.
 
         ``"percentile"``: [q_lo, q_hi] of the resampled means; ``"basic"``: (2 theta - q_hi, 2 theta - q_lo),
         which corrects the upward resampling bias of binned errors.
 
-        Args:
-            contrast: A statistic's name, or weights by name.
-            level: The confidence level, in (0, 1).
-            method: ``"percentile"`` or ``"basic"``.
-
-        Returns:
-            The mean and its interval.
-
-        Raises:
-            ValueError: When ``level`` or ``method`` is out of range or ``contrast`` names an unknown statistic.
-
         References:
             Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 5.2.
         """
-        if not 0.0 < level < 1.0:
-            raise ValueError(expected("level", "in (0, 1)", level))
+        level = check_unit("level", level)
         if method not in ("percentile", "basic"):
             raise ValueError(expected("method", "'percentile' or 'basic'", method))
         estimate = self.mean(contrast)
@@ -232,26 +165,15 @@ def hierarchical_bootstrap(
     interval, resampling rows the finite test set; doing both errs wide. Every statistic of a resample sees the
     same rows, so contrasts between methods scored on the same rows are paired.
 
-    Args:
-        statistics: Statistics by name, each mapping a run to a number, e.g.
-            ``lambda run: metrics.ece(run["ce"], run["labels"])``.
-        runs: The runs, each a mapping of row-aligned arrays (e.g. labels and the probabilities of several
-            methods on the same test rows).
-        n_resamples: The number R of resamples.
-        seed: The seed of the resampling: the same seed gives the same resamples.
-
-    Returns:
-        Every statistic on every run and its mean over runs on each resample (:class:`RunsBootstrap`).
-
-    Raises:
-        ValueError: When ``n_resamples`` is not a positive integer, ``statistics`` or ``runs`` is empty, or a
-            run's arrays are empty or of different lengths.
+    ``statistics`` maps names to functions of a run, e.g. ``lambda run: metrics.ece(run["ce"], run["labels"])``;
+    each run is a mapping of row-aligned arrays (e.g. labels and the probabilities of several methods on the same
+    test rows). Returns every statistic on every run and its mean over runs on each of the R = ``n_resamples``
+    resamples; the same ``seed`` gives the same resamples.
 
     References:
         Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 3.8.
     """
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise ValueError(expected("n_resamples", "a positive integer", n_resamples))
+    n_resamples = check_int("n_resamples", n_resamples, 1)
     if not statistics:
         raise ValueError(expected("statistics", "a mapping of at least one statistic", dict(statistics)))
     if not runs:
@@ -271,8 +193,8 @@ def hierarchical_bootstrap(
 
     per_run = np.stack([evaluate(run) for run in runs])
     rng = np.random.default_rng(seed)
-    resampled = np.empty((int(n_resamples), len(functions)))
-    for r in range(int(n_resamples)):
+    resampled = np.empty((n_resamples, len(functions)))
+    for r in range(n_resamples):
         values = []
         for s in rng.integers(0, len(runs), size=len(runs)):
             rows = rng.integers(0, sizes[s], size=sizes[s])

@@ -81,10 +81,8 @@ def gap_table(cfg: DetectorConfig, a: dict) -> np.ndarray:
 
     From the labels of finished blocks, pooled over neighbouring bins by a Gaussian kernel of ``bandwidth`` on the
     log-odds scale and shrunk by ``prior_labels`` pseudo-labels: per memory towards its all-bin gap; for the
-    adaptive detector (last), from the labels of its current run towards the memory ``adaptive_prior``.
-
-    Returns:
-        (streams, M + 1, bins) gaps, one row per learned detector.
+    adaptive detector (last), from the labels of its current run towards the memory ``adaptive_prior``. Returns
+    (streams, M + 1, bins) gaps, one row per learned detector.
     """
     prior, kernel = cfg.prior_labels, cfg.kernel
     overall = a["global_gap_sum"] / (a["global_weight"] + prior)
@@ -97,10 +95,8 @@ def clear_alternative(cfg: DetectorConfig, a: dict) -> np.ndarray:
     """The miscalibration g(C) that the clearing test pits calibration against.
 
     The gap of each clearing bin over the labels since the alarm (from finished blocks), shrunk by
-    ``clear_prior_labels`` pseudo-labels towards the gap estimated when the alarm was raised.
-
-    Returns:
-        (streams, clearing bins) gaps, 0 where a gap is inside the tolerance.
+    ``clear_prior_labels`` pseudo-labels towards the gap estimated when the alarm was raised: (streams, clearing
+    bins) gaps, 0 where a gap is inside the tolerance.
     """
     prior = cfg.clear_prior_labels
     estimate = (a["alarm_gap"] + prior * a["raised_gap"]) / (a["alarm_count"] + prior)

@@ -19,7 +19,7 @@ from scipy import optimize, special
 
 from calibkit import binning
 from calibkit.temperature import T_MAX, T_MIN, apply_temperature, fit_temperature, softmax
-from calibkit.validation import check_logits, check_logits_labels, check_n_bins, expected
+from calibkit.validation import check_int, check_logits, check_logits_labels, check_n_bins, expected
 
 
 class Calibrator(ABC):
@@ -29,36 +29,16 @@ class Calibrator(ABC):
     n_classes: int | None = None
 
     def fit(self, logits, labels) -> Calibrator:
-        """Fit the calibrator on held-out (validation) logits and labels.
-
-        Args:
-            logits: Logits (N, K), or (N,) for a single-logit binary model.
-            labels: Class indices (N,).
-
-        Returns:
-            The calibrator itself, fitted.
-
-        Raises:
-            ValueError: When the inputs fail ``calibkit.validation``'s checks or the calibrator does not take
-                this number of classes.
-        """
+        """Fit on held-out (validation) logits (N, K), or (N,) for a single-logit binary model, and labels (N,);
+        returns the calibrator itself."""
         z, y = check_logits_labels(logits, labels)
         self.n_classes = 2 if z.ndim == 1 else z.shape[1]
         self._fit(z, y)
         return self
 
     def transform(self, logits) -> np.ndarray:
-        """Calibrated probabilities for new logits.
-
-        Args:
-            logits: Logits (N, K) of the width the calibrator was fitted on, or (N,) for a binary model.
-
-        Returns:
-            Probabilities (N, K), or (N,) positive-class probabilities for (N,) logits.
-
-        Raises:
-            ValueError: When the calibrator is not fitted or the logits have another number of classes.
-        """
+        """Calibrated probabilities (N, K) for new logits of the width the calibrator was fitted on, or (N,)
+        positive-class probabilities for (N,) logits."""
         if self.n_classes is None:
             raise ValueError(f"{type(self).__name__} is not fitted yet: call fit() or load parameters first")
         z = check_logits(logits)
@@ -68,41 +48,21 @@ class Calibrator(ABC):
         return self._transform(z)
 
     def to_dict(self) -> dict:
-        """The fitted calibrator as JSON-serialisable data.
-
-        Returns:
-            ``{"method": ..., "n_classes": K, "params": {...}}``, with plain floats as parameters.
-
-        Raises:
-            ValueError: When the calibrator is not fitted.
-        """
+        """The fitted calibrator as ``{"method": ..., "n_classes": K, "params": {...}}``, plain floats as parameters."""
         if self.n_classes is None:
             raise ValueError(f"{type(self).__name__} is not fitted yet: nothing to save")
         return {"method": self.method, "n_classes": self.n_classes, "params": self._params()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Calibrator:
-        """Rebuild a fitted calibrator from ``to_dict`` output.
-
-        Args:
-            data: What ``to_dict`` returned, as read back from JSON.
-
-        Returns:
-            The calibrator, fitted.
-
-        Raises:
-            ValueError: Naming the field when ``data`` is malformed or for another method.
-        """
+        """Rebuild a fitted calibrator from ``to_dict`` output; a ValueError names the field at fault."""
         if not isinstance(data, dict) or not {"method", "n_classes", "params"} <= data.keys():
             shown = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ValueError(expected("data", "an object with 'method', 'n_classes' and 'params'", shown))
         if data["method"] != cls.method:
             raise ValueError(expected("method", repr(cls.method), data["method"]))
-        n_classes = data["n_classes"]
-        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(expected("n_classes", "an integer >= 2", n_classes))
         obj = cls()
-        obj.n_classes = n_classes
+        obj.n_classes = check_int("n_classes", data["n_classes"], 2)
         try:
             obj._load(data["params"])
         except (KeyError, TypeError) as exc:
@@ -435,62 +395,28 @@ CALIBRATORS: dict[str, type[Calibrator]] = {
 }
 
 
-def build_calibrator(method: str, **options) -> Calibrator:
-    """An unfitted calibrator by name.
-
-    Args:
-        method: ``temperature``, ``vector``, ``bcts``, ``platt``, ``histogram`` or ``isotonic``.
-        **options: The calibrator's own options, e.g. ``objective`` for temperature, ``n_bins`` for histogram.
-
-    Returns:
-        The calibrator, not fitted yet.
-
-    Raises:
-        ValueError: When ``method`` is unknown (the message lists the known ones).
-    """
+def _calibrator_class(method) -> type[Calibrator]:
     if method not in CALIBRATORS:
         raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
-    return CALIBRATORS[method](**options)
+    return CALIBRATORS[method]
+
+
+def build_calibrator(method: str, **options) -> Calibrator:
+    """An unfitted calibrator by name (``temperature``, ``vector``, ``bcts``, ``platt``, ``histogram`` or
+    ``isotonic``) with its own options, e.g. ``objective`` for temperature, ``n_bins`` for histogram."""
+    return _calibrator_class(method)(**options)
 
 
 def calibrator_from_dict(data: dict) -> Calibrator:
-    """Rebuild any fitted calibrator from its ``to_dict`` output.
-
-    Args:
-        data: What ``Calibrator.to_dict`` returned, as read back from JSON.
-
-    Returns:
-        The calibrator of ``data["method"]``, fitted.
-
-    Raises:
-        ValueError: When the method is unknown or ``data`` is malformed.
-    """
-    method = data.get("method") if isinstance(data, dict) else None
-    if method not in CALIBRATORS:
-        raise ValueError(f"unknown calibration method {method!r}; known: {', '.join(CALIBRATORS)}")
-    return CALIBRATORS[method].from_dict(data)
+    """Rebuild any fitted calibrator from its ``to_dict`` output."""
+    return _calibrator_class(data.get("method") if isinstance(data, dict) else None).from_dict(data)
 
 
 def save_calibrator(calibrator: Calibrator, path: str | Path) -> None:
-    """Write a fitted calibrator to a JSON file.
-
-    Args:
-        calibrator: The fitted calibrator.
-        path: The file to write ``calibrator.to_dict()`` to.
-    """
+    """Write ``calibrator.to_dict()`` of a fitted calibrator to a JSON file."""
     Path(path).write_text(json.dumps(calibrator.to_dict(), indent=2))
 
 
 def load_calibrator(path: str | Path) -> Calibrator:
-    """Read a calibrator written by :func:`save_calibrator`.
-
-    Args:
-        path: The JSON file.
-
-    Returns:
-        The calibrator, fitted.
-
-    Raises:
-        ValueError: When the file's data is malformed.
-    """
+    """Read a calibrator written by :func:`save_calibrator`."""
     return calibrator_from_dict(json.loads(Path(path).read_text()))

@@ -34,17 +34,13 @@ bound is loose for e-values this close to 1: a CUSUM of small increments runs at
 reaches A (Siegmund's approximation puts the factor near 1 / KL(alpha || p)). A = 10^6, which proves 1% per
 10,000 with no simulation, would delay every alarm by about log(10) / KL(p || alpha) labels more.
 
-The state is the log S^(j), the labels folded and the label at which each stream raised; it has a leading axis of
-independent streams (for simulations). Folding labels in one call or in many gives the same raise at the same label
-and the same statistic to rounding (``calibkit.eprocess``), so a service that derives it by folding the stored labels
-in order agrees across replicas and restarts. ``to_dict`` / ``from_dict`` carry a single-stream state through JSON
-exactly.
+The state is the log S^(j), the labels folded and the label at which each stream raised, with a leading axis of
+independent streams; folding in one call or in many gives the same raise (``calibkit.eprocess``), so replicas and
+restarts that fold the stored labels in order agree.
 
-Miss indicators of ACI-served sets (``calibkit.conformal.adaptive``) are not under H0 at every instant: ACI
-raises its level alpha_t after a run of covered labels, and then misses more often than alpha for a while, by
-design. Their long-run rate is alpha, and the alarm's mixture needs sustained excess, but its guarantee is for
-the null above; it answers "is the served coverage below target now", the question to ask of static sets, or of
-adaptive ones that stopped keeping up.
+Miss indicators of ACI-served sets (``calibkit.conformal.adaptive``) are not under H0 at every instant: after a run
+of covered labels ACI misses more often than alpha for a while, by design. The alarm answers "is the served
+coverage below target now", the question to ask of static sets, or of adaptive ones that stopped keeping up.
 
 References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
 detection", New England Journal of Statistics in Data Science; Waudby-Smith & Ramdas 2023, "Estimating means of
@@ -109,14 +105,6 @@ def calibration_tolerance(n: int, alpha: float, epsilon: float = DEFAULT_EPSILON
     misses that tests the rate alpha + delta keeps its bound n / A given the split, outside that epsilon. Cached:
     the service derives each set choice's alarm settings whenever it reads its stored state.
 
-    Args:
-        n: The number of calibration scores, >= 1.
-        alpha: The target miscoverage, in (0, 1).
-        epsilon: The probability of a calibration split worse than the tolerance, in (0, 1).
-
-    Returns:
-        delta >= 0.
-
     Examples:
         >>> round(calibration_tolerance(180, 0.1), 3), round(calibration_tolerance(10_000, 0.1), 3)
         (0.057, 0.007)
@@ -143,9 +131,6 @@ class CoverageAlarmConfig:
             ``eprocess.threshold_for`` for the bound alone).
         rises: r_j > 0: the mixture bets on miss rates p_j = alpha (1 + r_j), each capped at (1 + alpha) / 2.
         weights: w_j, positive, one per rise, normalised to sum to 1; None for equal weights.
-
-    Raises:
-        ValueError: Naming the field and the value when one is out of range.
     """
 
     alpha: float = 0.1
@@ -248,12 +233,8 @@ class CoverageAlarmState(Readings):
         return cls(config, core.log_statistic, core.count, core.raised_at)
 
     def fold(self, errs) -> CoverageAlarmState:
-        """The state after the miss indicators ``errs``, in order: (labels,) for a single stream, (streams, labels)
-        otherwise. Any split into chunks gives the same raises and the same statistics to rounding.
-
-        Raises:
-            ValueError: Naming ``errs`` when an entry is not 0 / 1 or the shape does not match the streams.
-        """
+        """The state after the 0 / 1 miss indicators ``errs``, in order: (labels,) for a single stream, (streams,
+        labels) otherwise. Any split into chunks gives the same raises and the same statistics to rounding."""
         e = np.asarray(errs)
         if e.ndim <= 1:
             e = check_misses(e)[None, :]
@@ -274,11 +255,7 @@ class CoverageAlarmState(Readings):
     __hash__ = None  # type: ignore[assignment]
 
     def to_dict(self) -> dict:
-        """A single-stream state as JSON data (Python's JSON writes floats so that they read back bit for bit).
-
-        Raises:
-            ValueError: When the state has more than one stream.
-        """
+        """A single-stream state as JSON data (Python's JSON writes floats so that they read back bit for bit)."""
         return eprocess.state_dict(self.core, self.config.to_dict(), STATE_FORMAT, "labels")
 
     @classmethod
@@ -286,10 +263,7 @@ class CoverageAlarmState(Readings):
         """Rebuild a single-stream state from ``to_dict`` output, for ``config``.
 
         A state saved under another format or other settings is not this alarm's evidence: a fresh state is
-        returned for it.
-
-        Raises:
-            ValueError: Naming ``data`` when it has this format and settings but malformed fields.
+        returned for it. A ValueError names ``data`` when it has this format and settings but malformed fields.
         """
         core = eprocess.read_state(data, config.to_dict(), STATE_FORMAT, "labels", 0)
         return cls.fresh(config) if core is None else cls._of(config, core)

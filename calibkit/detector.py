@@ -6,19 +6,14 @@ hypothesis is calibration within a tolerance eps at every confidence level,
     H0(eps):  |E[Y_t | C_t, past] - C_t| <= eps   for every t.
 
 The statistic is a weighted mixture sum_d w_d S_t^(d) of CUSUM e-detectors, log S_t = max(log S_{t-1}, 0) + log e_t
-(``calibkit.eprocess``, which derives the guarantee and folds the recursion).
-Learned detectors bet e_t = 1 + lambda_t (Y_t - C_t) - |lambda_t| eps, the plug-in Kelly bet on the gap per
-confidence bin estimated from earlier blocks of labels only (one detector per memory, and an adaptive one that uses
-only the labels of its current run); fixed detectors bet the likelihood ratio of a logit scaling, a constant gap or a
-step against the nearest edge of the null. ``calibkit.calibration_bets`` holds these bets and what they learn.
+(``calibkit.eprocess``, which derives the guarantee and folds the recursion), of learned and fixed bets
+(``calibkit.calibration_bets``, which says what each bets and learns).
 
 Guarantee: for every traffic shape of H0(eps), the alarm at level A (``threshold``) keeps
 E[labels to the first false alarm] >= A and, by Ville's inequality, P(false alarm within n labels) <= n / A.
 A raised alarm clears when a CUSUM of Bern(Y; C) / Bern(Y; C + kappa g(C)), g the gap learned since the alarm,
 reaches B (``clear_threshold``); while a shift at least that large persists, P(a clear within n labels) <= n / B.
-The state is frozen (``fold`` returns a new one); its arrays have a leading axis of independent streams. Folding
-labels in one call or in many gives the same raises and clears at the same labels and the same statistics to
-rounding.
+The state is frozen, with a leading axis of independent streams; folds in one call or in many agree (``eprocess``).
 
 References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
 detection"; Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by betting"; Lorden &
@@ -89,9 +84,6 @@ class DetectorConfig:
         clear_edges: The bins of the clearing gap: those of the bets and every 0.5 on the log-odds scale beyond
             them up to 12 (C = 1 - 6e-6), where a confident model's labels crowd and the gap of a logit scaling
             changes most between the shifted and the calibrated confidences.
-
-    Raises:
-        ValueError: Naming the parameter that is out of range and the value given.
     """
 
     tolerance: float = 0.01
@@ -325,19 +317,9 @@ class DetectorState(Readings):
         return self.trace(confidence, correct)[0]
 
     def trace(self, confidence, correct) -> tuple[DetectorState, Fold]:
-        """Fold labels into the state, in label order, raising and clearing alarms as the module docstring says.
-
-        Args:
-            confidence: Top-label confidences C_t, (streams, labels), or (streams,) for one label per stream.
-            correct: Outcomes Y_t (1 when the predicted class was right, else 0), of the same shape.
-
-        Returns:
-            The state after the labels, and what each label did: its e-values and whether it raised or cleared the
-            alarm (``Fold``).
-
-        Raises:
-            ValueError: When the shapes differ or do not have ``streams`` rows, or when the streams of this
-                state have seen different numbers of labels.
+        """Fold labels into the state, in label order, raising and clearing alarms as the module docstring says:
+        top-label confidences C_t and outcomes Y_t (1 when the predicted class was right, else 0), each (streams,
+        labels), or (streams,) for one label per stream. Returns the state after the labels and what each label did.
         """
         c = np.clip(np.asarray(confidence, dtype=np.float64), 0.0, 1.0)
         y = np.asarray(correct, dtype=np.float64)
@@ -411,13 +393,9 @@ class DetectorState(Readings):
         return calibration_bets.clear_alternative(self.config, vars(self))
 
     def regions(self) -> list[dict]:
-        """The bins of a single-stream state as reports show them.
-
-        Returns:
-            One dict per bin: its confidence range (``confidence_low``, ``confidence_high``), the labels it weighs
-            in the longest memory (``weight``) and the estimated gap accuracy - confidence, the mean over the
-            learned detectors (``gap``).
-        """
+        """The bins of a single-stream state as reports show them, one dict per bin: its confidence range
+        (``confidence_low``, ``confidence_high``), the labels it weighs in the longest memory (``weight``) and the
+        estimated gap accuracy - confidence, the mean over the learned detectors (``gap``)."""
         edges = [0.0, *self.config.edges, 1.0]
         gaps, weight = self.table[0].mean(axis=0), self.weight[0, -1] + self.pending_count[0]
         return [
@@ -426,24 +404,15 @@ class DetectorState(Readings):
         ]
 
     def worst_region(self) -> tuple[float, tuple[float, float]]:
-        """The bin of a single-stream state whose gap is largest, among the bins with labels.
-
-        Returns:
-            (gap, (confidence low, confidence high)) of that bin.
-        """
+        """(gap, (confidence low, confidence high)) of the bin of a single-stream state whose gap is largest, among
+        the bins with labels."""
         regions = [r for r in self.regions() if r["weight"] >= 1.0] or self.regions()
         worst = max(regions, key=lambda r: abs(r["gap"]))
         return worst["gap"], (worst["confidence_low"], worst["confidence_high"])
 
     def to_dict(self) -> dict:
-        """The JSON form of a single-stream state (the service persists one per model and calibration version).
-
-        Returns:
-            The state's arrays as lists, with the layout ``format`` and the settings its evidence depends on.
-
-        Raises:
-            ValueError: When the state has more than one stream.
-        """
+        """The JSON form of a single-stream state (the service persists one per model and calibration version): its
+        arrays as lists, with the layout ``format`` and the settings its evidence depends on."""
         out = eprocess.state_dict(self.core, _settings(self.config), STATE_FORMAT, "n")
         return {**out, **{name: getattr(self, name).ravel().tolist() for name in _LEARNING}}
 
@@ -452,14 +421,7 @@ class DetectorState(Readings):
         """Rebuild a single-stream state from ``to_dict`` output.
 
         A state saved under another format, tolerance, threshold, block or mixture (an older service, a changed
-        configuration) is not this detector's evidence, so a fresh state is returned for it.
-
-        Args:
-            data: What ``to_dict`` returned, as read back from JSON.
-            config: The detector's configuration now.
-
-        Returns:
-            The saved state, or a fresh one when ``data`` was saved under other settings or is not a dict.
+        configuration) or not a dict is not this detector's evidence, so a fresh state is returned for it.
         """
         core = eprocess.read_state(data, _settings(config), STATE_FORMAT, "n", 1)
         if core is None:

@@ -31,17 +31,8 @@ class ShiftTest(NamedTuple):
 def confidence_shift(recent, reference) -> ShiftTest:
     """A two-sample Kolmogorov-Smirnov test of recent confidences against the reference ones.
 
-    D = sup_c |F_recent(c) - F_reference(c)|, the largest gap between the two empirical CDFs (scipy's ks_2samp).
-
-    Args:
-        recent: Recent calibrated top-label confidences.
-        reference: The reference confidences (the validation split's).
-
-    Returns:
-        D, its p-value, both sample sizes and both means.
-
-    Raises:
-        ValueError: When a sample is empty.
+    D = sup_c |F_recent(c) - F_reference(c)|, the largest gap between the two empirical CDFs (scipy's ks_2samp), of
+    recent calibrated top-label confidences and the reference ones (the validation split's), both non-empty.
 
     References:
         Ovadia et al. 2019, "Can You Trust Your Model's Uncertainty? Evaluating Predictive Uncertainty Under
@@ -73,18 +64,8 @@ class AccuracyGap(NamedTuple):
 def accuracy_gap(n: int, confidence_sum: float, correct_sum: float) -> AccuracyGap:
     """The accuracy a calibrated model expects against the accuracy observed on labelled traffic.
 
-    z = (observed - expected) / sqrt(e (1 - e) / n), with e = expected = mean confidence (a normal approximation).
-
-    Args:
-        n: The number of labelled predictions.
-        confidence_sum: The sum of their top-label confidences.
-        correct_sum: The number of them that were right.
-
-    Returns:
-        The expected and observed accuracy and z.
-
-    Raises:
-        ValueError: When ``n`` is less than 1.
+    z = (observed - expected) / sqrt(e (1 - e) / n), with e = expected = mean confidence (a normal approximation),
+    from n >= 1 labelled predictions, the sum of their top-label confidences and the number that were right.
     """
     if n <= 0:
         raise ValueError(expected("n", "at least 1 (one labelled prediction)", n))

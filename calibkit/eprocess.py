@@ -64,15 +64,7 @@ _NEVER = -1
 
 def threshold_for(n: int, rate: float, name: str = "labels") -> float:
     """A = n / rate: the level at which P(a false alarm within n observations) <= ``rate`` under H0 (the module
-    docstring derives it).
-
-    Args:
-        n: The observations, an integer >= 1 (named ``name`` in errors).
-        rate: The allowed probability, in (0, 1).
-        name: What the alarm counts: labels or predictions.
-
-    Raises:
-        ValueError: Naming ``name`` or ``rate`` when one is out of range.
+    docstring derives it); ``name`` is what the alarm counts (labels or predictions), as errors call ``n``.
 
     Examples:
         >>> threshold_for(10_000, 0.01)
@@ -276,18 +268,9 @@ def _first(hits: np.ndarray) -> int:
 
 
 def advance(process: EProcess, state: EState, log_e: np.ndarray, log_clear_e: np.ndarray | None = None) -> Step:
-    """Fold log e-values into ``state`` up to and including the first row where some stream raises or clears.
-
-    Args:
-        process: The settings.
-        state: The state before the first row.
-        log_e: (T, streams, J) log e-values of the raising bets.
-        log_clear_e: (T, streams, J') log e-values of the clearing bets (rows of streams not alarmed are unused);
-            None when no stream is alarmed or the process never clears.
-
-    Returns:
-        The ``Step``: the state after the rows taken, which stop at the first raise or clear (all T when none).
-    """
+    """Fold log e-values into ``state`` up to and including the first row where some stream raises or clears (all T
+    rows when none): ``log_e`` (T, streams, J) of the raising bets, ``log_clear_e`` (T, streams, J') of the clearing
+    bets (rows of streams not alarmed are unused; None when no stream is alarmed or the process never clears)."""
     t = len(log_e)
     if not t:
         none = np.zeros(state.streams, bool)
@@ -324,9 +307,6 @@ def advance(process: EProcess, state: EState, log_e: np.ndarray, log_clear_e: np
 def state_dict(state: EState, settings: dict, form: int, count: str) -> dict:
     """The JSON form of a single-stream state: its layout ``form``, the ``settings`` its evidence was gathered
     under, and its fields (the count named ``count``; the clearing fields only for a process that clears).
-
-    Raises:
-        ValueError: When the state has more than one stream.
     """
     if state.streams != 1:
         raise ValueError(expected("streams", "1 (only a single-stream state is persisted)", state.streams))
@@ -342,11 +322,8 @@ def state_dict(state: EState, settings: dict, form: int, count: str) -> dict:
 
 def read_state(data, settings: dict, form: int, count: str, clear_width: int) -> EState | None:
     """The single-stream state of ``state_dict`` output, or None when ``data`` was saved under another layout or
-    other settings (not this alarm's evidence).
-
-    Raises:
-        ValueError: Naming ``data`` when it has this layout and settings but misses a field, or naming the
-            malformed field.
+    other settings (not this alarm's evidence). A ValueError names ``data`` when it has this layout and settings but
+    misses a field, or names the malformed field.
     """
     if not isinstance(data, dict) or data.get("format") != form or any(data.get(k) != v for k, v in settings.items()):
         return None

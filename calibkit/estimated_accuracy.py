@@ -20,7 +20,7 @@ import numpy as np
 from scipy import special
 
 from calibkit.label_shift import adapt_probabilities, em_bootstrap, em_priors
-from calibkit.validation import check_level, check_probs, expected
+from calibkit.validation import check_int, check_level, check_probs, expected
 
 #: EM's stopping rule on the bootstrap resamples of ``estimate_adapted_accuracy``: their spread, of order
 #: 1 / sqrt(n), is far wider, so a looser rule than ``em_priors``' default changes nothing but the time.
@@ -62,15 +62,7 @@ def poisson_binomial_pmf(probabilities) -> np.ndarray:
     Computed by the recursion over the rows, P_i(s) = P_{i-1}(s) (1 - p_i) + P_{i-1}(s - 1) p_i from P_0 = [1]:
     O(n^2) operations on convex combinations of non-negative terms, so exact to rounding (no cancellation, unlike
     the Fourier inversion of the characteristic function) and a few milliseconds for n of a few thousand.
-
-    Args:
-        probabilities: The success probabilities p_i (n,), each in [0, 1]; n >= 1.
-
-    Returns:
-        P(S = s) for s = 0..n, (n + 1,), summing to 1.
-
-    Raises:
-        ValueError: Naming ``probabilities`` when it is empty, not 1-D, or holds values outside [0, 1].
+    ``probabilities`` are the p_i (n,), n >= 1, each in [0, 1].
 
     References:
         Hong 2013, "On computing the distribution function for the Poisson binomial distribution" (the recursion
@@ -102,17 +94,8 @@ def estimate_accuracy(probs, level: float = 0.95) -> EstimatedAccuracy:
     lower = F^-1((1 - level) / 2) / n and upper = F^-1((1 + level) / 2) / n with F^-1(q) = min{s : P(S <= s) >= q},
     so P(lower <= S / n <= upper) >= level (the law is discrete, hence at least). It covers this window's realized
     accuracy, given its confidences, assuming the outcomes are independent given them; it says nothing when the
-    probabilities are not calibrated on this traffic (concept shift, or inputs unlike the validation split).
-
-    Args:
-        probs: Calibrated probabilities (N, K), or (N,) positive-class probabilities of a binary model.
-        level: The interval's probability, in (0, 1).
-
-    Returns:
-        The estimate, its interval, ``level``, n and the expected count of each class, sum_i p_ik.
-
-    Raises:
-        ValueError: Naming ``probs`` or ``level`` when it fails its check.
+    probabilities are not calibrated on this traffic (concept shift, or inputs unlike the validation split). The
+    expected count of each class is sum_i p_ik.
 
     References:
         Kivimäki, Białek, Nurminen & Kuberski 2024, "Confidence-based Estimators for Predictive Performance in Model
@@ -126,15 +109,13 @@ def estimate_accuracy(probs, level: float = 0.95) -> EstimatedAccuracy:
     p = check_probs(probs)
     check_level(level)
     confidence = p.max(axis=1)
-    lower, upper = accuracy_interval(confidence, level)
-    return EstimatedAccuracy(
-        estimate=float(confidence.mean()),
-        lower=lower,
-        upper=upper,
-        level=float(level),
-        n=len(confidence),
-        expected_counts=tuple(float(c) for c in p.sum(axis=0)),
-    )
+    return _estimated(confidence.mean(), accuracy_interval(confidence, level), level, p)
+
+
+def _estimated(estimate, interval: tuple[float, float], level: float, probs: np.ndarray) -> EstimatedAccuracy:
+    """The estimate with its interval at ``level``, n and the expected count of each class of ``probs``."""
+    counts = tuple(float(c) for c in probs.sum(axis=0))
+    return EstimatedAccuracy(float(estimate), *interval, float(level), len(probs), counts)
 
 
 def accuracy_interval(confidences, level: float = 0.95) -> tuple[float, float]:
@@ -143,15 +124,16 @@ def accuracy_interval(confidences, level: float = 0.95) -> tuple[float, float]:
     (F^-1((1 - level) / 2) / n, F^-1((1 + level) / 2) / n), F the law of S = sum_i B_i, B_i ~ Bernoulli(c_i)
     independent, F^-1(q) = min{s : P(S <= s) >= q} (Kivimäki et al. 2024).
 
-    Raises:
-        ValueError: Naming ``probabilities`` or ``level`` when it fails its check.
-
     Examples:
         >>> accuracy_interval([0.9, 0.8, 0.6, 0.7], level=0.8)
         (0.5, 1.0)
     """
     check_level(level)
-    cdf = np.cumsum(poisson_binomial_pmf(confidences))
+    return _cdf_interval(np.cumsum(poisson_binomial_pmf(confidences)), level)
+
+
+def _cdf_interval(cdf: np.ndarray, level: float) -> tuple[float, float]:
+    """(F^-1((1 - level) / 2) / n, F^-1((1 + level) / 2) / n) of the CDF (n + 1,) of a count in 0..n."""
     n = len(cdf) - 1
     # the first s whose CDF reaches q; rounding can leave the last entry a hair under 1
     lower, upper = (min(int(np.searchsorted(cdf, q, side="left")), n) for q in ((1 - level) / 2, (1 + level) / 2))
@@ -182,21 +164,7 @@ def estimate_adapted_accuracy(
     Each component is approximated by the normal law of its mean mu_b = sum_i c^b_i and variance sum_i c^b_i (1 -
     c^b_i), with a continuity correction, P(S <= s) ~ Phi((s + 1/2 - mu_b) / sigma_b): O(R n) rather than the
     recursion's O(R n^2), cheap enough for a service at n of a few thousand. ``exact`` mixes the exact laws
-    (``poisson_binomial_pmf``) instead, to check the approximation.
-
-    Args:
-        probs: Calibrated probabilities (N, K) of the window, or (N,) for a binary model.
-        source_priors: The priors pi_s the probabilities were calibrated against, K positive numbers summing to 1.
-        level: The interval's probability, in (0, 1).
-        resamples: R, bootstrap resamples of the rows, >= 1.
-        seed: The seed of the resampling.
-        exact: Mix the exact Poisson-binomial laws rather than their normal approximations.
-
-    Returns:
-        The estimate, its interval, ``level``, n and the expected count of each class under p'.
-
-    Raises:
-        ValueError: Naming the argument that fails its check.
+    (``poisson_binomial_pmf``) instead, to check the approximation. The expected counts are those of p'.
 
     References:
         Saerens, Latinne & Decaestecker 2002, Neural Computation 14(1); Kivimäki, Białek, Nurminen & Kuberski 2024,
@@ -221,21 +189,13 @@ def estimate_adapted_accuracy(
     total = unnormalised.sum(axis=2)
     rows = np.arange(len(p))
     confidences = np.where(total > 0, unnormalised[:, rows, served] / np.where(total > 0, total, 1.0), p[rows, served])
-    lower, upper = _mixture_interval(confidences, level, exact)
-    return EstimatedAccuracy(
-        estimate=float(adapted[rows, served].mean()),
-        lower=lower,
-        upper=upper,
-        level=float(level),
-        n=len(p),
-        expected_counts=tuple(float(c) for c in adapted.sum(axis=0)),
-    )
+    return _estimated(adapted[rows, served].mean(), _mixture_interval(confidences, level, exact), level, adapted)
 
 
 def _mixture_interval(confidences: np.ndarray, level: float, exact: bool) -> tuple[float, float]:
     """The equal-tailed interval / n of the mixture over rows b of PoissonBinomial(confidences[b]) (R, n): exact, or
     each component normal with a continuity correction."""
-    r, n = confidences.shape
+    n = confidences.shape[1]
     if exact:
         cdf = np.cumsum(np.mean([poisson_binomial_pmf(c) for c in confidences], axis=0))
     else:
@@ -246,8 +206,7 @@ def _mixture_interval(confidences: np.ndarray, level: float, exact: bool) -> tup
         with np.errstate(divide="ignore", invalid="ignore"):
             z = np.where(sigma[:, None] > 0, gap / sigma[:, None], np.where(gap >= 0, np.inf, -np.inf))
         cdf = special.ndtr(z).mean(axis=0)
-    lower, upper = (min(int(np.searchsorted(cdf, q, side="left")), n) for q in ((1 - level) / 2, (1 + level) / 2))
-    return lower / n, upper / n
+    return _cdf_interval(cdf, level)
 
 
 def _shown(values: np.ndarray) -> object:
@@ -265,8 +224,7 @@ class IntervalChecks:
     Labels are folded in their order; each complete block of ``block`` (confidence, correct) pairs is one check: the
     interval of its confidences at ``level`` either holds its realized accuracy (``held``) or not. With calibrated
     confidences each check holds with probability at least ``level``, so ``held / windows`` estimates the interval's
-    coverage on the served traffic. ``pending`` holds the rows of the incomplete block. Folding in one call or in many
-    gives the same state, and ``to_dict`` / ``from_dict`` carry it through JSON exactly.
+    coverage on the served traffic. ``pending`` holds the rows of the incomplete block; folds in chunks agree.
 
     Examples:
         >>> checks = IntervalChecks.fresh(block=4, level=0.8).fold([0.9, 0.8, 0.6, 0.7, 0.9], [1, 1, 0, 1, 1])
@@ -283,10 +241,7 @@ class IntervalChecks:
     @classmethod
     def fresh(cls, block: int, level: float) -> IntervalChecks:
         """No check yet."""
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ValueError(expected("block", "an integer >= 1", block))
-        check_level(level)
-        return cls(block=block, level=float(level))
+        return cls(block=check_int("block", block, 1), level=check_level(level))
 
     def fold(self, confidences, correct) -> IntervalChecks:
         """The state after the labelled rows (their served top-label confidence and whether it was right), in order."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from calibkit.validation import check_level, check_probs, check_probs_labels, expected
+from calibkit.validation import check_int, check_level, check_probs, check_probs_labels, expected, is_number
 
 #: EM's default stopping rule: every prior moves by at most this much in one iteration (Alexandari et al.'s code).
 EM_TOLERANCE = 1e-6
@@ -69,17 +69,7 @@ def adapt_probabilities(probs, weights) -> np.ndarray:
 
     With w = pi_t / pi_s this is Bayes' rule under label shift (Saerens et al. 2002): p(x | y) is kept and
     only the priors change. A row whose mass lies only on classes of weight 0 has no adapted posterior; it is returned
-    as it was.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary model.
-        weights: K non-negative, finite weights, not all 0 (a binary model's two).
-
-    Returns:
-        The adapted probabilities, (N, K), rows summing to 1.
-
-    Raises:
-        ValueError: Naming ``probs`` or ``weights`` when it fails its check.
+    as it was. ``weights`` are K non-negative, finite numbers, not all 0 (a binary model's two).
 
     References:
         Saerens, Latinne & Decaestecker 2002, "Adjusting the Outputs of a Classifier to New a Priori Probabilities: A
@@ -118,21 +108,7 @@ def em_priors(
     With ``resamples`` > 0 each prior gets a percentile bootstrap interval at ``level``: the window's rows are
     resampled with replacement ``resamples`` times (seeded), EM is rerun on each resample, and the interval is the
     (1 - level) / 2 and (1 + level) / 2 quantiles of the estimates (Efron & Tibshirani 1993, Ch. 13).
-
-    Args:
-        probs: Calibrated probabilities (N, K) of the target window, or (N,) for a binary model.
-        source_priors: The source class priors pi_s, K positive numbers summing to 1.
-        tolerance: The stopping rule, > 0.
-        max_iterations: The most iterations, >= 1; ``converged`` is False when they ran out.
-        resamples: Bootstrap resamples for the interval; 0 for none.
-        level: The interval's level, in (0, 1).
-        seed: The seed of the resampling.
-
-    Returns:
-        The priors, the weights pi_t / pi_s, the interval, n, the iterations run and whether EM converged.
-
-    Raises:
-        ValueError: Naming the argument that fails its check.
+    ``converged`` is False when ``max_iterations`` ran out.
 
     References:
         Saerens, Latinne & Decaestecker 2002, Neural Computation 14(1) (EM); Alexandari, Kundaje & Shrikumar
@@ -146,11 +122,8 @@ def em_priors(
     """
     p = check_probs(probs)
     n, k = p.shape
-    source = _check_source_priors(source_priors, k)
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-        raise ValueError(expected("tolerance", "a positive number", tolerance))
-    _check_count("max_iterations", max_iterations, 1)
-    _check_count("resamples", resamples, 0)
+    source = _check_em(source_priors, k, tolerance, max_iterations)
+    check_int("resamples", resamples, 0)
     check_level(level)
     ratios = p / source
     priors, iterations, converged = _em(ratios, source[None, :], None, tolerance, max_iterations)
@@ -177,9 +150,6 @@ def em_bootstrap(
     Each resample draws the n rows with replacement and reruns EM on it from pi_s (Saerens et al. 2002; the
     percentile bootstrap of Efron & Tibshirani 1993, Ch. 13); all resamples run at once, as counts per row.
 
-    Raises:
-        ValueError: Naming the argument that fails its check.
-
     Examples:
         >>> p = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.2, 0.8]])
         >>> draws = em_bootstrap(p, [0.5, 0.5], resamples=3)
@@ -187,11 +157,8 @@ def em_bootstrap(
         ((3, 2), True)
     """
     p = check_probs(probs)
-    source = _check_source_priors(source_priors, p.shape[1])
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-        raise ValueError(expected("tolerance", "a positive number", tolerance))
-    _check_count("max_iterations", max_iterations, 1)
-    _check_count("resamples", resamples, 1)
+    source = _check_em(source_priors, p.shape[1], tolerance, max_iterations)
+    check_int("resamples", resamples, 1)
     return _bootstrap(p / source, source, resamples, seed, tolerance, max_iterations)
 
 
@@ -235,17 +202,8 @@ def _em(
 def confusion_counts(probs, labels) -> np.ndarray:
     """The joint confusion counts of hard predictions and labels: C[i, j] = #{rows predicted i whose label is j}.
 
-    BBSE's matrix is C / n, an estimate of P_s(y_hat = i, y = j); its column sums / n are the source priors.
-
-    Args:
-        probs: Probabilities (N, K) on labelled source (validation) rows, or (N,) for a binary model.
-        labels: Their labels (N,).
-
-    Returns:
-        A (K, K) int64 matrix, rows the predicted class, columns the label.
-
-    Raises:
-        ValueError: Naming ``probs`` or ``labels`` when it fails its check.
+    BBSE's matrix is C / n, an estimate of P_s(y_hat = i, y = j); its column sums / n are the source priors. From
+    labelled source (validation) rows; a (K, K) int64 matrix, rows the predicted class, columns the label.
 
     Examples:
         >>> confusion_counts(np.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]]), [0, 1, 1]).tolist()
@@ -267,19 +225,8 @@ def bbse_priors(probs, confusion, level: float = 0.95) -> PriorEstimate:
     The interval is the delta method's (van der Vaart 1998, Ch. 3) around the unclipped estimate, from the two
     independent multinomial samples: the window's n predictions (mu_hat) and the m validation rows behind C. With
     A = diag(pi_s) C^-1, Cov(pi_t) = A [(diag(mu) - mu mu^T) / n + diag(C w^2) / m] A^T - diag(pi_s w^2) / m, and
-    pi_t +- z_{(1+level)/2} sd, clipped to [0, 1].
-
-    Args:
-        probs: The window's probabilities (N, K); their argmax are the hard predictions.
-        confusion: The (K, K) joint confusion counts of the same classifier on labelled validation rows (rows the
-            predicted class, columns the label), as ``confusion_counts`` gives them; every label seen at least once.
-        level: The interval's level, in (0, 1).
-
-    Returns:
-        The priors, the weights pi_t / pi_s, the interval and n (``iterations`` 0).
-
-    Raises:
-        ValueError: Naming the argument that fails its check, ``confusion`` when it is singular.
+    pi_t +- z_{(1+level)/2} sd, clipped to [0, 1]. ``confusion`` holds the (K, K) counts of ``confusion_counts``
+    for the same classifier on labelled validation rows, every label seen at least once, and must be invertible.
 
     References:
         Lipton, Wang & Smola 2018, "Detecting and Correcting for Label Shift with Black Box Predictors", ICML.
@@ -360,6 +307,10 @@ def _check_confusion(values, k: int) -> np.ndarray:
     return c
 
 
-def _check_count(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(expected(name, f"an integer >= {minimum}", value))
+def _check_em(source_priors, k: int, tolerance, max_iterations) -> np.ndarray:
+    """The source priors, checked with EM's stopping rule."""
+    source = _check_source_priors(source_priors, k)
+    if not is_number(tolerance) or not tolerance > 0:
+        raise ValueError(expected("tolerance", "a positive number", tolerance))
+    check_int("max_iterations", max_iterations, 1)
+    return source

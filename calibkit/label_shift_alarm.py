@@ -19,9 +19,8 @@ The reference's own error. q averages n rows, so the validation means E_s[p_k] l
 with probability at least 1 - epsilon, simultaneously for all k (``calibkit.reference_margins``: the Chernoff bound of
 Hoeffding 1963 for [0, 1]-valued means, inverted exactly, with a union bound over the 2K one-sided bounds). Traffic
 from the validation distribution, or label-shifted by at most ``tolerance``, is therefore inside H0 outside an event
-of probability epsilon over the validation draw; without these margins a reference of a few hundred rows would
-raise the alarm on unshifted traffic in the end. The margins are per class and asymmetric: a rare class's mean is
-known more precisely than that of a class near 1/2.
+of probability epsilon over the validation draw; without these margins a small reference would raise the alarm on
+unshifted traffic in the end. The margins are per class and asymmetric (a rare class's mean is known better).
 
 The statistic (Shin, Ramdas & Rinaldo 2023). For each class k and side, a CUSUM e-detector of ``calibkit.eprocess``
 per bet lambda_j, log S_t = max(log S_{t-1}, 0) + log e_t, of the betting e-values (Waudby-Smith & Ramdas 2023)
@@ -49,12 +48,9 @@ for every live side, the mean over its bets reaches B (``clear_threshold``), at 
 the raise: while one side's mean stays beyond its edge, P(a clear within n predictions) <= n / B. A stream whose
 mean sits on an edge is under both nulls: it raises and clears rarely, rather than flapping.
 
-The state holds the e-process (``calibkit.eprocess.EState``) and two means per class for reports (``summary``,
-``calibkit.label_shift_report``): since the latest raise or clear, and an exponentially weighted one of half-life
-``half_life`` predictions. Its leading axis is of independent streams; a fold takes the predictions up to each
-raise or clear at once (cumulative sums: a service folds thousands a second), so folding in one call or in many
-gives the same raises and clears and the statistics to rounding. ``to_dict`` / ``from_dict`` carry a single-stream
-state through JSON exactly.
+The state holds the e-process (``calibkit.eprocess.EState``: folds in one call or in many agree) and, for reports
+(``summary``, ``calibkit.label_shift_report``), each class's mean since the latest raise or clear and an
+exponentially weighted one of half-life ``half_life`` predictions.
 
 References: Shin, Ramdas & Rinaldo 2023, "E-detectors: a nonparametric framework for sequential change
 detection", New England Journal of Statistics in Data Science; Waudby-Smith & Ramdas 2023, "Estimating means of
@@ -143,10 +139,6 @@ class LabelShiftAlarmConfig:
         min_clear: The predictions after a raise before the alarm may clear, an integer >= 0.
         fractions: f_j in (0, 1): each side bets these fractions of its largest bet.
         half_life: The half-life, in predictions (> 0), of the weighted means of ``summary``.
-
-    Raises:
-        ValueError: Naming the field and the value when one is out of range, or when the band leaves no side a
-            detector.
     """
 
     reference: tuple[float, ...]
@@ -371,10 +363,6 @@ class LabelShiftAlarmState(Readings):
         """The state after the calibrated probability vectors ``probs``, in order: (n, K) (or (K,) for one) for a
         single stream, (streams, n, K) otherwise. Any split into chunks gives the same raises and clears, and the
         same statistics to rounding.
-
-        Raises:
-            ValueError: Naming ``probs`` when its shape does not match the streams and classes, or a row is not a
-                probability vector (NaN or infinite values, values outside [0, 1], a sum other than 1).
         """
         p = self._check(probs)
         cfg, core = self.config, self.core
@@ -430,11 +418,7 @@ class LabelShiftAlarmState(Readings):
         return np.clip(p, 0.0, 1.0)
 
     def summary(self) -> dict:
-        """What a report shows of a single-stream state (``calibkit.label_shift_report.summary``).
-
-        Raises:
-            ValueError: When the state has more than one stream.
-        """
+        """What a report shows of a single-stream state (``calibkit.label_shift_report.summary``)."""
         return label_shift_report.summary(self)
 
     def __eq__(self, other: object) -> bool:
@@ -450,11 +434,7 @@ class LabelShiftAlarmState(Readings):
     __hash__ = None  # type: ignore[assignment]
 
     def to_dict(self) -> dict:
-        """A single-stream state as JSON data (Python's JSON writes floats so that they read back bit for bit).
-
-        Raises:
-            ValueError: When the state has more than one stream.
-        """
+        """A single-stream state as JSON data (Python's JSON writes floats so that they read back bit for bit)."""
         out = eprocess.state_dict(self.core, self.config.to_dict(), STATE_FORMAT, "predictions")
         out.update(since_sum=self.since_sum[0].tolist(), recent_sum=self.recent_sum[0].tolist())
         return {**out, "recent_weight": self.recent_weight}
@@ -464,10 +444,8 @@ class LabelShiftAlarmState(Readings):
         """Rebuild a single-stream state from ``to_dict`` output, for ``config``.
 
         A state saved under another format or other settings (another reference, tolerance or threshold) is not
-        this alarm's evidence: a fresh state is returned for it.
-
-        Raises:
-            ValueError: Naming ``data`` when it has this format and settings but malformed fields.
+        this alarm's evidence: a fresh state is returned for it. A ValueError names ``data`` when it has this format
+        and settings but malformed fields.
         """
         width = config.process.clear_width
         core = eprocess.read_state(data, config.to_dict(), STATE_FORMAT, "predictions", width)

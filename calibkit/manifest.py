@@ -249,17 +249,8 @@ class Manifest(_Strict):
 
 
 def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate a manifest.
-
-    Args:
-        path: The ``manifest.json`` file.
-
-    Returns:
-        The validated manifest.
-
-    Raises:
-        ValueError: Naming the file and, for an invalid manifest, each field at fault.
-    """
+    """Read and validate a ``manifest.json``; a ValueError names the file and, for an invalid manifest, each field at
+    fault."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -275,15 +266,8 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
-    """Write a manifest as ``manifest.json``; without ``label_shift`` it is left out, as manifests before it were.
-
-    Args:
-        manifest: The manifest.
-        directory: The artifact directory to write it into.
-
-    Returns:
-        The path written.
-    """
+    """Write a manifest as ``manifest.json`` into the artifact ``directory`` and return its path; without
+    ``label_shift`` it is left out, as manifests before it were."""
     path = Path(directory) / MANIFEST_FILE
     path.write_text(manifest.model_dump_json(indent=2, exclude=None if manifest.label_shift else {"label_shift"}))
     return path
@@ -299,29 +283,18 @@ def load_conformal(
     """Read the conformal calibrators that ``spec`` describes, after checking them against it.
 
     The file is ``{"format": 1, "calibrators": {method: SplitConformal.to_dict(), ...}, "floor_calibrators":
-    {...}, "class_calibrators": {...}, "class_floor_calibrators": {...}, "split": {...}}``: ``calibrators`` the
-    exact ones (LAC, randomized APS and RAPS), ``floor_calibrators`` those of the floor sets
-    (``calibkit.conformal.floor_scores``), absent from files written before them; ``class_calibrators`` and
-    ``class_floor_calibrators`` the same scores of the same rows kept per class (``class_counts``), which the
-    weighted quantile of label shift needs (``calibkit.conformal.label_shift_thresholds``), absent from files
-    written before them. It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods``
+    {...}, "class_calibrators": {...}, "class_floor_calibrators": {...}, "split": {...}}``: the exact calibrators
+    (LAC, randomized APS and RAPS), those of the floor sets (``calibkit.conformal.floor_scores``), and both with the
+    scores kept per class for the weighted quantile of label shift; the last three are absent from files written
+    before them. It is refused unless its bytes have ``spec.sha256``, and every method of ``spec.methods``
     is present with ``n_classes == len(class_names)`` and ``spec.calibration_rows`` scores: marginal (one threshold,
     which the served sets and their adaptation use), or, ``by_class``, classwise with the scores of the marginal
-    calibrator of the same method and rule, sorted within each class.
+    calibrator of the same method and rule, sorted within each class. A ValueError names the file and what is wrong
+    with it.
 
-    Args:
-        directory: The artifact directory that holds ``spec.file``.
-        spec: The manifest's ``conformal`` entry.
-        class_names: The manifest's class names.
-        floor: Read the floor sets' calibrators instead of the exact ones.
-        by_class: Read the classwise calibrators (``class_calibrators`` / ``class_floor_calibrators``).
-
-    Returns:
-        ``{method: SplitConformal}`` for each method of ``spec.methods``; None when ``floor`` or ``by_class`` asks
-        for calibrators that the file, written before them, does not have.
-
-    Raises:
-        ValueError: Naming the file and what is wrong with it.
+    Returns ``{method: SplitConformal}`` for each method of ``spec.methods`` (the floor sets' calibrators with
+    ``floor``, the classwise ones with ``by_class``); None when ``floor`` or ``by_class`` asks for calibrators that
+    the file, written before them, does not have.
     """
     path = Path(directory) / spec.file
     try:

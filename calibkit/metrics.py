@@ -1,9 +1,10 @@
 """Calibration and proper-scoring metrics on a batch of predictions.
 
 Every function takes ``probs`` (N, K) -- or (N,) positive-class probabilities for a binary
-problem -- and integer ``labels`` (N,). Top-label confidence is max_k p_k and a prediction is
+problem -- and integer ``labels`` (N,), checked by ``calibkit.validation`` (a ``ValueError`` names the argument at
+fault, or ``n_bins`` when it is not a positive integer). Top-label confidence is max_k p_k and a prediction is
 correct when argmax_k p_k equals the label (Guo et al. 2017, Sec. 2). Binned metrics use
-``n_bins`` = 15 equal-width bins by default, as in Mukhoti et al. 2020.
+``n_bins`` = M = 15 equal-width bins by default, as in Mukhoti et al. 2020.
 
 >>> probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6]])
 >>> labels = np.array([0, 1, 1, 1])
@@ -35,14 +36,8 @@ __all__ = [
 
 
 def top_label(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The top-label confidence and predicted class of each row.
-
-    Args:
-        probs: Probabilities (N, K), already checked.
-
-    Returns:
-        (confidence max_k p_k, predicted class argmax_k p_k), each (N,); ties go to the lowest index.
-    """
+    """(confidence max_k p_k, predicted class argmax_k p_k) of each row of checked ``probs``; ties go to the lowest
+    index."""
     return probs.max(axis=1), probs.argmax(axis=1)
 
 
@@ -54,21 +49,9 @@ def _top_label_sums(probs, labels, n_bins: int) -> tuple[binning.BinSums, np.nda
 
 
 def ece(probs, labels, n_bins: int = 15) -> float:
-    """Expected calibration error of the top-label confidence.
+    """Expected calibration error of the top-label confidence, in [0, 1].
 
     ECE = sum_m |B_m| / N * |acc(B_m) - conf(B_m)|, over M equal-width bins B_m of top-label confidence.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-width confidence bins.
-
-    Returns:
-        The ECE, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
 
     References:
         Naeini, Cooper & Hauskrecht 2015, "Obtaining Well Calibrated Probabilities Using Bayesian Binning";
@@ -78,21 +61,9 @@ def ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def mce(probs, labels, n_bins: int = 15) -> float:
-    """Maximum calibration error of the top-label confidence.
+    """Maximum calibration error of the top-label confidence, in [0, 1].
 
     MCE = max_m |acc(B_m) - conf(B_m)|, over the non-empty ones of M equal-width bins B_m.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-width confidence bins.
-
-    Returns:
-        The MCE, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
 
     References:
         Naeini, Cooper & Hauskrecht 2015, "Obtaining Well Calibrated Probabilities Using Bayesian Binning";
@@ -102,23 +73,11 @@ def mce(probs, labels, n_bins: int = 15) -> float:
 
 
 def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
-    """Adaptive ECE: the ECE over equal-mass bins of top-label confidence.
+    """Adaptive ECE: the ECE over M equal-mass bins of top-label confidence, in [0, 1].
 
     AdaECE = sum_m |B_m| / N * |acc(B_m) - conf(B_m)|, where the samples sorted by confidence are split into
     M consecutive groups B_m whose sizes differ by at most one. Ties in confidence are ordered
     incorrect-before-correct, so the result does not depend on the order of the input.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-mass bins.
-
-    Returns:
-        The AdaECE, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
 
     References:
         Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal Loss", Sec. 5.
@@ -133,22 +92,10 @@ def adaptive_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def classwise_ece(probs, labels, n_bins: int = 15) -> float:
-    """Classwise ECE: the ECE of every class probability, averaged over the classes.
+    """Classwise ECE: the ECE of every class probability, averaged over the classes, in [0, 1].
 
     CW-ECE = 1/K sum_k sum_m |B_mk| / N * |freq_k(B_mk) - mean p_k(B_mk)|, with M equal-width bins B_mk of
     p_k over every sample. K is the width of ``probs``, not the number of labels seen.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-width confidence bins.
-
-    Returns:
-        The classwise ECE, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
 
     References:
         Kull et al. 2019, "Beyond temperature scaling: Obtaining well-calibrated multi-class probabilities with
@@ -160,23 +107,11 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def debiased_ece(probs, labels, n_bins: int = 15) -> float:
-    """Debiased l2 calibration error of the top-label confidence.
+    """Debiased l2 calibration error of the top-label confidence, in [0, 1].
 
     CE^2 = sum_m |B_m| / N * [(acc_m - conf_m)^2 - acc_m (1 - acc_m) / (|B_m| - 1)], over M equal-width bins
     (those with fewer than two samples add 0); the result is sqrt(max(CE^2, 0)). See
     ``binning.debiased_l2_error``.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-width confidence bins.
-
-    Returns:
-        The debiased l2 calibration error, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
 
     References:
         Kumar, Liang & Ma 2019, "Verified Uncertainty Calibration", Sec. 5.
@@ -185,21 +120,9 @@ def debiased_ece(probs, labels, n_bins: int = 15) -> float:
 
 
 def overconfidence_error(probs, labels, n_bins: int = 15) -> float:
-    """Overconfidence error: the ECE restricted to over-confident bins, weighted by confidence.
+    """Overconfidence error: the ECE restricted to over-confident bins, weighted by confidence, in [0, 1].
 
     OE = sum_m |B_m| / N * conf(B_m) * max(conf(B_m) - acc(B_m), 0), over M equal-width bins B_m.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-width confidence bins.
-
-    Returns:
-        The overconfidence error, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
 
     References:
         Thulasidasan et al. 2019, "On Mixup Training: Improved Calibration and Predictive Uncertainty for Deep
@@ -209,19 +132,8 @@ def overconfidence_error(probs, labels, n_bins: int = 15) -> float:
 
 
 def reliability_bins(probs, labels, n_bins: int = 15) -> binning.Reliability:
-    """The data of a reliability diagram: per equal-width bin of top-label confidence, its accuracy.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        n_bins: The number M of equal-width confidence bins.
-
-    Returns:
-        Per bin its lower and upper edge, count, mean confidence and accuracy (NaN for empty bins).
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation`` or ``n_bins`` is not a
-            positive integer.
+    """The data of a reliability diagram: per equal-width bin of top-label confidence its edges, count, mean
+    confidence and accuracy (NaN for empty bins).
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Fig. 1.
@@ -231,37 +143,16 @@ def reliability_bins(probs, labels, n_bins: int = 15) -> binning.Reliability:
 
 
 def accuracy(probs, labels) -> float:
-    """The fraction of samples whose argmax class is the label.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-
-    Returns:
-        The accuracy, in [0, 1].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
-    """
+    """The fraction of samples whose argmax class is the label."""
     p, y = check_probs_labels(probs, labels)
     return float(np.mean(p.argmax(axis=1) == y))
 
 
 def nll(probs, labels) -> float:
-    """Negative log-likelihood of the labels.
+    """Negative log-likelihood of the labels, the mean of :func:`nll_terms`.
 
     NLL = -1/N sum_i log p_{i, y_i}. Probabilities are clipped below at machine epsilon (as scikit-learn's
     log_loss does), so a confident mistake costs at most -log(eps) ~ 36 instead of an infinite score.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-
-    Returns:
-        The mean NLL, at least 0.
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 2 (NLL as a measure of calibration).
@@ -270,38 +161,17 @@ def nll(probs, labels) -> float:
 
 
 def nll_terms(probs, labels) -> np.ndarray:
-    """Per-sample terms -log p_{i, y_i} of :func:`nll`, clipped the same way (e.g. to store with each label).
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-
-    Returns:
-        The (N,) terms.
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
-    """
+    """Per-sample terms -log p_{i, y_i} (N,) of :func:`nll`, clipped the same way (e.g. to store with each label)."""
     p, y = check_probs_labels(probs, labels)
     return -np.log(np.clip(p[np.arange(len(y)), y], np.finfo(np.float64).eps, 1.0))
 
 
 def brier(probs, labels) -> float:
-    """Brier score, as Brier 1950 defines it.
+    """Brier score, as Brier 1950 defines it, in [0, 2]: the mean of :func:`brier_terms`.
 
     BS = 1/N sum_i sum_k (p_ik - 1[y_i = k])^2. A binary (N,) input is the two columns [1 - p, p], like
     everywhere in calibkit, so its score is twice the one-column (p - y)^2 of scikit-learn's
     ``brier_score_loss``.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-
-    Returns:
-        The Brier score, in [0, 2].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
 
     References:
         Brier 1950, "Verification of Forecasts Expressed in Terms of Probability".
@@ -310,18 +180,7 @@ def brier(probs, labels) -> float:
 
 
 def brier_terms(probs, labels) -> np.ndarray:
-    """Per-sample terms sum_k (p_ik - 1[y_i = k])^2 of :func:`brier`.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-
-    Returns:
-        The (N,) terms, each in [0, 2].
-
-    Raises:
-        ValueError: When ``probs`` or ``labels`` fails the checks of ``calibkit.validation``.
-    """
+    """Per-sample terms sum_k (p_ik - 1[y_i = k])^2 (N,) of :func:`brier`, each in [0, 2]."""
     p, y = check_probs_labels(probs, labels)
     p[np.arange(len(y)), y] -= 1.0
     return np.sum(p**2, axis=1)

@@ -16,14 +16,8 @@ from calibkit.binning import Reliability
 
 
 def reliability_figure(panels: Mapping[str, Reliability], title: str | None = None):
-    """Reliability diagrams side by side, each over its confidence histogram.
-
-    Args:
-        panels: Reliability data by panel title, e.g. ``{"before": ..., "after": ...}``.
-        title: The figure's title, if any.
-
-    Returns:
-        A matplotlib Figure with one column per panel: the reliability diagram on top, the histogram below.
+    """A matplotlib Figure of reliability diagrams side by side, one column per panel (reliability data by panel
+    title, e.g. ``{"before": ..., "after": ...}``): the reliability diagram on top, its confidence histogram below.
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Fig. 1.
@@ -82,14 +76,7 @@ def _draw(ax, ax_hist, rel: Reliability, name: str) -> None:
 
 
 def figure_png(fig) -> bytes:
-    """Render a figure as PNG.
-
-    Args:
-        fig: A matplotlib Figure.
-
-    Returns:
-        The PNG bytes.
-    """
+    """The PNG bytes of a matplotlib Figure."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     return buffer.getvalue()

@@ -37,18 +37,8 @@ def reference_tolerance(n: int, reference, epsilon: float = DEFAULT_EPSILON) -> 
     (Hoeffding 1963, Theorem 1; kl the Bernoulli relative entropy). Inverting it, mu lies in {mu : n kl(q_k || mu)
     <= log(2K / epsilon)} but with probability epsilon / (2K) on each side, so in all K intervals but with
     probability epsilon (a union bound). The interval is that of a Bernoulli mean, the widest law on [0, 1] for a
-    given mean; it is narrow near 0 and 1 and widest at 1/2. r^- = q - its lower end, r^+ = its upper end - q.
-
-    Args:
-        n: The number of validation rows q averages, an integer >= 1.
-        reference: q, K >= 2 numbers in [0, 1] summing to 1.
-        epsilon: The probability of a draw outside the margins, in (0, 1).
-
-    Returns:
-        Two (K,) arrays of margins >= 0.
-
-    Raises:
-        ValueError: Naming ``n``, ``reference`` or ``epsilon`` when one is out of range.
+    given mean; it is narrow near 0 and 1 and widest at 1/2. r^- = q - its lower end, r^+ = its upper end - q, each
+    (K,) and >= 0, for q of ``check_reference``.
 
     Examples:
         >>> below, above = reference_tolerance(359, [0.1] * 10)
@@ -63,11 +53,7 @@ def reference_tolerance(n: int, reference, epsilon: float = DEFAULT_EPSILON) -> 
 
 
 def check_reference(reference) -> np.ndarray:
-    """q as a float64 (K,) array: K >= 2 finite numbers in [0, 1] summing to 1 (within ``PROB_SUM_ATOL``).
-
-    Raises:
-        ValueError: Naming ``reference`` and the value when it is not such a vector.
-    """
+    """q as a float64 (K,) array: K >= 2 finite numbers in [0, 1] summing to 1 (within ``PROB_SUM_ATOL``)."""
     try:
         q = np.asarray(reference, dtype=np.float64)
     except (TypeError, ValueError):

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from calibkit.binning import BinSums
-from calibkit.validation import expected
+from calibkit.validation import check_unit
 
 
 class EceInterval(NamedTuple):
@@ -36,6 +36,14 @@ def _ece_of_draws(correct_draws: np.ndarray, sums: BinSums) -> np.ndarray:
     return np.abs(correct_draws - sums.confidence_sum).sum(axis=-1) / sums.count.sum()
 
 
+def _observed(sums: BinSums, what: str) -> tuple[float, np.ndarray]:
+    """(the observed ECE, the bin counts as integers); a ValueError names ``what`` when every bin is empty."""
+    n_total = sums.count.sum()
+    if n_total <= 0:
+        raise ValueError(f"no samples in any bin: {what} is undefined for empty input")
+    return float(np.abs(sums.outcome_sum - sums.confidence_sum).sum() / n_total), sums.count.astype(np.int64)
+
+
 def ece_interval(
     sums: BinSums, level: float = 0.90, n_resamples: int = 1000, seed: int | np.random.Generator | None = 0
 ) -> EceInterval:
@@ -45,31 +53,14 @@ def ece_interval(
     the basic interval (2 ECE - q_hi, 2 ECE - q_lo), clipped at 0, corrects the upward bias of the binned ECE on
     small windows.
 
-    Args:
-        sums: Top-label bin sums.
-        level: The confidence level, in (0, 1).
-        n_resamples: The number of redraws.
-        seed: The seed of the redraws.
-
-    Returns:
-        The observed ECE and its interval.
-
-    Raises:
-        ValueError: When every bin is empty or ``level`` is outside (0, 1).
-
     References:
         Davison & Hinkley 1997, "Bootstrap Methods and their Application", Sec. 2.2 (parametric bootstrap) and
         5.2 (basic interval).
     """
-    n_total = sums.count.sum()
-    if n_total <= 0:
-        raise ValueError("no samples in any bin: the ECE interval is undefined for empty input")
-    if not 0.0 < level < 1.0:
-        raise ValueError(expected("level", "in (0, 1)", level))
+    observed, count = _observed(sums, "the ECE interval")
+    level = check_unit("level", level)
     rng = np.random.default_rng(seed)
-    count = sums.count.astype(np.int64)
     accuracy = np.divide(sums.outcome_sum, sums.count, out=np.zeros_like(sums.count), where=sums.count > 0)
-    observed = float(np.abs(sums.outcome_sum - sums.confidence_sum).sum() / n_total)
     draws = _ece_of_draws(rng.binomial(count, accuracy, size=(n_resamples, len(count))), sums)
     q_low, q_high = np.quantile(draws, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return EceInterval(observed, max(2.0 * observed - q_high, 0.0), max(2.0 * observed - q_low, 0.0), level)
@@ -82,26 +73,11 @@ def consistency_test(sums: BinSums, n_resamples: int = 1000, seed: int | np.rand
     p = (1 + #{null ECE >= observed ECE}) / (1 + n_resamples), never 0. The null is at least as wide as the
     exact one, so the test errs towards fewer rejections (see the module docstring).
 
-    Args:
-        sums: Top-label bin sums.
-        n_resamples: The number of draws from the null.
-        seed: The seed of the draws.
-
-    Returns:
-        The p-value, in (0, 1].
-
-    Raises:
-        ValueError: When every bin is empty.
-
     References:
         Broecker & Smith 2007, "Increasing the reliability of reliability diagrams".
     """
-    n_total = sums.count.sum()
-    if n_total <= 0:
-        raise ValueError("no samples in any bin: the calibration test is undefined for empty input")
+    observed, count = _observed(sums, "the calibration test")
     rng = np.random.default_rng(seed)
-    count = sums.count.astype(np.int64)
     mean_conf = np.divide(sums.confidence_sum, sums.count, out=np.zeros_like(sums.count), where=sums.count > 0)
-    observed = np.abs(sums.outcome_sum - sums.confidence_sum).sum() / n_total
     null = _ece_of_draws(rng.binomial(count, np.clip(mean_conf, 0.0, 1.0), size=(n_resamples, len(count))), sums)
     return float((1 + np.count_nonzero(null >= observed - 1e-12)) / (1 + n_resamples))

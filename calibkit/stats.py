@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 from calibkit import binning, metrics
-from calibkit.validation import check_n_bins, check_probs_labels, expected
+from calibkit.validation import check_n_bins, check_probs_labels, expected, is_int
 
 # The default of the top-label sums: None, which __post_init__ replaces with zeros (typed as an array, which
 # they hold once the statistics exist)
@@ -65,11 +65,7 @@ class BinStats:
     def __post_init__(self) -> None:
         self.n_bins = check_n_bins(self.n_bins)
         if self.n_classes is not None:
-            if (
-                isinstance(self.n_classes, bool)
-                or not isinstance(self.n_classes, (int, np.integer))
-                or self.n_classes < 2
-            ):
+            if not is_int(self.n_classes) or self.n_classes < 2:
                 raise ValueError(expected("n_classes", "an integer >= 2 or None", self.n_classes))
             self.n_classes = int(self.n_classes)
         shapes: dict[str, tuple[int, ...]] = {
@@ -90,39 +86,17 @@ class BinStats:
             arr = np.zeros(shape) if value is None else np.array(value, dtype=np.float64)
             if arr.shape != shape:
                 raise ValueError(f"Expected `{name}` to have shape {shape}, but got {arr.shape}")
-            if not np.all(np.isfinite(arr)) or arr.min(initial=0.0) < 0:
-                raise ValueError(
-                    f"Expected `{name}` to hold finite non-negative sums, but got values in "
-                    f"[{arr.min(initial=0.0):g}, {arr.max(initial=0.0):g}]"
-                )
-            setattr(self, name, arr)
+            setattr(self, name, _check_sums(name, arr))
         self.nll_sum, self.brier_sum = float(self.nll_sum), float(self.brier_sum)
 
     @classmethod
     def empty(cls, n_classes: int | None, n_bins: int = 15) -> BinStats:
-        """Statistics of no data.
-
-        Args:
-            n_classes: K, or None to keep top-label sums only (no class-wise ECE).
-            n_bins: The number M of equal-width bins.
-
-        Returns:
-            Empty statistics.
-        """
+        """Statistics of no data, of K = ``n_classes`` classes (None: top-label sums only, no class-wise ECE)."""
         return cls(n_classes=n_classes, n_bins=n_bins)
 
     @classmethod
     def from_arrays(cls, probs, labels, n_bins: int = 15) -> BinStats:
-        """Statistics of one batch.
-
-        Args:
-            probs: Probabilities (N, K), or (N,) positive-class probabilities; K sets ``n_classes``.
-            labels: Class indices (N,).
-            n_bins: The number M of equal-width bins.
-
-        Returns:
-            The batch's statistics, with class-wise sums.
-        """
+        """Statistics of one batch, with class-wise sums (the width K of ``probs`` sets ``n_classes``)."""
         width = 2 if np.ndim(probs) == 1 else np.shape(probs)[1]
         return cls.empty(width, n_bins).update(probs, labels)
 
@@ -132,18 +106,8 @@ class BinStats:
         return int(round(self.count.sum()))
 
     def update(self, probs, labels) -> BinStats:
-        """Add a batch in place.
-
-        Args:
-            probs: Probabilities (N, K) of width ``n_classes`` (any width without classes), or (N,).
-            labels: Class indices (N,).
-
-        Returns:
-            These statistics, updated.
-
-        Raises:
-            ValueError: When the inputs fail ``calibkit.validation``'s checks or have another width.
-        """
+        """Add a batch of probabilities (N, K) of width ``n_classes`` (any width without classes) or (N,), and labels,
+        in place; returns these statistics."""
         p, y = check_probs_labels(probs, labels)
         if self.n_classes is not None and p.shape[1] != self.n_classes:
             raise ValueError(f"probs has {p.shape[1]} classes but these statistics are for {self.n_classes}")
@@ -168,22 +132,9 @@ class BinStats:
     def add_bins(
         self, bins, count, confidence_sum, correct_sum, nll_sum: float = 0.0, brier_sum: float = 0.0
     ) -> BinStats:
-        """Add per-bin sums computed elsewhere (a store's bin totals) in place.
-
-        Args:
-            bins: Top-label bin indexes, 1-D; an index may repeat.
-            count: The predictions that bin ``bins[i]`` gets, per entry.
-            confidence_sum: The sum of those predictions' confidences, per entry.
-            correct_sum: The number of those predictions that were right, per entry.
-            nll_sum: The total NLL term of those predictions.
-            brier_sum: Their total Brier term.
-
-        Returns:
-            These statistics, updated.
-
-        Raises:
-            ValueError: When the arrays differ in shape, an index is outside [0, M) or a sum is negative or
-                not finite.
+        """Add per-bin sums computed elsewhere (a store's bin totals) in place: entry i adds ``count[i]`` predictions,
+        their ``confidence_sum[i]`` and ``correct_sum[i]``, to top-label bin ``bins[i]`` (1-D; an index may repeat);
+        ``nll_sum`` and ``brier_sum`` are their total NLL and Brier terms. Returns these statistics.
 
         Examples:
             >>> s = BinStats.empty(None, n_bins=2).add_bins([1], [4], [3.6], [3])
@@ -201,12 +152,8 @@ class BinStats:
         if len(bins) and (bins.min() < 0 or bins.max() >= self.n_bins):
             outside = int(bins.min()) if bins.min() < 0 else int(bins.max())
             raise ValueError(expected("bins", f"bin indexes in [0, {self.n_bins})", outside))
-        for name, v in zip(("count", "confidence_sum", "correct_sum"), values):
-            if not (np.all(np.isfinite(v)) and v.min(initial=0.0) >= 0):
-                raise ValueError(
-                    f"Expected `{name}` to hold finite and non-negative bin sums, but got values in "
-                    f"[{v.min(initial=0.0):g}, {v.max(initial=0.0):g}]"
-                )
+        for name, v in zip(_ARRAYS, values):
+            _check_sums(name, v)
         for target, v in zip((self.count, self.confidence_sum, self.correct_sum), values):
             np.add.at(target, bins, v)
         self.nll_sum += float(nll_sum)
@@ -214,17 +161,8 @@ class BinStats:
         return self
 
     def merge(self, other: BinStats) -> BinStats:
-        """Merge two statistics: every metric of the result equals the metric on both data together.
-
-        Args:
-            other: Statistics of the same ``n_classes`` and ``n_bins``.
-
-        Returns:
-            New statistics whose sums are the element-wise sums of both.
-
-        Raises:
-            ValueError: When the classes or bins differ.
-        """
+        """New statistics whose sums are the element-wise sums of both (of the same ``n_classes`` and ``n_bins``):
+        every metric of the result equals the metric on both data together."""
         if (self.n_classes, self.n_bins) != (other.n_classes, other.n_bins):
             raise ValueError(
                 f"cannot merge statistics of {self.n_classes} classes x {self.n_bins} bins with "
@@ -304,31 +242,26 @@ class BinStats:
         return self.brier_sum / self.count.sum()
 
     def to_dict(self) -> dict:
-        """The statistics as JSON-serialisable data, which ``from_dict`` restores exactly.
-
-        Returns:
-            The sums as lists, with ``n_classes`` and ``n_bins``.
-        """
+        """The sums as JSON lists, with ``n_classes`` and ``n_bins``, which ``from_dict`` restores exactly."""
         out = {"n_classes": self.n_classes, "n_bins": self.n_bins, "nll_sum": self.nll_sum, "brier_sum": self.brier_sum}
         out.update({name: None if getattr(self, name) is None else getattr(self, name).tolist() for name in _ARRAYS})
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> BinStats:
-        """Rebuild statistics from ``to_dict`` output.
-
-        Args:
-            data: What ``to_dict`` returned, as read back from JSON.
-
-        Returns:
-            The statistics.
-
-        Raises:
-            ValueError: Naming the field when ``data`` is malformed.
-        """
+        """Rebuild statistics from ``to_dict`` output; a ValueError names the field when ``data`` is malformed."""
         if not isinstance(data, dict):
             raise ValueError(f"BinStats data must be a JSON object, got {type(data).__name__}")
         missing = [k for k in ("n_classes", "n_bins", "nll_sum", "brier_sum", *_ARRAYS) if k not in data]
         if missing:
             raise ValueError(f"BinStats data is missing fields: {', '.join(missing)}")
         return cls(**{k: data[k] for k in ("n_classes", "n_bins", "nll_sum", "brier_sum", *_ARRAYS)})
+
+
+def _check_sums(name: str, values: np.ndarray) -> np.ndarray:
+    if not np.all(np.isfinite(values)) or values.min(initial=0.0) < 0:
+        raise ValueError(
+            f"Expected `{name}` to hold finite non-negative sums, but got values in "
+            f"[{values.min(initial=0.0):g}, {values.max(initial=0.0):g}]"
+        )
+    return values

@@ -27,11 +27,7 @@ def calibrated_logits(
     """
     if n < 1 or n_classes < 2:
         raise ValueError(f"need n >= 1 and n_classes >= 2, got n={n}, n_classes={n_classes}")
-    rng = np.random.default_rng(seed)
-    z = rng.normal(0.0, logit_scale, size=(n, n_classes))
-    cumulative = np.cumsum(softmax(z), axis=1)
-    u = rng.random((n, 1))
-    labels = np.minimum((u > cumulative).sum(axis=1), n_classes - 1)
+    z, labels = TrafficShape("calibrated", n_classes, logit_scale).logits(np.random.default_rng(seed), (n,))
     return z, labels.astype(np.int64)
 
 

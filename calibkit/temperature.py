@@ -21,30 +21,13 @@ ECE_GRID = np.round(np.arange(1, 201) * 0.05, 10)
 
 
 def softmax(logits) -> np.ndarray:
-    """Softmax over the last axis, softmax(z)_k = exp(z_k) / sum_j exp(z_j), computed stably (scipy.special).
-
-    Args:
-        logits: Logits of any shape.
-
-    Returns:
-        Probabilities of the same shape, each row summing to 1.
-    """
+    """Softmax over the last axis, softmax(z)_k = exp(z_k) / sum_j exp(z_j), computed stably (scipy.special)."""
     return special.softmax(np.asarray(logits, dtype=np.float64), axis=-1)
 
 
 def apply_temperature(logits, temperature: float) -> np.ndarray:
-    """Calibrated probabilities by temperature scaling: q = softmax(z / T).
-
-    Args:
-        logits: Logits (N, K), or (N,) single binary logits, for which q = sigmoid(z / T).
-        temperature: T > 0.
-
-    Returns:
-        Probabilities (N, K), or (N,) positive-class probabilities for (N,) logits.
-
-    Raises:
-        ValueError: When ``temperature`` is not a positive finite number or the logits fail
-            ``calibkit.validation``'s checks.
+    """Calibrated probabilities by temperature scaling, T > 0: q = softmax(z / T) for logits (N, K), and the
+    positive-class q = sigmoid(z / T) for (N,) single binary logits.
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2.
@@ -65,13 +48,7 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:
 def logits_from_probabilities(probs, temperature: float) -> np.ndarray:
     """The logits that temperature scaling turned into ``probs``, up to a constant per row: q = softmax(z / T)
     gives log q = z / T - logsumexp(z / T), so z = T * log q + c, and softmax(z / T') is the same for every c.
-
-    Args:
-        probs: Probabilities (N, K), every entry positive (a zero has no logarithm).
-        temperature: T > 0, the temperature that made them.
-
-    Returns:
-        T * log q (N, K), each row shifted to a maximum of 0.
+    Returns T * log q (N, K), each row shifted to a maximum of 0; every probability must be positive.
 
     References:
         Guo et al. 2017, Sec. 4.2.
@@ -83,16 +60,7 @@ def logits_from_probabilities(probs, temperature: float) -> np.ndarray:
 def recovered_by_temperature(logits, probs, temperature: float, rtol: float = 1e-5) -> np.ndarray:
     """Which rows' logits ``logits_from_probabilities(probs, T)`` gives back up to a constant: every difference
     z_k - z_j within ``rtol * (1 + max |z|)`` of the recovered one's. Rows with a zero or non-finite probability
-    (float32 underflow) or non-finite logits are not recovered.
-
-    Args:
-        logits: Logits (N, K).
-        probs: The probabilities as kept (N, K), e.g. float32 ones.
-        temperature: T > 0.
-        rtol: The tolerance, relative to the row's largest logit.
-
-    Returns:
-        A boolean mask (N,).
+    (float32 underflow) or non-finite logits are not recovered. A boolean mask (N,).
     """
     z = np.asarray(logits, dtype=np.float64)
     p = np.asarray(probs, dtype=np.float64)
@@ -110,18 +78,7 @@ def fit_temperature(logits, labels, objective: str = "nll") -> float:
     ``objective="nll"``: T* = argmin_T -1/N sum_i log softmax(z_i / T)_{y_i}, minimised over log T in
     [log T_MIN, log T_MAX] with scipy's bounded Brent method. NLL is convex in 1/T, hence unimodal in log T, so
     the 1-D search finds the global minimum. ``objective="ece"``: the T of ``ECE_GRID`` with the lowest 15-bin
-    ECE; ties go to the smallest T.
-
-    Args:
-        logits: Logits (N, K), or (N,) for a single-logit binary model.
-        labels: Class indices (N,).
-        objective: ``"nll"`` or ``"ece"``.
-
-    Returns:
-        The fitted temperature.
-
-    Raises:
-        ValueError: When ``objective`` is neither or the inputs fail ``calibkit.validation``'s checks.
+    ECE; ties go to the smallest T. Logits are (N, K), or (N,) for a single-logit binary model.
 
     References:
         Guo et al. 2017, "On Calibration of Modern Neural Networks", Sec. 4.2 (NLL);

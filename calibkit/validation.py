@@ -16,19 +16,8 @@ PROB_SUM_ATOL = 1e-4
 
 
 def check_labels(labels, n_samples: int, n_classes: int) -> np.ndarray:
-    """Check class labels against the predictions they label.
-
-    Args:
-        labels: Class indices: integers, booleans or whole floats.
-        n_samples: The number of predictions (rows).
-        n_classes: The number of classes K.
-
-    Returns:
-        The labels as an int64 vector (N,) with values in [0, K).
-
-    Raises:
-        ValueError: Naming ``labels`` and the problem: shape, length, type, non-finite or out-of-range values.
-    """
+    """Class labels (integers, booleans or whole floats) of ``n_samples`` predictions of ``n_classes`` classes, as
+    an int64 vector (N,) with values in [0, K)."""
     try:
         y = np.asarray(labels)
     except ValueError as exc:
@@ -61,16 +50,8 @@ def check_probs(probs) -> np.ndarray:
     """Check probabilities: finite, in [0, 1], rows summing to 1 within ``PROB_SUM_ATOL``.
 
     A 1-D input is a binary problem given as the positive-class probability p, and becomes the two columns
-    [1 - p, p] (so the predicted class is 1 exactly when p > 0.5).
-
-    Args:
-        probs: Probabilities (N, K) with K >= 2, or (N,) positive-class probabilities.
-
-    Returns:
-        A float64 (N, K) matrix, clipped to [0, 1].
-
-    Raises:
-        ValueError: Naming ``probs`` and the problem, with the offending values or row.
+    [1 - p, p] (so the predicted class is 1 exactly when p > 0.5). Returns a float64 (N, K) matrix, clipped to
+    [0, 1].
     """
     p = _as_float_array("probs", probs)
     if p.ndim == 1:
@@ -99,14 +80,8 @@ def check_probs(probs) -> np.ndarray:
 
 
 def row_problems(probs: np.ndarray) -> list[str | None]:
-    """Why each row of a matrix is not a probability vector: the checks of :func:`check_probs`, per row.
-
-    Args:
-        probs: A float (N, K) matrix.
-
-    Returns:
-        Per row the problem (non-finite values, values outside [0, 1], a sum other than 1), or None.
-    """
+    """Why each row of a float (N, K) matrix is not a probability vector, by the checks of :func:`check_probs`: per
+    row the problem (non-finite values, values outside [0, 1], a sum other than 1), or None."""
     p = np.asarray(probs, dtype=np.float64)
     # an array: numpy's stubs type any reduction over an axis as possibly a scalar
     finite = cast(np.ndarray, np.isfinite(p).all(axis=1))
@@ -126,34 +101,13 @@ def row_problems(probs: np.ndarray) -> list[str | None]:
 
 
 def check_probs_labels(probs, labels) -> tuple[np.ndarray, np.ndarray]:
-    """Check a (probabilities, labels) pair with :func:`check_probs` and :func:`check_labels`.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities.
-        labels: Class indices (N,).
-
-    Returns:
-        (probabilities (N, K) float64, labels (N,) int64).
-
-    Raises:
-        ValueError: Naming the argument and the problem.
-    """
+    """(probabilities (N, K) float64, labels (N,) int64), checked by :func:`check_probs` and :func:`check_labels`."""
     p = check_probs(probs)
     return p, check_labels(labels, p.shape[0], p.shape[1])
 
 
 def check_logits(logits) -> np.ndarray:
-    """Check logits: real, finite, non-empty, (N, K) with K >= 2 or (N,) for a single-logit binary model.
-
-    Args:
-        logits: The logits.
-
-    Returns:
-        The logits as float64, of the same shape.
-
-    Raises:
-        ValueError: Naming ``logits`` and the problem.
-    """
+    """Logits as float64: real, finite, non-empty, (N, K) with K >= 2 or (N,) for a single-logit binary model."""
     z = _as_float_array("logits", logits)
     if z.ndim not in (1, 2):
         raise ValueError(f"logits must be (N, K) or (N,) for binary problems, got shape {z.shape}")
@@ -167,53 +121,22 @@ def check_logits(logits) -> np.ndarray:
 
 
 def check_logits_labels(logits, labels) -> tuple[np.ndarray, np.ndarray]:
-    """Check a (logits, labels) pair; a 1-D logit vector is a binary problem with classes {0, 1}.
-
-    Args:
-        logits: Logits (N, K), or (N,) for a single-logit binary model.
-        labels: Class indices (N,).
-
-    Returns:
-        (logits float64, labels (N,) int64).
-
-    Raises:
-        ValueError: Naming the argument and the problem.
-    """
+    """(logits float64, labels (N,) int64); a 1-D logit vector is a binary problem with classes {0, 1}."""
     z = check_logits(logits)
     n_classes = 2 if z.ndim == 1 else z.shape[1]
     return z, check_labels(labels, z.shape[0], n_classes)
 
 
 def check_n_bins(n_bins: int) -> int:
-    """Check a number of bins.
-
-    Args:
-        n_bins: The number of bins: an integer of at least 1 (not a bool).
-
-    Returns:
-        ``n_bins`` as an int.
-
-    Raises:
-        ValueError: Naming ``n_bins`` and the value given.
-    """
-    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+    """A number of bins: an integer of at least 1 (not a bool), as an int."""
+    if not is_int(n_bins) or n_bins < 1:
         raise ValueError(expected("n_bins", "a positive integer", n_bins))
     return int(n_bins)
 
 
 def check_level(level) -> float:
-    """Check an interval's probability.
-
-    Args:
-        level: A number in (0, 1) (not a bool).
-
-    Returns:
-        ``level`` as a float.
-
-    Raises:
-        ValueError: Naming ``level`` and the value given.
-    """
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0.0 < level < 1.0:
+    """An interval's probability: a number in (0, 1) (not a bool), as a float."""
+    if not is_number(level) or not 0.0 < level < 1.0:
         raise ValueError(expected("level", "a number in (0, 1)", level))
     return float(level)
 
@@ -250,15 +173,8 @@ def check_int(name: str, value, low: int) -> int:
 
 
 def expected(name: str, requirement: str, value: object) -> str:
-    """The message of a failed parameter check, naming the parameter and the value given.
-
-    Args:
-        name: The parameter, as the caller spells it.
-        requirement: What the value should be, completing "to be ...", e.g. ``"in (0, 1)"``.
-        value: The value given; a numpy scalar is shown as the Python number it holds.
-
-    Returns:
-        ``"Expected `name` to be <requirement>, but got <value>"``, the style of torchmetrics' messages.
+    """The message of a failed parameter check, ``"Expected `name` to be <requirement>, but got <value>"`` (the
+    style of torchmetrics' messages); a numpy scalar is shown as the Python number it holds.
 
     Examples:
         >>> expected("max_bet", "in (0, 1)", 1.5)

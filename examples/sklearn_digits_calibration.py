@@ -1,8 +1,8 @@
 """Calibrate any scikit-learn classifier with calibkit: the embedded digits data, end to end.
 
-A weakly regularised logistic regression is over-confident; temperature scaling fitted on a
-validation split fixes that. Prints ECE, MCE, AdaECE, classwise ECE, NLL, Brier and accuracy on
-the test split, before and after, with 90% bootstrap intervals.
+A weakly regularised logistic regression is over-confident; temperature scaling fitted on a validation split fixes
+that. Prints ECE, MCE, AdaECE, classwise ECE, NLL, Brier and accuracy on the test split, before and after, with 90%
+bootstrap intervals.
 
     python examples/sklearn_digits_calibration.py
 """

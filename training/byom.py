@@ -1,43 +1,30 @@
 """Bring your own model: from an ONNX classifier and labelled data to a served artifact version.
 
-The user's graph is run on onnxruntime over their labelled rows. As in a training run, the rows are split
-(``conformal_fraction``, seeded, stratified by class): the calibration (temperature, vector or bias-corrected
-temperature scaling) is fitted on one part, on the model's logits, or on log-probabilities when it outputs
-probabilities (softmax(log p) = p); it is baked into a copy of the graph (``training.onnx_graph``) whose
+As in a training run, the rows are split (``conformal_fraction``, seeded, stratified by class): temperature, vector or
+bias-corrected temperature scaling is fitted on one part, on the graph's logits (or log-probabilities when it outputs
+probabilities: softmax(log p) = p), and baked into a copy of the graph (``training.onnx_graph``) whose
 ``probabilities`` output is checked against calibkit's; the conformal scores of the other part under those served
-probabilities go to ``conformal.json``. The version folder ``artifacts/<name>/<version>/`` gets the layout a training
-run exports, so the service serves it as it is.
-
-Platt, histogram and isotonic calibration have no ONNX form here and are refused: the service serves the graph's
-``probabilities`` output as it is.
-"""
+probabilities go to ``conformal.json``. The version folder ``artifacts/<name>/<version>/`` gets a training run's
+layout, so the service serves it as it is. Platt, histogram and isotonic calibration have no ONNX form here and are
+refused."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from calibkit import metrics
 from calibkit.calibrators import build_calibrator, save_calibrator
-from calibkit.manifest import (
-    CONFORMAL_FILE,
-    CalibrationSpec,
-    InputSpec,
-    LabelShiftReference,
-    Manifest,
-    Preprocessing,
-    ReferenceDistribution,
-    write_manifest,
-)
+from calibkit.manifest import CONFORMAL_FILE, Preprocessing
 from training import onnx_graph
 from training.conformal import DEFAULT_FRACTION, calibration_split, fit_conformal, write_conformal
-from training.evaluation import before_after, ece_by_temperature
-from training.export import MAX_PROB_DIFF, calibration_head, next_version, sha256_of
+from training.evaluation import calibration_evaluation
+from training.export import MAX_PROB_DIFF, calibration_head, sha256_of, version_directory, write_artifact_manifest
+from training.inference import onnx_outputs, onnx_session
 from training.report import write_report
 
 #: Methods the graph can carry (``training.export`` bakes the same three into a trained model).
@@ -131,18 +118,19 @@ def calibrate_onnx(
     """Calibrate the classifier at ``onnx_path`` on the labelled rows of ``data_path`` and write
     ``artifacts/<name>/<version>/`` (model.onnx, manifest.json, conformal.json, calibration.json, metrics.json,
     report.md, plots/). Returns a summary; raises ``ValueError`` or ``FileNotFoundError`` naming what is wrong."""
-    if not Path(onnx_path).is_file():
+    source = Path(onnx_path)
+    if not source.is_file():
         raise FileNotFoundError(f"no ONNX model at {onnx_path}")
     if method not in BAKED:
         raise ValueError(
             f"--method {method!r} cannot be baked into the ONNX graph the service serves; use one of {list(BAKED)} "
             "(platt, histogram and isotonic are for `evaluate` on a training run)"
         )
-    name = name or Path(onnx_path).stem
+    name = name or source.stem
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ValueError(f"--name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit")
     x, y_raw = load_npz(data_path)
-    model = onnx_graph.load(Path(onnx_path))
+    model = onnx_graph.load(source)
     sig = onnx_graph.signature(model, output_name)
     _check_rows(x, sig)
     probabilities = probabilities or sig.zipmap
@@ -153,8 +141,7 @@ def calibrate_onnx(
     if z.ndim != 2 or z.shape[1] < 2:
         raise ValueError(f"output {sig.scores!r} has shape {list(z.shape)}; a classifier's is [N, K] with K >= 2")
     _check_scores(z, probabilities, sig.scores)
-    k = z.shape[1]
-    names = read_class_names(class_names, k)
+    names = read_class_names(class_names, z.shape[1])
     y = class_indices(y_raw, names)
     split = calibration_split(y, conformal_fraction, seed)
     _check_split(split, conformal_fraction)
@@ -162,36 +149,15 @@ def calibrate_onnx(
     options = {"objective": objective} if method == "temperature" else {}
     calibrator = build_calibrator(method, **options).fit(z[fitted], y[fitted])
 
-    version = version or next_version(Path(artifacts), name)
-    directory = Path(artifacts) / name / version
-    if directory.exists():
-        if not overwrite:
-            raise FileExistsError(f"{directory} exists; pass --overwrite or another --version")
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
+    directory = version_directory(Path(artifacts), name, version, overwrite)
     try:
         written = _write(
-            Path(onnx_path),
-            directory,
-            model,
-            sig,
-            calibrator,
-            z,
-            x,
-            y,
-            split,
-            names,
-            probabilities,
-            n_resamples,
-            n_bins,
+            source, directory, model, sig, calibrator, z, x, y, split, names, probabilities, n_resamples, n_bins
         )
-        return written | {
-            "model": str(onnx_path),
-            "output": sig.scores + (" (behind a ZipMap)" if sig.zipmap else ""),
-        }
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
+    return written | {"model": str(onnx_path), "output": sig.scores + (" (behind a ZipMap)" if sig.zipmap else "")}
 
 
 def _write(
@@ -216,44 +182,24 @@ def _write(
     conformal = write_conformal(fit_conformal(served, y, split), directory / CONFORMAL_FILE)
     save_calibrator(calibrator, directory / "calibration.json")
     held_out, fitted = split.conformal, split.temperature
-    evaluation = {
-        "calibration": calibrator.to_dict(),
-        "validation": before_after(z[fitted], y[fitted], calibrator, n_resamples, n_bins),
-        "test": before_after(z[held_out], y[held_out], calibrator, n_resamples, n_bins),
-        "ece_vs_temperature": {
-            "fitted rows": ece_by_temperature(z[fitted], y[fitted], n_bins),
-            "held-out rows": ece_by_temperature(z[held_out], y[held_out], n_bins),
-        },
-        "shifted": {},
-        "rows": {"fitted": len(fitted), "held_out": len(held_out), "seed": split.seed, "fraction": split.fraction},
-    }
+    rows = {"fitted rows": (z[fitted], y[fitted]), "held-out rows": (z[held_out], y[held_out])}
+    evaluation = calibration_evaluation(calibrator, rows, (n_resamples, n_resamples), n_bins)
+    evaluation["rows"] = dict(fitted=len(fitted), held_out=len(held_out), seed=split.seed, fraction=split.fraction)
     (directory / "metrics.json").write_text(json.dumps(evaluation, indent=2))
     images = len(sig.row_dims) == 3
     row_shape = list(x.shape[1:])
-    manifest = Manifest(
-        name=directory.parent.name,
-        version=directory.name,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        model_sha256=sha256_of(onnx_path),
+    manifest = write_artifact_manifest(
+        directory,
+        calibrator,
+        len(fitted),
+        expected,
+        y,
         class_names=names,
-        input=InputSpec(name=sig.input_name, shape=[None, *row_shape]),
-        outputs={"logits": "logits", "probabilities": "probabilities"},
+        input_name=sig.input_name,
+        row_shape=row_shape,
         preprocessing=_preprocessing(row_shape) if images else None,
-        calibration=CalibrationSpec(
-            method=calibrator.method,
-            params=calibrator.to_dict()["params"],
-            objective=getattr(calibrator, "objective", None),
-            fitted_on="your data",
-            n_samples=len(fitted),
-            in_graph=True,
-        ),
+        ece=metrics.ece(expected, y, n_bins),
         metrics={"validation": evaluation["validation"], "test": evaluation["test"]},
-        reference=ReferenceDistribution(
-            split="your data, every row",
-            confidences=[round(float(c), 6) for c in expected.max(axis=1)],
-            accuracy=float(np.mean(expected.argmax(axis=1) == y)),
-            ece=metrics.ece(expected, y, n_bins),
-        ),
         training={
             "source": "python -m training calibrate --onnx",
             "onnx_file": source.name,
@@ -264,9 +210,9 @@ def _write(
             "export_parity": {"n": len(x), "max_abs_diff_probabilities": diff},
         },
         conformal=conformal,
-        label_shift=LabelShiftReference.from_rows(expected, y, split="your data, every row"),
+        split="your data, every row",
+        fitted_on="your data",
     )
-    write_manifest(manifest, directory)
     summary = {
         "data": f"{len(y)} labelled rows of shape {row_shape}: calibration fitted on {len(fitted)}, conformal "
         f"scores and the held-out figures on {len(held_out)} (seed {split.seed})",
@@ -284,7 +230,6 @@ def _write(
         n_bins,
         ("Held-out rows", "the held-out rows"),
     )
-    after = evaluation["test"]["after"]
     return {
         "artifact": str(directory),
         "n": len(y),
@@ -293,7 +238,7 @@ def _write(
             stage: {m: evaluation["test"][stage][m]["value"] for m in ("ece", "nll", "accuracy")}
             for stage in ("before", "after")
         },
-        "held_out_ece_ci": after["ece"]["ci"],
+        "held_out_ece_ci": evaluation["test"]["after"]["ece"]["ci"],
         "max_abs_diff_probabilities": diff,
         "conformal": {"methods": conformal.methods, "calibration_rows": conformal.calibration_rows},
         "serve": f"python -m service --artifacts {directory.parent.parent}",
@@ -308,21 +253,13 @@ def _preprocessing(row_shape: list[int]) -> Preprocessing | None:
     return Preprocessing(color_mode="L" if c == 1 else "RGB", image_size=h)
 
 
-def _run(model_or_path, x: np.ndarray, batch: int = 512) -> dict[str, np.ndarray]:
+def _run(model_or_path, x: np.ndarray) -> dict[str, np.ndarray]:
     """``logits`` and ``probabilities`` of a calibrated graph (a ModelProto or a file) on ``x``, as float64."""
-    import onnxruntime as ort
-
-    source = str(model_or_path) if isinstance(model_or_path, Path) else model_or_path.SerializeToString()
+    source = model_or_path if isinstance(model_or_path, Path) else model_or_path.SerializeToString()
     try:
-        session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        parts = [session.run(["logits", "probabilities"], {name: x[i : i + batch]}) for i in range(0, len(x), batch)]
+        return onnx_outputs(onnx_session(source), x)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidArgument / RuntimeException types
         raise ValueError(f"onnxruntime could not run the model on x: {exc}") from None
-    return {
-        key: np.concatenate([p[j] for p in parts]).astype(np.float64)
-        for j, key in enumerate(("logits", "probabilities"))
-    }
 
 
 def _check_rows(x: np.ndarray, sig: onnx_graph.Signature) -> None:

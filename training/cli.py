@@ -10,15 +10,20 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import UnionType
+from typing import Literal, get_args, get_origin
 
 import yaml
 
 from training import pipeline
-from training.config import ConfigError, load_config
+from training.config import ConfigError, RunConfig, load_config
 from training.conformal import DEFAULT_FRACTION
 
 DEFAULT_RUN_DIR = Path("runs")
 DEFAULT_ARTIFACTS = Path("artifacts")
+FRACTION_HELP = RunConfig.model_fields["conformal_fraction"].description or ""
+#: Settings only a --config file sets.
+NO_FLAG = {"momentum", "n_bins", "corruptions", "severities", "ood"}
 
 
 def _loss_param(text: str) -> tuple[str, object]:
@@ -28,130 +33,41 @@ def _loss_param(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+def _listed(kind: type):
+    """An argparse type for a comma-separated list of ``kind``."""
+
+    def parse(text: str) -> list:
+        try:
+            return [kind(v.strip()) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__} values, got {text!r}") from None
+
+    return parse
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-CHECKPOINT_HELP = (
-    "which epoch's weights to keep: last (default: the final epoch, the papers' protocol), best-accuracy (the "
-    "highest validation accuracy, ties to the lower validation NLL) or best-nll (the lowest validation NLL)"
-)
-
-
-CONFORMAL_FRACTION_HELP = (
-    "share of the validation split kept apart (stratified, drawn by the seed) for the conformal scores written to "
-    "conformal.json; the calibration is fitted on the rest (default 0.5; 0: no conformal scores, calibration on all "
-    "of validation)"
-)
+def _flag_options(annotation) -> dict:
+    """argparse options for a setting's type: bools --x/--no-x, literals' choices shown, lists comma-separated."""
+    kind = get_args(annotation)[0] if isinstance(annotation, UnionType) else annotation  # X of X | None
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction, "default": None}
+    if get_origin(kind) is Literal:
+        return {"metavar": "{" + ",".join(get_args(kind)) + "}"}
+    return {"type": _listed(get_args(kind)[0]) if get_origin(kind) is list else kind}
 
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per ``RunConfig`` field but ``NO_FLAG``, named and described as it (``--loss-param``: ``loss_params``)."""
     g = parser.add_argument_group("run settings (override --config)")
     g.add_argument("--config", type=Path, help="YAML file with run settings")
-    g.add_argument("--dataset", help="digits (default, bundled), cifar10 or image_folder")
-    g.add_argument("--data-path", type=Path, help="local data directory (cifar10, image_folder)")
-    g.add_argument("--classes", type=lambda s: [c.strip() for c in s.split(",")], help="cifar10 subset, e.g. bird,cat")
-    g.add_argument("--image-size", type=int)
-    g.add_argument(
-        "--model",
-        help="lenet5, resnet20, resnet56, resnet110, resnet50, densenet_bc, wrn16_4, wrn28_10, "
-        "or with the [vision] extra torchvision:<architecture> (resnet18/34/50/101/152, resnext*, "
-        "wide_resnet*, densenet121/161/169/201)",
-    )
-    g.add_argument(
-        "--weights",
-        type=Path,
-        help="torchvision:* models: local state-dict file of pretrained weights "
-        "(e.g. ImageNet); the classification layer is replaced; nothing is downloaded",
-    )
-    g.add_argument(
-        "--finetune",
-        metavar="{all,head}",
-        help="with --weights: train all layers (default) or only the new classification layer",
-    )
-    g.add_argument(
-        "--input-size",
-        type=int,
-        help="resize images to this side inside the network (e.g. 224 for "
-        "ImageNet weights); clients still send the data set's size",
-    )
-    g.add_argument(
-        "--augment",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="standard CIFAR augmentation (random crop "
-        "with padding, horizontal flip; torchvision's transforms, [vision] extra)",
-    )
-    g.add_argument("--loss", help="ce, label_smoothing, focal, flsd53, mbls, brier, mmce, entropy_penalty")
-    g.add_argument("--loss-param", type=_loss_param, action="append", default=[], metavar="KEY=VALUE")
-    g.add_argument("--epochs", type=int)
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--optimizer", help="sgd, adam or adamw")
-    g.add_argument("--lr", type=float)
-    g.add_argument("--weight-decay", type=float)
-    g.add_argument("--schedule", help="cosine, step or constant")
-    g.add_argument(
-        "--milestones",
-        type=_floats,
-        help="step schedule: fractions of the epochs where the lr drops 10x (default 0.5,0.75)",
-    )
-    g.add_argument("--checkpoint", metavar="{last,best-accuracy,best-nll}", help=CHECKPOINT_HELP)
-    g.add_argument("--train-size", type=int, help="train on a stratified subset of this many training images")
-    g.add_argument("--label-noise", type=float, help="fraction of the labels of every split changed at random")
-    g.add_argument("--seed", type=int)
-    g.add_argument("--calibration", help="temperature (default), vector, bcts, platt, histogram, isotonic")
-    g.add_argument("--calibration-objective", help="nll (default) or ece (grid search)")
-    g.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP)
-    g.add_argument("--n-resamples", type=int, help="bootstrap resamples on the test split")
-    g.add_argument("--n-resamples-shifted", type=int, help="bootstrap resamples per corrupted set")
-    g.add_argument("--name", help="artifact name (default <dataset>-<model>[-<loss>])")
-    g.add_argument("--version", help="artifact version (default: next free number)")
+    for name, field in RunConfig.model_fields.items():
+        if name == "loss_params":
+            g.add_argument("--loss-param", type=_loss_param, action="append", default=[], metavar="KEY=VALUE")
+        elif name not in NO_FLAG:
+            g.add_argument(f"--{name.replace('_', '-')}", help=field.description, **_flag_options(field.annotation))
 
 
 def _config(args: argparse.Namespace):
-    overrides = {
-        k: getattr(args, k)
-        for k in (
-            "dataset",
-            "data_path",
-            "classes",
-            "image_size",
-            "model",
-            "weights",
-            "finetune",
-            "input_size",
-            "augment",
-            "loss",
-            "epochs",
-            "batch_size",
-            "optimizer",
-            "lr",
-            "weight_decay",
-            "schedule",
-            "milestones",
-            "checkpoint",
-            "train_size",
-            "label_noise",
-            "seed",
-            "calibration",
-            "calibration_objective",
-            "conformal_fraction",
-            "n_resamples",
-            "n_resamples_shifted",
-            "name",
-            "version",
-        )
-    }
+    overrides = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
     if args.loss_param:
         overrides["loss_params"] = dict(args.loss_param)
     if args.command == "study":
@@ -184,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, help="a run directory written by `train`")
     p.add_argument("--method", help="temperature, vector, bcts, platt, histogram, isotonic")
     p.add_argument("--objective", help="temperature objective: nll or ece")
-    p.add_argument("--conformal-fraction", type=float, help=CONFORMAL_FRACTION_HELP.replace("validation split", "data"))
+    p.add_argument("--conformal-fraction", type=float, help=FRACTION_HELP.replace("validation split", "data"))
     byom = p.add_argument_group(
         "bring your own model (instead of --run-dir): writes <artifacts>/<name>/<next version>/, served as it is"
     )
@@ -227,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_flags(p)
     p.add_argument(
         "--seeds",
-        type=_ints,
+        type=_listed(int),
         default=None,
         help="comma-separated seeds (default 0,1,2,3,4); each draws the split, the noise and the initialisation",
     )
@@ -259,20 +175,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.onnx is not None:
             from training.byom import calibrate_onnx
 
+            same = ("name", "artifacts", "class_names", "output_name", "probabilities", "seed", "version", "overwrite")
             summary = calibrate_onnx(
                 args.onnx,
                 args.data,
-                name=args.name,
-                artifacts=args.artifacts,
-                class_names=args.class_names,
                 method=args.method or "temperature",
                 objective=args.objective or "nll",
-                output_name=args.output_name,
-                probabilities=args.probabilities,
                 conformal_fraction=DEFAULT_FRACTION if args.conformal_fraction is None else args.conformal_fraction,
-                seed=args.seed,
-                version=args.version,
-                overwrite=args.overwrite,
+                **{option: getattr(args, option) for option in same},  # the flags named as calibrate_onnx's options
             )
             print(json.dumps(summary, indent=2))
             return 0

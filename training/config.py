@@ -30,37 +30,40 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    dataset: str = "digits"
-    data_path: Path | None = None
-    classes: list[str] | None = None
+    dataset: str = Field(default="digits", description="digits (default, bundled), cifar10 or image_folder")
+    data_path: Path | None = Field(default=None, description="local data directory (cifar10, image_folder)")
+    classes: list[str] | None = Field(default=None, description="cifar10 subset, e.g. bird,cat")
     image_size: int | None = Field(default=None, ge=8)
     model: str = Field(
-        default="lenet5", description="a registered model, or torchvision:<architecture> with the [vision] extra"
+        default="lenet5",
+        description="lenet5, resnet20, resnet56, resnet110, resnet50, densenet_bc, wrn16_4, wrn28_10, or with the "
+        "[vision] extra torchvision:<architecture> (resnet18/34/50/101/152, resnext*, wide_resnet*, "
+        "densenet121/161/169/201)",
     )
     weights: Path | None = Field(
         default=None,
-        description="local state-dict file of pretrained weights for a "
-        "torchvision:* model; its classification layer is replaced; never downloaded",
+        description="torchvision:* models: local state-dict file of pretrained weights (e.g. ImageNet); the "
+        "classification layer is replaced; nothing is downloaded",
     )
     finetune: Literal["all", "head"] = Field(
         default="all",
-        description="with weights: train every layer, or only "
-        "the new classification layer on the frozen pretrained features",
+        description="with weights: train all layers (default) or only the new classification layer on the frozen "
+        "pretrained features",
     )
     input_size: int | None = Field(
         default=None,
         ge=8,
-        description="side length the network sees: images are "
-        "resized to it (bilinear) inside the exported graph, so clients still send "
-        "the data set's size",
+        description="side length the network sees: images are resized to it (bilinear) inside the exported graph "
+        "(e.g. 224 for ImageNet weights); clients still send the data set's size",
     )
     augment: bool = Field(
         default=False,
-        description="standard CIFAR augmentation of every training image: random "
-        "crop of the zero-padded image (padding image_size / 8) and horizontal flip, from "
-        "torchvision's transforms ([vision] extra)",
+        description="standard CIFAR augmentation of every training image: random crop of the zero-padded image "
+        "(padding image_size / 8) and horizontal flip, from torchvision's transforms ([vision] extra)",
     )
-    loss: str = "ce"
+    loss: str = Field(
+        default="ce", description="ce, label_smoothing, focal, flsd53, mbls, brier, mmce, entropy_penalty"
+    )
     loss_params: dict[str, Any] = {}
     # The default recipe trains to convergence and keeps the final model, without weight decay: the over-confidence
     # of such a network (Guo et al. 2017, their Figure 2) is what post-hoc calibration repairs (decision 0025).
@@ -74,12 +77,18 @@ class RunConfig(BaseModel):
     milestones: list[float] = Field(
         default=[0.5, 0.75],
         min_length=1,
-        description="step schedule: fractions of the epochs after which the learning rate is divided by 10",
+        description="step schedule: fractions of the epochs after which the learning rate is divided by 10 "
+        "(default 0.5,0.75)",
     )
     checkpoint: Literal["last", "best-accuracy", "best-nll"] = Field(
-        default="last", description="which epoch's weights a run keeps; see docs/training.md"
+        default="last",
+        description="which epoch's weights to keep: last (default: the final epoch, the papers' protocol), "
+        "best-accuracy (the highest validation accuracy, ties to the lower validation NLL) or best-nll (the lowest "
+        "validation NLL); see docs/training.md",
     )
-    train_size: int | None = Field(default=None, ge=1, description="stratified subset of the training split")
+    train_size: int | None = Field(
+        default=None, ge=1, description="train on a stratified subset of this many training images"
+    )
     label_noise: float = Field(
         default=0.0,
         ge=0,
@@ -87,14 +96,19 @@ class RunConfig(BaseModel):
         description="fraction of the labels of every split changed to another class at random (symmetric noise)",
     )
     seed: int = 0
-    calibration: str = "temperature"
-    calibration_objective: Literal["nll", "ece"] = "nll"
+    calibration: str = Field(
+        default="temperature", description="temperature (default), vector, bcts, platt, histogram, isotonic"
+    )
+    calibration_objective: Literal["nll", "ece"] = Field(
+        default="nll", description="nll (default) or ece (a grid search of T)"
+    )
     conformal_fraction: float = Field(
         default=0.5,
         ge=0,
         lt=1,
-        description="share of the validation split kept apart for the conformal scores (stratified, drawn by the "
-        "seed); the calibration is fitted on the rest. 0: no conformal scores, calibration on all of validation",
+        description="share of the validation split kept apart (stratified, drawn by the seed) for the conformal "
+        "scores written to conformal.json; the calibration is fitted on the rest (default 0.5; 0: no conformal "
+        "scores, calibration on all of validation)",
     )
     n_bins: int = Field(default=15, ge=1)
     n_resamples: int = Field(default=1000, ge=10, description="bootstrap resamples on the test split")
@@ -102,8 +116,14 @@ class RunConfig(BaseModel):
     corruptions: list[str] = Field(default_factory=lambda: list(available_corruptions()))
     severities: list[int] = [1, 2, 3, 4, 5]
     ood: str = "sample_images"
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    version: str | None = Field(default=None, pattern=r"^[0-9]+$")
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="artifact name (default <dataset>-<model>[-<loss>])",
+    )
+    version: str | None = Field(
+        default=None, pattern=r"^[0-9]+$", description="artifact version (default: next free number)"
+    )
 
     @model_validator(mode="after")
     def _known_names(self):

@@ -7,14 +7,10 @@ calibration scores to be exchangeable with the test scores given the whole fitte
 (Vovk, Gammerman & Shafer 2005; Angelopoulos et al. 2021 split their calibration set in two for the same reason when
 they tune RAPS). Rows that fitted the temperature are not: it was chosen to fit them.
 
-``conformal.json`` holds ``{"format": 1, "calibrators": {"lac", "aps", "raps"}, "floor_calibrators": {...},
-"class_calibrators": {...}, "class_floor_calibrators": {...}, "split": ..., "draws": ..., "raps": ...}``: the exact
-calibrators, LAC non-randomized and APS and RAPS randomized with one seeded uniform draw per calibration row (the
-service draws per served row); the floor sets' (the service's default: ``calibkit.conformal.floor_scores``); and
-both again with the same scores kept per class (``class_counts``), which the weighted quantile of label shift
-needs (``calibkit.conformal.label_shift_thresholds``: the scores' labels carry the weights); RAPS with ``k_reg``
-from ``pick_k_reg`` at alpha 0.1 on the temperature part (a tuning split apart from the conformal part) and
-lambda 0.01.
+``conformal.json`` (``fit_conformal``) holds LAC, APS and RAPS calibrators: exact (APS and RAPS randomized by one
+seeded draw per row), of the floor sets (the service's default), and both again kept per class for the weighted
+quantile of label shift (``calibkit.manifest.load_conformal``); RAPS's ``k_reg`` is picked by ``pick_k_reg`` at
+alpha 0.1 on the temperature part (a tuning split apart from the conformal part), lambda is 0.01.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from calibkit.conformal import SplitConformal, pick_k_reg
-from calibkit.manifest import CONFORMAL_FILE, CONFORMAL_FORMAT, ConformalSpec
+from calibkit.manifest import CONFORMAL_FORMAT, ConformalSpec
 from training.data import split_off_fraction
 
 #: The share of the validation split kept for the conformal scores (Angelopoulos et al. 2021 halve theirs).
@@ -55,19 +51,10 @@ class CalibrationSplit:
 
 
 def calibration_split(labels, fraction: float, seed: int) -> CalibrationSplit:
-    """Split the validation rows into the temperature part and ``round(n * fraction)`` conformal rows.
-
-    Args:
-        labels: The validation labels (n,).
-        fraction: The conformal part's share, in [0, 1); 0 keeps every row for the temperature.
-        seed: Draws the split (scikit-learn's ``train_test_split``, stratified by class).
-
-    Returns:
-        The split.
-
-    Raises:
-        ValueError: Naming ``conformal_fraction`` when it is outside [0, 1) or leaves a part without some class.
-    """
+    """Split the validation rows of ``labels`` into the temperature part and ``round(n * fraction)`` conformal rows
+    (``fraction`` in [0, 1); 0 keeps every row for the temperature), drawn by ``seed`` (scikit-learn's
+    ``train_test_split``, stratified by class). A ValueError names ``conformal_fraction`` when it is outside [0, 1)
+    or leaves a part without some class."""
     try:
         temperature, conformal = split_off_fraction(labels, fraction, seed)
     except ValueError as exc:
@@ -78,20 +65,9 @@ def calibration_split(labels, fraction: float, seed: int) -> CalibrationSplit:
 
 
 def fit_conformal(probs: np.ndarray, labels: np.ndarray, split: CalibrationSplit) -> dict:
-    """The content of ``conformal.json``: LAC, APS and RAPS fitted on the conformal rows of ``probs``.
-
-    Args:
-        probs: Calibrated probabilities (n, K) of the whole validation split, as the model serves them.
-        labels: Its labels (n,).
-        split: Which rows are the temperature part (RAPS's ``k_reg`` is tuned there) and which the conformal part.
-
-    Returns:
-        ``{"format", "calibrators", "floor_calibrators", "class_calibrators", "class_floor_calibrators", "split",
-        "draws", "raps"}``, JSON-serialisable.
-
-    Raises:
-        ValueError: When the split has no conformal rows.
-    """
+    """The content of ``conformal.json`` (the module docstring): LAC, APS and RAPS fitted on the conformal rows of
+    the calibrated probabilities (n, K) of the whole validation split, as the model serves them; RAPS's ``k_reg`` is
+    tuned on the temperature part."""
     if len(split.conformal) == 0:
         raise ValueError("conformal_fraction 0 leaves no rows for the conformal scores")
     p, y = np.asarray(probs, dtype=np.float64), np.asarray(labels)
@@ -101,17 +77,10 @@ def fit_conformal(probs: np.ndarray, labels: np.ndarray, split: CalibrationSplit
     params: dict[str, dict] = {"lac": {}, "aps": {}, "raps": {"k_reg": k_reg, "lam": RAPS_LAMBDA}}
 
     def fitted(floor: bool, classwise: bool) -> dict:
+        options = {"classwise": classwise, "floor": floor}
         return {
-            method: SplitConformal.fit(
-                p_cal,
-                y_cal,
-                method,
-                u=None if floor or method == "lac" else draws,
-                classwise=classwise,
-                floor=floor,
-                **kwargs,
-            ).to_dict()
-            for method, kwargs in params.items()
+            m: SplitConformal.fit(p_cal, y_cal, m, u=None if floor or m == "lac" else draws, **options, **kw).to_dict()
+            for m, kw in params.items()
         }
 
     return {
@@ -164,14 +133,3 @@ def read_split(path: Path, labels) -> CalibrationSplit:
             f"{len(split.conformal)} conformal rows, not the {recorded['rows']} recorded; calibrate again"
         )
     return split
-
-
-__all__ = [
-    "CONFORMAL_FILE",
-    "DEFAULT_FRACTION",
-    "CalibrationSplit",
-    "calibration_split",
-    "fit_conformal",
-    "read_split",
-    "write_conformal",
-]

@@ -1,11 +1,10 @@
 """Evaluation before and after calibration: the test split, every corruption x severity, and OOD.
 
-All numbers come from calibkit (one home of the math). Intervals are 90% *basic* bootstrap
-intervals over test rows (2 theta - q_hi, 2 theta - q_lo), clipped at 0: binned ECE is biased
-upwards on finite samples and its percentile interval can exclude the estimate; the basic interval
-corrects for that bias, and for mean-type metrics (accuracy, NLL, Brier) it matches the percentile one.
-Shift follows Ovadia et al. 2019: calibration is measured on corrupted
-copies of the test split (Hendrycks & Dietterich 2019 corruptions, severities 1..5).
+All numbers come from calibkit (one home of the math). Intervals are 90% *basic* bootstrap intervals over test rows (2
+theta - q_hi, 2 theta - q_lo), clipped at 0: binned ECE is biased upwards on finite samples and its percentile interval
+can exclude the estimate; the basic interval corrects for that bias, and for mean-type metrics (accuracy, NLL, Brier) it
+matches the percentile one. Shift follows Ovadia et al. 2019: calibration is measured on corrupted copies of the test
+split (Hendrycks & Dietterich 2019 corruptions, severities 1..5).
 """
 
 from __future__ import annotations
@@ -78,20 +77,25 @@ def ece_by_temperature(logits: np.ndarray, labels: np.ndarray, n_bins: int = 15)
     }
 
 
-def evaluate(logits_fn: LogitsFn, calibrator: Calibrator, splits: DataSplits, config: RunConfig) -> dict:
-    """The full evaluation written to ``metrics.json``."""
-    val_logits, test_logits = logits_fn(splits.val.x), logits_fn(splits.test.x)
-    y_val, y_test = splits.val.y, splits.test.y
-    result = {
+def calibration_evaluation(
+    calibrator: Calibrator, rows: dict[str, tuple[np.ndarray, np.ndarray]], n_resamples: tuple[int, int], n_bins: int
+) -> dict:
+    """Scores before/after ``calibrator`` and ECE-vs-T curves on ``rows``: validation then test (logits, labels)."""
+    (val_logits, y_val), (test_logits, y_test) = rows.values()
+    return {
         "calibration": calibrator.to_dict(),
-        "validation": before_after(val_logits, y_val, calibrator, config.n_resamples_shifted, config.n_bins),
-        "test": before_after(test_logits, y_test, calibrator, config.n_resamples, config.n_bins),
-        "ece_vs_temperature": {
-            "validation": ece_by_temperature(val_logits, y_val, config.n_bins),
-            "test": ece_by_temperature(test_logits, y_test, config.n_bins),
-        },
+        "validation": before_after(val_logits, y_val, calibrator, n_resamples[0], n_bins),
+        "test": before_after(test_logits, y_test, calibrator, n_resamples[1], n_bins),
+        "ece_vs_temperature": {name: ece_by_temperature(*part, n_bins) for name, part in rows.items()},
         "shifted": {},
     }
+
+
+def evaluate(logits_fn: LogitsFn, calibrator: Calibrator, splits: DataSplits, config: RunConfig) -> dict:
+    """The full evaluation written to ``metrics.json``."""
+    test_logits, y_test = logits_fn(splits.test.x), splits.test.y
+    rows = {"validation": (logits_fn(splits.val.x), splits.val.y), "test": (test_logits, y_test)}
+    result = calibration_evaluation(calibrator, rows, (config.n_resamples_shifted, config.n_resamples), config.n_bins)
     for name in config.corruptions:
         result["shifted"][name] = {}
         for severity in config.severities:

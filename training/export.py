@@ -1,11 +1,10 @@
 """ONNX export with calibration baked in, a parity check on onnxruntime, and the artifact layout.
 
-The exported graph has one input and two outputs: ``logits`` and ``probabilities`` =
-softmax((w * logits + b) / T), which is temperature scaling (w = 1, b = 0; Guo et al. 2017),
-vector scaling (T = 1) or bias-corrected temperature scaling (w = 1 / T, T = 1; Alexandari et al. 2020). Any ONNX
-consumer therefore gets calibrated probabilities. When the calibration
-was fitted on a part of the validation split, the conformal scores of the other part are computed from the exported
-graph's ``probabilities`` output, the probabilities the service serves, and written to ``conformal.json``.
+The exported graph has one input and two outputs: ``logits`` and ``probabilities`` = softmax((w * logits + b) / T),
+which is temperature scaling (w = 1, b = 0; Guo et al. 2017), vector scaling (T = 1) or bias-corrected temperature
+scaling (w = 1 / T, T = 1; Alexandari et al. 2020). Any ONNX consumer therefore gets calibrated probabilities. When the
+calibration was fitted on a part of the validation split, the conformal scores of the other part are computed from the
+exported graph's ``probabilities`` output, the probabilities the service serves, and written to ``conformal.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from calibkit.calibrators import BiasCorrectedTemperatureScaling, Calibrator, Te
 from calibkit.manifest import (
     CONFORMAL_FILE,
     CalibrationSpec,
+    ConformalSpec,
     InputSpec,
     LabelShiftReference,
     Manifest,
@@ -99,8 +99,7 @@ def export_onnx(model: nn.Module, calibrator: Calibrator, input_shape: tuple[int
 
 
 def check_parity(model: nn.Module, calibrator: Calibrator, onnx_path: Path, x: np.ndarray) -> dict:
-    """Max |difference| of onnxruntime's outputs against torch logits and calibkit's calibrated
-    probabilities on ``x``; raises ``ExportError`` past the bounds."""
+    """Max |onnxruntime - reference| of the logits (torch's) and probabilities (calibkit's); ExportError past bounds."""
     reference_logits = predict_logits(model, x)
     outputs = onnx_outputs(onnx_session(onnx_path), x)
     parity = {
@@ -117,10 +116,69 @@ def check_parity(model: nn.Module, calibrator: Calibrator, onnx_path: Path, x: n
     return parity
 
 
-def next_version(root: Path, name: str) -> str:
-    """One more than the highest numeric version under ``root/name`` (``"1"`` when there is none)."""
+def version_directory(root: Path, name: str, version: str | None, overwrite: bool) -> Path:
+    """The new, empty ``root/name/version`` (None: the highest numeric one + 1); replaced only with ``overwrite``."""
     existing = [int(p.name) for p in (root / name).glob("*") if p.is_dir() and p.name.isdigit()]
-    return str(max(existing, default=0) + 1)
+    directory = root / name / (version or str(max(existing, default=0) + 1))
+    if directory.exists():
+        if not overwrite:
+            raise FileExistsError(f"{directory} exists; pass --overwrite or another --version")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    return directory
+
+
+def write_artifact_manifest(
+    directory: Path,
+    calibrator: Calibrator,
+    n_fitted: int,
+    probs: np.ndarray,
+    labels: np.ndarray,
+    *,
+    class_names: Sequence[str],
+    input_name: str,
+    row_shape: Sequence[int],
+    preprocessing: Preprocessing | None,
+    ece: float,
+    metrics: dict,
+    training: dict,
+    conformal: ConformalSpec | None,
+    split: str = "validation",
+    fitted_on: str = "validation",
+) -> Manifest:
+    """Write the manifest of the version folder ``directory`` (named ``<name>/<version>``) around its
+    ``model.onnx``, which bakes in ``calibrator`` (fitted on ``n_fitted`` rows of ``fitted_on``), with the
+    reference and label-shift entry of the served probabilities ``probs`` of the rows ``labels`` of ``split``."""
+    manifest = Manifest(
+        name=directory.parent.name,
+        version=directory.name,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        model_sha256=sha256_of(directory / "model.onnx"),
+        class_names=list(class_names),
+        input=InputSpec(name=input_name, shape=[None, *row_shape]),
+        outputs={"logits": "logits", "probabilities": "probabilities"},
+        preprocessing=preprocessing,
+        calibration=CalibrationSpec(
+            method=calibrator.method,
+            params=calibrator.to_dict()["params"],
+            objective=getattr(calibrator, "objective", None),
+            fitted_on=fitted_on,
+            n_samples=n_fitted,
+            in_graph=True,
+        ),
+        metrics=metrics,
+        reference=ReferenceDistribution(
+            split=split,
+            confidences=[round(float(c), 6) for c in probs.max(axis=1)],
+            accuracy=float(np.mean(probs.argmax(axis=1) == labels)),
+            ece=ece,
+        ),
+        training=training,
+        conformal=conformal,
+        label_shift=LabelShiftReference.from_rows(probs, labels, split=split),
+    )
+    write_manifest(manifest, directory)
+    return manifest
 
 
 def sha256_of(path: Path) -> str:
@@ -146,21 +204,10 @@ def write_artifact(
     invert: bool = False,
     split: CalibrationSplit | None = None,
 ) -> tuple[Path, dict]:
-    """Export, check parity and write ``root/name/version/`` (model.onnx, manifest.json, conformal.json, extras).
-
-    ``split`` says which validation rows fitted the calibration; when it has conformal rows, their conformal scores
-    under the exported ``probabilities`` output go to ``conformal.json``, named with its SHA-256 in the manifest.
-    None: the calibration was fitted on every validation row, and there are no conformal scores.
-
-    Returns the artifact directory and the parity numbers.
-    """
-    version = version or next_version(root, name)
-    directory = root / name / version
-    if directory.exists():
-        if not overwrite:
-            raise FileExistsError(f"{directory} exists; pass --overwrite or another --version")
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
+    """Export, check parity and write ``root/name/version/`` (model.onnx, manifest.json, conformal.json, extras);
+    returns the folder and the parity. ``split``: the validation rows that fitted the calibration (None: all of them,
+    no conformal scores); the conformal scores of its other rows are those of the exported ``probabilities``."""
+    directory = version_directory(root, name, version, overwrite)
     onnx_path = directory / "model.onnx"
     export_onnx(model, calibrator, input_shape, onnx_path)
     parity = check_parity(model, calibrator, onnx_path, val_x)
@@ -171,37 +218,21 @@ def write_artifact(
         served = onnx_outputs(onnx_session(onnx_path), val_x)["probabilities"]
         conformal = write_conformal(fit_conformal(served, val_y, split), directory / CONFORMAL_FILE)
     channels, size, _ = input_shape
-    manifest = Manifest(
-        name=name,
-        version=version,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        model_sha256=sha256_of(onnx_path),
-        class_names=list(class_names),
-        input=InputSpec(name="input", shape=[None, *input_shape]),
-        outputs={"logits": "logits", "probabilities": "probabilities"},
+    write_artifact_manifest(
+        directory,
+        calibrator,
+        len(val_y) if split is None else len(split.temperature),
+        val_probs,
+        val_y,
+        class_names=class_names,
+        input_name="input",
+        row_shape=input_shape,
         preprocessing=Preprocessing(color_mode="L" if channels == 1 else "RGB", image_size=size, invert=invert),
-        calibration=CalibrationSpec(
-            method=calibrator.method,
-            params=calibrator.to_dict()["params"],
-            objective=getattr(calibrator, "objective", None),
-            n_samples=len(val_y) if split is None else len(split.temperature),
-            in_graph=True,
-        ),
-        metrics={split: evaluation[split] for split in ("validation", "test") if split in evaluation},
-        reference=ReferenceDistribution(
-            confidences=[round(float(c), 6) for c in val_probs.max(axis=1)],
-            accuracy=float(np.mean(val_probs.argmax(axis=1) == val_y)),
-            ece=float(evaluation["validation"]["after"]["ece"]["value"]),
-        ),
+        ece=float(evaluation["validation"]["after"]["ece"]["value"]),
+        metrics={part: evaluation[part] for part in ("validation", "test") if part in evaluation},
         training=(training_info or {}) | {"export_parity": parity, "torch": torch.__version__, "opset": OPSET},
         conformal=conformal,
-        label_shift=LabelShiftReference.from_rows(val_probs, val_y),
     )
-    write_manifest(manifest, directory)
     for extra in extra_files:
-        target = directory / extra.name
-        if extra.is_dir():
-            shutil.copytree(extra, target)
-        else:
-            shutil.copy2(extra, target)
+        (shutil.copytree if extra.is_dir() else shutil.copy2)(extra, directory / extra.name)
     return directory, parity

@@ -20,11 +20,11 @@ def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 512) -> np
     return torch.cat(out).double().numpy()
 
 
-def onnx_session(path: str | Path):
-    """An onnxruntime CPU session for ``path`` (training-side checks only; the service picks providers)."""
+def onnx_session(model: str | Path | bytes):
+    """An onnxruntime CPU session for a model file or its bytes (training-side checks; the service picks providers)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
 
 
 def onnx_outputs(session, x: np.ndarray, batch_size: int = 512) -> dict[str, np.ndarray]:

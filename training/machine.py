@@ -12,11 +12,8 @@ CPUINFO = Path("/proc/cpuinfo")
 
 def hardware() -> dict:
     """The CPU model (``/proc/cpuinfo``'s model name, else ``platform.processor()``), its widest vector extension
-    (``"AVX-512"``, ``"AVX2"`` or None), the core count and the memory in GiB.
-
-    The vector extension is there because two machines sold under one model name can differ several-fold in the
-    speed of the same benchmark.
-    """
+    (``"AVX-512"``, ``"AVX2"`` or None: machines sold under one model name can differ in it, and several-fold in
+    speed), the core count and the memory in GiB."""
     lines = CPUINFO.read_text().splitlines() if CPUINFO.exists() else []
     cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
     flags = next((line for line in lines if line.startswith("flags")), "")

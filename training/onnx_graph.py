@@ -4,10 +4,9 @@
 dynamic batch axis) and finds the tensor that holds the classes' scores: a float [N, K] output, or the probability
 tensor behind a ZipMap (skl2onnx's default ``output_probability``, a sequence of maps the service cannot serve).
 ``calibrated_graph`` replaces the graph's outputs with ``logits`` (those scores, or the log of probabilities) and
-``probabilities`` = softmax((w * logits + b) / T): temperature scaling (Guo et al. 2017) at w = 1, b = 0, vector
-scaling at T = 1, bias-corrected temperature scaling at w = 1 / T and T = 1, as ``training.export`` bakes them into a
-trained model. Nodes that no longer feed an output (a
-ZipMap, a label output) are dropped.
+``probabilities`` = softmax((w * logits + b) / T): temperature scaling (Guo et al. 2017) at w = 1, b = 0, vector scaling
+at T = 1, bias-corrected temperature scaling at w = 1 / T and T = 1, as ``training.export`` bakes them into a trained
+model. Nodes that no longer feed an output (a ZipMap, a label output) are dropped.
 """
 
 from __future__ import annotations
@@ -194,16 +193,14 @@ def _prune(graph) -> None:
     for node in reversed(graph.node):
         if any(name in needed for name in node.output):
             kept.append(node)
-            needed.update(node.input)
-            needed.update(_subgraph_names(node))
-    del graph.node[:]
-    graph.node.extend(reversed(kept))
-    initializers = [i for i in graph.initializer if i.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
-    infos = [v for v in graph.value_info if v.name in needed]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)
+            needed.update(node.input, _subgraph_names(node))
+    for field, items in (
+        (graph.node, kept[::-1]),
+        (graph.initializer, [i for i in graph.initializer if i.name in needed]),
+        (graph.value_info, [v for v in graph.value_info if v.name in needed]),
+    ):
+        del field[:]
+        field.extend(items)
 
 
 def _subgraph_names(node) -> set[str]:
@@ -212,6 +209,5 @@ def _subgraph_names(node) -> set[str]:
     for attribute in node.attribute:
         for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
             for inner in sub.node:
-                names.update(inner.input)
-                names.update(_subgraph_names(inner))
+                names.update(inner.input, _subgraph_names(inner))
     return names

@@ -1,9 +1,8 @@
 """The training commands as functions over a run directory: train, calibrate, evaluate, export, run.
 
 A run directory holds ``checkpoint.pt`` (the weights the checkpoint policy kept, model spec, config, history),
-``calibration.json``, ``metrics.json``, ``report.md`` and ``plots/``; each step reads what the
-previous one wrote, so steps can be re-run alone (e.g. another calibration method).
-"""
+``calibration.json``, ``conformal.json``, ``metrics.json``, ``report.md`` and ``plots/``; each step reads what the
+previous one wrote, so steps can be re-run alone (e.g. another calibration method)."""
 
 from __future__ import annotations
 
@@ -12,12 +11,12 @@ import time
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import yaml
 
 from calibkit.calibrators import Calibrator, build_calibrator, load_calibrator, save_calibrator
+from calibkit.manifest import CONFORMAL_FILE
 from training.config import RunConfig
-from training.conformal import CONFORMAL_FILE, CalibrationSplit, calibration_split, fit_conformal, read_split
+from training.conformal import CalibrationSplit, calibration_split, fit_conformal, read_split
 from training.data import DataSplits, load_dataset, subsample_train, with_label_noise
 from training.evaluation import evaluate
 from training.export import write_artifact
@@ -58,15 +57,6 @@ def train_step(config: RunConfig, run_dir: Path, progress: bool = True) -> Train
     return result
 
 
-def fit_calibration(config: RunConfig, model, splits: DataSplits, rows: np.ndarray | None = None) -> Calibrator:
-    """Fit ``config.calibration`` on the validation split's logits (only its ``rows`` when given)."""
-    options = {"objective": config.calibration_objective} if config.calibration == "temperature" else {}
-    logits, labels = predict_logits(model, splits.val.x), splits.val.y
-    if rows is not None:
-        logits, labels = logits[rows], labels[rows]
-    return build_calibrator(config.calibration, **options).fit(logits, labels)
-
-
 def calibrate_step(
     run_dir: Path,
     method: str | None = None,
@@ -77,20 +67,19 @@ def calibrate_step(
     part and write ``calibration.json``; fit the conformal scores of the calibrated probabilities on the other part
     and write ``conformal.json`` (none when the fraction is 0: calibration on all of validation)."""
     result, config = load_checkpoint(run_dir / CHECKPOINT)
-    if method is not None:
-        config.calibration = method
-    if objective is not None:
-        config.calibration_objective = objective
-    if conformal_fraction is not None:
-        config.conformal_fraction = conformal_fraction
-    splits = load_splits(config)
-    split = calibration_split(splits.val.y, config.conformal_fraction, config.seed)
-    calibrator = fit_calibration(config, result.model, splits, split.temperature)
+    options = {"calibration": method, "calibration_objective": objective, "conformal_fraction": conformal_fraction}
+    for field, value in options.items():
+        if value is not None:
+            setattr(config, field, value)  # validated: RunConfig validates assignments
+    val = load_splits(config).val
+    split = calibration_split(val.y, config.conformal_fraction, config.seed)
+    logits, rows = predict_logits(result.model, val.x), split.temperature
+    options = {"objective": config.calibration_objective} if config.calibration == "temperature" else {}
+    calibrator = build_calibrator(config.calibration, **options).fit(logits[rows], val.y[rows])
     save_calibrator(calibrator, run_dir / CALIBRATION)
     conformal_path = run_dir / CONFORMAL_FILE
     if len(split.conformal):
-        probs = calibrator.transform(predict_logits(result.model, splits.val.x))
-        conformal_path.write_text(json.dumps(fit_conformal(probs, splits.val.y, split), indent=1))
+        conformal_path.write_text(json.dumps(fit_conformal(calibrator.transform(logits), val.y, split), indent=1))
     else:
         conformal_path.unlink(missing_ok=True)
     return calibrator
@@ -98,28 +87,17 @@ def calibrate_step(
 
 def evaluate_step(run_dir: Path) -> dict:
     """Evaluate before/after calibration on test, shifted and OOD data; write metrics and the report."""
-    result, config = load_checkpoint(run_dir / CHECKPOINT)
-    calibrator = _load_run_calibrator(run_dir)
-    splits = load_splits(config)
-    split = read_split(run_dir / CONFORMAL_FILE, splits.val.y)
+    result, config, calibrator, splits, split = _load_run(run_dir)
     evaluation = evaluate(lambda x: predict_logits(result.model, x), calibrator, splits, config)
     (run_dir / METRICS).write_text(json.dumps(evaluation, indent=2))
+    params = str(calibrator.to_dict()["params"]) if calibrator.method == "temperature" else ""
     summary = {
         "data": f"{splits.name}: {len(splits.train)} train / {len(splits.val)} validation / {len(splits.test)} test",
         "model": _describe_model(config),
         "loss": f"{config.loss} {config.loss_params or ''}".strip(),
         "training": f"{config.epochs} epochs, {config.optimizer} lr {config.lr}, {config.schedule} schedule, "
-        f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} "
-        f"({result.seconds:.1f} s)",
-        "calibration": " ".join(
-            part
-            for part in (
-                calibrator.method,
-                str(calibrator.to_dict()["params"]) if calibrator.method == "temperature" else "",
-                _fitted_on(split),
-            )
-            if part
-        ),
+        f"seed {config.seed}; kept epoch {result.best_epoch} by {config.checkpoint} ({result.seconds:.1f} s)",
+        "calibration": " ".join(part for part in (calibrator.method, params, _fitted_on(split)) if part),
     }
     write_report(
         run_dir,
@@ -138,13 +116,10 @@ def export_step(
     run_dir: Path, artifacts: Path, version: str | None = None, overwrite: bool = False
 ) -> tuple[Path, dict]:
     """Export the calibrated model with its manifest, report and plots to ``artifacts/<name>/<version>/``."""
-    result, config = load_checkpoint(run_dir / CHECKPOINT)
-    calibrator = _load_run_calibrator(run_dir)
+    result, config, calibrator, splits, split = _load_run(run_dir)
     if not (run_dir / METRICS).is_file():
         raise FileNotFoundError(f"no {METRICS} in {run_dir}: run `python -m training evaluate` first")
     evaluation = json.loads((run_dir / METRICS).read_text())
-    splits = load_splits(config)
-    split = read_split(run_dir / CONFORMAL_FILE, splits.val.y)
     spec = result.spec
     return write_artifact(
         model=result.model,
@@ -210,8 +185,10 @@ def _describe_model(config: RunConfig) -> str:
     return ", ".join(parts)
 
 
-def _load_run_calibrator(run_dir: Path) -> Calibrator:
-    path = run_dir / CALIBRATION
-    if not path.is_file():
+def _load_run(run_dir: Path) -> tuple[TrainResult, RunConfig, Calibrator, DataSplits, CalibrationSplit]:
+    """A calibrated run: its checkpoint, config and calibrator, its data and the split that fitted the calibration."""
+    result, config = load_checkpoint(run_dir / CHECKPOINT)
+    if not (run_dir / CALIBRATION).is_file():
         raise FileNotFoundError(f"no {CALIBRATION} in {run_dir}: run `python -m training calibrate` first")
-    return load_calibrator(path)
+    calibrator, splits = load_calibrator(run_dir / CALIBRATION), load_splits(config)
+    return result, config, calibrator, splits, read_split(run_dir / CONFORMAL_FILE, splits.val.y)

@@ -1,8 +1,6 @@
-"""The human-readable side of an evaluation: PNG plots and a markdown report.
-
-Plots: reliability diagram with confidence histogram before/after calibration (Guo et al. 2017,
-Fig. 1), ECE versus temperature, and ECE versus corruption severity (Ovadia et al. 2019, Fig. 2).
-"""
+"""The human-readable side of an evaluation: a markdown report and PNG plots, the reliability diagram with confidence
+histogram before/after calibration (Guo et al. 2017, Fig. 1), ECE versus temperature, and ECE versus corruption
+severity (Ovadia et al. 2019, Fig. 2)."""
 
 from __future__ import annotations
 
@@ -35,38 +33,15 @@ def _figure(size=(6.0, 4.0)):
     return Figure(figsize=size, layout="constrained")
 
 
-def plot_reliability(
-    logits: np.ndarray,
-    labels: np.ndarray,
-    calibrator: Calibrator,
-    path: Path,
-    n_bins: int = 15,
-    rows: str = "the test split",
-):
-    """Reliability diagrams with confidence histograms, before and after calibration, on ``rows``."""
-    fig = reliability_figure(
-        {
-            "before calibration": metrics.reliability_bins(softmax(logits), labels, n_bins),
-            f"after {calibrator.method} scaling": metrics.reliability_bins(
-                calibrator.transform(logits), labels, n_bins
-            ),
-        },
-        title=f"Reliability on {rows}",
-    )
-    fig.savefig(path, dpi=110)
-
-
 def plot_ece_vs_temperature(evaluation: dict, path: Path) -> None:
     """ECE of softmax(z / T) over the temperature grid, validation and test, with the fitted T."""
     fig = _figure()
     ax = fig.subplots()
     for split, curve in evaluation["ece_vs_temperature"].items():
         ax.plot(curve["temperature"], curve["ece"], label=split)
-    params = evaluation["calibration"]["params"]
-    if "temperature" in params:
-        ax.axvline(
-            params["temperature"], color="black", linestyle="--", label=f"fitted T = {params['temperature']:.3f}"
-        )
+    fitted = evaluation["calibration"]["params"].get("temperature")
+    if fitted is not None:
+        ax.axvline(fitted, color="black", linestyle="--", label=f"fitted T = {fitted:.3f}")
     ax.set(xscale="log", xlabel="temperature T", ylabel="ECE (15 bins)", title="ECE versus temperature")
     ax.legend()
     fig.savefig(path, dpi=110)
@@ -104,8 +79,7 @@ def _cell(entry: dict) -> str:
 
 
 def markdown_report(title: str, evaluation: dict, summary: dict[str, str], rows: str = "Test split") -> str:
-    """The report: summary, metrics before/after on ``evaluation["test"]`` (titled ``rows``) with 90% intervals,
-    and where the evaluation has them the shift table and OOD."""
+    """Summary, metrics before/after on ``evaluation["test"]`` (titled ``rows``), shift table and OOD if any."""
     lines = [f"# {title}", ""]
     lines += [f"- **{key}**: {value}" for key, value in summary.items()]
     lines += [
@@ -147,15 +121,14 @@ def markdown_report(title: str, evaluation: dict, summary: dict[str, str], rows:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += ["", "![ECE vs severity](plots/ece_vs_severity.png)", ""]
     ood = evaluation.get("ood")
-    if ood is None:
-        return "\n".join(lines)
-    lines += [
-        "## Out-of-distribution detection",
-        "",
-        f"Predictive-entropy AUROC, {ood['n_in']} test images vs {ood['n_out']} `{ood['kind']}` images: "
-        f"{ood['auroc_before']:.4f} before, {ood['auroc_after']:.4f} after calibration.",
-        "",
-    ]
+    if ood is not None:
+        lines += [
+            "## Out-of-distribution detection",
+            "",
+            f"Predictive-entropy AUROC, {ood['n_in']} test images vs {ood['n_out']} `{ood['kind']}` images: "
+            f"{ood['auroc_before']:.4f} before, {ood['auroc_after']:.4f} after calibration.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -164,17 +137,21 @@ def write_report(
     title: str,
     evaluation: dict,
     summary: dict[str, str],
-    test_logits: np.ndarray,
-    test_labels: np.ndarray,
+    logits: np.ndarray,
+    labels: np.ndarray,
     calibrator: Calibrator,
     n_bins: int = 15,
     rows: tuple[str, str] = ("Test split", "the test split"),
 ) -> Path:
     """Write ``report.md`` and ``plots/*.png`` into ``directory``; returns the report path. ``rows`` names the rows
-    of ``evaluation["test"]`` and of ``test_logits``: the report's heading, and the reliability plot's words."""
+    of ``evaluation["test"]`` and of ``logits``: the report's heading, and the reliability plot's words."""
     plots = directory / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    plot_reliability(test_logits, test_labels, calibrator, plots / "reliability.png", n_bins, rows[1])
+    bins = {
+        "before calibration": metrics.reliability_bins(softmax(logits), labels, n_bins),
+        f"after {calibrator.method} scaling": metrics.reliability_bins(calibrator.transform(logits), labels, n_bins),
+    }
+    reliability_figure(bins, title=f"Reliability on {rows[1]}").savefig(plots / "reliability.png", dpi=110)
     plot_ece_vs_temperature(evaluation, plots / "ece_vs_temperature.png")
     if evaluation["shifted"]:
         plot_ece_vs_severity(evaluation, plots / "ece_vs_severity.png")

@@ -1,15 +1,12 @@
 """The loss comparison of Mukhoti et al. 2020, Table 1, over several seeds.
 
-Protocol (``STUDY_PROTOCOL``, the defaults under any config file and flags): every loss trains the
-same model on the same data and seed with SGD, momentum 0.9, weight decay 5e-4, learning rate 0.1
-divided by 10 at 150/350 and 250/350 of the schedule (Mukhoti et al.'s CIFAR schedule, scaled to
-the data set), for the full schedule; the final model is evaluated (``checkpoint: last``, as Guo
-et al. 2017 and Mukhoti et al. do). T is fitted on the validation split by ECE on Mukhoti et al.'s
-grid, and test ECE is reported before -> after. Each seed draws the split, the training subset,
-the label noise and the initialisation. Values are mean +- sd over seeds with a 90% two-level
-bootstrap interval (seeds, then test rows; ``calibkit.bootstrap.hierarchical_bootstrap``); claims
-about the ordering are paired contrasts on the same seeds and rows, stated only where the interval
-excludes zero. Why this configuration: docs/study/protocol.md.
+Protocol (``STUDY_PROTOCOL``, the defaults under any config file and flags; why: docs/study/protocol.md): every loss
+trains the same model on the same data and seed with Mukhoti et al.'s CIFAR schedule scaled to the data set, and the
+final model is evaluated (``checkpoint: last``, as Guo et al. 2017 and Mukhoti et al. do); T is fitted on the
+validation split by ECE on Mukhoti et al.'s grid, and test ECE is reported before -> after. Each seed draws the split,
+the training subset, the label noise and the initialisation. Values are mean +- sd over seeds with a 90% two-level
+bootstrap interval (seeds, then test rows; ``calibkit.bootstrap.hierarchical_bootstrap``); claims about the ordering
+are paired contrasts on the same seeds and rows, stated only where the interval excludes zero.
 """
 
 from __future__ import annotations
@@ -94,8 +91,10 @@ def train_seed(base: RunConfig, seed: int, progress: bool = True) -> tuple[dict,
     run, records = {"labels": splits.test.y}, []
     for label, loss, params in STUDY_LOSSES:
         result = train(config.model_copy(update={"loss": loss, "loss_params": params}), splits, progress=progress)
-        val_logits = predict_logits(result.model, splits.val.x)
-        test_logits = predict_logits(result.model, splits.test.x)
+        val_logits, test_logits = (
+            predict_logits(result.model, splits.val.x),
+            predict_logits(result.model, splits.test.x),
+        )
         calibrator = TemperatureScaling(objective=base.calibration_objective)
         calibrator.fit(val_logits, splits.val.y)
         run[f"{label}|pre"], run[f"{label}|post"] = softmax(test_logits), calibrator.transform(test_logits)
@@ -154,12 +153,7 @@ def claims(boot: RunsBootstrap, temperatures: RunsBootstrap) -> list[dict]:
     four claims that ``hold`` when the interval lies above the null value, then every method's post-T ECE
     against cross-entropy's, ``lower``/``higher`` where the interval excludes 0, else ``no difference``."""
 
-    def pre(m):
-        return f"{m}|pre|ece"
-
-    def post(m):
-        return f"{m}|post|ece"
-
+    pre, post = "{}|pre|ece".format, "{}|post|ece".format
     rows = [
         ("Cross-entropy is over-confident: T > 1", temperatures, CE, 1.0),
         (
@@ -188,8 +182,7 @@ def claims(boot: RunsBootstrap, temperatures: RunsBootstrap) -> list[dict]:
 
 
 def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEEDS, progress: bool = True) -> str:
-    """Train every loss of ``STUDY_LOSSES`` on every seed; write ``study.json`` and ``study.md``; return the
-    markdown (setup, the table over seeds and the ordering claims)."""
+    """Train every loss of ``STUDY_LOSSES`` on every seed; write ``study.json`` and ``study.md``; the markdown."""
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ValueError(f"seeds must be distinct and at least one, got {list(seeds)}")
     start = time.perf_counter()
@@ -258,8 +251,7 @@ def _cell(entry: dict, scale: float = 100.0, digits: int = 2) -> str:
 
 
 def markdown(study: dict) -> str:
-    """The study as markdown: setup, the main table (Mukhoti et al.'s Table 1 layout), AdaECE and classwise
-    ECE, and the ordering claims."""
+    """The study as markdown: setup, Mukhoti et al.'s Table 1 layout, AdaECE and classwise ECE, the ordering claims."""
     lines = [
         f"Setup: {study['setup']}.",
         "",

@@ -1,9 +1,7 @@
 """The training loop: seeded, deterministic on a given machine; the checkpoint policy picks the kept epoch.
 
-The network (``training.models.network``) takes raw [0, 1] pixels: normalisation and any resize are
-inside it, so clients never need the training statistics. A ``torchvision:*`` model can start from a
-local weights file and fine-tune all its layers or only a new classification layer (``finetune``);
-``augment`` draws the standard CIFAR augmentation per training image.
+A ``torchvision:*`` model can start from a local weights file and fine-tune all its layers or only a new
+classification layer (``finetune``); ``augment`` draws the standard CIFAR augmentation per training image.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,10 +26,9 @@ from training.losses import build_loss
 from training.models.network import ModelSpec, classifier_of
 from training.models.registry import TORCHVISION_PREFIX
 
-#: Checkpoint policies: the key each maximises over the per-epoch history (ties: the earliest epoch).
-#: ``last`` keeps the final epoch, the protocol of Guo et al. 2017 and Mukhoti et al. 2020 (full
-#: schedule, final model); ``best-accuracy`` the highest validation accuracy (ties: lower validation
-#: NLL); ``best-nll`` the lowest validation NLL.
+#: Checkpoint policies: the key each maximises over the per-epoch history (ties: the earliest epoch). ``last`` keeps
+#: the final epoch, the protocol of Guo et al. 2017 and Mukhoti et al. 2020 (full schedule, final model);
+#: ``best-accuracy`` the highest validation accuracy (ties: the lower validation NLL); ``best-nll`` the lowest NLL.
 CHECKPOINT_KEYS = {
     "last": lambda row: (row["epoch"],),
     "best-accuracy": lambda row: (row["val_accuracy"], -row["val_nll"]),
@@ -55,10 +53,7 @@ def select_epoch(history: list[dict], policy: str) -> int:
 
 @dataclass
 class TrainResult:
-    """The kept model (loaded, eval mode), its spec, the per-epoch history and the kept epoch.
-
-    ``best_epoch`` is the epoch the config's checkpoint policy selected (the last one for ``last``).
-    """
+    """The kept model (loaded, eval mode), its spec, the per-epoch history and the epoch the checkpoint policy kept."""
 
     model: nn.Module
     spec: ModelSpec
@@ -92,14 +87,22 @@ def _scheduler(config: RunConfig, optimizer):
 
 
 def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> TrainResult:
-    """Train ``config.model`` with ``config.loss`` for ``config.epochs`` epochs and keep the epoch that
-    ``config.checkpoint`` selects (see ``CHECKPOINT_KEYS``)."""
+    """Train ``config.model`` with ``config.loss``; keep the epoch ``config.checkpoint`` selects."""
     seed_everything(config.seed)
     spec = ModelSpec.for_data(config.model, splits, input_size=config.input_size)
     model = spec.build()
-    if config.weights is not None:
-        _start_from_weights(config, classifier_of(model))
-    augment = _augmentation(config, spec.image_size)
+    if config.weights is not None:  # a torchvision:* classifier: its classification layer stays new
+        from training.vision.models import freeze_all_but_head, load_pretrained
+
+        net, architecture = classifier_of(model), config.model.removeprefix(TORCHVISION_PREFIX)
+        load_pretrained(net, architecture, config.weights)
+        if config.finetune == "head":
+            freeze_all_but_head(net, architecture)
+    augment = None
+    if config.augment:
+        from training.vision.augmentation import cifar_augmentation
+
+        augment = cifar_augmentation(spec.image_size)
     loss_fn = build_loss(config.loss, **config.loss_params)
     optimizer = _optimizer(config, [p for p in model.parameters() if p.requires_grad])
     scheduler = _scheduler(config, optimizer)
@@ -157,27 +160,6 @@ def train(config: RunConfig, splits: DataSplits, *, progress: bool = True) -> Tr
     return result
 
 
-def _start_from_weights(config: RunConfig, net: nn.Module) -> None:
-    """Load ``config.weights`` into the torchvision classifier ``net`` (its classification layer stays new) and,
-    for ``finetune: head``, freeze everything else."""
-    from training.vision.models import freeze_all_but_head, load_pretrained
-
-    assert config.weights is not None  # the caller starts from weights only when there are some
-    architecture = config.model.removeprefix(TORCHVISION_PREFIX)
-    load_pretrained(net, architecture, config.weights)
-    if config.finetune == "head":
-        freeze_all_but_head(net, architecture)
-
-
-def _augmentation(config: RunConfig, image_size: int):
-    """The per-image augmentation of the training batches, or None."""
-    if not config.augment:
-        return None
-    from training.vision.augmentation import cifar_augmentation
-
-    return cifar_augmentation(image_size)
-
-
 def save_checkpoint(result: TrainResult, config: RunConfig, path: Path) -> None:
     """The kept weights, the model spec, the config and the history in one file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,14 +181,8 @@ def load_checkpoint(path: Path) -> tuple[TrainResult, RunConfig]:
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: run `python -m training train` first")
     data = torch.load(path, map_location="cpu", weights_only=True)
-    spec = ModelSpec(
-        **{
-            **data["spec"],
-            "class_names": tuple(data["spec"]["class_names"]),
-            "mean": tuple(data["spec"]["mean"]),
-            "std": tuple(data["spec"]["std"]),
-        }
-    )
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data["spec"].items()}
+    spec = ModelSpec(**fields)
     model = spec.build()
     model.load_state_dict(data["state_dict"])
     model.eval()

@@ -7,19 +7,17 @@ Shafer 2005; Lei et al. 2018). The probability is over the calibration and the t
 guarantee is marginal, and it needs exchangeability, so it does not survive a shift between calibration and
 serving. From probabilities (N, K) of a model trained on other data, this package computes:
 
-- the LAC, APS (Romano et al. 2020) and RAPS (Angelopoulos et al. 2021) scores of given labels
-  (``conformity_scores``, module ``scores``), randomized or not;
+- the LAC, APS (Romano et al. 2020) and RAPS (Angelopoulos et al. 2021) scores of given labels, randomized or not
+  (``conformity_scores``, module ``scores``);
 - the finite-sample quantile (``conformal_quantile``), or one per class (``classwise_quantiles``, Mondrian), in
   ``quantile``;
-- prediction sets (N, K) for a threshold (``prediction_sets``), vectorized over the batch, or as each row's labels
-  ranked with its set size (``ranked_sets``), which is what a server lists, in ``sets``;
+- prediction sets (N, K) for a threshold (``prediction_sets``), or each row's ranked labels with its set size
+  (``ranked_sets``, what a server lists), in ``sets``;
 - conformal p-values per class (``SplitConformal.p_values``), whose level sets {k : p_k > alpha} are the prediction
   sets at every alpha, so the sets for different coverage levels are nested;
-- the weighted quantiles of label shift (``label_shift_quantiles``, ``label_shift_thresholds``, module
-  ``weighted``; Podkopaev & Ramdas 2021): one threshold per candidate class from the calibration scores weighted by
-  the prior ratios of their labels, which keep the coverage when the class priors move;
-- ``SplitConformal`` (``calibrator``), the fitted calibrator: its sorted scores, ``quantile``, ``sets``,
-  ``p_values``, ``label_shift_quantiles`` / ``label_shift_sets`` (classwise), ``to_dict`` / ``from_dict``.
+- the weighted quantiles of label shift (``label_shift_quantiles``, ``label_shift_thresholds``, module ``weighted``;
+  Podkopaev & Ramdas 2021), which keep the coverage when the class priors move;
+- ``SplitConformal`` (``calibrator``), the fitted calibrator.
 
 The private ``_ranking`` ranks the rows (by keys and block sums at many classes); ``_checks`` checks the inputs.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from calibkit.validation import PROB_SUM_ATOL, check_probs, expected
+from calibkit.validation import PROB_SUM_ATOL, check_int, check_probs, expected
 
 #: The scores: least ambiguous set-valued classifier, adaptive prediction sets, regularized APS.
 METHODS = ("lac", "aps", "raps")
@@ -59,8 +59,7 @@ def _check_alpha(alpha) -> float:
 def _check_method(method, k_reg, lam) -> tuple[str, int, float]:
     if method not in METHODS:
         raise ValueError(expected("method", "'lac', 'aps' or 'raps'", method))
-    if isinstance(k_reg, bool) or not isinstance(k_reg, (int, np.integer)) or k_reg < 0:
-        raise ValueError(expected("k_reg", "an integer >= 0", k_reg))
+    k_reg = check_int("k_reg", k_reg, 0)
     try:
         lam_ = float(lam)
     except (TypeError, ValueError):
@@ -72,7 +71,7 @@ def _check_method(method, k_reg, lam) -> tuple[str, int, float]:
             raise ValueError(expected("k_reg", f"0 for the {method!r} score (only RAPS has a penalty)", k_reg))
         if lam_ != 0:
             raise ValueError(expected("lam", f"0 for the {method!r} score (only RAPS has a penalty)", lam))
-    return method, int(k_reg), lam_
+    return method, k_reg, lam_
 
 
 def _check_floor(floor, u) -> bool:

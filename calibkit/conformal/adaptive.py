@@ -9,21 +9,16 @@ the data at all.
 It is the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023, the P part),
 q_{t+1} = q_t + eta (err_t - alpha), run on the log scale of the score's distance to the top of its range,
 u = min(-log(1 - s / B), U) (for LAC, -log p_y), so that its steps shrink as the threshold nears the top of the
-range (``LogQuantileTracker``). It is fed each label's own score rather than the miss of the set served with its
-prediction, stops at 0, and is served at its envelope; its class docstring says why (late and batched labels) and
-what it guarantees. Its state is its level, its envelope and the counts, folded label by label: folding the stored
-labels in any chunks gives the same state, and replicas and restarts that fold the same labels serve the same
-threshold bit for bit. ``to_dict`` / ``from_dict`` carry a state through JSON exactly.
+range (``LogQuantileTracker``, whose docstring says how it is fed and served, and what it guarantees). Folding the
+stored labels in any chunks gives the same state, so replicas and restarts serve the same threshold bit for bit.
 
 No rule promises coverage over a short window, or for one input: the bound is on the long-run average, and it says
 the average comes back to alpha after a shift at a speed of about U / eta labels. A small step is slow to follow a
 shift; a large one makes the threshold, and the set sizes, jitter from label to label.
 
-Adaptive conformal inference (Gibbs & Candès 2021) and the tracker on the score scale were served before; both
-lost the benchmark's comparison on set size under shift, and, fed the misses of served sets, both failed under
-label delay. They remain, as closed-form recursions of the miss counts, in the benchmark that compares the rules
-(``bench/conformal/shift.py``). Why, and what was measured: ``docs/decisions/0022-served-sets-and-coverage.md`` and
-``0024-sets-under-label-delay.md``.
+Adaptive conformal inference (Gibbs & Candès 2021) and the tracker on the score scale, served before, lost on set
+size under shift and failed under label delay; they remain in ``bench/conformal/shift.py``. Why:
+``docs/decisions/0022-served-sets-and-coverage.md`` and ``0024-sets-under-label-delay.md``.
 
 >>> from calibkit.conformal import SplitConformal
 >>> probs = np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25], [0.1, 0.6, 0.3], [0.5, 0.3, 0.2]])
@@ -49,7 +44,7 @@ import numpy as np
 from calibkit.conformal._checks import SCORE_ATOL
 from calibkit.conformal.calibrator import SplitConformal
 from calibkit.conformal.sets import prediction_sets, ranked_sets
-from calibkit.validation import expected
+from calibkit.validation import check_int, expected
 
 __all__ = [
     "DEFAULT_METHOD",
@@ -90,17 +85,8 @@ def aci_thresholds(sorted_scores, levels) -> np.ndarray:
 
     For a level a in (0, 1), the ceil((n + 1)(1 - a))-th smallest score (``calibkit.conformal.quantile_rank``,
     +inf when that rank is n + 1); for a <= 0, +inf (the full set); for a >= 1, -inf (the empty set). Equal to
-    ``SplitConformal.quantile(a)`` for every a in (0, 1).
-
-    Args:
-        sorted_scores: The calibration scores (n,), ascending (``SplitConformal.scores``).
-        levels: The levels alpha_t, any shape, finite.
-
-    Returns:
-        The thresholds, of the shape of ``levels``.
-
-    Raises:
-        ValueError: Naming ``sorted_scores`` or ``levels`` when one is malformed.
+    ``SplitConformal.quantile(a)`` for every a in (0, 1). ``sorted_scores`` ascend (``SplitConformal.scores``);
+    ``levels`` may have any shape, which the thresholds keep.
 
     Examples:
         >>> aci_thresholds([0.1, 0.3, 0.5, 0.9], [-0.1, 0.1, 0.4, 1.0]).tolist()
@@ -125,14 +111,7 @@ def misses_of(scores, thresholds) -> np.ndarray:
 
     The sets of ``calibkit.conformal`` hold a label whose score is within ``SCORE_ATOL`` of the threshold, so this
     is exactly "the label is not in the served set" for LAC and the randomized APS and RAPS sets (the
-    non-randomized APS and RAPS sets also always hold the top label).
-
-    Args:
-        scores: The scores of the true labels, any shape.
-        thresholds: The thresholds served, broadcastable against ``scores``.
-
-    Returns:
-        err as int64 0 / 1.
+    non-randomized APS and RAPS sets also always hold the top label). Any shapes that broadcast; err as int64 0 / 1.
 
     Examples:
         >>> misses_of([0.2, 0.7, 0.5], [0.5, 0.5, -math.inf]).tolist()
@@ -144,17 +123,8 @@ def misses_of(scores, thresholds) -> np.ndarray:
 
 
 def check_misses(errs) -> np.ndarray:
-    """Miss indicators as an int64 vector of 0 / 1: booleans, integers or whole floats 0 and 1.
-
-    Args:
-        errs: One indicator or a 1-D sequence of them.
-
-    Returns:
-        The indicators (T,).
-
-    Raises:
-        ValueError: Naming ``errs`` and the value when an entry is not 0 or 1, or the shape is not 1-D.
-    """
+    """Miss indicators, one or a 1-D sequence (booleans, integers or whole floats 0 and 1), as an int64 vector (T,)
+    of 0 / 1."""
     e = np.atleast_1d(_array("errs", errs, "0 / 1 miss indicators"))
     if e.ndim != 1 or not (e.dtype == bool or np.issubdtype(e.dtype, np.number)):
         raise ValueError(expected("errs", "a 1-D sequence of 0 / 1 miss indicators", _shown(e)))
@@ -169,26 +139,15 @@ def check_misses(errs) -> np.ndarray:
 
 
 def score_range(calibrator: SplitConformal) -> float:
-    """B, the largest score ``calibrator``'s method can give: 1 for LAC and APS, 1 + lam (K - k_reg)^+ for RAPS.
-
-    Raises:
-        ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``.
-    """
+    """B, the largest score a marginal ``calibrator``'s method can give: 1 for LAC and APS, 1 + lam (K - k_reg)^+ for
+    RAPS."""
     cal = _marginal(calibrator)
     return 1.0 + float(cal.lam) * max(0, int(cal.n_classes) - int(cal.k_reg))
 
 
 def log_thresholds(levels, span: float, score_range: float) -> np.ndarray:
     """The thresholds the log-scale tracker serves at levels x_t, vectorized: B (1 - exp(-x)) for x in [0, U), +inf
-    (the full set) for x >= U, -inf (the empty set) for x < 0.
-
-    Args:
-        levels: The levels x_t, any shape, finite.
-        span: U, > 0.
-        score_range: B, > 0.
-
-    Returns:
-        The thresholds, of the shape of ``levels``.
+    (the full set) for x >= U, -inf (the empty set) for x < 0; ``span`` is U > 0, ``score_range`` B > 0.
 
     Examples:
         >>> log_thresholds([-0.1, 0.0, math.log(2), 9.0], 9.0, 1.0).tolist()
@@ -222,16 +181,9 @@ def track(
     once and down over about ``release`` labels.
 
     Vectorized over leading axes (independent streams, for simulations); the same floating-point operations in
-    the same order for one stream or many, so both give the same levels bit for bit.
-
-    Args:
-        levels: x before the scores, of the leading shape.
-        smooth: xbar before the scores, of the leading shape.
-        scores: The labelled scores, of the leading shape plus (T,), in label order.
-        alpha, eta, span, score_range, release: As ``LogQuantileTracker``'s.
-
-    Returns:
-        (x, xbar, the number of misses among the T labels) after, each of the leading shape.
+    the same order for one stream or many, so both give the same levels bit for bit. From x (``levels``) and xbar
+    (``smooth``) of the leading shape and the labelled scores (leading shape plus (T,), in label order), returns (x,
+    xbar, the number of misses among the T labels) after; the parameters are ``LogQuantileTracker``'s.
     """
     x = np.array(levels, dtype=np.float64)
     xbar = np.array(smooth, dtype=np.float64)
@@ -257,19 +209,15 @@ class LogQuantileTracker:
 
         x_{t+1} = max(x_t + eta (err_t - alpha), 0).
 
-    **Delay.** A label comes back hours or thousands of predictions after its set was served, under an older
-    threshold. Fed the misses of those served sets, the tracker is a high-gain loop with delay: it overshoots to
-    the full set and then below the top label, and keeps integrating at either end while stale sets go on missing
-    or covering (windup). Fed each label's miss at its current level, the sequence x_t is a function of the scores
-    alone, the same whatever the delay and however the labels are batched: the delay only shifts in time which x_t
-    a prediction is served with (the one of d labels earlier).
+    **Delay.** A label comes back long after its set was served, under an older threshold. Fed the misses of those
+    served sets, the tracker is a high-gain loop with delay that winds up at either end. Fed each label's miss at its
+    current level, x_t is a function of the scores alone, whatever the delay and batching: the delay only shifts
+    which x_t a prediction is served with (the one of d labels earlier).
 
     **Served level: fast up, slow down.** The sets are served at the envelope xbar_t of the level: it follows x up at
-    once and comes down over about ``release`` labels (``DEFAULT_RELEASE``), as a compressor's attack and release.
-    Served behind the labels, a tracker's level jitters, and each downward swing under-covers until labels pull it
-    back, most of all while it climbs after a shift; holding the level near its recent peaks removes that, at the
-    price of some coverage above target. The served set holds the tracker's own (xbar_t >= x_t), so every bound
-    below holds for it too.
+    once and comes down over about ``release`` labels (``DEFAULT_RELEASE``), as a compressor's attack and release,
+    so the level's jitter behind the labels does not under-cover on each downward swing, at the price of some
+    coverage above target. The served set holds the tracker's own (xbar_t >= x_t), so every bound below holds for it.
 
     **Anti-windup.** At x = 0 the threshold is 0: the floor sets (``calibkit.conformal.floor_scores``) are at their
     smallest, the top label, and cannot shrink; misses below the rate alpha there would only wind the level down, so
@@ -300,9 +248,6 @@ class LogQuantileTracker:
         release: The labels over which the envelope comes down, >= 1.
         labels: T, the labels folded so far.
         misses: The tracker's own misses among them.
-
-    Raises:
-        ValueError: Naming the field and the value when one is out of range.
 
     References:
         Angelopoulos, Candès & Tibshirani 2023, "Conformal PID Control for Time Series Prediction", NeurIPS
@@ -384,12 +329,8 @@ class LogQuantileTracker:
         return out
 
     def fold(self, scores) -> LogQuantileTracker:
-        """The state after the labels with conformity scores ``scores`` (in label order; ``track``): the same for
-        any split into chunks.
-
-        Raises:
-            ValueError: Naming ``scores`` when they are not finite numbers >= 0.
-        """
+        """The state after the labels with conformity scores ``scores`` (finite, >= 0, in label order; ``track``): the
+        same for any split into chunks."""
         s = _check_label_scores(scores)
         level, smooth, misses = track(
             self.level, self.smooth, s, self.alpha, self.eta, self.span, self.score_range, self.release
@@ -403,12 +344,8 @@ class LogQuantileTracker:
 
     @classmethod
     def from_dict(cls, data: dict) -> LogQuantileTracker:
-        """The state ``to_dict`` wrote.
-
-        Raises:
-            ValueError: Naming ``data`` when it is not a log-scale tracker state of this format, or a field when
-                malformed.
-        """
+        """The state ``to_dict`` wrote; a ValueError names ``data`` when it is not a log-scale tracker state of this
+        format."""
         keys = {"format", "method", *_FIELDS}
         kind = f"a 'log-quantile' state of format {STATE_FORMAT} (to_dict's output)"
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT or data.get("method") != "log-quantile":
@@ -437,11 +374,7 @@ def served_ranked_sets(
     """The sets a state serves at its threshold ``q``, as ``calibkit.conformal.ranked_sets`` lists them: (order,
     sizes), row i's set being ``order[i, :sizes[i]]``; every label at q = +inf and none at q = -inf, as the states'
     ``sets`` (a static threshold is never -inf), but the most probable labels for a floor calibrator, whose sets
-    are never empty. ``check_input`` as for ``ranked_sets``.
-
-    Raises:
-        ValueError: Naming ``calibrator`` when it is not a marginal ``SplitConformal``, or the argument of
-            ``ranked_sets`` that is malformed.
+    are never empty. ``calibrator`` is a marginal ``SplitConformal``; ``check_input`` as for ``ranked_sets``.
     """
     cal = _marginal(calibrator)
     order, sizes = ranked_sets(
@@ -478,12 +411,10 @@ def _number(name: str, value, requirement: str, ok: Callable[[float], bool]) -> 
 
 
 def _check_counts(labels, misses) -> tuple[int, int]:
-    for name, value in (("labels", labels), ("misses", misses)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(expected(name, "an integer >= 0", value))
+    labels, misses = check_int("labels", labels, 0), check_int("misses", misses, 0)
     if misses > labels:
         raise ValueError(expected("misses", f"at most labels ({labels})", misses))
-    return int(labels), int(misses)
+    return labels, misses
 
 
 def _array(name: str, values, requirement: str, dtype=None) -> np.ndarray:

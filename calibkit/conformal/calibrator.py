@@ -20,17 +20,15 @@ from calibkit.conformal.quantile import _classwise_thresholds, _rank, _sort_by_c
 from calibkit.conformal.scores import conformity_scores
 from calibkit.conformal.sets import _p_values, _rule_sets
 from calibkit.conformal.weighted import label_shift_thresholds
-from calibkit.validation import check_labels, expected
+from calibkit.validation import check_int, check_labels, expected
 
 
 @dataclass(frozen=True, eq=False)
 class SplitConformal:
     """A fitted split-conformal calibrator: the method, its parameters and the sorted calibration scores.
 
-    ``fit`` computes the scores; ``quantile(alpha)``, ``sets(probs, alpha)`` and ``p_values(probs)`` apply them
-    with the free functions of this package; ``to_dict`` / ``from_dict`` carry the sorted scores through JSON
-    exactly. Classwise (Mondrian), the scores are sorted within each class and ``class_counts`` says how many
-    each class has.
+    ``fit`` computes the scores, which the other methods apply with the free functions of this package; ``to_dict``
+    / ``from_dict`` carry them through JSON exactly.
 
     Attributes:
         method: ``"lac"``, ``"aps"`` or ``"raps"``.
@@ -71,8 +69,7 @@ class SplitConformal:
     def __post_init__(self) -> None:
         method, k_reg, lam = _check_method(self.method, self.k_reg, self.lam)
         _check_floor(self.floor, None)
-        if isinstance(self.n_classes, bool) or not isinstance(self.n_classes, (int, np.integer)) or self.n_classes < 2:
-            raise ValueError(expected("n_classes", "an integer >= 2", self.n_classes))
+        n_classes = check_int("n_classes", self.n_classes, 2)
         scores = _check_scores(self.scores)
         if not isinstance(self.randomized, (bool, np.bool_)):
             raise ValueError(expected("randomized", "a bool", self.randomized))
@@ -104,7 +101,7 @@ class SplitConformal:
             ("method", method),
             ("k_reg", k_reg),
             ("lam", lam),
-            ("n_classes", int(self.n_classes)),
+            ("n_classes", n_classes),
             ("randomized", bool(self.randomized)),
             ("scores", scores),
             ("class_counts", counts),
@@ -125,25 +122,8 @@ class SplitConformal:
         classwise: bool = False,
         floor: bool = False,
     ) -> SplitConformal:
-        """Fit on a calibration split: compute the scores of its labels and sort them.
-
-        Args:
-            probs: Probabilities (n, K) of the calibration split, kept apart from the data the model (and any
-                temperature) was fitted on.
-            labels: Class indices (n,).
-            method: ``"lac"``, ``"aps"`` or ``"raps"``.
-            k_reg: RAPS's number of top ranks without penalty.
-            lam: RAPS's penalty per rank beyond ``k_reg``.
-            u: None for non-randomized scores, or the draws (n,) / a numpy random generator.
-            classwise: Keep the scores per class, for Mondrian (class-conditional) sets.
-            floor: Fit the floor sets' scores (``floor_scores``); ``u`` must then be None.
-
-        Returns:
-            The fitted calibrator.
-
-        Raises:
-            ValueError: Naming the argument when one is malformed.
-        """
+        """Fit on a calibration split, kept apart from the data the model (and any temperature) was fitted on: the
+        ``conformity_scores`` of its labels, sorted (per class with ``classwise``, for Mondrian sets)."""
         p = _check_probs(probs)
         y = check_labels(labels, p.shape[0], p.shape[1])
         scores = conformity_scores(p, y, method, k_reg=k_reg, lam=lam, u=u, floor=floor)
@@ -159,17 +139,8 @@ class SplitConformal:
         return self.class_counts is not None
 
     def quantile(self, alpha: float) -> float | np.ndarray:
-        """The threshold for miscoverage ``alpha``: ``conformal_quantile`` of the scores, or one per class.
-
-        Args:
-            alpha: The miscoverage level, in (0, 1).
-
-        Returns:
-            q, or the thresholds (K,) when classwise.
-
-        Raises:
-            ValueError: When ``alpha`` is outside (0, 1).
-        """
+        """The threshold q for miscoverage ``alpha`` in (0, 1): ``conformal_quantile`` of the scores, or the
+        thresholds (K,) when classwise."""
         a = _check_alpha(alpha)
         if self.class_counts is not None:
             return _classwise_thresholds(self.scores, self.class_counts, a)
@@ -177,37 +148,14 @@ class SplitConformal:
         return math.inf if k > len(self.scores) else float(self.scores[k - 1])
 
     def sets(self, probs, alpha: float, *, u=None) -> np.ndarray:
-        """Prediction sets (N, K) at miscoverage ``alpha``: ``prediction_sets`` at ``quantile(alpha)``.
-
-        Args:
-            probs: Probabilities (N, K).
-            alpha: The miscoverage level, in (0, 1).
-            u: None for the non-randomized sets, or the draws (N,) / a numpy random generator (APS and RAPS);
-                None for floor sets.
-
-        Returns:
-            The sets (N, K).
-
-        Raises:
-            ValueError: Naming the argument when one is malformed or ``probs`` has another number of classes.
-        """
+        """Prediction sets (N, K) at miscoverage ``alpha``: ``prediction_sets`` at ``quantile(alpha)``, randomized
+        by the draws ``u`` (N,) or a numpy random generator (APS and RAPS; None for floor sets)."""
         p = self._check_width(probs)
         return _rule_sets(p, self.quantile(alpha), self.method, self.k_reg, self.lam, u, self.floor)
 
     def label_shift_quantiles(self, weights, alpha: float) -> np.ndarray:
-        """The thresholds under label shift (K,): ``label_shift_thresholds`` of these classwise scores.
-
-        Args:
-            weights: The ratios w_y = pi_t(y) / pi_s(y) (K,), finite, >= 0, not all 0.
-            alpha: The miscoverage level, in (0, 1).
-
-        Returns:
-            q_y per candidate class (K,).
-
-        Raises:
-            ValueError: Naming ``class_counts`` when the calibrator is marginal (its scores have no labels), or
-                ``weights`` / ``alpha`` when malformed.
-        """
+        """The thresholds q_y (K,) under label shift, for the ratios w_y = pi_t(y) / pi_s(y) (K,):
+        ``label_shift_thresholds`` of these classwise scores (a marginal calibrator's scores have no labels)."""
         if self.class_counts is None:
             raise ValueError(
                 expected("class_counts", "the count of each class (a classwise calibrator: weights need labels)", None)
@@ -216,20 +164,8 @@ class SplitConformal:
 
     def label_shift_sets(self, probs, weights, alpha: float, *, u=None) -> np.ndarray:
         """Prediction sets (N, K) under label shift: ``prediction_sets`` at ``label_shift_quantiles(weights, alpha)``,
-        under this calibrator's rule (randomized with ``u``, or the floor sets).
-
-        Args:
-            probs: Probabilities (N, K), those the scores were computed from (not adapted to the new priors).
-            weights: The ratios w_y = pi_t(y) / pi_s(y) (K,).
-            alpha: The miscoverage level, in (0, 1).
-            u: As for ``sets``.
-
-        Returns:
-            The sets (N, K).
-
-        Raises:
-            ValueError: Naming the argument when one is malformed, ``class_counts`` for a marginal calibrator.
-        """
+        under this calibrator's rule (randomized with ``u``, or the floor sets), for the probabilities the scores
+        were computed from (not adapted to the new priors)."""
         p = self._check_width(probs)
         return _rule_sets(
             p, self.label_shift_quantiles(weights, alpha), self.method, self.k_reg, self.lam, u, self.floor
@@ -237,30 +173,16 @@ class SplitConformal:
 
     def p_values(self, probs, *, u=None) -> np.ndarray:
         """Conformal p-values (N, K) with these scores, whose level sets are ``sets`` (the proof:
-        ``sets._p_values_from_scores``).
-
-        Args:
-            probs: Probabilities (N, K).
-            u: None, or the draws (N,) / a numpy random generator of the randomized statistic (APS and RAPS).
-
-        Returns:
-            The p-values (N, K).
-
-        Raises:
-            ValueError: Naming the argument when one is malformed or ``probs`` has another number of classes.
-        """
+        ``sets._p_values_from_scores``); ``u`` as for ``sets``."""
         p = self._check_width(probs)
         floor = _check_floor(self.floor, u)
         draws = _floor_draws(p.shape[0], self.method) if floor else _check_u(u, p.shape[0], self.method)
         return _p_values(p, self.scores, self.class_counts, self.method, self.k_reg, self.lam, draws, floor)
 
     def to_dict(self) -> dict:
-        """The calibrator as JSON-serialisable data, which ``from_dict`` restores exactly.
-
-        Returns:
-            ``{"method", "n_classes", "k_reg", "lambda", "randomized", "scores", "class_counts"}``, the scores a
-            list of floats (Python's JSON writes floats so that they read back bit for bit), and ``"floor": true``
-            for a floor calibrator (``from_dict`` reads its absence as false).
+        """``{"method", "n_classes", "k_reg", "lambda", "randomized", "scores", "class_counts"}``, which
+        ``from_dict`` restores exactly: the scores a list of floats (Python's JSON writes floats so that they read
+        back bit for bit), and ``"floor": true`` for a floor calibrator (``from_dict`` reads its absence as false).
         """
         floor = {"floor": True} if self.floor else {}
         return floor | {
@@ -275,17 +197,7 @@ class SplitConformal:
 
     @classmethod
     def from_dict(cls, data: dict) -> SplitConformal:
-        """Rebuild a calibrator from ``to_dict`` output.
-
-        Args:
-            data: What ``to_dict`` returned, as read back from JSON.
-
-        Returns:
-            The calibrator.
-
-        Raises:
-            ValueError: Naming the field when ``data`` is malformed.
-        """
+        """Rebuild a calibrator from ``to_dict`` output; a ValueError names the field at fault."""
         fields = ("method", "n_classes", "k_reg", "lambda", "randomized", "scores", "class_counts")
         if not isinstance(data, dict) or not set(fields) <= data.keys():
             shown = sorted(data) if isinstance(data, dict) else type(data).__name__

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from calibkit.conformal._checks import _check_alpha, _check_scores
-from calibkit.validation import check_labels, expected
+from calibkit.validation import check_int, check_labels, expected, is_int
 
 
 def quantile_rank(n: int, alpha: float) -> int:
@@ -22,21 +22,11 @@ def quantile_rank(n: int, alpha: float) -> int:
     floating-point ceil((n + 1) * (1 - alpha)) gives 942) and exactly the rank at which ``p_values`` > alpha
     switches. k = n + 1 means that no calibration score is large enough: the quantile is +inf.
 
-    Args:
-        n: The number of calibration scores, an integer >= 1.
-        alpha: The miscoverage level, in (0, 1).
-
-    Returns:
-        k, in [1, n + 1].
-
-    Raises:
-        ValueError: Naming ``n`` or ``alpha`` and the value when one is out of range.
-
     Examples:
         >>> quantile_rank(99, 0.1), quantile_rank(8, 0.1), quantile_rank(999, 0.059)
         (90, 9, 941)
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(expected("n", "a positive integer (the number of calibration scores)", n))
     return _rank(int(n), _check_alpha(alpha))
 
@@ -48,17 +38,6 @@ def conformal_quantile(scores, alpha: float) -> float:
     (randomized APS or RAPS, or LAC on continuous probabilities) the coverage given the calibration set is
     Beta(n + 1 - l, l) distributed, l = floor((n + 1) alpha), so its mean is 1 - l / (n + 1) < 1 - alpha +
     1 / (n + 1). It is +inf when (n + 1)(1 - alpha) > n, i.e. n < 1 / alpha - 1: then every set holds all classes.
-
-    Args:
-        scores: Calibration scores (n,), n >= 1, finite.
-        alpha: The miscoverage level, in (0, 1).
-
-    Returns:
-        The threshold q.
-
-    Raises:
-        ValueError: Naming ``scores`` or ``alpha`` when ``scores`` is empty or not finite or ``alpha`` is outside
-            (0, 1).
 
     References:
         Vovk, Gammerman & Shafer 2005, "Algorithmic Learning in a Random World"; Lei, G'Sell, Rinaldo, Tibshirani &
@@ -81,19 +60,7 @@ def classwise_quantiles(scores, labels, alpha: float, n_classes: int) -> np.ndar
 
     q_k = the ceil((n_k + 1)(1 - alpha))-th smallest of the n_k scores of the calibration examples labelled k, so
     P(y in C(x) | y = k) >= 1 - alpha for every class k, not only on average over classes. A class with
-    n_k < 1 / alpha - 1 examples (none at all included) gets q_k = +inf: it is in every set.
-
-    Args:
-        scores: Calibration scores (n,), finite.
-        labels: The calibration labels (n,), class indices in [0, n_classes).
-        alpha: The miscoverage level, in (0, 1).
-        n_classes: K.
-
-    Returns:
-        The thresholds (K,).
-
-    Raises:
-        ValueError: Naming the argument when one is malformed.
+    n_k < 1 / alpha - 1 examples (none at all included) gets q_k = +inf: it is in every set. Returns (K,).
 
     References:
         Vovk, Gammerman & Shafer 2005, "Algorithmic Learning in a Random World" (Mondrian conformal prediction);
@@ -131,11 +98,10 @@ def _classwise_thresholds(sorted_scores: np.ndarray, counts: np.ndarray, alpha: 
 
 def _sort_by_class(scores, labels, n_classes: int, labels_name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
     """Scores sorted by (class, score) and the count of each class."""
-    if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
-        raise ValueError(expected("n_classes", "an integer >= 2", n_classes))
+    n_classes = check_int("n_classes", n_classes, 2)
     s = _check_scores(scores)
     try:
-        y = check_labels(labels, len(s), int(n_classes))
+        y = check_labels(labels, len(s), n_classes)
     except ValueError as exc:
         raise ValueError(f"{labels_name}: {exc}") from None
     order = np.lexsort((s, y))

@@ -46,22 +46,8 @@ def conformity_scores(
       tail probabilities are noise. ``k_reg=0, lam=0`` is APS; ``pick_k_reg`` picks ``k_reg`` from data. The
       scores lie in [0, 1 + lam (K - k_reg)^+].
 
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        labels: Class indices (N,).
-        method: ``"lac"``, ``"aps"`` or ``"raps"``.
-        k_reg: RAPS's number of top ranks without penalty (0 for the other methods).
-        lam: RAPS's penalty per rank beyond ``k_reg`` (0 for the other methods).
-        u: None, or for APS and RAPS the uniform draws of the randomized score: N numbers in [0, 1] or a numpy
-            random generator.
-        floor: The scores of the floor sets (``floor_scores``) instead; ``u`` must then be None.
-
-    Returns:
-        The scores (N,).
-
-    Raises:
-        ValueError: Naming the argument and the value when one is malformed, including ``u`` for LAC (which has
-            no randomized version) or with ``floor``, and ``k_reg`` / ``lam`` for a method other than RAPS.
+    ``u`` is None, or for APS and RAPS the uniform draws of the randomized score: N numbers in [0, 1] or a numpy
+    random generator (LAC has no randomized version). ``floor`` gives the scores of ``floor_scores`` instead.
 
     References:
         Sadinle, Lei & Wasserman 2019 (LAC); Romano, Sesia & Candès 2020 (APS); Angelopoulos, Bates, Malik &
@@ -106,15 +92,6 @@ def floor_scores(probs, labels, method: str = "lac", *, k_reg: int = 0, lam: flo
     APS and RAPS (Romano et al. 2020; Angelopoulos et al. 2021), they give up exact coverage for sets that are a
     function of the input alone.
 
-    Args:
-        probs, labels, method, k_reg, lam: As for ``conformity_scores``.
-
-    Returns:
-        The scores (N,), >= 0.
-
-    Raises:
-        ValueError: As ``conformity_scores``.
-
     Examples:
         >>> probs = np.array([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
         >>> floor_scores(probs, [2, 2], "aps").round(2).tolist()  # the mass above; 0 for the top label
@@ -132,17 +109,7 @@ def pick_k_reg(probs, labels, alpha: float) -> int:
     (K as well when n is too small for that quantile, which leaves RAPS equal to APS). Pick it on a tuning
     split kept apart from the calibration split, or the coverage guarantee is lost. The paper's code takes the
     plain empirical quantile; this is the finite-sample one, as MAPIE's ``k_star``, one rank higher at most.
-
-    Args:
-        probs: Probabilities (N, K) of the tuning split, or (N,) positive-class probabilities.
-        labels: Class indices (N,).
-        alpha: The miscoverage level the sets are for, in (0, 1).
-
-    Returns:
-        k_reg, in [1, K].
-
-    Raises:
-        ValueError: When ``alpha`` is outside (0, 1) or ``probs`` / ``labels`` fail the checks.
+    Returns k_reg, in [1, K].
 
     References:
         Angelopoulos, Bates, Malik & Jordan 2021, "Uncertainty Sets for Image Classifiers using Conformal

@@ -50,27 +50,12 @@ def prediction_sets(
     - ``floor=True``: C(x) = {k : s(x, k) <= q} for the scores of ``floor_scores``: never empty at q >= 0, the
       same for the same input, coverage at least 1 - alpha with that function's scores.
 
-    Scores within ``SCORE_ATOL`` of q count as equal to it. A +inf threshold gives every class. One threshold,
-    at least ``RANK_MIN_CLASSES`` classes: each row is ranked by one sort of integer keys, and the set's size found
-    from block sums of the ranked probabilities (``_KeyRanking``, ``_block_sizes``). Fewer classes, or a row with
-    ties or too close to the threshold to tell: the top ``PREFIX_WIDTH`` + 1 labels by a partition, then the rows
-    whose set reaches further sorted whole. A threshold per class (Mondrian) needs the label ranks, an argsort.
+    Scores within ``SCORE_ATOL`` of q count as equal to it. A +inf threshold gives every class. With one threshold
+    and at least ``RANK_MIN_CLASSES`` classes the rows are ranked by integer keys and sized by block sums
+    (``_KeyRanking``, ``_block_sizes``); otherwise, and for the rows those do not settle, by a partition or a sort.
 
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        threshold: q, a number (possibly +inf), or one per class (K,) from ``classwise_quantiles``.
-        method: ``"lac"``, ``"aps"`` or ``"raps"``.
-        k_reg: RAPS's number of top ranks without penalty.
-        lam: RAPS's penalty per rank beyond ``k_reg``.
-        u: None for the non-randomized sets, or for APS and RAPS the draws: N numbers in [0, 1] (one per row) or
-            a numpy random generator.
-        floor: The floor sets (``floor_scores``); ``u`` must then be None.
-
-    Returns:
-        The sets (N, K): True where the class is in the set of the row.
-
-    Raises:
-        ValueError: Naming the argument when one is malformed.
+    ``threshold`` is q (possibly +inf), or one per class (K,) from ``classwise_quantiles``; ``k_reg``, ``lam`` and
+    ``u`` are as in ``conformity_scores``. Returns the sets (N, K): True where the class is in the set of the row.
 
     References:
         Sadinle, Lei & Wasserman 2019 (LAC); Romano, Sesia & Candès 2020 (APS); Angelopoulos, Bates, Malik &
@@ -107,27 +92,13 @@ def ranked_sets(
 
     Every one-threshold set is a top group of labels: LAC's holds the labels with p_k >= 1 - q, and APS's and
     RAPS's scores grow with the rank and are shared by tied labels (see ``prediction_sets``), so a set is a prefix
-    of the ranking and its size says which. With few classes and no ties, the size comes straight from the sorted
-    row: the LAC count, the count of crossing values E(j) below q plus one (non-randomized), or the count of
-    randomized scores at most q, the same floating-point expressions as ``prediction_sets``'s, hence the same sets
-    bit for bit. With at least ``RANK_MIN_CLASSES``, the ranking and the sizes are those of ``prediction_sets``'s
-    key ranking and block sums, the rows they do not settle argsorted stably; otherwise the size is the count of
-    ``prediction_sets``'s.
+    of the ranking and its size says which. The sizes come from the same floating-point expressions, key ranking
+    and block sums as ``prediction_sets``'s, hence the same sets bit for bit. A threshold per class is refused:
+    Mondrian sets need not be prefixes.
 
-    Args:
-        probs, method, k_reg, lam, u, floor: As for ``prediction_sets``.
-        threshold: q, one number (possibly +inf).
-        check_input: False skips the checks of ``probs``, ``threshold`` and ``u`` (scikit-learn's
-            ``check_input``), for a caller that passes what it made itself: a float array (N, K) of rows in [0, 1]
-            summing to 1, one number, None or N draws in [0, 1] as a float64 array. What it passes otherwise is
-            not refused, and the sets are undefined.
-
-    Returns:
-        (order, sizes): int64 arrays (N, K) and (N,).
-
-    Raises:
-        ValueError: Naming the argument when one is malformed (``threshold`` when it is one per class: Mondrian
-            sets need not be prefixes).
+    ``check_input=False`` skips the checks of ``probs``, ``threshold`` and ``u`` (scikit-learn's ``check_input``),
+    for a caller that passes what it made itself: a float array (N, K) of rows in [0, 1] summing to 1, one number,
+    None or N draws in [0, 1] as a float64 array. What it passes otherwise is not refused, and the sets are undefined.
 
     Examples:
         >>> order, sizes = ranked_sets(np.array([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]]), 0.75, "aps")
@@ -173,25 +144,9 @@ def _p_values_from_scores(
 
     Hence the sets are nested: a smaller alpha never removes a class. With ``calibration_labels`` the p-value of
     class k counts only the n_k scores of class k, over n_k + 1, and the level sets are the Mondrian sets at the
-    thresholds of ``classwise_quantiles``.
-
-    Args:
-        probs: Probabilities (N, K), or (N,) positive-class probabilities of a binary problem.
-        scores: The calibration scores (n,), computed with the same method, ``k_reg`` and ``lam``.
-        method: ``"lac"``, ``"aps"`` or ``"raps"``.
-        k_reg: RAPS's number of top ranks without penalty.
-        lam: RAPS's penalty per rank beyond ``k_reg``.
-        u: None, or for APS and RAPS the draws of the randomized statistic (N,) or a numpy random generator.
-        calibration_labels: None for the marginal p-values, or the labels (n,) of the calibration examples for
-            the class-conditional (Mondrian) ones.
-        floor: The statistic of the floor sets (``floor_scores``, with p_k = 1 for the most probable labels);
-            ``u`` must then be None.
-
-    Returns:
-        The p-values (N, K), in [1 / (n + 1), 1].
-
-    Raises:
-        ValueError: Naming the argument when one is malformed.
+    thresholds of ``classwise_quantiles``. ``scores`` (n,) are computed with the same method, ``k_reg`` and ``lam``;
+    the other arguments are those of ``prediction_sets`` (``floor``: p_k = 1 for the most probable labels). Returns
+    the p-values (N, K), in [1 / (n + 1), 1].
 
     References:
         Vovk, Gammerman & Shafer 2005, "Algorithmic Learning in a Random World" (conformal p-values, Mondrian

@@ -26,16 +26,12 @@ traffic, and its ``weights`` are the ratios to the source priors. The guarantee 
 error (Podkopaev & Ramdas 2021 bound the loss by the total variation between the true and estimated weighted
 distributions).
 
-**With the adaptive threshold** (``calibkit.conformal.adaptive``). The weights correct, at once and before any label,
-the part of a shift that the priors explain; an adaptive rule corrects, from the labels, what is left (errors of the
-estimated weights, a shift of p(x | y)). With adaptive conformal inference (Gibbs & Candès 2021) they compose
-directly: its level alpha_t feeds ``label_shift_thresholds`` in place of alpha (the full set at alpha_t <= 0 and the
-empty set at alpha_t >= 1, as ``aci_thresholds``), and the miss it folds is that of the weighted set,
-err_t = 1[s_t > q_{y_t}(alpha_t)]. Its bound on the long-run miss rate holds for any sets nested in the level and
-full and empty at those ends, so it holds for the weighted sets, whatever the weights. The served log-scale tracker
-(``LogQuantileTracker``) moves one threshold on the score scale and folds each label's miss at that threshold: its
-bound is about its own marginal sets, and serving weighted sets under it would need it to fold the weighted sets'
-misses instead.
+**With the adaptive threshold** (``calibkit.conformal.adaptive``). The weights correct, before any label, the part of
+a shift that the priors explain; an adaptive rule corrects, from the labels, what is left. Adaptive conformal
+inference (Gibbs & Candès 2021) composes directly: its level alpha_t feeds ``label_shift_thresholds`` in place of
+alpha (full at alpha_t <= 0, empty at alpha_t >= 1, as ``aci_thresholds``) and it folds the weighted set's miss
+err_t = 1[s_t > q_{y_t}(alpha_t)]; its bound holds for any sets nested in the level and full and empty at those ends.
+The served ``LogQuantileTracker`` folds the misses of its own marginal threshold: its bound is not about weighted sets.
 
 References:
     Tibshirani, Foygel Barber, Candès & Ramdas 2019, "Conformal Prediction Under Covariate Shift", NeurIPS (weighted
@@ -65,20 +61,7 @@ def label_shift_quantiles(scores, labels, weights, alpha: float, n_classes: int)
     """The weighted conformal thresholds under label shift (K,), from labelled calibration scores.
 
     ``label_shift_thresholds`` of the scores sorted within each class, as ``classwise_quantiles`` is to
-    ``SplitConformal.fit(..., classwise=True)``.
-
-    Args:
-        scores: Calibration scores (n,), finite.
-        labels: Their labels (n,), class indices in [0, n_classes).
-        weights: The ratios w_y = pi_t(y) / pi_s(y) (K,), finite, >= 0, not all 0.
-        alpha: The miscoverage level, in (0, 1).
-        n_classes: K.
-
-    Returns:
-        q_y for every candidate class y (K,), +inf where the set always holds y.
-
-    Raises:
-        ValueError: Naming the argument when one is malformed.
+    ``SplitConformal.fit(..., classwise=True)``: q_y for every candidate class y, +inf where the set always holds y.
 
     References:
         Podkopaev & Ramdas 2021, "Distribution-free uncertainty quantification for classification under label
@@ -96,19 +79,8 @@ def label_shift_thresholds(sorted_scores, class_counts, weights, alpha: float) -
     the count of each class (``calibrator.scores``, ``calibrator.class_counts``). Vectorized over the classes: one
     stable sort of the scores, one running sum of their weights, and a binary search per class on the weighted mass
     above each score, which falls along the sorted scores (in floating point too: sums of terms >= 0 and a division
-    by a positive number keep their order).
-
-    Args:
-        sorted_scores: The calibration scores (n,), ascending within each class, finite.
-        class_counts: The number of scores of each class (K,), non-negative integers summing to n.
-        weights: The ratios w_y = pi_t(y) / pi_s(y) (K,), finite, >= 0, not all 0.
-        alpha: The miscoverage level, in (0, 1).
-
-    Returns:
-        The thresholds (K,), each a calibration score or +inf.
-
-    Raises:
-        ValueError: Naming ``sorted_scores``, ``class_counts``, ``weights`` or ``alpha`` when it is malformed.
+    by a positive number keep their order). ``weights`` are the ratios w_y = pi_t(y) / pi_s(y) (K,), finite, >= 0,
+    not all 0. Each threshold is a calibration score or +inf.
 
     References:
         Podkopaev & Ramdas 2021, "Distribution-free uncertainty quantification for classification under label

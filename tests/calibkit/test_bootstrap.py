@@ -70,7 +70,7 @@ def test_binary_vector_input_reaches_the_metric_as_a_vector():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"n_resamples": 0}, "Expected `n_resamples` to be a positive integer"),
+        ({"n_resamples": 0}, "Expected `n_resamples` to be an integer >= 1"),
         ({"level": 1.0}, r"Expected `level` to be in \(0, 1\)"),
         ({"method": "normal"}, "Expected `method` to be 'percentile', 'basic' or 'BCa'"),
     ],
@@ -143,7 +143,7 @@ def test_hierarchical_bootstrap_carries_the_spread_between_runs():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"n_resamples": 0}, "Expected `n_resamples` to be a positive integer"),
+        ({"n_resamples": 0}, "Expected `n_resamples` to be an integer >= 1"),
         ({"statistics": {}}, "at least one statistic"),
         ({"runs": []}, "at least one run"),
         (

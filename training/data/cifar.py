@@ -1,9 +1,9 @@
 """CIFAR-10 from a local copy of the "python version" (Krizhevsky 2009); nothing is downloaded.
 
-Format (https://www.cs.toronto.edu/~kriz/cifar.html): directory ``cifar-10-batches-py`` holding
-``data_batch_1`` .. ``data_batch_5``, ``test_batch`` and ``batches.meta``, each a pickled dict. A batch
-has ``b"data"`` (uint8, (N, 3072): the 1024 red, then green, then blue values of a 32x32 image, row-major)
-and ``b"labels"`` (list of ints); the meta file has ``b"label_names"``.
+Format (https://www.cs.toronto.edu/~kriz/cifar.html): directory ``cifar-10-batches-py`` holding ``data_batch_1`` ..
+``data_batch_5``, ``test_batch`` and ``batches.meta``, each a pickled dict. A batch has ``b"data"`` (uint8, (N,
+3072): the 1024 red, then green, then blue values of a 32x32 image, row-major) and ``b"labels"`` (list of ints); the
+meta file has ``b"label_names"``.
 """
 
 from __future__ import annotations
@@ -46,16 +46,6 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _missing_message(root: Path, batches: Path, missing: Sequence[str]) -> str:
-    expected = ", ".join([*TRAIN_FILES, TEST_FILE, META_FILE])
-    return (
-        f"CIFAR-10 not found: missing {', '.join(str(batches / m) for m in missing)}. "
-        f"Expected {batches}/ to contain {expected} (the 'CIFAR-10 python version'). "
-        f"Download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html yourself and "
-        f"extract it into {root} (tar xzf cifar-10-python.tar.gz -C {root}); nothing is downloaded."
-    )
-
-
 def resolve_cifar_dir(root: str | Path) -> Path:
     """The ``cifar-10-batches-py`` directory given either it or its parent; FileNotFoundError if incomplete."""
     root = Path(root).expanduser()
@@ -63,11 +53,15 @@ def resolve_cifar_dir(root: str | Path) -> Path:
         batches, parent = root, root.parent
     else:
         batches, parent = root / BATCHES_DIR, root
-    if not batches.is_dir():
-        raise FileNotFoundError(_missing_message(parent, batches, [*TRAIN_FILES, TEST_FILE, META_FILE]))
-    missing = [f for f in (*TRAIN_FILES, TEST_FILE, META_FILE) if not (batches / f).is_file()]
+    expected = [*TRAIN_FILES, TEST_FILE, META_FILE]
+    missing = [f for f in expected if not (batches / f).is_file()]  # all of them when there is no such folder
     if missing:
-        raise FileNotFoundError(_missing_message(parent, batches, missing))
+        raise FileNotFoundError(
+            f"CIFAR-10 not found: missing {', '.join(str(batches / m) for m in missing)}. "
+            f"Expected {batches}/ to contain {', '.join(expected)} (the 'CIFAR-10 python version'). "
+            f"Download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html yourself and "
+            f"extract it into {parent} (tar xzf cifar-10-python.tar.gz -C {parent}); nothing is downloaded."
+        )
     return batches
 
 
@@ -102,11 +96,6 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
-def _read_label_names(path: Path) -> tuple[str, ...]:
-    names = _get(_unpickle(path), "label_names")
-    return tuple(n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names)
-
-
 def _to_dataset(data: np.ndarray, labels: np.ndarray, class_names: tuple[str, ...]) -> ImageDataset:
     x = data.reshape(-1, *IMAGE_SHAPE).astype(np.float32) / np.float32(255.0)
     return ImageDataset(x=x, y=labels, class_names=class_names)
@@ -118,17 +107,14 @@ def load_cifar10(
     val_fraction: float = 0.1,
     seed: int = 0,
 ) -> DataSplits:
-    """CIFAR-10 as float32 (N, 3, 32, 32) in [0, 1].
-
-    ``root`` is the ``cifar-10-batches-py`` directory or its parent. ``classes`` keeps only those
-    classes (by name) and relabels them ``0..len(classes)-1`` in the given order, e.g. ``["bird", "cat"]``.
-    Validation is a stratified ``val_fraction`` of the 50k training images (fixed by ``seed``); test is
-    ``test_batch``. Batch files are unpickled with a loader that only accepts numpy arrays.
-    """
+    """CIFAR-10 as float32 (N, 3, 32, 32) in [0, 1] from ``root`` (``cifar-10-batches-py`` or its parent): test is
+    ``test_batch``, validation a stratified ``val_fraction`` of the training images drawn by ``seed``. ``classes`` keeps
+    those classes (by name), relabelled ``0..len(classes)-1`` in the given order, e.g. ``["bird", "cat"]``."""
     if not 0.0 < float(val_fraction) < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1); got {val_fraction}")
     batches = resolve_cifar_dir(root)
-    all_names = _read_label_names(batches / META_FILE)
+    names = _get(_unpickle(batches / META_FILE), "label_names")
+    all_names = tuple(n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names)
     parts = [_read_batch(batches / f) for f in TRAIN_FILES]
     train_data = np.concatenate([p[0] for p in parts])
     train_labels = np.concatenate([p[1] for p in parts])
@@ -149,10 +135,8 @@ def load_cifar10(
         if not class_names or len(set(class_names)) != len(class_names):
             raise ValueError(f"classes must be non-empty and without duplicates; got {list(class_names)}")
         lookup = np.full(len(all_names), -1, dtype=np.int64)
-        for new, c in enumerate(class_names):
-            lookup[all_names.index(c)] = new
-        train_keep = lookup[train_labels] >= 0
-        test_keep = lookup[test_labels] >= 0
+        lookup[[all_names.index(c) for c in class_names]] = np.arange(len(class_names))
+        train_keep, test_keep = lookup[train_labels] >= 0, lookup[test_labels] >= 0
         train_data, train_labels = train_data[train_keep], lookup[train_labels[train_keep]]
         test_data, test_labels = test_data[test_keep], lookup[test_labels[test_keep]]
         name = "cifar10-" + "-".join(class_names)
@@ -173,12 +157,9 @@ def write_cifar_format(
     label_names: Sequence[str],
     n_train_batches: int = 5,
 ) -> Path:
-    """Write images in the real CIFAR-10 python format (a fixture generator for tests and demos).
-
-    ``x_uint8`` is (N, 32, 32, 3) uint8 RGB. The images are cut into ``n_train_batches + 1``
-    consecutive, near-equal chunks: ``data_batch_1..n_train_batches`` then ``test_batch``. ``directory``
-    is the ``cifar-10-batches-py`` directory to create; it is returned.
-    """
+    """Write (N, 32, 32, 3) uint8 RGB images in the CIFAR-10 python format (a fixture generator for tests and demos)
+    into the ``cifar-10-batches-py`` folder ``directory``, returned: ``n_train_batches + 1`` consecutive, near-equal
+    chunks, ``data_batch_1..n_train_batches`` then ``test_batch``."""
     x = np.asarray(x_uint8)
     y = np.asarray(labels, dtype=np.int64)
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (32, 32, 3):

@@ -1,21 +1,20 @@
 """Common image corruptions after Hendrycks & Dietterich (2019).
 
-Source: D. Hendrycks, T. Dietterich, "Benchmarking Neural Network Robustness to Common Corruptions
-and Perturbations", ICLR 2019, and the CIFAR-10-C generator ``ImageNet-C/create_c/make_cifar_c.py`` in
-https://github.com/hendrycks/robustness, whose severity tables are used here. Every function maps a
-float batch ``x`` (N, C, H, W) in [0, 1] to a float32 batch of the same shape clipped to [0, 1];
-severity 0 is the identity and 1..5 index the tables. Random draws come only from ``rng``.
+Source: D. Hendrycks, T. Dietterich, "Benchmarking Neural Network Robustness to Common Corruptions and
+Perturbations", ICLR 2019, and the CIFAR-10-C generator ``ImageNet-C/create_c/make_cifar_c.py`` in
+https://github.com/hendrycks/robustness, whose severity tables are used here. Every function maps a float batch ``x``
+(N, C, H, W) in [0, 1] to a float32 batch of the same shape clipped to [0, 1]; severity 0 is the identity and 1..5
+index the tables. Random draws come only from ``rng``.
 
-The tables were made for 32x32 images. Spatial corruptions are adapted for smaller images:
-``gaussian_blur`` scales sigma by H/32 and ``pixelate`` shrinks by at least one pixel per severity
-step (details in their docstrings); at 32x32 and above they follow the source.
+The tables were made for 32x32 images. For smaller ones ``gaussian_blur`` scales sigma by H/32 and ``pixelate``
+shrinks by at least one pixel per severity step (details in their docstrings); from 32x32 they follow the source.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 import numpy as np
 from PIL import Image
@@ -35,57 +34,51 @@ BRIGHTNESS_C = (0.05, 0.1, 0.15, 0.2, 0.3)
 PIXELATE_C = (0.95, 0.9, 0.85, 0.75, 0.65)
 
 
-def _check(x: np.ndarray, severity: int) -> np.ndarray:
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)):
-        raise ValueError(f"severity must be an int in 0..{MAX_SEVERITY}; got {severity!r}")
-    if not 0 <= severity <= MAX_SEVERITY:
-        raise ValueError(f"severity must be in 0..{MAX_SEVERITY}; got {severity}")
-    x = np.asarray(x)
-    if x.ndim != 4:
-        raise ValueError(f"expected a batch of shape (N, C, H, W); got shape {x.shape}")
-    return x
+def _corruption(transform: Corruption) -> Corruption:
+    """A corruption from its transform at severities 1..5: the batch and severity checked, severity 0 the identity,
+    the result clipped to [0, 1] as float32."""
+
+    @wraps(transform)
+    def corruption(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
+        if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)):
+            raise ValueError(f"severity must be an int in 0..{MAX_SEVERITY}; got {severity!r}")
+        if not 0 <= severity <= MAX_SEVERITY:
+            raise ValueError(f"severity must be in 0..{MAX_SEVERITY}; got {severity}")
+        x = np.asarray(x)
+        if x.ndim != 4:
+            raise ValueError(f"expected a batch of shape (N, C, H, W); got shape {x.shape}")
+        if severity == 0:
+            return np.array(x, dtype=np.float32, copy=True)
+        return np.clip(transform(x, severity, rng), 0.0, 1.0).astype(np.float32, copy=False)
+
+    return corruption
 
 
-def _finish(out: np.ndarray) -> np.ndarray:
-    return np.clip(out, 0.0, 1.0).astype(np.float32, copy=False)
-
-
-def _identity(x: np.ndarray) -> np.ndarray:
-    return np.array(x, dtype=np.float32, copy=True)
-
-
+@_corruption
 def gaussian_noise(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """``clip(x + N(0, c^2))`` per value, c = [0.04, 0.06, 0.08, 0.09, 0.10] (H&D 2019, CIFAR-10-C)."""
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
     c = GAUSSIAN_NOISE_C[severity - 1]
-    return _finish(x.astype(np.float64) + rng.normal(0.0, c, size=x.shape))
+    return x.astype(np.float64) + rng.normal(0.0, c, size=x.shape)
 
 
+@_corruption
 def shot_noise(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Poisson noise ``clip(Poisson(c * x) / c)``, c = [500, 250, 100, 75, 50] (H&D 2019, CIFAR-10-C)."""
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
     c = SHOT_NOISE_C[severity - 1]
-    return _finish(rng.poisson(np.clip(x, 0.0, 1.0).astype(np.float64) * c) / c)
+    return rng.poisson(np.clip(x, 0.0, 1.0).astype(np.float64) * c) / c
 
 
+@_corruption
 def impulse_noise(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
-    """Salt-and-pepper noise: each value independently becomes 0 or 1 (equally likely) with
-    probability c = [0.01, 0.02, 0.03, 0.05, 0.07] (H&D 2019, CIFAR-10-C; skimage ``random_noise``
-    mode "s&p")."""
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
+    """Salt-and-pepper noise: each value independently becomes 0 or 1 (equally likely) with probability c =
+    [0.01, 0.02, 0.03, 0.05, 0.07] (H&D 2019, CIFAR-10-C; skimage ``random_noise`` mode "s&p")."""
     c = IMPULSE_NOISE_C[severity - 1]
     flipped = rng.random(x.shape) < c
     salted = rng.random(x.shape) < 0.5
     out = x.astype(np.float64, copy=True)
     out[flipped & salted] = 1.0
     out[flipped & ~salted] = 0.0
-    return _finish(out)
+    return out
 
 
 def _discrete_gaussian_kernel(sigma: float) -> np.ndarray:
@@ -96,18 +89,15 @@ def _discrete_gaussian_kernel(sigma: float) -> np.ndarray:
     return k / k.sum()
 
 
+@_corruption
 def gaussian_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Gaussian blur over H and W, sigma = [0.4, 0.6, 0.7, 0.8, 1.0] pixels (H&D 2019, CIFAR-10-C).
 
-    For H >= 32 this is the source's sampled Gaussian (skimage ``gaussian``: edge mode "nearest",
-    truncated at 4 sigma). For H < 32 sigma is scaled by H/32 so the blur covers the same fraction
-    of the image (8x8: sigma 0.1..0.25); such sub-pixel sigmas vanish in a sampled kernel, so the
-    discrete Gaussian of Lindeberg (1990), whose variance is exactly sigma^2, is used instead.
-    ``rng`` is unused (the corruption is deterministic).
+    For H >= 32 this is the source's sampled Gaussian (skimage ``gaussian``: edge mode "nearest", truncated at 4 sigma).
+    For H < 32 sigma is scaled by H/32 so the blur covers the same fraction of the image (8x8: sigma 0.1..0.25); such
+    sub-pixel sigmas vanish in a sampled kernel, so the discrete Gaussian of Lindeberg (1990), whose variance is exactly
+    sigma^2, is used instead. ``rng`` is unused (the corruption is deterministic).
     """
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
     sigma = GAUSSIAN_BLUR_SIGMA[severity - 1]
     size = min(x.shape[2], x.shape[3])
     x64 = x.astype(np.float64)
@@ -117,40 +107,35 @@ def gaussian_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.
         kernel = _discrete_gaussian_kernel(sigma * size / REFERENCE_SIZE)
         out = ndimage.correlate1d(x64, kernel, axis=2, mode="nearest")
         out = ndimage.correlate1d(out, kernel, axis=3, mode="nearest")
-    return _finish(out)
+    return out
 
 
+@_corruption
 def contrast(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """``(x - m) * c + m`` with m the per-image, per-channel mean, c = [0.75, 0.5, 0.4, 0.3, 0.15]
     (H&D 2019, CIFAR-10-C). ``rng`` is unused."""
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
     c = CONTRAST_C[severity - 1]
     x64 = x.astype(np.float64)
     means = x64.mean(axis=(2, 3), keepdims=True)
-    return _finish((x64 - means) * c + means)
+    return (x64 - means) * c + means
 
 
+@_corruption
 def brightness(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Add c = [0.05, 0.1, 0.15, 0.2, 0.3] to the HSV value channel (H&D 2019, CIFAR-10-C).
 
-    RGB (C == 3): V = max(R, G, B) becomes V' = min(V + c, 1) with hue and saturation kept, which is
-    exactly ``rgb * V' / V`` (and grey V' for black pixels, whose saturation is 0); this equals the
-    source's rgb2hsv -> V += c -> hsv2rgb. Other channel counts: ``clip(x + c)`` per value.
-    ``rng`` is unused.
+    RGB (C == 3): V = max(R, G, B) becomes V' = min(V + c, 1) with hue and saturation kept, which is exactly
+    ``rgb * V' / V`` (and grey V' for black pixels, whose saturation is 0); this equals the source's rgb2hsv -> V += c
+    -> hsv2rgb. Other channel counts: ``clip(x + c)`` per value. ``rng`` is unused.
     """
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
     c = BRIGHTNESS_C[severity - 1]
     x64 = np.clip(x.astype(np.float64), 0.0, 1.0)
     if x.shape[1] != 3:
-        return _finish(x64 + c)
+        return x64 + c
     v = x64.max(axis=1, keepdims=True)
     v_new = np.minimum(v + c, 1.0)
     scale = np.divide(v_new, v, out=np.zeros_like(v), where=v > 0)
-    return _finish(np.where(v > 0, x64 * scale, v_new))
+    return np.where(v > 0, x64 * scale, v_new)
 
 
 @lru_cache(maxsize=64)
@@ -171,8 +156,7 @@ def _area_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 def pixelate_size(n: int, severity: int) -> int:
-    """Side an ``n``-pixel side shrinks to at ``severity`` 1..5: ``int(n * c)``, and for n < 32 at
-    most ``n - severity`` (always >= 1)."""
+    """The side ``n`` shrinks to at ``severity``: ``int(n * c)``, and for n < 32 at most ``n - severity``; >= 1."""
     size = int(n * PIXELATE_C[severity - 1])
     if n < REFERENCE_SIZE:
         size = min(size, n - severity)
@@ -186,6 +170,7 @@ def _pixelate_matrix(n: int, severity: int) -> np.ndarray:
     return _area_matrix(size, n) @ _area_matrix(n, size)
 
 
+@_corruption
 def pixelate(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Shrink each side to ``int(side * c)``, c = [0.95, 0.9, 0.85, 0.75, 0.65], and enlarge back
     (H&D 2019, CIFAR-10-C: 32 -> 30, 28, 27, 24, 20 px).
@@ -195,12 +180,9 @@ def pixelate(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarr
     both steps use exact area weights, since Pillow's pixel-centre BOX rule makes the distortion
     non-monotone in the size for 8x8 images. ``rng`` is unused.
     """
-    x = _check(x, severity)
-    if severity == 0:
-        return _identity(x)
     mh = _pixelate_matrix(x.shape[2], severity)
     mw = _pixelate_matrix(x.shape[3], severity)
-    return _finish(mh @ x.astype(np.float64) @ mw.T)
+    return mh @ x.astype(np.float64) @ mw.T
 
 
 CORRUPTIONS: dict[str, Corruption] = {

@@ -54,9 +54,8 @@ def load_image_folder(
 ) -> DataSplits:
     """One sub-folder per class (sorted folder names are the class names); split stratified.
 
-    Every image is converted to greyscale (``channels=1``, Pillow mode L) or RGB (``channels=3``),
-    resized to ``image_size`` x ``image_size`` with bilinear interpolation (aspect ratio not kept)
-    and scaled to [0, 1].
+    Every image is converted to greyscale (``channels=1``, Pillow mode L) or RGB (``channels=3``), resized to
+    ``image_size`` x ``image_size`` with bilinear interpolation (aspect ratio not kept) and scaled to [0, 1].
     """
     if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 1:
         raise ValueError(f"image_size must be a positive int; got {image_size!r}")
@@ -66,14 +65,9 @@ def load_image_folder(
     files = _class_files(root)
     class_names = tuple(files)
     mode = "L" if channels == 1 else "RGB"
-    x = np.empty((sum(len(v) for v in files.values()), channels, image_size, image_size), dtype=np.float32)
-    y = np.empty(x.shape[0], dtype=np.int64)
-    i = 0
-    for label, paths in enumerate(files.values()):
-        for p in paths:
-            x[i] = _read_image(p, int(image_size), mode)
-            y[i] = label
-            i += 1
+    labelled = [(label, path) for label, paths in enumerate(files.values()) for path in paths]
+    x = np.stack([_read_image(path, int(image_size), mode) for _, path in labelled])
+    y = np.array([label for label, _ in labelled], dtype=np.int64)
     full = ImageDataset(x=x, y=y, class_names=class_names)
     fractions = (1.0 - val_fraction - test_fraction, val_fraction, test_fraction)
     train, val, test = stratified_split(y, fractions=fractions, seed=seed)

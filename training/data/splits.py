@@ -43,12 +43,9 @@ def stratified_split(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted int64 index arrays ``(train, val, test)``.
-
-    ``labels`` is the label array (split stratified by class) or an int ``n`` (plain random split of
-    ``range(n)``). Two calls of scikit-learn's ``train_test_split`` with ``random_state=seed``: test
-    first, then validation from the remainder; split sizes are ``round(n * fraction)``.
-    """
+    """Sorted int64 index arrays ``(train, val, test)`` of ``labels`` (stratified by class) or of an int's ``range(n)``
+    (at random): scikit-learn's ``train_test_split`` (``random_state=seed``) splits off the test rows, then the
+    validation rows from the rest, ``round(n * fraction)`` each."""
     f_train, f_val, f_test = _check_fractions(fractions)
     if isinstance(labels, (int, np.integer)):
         n, y = int(labels), None
@@ -74,11 +71,8 @@ def stratified_split(
 
 
 def split_off_fraction(labels: np.ndarray | Sequence[int], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted int64 index arrays ``(kept, split_off)``: ``round(n * fraction)`` rows split off, stratified by class.
-
-    One call of scikit-learn's ``train_test_split`` with ``random_state=seed``, so the same labels, fraction and
-    seed give the same rows. ``fraction`` 0 splits nothing off.
-    """
+    """Sorted int64 index arrays ``(kept, split_off)``: ``round(n * fraction)`` rows split off, stratified by class, by
+    one ``train_test_split`` with ``random_state=seed`` (``fraction`` 0 splits nothing off)."""
     y = np.asarray(labels)
     if y.ndim != 1 or y.size == 0:
         raise ValueError(f"labels must be a non-empty 1-D array; got shape {y.shape}")

@@ -1,10 +1,9 @@
 """Harder tasks from the same data: a smaller stratified training subset, symmetric label noise.
 
-Both are deterministic in ``seed``. The subset cuts the training split only. Label noise changes
-labels in every split, as when the annotation itself is noisy: the noisy labels are then the data
-distribution that a calibrated model's confidence must match. Noising the training split alone would
-grade the model against other labels than it was trained on, and every method would look
-under-confident for that reason alone.
+Both are deterministic in ``seed``. The subset cuts the training split only. Label noise changes labels in every split,
+as when the annotation itself is noisy: the noisy labels are then the data distribution that a calibrated model's
+confidence must match. Noising the training split alone would grade the model against other labels than it was trained
+on, and every method would look under-confident for that reason alone.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Calibration-aware training losses: each maps (logits (N, K), targets (N,)) to a scalar batch loss.
-
-Build one by name with :func:`build_loss` (see :func:`available_losses`), or use the
-classes directly. Every class docstring states its formula and source paper.
-"""
+"""Calibration-aware training losses of (logits (N, K), targets (N,)), by name (:func:`build_loss`) or class; each
+class docstring states its formula and source paper."""
 
 from .brier import BrierLoss
 from .cross_entropy import CrossEntropyLoss, LabelSmoothingCrossEntropy

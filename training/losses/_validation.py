@@ -1,4 +1,4 @@
-"""Input and hyper-parameter checks shared by every loss in :mod:`training.losses`."""
+"""The base of every loss in :mod:`training.losses`, with the input and hyper-parameter checks they share."""
 
 from __future__ import annotations
 
@@ -6,15 +6,29 @@ import math
 import numbers
 
 import torch
+from torch import nn
+
+
+class Loss(nn.Module):
+    """A scalar batch loss of (logits (N, K), targets (N,)): ``forward`` checks both (:func:`check_inputs`), then
+    ``loss`` computes it; the repr shows the hyper-parameters ``params``."""
+
+    name = "loss"
+    params: tuple[str, ...] = ()
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{p}={getattr(self, p)!r}" for p in self.params)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss(logits, check_inputs(logits, targets, self.name))
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of checked inputs (``targets`` int64)."""
+        raise NotImplementedError
 
 
 def check_inputs(logits: torch.Tensor, targets: torch.Tensor, loss_name: str) -> torch.Tensor:
-    """Validate a ``(logits, targets)`` pair and return ``targets`` as an int64 tensor.
-
-    Requirements: ``logits`` is a floating-point tensor of shape ``(N, K)`` with
-    ``N >= 1`` and ``K >= 2``; ``targets`` is a 1-D integer tensor of length ``N``
-    whose values lie in ``[0, K)``. Anything else raises :class:`ValueError`.
-    """
+    """``targets`` as int64 after checking float logits (N >= 1, K >= 2) and integer targets (N,) in [0, K)."""
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"{loss_name}: logits must be a torch.Tensor, got {type(logits).__name__}")
     if not isinstance(targets, torch.Tensor):
@@ -57,10 +71,7 @@ def check_real(
     high: float | None = None,
     high_inclusive: bool = True,
 ) -> float:
-    """Return ``value`` as a float after checking it is a finite real number in range.
-
-    Raises :class:`ValueError` naming the parameter and the problem otherwise.
-    """
+    """``value`` as a float after checking it is a finite real number in range; ValueError naming ``param``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(
             f"{loss_name}: parameter '{param}' must be a real number, got {value!r} ({type(value).__name__})"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ._validation import check_inputs
+from ._validation import Loss
 
 
-class BrierLoss(nn.Module):
+class BrierLoss(Loss):
     r"""Multi-class Brier score used as a training loss.
 
     .. math::
@@ -17,16 +16,14 @@ class BrierLoss(nn.Module):
         L = \frac{1}{N} \sum_i \sum_{k=1}^{K} \big(p_{ik} - \mathbb{1}[y_i = k]\big)^2,
         \qquad p_i = \mathrm{softmax}(z_i).
 
-    Lies in [0, 2]. Brier 1950, "Verification of Forecasts Expressed in Terms of
-    Probability" (Monthly Weather Review); used as a calibration-aware training
-    loss in Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal
+    Lies in [0, 2]. Brier 1950, "Verification of Forecasts Expressed in Terms of Probability" (Monthly Weather Review);
+    used as a calibration-aware training loss in Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal
     Loss" (NeurIPS), with the same sum-over-classes, mean-over-batch reduction.
     """
 
     name = "brier"
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        targets = check_inputs(logits, targets, self.name)
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         probs = F.softmax(logits, dim=1)
         one_hot = F.one_hot(targets, num_classes=logits.shape[1]).to(probs.dtype)
         return ((probs - one_hot) ** 2).sum(dim=1).mean()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ._validation import check_inputs, check_real
+from ._validation import Loss, check_real
 
 
-class CrossEntropyLoss(nn.Module):
+class CrossEntropyLoss(Loss):
     r"""Plain (negative log-likelihood) cross-entropy, averaged over the batch.
 
     .. math::
@@ -17,23 +16,21 @@ class CrossEntropyLoss(nn.Module):
         L = -\frac{1}{N} \sum_{i=1}^{N} \log p_{i, y_i},
         \qquad p_i = \mathrm{softmax}(z_i).
 
-    The usual baseline; known to produce over-confident networks
-    (Guo et al. 2017, "On Calibration of Modern Neural Networks", ICML).
+    The usual baseline; known to produce over-confident networks (Guo et al. 2017, "On Calibration of Modern Neural
+    Networks", ICML).
     """
 
     name = "ce"
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        targets = check_inputs(logits, targets, self.name)
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, targets, reduction="mean")
 
 
-class LabelSmoothingCrossEntropy(nn.Module):
+class LabelSmoothingCrossEntropy(Loss):
     r"""Cross-entropy against uniformly smoothed targets.
 
-    With smoothing :math:`\varepsilon \in [0, 1)` and :math:`K` classes the target
-    distribution is :math:`t_k = (1-\varepsilon)\,\mathbb{1}[k = y] + \varepsilon / K`
-    (the uniform mass is spread over *all* K classes, including the true one), and
+    With smoothing :math:`\varepsilon \in [0, 1)` the target is :math:`t_k = (1-\varepsilon)\,\mathbb{1}[k = y] +
+    \varepsilon / K` (the uniform mass spread over *all* K classes, the true one included), and
 
     .. math::
 
@@ -43,22 +40,18 @@ class LabelSmoothingCrossEntropy(nn.Module):
 
     ``smoothing = 0`` recovers :class:`CrossEntropyLoss`.
 
-    Sources: Szegedy et al. 2016, "Rethinking the Inception Architecture for
-    Computer Vision" (CVPR); Müller, Kornblith & Hinton 2019, "When Does Label
-    Smoothing Help?" (NeurIPS), which studies its calibration effect.
+    Sources: Szegedy et al. 2016, "Rethinking the Inception Architecture for Computer Vision" (CVPR); Müller, Kornblith
+    & Hinton 2019, "When Does Label Smoothing Help?" (NeurIPS), which studies its calibration effect.
     """
 
     name = "label_smoothing"
+    params = ("smoothing",)
 
     def __init__(self, smoothing: float = 0.05) -> None:
         super().__init__()
         self.smoothing = check_real(self.name, "smoothing", smoothing, low=0.0, high=1.0, high_inclusive=False)
 
-    def extra_repr(self) -> str:
-        return f"smoothing={self.smoothing}"
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        targets = check_inputs(logits, targets, self.name)
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         num_classes = logits.shape[1]
         log_p = F.log_softmax(logits, dim=1)
         nll_true = -log_p.gather(1, targets.unsqueeze(1)).squeeze(1)

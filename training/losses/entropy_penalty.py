@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ._validation import check_inputs, check_real
+from ._validation import Loss, check_real
 
 
-class ConfidencePenaltyLoss(nn.Module):
+class ConfidencePenaltyLoss(Loss):
     r"""Cross-entropy with a bonus for high-entropy (less confident) predictions.
 
     .. math::
@@ -17,24 +16,19 @@ class ConfidencePenaltyLoss(nn.Module):
         L = \frac{1}{N} \sum_i \Big[ -\log p_{i,y_i} - \beta\, H(p_i) \Big],
         \qquad H(p_i) = -\sum_{k=1}^{K} p_{ik} \log p_{ik}.
 
-    The entropy is summed over classes (not averaged), as in the paper. Default
-    ``beta = 0.1``. Since :math:`0 \le H \le \log K` the loss is bounded below by
-    :math:`-\beta \log K`. Pereyra, Tucker, Chorowski, Kaiser & Hinton 2017,
-    "Regularizing Neural Networks by Penalizing Confident Output Distributions"
-    (ICLR workshop).
+    The entropy is summed over classes, as in the paper; default ``beta = 0.1``. As :math:`0 \le H \le \log K`, the
+    loss is at least :math:`-\beta \log K`. Pereyra, Tucker, Chorowski, Kaiser & Hinton 2017, "Regularizing Neural
+    Networks by Penalizing Confident Output Distributions" (ICLR workshop).
     """
 
     name = "entropy_penalty"
+    params = ("beta",)
 
     def __init__(self, beta: float = 0.1) -> None:
         super().__init__()
         self.beta = check_real(self.name, "beta", beta, low=0.0)
 
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}"
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        targets = check_inputs(logits, targets, self.name)
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         log_p = F.log_softmax(logits, dim=1)
         ce = -log_p.gather(1, targets.unsqueeze(1)).squeeze(1)
         # p * log p with p from exp(log_p): a saturated class gives 0 * (finite) = 0.

@@ -4,41 +4,35 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ._validation import check_inputs, check_real
+from ._validation import Loss, check_real
 
 _CLASS_REDUCTIONS = ("sum", "mean")
 
 
-class MarginLabelSmoothingLoss(nn.Module):
+class MarginLabelSmoothingLoss(Loss):
     r"""Margin-based label smoothing (MbLS): CE plus a hinge on logit distances.
 
-    For logits :math:`z_i \in \mathbb{R}^K` the logit distances are
-    :math:`d_{ik} = \max_j z_{ij} - z_{ik} \ge 0`. Only distances larger than
-    the margin :math:`m` are penalised, linearly:
+    Logit distances :math:`d_{ik} = \max_j z_{ij} - z_{ik} \ge 0` beyond the margin :math:`m` are penalised, linearly:
 
     .. math::
 
         L = \frac{1}{N} \sum_i \Big[ -\log p_{i,y_i}
             + \alpha \sum_{k=1}^{K} \max\big(0,\; \max_j z_{ij} - z_{ik} - m\big) \Big].
 
-    Defaults ``margin = 10``, ``alpha = 0.1`` are the paper's. When every logit
-    gap is at most ``m`` the penalty vanishes and the loss equals cross-entropy.
+    Defaults ``margin = 10``, ``alpha = 0.1`` are the paper's; with every logit gap at most ``m`` it is cross-entropy.
+    Liu, Ben Ayed, Galdran & Dolz 2022, "The Devil is in the Margins: Margin-based Label Smoothing for Network
+    Calibration" (CVPR): :math:`\mathcal{L}_{CE} + \lambda \sum_k \max(0, \max_j(l_j) - l_k - m)` (``alpha`` is
+    :math:`\lambda`).
 
-    Liu, Ben Ayed, Galdran & Dolz 2022, "The Devil is in the Margins:
-    Margin-based Label Smoothing for Network Calibration" (CVPR): the objective
-    :math:`\mathcal{L}_{CE} + \lambda \sum_k \max(0, \max_j(l_j) - l_k - m)`
-    (``alpha`` here is the paper's :math:`\lambda`).
-
-    ``class_reduction``: the paper sums the hinge over classes (``"sum"``, the
-    default). The authors' released code (``LogitMarginL1``) instead takes
-    ``relu(d - m).mean()`` over all N*K entries, i.e. it also divides by K;
-    ``class_reduction="mean"`` reproduces that. With K classes, ``alpha`` under
-    ``"sum"`` acts like ``K * alpha`` under ``"mean"``.
+    ``class_reduction``: the paper sums the hinge over classes (``"sum"``, the default). The authors' released code
+    (``LogitMarginL1``) instead takes ``relu(d - m).mean()`` over all N*K entries, i.e. it also divides by K;
+    ``class_reduction="mean"`` reproduces that. With K classes, ``alpha`` under ``"sum"`` acts like ``K * alpha`` under
+    ``"mean"``.
     """
 
     name = "mbls"
+    params = ("margin", "alpha", "class_reduction")
 
     def __init__(self, margin: float = 10.0, alpha: float = 0.1, class_reduction: str = "sum") -> None:
         super().__init__()
@@ -51,9 +45,6 @@ class MarginLabelSmoothingLoss(nn.Module):
             )
         self.class_reduction = class_reduction
 
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}, alpha={self.alpha}, class_reduction={self.class_reduction!r}"
-
     def margin_penalty(self, logits: torch.Tensor) -> torch.Tensor:
         """Batch mean of the hinge penalty on logit distances (without ``alpha``)."""
         distances = logits.max(dim=1, keepdim=True).values - logits
@@ -61,7 +52,6 @@ class MarginLabelSmoothingLoss(nn.Module):
         per_sample = hinge.sum(dim=1) if self.class_reduction == "sum" else hinge.mean(dim=1)
         return per_sample.mean()
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        targets = check_inputs(logits, targets, self.name)
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         ce = F.cross_entropy(logits, targets, reduction="mean")
         return ce + self.alpha * self.margin_penalty(logits)

@@ -1,9 +1,4 @@
-"""Name-based construction of the training losses.
-
-``build_loss("focal", gamma=2.0)`` returns a configured :class:`torch.nn.Module`;
-``available_losses()`` lists the accepted names. Parameter names and defaults are
-those of each loss class's constructor (the classes validate the values).
-"""
+"""Losses by name: ``build_loss("focal", gamma=2.0)``; parameters and defaults are each class's constructor's."""
 
 from __future__ import annotations
 
@@ -18,15 +13,6 @@ from .focal import FLSD53Loss, FocalLoss
 from .margin import MarginLabelSmoothingLoss
 from .mmce import MMCEWeightedLoss
 
-# name -> class; accepted parameters (and their defaults) come from the constructor:
-#   ce               -
-#   label_smoothing  smoothing=0.05
-#   focal            gamma=3.0
-#   flsd53           -
-#   mbls             margin=10.0, alpha=0.1, class_reduction="sum"
-#   brier            -
-#   mmce             lam=2.0, kernel_width=0.4
-#   entropy_penalty  beta=0.1
 _REGISTRY: dict[str, type[nn.Module]] = {
     "ce": CrossEntropyLoss,
     "label_smoothing": LabelSmoothingCrossEntropy,
@@ -55,14 +41,8 @@ def loss_parameters(name: str) -> dict[str, object]:
 
 
 def build_loss(name: str, **params: object) -> nn.Module:
-    """Build the loss registered as ``name`` with the given hyper-parameters.
-
-    Raises :class:`ValueError` for an unknown name (listing the known ones), for a
-    parameter the loss does not accept (listing the accepted ones), and for an
-    invalid parameter value (naming the parameter and the problem).
-    """
-    cls = _lookup(name)
-    accepted = loss_parameters(name)
+    """The loss ``name`` with ``params``; ValueError for an unknown name or parameter, or a bad value."""
+    accepted = loss_parameters(name)  # ValueError for an unknown name
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         accepted_txt = ", ".join(accepted) if accepted else "none"
@@ -70,7 +50,7 @@ def build_loss(name: str, **params: object) -> nn.Module:
             f"loss {name!r}: unknown parameter(s) {', '.join(repr(u) for u in unknown)}; "
             f"accepted parameters: {accepted_txt}"
         )
-    return cls(**params)
+    return _REGISTRY[name](**params)
 
 
 def _lookup(name: str) -> type[nn.Module]:

@@ -1,11 +1,9 @@
 """DenseNet-BC of Huang et al. (2017), "Densely Connected Convolutional Networks".
 
-CIFAR variant: a 3x3 stem with ``2 * growth_rate`` channels, three dense blocks
-of ``(depth - 4) / 6`` bottleneck layers (BN-ReLU-conv1x1(4k)-BN-ReLU-conv3x3(k)),
-and transition layers (BN-ReLU-conv1x1 with ``compression`` - average-pool 2)
-between blocks.  The default is DenseNet-BC with depth 40, growth rate 12 and
-compression 0.5.  The two transitions halve the resolution (32 -> 16 -> 8,
-8 -> 4 -> 2) and the head uses ``nn.AdaptiveAvgPool2d(1)``, so any input of at
+CIFAR variant: a 3x3 stem with ``2 * growth_rate`` channels, three dense blocks of ``(depth - 4) / 6`` bottleneck layers
+(BN-ReLU-conv1x1(4k)-BN-ReLU-conv3x3(k)), and transition layers (BN-ReLU-conv1x1 with ``compression`` - average-pool 2)
+between blocks.  The default is DenseNet-BC with depth 40, growth rate 12 and compression 0.5.  The two transitions
+halve the resolution (32 -> 16 -> 8, 8 -> 4 -> 2) and the head uses ``nn.AdaptiveAvgPool2d(1)``, so any input of at
 least 8x8 works.
 """
 
@@ -86,7 +84,3 @@ class DenseNetBC(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.pool(self.features(x))
         return self.fc(torch.flatten(out, 1))
-
-
-def densenet_bc(*, num_classes: int, in_channels: int, image_size: int) -> DenseNetBC:
-    return DenseNetBC(depth=40, growth_rate=12, compression=0.5, num_classes=num_classes, in_channels=in_channels)

@@ -1,9 +1,8 @@
 """Weight initialisation shared by every model in :mod:`training.models`.
 
-Convolutions use He et al. (2015), "Delving Deep into Rectifiers" (Kaiming
-normal, fan-out, ReLU gain); batch-norm layers start as the identity
-(weight 1, bias 0); linear layers keep PyTorch's default Kaiming-uniform
-weights with a zero bias.
+Convolutions use He et al. (2015), "Delving Deep into Rectifiers" (Kaiming normal, fan-out, ReLU gain); batch-norm
+layers start as the identity (weight 1, bias 0); linear layers keep PyTorch's default Kaiming-uniform weights with a
+zero bias.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """LeNet-5 of LeCun et al. (1998), "Gradient-based learning applied to document recognition".
 
-Layout: conv 5x5 (6) -> ReLU -> max-pool 2 -> conv 5x5 (16) -> ReLU -> max-pool 2
--> fc 120 -> ReLU -> fc 84 -> ReLU -> fc ``num_classes``.  ReLU replaces the
-original scaled tanh and max-pooling replaces the trainable sub-sampling.
+Layout: conv 5x5 (6) -> ReLU -> max-pool 2 -> conv 5x5 (16) -> ReLU -> max-pool 2 -> fc 120 -> ReLU -> fc 84 -> ReLU ->
+fc ``num_classes``.  ReLU replaces the original scaled tanh and max-pooling replaces the trainable sub-sampling.
 
-The fully connected head fixes the input resolution: the model only accepts
-``image_size x image_size`` inputs.  For ``image_size >= 32`` the convolutions
-are unpadded (the classic 32 -> 28 -> 14 -> 10 -> 5 geometry); below 32 they
-use ``padding=2`` so that tiny inputs such as the 8x8 sklearn digits survive
-(8 -> 8 -> 4 -> 4 -> 2).
+The fully connected head fixes the input resolution: the model only accepts ``image_size x image_size`` inputs.  For
+``image_size >= 32`` the convolutions are unpadded (the classic 32 -> 28 -> 14 -> 10 -> 5 geometry); below 32 they use
+``padding=2`` so that tiny inputs such as the 8x8 sklearn digits survive (8 -> 8 -> 4 -> 4 -> 2).
 """
 
 from __future__ import annotations
@@ -19,15 +16,6 @@ from torch import nn
 from training.models.initialization import init_weights
 
 KERNEL_SIZE = 5
-
-
-def _feature_size(image_size: int, padding: int) -> int:
-    """Spatial side length after the two conv + pool stages."""
-    size = image_size
-    for _ in range(2):
-        size = size + 2 * padding - KERNEL_SIZE + 1
-        size //= 2
-    return size
 
 
 class LeNet5(nn.Module):
@@ -43,7 +31,9 @@ class LeNet5(nn.Module):
         super().__init__()
         if padding is None:
             padding = 0 if image_size >= 32 else 2
-        side = _feature_size(image_size, padding)
+        side = image_size
+        for _ in range(2):  # the side after each conv + pool stage
+            side = (side + 2 * padding - KERNEL_SIZE + 1) // 2
         if side < 1:
             raise ValueError(
                 f"image_size={image_size} is too small for LeNet-5 with padding={padding}: "
@@ -70,7 +60,3 @@ class LeNet5(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
-
-
-def lenet5(*, num_classes: int, in_channels: int, image_size: int) -> LeNet5:
-    return LeNet5(num_classes=num_classes, in_channels=in_channels, image_size=image_size)

@@ -1,12 +1,10 @@
 """The network a run trains and exports: input adapter, normalisation and classifier in one ``nn.Sequential``.
 
-The exported graph takes raw [0, 1] pixels of the data set's size. Everything else it needs is
-inside the graph:
-- the per-channel normalisation (fitted on the training split, or ImageNet's statistics for
-  ``torchvision:*`` models, whose pretrained weights expect them);
-- for ``torchvision:*`` models on grey images, the channel repeated to the three they take;
-- with ``input_size``, the bilinear resize to the side length the network was trained at.
-Clients therefore never need the training statistics or the network's resolution.
+The exported graph takes raw [0, 1] pixels of the data set's size; all else is inside it, so clients never need the
+training statistics or the network's resolution: the per-channel normalisation (fitted on the training split, or
+ImageNet's statistics for ``torchvision:*`` models, whose pretrained weights expect them), the channel of grey images
+repeated to the three that ``torchvision:*`` models take, and with ``input_size`` the bilinear resize to the side
+length the network was trained at.
 """
 
 from __future__ import annotations
@@ -42,8 +40,7 @@ class Normalize(nn.Module):
 
 
 class InputAdapter(nn.Module):
-    """One input channel repeated to ``channels`` (when given), then a bilinear resize to ``size`` x ``size``
-    (when given)."""
+    """One input channel repeated to ``channels``, then a bilinear resize to ``size`` x ``size`` (each if given)."""
 
     def __init__(self, channels: int | None = None, size: int | None = None):
         super().__init__()
@@ -62,11 +59,8 @@ class InputAdapter(nn.Module):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What is needed to rebuild the network from a checkpoint.
-
-    ``image_size`` is the side length of the data (and of the exported input), ``input_size`` the one the
-    classifier sees (``None``: the same).
-    """
+    """What rebuilds the network from a checkpoint: ``image_size`` is the data's (and the exported input's) side
+    length, ``input_size`` the classifier's (``None``: the same)."""
 
     architecture: str
     num_classes: int

@@ -1,10 +1,8 @@
 """Name -> constructor registry for the image classifiers in :mod:`training.models`.
 
-Every factory takes the keyword-only arguments ``num_classes``, ``in_channels``
-and ``image_size`` and returns an ``nn.Module`` mapping a float tensor
-``(N, in_channels, H, W)`` to logits ``(N, num_classes)`` (no softmax).
-Fully convolutional models (everything except ``lenet5``) end in global average
-pooling and accept any ``H, W >= 8``; ``lenet5`` requires ``H == W == image_size``.
+Every model maps a float tensor ``(N, in_channels, H, W)`` to logits ``(N, num_classes)`` (no softmax). Fully
+convolutional models (everything except ``lenet5``) end in global average pooling and accept any ``H, W >= 8``;
+``lenet5`` requires ``H == W == image_size``.
 
 ``torchvision:<architecture>`` names torchvision's ImageNet classifiers (``training.vision.models``), which
 need the optional ``[vision]`` extra; this module never imports torchvision itself.
@@ -14,28 +12,30 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from functools import partial
 from typing import SupportsIndex
 
 from torch import nn
 
-from training.models.densenet import densenet_bc
-from training.models.lenet import lenet5
-from training.models.resnet import resnet20, resnet50, resnet56, resnet110
-from training.models.wide_resnet import wrn16_4, wrn28_10
+from training.models.densenet import DenseNetBC
+from training.models.lenet import LeNet5
+from training.models.resnet import Bottleneck, CifarResNet, cifar_resnet
+from training.models.wide_resnet import WideResNet
 
 MIN_IMAGE_SIZE = 8
 #: Prefix of the models that ``training.vision.models`` builds from torchvision.
 TORCHVISION_PREFIX = "torchvision:"
 
+#: name -> constructor of ``(num_classes=, in_channels=)``; ``lenet5`` also takes ``image_size=``.
 MODELS: dict[str, Callable[..., nn.Module]] = {
-    "lenet5": lenet5,
-    "resnet20": resnet20,
-    "resnet56": resnet56,
-    "resnet110": resnet110,
-    "resnet50": resnet50,
-    "densenet_bc": densenet_bc,
-    "wrn16_4": wrn16_4,
-    "wrn28_10": wrn28_10,
+    "lenet5": LeNet5,
+    "resnet20": partial(cifar_resnet, 20),
+    "resnet56": partial(cifar_resnet, 56),
+    "resnet110": partial(cifar_resnet, 110),
+    "resnet50": partial(CifarResNet, Bottleneck, [3, 4, 6, 3], [64, 128, 256, 512]),
+    "densenet_bc": partial(DenseNetBC, depth=40, growth_rate=12, compression=0.5),
+    "wrn16_4": partial(WideResNet, depth=16, widen_factor=4),
+    "wrn28_10": partial(WideResNet, depth=28, widen_factor=10),
 }
 
 
@@ -50,8 +50,7 @@ def is_torchvision(name: str) -> bool:
 
 
 def check_model_name(name: str) -> None:
-    """Raise ``ValueError`` naming the problem when ``name`` is neither registered nor a torchvision architecture
-    this project builds (which needs the ``[vision]`` extra installed)."""
+    """``ValueError`` unless ``name`` is registered or a torchvision architecture built here (``[vision]`` extra)."""
     if is_torchvision(name):
         from training.vision.models import check_architecture
 
@@ -75,12 +74,7 @@ def _as_int(name: str, value: object) -> int:
 
 
 def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
-    """Build the registered model ``name`` for square ``image_size`` inputs.
-
-    Raises ``ValueError`` for an unknown name, ``num_classes < 2``,
-    ``in_channels < 1`` or ``image_size < 8``, and ``TypeError`` when one of the
-    sizes is not an integer.
-    """
+    """Build the model ``name`` for square ``image_size`` inputs; ``TypeError`` for a size that is not an integer."""
     if name not in MODELS and not is_torchvision(name):
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(available_models())}")
     num_classes = _as_int("num_classes", num_classes)
@@ -101,4 +95,5 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
             in_channels=in_channels,
             image_size=image_size,
         )
-    return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
+    sized = {"image_size": image_size} if name == "lenet5" else {}
+    return MODELS[name](num_classes=num_classes, in_channels=in_channels, **sized)

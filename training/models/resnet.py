@@ -1,17 +1,13 @@
 """Residual networks of He et al. (2016), "Deep Residual Learning for Image Recognition".
 
-* ``resnet20`` / ``resnet56`` / ``resnet110``: the CIFAR networks of Section 4.2
-  (3 stages of 16/32/64 channels, ``6n + 2`` layers, basic blocks).  Shortcuts
-  that change shape use option B (1x1 convolution + batch norm) rather than
-  option A (zero padding): it exports cleanly to ONNX and adds only ~2.8k
-  parameters to ResNet-20.
-* ``resnet50``: the ImageNet bottleneck ResNet-50 (stages [3, 4, 6, 3],
-  expansion 4, widths 64/128/256/512) adapted to CIFAR with a 3x3 stride-1 stem
-  and no max-pool, as used by Mukhoti et al. (2020), "Calibrating Deep Neural
+* ``resnet20`` / ``resnet56`` / ``resnet110``: the CIFAR networks of Section 4.2 (3 stages of 16/32/64 channels,
+  ``6n + 2`` layers, basic blocks). Shortcuts that change shape use option B (1x1 convolution + batch norm) rather
+  than option A (zero padding): it exports cleanly to ONNX and adds only ~2.8k parameters to ResNet-20.
+* ``resnet50``: the ImageNet bottleneck ResNet-50 (stages [3, 4, 6, 3], expansion 4, widths 64/128/256/512) adapted
+  to CIFAR with a 3x3 stride-1 stem and no max-pool, as used by Mukhoti et al. (2020), "Calibrating Deep Neural
   Networks using Focal Loss".
 
-Both end in global average pooling (``nn.AdaptiveAvgPool2d(1)``), so any input
-of at least 8x8 works regardless of the ``image_size`` the model was built for.
+Both end in global average pooling (``nn.AdaptiveAvgPool2d(1)``), so any input of at least 8x8 works.
 """
 
 from __future__ import annotations
@@ -124,19 +120,3 @@ def cifar_resnet(depth: int, num_classes: int = 10, in_channels: int = 3) -> Cif
         raise ValueError(f"depth must be 6n + 2 with n >= 1 (20, 32, 44, 56, 110, ...), got {depth}")
     n = (depth - 2) // 6
     return CifarResNet(BasicBlock, [n, n, n], [16, 32, 64], num_classes, in_channels)
-
-
-def resnet20(*, num_classes: int, in_channels: int, image_size: int) -> CifarResNet:
-    return cifar_resnet(20, num_classes, in_channels)
-
-
-def resnet56(*, num_classes: int, in_channels: int, image_size: int) -> CifarResNet:
-    return cifar_resnet(56, num_classes, in_channels)
-
-
-def resnet110(*, num_classes: int, in_channels: int, image_size: int) -> CifarResNet:
-    return cifar_resnet(110, num_classes, in_channels)
-
-
-def resnet50(*, num_classes: int, in_channels: int, image_size: int) -> CifarResNet:
-    return CifarResNet(Bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], num_classes, in_channels)

@@ -1,11 +1,9 @@
 """Wide residual networks of Zagoruyko & Komodakis (2016), "Wide Residual Networks".
 
-WRN-d-k: a 3x3 stem with 16 channels, then three stages of ``(d - 4) / 6``
-pre-activation basic blocks (BN-ReLU-conv3x3-dropout-BN-ReLU-conv3x3) with
-widths ``16k``, ``32k`` and ``64k`` (strides 1, 2, 2), a final BN-ReLU, global
-average pooling and a linear classifier.  Shape-changing shortcuts are 1x1
-convolutions applied to the pre-activated input, as in the authors' code.
-Registered as ``wrn16_4`` (default) and ``wrn28_10``.
+WRN-d-k: a 3x3 stem with 16 channels, then three stages of ``(d - 4) / 6`` pre-activation basic blocks
+(BN-ReLU-conv3x3-dropout-BN-ReLU-conv3x3) with widths ``16k``, ``32k`` and ``64k`` (strides 1, 2, 2), a final BN-ReLU,
+global average pooling and a linear classifier.  Shape-changing shortcuts are 1x1 convolutions applied to the
+pre-activated input, as in the authors' code. Registered as ``wrn16_4`` (default) and ``wrn28_10``.
 """
 
 from __future__ import annotations
@@ -79,11 +77,3 @@ class WideResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.head(self.stages(self.stem(x)))
         return self.fc(torch.flatten(self.pool(out), 1))
-
-
-def wrn16_4(*, num_classes: int, in_channels: int, image_size: int) -> WideResNet:
-    return WideResNet(depth=16, widen_factor=4, num_classes=num_classes, in_channels=in_channels)
-
-
-def wrn28_10(*, num_classes: int, in_channels: int, image_size: int) -> WideResNet:
-    return WideResNet(depth=28, widen_factor=10, num_classes=num_classes, in_channels=in_channels)

@@ -1,10 +1,9 @@
 """The optional ``[vision]`` extra: torchvision's ImageNet classifiers, pretrained weights read from local files,
 and torchvision's transforms for the standard CIFAR augmentation.
 
-torchvision 0.29.1 imports only beside torch 2.14.1 (a CUDA build that also runs on the CPU), so it lives in
-a separate venv (``make vision``; README, "Torchvision models") and the core install never has it. The
-modules of this package are the only ones that import torchvision, and only when a run asks for a
-``torchvision:*`` model or ``augment``.
+torchvision 0.29.1 imports only beside torch 2.14.1 (a CUDA build that also runs on the CPU), so it lives in a separate
+venv (``make vision``; README, "Torchvision models") and the core install never has it. The modules of this package are
+the only ones that import torchvision, and only when a run asks for a ``torchvision:*`` model or ``augment``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The standard CIFAR augmentation from torchvision's transforms, drawn per image.
 
-He et al. 2016 (Sec. 4.2): "4 pixels are padded on each side, and a 32x32 crop is randomly sampled
-from the padded image or its horizontal flip". The padding scales with the image (``image_size // 8``,
-at least 1): 4 pixels at 32, 1 at digits' 8. The draws come from torch's generator, which the trainer
-seeds, so a run repeats.
+He et al. 2016 (Sec. 4.2): "4 pixels are padded on each side, and a 32x32 crop is randomly sampled from the padded image
+or its horizontal flip". The padding scales with the image (``image_size // 8``, at least 1): 4 pixels at 32, 1 at
+digits' 8. The draws come from torch's generator, which the trainer seeds, so a run repeats.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ def padding_for(image_size: int) -> int:
 
 
 def cifar_augmentation(image_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function from a batch (N, C, H, W) to the batch with each image randomly cropped from its zero-padded
-    copy and flipped horizontally with probability 1/2, independently per image."""
+    """Batch (N, C, H, W) -> each image randomly cropped from its zero-padded copy and flipped with probability 1/2."""
     require_torchvision("the standard CIFAR augmentation")
     from torchvision.transforms import v2
 

@@ -1,10 +1,9 @@
 """torchvision's ImageNet classifiers as ``torchvision:<architecture>``, fine-tuned from a local weights file.
 
-Families (each with the name of its classification layer): ResNet, ResNeXt and wide ResNet
-(He et al. 2016; Xie et al. 2017; Zagoruyko & Komodakis 2016; ``fc``) and DenseNet (Huang et al. 2017;
-``classifier``). Pretrained weights are a state-dict file on the local disk, never a download: the
-classification layer of the file belongs to the task it was trained on (ImageNet's 1000 classes) and
-is replaced by a new one for the data set's classes; every other tensor must fit the architecture.
+Families (each with the name of its classification layer): ResNet, ResNeXt and wide ResNet (He et al. 2016; Xie et
+al. 2017; Zagoruyko & Komodakis 2016; ``fc``) and DenseNet (Huang et al. 2017; ``classifier``). Pretrained weights
+are a local state-dict file, never a download: its classification layer (ImageNet's 1000 classes) is replaced by a
+new one for the data set's classes; every other tensor must fit the architecture.
 """
 
 from __future__ import annotations
@@ -39,30 +38,25 @@ def supported_architectures() -> list[str]:
     return sorted(a for a in tv.models.list_models(module=tv.models) if _family(a))
 
 
-def check_architecture(architecture: str) -> None:
-    """``ValueError`` unless torchvision imports and ``architecture`` is one of ``supported_architectures()``."""
+def check_architecture(architecture: str) -> str:
+    """``architecture``'s family; ``ValueError`` unless torchvision imports and supports it."""
     require_torchvision(f"torchvision:{architecture}")
     supported = supported_architectures()
     if architecture not in supported:
         raise ValueError(f"unknown torchvision architecture {architecture!r}; supported: {', '.join(supported)}")
+    return str(_family(architecture))
 
 
 def head_name(architecture: str) -> str:
     """The attribute of ``architecture``'s classification layer (``fc`` or ``classifier``)."""
-    check_architecture(architecture)
-    family = _family(architecture)
-    assert family is not None  # a supported architecture
-    return HEADS[family]
+    return HEADS[check_architecture(architecture)]
 
 
 def build_torchvision_model(architecture: str, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
-    """torchvision's ``architecture``, randomly initialised (``weights=None``: nothing is downloaded), with
-    ``num_classes`` outputs."""
-    check_architecture(architecture)
+    """torchvision's ``architecture``, ``num_classes`` outputs, randomly initialised (``weights=None``)."""
+    family = check_architecture(architecture)
     if in_channels != 3:
         raise ValueError(f"torchvision:{architecture} takes 3 input channels, got {in_channels}")
-    family = _family(architecture)
-    assert family is not None  # a supported architecture
     smallest = MIN_IMAGE_SIZE[family]
     if image_size < smallest:
         raise ValueError(
