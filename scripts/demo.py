@@ -2,10 +2,10 @@
 
 Starts the service on the default artifact (fresh SQLite store), then through the HTTP API:
 1. in-distribution digits with labels: rolling ECE stays low, alarm ok;
-2. contrast-corrupted digits (Hendrycks & Dietterich, severity 3): the model turns under-confident,
-   rolling ECE rises and the alarm fires;
-3. once the window holds only shifted labels, POST /admin/recalibrate applies the temperature
-   refitted on them (refitting on a window that still mixes the old distribution would fit neither);
+2. contrast-corrupted digits (Hendrycks & Dietterich, severity 3): the model turns under-confident, rolling ECE
+   rises and the alarm fires;
+3. once the window holds only shifted labels, POST /admin/recalibrate applies the temperature refitted on them (a
+   window that still mixes the old distribution would fit neither);
 4. more corrupted digits: ECE is back down under the new calibration version.
 Prints a table as it goes and plots rolling ECE to runs/demo/rolling_ece.png.
 
@@ -15,6 +15,7 @@ Prints a table as it goes and plots rolling ECE to runs/demo/rolling_ece.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from simulate_shift import ARTIFACT, MODEL, ROOT, Service, send_images  # noqa: E402
+from simulate_shift import ARTIFACT, MODEL, ROOT, send_images, serve  # noqa: E402
 
 from training.data import corrupt, load_digits_splits  # noqa: E402
 
@@ -39,10 +40,6 @@ def main() -> None:
     x = np.concatenate([splits.val.x, splits.test.x])
     y = np.concatenate([splits.val.y, splits.test.y])
     rng = np.random.default_rng(0)
-    workdir = Path(tempfile.mkdtemp(prefix="calib-demo-"))
-    shutil.copytree(ARTIFACT, workdir / "artifacts" / MODEL / "1")
-    service = Service(workdir / "artifacts", workdir / "store.db", CALIB_AUTH__ADMIN_TOKENS=f"admin:{TOKEN}")
-    client = service.client
     history: list[dict] = []
     labels = 0
 
@@ -71,7 +68,11 @@ def main() -> None:
             if stop_on_alarm and row["state"] == "alarm":
                 return
 
-    try:
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="calib-demo-")))
+        shutil.copytree(ARTIFACT, workdir / "artifacts" / MODEL / "1")
+        tokens = {"CALIB_AUTH__ADMIN_TOKENS": f"admin:{TOKEN}"}
+        client = stack.enter_context(serve(workdir / "artifacts", workdir / "store.db", **tokens))
         print(f"{'labels':>6} {'phase':<22} rolling ECE (last 300 labels) and alarm")
         stream("in-distribution", 600, shifted=False)
         stream("contrast severity 3", 1500, shifted=True, stop_on_alarm=True)
@@ -86,9 +87,6 @@ def main() -> None:
         )
         stream("after recalibration", 600, shifted=True)
         plot(history, args.out_dir / "rolling_ece.png")
-    finally:
-        service.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def plot(history: list[dict], path: Path) -> None:

@@ -3,22 +3,20 @@
 - ``architecture.png``: the packages and the data path, drawn with matplotlib (no Graphviz);
 - ``reliability.png``: the reliability diagram of the committed default artifact
   (``artifacts/digits-lenet5/1/plots/reliability.png``, written by ``python -m training run``), copied;
-- ``dashboard.png``: a headless Chromium screenshot of ``GET /dashboard``. The script starts
-  ``python -m service`` on a temporary copy of ``artifacts/`` with a SQLite store in a temporary
-  folder, sends in-distribution digits through ``/predict`` and their labels through ``/feedback``,
-  then contrast-corrupted digits until the alarm fires, and photographs the page.
+- ``dashboard.png``: a headless Chromium screenshot of ``GET /dashboard``: ``python -m service`` on a temporary copy
+  of ``artifacts/`` with a temporary SQLite store gets in-distribution digits through ``/predict`` and their labels
+  through ``/feedback``, then contrast-corrupted digits until the alarm fires.
 
     .venv/bin/python scripts/readme_images.py [--only architecture reliability dashboard]
 
-Needs the dev extra (matplotlib, Pillow, httpx, the service, scikit-learn's bundled digits) and the
-system Chromium for the screenshot (``make tools``). Nothing is downloaded. A PNG over 300 KB is saved
-with a 256-colour palette.
+Needs the dev extra (matplotlib, Pillow, httpx, the service, scikit-learn's bundled digits) and the system Chromium
+for the screenshot (``make tools``). Nothing is downloaded. A PNG over 300 KB is saved with a 256-colour palette.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -27,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 OUT = ROOT / "docs" / "images"
 MODEL = "digits-lenet5"
 RELIABILITY = ROOT / "artifacts" / MODEL / "1" / "plots" / "reliability.png"
@@ -63,66 +61,33 @@ def architecture(path: Path) -> None:
 
     def box(x, y, w, h, colours, lw=1.6, ls="-", radius=1.2):
         fill, edge = colours
+        style = f"round,pad=0,rounding_size={radius}"
         ax.add_patch(
-            FancyBboxPatch(
-                (x, y),
-                w,
-                h,
-                boxstyle=f"round,pad=0,rounding_size={radius}",
-                facecolor=fill,
-                edgecolor=edge,
-                linewidth=lw,
-                linestyle=ls,
-            )
+            FancyBboxPatch((x, y), w, h, boxstyle=style, facecolor=fill, edgecolor=edge, linewidth=lw, linestyle=ls)
         )
 
     def arrow(start, end, colour="#3e4c59", lw=1.8, style="-|>", rad=0.0, ls="-"):
-        ax.annotate(
-            "",
-            xy=end,
-            xytext=start,
-            arrowprops=dict(
-                arrowstyle=style,
-                color=colour,
-                lw=lw,
-                linestyle=ls,
-                shrinkA=0,
-                shrinkB=0,
-                mutation_scale=16,
-                connectionstyle=f"arc3,rad={rad}",
-            ),
-        )
+        props = dict(arrowstyle=style, color=colour, lw=lw, linestyle=ls, shrinkA=0, shrinkB=0, mutation_scale=16)
+        ax.annotate("", xy=end, xytext=start, arrowprops=props | {"connectionstyle": f"arc3,rad={rad}"})
+
+    def mono(x, y, text, size, colour="#1f2933", **style):
+        """Text in the monospaced font of package, module and folder names."""
+        ax.text(x, y, text, fontsize=size, color=colour, family="DejaVu Sans Mono", **style)
 
     def package(x, y, w, h, colours, title, subtitle, modules, columns=1):
         box(x, y, w, h, colours)
-        ax.text(
-            x + 1.5,
-            y + h - 2.2,
-            title,
-            fontsize=13.5,
-            fontweight="bold",
-            color=colours[1],
-            va="top",
-            family="DejaVu Sans Mono",
-        )
+        mono(x + 1.5, y + h - 2.2, title, 13.5, colours[1], fontweight="bold", va="top")
         ax.text(x + 1.5, y + h - 5.4, subtitle, fontsize=9.5, color="#3e4c59", va="top", style="italic")
         rows = -(-len(modules) // columns)
         col_w = (w - 3) / columns
         for i, (name, what) in enumerate(modules):
             cx = x + 1.5 + (i // rows) * col_w
             cy = y + h - 9.2 - (i % rows) * 3.05
-            ax.text(cx, cy, name, fontsize=10, fontweight="bold", family="DejaVu Sans Mono", color="#1f2933", va="top")
+            mono(cx, cy, name, 10, fontweight="bold", va="top")
             ax.text(cx, cy - 1.45, what, fontsize=8.2, color="#52606d", va="top")
 
-    ax.text(
-        2,
-        87.5,
-        "Calibrated model serving: packages and the data path",
-        fontsize=17,
-        fontweight="bold",
-        va="top",
-        color="#1f2933",
-    )
+    title = "Calibrated model serving: packages and the data path"
+    ax.text(2, 87.5, title, fontsize=17, fontweight="bold", va="top", color="#1f2933")
 
     # ---- the data path ------------------------------------------------------------------------------
     steps = [
@@ -140,29 +105,11 @@ def architecture(path: Path) -> None:
     for i, (name, what, where, colours) in enumerate(steps):
         x = x0 + i * (width + gap)
         box(x, y, width, h, colours, lw=2.0, radius=2.0)
-        ax.text(
-            x + width / 2,
-            y + h - 4.3 if "\n" not in name else y + h - 4.9,
-            name,
-            ha="center",
-            va="center",
-            fontsize=12.5 if "\n" not in name else 11,
-            fontweight="bold",
-            color="#1f2933",
-            linespacing=1.0,
-        )
+        below, size = (4.3, 12.5) if "\n" not in name else (4.9, 11)
+        bold = dict(fontweight="bold", color="#1f2933", linespacing=1.0)
+        ax.text(x + width / 2, y + h - below, name, ha="center", va="center", fontsize=size, **bold)
         ax.text(x + width / 2, y + 2.3, what, ha="center", va="center", fontsize=8.3, color="#3e4c59")
-        ax.text(
-            x + width / 2,
-            y - 1.2,
-            where,
-            ha="center",
-            va="top",
-            fontsize=8.3,
-            color=colours[1],
-            family="DejaVu Sans Mono",
-            linespacing=1.1,
-        )
+        mono(x + width / 2, y - 1.2, where, 8.3, colours[1], ha="center", va="top", linespacing=1.1)
         if i:
             arrow((x - gap + 0.15, y + h / 2), (x - 0.15, y + h / 2), lw=2.2)
 
@@ -170,158 +117,77 @@ def architecture(path: Path) -> None:
     top, bottom = 58.5, 17.0
     height = top - bottom
     box(24.5, bottom - 1.8, 124.5, height + 4.0, ("#fbfcfd", "#9aa5b1"), lw=1.2, ls="--", radius=1.5)
-    ax.text(
-        26,
-        top + 1.1,
-        "service/   python -m service (FastAPI, one worker per process; replicas share the store)",
-        fontsize=9.5,
-        color="#52606d",
-        va="center",
-        family="DejaVu Sans Mono",
-    )
+    service = "service/   python -m service (FastAPI, one worker per process; replicas share the store)"
+    mono(26, top + 1.1, service, 9.5, "#52606d", va="center")
 
-    package(
-        2,
-        30,
-        20,
-        top - 30,
-        TRAINING,
-        "training/",
-        "python -m training run",
-        [
-            ("data", "digits, CIFAR-10, folders"),
-            ("models", "LeNet-5, ResNet, WRN, ..."),
-            ("losses", "CE, focal, LS, MbLS, ..."),
-            ("calibrate", "temperature scaling"),
-            ("evaluate", "ECE, NLL, plots, report"),
-            ("export", "ONNX + manifest"),
-        ],
-    )
+    training = [
+        ("data", "digits, CIFAR-10, folders"),
+        ("models", "LeNet-5, ResNet, WRN, ..."),
+        ("losses", "CE, focal, LS, MbLS, ..."),
+        ("calibrate", "temperature scaling"),
+        ("evaluate", "ECE, NLL, plots, report"),
+        ("export", "ONNX + manifest"),
+    ]
+    package(2, 30, 20, top - 30, TRAINING, "training/", "python -m training run", training)
     box(4.5, bottom - 1.8, 17.5, 10.3, EXTERNAL, lw=1.6)
-    ax.text(
-        5.8,
-        bottom + 6.6,
-        "artifacts/",
-        fontsize=13.5,
-        fontweight="bold",
-        family="DejaVu Sans Mono",
-        color="#1f2933",
-        va="top",
-    )
-    ax.text(
-        5.8,
-        bottom + 3.2,
-        "<model>/<version>/\nmodel.onnx\n+ manifest.json",
-        fontsize=8.3,
-        family="DejaVu Sans Mono",
-        color="#3e4c59",
-        va="top",
-        linespacing=1.25,
-    )
+    mono(5.8, bottom + 6.6, "artifacts/", 13.5, fontweight="bold", va="top")
+    files = "<model>/<version>/\nmodel.onnx\n+ manifest.json"
+    mono(5.8, bottom + 3.2, files, 8.3, "#3e4c59", va="top", linespacing=1.25)
     arrow((13.25, 30), (13.25, bottom + 8.5), lw=2.0)
     ax.text(14.0, 28.2, "export", fontsize=8.5, color="#52606d", va="center")
 
-    package(
-        26,
-        bottom,
-        37,
-        height,
-        SERVING,
-        "service/http + serving",
-        "calibrated probabilities, fast",
-        [
-            ("http/routes", "every route, declared once"),
-            ("http/v2", "Open Inference Protocol"),
-            ("http/codec", "JSON in and out"),
-            ("dataplane", "request -> batch -> reply"),
-            ("batching", "queue, thread per session"),
-            ("runtime", "onnxruntime sessions"),
-            ("preprocessing", "the manifest's pipeline"),
-            ("repository", "loads artifacts/"),
-            ("scoring", "ids, probabilities"),
-            ("prediction_log", "write-behind queue"),
-        ],
-        columns=2,
-    )
-    ax.text(
-        27.5,
-        bottom + 2.0,
-        "also GET /models, /health, /metrics, /docs",
-        fontsize=8.3,
-        color=SERVING[1],
-        family="DejaVu Sans Mono",
-    )
-    package(
-        69,
-        bottom,
-        30,
-        height,
-        STORE,
-        "service/store",
-        "SQLAlchemy: SQLite or PostgreSQL",
-        [
-            ("schema", "tables and indexes"),
-            ("migration", "migrated at start"),
-            ("predictions", "the prediction log"),
-            ("labels + block sums", "bin sums per 4,096 labels"),
-            ("calibrations", "refitted temperatures"),
-            ("alarm_state", "detector state per version"),
-        ],
-    )
-    package(
-        105,
-        bottom,
-        42.5,
-        height,
-        MONITORING,
-        "service/monitoring",
-        "labels, rolling calibration, the alarm",
-        [
-            ("labels", "join, check, store labels"),
-            ("group_commit", "POST /feedback batches"),
-            ("evaluator", "background passes"),
-            ("alarm", "ok / warning / alarm"),
-            ("reports", "ECE, bins, drift"),
-            ("calibrations", "recalibrate, activate"),
-            ("pending", "labels before predictions"),
-            ("webhook", "POSTs transitions"),
-        ],
-        columns=2,
-    )
-    ax.text(
-        106.5,
-        bottom + 2.0,
-        "out: /calibration, /dashboard, /metrics, webhook",
-        fontsize=8.3,
-        color=MONITORING[1],
-        family="DejaVu Sans Mono",
-    )
+    serving = [
+        ("http/routes", "every route, declared once"),
+        ("http/v2", "Open Inference Protocol"),
+        ("http/codec", "JSON in and out"),
+        ("dataplane", "request -> batch -> reply"),
+        ("batching", "queue, thread per session"),
+        ("runtime", "onnxruntime sessions"),
+        ("preprocessing", "the manifest's pipeline"),
+        ("repository", "loads artifacts/"),
+        ("scoring", "ids, probabilities"),
+        ("prediction_log", "write-behind queue"),
+    ]
+    package(26, bottom, 37, height, SERVING, "service/http + serving", "calibrated probabilities, fast", serving, 2)
+    mono(27.5, bottom + 2.0, "also GET /models, /health, /metrics, /docs", 8.3, SERVING[1])
+    store = [
+        ("schema", "tables and indexes"),
+        ("migration", "migrated at start"),
+        ("predictions", "the prediction log"),
+        ("labels + block sums", "bin sums per 4,096 labels"),
+        ("calibrations", "refitted temperatures"),
+        ("alarm_state", "detector state per version"),
+    ]
+    package(69, bottom, 30, height, STORE, "service/store", "SQLAlchemy: SQLite or PostgreSQL", store)
+    monitoring = [
+        ("labels", "join, check, store labels"),
+        ("group_commit", "POST /feedback batches"),
+        ("evaluator", "background passes"),
+        ("alarm", "ok / warning / alarm"),
+        ("reports", "ECE, bins, drift"),
+        ("calibrations", "recalibrate, activate"),
+        ("pending", "labels before predictions"),
+        ("webhook", "POSTs transitions"),
+    ]
+    subtitle = "labels, rolling calibration, the alarm"
+    package(105, bottom, 42.5, height, MONITORING, "service/monitoring", subtitle, monitoring, 2)
+    mono(106.5, bottom + 2.0, "out: /calibration, /dashboard, /metrics, webhook", 8.3, MONITORING[1])
 
     # flows between packages
-    arrow((22, bottom + 3.35), (26, bottom + 3.35), lw=2.0)
-    ax.text(24, bottom + 4.8, "load", fontsize=8.3, color="#52606d", ha="center")
-    arrow((63, 31), (69, 31), lw=2.0)
-    ax.text(66, 32.6, "log rows", fontsize=8.3, color="#52606d", ha="center")
-    arrow((105, 31), (99, 31), lw=2.0)
-    ax.text(102, 32.6, "labels", fontsize=8.3, color="#52606d", ha="center")
-    arrow((99, 25), (105, 25), lw=2.0)
-    ax.text(102, 26.6, "sums", fontsize=8.3, color="#52606d", ha="center")
+    for start, end, x, y_text, label in (
+        ((22, bottom + 3.35), (26, bottom + 3.35), 24, bottom + 4.8, "load"),
+        ((63, 31), (69, 31), 66, 32.6, "log rows"),
+        ((105, 31), (99, 31), 102, 32.6, "labels"),
+        ((99, 25), (105, 25), 102, 26.6, "sums"),
+    ):
+        arrow(start, end, lw=2.0)
+        ax.text(x, y_text, label, fontsize=8.3, color="#52606d", ha="center")
 
     # ---- calibkit -------------------------------------------------------------------------------------
     box(2, 1.5, 146, 9.5, CALIBKIT)
-    ax.text(
-        3.5, 9.3, "calibkit/", fontsize=13.5, fontweight="bold", family="DejaVu Sans Mono", color=CALIBKIT[1], va="top"
-    )
-    ax.text(
-        3.5,
-        5.7,
-        "pure numpy + scipy, imported\nby training/ and service/",
-        fontsize=8.3,
-        color="#3e4c59",
-        va="top",
-        style="italic",
-        linespacing=1.15,
-    )
+    mono(3.5, 9.3, "calibkit/", 13.5, CALIBKIT[1], fontweight="bold", va="top")
+    imported = "pure numpy + scipy, imported\nby training/ and service/"
+    ax.text(3.5, 5.7, imported, fontsize=8.3, color="#3e4c59", va="top", style="italic", linespacing=1.15)
     modules = [
         ("metrics", "ECE, MCE, AdaECE, NLL, Brier"),
         ("binning", "15 bins (lo, hi]"),
@@ -332,7 +198,7 @@ def architecture(path: Path) -> None:
     ]
     for i, (name, what) in enumerate(modules):
         cx = 27 + i * 20.2
-        ax.text(cx, 8.9, name, fontsize=10, fontweight="bold", family="DejaVu Sans Mono", color="#1f2933", va="top")
+        mono(cx, 8.9, name, 10, fontweight="bold", va="top")
         ax.text(cx, 5.6, what, fontsize=8.2, color="#52606d", va="top")
     for x, y_top in ((3.2, 30), (44.5, bottom), (84, bottom), (126, bottom)):
         arrow((x, 11.0), (x, y_top), colour=CALIBKIT[1], lw=1.3, style="<|-", ls=(0, (4, 3)))
@@ -357,10 +223,9 @@ def reliability(path: Path) -> None:
 
 
 def dashboard(path: Path, start_timeout: float = 120.0) -> None:
-    import httpx
     import numpy as np
+    from simulate_shift import send_images, serve
 
-    from service.ports import free_port
     from training.data import corrupt, load_digits_splits
 
     splits = load_digits_splits()
@@ -369,55 +234,29 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
     rng = np.random.default_rng(0)
 
     workdir = Path(tempfile.mkdtemp(prefix="readme-images-"))
-    process = client = None
+    stack = contextlib.ExitStack()
     try:
         shutil.copytree(ROOT / "artifacts", workdir / "artifacts")
-        port = free_port()
-        env = dict(
-            os.environ,
-            CALIB_STORE__URL=f"sqlite:///{workdir / 'monitoring.db'}",
-            CALIB_LOG_LEVEL="warning",
-            CALIB_DEFAULT_MODEL=MODEL,
-            CALIB_MONITORING__EVALUATE_SECONDS="0.2",
-            CALIB_GRPC_PORT="0",
-            PYTHONPATH=str(ROOT),
-        )
-        with open(workdir / "service.log", "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "service", "--artifacts", str(workdir / "artifacts"), "--port", str(port)],
-                cwd=workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+        client = stack.enter_context(
+            serve(
+                workdir / "artifacts",
+                workdir / "monitoring.db",
+                workdir / "service.log",
+                start_timeout,
+                CALIB_DEFAULT_MODEL=MODEL,
+                CALIB_MONITORING__EVALUATE_SECONDS="0.2",
+                PYTHONPATH=str(ROOT),
             )
-        base = f"http://127.0.0.1:{port}"
-        client = httpx.Client(base_url=base, timeout=60)
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"the service exited with status {process.returncode}")
-            try:
-                if client.get("/v2/health/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the service did not become ready")
-            time.sleep(0.3)
+        )
         versions = next(m for m in client.get("/models").json()["models"] if m["name"] == MODEL)["versions"]
         version = next(v["version"] for v in versions if v["latest"])
 
         def send(n: int, shifted: bool) -> None:
             idx = rng.integers(0, len(y), size=n)
             batch = corrupt(x[idx], "contrast", 3, seed=int(rng.integers(1 << 30))) if shifted else x[idx]
-            r = client.post("/predict", json={"model": MODEL, "version": version, "inputs": batch.tolist()})
-            r.raise_for_status()
-            items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(r.json()["predictions"], y[idx])]
-            r = client.post("/feedback", json={"items": items})
-            r.raise_for_status()
+            send_images(client, version, batch, y[idx])  # answered once the alarm has seen the labels
 
         def state() -> str:
-            time.sleep(0.6)  # a few evaluation passes
             r = client.get("/calibration", params={"model": MODEL, "version": version})
             if r.status_code != 200 or "alarm" not in r.json():
                 raise SystemExit(f"GET /calibration answered {r.status_code}: {r.text[:500]}")
@@ -455,7 +294,7 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
                 "--virtual-time-budget=5000",
                 "--window-size=1280,1000",
                 f"--screenshot={shot}",
-                f"{base}/dashboard?model={MODEL}&version={version}",
+                f"{client.base_url}/dashboard?model={MODEL}&version={version}",
             ],
             check=True,
             timeout=180,
@@ -468,14 +307,7 @@ def dashboard(path: Path, start_timeout: float = 120.0) -> None:
             print("service log (last lines):\n" + (workdir / "service.log").read_text()[-4000:], file=sys.stderr)
         raise
     finally:
-        if client is not None:
-            client.close()
-        if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stack.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

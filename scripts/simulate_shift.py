@@ -1,14 +1,13 @@
 """Simulate labelled traffic through the real HTTP API and measure the miscalibration alarm.
 
-Starts ``python -m service`` (as docker-compose does) on a copy of the default artifact, with one
-model version per scenario so every scenario has its own monitoring state, then:
-- false alarms: ``--runs`` streams of ``--labels`` in-distribution digits (predict, then feedback
-  with the true labels); counts runs with any alarm;
-- detection: per shift scenario, ``--warmup`` in-distribution labels then shifted ones until the
-  alarm is raised (or ``--max-shifted``): corruptions at severities 1..5 go through /predict and
-  /feedback; over-confident logits (scaled by 1.6 and 2.5) go through offline feedback, both for
-  the digits model and for a calibrated synthetic source of 87% accuracy (calibkit.synthetic),
-  whose confidences leave room for over-confidence (the digits model's are already near 1).
+Starts ``python -m service`` (as docker-compose does) on a copy of the default artifact, one model version per
+scenario so that each has its own monitoring state, then:
+- false alarms: ``--runs`` streams of ``--labels`` in-distribution digits (predict, then feedback with the true
+  labels); counts runs with any alarm;
+- detection: per shift scenario, ``--warmup`` in-distribution labels then shifted ones until the alarm is raised (or
+  ``--max-shifted``): corruptions at severities 1..5 go through /predict and /feedback; over-confident logits (scaled
+  by 1.6 and 2.5) through offline feedback, for the digits model and for a calibrated synthetic source of 87%
+  accuracy (calibkit.synthetic), whose confidences leave room for over-confidence (the digits model's are near 1).
 Prints a markdown table and writes JSON.
 
     python scripts/simulate_shift.py [--runs 10] [--labels 10000] [--out bench/results/simulate_shift.json]
@@ -17,6 +16,7 @@ Prints a markdown table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,8 +42,8 @@ ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"
 MODEL = "digits-lenet5"
 #: Logit spread of the synthetic source: 10 classes, about 87% accuracy, calibrated by construction.
 SYNTHETIC_SCALE = 8.0
-#: Alarm evaluation cadence of the simulated service, short so that every request's labels are assessed
-#: before the next request (see ``evaluated``), as a service whose cadence is longer than a batch would not.
+#: Alarm evaluation cadence of the simulated service, short so that each request's labels are assessed before the
+#: next request (``evaluated``).
 EVALUATE_SECONDS = "0.05"
 
 
@@ -57,39 +57,39 @@ def prepare_repository(root: Path, versions: int) -> None:
         (target / "manifest.json").write_text(json.dumps(manifest))
 
 
-class Service:
-    """``python -m service`` on a free loopback port, with an httpx client to it."""
-
-    def __init__(self, artifacts: Path, database: Path, **env: str):
-        self.port = free_port()
-        env = dict(
-            os.environ,
-            CALIB_STORE__URL=f"sqlite:///{database}",
-            CALIB_LOG_LEVEL="warning",
-            CALIB_GRPC_PORT="0",
-            CALIB_MONITORING__EVALUATE_SECONDS=EVALUATE_SECONDS,
-            **env,
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "service", "--artifacts", str(artifacts), "--port", str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if self.client.get("/v2/health/ready").status_code == 200:
-                    return
-            except httpx.TransportError:
+@contextlib.contextmanager
+def serve(artifacts: Path, database: Path, log: Path | None = None, timeout: float = 60.0, **env: str):
+    """``python -m service`` on a free loopback port; yields an httpx client to it (its output in ``log`` if given)."""
+    port = free_port()
+    env = {
+        "CALIB_STORE__URL": f"sqlite:///{database}",
+        "CALIB_LOG_LEVEL": "warning",
+        "CALIB_GRPC_PORT": "0",
+        "CALIB_MONITORING__EVALUATE_SECONDS": EVALUATE_SECONDS,
+    } | env
+    argv = [sys.executable, "-m", "service", "--artifacts", str(artifacts), "--port", str(port)]
+    with open(log, "wb") if log is not None else contextlib.nullcontext(subprocess.DEVNULL) as output:
+        process = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=output, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            deadline = time.monotonic() + timeout
+            while process.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get("/v2/health/ready").status_code == 200:
+                        break
                 time.sleep(0.2)
-        raise RuntimeError("the service did not start")
-
-    def stop(self) -> None:
-        self.client.close()
-        self.process.terminate()
-        self.process.wait(timeout=30)
+            else:
+                status = process.returncode
+                raise RuntimeError(
+                    "the service did not start" if status is None else f"the service exited with status {status}"
+                )
+            yield client
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def _evaluation_passes(client: httpx.Client) -> float:
@@ -101,8 +101,7 @@ def _evaluation_passes(client: httpx.Client) -> float:
 
 
 def evaluated(client: httpx.Client, timeout: float = 120.0) -> None:
-    """Wait until the service has completed two more alarm evaluation passes: the second began after the
-    feedback acknowledged so far was stored, so the alarm has seen it."""
+    """Wait for two more alarm evaluation passes: the second began after the feedback so far was stored."""
     target = _evaluation_passes(client) + 2
     deadline = time.monotonic() + timeout
     while _evaluation_passes(client) < target:
@@ -152,12 +151,11 @@ def run(args) -> dict:
     ]
     scenarios += [(f"{c} s{sev}", "corruption", c, sev) for c in args.corruptions for sev in args.severities]
     versions = args.runs + len(scenarios)
-    workdir = Path(tempfile.mkdtemp(prefix="calib-sim-"))
-    prepare_repository(workdir / "artifacts", versions)
-    service = Service(workdir / "artifacts", workdir / "store.db")
     result = {"setup": vars(args) | {"temperature": temperature}, "false_alarm_runs": [], "scenarios": []}
-    try:
-        client = service.client
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="calib-sim-")))
+        prepare_repository(workdir / "artifacts", versions)
+        client = stack.enter_context(serve(workdir / "artifacts", workdir / "store.db"))
         for run_index in range(args.runs):
             version = str(run_index + 1)
             for start in range(0, args.labels, args.batch_in):
@@ -213,9 +211,6 @@ def run(args) -> dict:
                 f"{name}: ECE {population['ece']:.3f} -> alarm after {needed} labels ({final['alarm']['state']})",
                 flush=True,
             )
-    finally:
-        service.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     return result
 
 

@@ -2,23 +2,17 @@
 
 Two backward-compatible entries postdate some artifacts, and the service can only use them where they are:
 
-- the manifest's ``label_shift`` (``calibkit.manifest.LabelShiftReference``): the validation priors, mean calibrated
-  probabilities and joint confusion counts of every validation row, which the label-free estimates need (Saerens et
-  al. 2002; Lipton et al. 2018); computed as ``training.export`` does, ``LabelShiftReference.from_rows`` of the
-  calibration applied to the validation logits (here the ONNX graph's ``logits`` output, which the export's parity
-  check bounds against the torch ones);
-- ``conformal.json``'s ``class_calibrators`` / ``class_floor_calibrators``: the same conformal scores of the same rows
-  kept per class, which the weighted quantile of label shift needs (Podkopaev & Ramdas 2021); ``conformal.json``
-  becomes what ``training.conformal.fit_conformal`` writes on the recorded split (``read_split``: its seed and
-  fraction, stratified by class) under the graph's served ``probabilities`` output, with the same seeded draws.
+- the manifest's ``label_shift`` (``calibkit.manifest.LabelShiftReference``), which the label-free estimates need
+  (Saerens et al. 2002; Lipton et al. 2018), computed as ``training.export`` does from the ONNX graph's logits;
+- ``conformal.json``'s ``class_calibrators`` / ``class_floor_calibrators``, the same scores kept per class for the
+  weighted quantile of label shift (Podkopaev & Ramdas 2021), as ``training.conformal.fit_conformal`` writes them on
+  the recorded split under the graph's ``probabilities``, with the same seeded draws.
 
-The validation split is drawn again by ``training.pipeline.load_splits`` from the run's config, which the manifest
-records (``training.config``). The model, the calibration and every existing value stay as they are: the upgrade is
-refused unless the model file has the manifest's SHA-256, the recomputed probabilities give the manifest's reference
-confidences and accuracy, and every entry already in ``conformal.json`` (the marginal and floor calibrators: scores,
-draws, parameters; the split) equals its recomputed value. Only the manifest's ``label_shift`` and ``conformal.sha256``
-change. An artifact that has both entries is left alone, so the script can run again; one calibrated by ``python -m
-training calibrate --onnx`` (bring your own model) records no data to draw again and is refused: calibrate it again.
+The validation split is drawn again from the run's config (``training.pipeline.load_splits``). The upgrade is
+refused unless the model file has the manifest's SHA-256, the recomputed probabilities give the manifest's reference,
+and every entry already in ``conformal.json`` equals its recomputed value; only the manifest's ``label_shift`` and
+``conformal.sha256`` change. An artifact with both entries is left alone; one from ``python -m training calibrate
+--onnx`` is refused (no data to draw again).
 
     python scripts/upgrade_artifact.py artifacts/digits-lenet5/1 [more artifact directories]
 """

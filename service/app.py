@@ -1,6 +1,4 @@
-"""The service process: its parts built, started and stopped in the app's lifespan, and the FastAPI app with
-the HTTP layer of ``service.http`` (the route table, the middleware and the one error mapping).
-"""
+"""The service process: its parts started and stopped in the app's lifespan, and the FastAPI app."""
 
 from __future__ import annotations
 
@@ -107,8 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 async def _sync_store(parts: ServiceParts) -> bool:
-    """Create/migrate the schema and load the active calibrations; whether the store answered (a down
-    store is not fatal, and ``Database`` logs each outage once)."""
+    """Migrate the schema and load the active calibrations; whether the store answered (a down store is not fatal)."""
     try:
         await anyio.to_thread.run_sync(parts.monitor.sync)
     except StorageUnavailable:
@@ -119,8 +116,7 @@ async def _sync_store(parts: ServiceParts) -> bool:
 
 
 async def _housekeeping(parts: ServiceParts, retention: bool = True) -> None:
-    """Refresh active calibrations and the sets' states (replicas and a pod's front-ends see each other's) and, with
-    ``retention``, run the store's upkeep hourly (retention and partitions; each tick while an old log is moved)."""
+    """Refresh active calibrations and the sets' states and, with ``retention``, run the store's upkeep."""
     settings, store = parts.settings, parts.store
     last_upkeep = 0.0
     while True:

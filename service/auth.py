@@ -1,16 +1,7 @@
-"""Who may call what: named bearer tokens per route group (RFC 6750 ``Authorization: Bearer <token>``, the scheme
-matched case-insensitively as RFC 7235 says).
+"""Who may call what: named bearer tokens (RFC 6750) per route group, ``predict``, ``feedback`` or ``admin``.
 
-Three groups: ``predict`` (POST /predict, v2 infer over REST and gRPC), ``feedback`` (POST /feedback and the labels it
-lists) and ``admin`` (/admin/*); each HTTP route and gRPC method declares its group, or ``open``, where it is declared
-(``service.http.routes.ROUTES``, ``service.serving.grpc_server``). A group holds any number of named tokens, so that
-two are valid at once while one rotates. A group without tokens is open, except admin, which is then disabled (403). A
-group's tokens come from ``CALIB_AUTH__<GROUP>_TOKENS`` (``name:token,name:token``, read by
-``service.settings.parse_tokens``) or from the file that ``CALIB_AUTH__<GROUP>_TOKENS_FILE`` names (same format, or
-one ``name:token`` per line: a mounted Secret), re-read when it changes (``reload``, every
-``CALIB_AUTH__REFRESH_SECONDS``). A token is compared with every token of its group in constant time
-(``secrets.compare_digest``), and the check runs before the body is read. Neither tokens nor their names are logged,
-exported as metrics or shown by /health.
+A group without tokens is open, but admin is then disabled (403). Tokens come from ``CALIB_AUTH__<GROUP>_TOKENS`` or
+the file ``..._TOKENS_FILE`` names, re-read when it changes; compared in constant time and never logged or shown.
 """
 
 from __future__ import annotations
@@ -30,8 +21,7 @@ from service.store.rows import ANONYMOUS
 log = logging.getLogger("service.auth")
 
 Access = Literal["predict", "feedback", "admin", "open"]
-#: Who may call a route or a gRPC method: the holders of a token of its group (a group without tokens is open,
-#: but admin, which is then disabled), or anyone.
+#: Who may call a route or a gRPC method: the holders of a token of its group, or anyone.
 ACCESS: tuple[Access, ...] = (*GROUPS, "open")
 REALM = 'Bearer realm="calibrated-serving"'
 
@@ -64,8 +54,8 @@ class AccessControl:
         return bool(self._files)
 
     def reload(self, strict: bool = False) -> bool:
-        """Re-read the token files that changed; whether any did. A file that cannot be read or parsed keeps
-        its previous tokens (logged without its content), or stops the start when ``strict``."""
+        """Re-read the token files that changed; whether any did. A file that cannot be read keeps its previous
+        tokens, or stops the start when ``strict``."""
         changed = False
         for group, file in self._files.items():
             try:
@@ -88,9 +78,8 @@ class AccessControl:
         return group == "admin" or bool(self._tokens[group])
 
     def check(self, group: Group, authorization: str | None) -> str:
-        """The name of the token that ``authorization`` (the header's value) carries for ``group``, or
-        ``anonymous`` where the group is open. Raises ``Unauthorized`` (401) without a valid token and
-        ``Forbidden`` (403) for admin routes when no admin token is set."""
+        """The name of the token ``authorization`` carries for ``group`` (``anonymous`` where it is open); 401 without
+        a valid one, 403 for admin routes when no admin token is set."""
         tokens = self._tokens[group]
         if not tokens:
             if group == "admin":

@@ -1,5 +1,4 @@
-"""A loop task owned by a service part: started in the lifespan, stopped once it has finished the work
-queued before ``stop`` (the prediction log, the feedback writer and the alarm evaluator)."""
+"""A loop task owned by a service part: started in the lifespan, stopped once it has done the work queued before."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ class BackgroundLoop:
         self._task = self.loop.create_task(self._loop(), name=self.name)
 
     async def _wait(self, seconds: float) -> bool:
-        """Wait until woken (``_wakeup`` set) or ``seconds`` have passed; whether it was woken. The wake-up is
-        cleared either way."""
+        """Wait until woken (``_wakeup``, then cleared) or ``seconds`` have passed; whether it was woken."""
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
             woken = True

@@ -1,9 +1,5 @@
-"""``python -m service`` (console script ``calibrated-serve``): serve the model repository with uvicorn.
-
-Flags override the ``CALIB_*`` environment variables. One worker per process: scale with replicas (each process
-batches its own traffic and exposes its own /metrics), or, with ``CALIB_FRONTENDS`` > 1, run a pod of front-end
-processes around one engine process on the same ports (``service.engine.pod``).
-"""
+"""``python -m service`` (console script ``calibrated-serve``): serve the model repository with uvicorn, one worker per
+process; flags override the ``CALIB_*`` variables, and ``CALIB_FRONTENDS`` > 1 runs a pod (``service.engine.pod``)."""
 
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ from pydantic import ValidationError
 from service.app import create_app
 from service.settings import Settings
 
-#: Net allocations of container objects that start a young-generation pass of Python's cyclic garbage collector
-#: (Python's default is 700). Each pass runs on the event loop, so fewer passes leave it more time for requests;
-#: request objects are freed by reference counting long before, so this bounds cyclic garbage at a few MB
-#: (decision 0014).
+#: Net allocations that start a young-generation pass of the cyclic garbage collector (Python's default is 700):
+#: fewer passes on the event loop, cyclic garbage still bounded at a few MB (decision 0014).
 GC_THRESHOLD = 10_000
 
 
@@ -59,14 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a token file that cannot be read or parsed
         print(f"error: {exc}")
         return 2
-    # Everything imported so far lives as long as the process: keep it out of the cyclic garbage
-    # collector's full passes, which otherwise stall a request for tens of milliseconds now and then,
-    # and run its young passes less often (``GC_THRESHOLD``).
+    # Everything imported so far lives as long as the process: keep it out of the collector's full passes
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
-    # uvicorn drains on SIGTERM, restores the handler it found and raises the signal again, so that the process
-    # would end killed by it; a drained replica has done nothing wrong, so it is absorbed here and the exit is 0
+    # uvicorn drains on SIGTERM, then raises it again with the handler it found: a drained replica exits 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     config = uvicorn.Config(
         app,
@@ -78,11 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=settings.graceful_shutdown_seconds,  # type: ignore[arg-type]
         access_log=False,
     )
-    # a pod's front-ends each listen on the pod's port with SO_REUSEPORT, so that the kernel spreads the connections
-    # over them evenly (on one shared listening socket, the front-end that wakes first accepts them all)
+    # bound here, listening only once uvicorn has started the app (create_server calls listen), so that no
+    # connection waits in the queue of a front-end that is still starting
     sockets = None
     if reuse_port:
         family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        sockets = [socket.create_server((settings.host, settings.port), family=family, backlog=2048, reuse_port=True)]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((settings.host, settings.port))
+        sockets = [sock]
     uvicorn.Server(config).run(sockets=sockets)
     return 0

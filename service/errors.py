@@ -1,8 +1,5 @@
-"""Typed errors of the service, mapped to HTTP responses in one place (``service.http.errors``).
-
-Every error names the field (a JSON path into the request, when there is one) and the problem,
-so a client can fix its request without reading server logs.
-"""
+"""Typed errors of the service, mapped to HTTP responses in one place (``service.http.errors``); each names the
+field (a JSON path into the request) and the problem, so a client can fix its request without the server's logs."""
 
 from __future__ import annotations
 
@@ -79,14 +76,19 @@ class PayloadTooLarge(ServiceError):
     code = "payload_too_large"
 
 
-class Overloaded(ServiceError):
-    """The batching queue is full: retry after the given number of seconds."""
+class RetryLater(ServiceError):
+    """A 503 that tells the client when to retry (``Retry-After``, in seconds)."""
 
     status = 503
-    code = "overloaded"
 
-    def __init__(self, message: str, retry_after: int):
+    def __init__(self, message: str, retry_after: int = 1):
         super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+class Overloaded(RetryLater):
+    """The batching queue is full: retry after the given number of seconds."""
+
+    code = "overloaded"
 
 
 class NotReady(ServiceError):
@@ -96,35 +98,22 @@ class NotReady(ServiceError):
     code = "not_ready"
 
 
-class EngineUnavailable(ServiceError):
+class EngineUnavailable(RetryLater):
     """The inference engine process is down or not answering (``service.engine``): retry once it is back."""
 
-    status = 503
     code = "engine_unavailable"
 
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
+class DeadlineExceeded(RetryLater):
+    """A request's outputs did not come within its model's ``deadline_seconds``: retry shortly (as Triton's)."""
 
-class DeadlineExceeded(ServiceError):
-    """A request's outputs did not come within its model's ``deadline_seconds`` (a stuck or lost batch, or a queue
-    too long to serve it in time): retry shortly. Triton's queue policy answers the same way."""
-
-    status = 503
     code = "deadline_exceeded"
 
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
-
-class StorageUnavailable(ServiceError):
+class StorageUnavailable(RetryLater):
     """The database cannot be reached: retry later."""
 
-    status = 503
     code = "storage_unavailable"
-
-    def __init__(self, message: str, retry_after: int = 1):
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 def field_path(loc: tuple) -> str:

@@ -1,9 +1,5 @@
-"""Prometheus metrics of one service process (its own registry, exposed at GET /metrics).
-
-One process serves with one uvicorn worker: scale out with replicas, each scraped on its own port. In a pod of
-front-end processes around one engine (``CALIB_FRONTENDS`` > 1, ``service.engine.pod``), prometheus-client's
-multiprocess mode sums them, so that the pod is scraped as one service.
-"""
+"""Prometheus metrics of one service process (its own registry, at GET /metrics); a pod's processes are summed by
+prometheus-client's multiprocess mode, so the pod is scraped as one service."""
 
 from __future__ import annotations
 
@@ -48,15 +44,17 @@ class ServiceMetrics:
             """A gauge that a pod of front-ends exposes as the value its live processes wrote last."""
             return Gauge(name, documentation, labels, registry=r, multiprocess_mode="livemostrecent")
 
+        def count(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+            return Counter(name, documentation, labels, registry=r)
+
         def timing(name: str, documentation: str, labels: Sequence[str] = ()) -> Histogram:
             """A histogram of durations in seconds, in ``LATENCY_BUCKETS``."""
             return Histogram(name, documentation, labels, buckets=LATENCY_BUCKETS, registry=r)
 
-        self.requests = Counter(
+        self.requests = count(
             "calib_http_requests_total",
             "HTTP requests by route template, method and status",
             ["route", "method", "status"],
-            registry=r,
         )
         self.latency = timing(
             "calib_http_request_duration_seconds", "Total request latency by route template", ["route"]
@@ -67,8 +65,8 @@ class ServiceMetrics:
             "inference, see the two histograms below), encode (build + encode the response)",
             ["route", "phase"],
         )
-        self.grpc_requests = Counter(
-            "calib_grpc_requests_total", "gRPC calls by method and status code", ["method", "code"], registry=r
+        self.grpc_requests = count(
+            "calib_grpc_requests_total", "gRPC calls by method and status code", ["method", "code"]
         )
         self.grpc_latency = timing("calib_grpc_request_duration_seconds", "gRPC call latency by method", ["method"])
         self.in_flight = Gauge(
@@ -102,10 +100,8 @@ class ServiceMetrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        self.rejected = Counter(
-            "calib_batcher_rejected_total", "Requests refused because the queue was full", ["model"], registry=r
-        )
-        self.predictions = Counter("calib_predictions_total", "Rows predicted", ["model", "version"], registry=r)
+        self.rejected = count("calib_batcher_rejected_total", "Requests refused because the queue was full", ["model"])
+        self.predictions = count("calib_predictions_total", "Rows predicted", ["model", "version"])
         self.model_info = latest(
             "calib_model_info",
             "Loaded model versions and the provider that runs them (1)",
@@ -113,11 +109,9 @@ class ServiceMetrics:
         )
         self.model_ready = latest("calib_model_ready", "1 when the model version is ready", ["model", "version"])
 
-        self.log_written = Counter(
-            "calib_prediction_log_written_total", "Prediction rows written to the store", registry=r
-        )
-        self.log_dropped = Counter(
-            "calib_prediction_log_dropped_total", "Prediction rows not logged, by reason", ["reason"], registry=r
+        self.log_written = count("calib_prediction_log_written_total", "Prediction rows written to the store")
+        self.log_dropped = count(
+            "calib_prediction_log_dropped_total", "Prediction rows not logged, by reason", ["reason"]
         )
         self.storage_up = latest("calib_storage_up", "1 when the feedback store answered the last operation")
         self.partitions_end = Gauge(
@@ -128,30 +122,26 @@ class ServiceMetrics:
             registry=r,
             multiprocess_mode="max",
         )
-        self.feedback_items = Counter(
+        self.feedback_items = count(
             "calib_feedback_items_total",
             "Feedback items by result: accepted, pending (stored until their prediction is) or rejected",
             ["result"],
-            registry=r,
         )
         self.pending_labels = latest(
             "calib_pending_labels",
             "Labels waiting for their prediction, as this replica last counted them in the store",
         )
-        self.pending_resolved = Counter(
+        self.pending_resolved = count(
             "calib_pending_labels_resolved_total",
             "Pending labels this replica joined to their prediction, expired or rejected at the join",
             ["outcome"],
-            registry=r,
         )
         by_bin = ["model", "version", "bin"]
-        self.labeled = Counter("calib_labeled_total", "Labelled predictions per confidence bin", by_bin, registry=r)
-        self.confidence_sum = Counter(
-            "calib_confidence_sum_total", "Sum of confidences of labelled predictions per bin", by_bin, registry=r
+        self.labeled = count("calib_labeled_total", "Labelled predictions per confidence bin", by_bin)
+        self.confidence_sum = count(
+            "calib_confidence_sum_total", "Sum of confidences of labelled predictions per bin", by_bin
         )
-        self.correct = Counter(
-            "calib_correct_total", "Correct labelled predictions per confidence bin", by_bin, registry=r
-        )
+        self.correct = count("calib_correct_total", "Correct labelled predictions per confidence bin", by_bin)
         mv = ["model", "version"]
         self.alarm_state = latest("calib_alarm_state", "0 ok, 1 warning, 2 alarm", mv)
         self.window_ece = latest("calib_window_ece", "ECE of the alarm window", mv)
@@ -163,7 +153,7 @@ class ServiceMetrics:
             "The alarm's e-detector: the weighted mixture of its CUSUMs (alarm at CALIB_ALARM__THRESHOLD)",
             mv,
         )
-        self.transitions = Counter("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"], registry=r)
+        self.transitions = count("calib_alarm_transitions_total", "Alarm state transitions", [*mv, "to"])
         self.label_shift_alarm = latest(
             "calib_label_shift_alarm",
             "1 while the label-shift alarm is raised: some class's mean calibrated probability left its band",
@@ -174,8 +164,8 @@ class ServiceMetrics:
             "The label-shift alarm's e-detector (alarm at CALIB_SHIFT__ALARM_THRESHOLD)",
             mv,
         )
-        self.label_shift_transitions = Counter(
-            "calib_label_shift_transitions_total", "Label-shift alarm transitions", [*mv, "to"], registry=r
+        self.label_shift_transitions = count(
+            "calib_label_shift_transitions_total", "Label-shift alarm transitions", [*mv, "to"]
         )
         self.estimated_accuracy, self.estimated_accuracy_low, self.estimated_accuracy_high = (
             latest(
@@ -225,9 +215,7 @@ class ServiceMetrics:
             buckets=(0, 1, 2, 3, 5, 10, 20, 50, 100),
             registry=r,
         )
-        self.webhook_failures = Counter(
-            "calib_webhook_failures_total", "Alarm webhooks that could not be delivered", registry=r
-        )
+        self.webhook_failures = count("calib_webhook_failures_total", "Alarm webhooks that could not be delivered")
         self.evaluation = timing(
             "calib_evaluation_duration_seconds",
             "Alarm evaluation passes over every served model version (its count: the passes completed)",
@@ -249,9 +237,7 @@ class ServiceMetrics:
         self.engine_round_trip.labels(model).observe(seconds)
 
     def exposition(self) -> bytes:
-        """The metrics in Prometheus' text format: this process's, or, in a pod of front-ends
-        (``PROMETHEUS_MULTIPROC_DIR`` set by ``service.engine.pod``), every live process's, counters and
-        histograms summed, in-flight requests summed and the other gauges the most recent value written."""
+        """The metrics in Prometheus' text format: this process's, or in a pod every live process's."""
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if not directory:
             return generate_latest(self.registry)

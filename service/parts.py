@@ -1,10 +1,4 @@
-"""The service's parts wired together, and the calls the routes make on them.
-
-A route turns HTTP into one call on ``ServiceParts`` and the result back into HTTP (the shape of MLServer's
-``rest/endpoints.py``). The lifespan in ``service.app`` builds it, starts its parts and puts it on
-``app.state``; handlers receive it through the ``Parts`` dependency (``parts_of``). Blocking monitoring calls
-run in worker threads here, so no route needs to know which calls block.
-"""
+"""The service's parts wired together and the calls the routes make on them; blocking calls run in worker threads."""
 
 from __future__ import annotations
 
@@ -45,8 +39,7 @@ from service.store import Store
 
 @dataclass
 class ServiceParts:
-    """The model repository's data plane, the store, monitoring, the background writers and the access
-    control of one service process."""
+    """The parts of one service process; handlers receive them through the ``Parts`` dependency."""
 
     settings: Settings
     metrics: ServiceMetrics
@@ -131,8 +124,7 @@ class ServiceParts:
         return self.ready and any(m.ready for m in self.repository.all())
 
     async def health(self, admin: bool) -> HealthResponse:
-        """Readiness with details: loaded models and their providers, refused artifacts, the store (its
-        last error only for ``admin``: the driver's text names hosts, ports and databases)."""
+        """Readiness with details (the store's last error only for ``admin``: it names hosts and databases)."""
         models = [
             {
                 "name": m.name,

@@ -1,5 +1,4 @@
-"""Free TCP ports for servers started next: the pod's ports when the settings say 0, the benchmarks' and the tests'
-servers."""
+"""Free TCP ports for servers started next: the pod's when the settings say 0, benchmarks' and tests'."""
 
 from __future__ import annotations
 
@@ -11,10 +10,8 @@ _HANDED_OUT: set[int] = set()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing holds now, for a server started next: drawn at random below the system's
-    ephemeral range, so that no outgoing connection (a database pool's, a client's) takes it as its local port before
-    the server binds it, which a port the system picks from that range risks; never the same one twice in a process.
-    Falls back to a system-picked port where there is no room below the range."""
+    """A TCP port on ``host`` that nothing holds now, drawn below the ephemeral range (so no outgoing connection takes
+    it before the server binds it), never twice in a process; else one the system picks."""
     low = _ephemeral_low()
     rng = random.SystemRandom()
     for _ in range(200):

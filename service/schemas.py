@@ -1,8 +1,4 @@
-"""Request and response models: the HTTP contract that applications and dashboards rely on.
-
-``/predict``, ``/models`` and ``/health`` are this service's own API; the ``V2*`` models of the Open Inference
-Protocol (KServe v2, as spoken by Triton and MLServer) are in ``service.serving.v2_protocol``.
-"""
+"""Request and response models: the HTTP contract; the v2 protocol's are in ``service.serving.v2_protocol``."""
 
 from __future__ import annotations
 

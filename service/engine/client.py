@@ -1,11 +1,5 @@
-"""A front-end's connection to the engine: requests out, replies routed back by sequence number to their futures.
-
-One ZeroMQ DEALER socket per front-end process. The engine is watched two ways: the socket's monitor reports a
-dropped connection at once (the engine process died), and pings every ``heartbeat`` seconds catch an engine that
-is alive but not answering (no reply for ``dead_after`` seconds). Either way every waiting request fails at once
-with ``EngineUnavailable`` (503 with Retry-After), never a hang, and new requests fail the same way until the engine
-answers a ping again; ZeroMQ reconnects by itself when a supervisor restarts the engine on the same endpoint.
-"""
+"""A front-end's ZeroMQ DEALER connection to the engine; a dropped connection or ``dead_after`` seconds without a ping
+answer fails every waiting and new request with ``EngineUnavailable`` until the engine answers again."""
 
 from __future__ import annotations
 
@@ -48,8 +42,7 @@ class EngineClient:
         return self._connected and time.monotonic() - self._last_answer < self.dead_after
 
     async def start(self, wait: float = 0.0) -> None:
-        """Connect; with ``wait`` > 0, wait up to that long for the engine's first answer (raises
-        ``EngineUnavailable`` when none comes)."""
+        """Connect; with ``wait`` > 0, wait that long at most for the engine's first answer."""
         socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)

@@ -1,12 +1,5 @@
-"""A service process in front of an engine (``CALIB_POD__ENGINE_ENDPOINT``): its models' inference goes to the engine.
-
-The front-end loads every version's manifest and conformal scores as in process but opens no onnxruntime session,
-so it never initialises CUDA. It batches its own concurrent requests as in process (``DynamicBatcher``, whose
-inference threads score each batch and draw its sets); ``RemoteRuntime`` takes the place of the session: each batch
-goes to the engine as one message and comes back as one, so the IPC and the per-batch work are paid once a batch,
-not once a request, and the engine batches the front-ends' batches again. ``EngineBatcher`` is ready only while the
-engine answers (``EngineClient``), and refuses at once when it does not.
-"""
+"""A service process in front of an engine (``CALIB_POD__ENGINE_ENDPOINT``): no onnxruntime session, its batches go
+to the engine as one message each through ``RemoteRuntime``, and the engine batches them again."""
 
 from __future__ import annotations
 
@@ -26,9 +19,7 @@ from service.settings import BatchingConfig
 
 #: Milliseconds between checks of the engine's liveness while a batch waits for its reply.
 POLL_MS = 20
-#: A front-end's batches in flight to the engine per model version at first: one runs in the engine while the next
-#: forms and is sent. The window then follows the engine's queue (``EngineBatcher``), between 1 and the pod's
-#: ``max_window``.
+#: A front-end's batches in flight to the engine per model version at first; then ``EngineBatcher`` adapts it.
 FIRST_WINDOW = 2
 
 QueueObserver = Callable[[float, int], None]
@@ -36,10 +27,8 @@ QueueObserver = Callable[[float, int], None]
 
 
 class RemoteRuntime:
-    """A version's sessions in the engine: their facts (``service.engine.server.runtime_facts``) for what the
-    front-end shows, and ``run``, a blocking round trip of one batch on the calling thread's own socket, given up
-    after ``deadline`` seconds (the model's ``deadline_seconds``) with ``DeadlineExceeded``: the reply, should it
-    come later, is recognised by its sequence number and dropped, and the thread serves the next batch."""
+    """A version's sessions in the engine: their facts (``runtime_facts``) and ``run``, a blocking round trip of one
+    batch on the calling thread's own socket, given up after ``deadline`` seconds (a late reply is dropped)."""
 
     def __init__(self, facts: dict, client: EngineClient, model: str, version: str, deadline: float = 30.0):
         self.provider: str = facts["provider"]
@@ -60,8 +49,7 @@ class RemoteRuntime:
         self._seq = itertools.count(1)
 
     def run(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """The batch's outputs from the engine; ``EngineUnavailable`` as soon as the engine is seen down,
-        ``DeadlineExceeded`` when no reply comes within the deadline."""
+        """The batch's outputs from the engine; ``EngineUnavailable`` once it is seen down, or ``DeadlineExceeded``."""
         socket = self._socket()
         seq = next(self._seq)
         given_up = time.monotonic() + self.deadline
@@ -100,14 +88,8 @@ class RemoteRuntime:
 
 
 class EngineBatcher(DynamicBatcher):
-    """The in-process batcher over a ``RemoteRuntime``: ready while the engine answers, refusing at once otherwise,
-    with ``max_window`` inference threads of which ``window`` may wait on the engine at once.
-
-    The window follows the engine's queue, as a sender's congestion window follows its path (additive steps): a
-    reply that finds no rows queued in the engine while this front-end has requests waiting widens it by one, up to
-    ``max_window`` (the engine's sessions would otherwise run dry between batches); one that finds a full batch
-    queued there narrows it by one, down to 1 (more in flight would only wait there, and cost every front-end the
-    CPU of more, smaller messages)."""
+    """The in-process batcher over a ``RemoteRuntime``, ready while the engine answers. Its ``window`` follows the
+    engine's queue as a congestion window does: widened by one when none is queued there, narrowed at a full batch."""
 
     def __init__(
         self,

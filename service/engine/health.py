@@ -1,16 +1,5 @@
-"""When an engine must end: a session stuck in one batch, or a device error that no later call recovers from.
-
-Either way the process cannot serve again, however long it waits, while pings would still be answered: the
-engine's socket thread never runs inference. So the engine exits (``EngineFault``) and its supervisor, the pod or
-Kubernetes, starts a fresh one; the front-ends answer 503 meanwhile.
-
-- **Stuck**: a batch has run longer than its model's ``deadline_seconds``. Every request in it has already been
-  answered 503 by its front-end, and the requests behind it would wait as long.
-- **Sticky device error**: CUDA reports some faults (an illegal address, a failed launch, an uncorrectable ECC
-  error, ...) as "sticky": the context is corrupt and every later call in the process fails with the same error
-  (CUDA Runtime API, ``cudaError``); only a new process gets a working device. onnxruntime raises them as
-  ``CUDA failure <code>: <text>``.
-"""
+"""When an engine must end (``EngineFault``) for its supervisor to start a fresh one: a batch stuck past its model's
+``deadline_seconds``, or a "sticky" CUDA error (``cudaError``) after which every call in the process fails."""
 
 from __future__ import annotations
 
@@ -20,9 +9,8 @@ from collections.abc import Iterable, Mapping
 
 from service.serving.batching import DynamicBatcher
 
-#: The ``cudaError_t`` codes that corrupt the context: cudaErrorECCUncorrectable (214), IllegalAddress (700),
-#: LaunchTimeout (702), Assert (710), HardwareStackError (714), IllegalInstruction (715), MisalignedAddress (716),
-#: InvalidAddressSpace (717), InvalidPc (718), LaunchFailure (719).
+#: The ``cudaError_t`` codes that corrupt the context: ECCUncorrectable (214), IllegalAddress (700), LaunchTimeout
+#: (702), Assert (710), HardwareStackError .. LaunchFailure (714-719).
 STICKY_CUDA_ERRORS = frozenset({214, 700, 702, 710, 714, 715, 716, 717, 718, 719})
 _CUDA_FAILURE = re.compile(r"CUDA failure (\d+)")
 _STICKY_TEXT = re.compile(
@@ -57,8 +45,7 @@ class Health:
             self.fault = f"model {name}: a device error no later call recovers from: {exc}"
 
     def check(self, batchers: Mapping[tuple[str, str], DynamicBatcher]) -> str | None:
-        """The fault, recorded or found now: a batch that has run past its model's deadline. The socket thread asks
-        at every wake-up; the batchers' running batches are scanned at most every ``scan_seconds``."""
+        """The fault, recorded or found now (a batch past its deadline; scanned at most every ``scan_seconds``)."""
         now = time.monotonic()
         if self.fault is None and now >= self._next_scan:
             self._next_scan = now + self.scan_seconds

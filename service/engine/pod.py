@@ -1,13 +1,5 @@
-"""A pod: one engine process and ``frontends`` front-end processes on one HTTP and one gRPC port, supervised.
-
-``python -m service`` with ``CALIB_FRONTENDS`` > 1 runs this instead of serving itself. It fixes the HTTP and gRPC
-ports, which every front-end binds with SO_REUSEPORT (gRPC's default on Linux), so that the kernel spreads the
-connections over the front-ends, starts the engine (``python -m service.engine``) on an ``ipc://`` endpoint
-in a directory of its own, and the front-ends (``python -m service`` with ``CALIB_POD__ENGINE_ENDPOINT``), each with
-prometheus-client's multiprocess directory so that any of them answers ``/metrics`` for the pod. A process that
-ends is started again (the front-ends answer 503 while the engine is down, and serve again when it is back);
-SIGTERM drains the front-ends, then the engine, and the pod exits 0.
-"""
+"""A pod: one engine process and ``frontends`` front-end processes sharing one HTTP and one gRPC port (SO_REUSEPORT)
+and prometheus-client's multiprocess directory, supervised; SIGTERM drains the front-ends, then the engine."""
 
 from __future__ import annotations
 
@@ -56,8 +48,7 @@ class Pod:
         self._stopping = False
 
     def env(self, **extra: str) -> dict[str, str]:
-        """The children's environment: the pod's, with the settings its command-line flags gave (flags override the
-        environment) and the pod's ports, size and metrics directory."""
+        """The children's environment: the pod's, with its command-line settings, ports, size and metrics directory."""
         given = {
             "CALIB_HOST": self.settings.host,
             "CALIB_ARTIFACTS": str(self.settings.artifacts),
@@ -119,8 +110,7 @@ class Pod:
         self._stopping = True
 
     def drain(self) -> int:
-        """SIGTERM to the front-ends (they finish their requests), then to the engine; exit 0 when all ended
-        cleanly (0, or ended by that SIGTERM before they had set up their handler: still starting)."""
+        """SIGTERM to the front-ends, then to the engine; 0 when all ended cleanly (or by it, still starting)."""
         codes = {}
         for group in ([n for n in self.children if n != "engine"], ["engine"]):
             for name in group:
@@ -140,8 +130,7 @@ class Pod:
 
 
 def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM it when the supervisor ends, however the supervisor ends (Linux's
-    PR_SET_PDEATHSIG), so that no front-end or engine outlives its pod."""
+    """In the child: SIGTERM it however the supervisor ends (Linux's PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         import ctypes
 

@@ -1,11 +1,5 @@
 """The engine process: the model repository's sessions and one dynamic batcher per model version, behind a ZeroMQ
-ROUTER socket.
-
-Each request is submitted to its model's batcher as the in-process service does (``DynamicBatcher``: batches grow
-with load, several sessions take batches from one queue, a full queue refuses with ``Overloaded``); its reply
-carries the request's rows of the graph's outputs and the batch's facts. Requests are answered as their batches
-finish, in any order: the front-end routes a reply by its sequence number. Pings are answered at once, so a
-front-end can tell a live engine from a dead or stuck one.
+ROUTER socket; pings are answered at once, so a front-end can tell a live engine from a dead or stuck one.
 
     python -m service.engine --endpoint ipc:///run/calib/engine.sock [--artifacts artifacts]
 """
@@ -42,30 +36,18 @@ DRAIN = 256
 POLL_MS = 100
 #: Seconds a stopping engine waits at most for the replies of what it had queued.
 DRAIN_SECONDS = 60.0
-#: The engine's thread switch interval: an inference thread whose ``Run`` has ended waits at most this long for the
-#: GIL. Beside a busy Python thread, onnxruntime alone kept a quarter of its rows/s at Python's default of 5 ms and
-#: three quarters at 0.5 ms (decision 0027). A process that serves in process keeps Python's default: there the
-#: first GPU run could not tell the two apart (decision 0001).
+#: The engine's thread switch interval, the longest an inference thread waits for the GIL (decision 0027; in process:
+#: Python's default, decision 0001).
 ENGINE_SWITCH_INTERVAL_MS = 0.5
 #: The exit status of an engine that cannot serve again (``service.engine.health``): its supervisor restarts it.
 EXIT_FAULT = 70
-#: Messages a socket queues per peer before a send would block: far above what the front-ends keep in flight (their
-#: batchers' windows and pings), so a reply is never held back or dropped by the queue's bound.
+#: Messages a socket queues per peer before a send would block: far above what the front-ends keep in flight.
 HIGH_WATER_MARK = 10_000
 
 
 class EngineServer:
-    """Serves ``batchers`` (by (model, version)) on ``endpoint`` until ``stop``; ``facts`` (by the same keys) are
-    what a ``describe`` request learns of each: its provider and sessions, as ``runtime_facts`` gives them.
-
-    No event loop: one thread (``run``'s) owns the ROUTER socket and waits in ``zmq.Poller`` with the GIL released,
-    reads requests in bursts and queues them with ``DynamicBatcher.submit_nowait``. An inference thread only appends
-    its batch's results to an outbox and wakes the socket thread, which encodes and sends the replies and observes
-    the batch's metrics, so the inference threads go back to their sessions at once. The ROUTER is
-    ``ROUTER_MANDATORY``: a reply to a front-end that has gone raises instead of vanishing, and is logged.
-    A ping's reply carries the engine's progress (batches run, the longest-running batch's time so far); an engine
-    with a stuck session or a sticky device error ends with ``EngineFault`` (``service.engine.health``).
-    """
+    """Serves ``batchers`` on ``endpoint`` until ``stop``. One thread owns the ROUTER socket (``ROUTER_MANDATORY``) and
+    sends the replies inference threads leave in an outbox; a stuck session or sticky device error: ``EngineFault``."""
 
     def __init__(
         self,
@@ -80,7 +62,6 @@ class EngineServer:
         self.facts = json.dumps([{"model": m, "version": v} | f for (m, v), f in (facts or {}).items()])
         self.health = health or Health()
         self.timeline = timeline
-        self.undelivered = 0  # replies ZeroMQ could not route (their front-end had gone)
         self._stopping = threading.Event()
         self._context = zmq.Context()
         self._outbox: collections.deque = collections.deque()
@@ -94,8 +75,8 @@ class EngineServer:
                 batcher.timeline = self.record
 
     def run(self) -> None:
-        """Bind, start the batchers, answer until ``stop``; then finish what is queued and in flight, answering it.
-        Raises ``EngineFault`` at once when the engine cannot serve again."""
+        """Bind, start the batchers, answer until ``stop``, then answer what is queued and in flight; ``EngineFault``
+        at once when the engine cannot serve again."""
         router = self._context.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 1000)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -203,8 +184,8 @@ class EngineServer:
         self._post(("timeline", facts))
 
     def _post(self, item: tuple) -> None:
-        """Append to the outbox and wake the socket thread unless a wake-up is already pending. The socket thread
-        clears the flag before it empties the outbox, so an item appended meanwhile is sent now or wakes it again."""
+        """Append to the outbox and wake the socket thread unless a wake-up is pending (it clears the flag before it
+        empties the outbox, so nothing appended meanwhile waits)."""
         self._outbox.append(item)
         if not self._wake_pending:
             self._wake_pending = True
@@ -235,14 +216,12 @@ class EngineServer:
         return sent
 
     def _send(self, router: zmq.Socket, frames: list) -> None:
-        """Send without blocking the socket thread; a reply ZeroMQ cannot route is logged and counted, never lost
-        in silence (its front-end gave up on it at its deadline, or has ended)."""
+        """Send without blocking; a reply ZeroMQ cannot route (its front-end gave up on it, or ended) is logged."""
         try:
             router.send_multipart(frames, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
-            self.undelivered += 1
             log.warning("a reply could not be delivered (%s): its front-end has ended or stopped reading", exc.strerror)
 
 
@@ -283,9 +262,7 @@ def _failure(seq: int, exc: Exception) -> list:
 
 
 def runtime_facts(runtimes) -> dict:
-    """What a front-end shows of a version's sessions (``/health``, ``provider`` in answers, the v2 outputs): the
-    first's provider, binding and buckets; CUDA graphs when every session replays them, else the first reason why
-    not; the warm-up time and buffer bytes of all of them."""
+    """What a front-end shows of a version's sessions (``/health``, ``provider`` in answers, the v2 outputs)."""
     first = runtimes[0]
     return {
         "provider": first.provider,
@@ -303,8 +280,7 @@ def runtime_facts(runtimes) -> dict:
 
 
 def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], dict[tuple[str, str], dict]]:
-    """A batcher over the raw graph outputs of every version the repository loads (sessions, buckets, warm-up), and
-    the facts of its sessions."""
+    """A batcher over the raw graph outputs of every version the repository loads, and its sessions' facts."""
     from service.metrics import ServiceMetrics
     from service.serving.repository import ModelRepository
 
@@ -326,10 +302,8 @@ def repository_engine(settings) -> tuple[dict[tuple[str, str], DynamicBatcher], 
 
 
 def serve_repository(endpoint: str, settings) -> None:
-    """The engine of ``python -m service.engine``: the repository's batchers on ``endpoint`` until SIGTERM or
-    SIGINT, with the thread switch interval ``ENGINE_SWITCH_INTERVAL_MS``. An engine that cannot serve again
-    (``EngineFault``) exits at once with ``EXIT_FAULT``, leaving any stuck thread behind, for its supervisor to
-    start a new one."""
+    """``python -m service.engine``: the repository's batchers on ``endpoint`` until SIGTERM or SIGINT; an engine that
+    cannot serve again exits at once with ``EXIT_FAULT`` (stuck threads left behind) for its supervisor to restart."""
     sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_MS / 1000)
     batchers, facts = repository_engine(settings)
     server = EngineServer(batchers, endpoint, facts, timeline=settings.pod.timeline)

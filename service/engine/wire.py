@@ -1,12 +1,5 @@
-"""The frames between front-ends and the engine: a msgspec header, then each tensor's raw bytes as a frame.
-
-Request: ``[header, rows]``, the header naming the model, version, dtype and shape of the rows. Reply: ``[header,
-output, ...]``, the header carrying the request's sequence number, a status, and per output its name, dtype and
-shape, with the batch's facts (rows, queue wait, inference time, batch id) and the rows then queued in the engine. A
-ping is a request of kind ``ping`` without rows; its reply has status ``ok``, no outputs, and the engine's progress:
-batches run (``batch_id``) and the longest-running batch's time so far (``stalled_seconds``). A ``describe`` request
-is answered with the engine's model versions and their sessions (provider, outputs) as JSON in the reply's message.
-"""
+"""The frames between front-ends and the engine: a msgspec header, then each tensor's raw bytes as a frame; a ping's
+reply carries the engine's progress, a ``describe``'s its model versions."""
 
 from __future__ import annotations
 
@@ -71,8 +64,7 @@ def described(seq: int, facts: str) -> list:
 
 
 def request_seq(frames: list) -> int:
-    """The sequence number of a request that cannot be read whole, so that its error reply reaches its sender;
-    0 when even that is unreadable."""
+    """The sequence number of a request that cannot be read whole, for its error reply (0: unreadable)."""
     try:
         header = msgspec.msgpack.decode(frames[0])
         seq = header[0] if isinstance(header, list) and header else 0

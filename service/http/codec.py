@@ -1,11 +1,5 @@
-"""JSON in and out of the fast handlers, without FastAPI's generic body handling.
-
-Bodies are decoded with orjson and validated once by pydantic; responses are plain dicts encoded by orjson
-(FastAPI would decode with the standard library, re-validate the response against ``response_model`` and
-encode through ``jsonable_encoder``). Failures are raised as FastAPI's own ``RequestValidationError`` so that
-the one error mapping (``service.http.errors``) answers them as for any route: 400 for a body that is not
-JSON, 422 naming the field.
-"""
+"""JSON in and out of the fast handlers: bodies decoded by orjson and validated once by pydantic, responses plain
+dicts encoded by orjson; failures are FastAPI's ``RequestValidationError``, answered as for any route."""
 
 from __future__ import annotations
 
@@ -39,9 +33,8 @@ def media_type(request: Request, *supported: str) -> str:
 
 
 def decode(raw: bytes):
-    """The JSON value of a request body. Non-standard ``NaN``/``Infinity`` literals are accepted (as
-    Python's json module does) so that they reach validation and get an error naming the field.
-    Nesting deeper than orjson's limit (1,024) is invalid JSON here, never a ``RecursionError``."""
+    """The JSON value of a request body; ``NaN``/``Infinity`` are accepted (as Python's json does) for validation
+    to name, and nesting past orjson's limit is invalid JSON, never a ``RecursionError``."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -60,8 +53,7 @@ def validate(model: type[Model], value) -> Model:
 
 
 def json_body(model: type[BaseModel]) -> dict:
-    """OpenAPI ``requestBody`` of a route that reads its JSON body itself (``service.http.routes`` adds
-    ``model`` to the document's components)."""
+    """OpenAPI ``requestBody`` of a route that reads its JSON body itself."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 

@@ -1,10 +1,4 @@
-"""The one mapping of errors to HTTP responses, used by the app's exception handlers and by the
-middleware's calls of the fast handlers.
-
-Errors of the service's own API are ``{"error": {"code", "message", "field"}}``; errors under
-``/v2`` are ``{"error": "..."}`` with status 400 for bad input, as the v2 protocol specifies.
-Anything else is a JSON 500 that tells nothing about the internals (the caller logs it).
-"""
+"""The one mapping of errors to HTTP responses (under ``/v2`` as the v2 protocol specifies); a 500 tells nothing."""
 
 from __future__ import annotations
 
@@ -56,8 +50,7 @@ def _error(
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer the service's errors, validation errors and Starlette's HTTP errors through ``error_response``;
-    log anything else and answer it as a JSON 500."""
+    """Answer every error through ``error_response``, logging the unexpected ones."""
 
     async def mapped(request: Request, exc: Exception):
         return error_response(request.url.path, exc)

@@ -1,5 +1,4 @@
-"""The service's own inference API: /predict (a fast handler), /models, /health, /metrics. Thin: each handler
-makes one call on ``ServiceParts`` (or the data plane it holds); ``service.http.routes`` declares the routes."""
+"""The service's own inference API: /predict (a fast handler), /models, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -41,9 +40,8 @@ async def predict(request: Request) -> Response:
 
 
 async def _prepared(request: Request, dataplane: DataPlane, max_files: int, phases: Phases) -> tuple:
-    """The request's options, model and float32 batch. A large JSON body of numeric rows is parsed straight
-    into an array (``service.http.numeric_json``); any other body, or one that path leaves to the general
-    one, is decoded and validated as a whole. Only the batch outlives this call (see ``DataPlane.prepare``)."""
+    """The request's options, model and float32 batch; a large JSON body of numeric rows is parsed straight into an
+    array (``service.http.numeric_json``) where it can be."""
     if media_type(request, "application/json", MULTIPART) == MULTIPART:
         payload = await _uploaded(request, max_files)
     else:
@@ -59,8 +57,7 @@ async def _prepared(request: Request, dataplane: DataPlane, max_files: int, phas
 
 
 async def _uploaded(request: Request, max_files: int) -> dict:
-    """A multipart/form-data /predict (``curl -F file=@digit.png``): every uploaded file is a row (the i-th
-    is ``inputs[i]``), the other form fields are those of the JSON body (``model``, ``top_k``, ...)."""
+    """A multipart/form-data /predict: every uploaded file a row, the other form fields those of the JSON body."""
     try:
         form = await request.form(max_files=max_files)
     except HTTPException as exc:  # Starlette's 400 for a malformed body or too many files

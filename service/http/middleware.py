@@ -1,9 +1,5 @@
-"""Pure ASGI middleware: request ids, route-group tokens (before the body is read), the request body size
-limit and per-route metrics.
-
-Pure ASGI (not BaseHTTPMiddleware) so bodies are streamed, never buffered twice, and the limit
-is enforced on the bytes actually received, chunked uploads included.
-"""
+"""Pure ASGI middleware (bodies streamed, the size limit on the bytes received): request ids, route-group tokens
+before the body is read, the body size limit and per-route metrics."""
 
 from __future__ import annotations
 
@@ -31,15 +27,8 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class ServingMiddleware:
-    """Echo or assign ``X-Request-ID``, refuse a request of a route group without its token (401, before the
-    body is read; the token's name goes to ``scope["state"]["principal"]``), refuse bodies over
-    ``max_body_bytes`` with 413, and count requests and latency by route template (not raw path, which would
-    explode label cardinality).
-
-    The handlers of the ``fast`` routes (``service.http.routes``: POST /predict, /feedback, v2 infer) are called
-    from here, past the framework's routing and exception layers, with their errors answered by the same
-    mapping (``service.http.errors``); an unexpected exception still propagates to the app's 500 handler.
-    The router keeps these routes too, for the 405 of other methods."""
+    """Echo or assign ``X-Request-ID``, refuse requests without their group's token (401) or too large (413), count and
+    time them by route template, and call the ``fast`` routes' handlers directly."""
 
     def __init__(
         self,
@@ -134,8 +123,7 @@ class ServingMiddleware:
             histogram.observe(time.perf_counter() - start)
 
     def _match(self, scope: Scope) -> APIRoute | None:
-        """The fast route with path parameters (``/v2/models/{name}/infer``) that fully matches the request,
-        its parameters put in the scope; None leaves the request to the app (and other methods to its 405)."""
+        """The fast route with path parameters that fully matches the request, its parameters put in the scope."""
         for route in self.patterns:
             match, child = route.matches(scope)
             if match == Match.FULL:
@@ -166,8 +154,7 @@ class ServingMiddleware:
         return found
 
     async def _refuse(self, scope: Scope, send: Send, request_id: str, error: ServiceError, route: str) -> None:
-        """Answer a request refused before its body is read (no token, a declared body over the limit) in its
-        path's error format, counted under ``route``; the connection closes, since the body is left unread."""
+        """Answer a request refused before its body is read, counted under ``route``; the connection closes."""
         response = error_response(scope["path"], error)
         response.headers[REQUEST_ID] = request_id
         response.headers["connection"] = "close"

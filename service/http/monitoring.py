@@ -1,6 +1,4 @@
-"""The monitoring API: /feedback (a fast handler), the unmatched labels, /calibration with its diagram,
-timeline and history, and the admin calls. Thin: each handler makes one call on ``ServiceParts``;
-``service.http.routes`` declares the routes."""
+"""The monitoring API: /feedback (a fast handler), unmatched labels, /calibration and the admin calls."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""A JSON body's numeric rows straight into one array, without a Python object per number.
-
-orjson turns a 3x32x32 row into 3,072 Python floats and numpy then walks them again to build the
-batch; on a heavy model that is most of a single-row JSON request's own CPU.
-simdjson's document gives the numbers of a nested array as one buffer (``as_buffer``) and its nesting
-by the lengths of its arrays, so the rows become an array with no per-number work in Python.
-
-Only a body that is certainly well formed takes this path: a JSON object, without repeated keys, whose
-``key`` holds a non-empty rectangular nested array of numbers and whose other fields are scalars.
-Anything else (another nesting, a string or ``true`` among the numbers, invalid JSON, numbers of
-magnitude 2**53 or more, where integers could round differently) gives None, and the caller's general parser
-answers, errors included: this path changes the speed of an answer, never the answer.
+"""A JSON body's numeric rows straight into one array with simdjson, without a Python object per number. Only a body
+that is certainly well formed takes this path, otherwise the general parser answers: it changes speed, never answers.
 """
 
 from __future__ import annotations
@@ -25,8 +15,7 @@ EXACT = 2.0**53  # past this magnitude an integer's float64 may differ from nump
 WORTH_IT_BYTES = 8192
 """Below this body size orjson and numpy are as fast or faster (the measurement: docs/decisions)."""
 REUSED_BYTES = 1 << 20
-"""Bodies up to this size are parsed by a parser kept per thread (simdjson keeps its buffers, sized to the
-largest document it parsed, and allocating them anew costs as much as parsing); larger ones by a new one."""
+"""Bodies up to this size reuse a parser per thread (its buffers cost as much as parsing); larger ones a new one."""
 
 _local = threading.local()
 
@@ -40,8 +29,7 @@ def _parser(size: int) -> simdjson.Parser:
 
 
 def numeric_rows(raw: bytes, key: str) -> tuple[dict, np.ndarray] | None:
-    """The body's other fields and its ``key`` as a float64 array of the nested shape, or None where the
-    body is not certainly well formed (the module docstring says what that takes).
+    """The body's other fields and its ``key`` as a float64 array, or None where it is not certainly well formed.
 
     >>> fields, rows = numeric_rows(b'{"inputs": [[1, 2.5], [3, 4]], "top_k": 2}', "inputs")
     >>> fields, rows.shape, rows.tolist()
@@ -75,8 +63,7 @@ def numeric_rows(raw: bytes, key: str) -> tuple[dict, np.ndarray] | None:
 
 
 def _rectangular_shape(array) -> tuple[int, ...] | None:
-    """The shape of a non-empty nested array whose arrays at each depth all have the same length, down to
-    the first depth that holds no arrays (whether that depth holds only numbers is ``as_buffer``'s check)."""
+    """The shape of a non-empty nested array whose arrays at each depth have one length (None: ragged)."""
     if not isinstance(array, simdjson.Array):
         return None
     shape, level = [], [array]

@@ -1,12 +1,5 @@
-"""Every HTTP route of the service, declared once.
-
-``ROUTES`` is the one table (the shape of MLServer's ``rest/app.py``): path, handler, methods, who may call it
-(``access``: the token group ``predict``, ``feedback`` or ``admin``, or ``open``) and what the OpenAPI document
-says of the route. ``RouteAccess`` reads the groups from the table alone, and an app with a route that declares
-none does not start (``RouteAccess.of_app``). ``api_routes`` turns it into FastAPI routes, which serve the requests
-and give the document. A fast route's handler takes the request and returns the response itself (JSON by
-``service.http.codec``); ``ServingMiddleware`` calls it directly, past FastAPI's dependency solving and
-response validation, and the router keeps the route for the 405 of other methods and for the document.
+"""Every HTTP route of the service, declared once in ``ROUTES`` (as MLServer's ``rest/app.py``); an app with a route
+that does not say who may call it does not start.
 """
 
 from __future__ import annotations
@@ -97,19 +90,16 @@ HTML: dict[int | str, dict[str, Any]] = {
 FRAMEWORK_ROUTES: dict[str, Access] = {p: "open" for p in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")}
 
 
+Handler = Callable[..., Awaitable[Any]]
+
+
 @dataclass(frozen=True)
 class Route:
-    """One route: where, which handler, who may call it and what the OpenAPI document says of it.
-
-    ``access``: required; a route that declares none (or an unknown group) is refused when the table is built.
-
-    ``fast``: the handler takes the ``Request`` and returns the ``Response`` (``ServingMiddleware`` calls it).
-    ``body``: the JSON body a handler reads itself (the document shows it; FastAPI does not parse it), with
-    ``body_alternatives``: other media types of the same body. ``description``: in place of the handler's
-    docstring (when one handler serves routes that the document tells apart)."""
+    """One route: where, which handler, who may call it (``access``) and what the OpenAPI document says of it; a
+    ``fast`` handler takes the ``Request`` and returns the ``Response``."""
 
     path: str
-    handler: Callable[..., Awaitable[Any]]
+    handler: Handler
     methods: tuple[str, ...] = ("GET",)
     fast: bool = False
     body: type[BaseModel] | None = None
@@ -153,6 +143,17 @@ class Route:
         return APIRoute(self.path, self.handler, methods=list(self.methods), **options)
 
 
+def _monitoring(path: str, handler: Handler, answer: Any = None, access: Access = "open", **options: Any) -> Route:
+    """A route of the monitoring API with its error bodies and tags (an admin route's: 401 and 403 too, and the admin
+    tag), unless ``options`` give others."""
+    admin = access == "admin"
+    given = {
+        "responses": ADMIN_ERRORS if admin else MONITORING_ERRORS,
+        "tags": ("monitoring", "admin") if admin else ("monitoring",),
+    }
+    return Route(path, handler, response_model=answer, access=access, **(given | options))
+
+
 ROUTES = [
     Route(
         "/predict",
@@ -176,76 +177,31 @@ ROUTES = [
         access="open",
     ),
     Route("/metrics", inference.metrics, response_class=Response, responses=TEXT, tags=("health",), access="open"),
-    Route(
+    _monitoring(
         "/feedback",
         monitoring.feedback,
-        ("POST",),
+        FeedbackResponse,
+        "feedback",
+        methods=("POST",),
         fast=True,
         body=FeedbackRequest,
-        response_model=FeedbackResponse,
-        responses=MONITORING_ERRORS,
-        tags=("monitoring",),
-        access="feedback",
     ),
-    Route(
-        "/feedback/unmatched",
-        monitoring.unmatched_labels,
-        response_model=UnmatchedLabels,
-        responses=MONITORING_ERRORS,
-        tags=("monitoring",),
-        access="feedback",
-    ),
-    Route(
-        "/calibration",
-        monitoring.calibration,
-        response_model=CalibrationReport,
-        responses=MONITORING_ERRORS,
-        tags=("monitoring",),
-        access="open",
-    ),
-    Route(
+    _monitoring("/feedback/unmatched", monitoring.unmatched_labels, UnmatchedLabels, "feedback"),
+    _monitoring("/calibration", monitoring.calibration, CalibrationReport),
+    _monitoring(
         "/calibration/reliability.png",
         monitoring.reliability_png,
         responses=MONITORING_ERRORS | {200: {"content": {"image/png": {}}}},
         response_class=Response,
-        tags=("monitoring",),
-        access="open",
     ),
-    Route(
-        "/calibration/timeline",
-        monitoring.timeline,
-        response_model=TimelineResponse,
-        responses=MONITORING_ERRORS,
-        tags=("monitoring",),
-        access="open",
-    ),
-    Route(
-        "/calibration/history",
-        monitoring.history,
-        response_model=HistoryResponse,
-        responses=MONITORING_ERRORS,
-        tags=("monitoring",),
-        access="open",
-    ),
-    Route(
-        "/admin/recalibrate",
-        monitoring.recalibrate,
-        ("POST",),
-        body=RecalibrateRequest,
-        response_model=RecalibrateResponse,
-        responses=ADMIN_ERRORS,
-        tags=("monitoring", "admin"),
-        access="admin",
-    ),
-    Route(
-        "/admin/calibration/activate",
-        monitoring.activate,
-        ("POST",),
-        body=ActivateRequest,
-        response_model=ActivateResponse,
-        responses=ADMIN_ERRORS,
-        tags=("monitoring", "admin"),
-        access="admin",
+    _monitoring("/calibration/timeline", monitoring.timeline, TimelineResponse),
+    _monitoring("/calibration/history", monitoring.history, HistoryResponse),
+    *(
+        _monitoring(path, handler, answer, "admin", methods=("POST",), body=body)
+        for path, handler, body, answer in (
+            ("/admin/recalibrate", monitoring.recalibrate, RecalibrateRequest, RecalibrateResponse),
+            ("/admin/calibration/activate", monitoring.activate, ActivateRequest, ActivateResponse),
+        )
     ),
     Route(
         "/dashboard",
@@ -294,9 +250,7 @@ def api_routes() -> tuple[list[BaseRoute], list[APIRoute]]:
 
 
 class RouteAccess:
-    """The access group of a request's path, read from the route table alone: one dict lookup for a path without
-    parameters, then the patterns of the others. A path that no route serves has none (the router answers 404);
-    every route of a path shares its group, whatever the method (a wrong method is refused like a right one)."""
+    """The access group of a request's path, from the route table alone (whatever the method; None: no route)."""
 
     def __init__(self, routes: Iterable[tuple[str, Access]]) -> None:
         by_path: dict[str, Access] = {}
@@ -308,8 +262,7 @@ class RouteAccess:
 
     @classmethod
     def of_app(cls, app: FastAPI) -> RouteAccess:
-        """The groups of every route the app serves: the table's and FastAPI's own (``FRAMEWORK_ROUTES``). A route of
-        the app that is in neither stops the start (fail closed)."""
+        """The groups of every route the app serves (``FRAMEWORK_ROUTES`` too); one without stops the start."""
         declared = {route.path: route.access for route in ROUTES} | FRAMEWORK_ROUTES
         paths = [getattr(route, "path", None) for route in app.routes]
         missing = [p for p in paths if p is None or p not in declared]

@@ -1,15 +1,5 @@
-"""Open Inference Protocol v2 (KServe v2; spoken by Triton and MLServer) over the same models.
-
-Includes the binary tensor data extension that ``tritonclient.http`` uses by default: a request
-whose JSON header is followed by raw tensor bytes (``Inference-Header-Content-Length``), and
-outputs returned as raw bytes when asked for with ``binary_data`` / ``binary_data_output``.
-Inferences are logged for monitoring like /predict; the rows' prediction ids, which POST /feedback
-refers to, come back as the BYTES output tensor ``prediction_id`` (unless an ``outputs`` list leaves it
-out) and, comma-separated, as the response parameter ``prediction_ids``: the protocol allows only
-strings, numbers and booleans as parameter values. The response's ``id`` is the request's, or a fresh
-one when the request has none (the protocol's response format and KServe's response model require one).
-A request with ``"parameters": {"prediction_ids_format": "list"}`` gets the list of earlier releases
-instead (deprecated, for one release).
+"""Open Inference Protocol v2 (KServe v2) over the same models, with the binary tensor data extension of
+``tritonclient.http``; the rows' prediction ids come back as the BYTES output ``prediction_id``.
 """
 
 from __future__ import annotations
@@ -61,9 +51,7 @@ async def model_ready(parts: Parts, name: str, version: str | None = None) -> di
 async def infer(request: Request) -> Response:
     """Inference in the Open Inference Protocol v2, JSON or with binary tensors.
     \f
-    The fast path of /predict: the JSON header is validated by pydantic without the tensors' values. A binary
-    tensor becomes an array without per-value Python objects (``numpy.frombuffer``), JSON ``data`` an array in
-    one conversion of the parsed lists; only sizes, shapes and finiteness are checked on them."""
+    The JSON header is validated without the tensors' values, which become arrays in one conversion."""
     parts = parts_of(request)
     phases = Phases(parts.metrics.phases(request.scope["route"].path))
     body, arrays = _parse(await request.body(), request.headers.get(HEADER_LENGTH))
@@ -78,8 +66,7 @@ async def infer(request: Request) -> Response:
 
 
 def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[str, np.ndarray | list]]:
-    """The validated JSON header and every input's values by input name: an array for a binary tensor, the
-    JSON ``data`` as parsed (converted once it is known to be wanted: ``DataPlane.v2_infer``)."""
+    """The validated JSON header and every input's values by name: binary arrays, or the JSON ``data`` as parsed."""
     split = len(raw)
     if declared is not None:
         if not declared.isdigit() or int(declared) > len(raw):
@@ -104,8 +91,7 @@ def _parse(raw: bytes, declared: str | None) -> tuple[V2InferenceRequest, dict[s
 
 
 def _without_data(tensor, values: dict, index: int):
-    """A JSON input tensor without its ``data``, which is kept in ``values`` (by input index); anything else is
-    left for validation to name."""
+    """A JSON input tensor without its ``data``, kept in ``values`` by input index."""
     if isinstance(tensor, dict) and "data" in tensor:
         values[index] = tensor["data"]
         return {key: value for key, value in tensor.items() if key != "data"}

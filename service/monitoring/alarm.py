@@ -1,6 +1,5 @@
-"""The alarm: new labels folded, in label order, into the e-detector (``calibkit.detector``) and the
-state re-assessed (``calibkit.alarms.assess``), under the state row's lock shared by all replicas. The
-decision is a function of the label sequence alone, so replicas and restarts reach the same one."""
+"""The alarm: new labels folded in order into the e-detector (``calibkit.detector``) and the state re-assessed
+(``calibkit.alarms.assess``) under the state row's lock, so replicas and restarts reach the same decision."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 
 from calibkit.alarms import LEVELS, AlarmPolicy, AlarmStatus, Evidence, assess
 from calibkit.detector import DetectorState
@@ -21,8 +21,7 @@ from service.store.rows import CalibrationKey
 
 log = logging.getLogger("service.monitoring")
 
-# the most recent labels folded into a detector that holds none: one restarted by an upgrade or new settings,
-# or the first of a key whose labels were stored before any evaluation (an upgraded or imported store)
+# the newest labels folded into a detector that holds none (restarted by new settings, or new beside stored labels)
 REPLAY_LABELS = 5000
 
 
@@ -46,41 +45,28 @@ def saved_status(row) -> AlarmStatus:
     return AlarmStatus(row.state, tuple(json.loads(row.reasons)), row.since) if row else AlarmStatus()
 
 
+@dataclass(eq=False)
 class Alarm:
-    def __init__(
-        self,
-        store: Store,
-        metrics: ServiceMetrics,
-        calibrations: ActiveCalibrations,
-        policy: AlarmPolicy,
-        drift_rows: int,
-        trusted: frozenset[str] | None = None,
-        *,
-        check_labels: int = 500,
-        check_level: float = 0.95,
-    ):
-        self.store = store
-        self.check_labels = check_labels
-        self.check_level = check_level
-        self.trusted = trusted
-        self.metrics = metrics
-        self.calibrations = calibrations
-        self.policy = policy
-        self.drift_rows = drift_rows
+    store: Store
+    metrics: ServiceMetrics
+    calibrations: ActiveCalibrations
+    policy: AlarmPolicy
+    drift_rows: int
+    trusted: frozenset[str] | None = None
+    _: KW_ONLY
+    check_labels: int = 500
+    check_level: float = 0.95
 
     def export_states(self) -> None:
-        """Set the alarm gauges of every active calibration from the shared store (alarms raised
-        through the other replicas)."""
+        """Set the alarm gauges of every active calibration from the shared store."""
         for row in self.store.alarm_states.all():
             key = CalibrationKey(row.model, row.version, row.calibration_version)
             if self.calibrations.is_active(key):
                 self._export(key, row.state, load_detector(row.detector, self.policy))
 
     def assess(self, served: ServedModel, key: CalibrationKey) -> tuple[AlarmStatus, dict | None, bool]:
-        """Fold ``key``'s new labels into its detector and re-assess: (status, the transition or None, whether any
-        label was folded). The labels are folded before the row lock is taken (on SQLite it is the
-        database write lock, which feedback needs too); under the lock the fold is kept when the row is
-        still the one it started from, and redone otherwise. A transition is stored, logged and counted."""
+        """Fold ``key``'s new labels and re-assess: (status, transition or None, whether any was folded); the fold is
+        redone under the row lock when the row changed meanwhile."""
         seen = self.store.alarm_states.get(key)
         fresh = json.dumps(load_detector(None, self.policy).to_dict())
         base: tuple[int, str, str | None] = (
@@ -145,13 +131,7 @@ class Alarm:
         saved_checks: str | None,
         labels_after: Callable[[int, int | None], Sequence],
     ) -> tuple[DetectorState, IntervalChecks, int, bool]:
-        """(detector, interval checks, last label looked at, whether any was) after folding the labels after
-        ``last_seq`` into the saved detector and the label-free interval's checks: those of the trusted sources
-        only, when they are set (the others are passed over, never folded). A detector that holds no label (new,
-        or restarted by an upgrade or new settings) folds the key's ``REPLAY_LABELS`` most recent labels: a store
-        that already holds a million labels is not read whole, and the e-detector's guarantee holds from any
-        start. The label-free interval's checks are not restarted with it: they fold only the labels after
-        ``last_seq``."""
+        """(detector, interval checks, last label looked at, whether any was) after the labels after ``last_seq``."""
         detector = load_detector(saved, self.policy)
         checks = load_checks(saved_checks, self.check_labels, self.check_level)
         if detector.n[0] == 0 and last_seq > 0:

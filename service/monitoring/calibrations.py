@@ -1,6 +1,5 @@
-"""Calibration versions in force: version 0 is the manifest's temperature (baked into the ONNX graph),
-refits recorded by ``POST /admin/recalibrate`` count up, and ``POST /admin/calibration/activate``
-switches between them. The active versions are cached per replica and reloaded from the store."""
+"""Calibration versions in force: version 0 is the manifest's (baked into the ONNX graph), refits by ``POST
+/admin/recalibrate`` count up, ``POST /admin/calibration/activate`` switches; cached per replica."""
 
 from __future__ import annotations
 
@@ -84,8 +83,7 @@ class ActiveCalibrations:
                 for r in self.store.calibrations.of(model.name, model.version)
             ],
             alarm_events=[
-                # the field names, not the aliases "from" and "to": populate_by_name allows them, which mypy
-                # cannot see without pydantic's plugin
+                # the field names, not the aliases "from"/"to": mypy cannot see populate_by_name without the plugin
                 AlarmEvent(  # type: ignore[call-arg]
                     at=r.at,
                     calibration_version=r.calibration_version,

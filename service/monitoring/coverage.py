@@ -1,27 +1,11 @@
-"""The coverage of served prediction sets, from labels: per set choice (method, coverage, exact or floor) of a model
-version, the adaptive threshold and the anytime-valid coverage alarm, and the coverage report.
+"""The coverage of served prediction sets from labels: per set choice of a model version, the adaptive threshold, the
+anytime-valid coverage alarm and the coverage report, folded in label order under the version's state row lock
+(``service.store.coverage``), so every replica and restart derives the same states.
 
-Both states are folded from the stored labels in label order under the version's state row lock
-(``service.store.coverage``), so every replica and every restart derives the same states bit for bit, as the
-calibration alarm's are. Each label carries its conformity score under the rule of the set served with its
-prediction, computed when it arrived (``service.monitoring.labels``); a label counts as *served-covered* when that
-set held it (the observed coverage), and both states are folded from its score:
-
-- **Adaptive threshold** (``adaptation``, ``log-quantile``): the quantile tracker of conformal PID control
-  (Angelopoulos, Candès & Tibshirani 2023) on the log scale of the score's distance to the top of its range, fed
-  each label's miss at the tracker's current level, never below the floor sets' smallest
-  (``calibkit.conformal.adaptive.LogQuantileTracker``): stable however late and in whatever batches labels come,
-  with the long-run bound (U + eta) / (eta T) on its own misses for every sequence. Off, sets use the static
-  threshold, whose guarantee needs serving data exchangeable with the calibration split.
-- **Coverage alarm**: the mixture of e-CUSUM detectors of ``calibkit.coverage_alarm`` on each label's miss at the
-  *static* threshold, whatever threshold was served. Its null: the labelled traffic is exchangeable with the
-  calibration split, the assumption of the static sets. Given the split, the static sets then miss at a fixed rate,
-  at most alpha + delta but with probability 0.01 over splits (``calibration_tolerance``), so the detectors test the
-  rate alpha + delta, and P(a false alarm within n labels) <= n / A + 0.01 (Shin, Ramdas & Rinaldo 2023). It fires
-  when the static sets under-cover: with adaptation off these are the sets served; with it on, the served sets
-  under-cover while the threshold catches up, and the alarm stays raised while the traffic stays shifted (the
-  sets then rest on the adaptation: recalibrate). A raised alarm clears once its evidence is spent (the mixture
-  back below 1), and re-arms.
+- **Adaptive threshold**: the quantile tracker of conformal PID control (Angelopoulos, Candès & Tibshirani 2023) on a
+  log scale (``calibkit.conformal.adaptive.LogQuantileTracker``), bound (U + eta) / (eta T) on its long-run misses.
+- **Coverage alarm**: the mixture of e-CUSUM detectors (``calibkit.coverage_alarm``) on misses at the *static*
+  threshold; P(a false alarm within n labels) <= n / A + 0.01 (Shin, Ramdas & Rinaldo 2023). Clears, then re-arms.
 """
 
 from __future__ import annotations
@@ -30,7 +14,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 
 import numpy as np
 from scipy.stats import binomtest
@@ -52,8 +36,7 @@ def choice_key(method: str, coverage: float, randomized: bool) -> str:
 
 @dataclass(frozen=True)
 class ChoiceState:
-    """One set choice's adaptive threshold, alarm, the time the alarm was raised (None: not raised), and the labels
-    its served sets held and missed."""
+    """One set choice's adaptive threshold, alarm, when it was raised (None: not), and the labels its sets missed."""
 
     method: str
     coverage: float
@@ -65,37 +48,19 @@ class ChoiceState:
     missed: int = 0
 
     def to_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "coverage": self.coverage,
-            "randomized": self.randomized,
-            "adaptive": self.adaptive.to_dict(),
-            "alarm": self.alarm.to_dict(),
-            "since": self.since,
-            "labels": self.labels,
-            "missed": self.missed,
-        }
+        return vars(self) | {"adaptive": self.adaptive.to_dict(), "alarm": self.alarm.to_dict()}
 
 
+@dataclass(eq=False)
 class CoverageMonitor:
-    def __init__(
-        self,
-        store: Store,
-        repository: ModelRepository,
-        metrics: ServiceMetrics,
-        *,
-        adaptation: str,
-        step: float | None,
-        alarm_threshold: float,
-        trusted: frozenset[str] | None = None,
-    ):
-        self.store = store
-        self.repository = repository
-        self.metrics = metrics
-        self.adaptation = adaptation
-        self.step = DEFAULT_STEP if step is None else step
-        self.alarm_threshold = alarm_threshold
-        self.trusted = trusted
+    store: Store
+    repository: ModelRepository
+    metrics: ServiceMetrics
+    _: KW_ONLY
+    adaptation: str
+    step: float | None  # None: ``DEFAULT_STEP``
+    alarm_threshold: float
+    trusted: frozenset[str] | None = None
 
     @property
     def adaptive(self) -> bool:
@@ -106,20 +71,18 @@ class CoverageMonitor:
         static sets' miss rate its calibration split allows."""
         calibrator = served.sets.calibrator(method, randomized)
         alpha = 1.0 - coverage
-        adaptive = LogQuantileTracker.started(calibrator, alpha, self.step)
+        adaptive = LogQuantileTracker.started(calibrator, alpha, DEFAULT_STEP if self.step is None else self.step)
         null = min(alpha + calibration_tolerance(len(calibrator.scores), alpha), (1.0 + alpha) / 2.0)
         config = CoverageAlarmConfig(alpha=null, threshold=self.alarm_threshold)
         return ChoiceState(method, coverage, randomized, adaptive, CoverageAlarmState.fresh(config))
 
     @staticmethod
     def served_choice(served: ServedModel, method: str, coverage: float) -> bool:
-        """Whether the version keeps state for a choice of this method and level: a method it has, at a level it
-        serves (either rule)."""
+        """Whether the version keeps state for this method and level: one it has, at a level it serves."""
         return method in served.sets.calibrators and coverage in served.sets.levels
 
     def decode(self, served: ServedModel, saved: str) -> dict[str, ChoiceState]:
-        """The states saved as JSON; a choice saved under other settings (rule, step, alarm threshold, state format)
-        starts afresh, and one the version no longer serves (a level or method) is dropped."""
+        """The states saved as JSON; one saved under other settings starts afresh, one not served is dropped."""
         states = {}
         for key, data in json.loads(saved).items():
             randomized = data.get("randomized")
@@ -142,8 +105,7 @@ class CoverageMonitor:
         return states
 
     def assess(self, served: ServedModel) -> list[dict]:
-        """Fold the version's new labels into its states under the row lock, publish them to the served model
-        and the metrics; the alarm transitions (raised or cleared)."""
+        """Fold the version's new labels into its states under the row lock and publish them; the alarm transitions."""
         if not served.sets.available:
             return []
         transitions: list[dict] = []
@@ -170,7 +132,7 @@ class CoverageMonitor:
                 if transition is not None:
                     transitions.append({"model": served.name, "version": served.version} | transition)
             if new:
-                state.save(new[-1].seq, json.dumps({k: v.to_dict() for k, v in states.items()}))
+                state.update(last_seq=new[-1].seq, states=json.dumps({k: v.to_dict() for k, v in states.items()}))
         self.publish(served, states)
         for t in transitions:
             log.warning("coverage of %s version %s, %s: %s", t["model"], t["version"], t["choice"], t["to"])
@@ -197,9 +159,8 @@ class CoverageMonitor:
                 self.metrics.coverage_observed.labels(*labels).set(1 - s.missed / s.labels)
 
     def report(self, served: ServedModel, window: Window) -> dict:
-        """The coverage block of GET /calibration: per set choice served, over the window's labels, the observed
-        coverage with its Wilson interval, the mean set size, coverage per class and by set size; and the
-        adaptive threshold against the static one, and the alarm."""
+        """The coverage block of GET /calibration: per set choice, the window's observed coverage (Wilson interval),
+        mean set size, coverage per class and by set size, the adaptive threshold against the static one, the alarm."""
         if not served.sets.available:
             return {"available": False, "reason": served.sets.reason, "choices": []}
         rows = self.store.coverage.window(served.name, served.version, window.count, window.seconds)
@@ -256,8 +217,7 @@ class CoverageMonitor:
         }
 
 
-#: The threshold part of a choice with labels but no state: a level or method the version no longer serves, or
-#: labels stored before scores were kept.
+#: The threshold part of a choice with labels but no state (no longer served, or before scores were kept).
 _UNTRACKED = {
     "static_threshold": None,
     "threshold": None,
@@ -281,9 +241,8 @@ def _randomized(row) -> bool:
 def _fold(
     state: ChoiceState, scores: list[float], covered: list[int], static: float, now: float
 ) -> tuple[ChoiceState, dict | None]:
-    """The state after labels with these conformity scores (and whether their served sets held them), and the
-    alarm's transition if it changed; a raised alarm whose mixture is back below 1 (its evidence spent) clears and
-    re-arms."""
+    """The state after labels with these scores (and whether their served sets held them), and the alarm's
+    transition if any; a raised alarm whose mixture is back below 1 clears and re-arms."""
     alarm = state.alarm.fold(misses_of(scores, static))
     since, transition = state.since, None
     if alarm.alarmed[0] and since is None:
@@ -291,15 +250,10 @@ def _fold(
     if alarm.alarmed[0] and float(alarm.log_mixture[0]) < 0:
         alarm = CoverageAlarmState(alarm.config, alarm.log_statistic, alarm.labels, np.full(1, -1))
         since, transition = None, None if transition == "alarm" else "ok"
-    folded = ChoiceState(
-        state.method,
-        state.coverage,
-        state.randomized,
-        state.adaptive.fold(scores),
-        alarm,
-        since,
-        state.labels + len(covered),
-        state.missed + len(covered) - sum(covered),
+    missed = state.missed + len(covered) - sum(covered)
+    adaptive = state.adaptive.fold(scores)
+    folded = replace(
+        state, adaptive=adaptive, alarm=alarm, since=since, labels=state.labels + len(covered), missed=missed
     )
     if transition is None:
         return folded, None

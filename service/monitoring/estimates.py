@@ -1,13 +1,6 @@
-"""What the served probabilities say before any label: ``drift.estimated`` of ``GET /calibration`` and its gauges.
-
-Over the drift window (the ``drift_rows`` most recent predictions the service served, labelled or not): the accuracy
-the calibrated confidences promise, with its Poisson-binomial interval (Kivimäki et al. 2024,
-``calibkit.estimated_accuracy``); the expected count of each class; and, when the manifest carries the validation
-priors (``label_shift``), the traffic's class priors by EM (Saerens et al. 2002) with a bootstrap interval and by
-BBSE (Lipton et al. 2018) as a cross-check (``calibkit.label_shift``). Where some of the window's predictions have
-labels, their realized accuracy stands beside the interval computed from their own confidences; and the interval's
-running record, how often it held over consecutive blocks of labels, comes from the monitor state that the
-evaluator folds in label order. Everything is derived from the store, seeds included, so replicas report the same.
+"""What the served probabilities say before any label, over the drift window: the accuracy the confidences promise
+(Kivimäki et al. 2024, ``calibkit.estimated_accuracy``), expected class counts and, with ``label_shift`` priors, the
+class priors by EM (Saerens et al. 2002) and BBSE (Lipton et al. 2018). Seeds derive from the store.
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ class Estimates:
         self._lock = threading.Lock()
 
     def block(self, served: ServedModel, key: CalibrationKey, checks: IntervalChecks) -> dict:
-        """The ``drift.estimated`` block: the label-free estimates of the drift window, what its labels say of them,
-        and the interval's running record ``checks``."""
+        """The ``drift.estimated`` block, with the interval's running record ``checks``."""
         recent = self.store.predictions.recent(key, self.rows)
         return (
             self._with_intervals(served, key, recent)
@@ -59,8 +51,7 @@ class Estimates:
         )
 
     def export(self, served: ServedModel, key: CalibrationKey) -> dict | None:
-        """Set the estimate's gauges from the drift window (at an evaluation pass); the window's ``priors`` entry,
-        which the label-shift alarm's pass stores for adaptations (None without one)."""
+        """Set the estimate's gauges (at an evaluation pass); the window's ``priors`` entry, for adaptations."""
         name, version = served.name, served.version
         if self.settings.accuracy_floor is not None:
             self.metrics.accuracy_floor.labels(name, version).set(self.settings.accuracy_floor)
@@ -79,8 +70,7 @@ class Estimates:
         return priors
 
     def _with_intervals(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
-        """``_unlabelled`` with the EM priors' bootstrap interval, which only reports need (the evaluator's passes
-        skip it: it costs ``prior_resamples`` EM runs); cached by the window like the rest."""
+        """``_unlabelled`` with the EM priors' bootstrap interval (``prior_resamples`` EM runs, for reports)."""
         body = self._unlabelled(served, key, recent)
         reference = served.manifest.label_shift
         if body["priors"] is None or reference is None or not self.settings.prior_resamples:
@@ -110,8 +100,7 @@ class Estimates:
         return body | {"priors": priors | {"em": priors["em"] | found}}
 
     def _unlabelled(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict:
-        """The estimates that need no label, cached by the window's newest prediction and size; the EM priors
-        without their interval (``_with_intervals``)."""
+        """The estimates that need no label, cached by the window's newest prediction and size."""
         n = len(recent.probs)
         with self._lock:
             found = self._cache.get(key)
@@ -137,8 +126,8 @@ class Estimates:
         return body
 
     def _priors(self, served: ServedModel, key: CalibrationKey, recent: RecentPredictions) -> dict | None:
-        """EM priors (their interval comes with ``_with_intervals``), BBSE's as the cross-check, and the EM priors'
-        total variation distance from the validation priors; None when the manifest has no ``label_shift`` entry."""
+        """EM and BBSE priors and the EM priors' total variation distance from the validation priors; None without
+        the manifest's ``label_shift``."""
         reference = served.manifest.label_shift
         if reference is None:
             return None
@@ -167,9 +156,8 @@ class Estimates:
         }
 
     def _adapted(self, key: CalibrationKey, recent: RecentPredictions) -> dict | None:
-        """The same window's probabilities adapted to the priors adaptations serve, as stored with the label-shift
-        state: the accuracy they promise with its interval, and, for the labelled rows, the realized accuracy of the
-        adapted predictions (None without priors or predictions)."""
+        """The window adapted to the served priors: the accuracy it promises and, where labelled, realizes (None
+        without priors or predictions)."""
         row = self.store.shift_states.get(key)
         adaptation = Adaptation.from_json(row.priors if row else None, bool(row and row.alarmed))
         if adaptation is None or not len(recent.probs):
@@ -186,8 +174,7 @@ class Estimates:
         }
 
     def _labelled(self, recent: RecentPredictions) -> dict | None:
-        """The window's labelled predictions: their realized accuracy and the interval their own confidences give
-        (None when none has a label yet)."""
+        """The labelled predictions' realized accuracy and their confidences' interval (None without labels)."""
         labelled = recent.labelled
         m = int(labelled.sum())
         if m == 0:

@@ -1,22 +1,12 @@
-"""Alarm evaluation off the request path.
-
-A background task calls ``Monitor.assess`` for every served model version every
-``evaluate_seconds``, and at once when this replica has stored ``evaluate_every_labels`` new labels
-since the last pass. The periodic pass also folds in labels committed by other replicas sharing the
-store (an update without new labels is cheap). Transitions go to the webhook. A store outage is
-logged once, retried with backoff, and never ends the task.
-
-The prediction sets' states (``service.monitoring.coverage``) are cheap to fold and their threshold is served,
-so a second task (``SetsFolder``) folds them as soon as labels are stored, at most once per
-``evaluate_sets_seconds``: the labels a threshold lags behind are those of the label delay, not of a full
-pass's interval.
-"""
+"""Alarm evaluation off the request path: every ``evaluate_seconds``, and after ``evaluate_every_labels`` new labels,
+with transitions to the webhook; ``SetsFolder`` folds the sets' states as labels arrive."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from dataclasses import KW_ONLY, dataclass
 
 import anyio
 
@@ -31,28 +21,23 @@ log = logging.getLogger("service.monitoring.evaluator")
 MAX_BACKOFF_SECONDS = 5.0
 
 
+@dataclass(eq=False)
 class Evaluator(BackgroundLoop):
     name = "evaluator"
 
-    def __init__(
-        self,
-        monitor: Monitor,
-        metrics: ServiceMetrics,
-        webhook: AlarmWebhook,
-        *,
-        every_labels: int,
-        seconds: float,
-        sets_seconds: float = 0.1,
-    ):
-        self.monitor = monitor
-        self.metrics = metrics
-        self.webhook = webhook
-        self.every_labels = every_labels
-        self.seconds = seconds
+    monitor: Monitor
+    metrics: ServiceMetrics
+    webhook: AlarmWebhook
+    _: KW_ONLY
+    every_labels: int
+    seconds: float
+    sets_seconds: float = 0.1
+
+    def __post_init__(self) -> None:
         self._new_labels = 0
         self._lock = asyncio.Lock()
         self._down = False
-        self.sets = SetsFolder(monitor, webhook, sets_seconds)
+        self.sets = SetsFolder(self.monitor, self.webhook, self.sets_seconds)
         super().__init__()
 
     def start(self) -> None:
@@ -71,9 +56,8 @@ class Evaluator(BackgroundLoop):
         self.sets.wake()
 
     async def run_once(self) -> list[dict]:
-        """One pass over every served model version now (after the pass under way, if any); returns
-        the transitions, which are also sent to the webhook. Raises ``StorageUnavailable`` after
-        notifying the transitions of the versions evaluated before the store failed."""
+        """One pass over every served model version now (after any under way); its transitions, also sent to the
+        webhook (those found before a ``StorageUnavailable``, too)."""
         async with self._lock:
             self._new_labels = 0
             start = time.perf_counter()
@@ -138,9 +122,8 @@ class Evaluator(BackgroundLoop):
 
 
 class SetsFolder(BackgroundLoop):
-    """Folds newly stored labels into every served version's prediction-set states (``CoverageMonitor.assess``)
-    when labels arrive, at most once per ``seconds``; a store outage is logged once and retried at the next
-    labels or the evaluator's pass, which folds them too."""
+    """Folds new labels into every served version's prediction-set states when labels arrive, at most once per
+    ``seconds``; an outage is logged once (the next labels or the evaluator's pass fold them)."""
 
     name = "sets-folder"
 

@@ -1,14 +1,5 @@
-"""Group commit of POST /feedback.
-
-Requests queue their items here; one task writes them. The requests that arrive while a write is in
-progress form the next group (up to ``max_group_items`` items, and always at least one request):
-the prediction log is flushed once (the predictions they label are then stored), and all their
-items are joined, checked and stored in one transaction in a worker thread
-(``LabelRecorder.record_group``). Each request is answered with its own result only after that
-commit; a failed write fails every request of its group, so nothing of it is acknowledged. The count
-of labels stored goes to ``on_stored`` (the evaluator, which starts a pass after enough of them), that of
-labels stored as pending to ``on_pending`` (the pending-label joiner).
-"""
+"""Group commit of POST /feedback: requests arriving during a write form the next group, written in one transaction;
+each is answered only after that commit, and a failed write fails its whole group."""
 
 from __future__ import annotations
 
@@ -16,6 +7,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 
 import anyio
 
@@ -28,25 +20,19 @@ from service.store.rows import ANONYMOUS
 log = logging.getLogger("service.feedback")
 
 
+@dataclass(eq=False)
 class FeedbackGroupCommit(BackgroundLoop):
     name = "feedback-group-commit"
 
-    def __init__(
-        self,
-        monitor: Monitor,
-        prediction_log: PredictionLog,
-        *,
-        max_request_items: int,
-        on_stored: Callable[[int], None] = lambda n: None,
-        on_pending: Callable[[int], None] = lambda n: None,
-        max_group_items: int = 4096,
-    ):
-        self.monitor = monitor
-        self.prediction_log = prediction_log
-        self.max_request_items = max_request_items
-        self.on_stored = on_stored
-        self.on_pending = on_pending
-        self.max_group_items = max_group_items
+    monitor: Monitor
+    prediction_log: PredictionLog
+    _: KW_ONLY
+    max_request_items: int
+    on_stored: Callable[[int], None] = lambda n: None
+    on_pending: Callable[[int], None] = lambda n: None
+    max_group_items: int = 4096
+
+    def __post_init__(self) -> None:
         self._pending: deque[tuple[tuple[list, str], asyncio.Future]] = deque()
         super().__init__()
 
@@ -56,8 +42,7 @@ class FeedbackGroupCommit(BackgroundLoop):
         return len(self._pending)
 
     async def submit(self, items: list, source: str = ANONYMOUS) -> dict:
-        """Store ``items``, sent by ``source`` (a token's name), with the group they join; the response body
-        once they are committed. Raises what the write raised (``StorageUnavailable`` when the store is down)."""
+        """Store ``items`` sent by ``source`` with their group; the response body once committed."""
         if len(items) > self.max_request_items:
             raise InvalidInput(
                 f"holds {len(items)} items; at most {self.max_request_items} are allowed per request", field="items"
@@ -82,8 +67,7 @@ class FeedbackGroupCommit(BackgroundLoop):
             await self._write(self._take())
 
     def _take(self) -> list[tuple[tuple[list, str], asyncio.Future]]:
-        """The next group: queued requests (items and source) in arrival order, up to ``max_group_items``
-        items."""
+        """The next group: queued requests in arrival order, up to ``max_group_items`` items."""
         group: list[tuple[tuple[list, str], asyncio.Future]] = []
         size = 0
         while self._pending and (not group or size + len(self._pending[0][0][0]) <= self.max_group_items):

@@ -1,8 +1,4 @@
-"""Labelled feedback: each item is joined with the prediction it labels (or carries probabilities scored
-elsewhere), checked, turned into a label row and stored; the requests of one group commit go in one
-transaction (``service.monitoring.group_commit``). A label whose prediction is not stored yet waits as a
-pending label until it is (``join_pending``, run by ``service.monitoring.pending``). Alarms are assessed
-elsewhere (``service.monitoring.evaluator``), never here."""
+"""Labelled feedback: each item joined with the prediction it labels and stored, pending until that is stored."""
 
 from __future__ import annotations
 
@@ -48,8 +44,7 @@ class _Labelled(NamedTuple):
 
 @dataclass
 class _Candidate:
-    """A feedback item joined with what it labels: a logged prediction (its probabilities blob) or
-    probabilities scored elsewhere (offline, a list still to be checked)."""
+    """A feedback item joined with a logged prediction (its probabilities blob) or offline probabilities (a list)."""
 
     index: int
     served: ServedModel
@@ -64,8 +59,7 @@ class _Candidate:
 
 
 class ServedSet(NamedTuple):
-    """The set logged with a prediction: packed members, coverage, method, whether randomized, and the
-    probabilities it was computed from (None: the prediction's own)."""
+    """The set logged with a prediction and the probabilities it was computed from (None: the prediction's own)."""
 
     members: bytes
     coverage: float
@@ -74,41 +68,28 @@ class ServedSet(NamedTuple):
     probabilities: bytes | None
 
 
+@dataclass(eq=False)
 class LabelRecorder:
-    def __init__(
-        self,
-        store: Store,
-        repository: ModelRepository,
-        metrics: ServiceMetrics,
-        calibrations: ActiveCalibrations,
-        n_bins: int,
-        retention_seconds: float = 30 * 86400,
-    ):
-        self.store = store
-        self.retention_seconds = retention_seconds
-        self.repository = repository
-        self.metrics = metrics
-        self.calibrations = calibrations
-        self.n_bins = n_bins
-        self.edges = binning.equal_width_edges(n_bins)
+    store: Store
+    repository: ModelRepository
+    metrics: ServiceMetrics
+    calibrations: ActiveCalibrations
+    n_bins: int
+    retention_seconds: float = 30 * 86400
+
+    def __post_init__(self) -> None:
+        self.edges = binning.equal_width_edges(self.n_bins)
 
     def export_bin_counters(self) -> None:
-        """Export every model's per-bin label counters at 0 (once, at start-up, whether or not the store
-        is up): Prometheus' ``increase()`` counts from a series' first scrape, so labels counted before
-        a bin's series first appeared would be missing from the ECE that the recording rules compute
-        from these counters."""
+        """Export every model's per-bin label counters at 0 at start-up: Prometheus' ``increase()`` counts from a
+        series' first scrape, so labels counted before would be missing from the recording rules' ECE."""
         for model in self.repository.all():
             for b in range(self.n_bins):
                 for counter in (self.metrics.labeled, self.metrics.confidence_sum, self.metrics.correct):
                     counter.labels(model.name, model.version, str(b))
 
     def record_group(self, requests: list[tuple[list, str]]) -> list[dict]:
-        """Validate, join and store the feedback of several requests in one transaction (committed
-        before returning); one response body per request, with item indexes relative to it. The
-        requests count in order, as if stored one after the other: an id labelled by an earlier
-        request of the group is already labelled for the later ones. A label whose prediction is not
-        in the store yet is stored as pending (``join_pending`` joins it once the prediction is). Each request
-        comes with its source (the name of the token that sent it), which its labels keep."""
+        """Store several (items, source) requests in one transaction, as if one after the other; a body per request."""
         flat = [item for items, _ in requests for item in items]
         known = self.store.predictions.fetch({i.prediction_id for i in flat if i.prediction_id is not None})
         now = time.time()
@@ -159,9 +140,8 @@ class LabelRecorder:
         return bodies
 
     def join_pending(self, horizon: float) -> JoinPass | None:
-        """Join the pending labels whose prediction is now stored, in their arrival order, and expire those
-        older than ``horizon`` seconds (``PendingLabels.join``); counted in the metrics. None when another
-        replica is joining."""
+        """Join the pending labels whose prediction is now stored and expire those older than ``horizon`` seconds
+        (``PendingLabels.join``); None when another replica is joining."""
         now = time.time()
 
         def resolve(rows: list[Joinable]) -> tuple[dict[int, LabelRow], dict[int, str]]:
@@ -192,9 +172,8 @@ class LabelRecorder:
         return done
 
     def _resolve(self, index: int, item, known: dict, now: float, source: str) -> _Candidate | PendingLabel | str:
-        """The item joined with its prediction (or its own probabilities), the pending label it becomes
-        when its prediction is not stored (yet), or why it is rejected. Offline probabilities are checked
-        later, all rows of a model at once."""
+        """The item joined with its prediction (or its own probabilities, checked later per model), the pending
+        label it becomes without one, or why it is rejected."""
         if item.prediction_id is not None:
             row = known.get(item.prediction_id)
             if row is None:
@@ -238,9 +217,8 @@ class LabelRecorder:
         return _Candidate(index, served, calibration_version, "", item.probabilities, label, True, None, source)
 
     def _pending(self, item, now: float, source: str) -> PendingLabel | str:
-        """The pending label of an item whose prediction is not stored, or why it can never be joined: an
-        id this service cannot have made (``prediction_ids``: 32 hex digits, the first 12 a time in ms), one
-        older than the retention period, or a label that is a class of no served model."""
+        """The pending label of an item whose prediction is not stored, or why it can never join: an id this service
+        cannot have made (``prediction_ids``), one past retention, a label of no served model."""
         prediction_id = item.prediction_id
         if not PREDICTION_ID.fullmatch(prediction_id):
             return f"unknown prediction id {prediction_id!r}: not a prediction id (32 hex digits)"
@@ -260,8 +238,8 @@ class LabelRecorder:
     def _label_rows(
         self, candidates: list[_Candidate], reasons: list, now: float
     ) -> tuple[dict[int, LabelRow], list[PredictionRow]]:
-        """Label rows (by item index) and offline prediction rows, computed per model in a few array
-        operations; offline probability rows that are not probability vectors get their reason."""
+        """Label rows (by item index) and offline prediction rows, per model in a few array operations; offline rows
+        that are not probability vectors get their reason."""
         label_rows, new_predictions = {}, []
         groups: dict[tuple, list[_Candidate]] = {}
         for c in candidates:
@@ -345,9 +323,8 @@ class LabelRecorder:
 
 
 def _set_scores(group: list[_Candidate], probs: np.ndarray) -> dict[int, float]:
-    """By position in ``group`` (one model version), each label's conformity score under the rule of the set served
-    with its prediction, from the probabilities that set was computed from: the adaptive threshold and the coverage
-    alarm fold these (``service.monitoring.coverage``)."""
+    """Each label's conformity score (by position in ``group``, one model version) under the rule of its served set,
+    from that set's probabilities: what ``service.monitoring.coverage`` folds."""
     sets = group[0].served.sets
     by_rule: dict[tuple[str, bool], list[int]] = {}
     for i, c in enumerate(group):

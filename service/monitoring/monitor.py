@@ -1,5 +1,4 @@
-"""The monitoring side assembled: calibration versions, feedback, the alarm and the reports over one
-store, and the few operations that span them. All methods are blocking and run in worker threads."""
+"""The monitoring side assembled over one store, and the operations that span its parts (all blocking)."""
 
 from __future__ import annotations
 
@@ -74,7 +73,7 @@ class Monitor:
             self.calibrations,
             n_bins=n_bins,
             policy=policy,
-            alarm_window=alarm_window,
+            alarm_window=Window.parse(alarm_window),
             detail_rows=detail_rows,
             drift_rows=drift_rows,
             n_resamples=n_resamples,
@@ -91,8 +90,7 @@ class Monitor:
             self.shift_alarm.load(served, self.calibrations.key(served))
 
     def assess(self, name: str, version: str) -> tuple[AlarmStatus, dict | None]:
-        """Re-assess the alarm of a model version with its new labels (``Alarm.assess``) and refresh the
-        window gauges when there were any: (status, the transition or None)."""
+        """Re-assess a model version's alarm (``Alarm.assess``) and its window gauges: (status, transition or None)."""
         served = self.repository.get(name, version)
         key = self.calibrations.key(served)
         status, transition, folded = self.alarm.assess(served, key)
@@ -101,15 +99,13 @@ class Monitor:
         return status, transition
 
     def assess_shift(self, name: str, version: str) -> dict | None:
-        """Refresh the label-free estimate's gauges and fold the predictions served since the last pass into the
-        label-shift alarm, with the drift window's priors read once for both: the transition or None."""
+        """Refresh the label-free estimate's gauges and fold the label-shift alarm: the transition or None."""
         served = self.repository.get(name, version)
         key = self.calibrations.key(served)
         return self.shift_alarm.assess(served, key, self.estimates.export(served, key))
 
     def report(self, name: str | None, version: str | None, window: str | None, by_source: bool = False) -> dict:
-        """The body of GET /calibration: the calibration report and the coverage of the served prediction sets
-        over the same window."""
+        """The body of GET /calibration, with the served sets' coverage and the label-shift alarm."""
         body = self.reports.report(name, version, window, by_source)
         served = self.repository.get(name, version)
         win = Window.parse(window) if window is not None else self.reports.alarm_window

@@ -1,11 +1,11 @@
-"""The loop that joins pending labels (``service.store.pending``) to their predictions: every
-``interval`` seconds, and at once after this replica's prediction log has written rows while labels were
-pending. Any replica may join any pending label; one pass runs at a time across replicas."""
+"""The loop that joins pending labels (``service.store.pending``) to their predictions every ``interval`` seconds,
+and at once when the prediction log wrote rows while labels were pending; one pass at a time across replicas."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 
 import anyio
 
@@ -16,21 +16,17 @@ from service.monitoring.labels import LabelRecorder
 log = logging.getLogger("service.feedback")
 
 
+@dataclass(eq=False)
 class PendingJoiner(BackgroundLoop):
     name = "pending-labels"
 
-    def __init__(
-        self,
-        recorder: LabelRecorder,
-        *,
-        horizon: float,
-        interval: float,
-        on_stored: Callable[[int], None] = lambda n: None,
-    ):
-        self.recorder = recorder
-        self.horizon = horizon
-        self.interval = interval
-        self.on_stored = on_stored
+    recorder: LabelRecorder
+    _: KW_ONLY
+    horizon: float
+    interval: float
+    on_stored: Callable[[int], None] = lambda n: None
+
+    def __post_init__(self) -> None:
         self.waiting = 0  # pending labels in the store at the last pass (or after this replica stored some)
         super().__init__()
 

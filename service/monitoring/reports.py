@@ -1,12 +1,10 @@
-"""What ``GET /calibration`` and its siblings show, all computed from the shared store: window statistics
-summed from block sums (``service.store.labels``), intervals and tests from ``calibkit``, the alarm state
-as stored, and the detail metrics of the window's most recent labelled rows. Bootstrap seeds derive from
-the data, not the process, so replicas report the same numbers."""
+"""What ``GET /calibration`` shows, from the store; bootstrap seeds derive from the data."""
 
 from __future__ import annotations
 
 import threading
 import zlib
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
@@ -32,36 +30,24 @@ NEWEST_CACHE_SIZE = 16  # calibration keys whose newest labelled rows are held
 MIN_REFIT_LABELS = 50
 
 
+@dataclass(eq=False)
 class Reports:
-    def __init__(
-        self,
-        store: Store,
-        repository: ModelRepository,
-        metrics: ServiceMetrics,
-        calibrations: ActiveCalibrations,
-        *,
-        n_bins: int,
-        policy: AlarmPolicy,
-        alarm_window: str,
-        detail_rows: int,
-        drift_rows: int,
-        n_resamples: int,
-        estimates: Estimates,
-        trusted: frozenset[str] | None = None,
-    ):
-        self.store = store
-        self.estimates = estimates
-        self.trusted = trusted
-        self.repository = repository
-        self.metrics = metrics
-        self.calibrations = calibrations
-        self.n_bins = n_bins
-        self.edges = binning.equal_width_edges(n_bins)
-        self.policy = policy
-        self.alarm_window = Window.parse(alarm_window)
-        self.detail_rows = detail_rows
-        self.drift_rows = drift_rows
-        self.n_resamples = n_resamples
+    store: Store
+    repository: ModelRepository
+    metrics: ServiceMetrics
+    calibrations: ActiveCalibrations
+    _: KW_ONLY
+    n_bins: int
+    policy: AlarmPolicy
+    alarm_window: Window
+    detail_rows: int
+    drift_rows: int
+    n_resamples: int
+    estimates: Estimates
+    trusted: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.edges = binning.equal_width_edges(self.n_bins)
         self._detail_cache: dict[tuple, dict] = {}
         self._newest: dict[CalibrationKey, NewestRows] = {}
         self._lock = threading.Lock()
@@ -137,9 +123,7 @@ class Reports:
         return body
 
     def _evaluation(self, key: CalibrationKey, state_row) -> dict:
-        """How far the alarm state lags the store: it is re-assessed by the background evaluator, so labels
-        committed since its last pass (``labels_pending``) are stored but not yet in it. Derived from the data
-        alone, so replicas and restarts report the same."""
+        """How far the alarm state lags the store: the labels committed since the evaluator's last pass."""
         folded_seq = int(state_row.last_seq) if state_row else 0
         stored, pending, folded_at = self.store.labels.progress(key, folded_seq)
         return {"labels_stored": stored, "labels_pending": pending, "newest_folded_labelled_at": folded_at}
@@ -193,9 +177,8 @@ class Reports:
         } | self._details(served, key, sums, win)
 
     def _details(self, served: ServedModel, key: CalibrationKey, sums: WindowSums, win: Window) -> dict:
-        """AdaECE, classwise ECE and the refit on the window's most recent ``detail_rows`` labels. Cached
-        by (calibration key, last label, label count): the same pair is the same label set, for count
-        and time windows alike, so a dashboard polling a quiet window costs no row fetch."""
+        """AdaECE, classwise ECE and the refit on the window's ``detail_rows`` newest labels, cached by (key, last
+        label, count), the same label set for count and time windows alike."""
         cache_key = (key, sums.last_seq, sums.n)
         with self._lock:
             found = self._detail_cache.get(cache_key)
@@ -216,8 +199,7 @@ class Reports:
         return found
 
     def window_rows(self, key: CalibrationKey, win: Window, n: int):
-        """(labels, calibrated probabilities, logits or None when some row has none) of the window's
-        ``min(detail_rows, n)`` most recent labels."""
+        """(labels, calibrated probabilities, logits or None) of the window's ``min(detail_rows, n)`` newest labels."""
         if win.seconds is None:
             rows = self._newest_rows(key)
         else:
@@ -226,16 +208,14 @@ class Reports:
         return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
 
     def refit_rows(self, key: CalibrationKey, win: Window, n: int):
-        """The rows a refit uses: ``window_rows``, or, when trusted sources are set, the window's
-        ``min(detail_rows, n)`` most recent labels of those sources."""
+        """The rows a refit uses: ``window_rows``, or those of the trusted sources when they are set."""
         if self.trusted is None:
             return self.window_rows(key, win, n)
         rows, _ = self.store.labels.newest(key, min(self.detail_rows, n), seconds=win.seconds, sources=self.trusted)
         return rows.y, rows.probs, None if np.isnan(rows.logits).any() else rows.logits
 
     def _by_source(self, key: CalibrationKey, win: Window) -> dict:
-        """The window's labels per source: count, accuracy, mean confidence, ECE, and whether they count for
-        the alarm and the refit."""
+        """The window's labels per source, and whether they count for the alarm and the refit."""
         found = self.store.labels.by_source(key, self.n_bins, last=win.count, seconds=win.seconds)
         return {
             source: {
@@ -249,10 +229,8 @@ class Reports:
         }
 
     def _newest_rows(self, key: CalibrationKey) -> NewestRows:
-        """The ``detail_rows`` most recent labelled rows, kept in memory: after the first fetch only the
-        labels that arrived since are read (one index range of a few rows instead of thousands). The
-        rows held are refetched whole when the store no longer has exactly them (a retention purge, a
-        label committed late by another replica)."""
+        """The ``detail_rows`` newest labelled rows, kept in memory: only newer labels are read, and the rows are
+        refetched whole when the store no longer has exactly them (retention, a label committed late)."""
         with self._lock:
             held = self._newest.get(key)
         limit = self.detail_rows
@@ -305,8 +283,7 @@ class Reports:
         return out
 
     def timeline(self, name: str | None, version: str | None, window: int, step: int, points: int) -> TimelineResponse:
-        """Rolling ECE over time: the ECE of the last ``window`` labels after every ``step`` labels,
-        for the most recent ``points`` steps (the data of the dashboard's chart)."""
+        """Rolling ECE: of the last ``window`` labels after every ``step`` labels, for the ``points`` newest steps."""
         served = self.repository.get(name, version)
         key = self.calibrations.key(served)
         rows = self.store.labels.recent(key, window + step * points)

@@ -1,12 +1,5 @@
-"""The label-shift alarm in the service: the served predictions folded, oldest first, into the anytime-valid alarm
-of ``calibkit.label_shift_alarm`` (each class's mean calibrated probability against a band around the manifest's
-validation means), under the state row's lock shared by all replicas.
-
-Predictions have no sequence number: they are folded in id order (an id begins with its time) from a stored
-cursor, up to those served ``settle_seconds`` ago, when every replica's prediction log has written its rows; a row
-written later than that is passed over, never folded twice. The state is one row per calibration key, so every
-replica reports the same. A model version whose manifest has no ``label_shift`` entry has no alarm, and the report
-says why.
+"""The label-shift alarm (``calibkit.label_shift_alarm``) over the served predictions, folded in id order from a
+stored cursor under the state row's lock; only rows served ``settle_seconds`` ago, once every replica logged them.
 """
 
 from __future__ import annotations
@@ -27,8 +20,7 @@ from service.store.rows import CalibrationKey, id_time
 
 log = logging.getLogger("service.monitoring")
 
-#: The most predictions one evaluation folds per model version: a backlog is taken in steps, so that the state
-#: row's lock (on SQLite the database's write lock) is held for tens of milliseconds at most.
+#: The most predictions one evaluation folds per model version: a backlog goes in steps, so the row lock is short.
 MAX_FOLD = 20_000
 
 
@@ -50,9 +42,8 @@ class ShiftAlarm:
         return found
 
     def assess(self, served: ServedModel, key: CalibrationKey, estimated: dict | None) -> dict | None:
-        """Fold the predictions served since the cursor into the alarm, store ``estimated``, the drift window's priors
-        (``Estimates.export``), for adaptations, and hand them to ``served``: the transition (raised or cleared) or
-        None."""
+        """Fold the predictions served since the cursor, store the drift window's priors ``estimated`` and serve
+        them; the transition (raised or cleared) or None."""
         config = self.config(served)
         if config is None:
             return None
@@ -63,8 +54,7 @@ class ShiftAlarm:
             state = _load(row.state, config)
             was = bool(state.alarmed[0])
             cursor = row.cursor_id
-            # at most ``fold_rate`` predictions a second, sampled by their ids' random bits when more came; counted
-            # up to the number past which the share is the smallest anyway
+            # at most ``fold_rate`` predictions a second, sampled by their ids' random bits when more came
             seconds = until - id_time(cursor) if cursor is not None else self.settings.settle_seconds + 1.0
             budget = self.settings.fold_rate * max(seconds, 1.0)
             cap = int(budget * SHARES) + 1
@@ -107,8 +97,7 @@ class ShiftAlarm:
         }
 
     def load(self, served: ServedModel, key: CalibrationKey) -> None:
-        """Serve the priors stored with the label-shift state: a pod's front-ends that run no evaluation (and any
-        replica, between its passes) pick up what the evaluating one stored."""
+        """Serve the priors stored with the state (what the evaluating replica or front-end stored)."""
         row = self.store.shift_states.get(key)
         if row is not None and self.config(served) is not None:
             _serve(served, row.priors, bool(row.alarmed))
@@ -154,8 +143,8 @@ class ShiftAlarm:
 
 
 def _serve(served: ServedModel, priors: str | None, alarmed: bool) -> None:
-    """Hand a model version the stored priors; its current ``Adaptation`` is kept while their version and the alarm
-    are unchanged, since batches adapted under it are matched to requests by identity."""
+    """Hand a model version the stored priors, keeping its ``Adaptation`` while they and the alarm are unchanged
+    (batches adapted under it are matched to requests by identity)."""
     current = served.adaptation
     if (
         current is None
@@ -167,8 +156,7 @@ def _serve(served: ServedModel, priors: str | None, alarmed: bool) -> None:
 
 
 def _served_priors(estimated: dict) -> str:
-    """The JSON the state row keeps of an EM estimate (``Estimates``): its version, weights and priors in class
-    order."""
+    """The JSON the state row keeps of an EM estimate: its version, weights and priors in class order."""
     em = estimated["em"]
     return json.dumps(
         {

@@ -1,5 +1,4 @@
-"""Alarm transitions POSTed as JSON to ``CALIB_MONITORING__WEBHOOK_URL``, each in its own task, never awaited by
-the code that found them; a failed delivery is counted and logged."""
+"""Alarm transitions POSTed as JSON to ``CALIB_MONITORING__WEBHOOK_URL`` in tasks of their own; failures are counted."""
 
 from __future__ import annotations
 

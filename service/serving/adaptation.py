@@ -1,15 +1,6 @@
-"""Probabilities adapted to the traffic's class priors (label shift), when asked.
-
-Under label shift the model's calibrated posterior p(y | x) becomes p_t(y | x) = w_y p(y | x) / sum_k w_k p(k | x)
-with w = pi_t / pi_s (Saerens, Latinne & Decaestecker 2002). The weights served come from the label-shift alarm's
-pass (``service.monitoring.shift_alarm``): EM on the drift window's stored predictions, the model's own probabilities
-before any adaptation, so the estimate never feeds on itself. Their version names that window (its size and newest
-prediction), so that any replica, and a later audit of the store, recomputes the same weights from it.
-
-When a request is adapted, ``CALIB_SHIFT__ADAPT`` and its ``adapt_priors`` field decide: off by default; ``alarm``
-adapts while the label-shift alarm is raised (the priors have moved beyond the tolerance, with the alarm's bounded
-false-alarm rate), ``always`` whenever priors are estimated. The prediction log keeps the model's probabilities and
-the priors' version of the rows served adapted.
+"""Probabilities adapted to the traffic's class priors: p_t(y | x) = w_y p(y | x) / sum_k w_k p(k | x) with
+w = pi_t / pi_s (Saerens, Latinne & Decaestecker 2002), the weights by EM on the drift window. ``CALIB_SHIFT__ADAPT``
+and a request's ``adapt_priors`` decide: off by default, ``alarm`` while the alarm is raised, or ``always``.
 """
 
 from __future__ import annotations
@@ -44,8 +35,7 @@ class Adaptation:
 
 
 def chosen(mode: str, found: Adaptation | None, asked: bool | None, field: str = "adapt_priors") -> Adaptation | None:
-    """The adaptation a request is served with: ``asked`` (its ``adapt_priors``) when given, else the setting's
-    ``mode`` (off, alarm, always). Asking for it before any priors are estimated is a 422 naming the field."""
+    """The adaptation a request is served with: ``asked``, else ``mode`` (422 before any priors)."""
     if asked is False:
         return None
     if asked is True:

@@ -1,25 +1,8 @@
 """Dynamic batching: concurrent requests to one model coalesce into one onnxruntime call.
 
-Each of a model's onnxruntime sessions has an inference thread that loops on its own: it takes
-everything queued (up to ``max_batch_size`` rows), runs it, hands the results back to the event loop
-in one callback, and immediately takes the next batch, so onnxruntime never waits for the event
-loop to be scheduled; several sessions take batches from the one queue.
-Requests arriving while a batch runs form the next batch: batches grow with load and a lone
-request waits for nothing. With ``max_queue_delay_ms`` > 0 a batch additionally waits up to that
-long for more rows, as Triton's ``dynamic_batching`` does; the wait is timed on the inference
-thread, so a busy event loop does not stretch it. Whole requests are batched (never split); a
-request larger than ``max_batch_size`` runs alone. The queue is bounded in rows: past
-``max_queue_rows`` a request is refused with ``Overloaded`` (HTTP 503 + Retry-After) instead of
-growing memory without bound (an empty queue takes any request, so a share of the bound smaller than a
-request never refuses it forever). A caller without an event loop (the engine's socket thread,
-``service.engine.server``) queues with ``submit_nowait`` and is answered by a callback on the
-inference thread.
-
-Every ``submit`` waits at most its model's ``deadline_seconds``: past it the request is answered with
-``DeadlineExceeded`` (503 + Retry-After) and a batch that has not taken it yet skips it, so a stuck session or a
-lost reply never holds a caller. ``window`` bounds the batches running at once (at most one per inference
-thread); a front-end narrows and widens it with the engine's load (``service.engine.frontend``). One failing
-callback never keeps the other requests of its batch from their answers.
+Each session's inference thread takes everything queued (up to ``max_batch_size`` rows), runs it and hands the results
+to the event loop in one callback, so onnxruntime never waits for the loop. ``max_queue_delay_ms`` waits for more rows
+as Triton does; past ``max_queue_rows`` a request gets ``Overloaded``, past ``deadline_seconds`` ``DeadlineExceeded``.
 """
 
 from __future__ import annotations
@@ -55,8 +38,7 @@ def _rows(outputs: Any, start: int, stop: int) -> Any:
 
 @dataclass
 class Timing:
-    """Where one request's time went: waiting in the queue, and the onnxruntime call of its batch (the batcher's
-    ``batch_id``-th, counted from 1)."""
+    """Where one request's time went: queued, and its batch's onnxruntime call (``batch_id``, from 1)."""
 
     queue_seconds: float
     inference_seconds: float
@@ -92,8 +74,7 @@ BatchObserver = Callable[[int, float], None]
 
 
 class Batcher(Protocol):
-    """What serving needs of a model's batcher: this module's ``DynamicBatcher``, or a front-end's
-    ``service.engine.frontend.EngineBatcher``."""
+    """What serving needs of a model's batcher: ``DynamicBatcher`` or a front-end's ``EngineBatcher``."""
 
     @property
     def ready(self) -> bool: ...
@@ -107,10 +88,7 @@ class Batcher(Protocol):
 
 
 class DynamicBatcher:
-    """Coalesces ``submit`` calls into batched ``run`` calls; see the module docstring. ``on_batch(rows, seconds)``
-    observes each ``run`` call (the inference span); ``finish``, when given, turns its outputs into the result the
-    requests share, outside that span (scores, sets); with ``gather`` a run gets the requests' arrays, not their
-    concatenation (``ModelRuntime.run`` copies them into its staging buffer at once)."""
+    """Coalesces ``submit`` calls into batched ``run`` calls; ``finish`` builds the requests' shared result."""
 
     def __init__(
         self,
@@ -151,8 +129,7 @@ class DynamicBatcher:
         return self._queued_rows
 
     def stalled_seconds(self) -> float:
-        """How long the longest-running batch has run so far (0 when none runs): a watchdog's measure of a stuck
-        session."""
+        """How long the longest-running batch has run so far (0 when none runs): a stuck session's measure."""
         with self._ready:
             started = min(self._running.values(), default=None)
         return 0.0 if started is None else time.perf_counter() - started
@@ -164,8 +141,7 @@ class DynamicBatcher:
             self._ready.notify_all()
 
     def start(self) -> None:
-        """Start the inference threads (one per run function); ``submit``'s results are delivered to the
-        running event loop (without one, only ``submit_nowait`` is served)."""
+        """Start an inference thread per run function; ``submit`` needs a running event loop, ``submit_nowait`` none."""
         try:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -208,9 +184,8 @@ class DynamicBatcher:
             timer.cancel()
 
     def submit_nowait(self, x: np.ndarray, done: Done) -> None:
-        """Queue a (rows, ...) batch; ``done`` is called on an inference thread with its rows of the result and
-        their ``Timing``, or with the exception that failed the batch. Refusals (``NotReady``, ``Overloaded``)
-        are raised here, and ``done`` is then never called."""
+        """Queue a (rows, ...) batch; ``done`` gets its rows of the result and their ``Timing``, or the batch's
+        exception, on an inference thread. Refusals (``NotReady``, ``Overloaded``) are raised here instead."""
         self._enqueue(_Pending(x, None, done=done))
 
     def _enqueue(self, pending: _Pending) -> None:
@@ -267,8 +242,7 @@ class DynamicBatcher:
                 )
 
     def _fill(self) -> None:
-        """Wait (lock held, released while waiting) until the batch is full or the oldest request has
-        waited ``max_queue_delay_ms``."""
+        """Wait (lock held) until the batch is full or its oldest waited ``max_queue_delay_ms``."""
         if self.config.max_queue_delay_ms <= 0:
             return
         deadline = self._queue[0].enqueued + self.config.max_queue_delay_ms / 1000.0
@@ -322,8 +296,7 @@ class DynamicBatcher:
         return batch_id, elapsed
 
     def _answer(self, batch: list[_Pending], answer: Callable[..., None], *args: Any) -> None:
-        """``answer(batch, futures, *args)`` (``_deliver`` or ``_fail``): on the event loop for ``submit``'s
-        futures, here on the inference thread for ``submit_nowait``'s callbacks."""
+        """``answer(batch, futures, *args)``: on the event loop for futures, here for ``submit_nowait``'s callbacks."""
         if any(p.done is not None for p in batch):
             answer(batch, False, *args)
         if self._loop is not None and any(p.future is not None for p in batch):
@@ -339,8 +312,7 @@ class DynamicBatcher:
         rows: int,
         batch_id: int,
     ) -> None:
-        """Give every request its rows of the batch's result: the futures (``futures``, on the event loop), or the
-        callbacks; one that fails is logged and the others still get theirs."""
+        """Give every request its rows of the result (``futures``: on the event loop); a failed reply is logged."""
         offset = 0
         for p in batch:
             n = len(p.x)

@@ -1,17 +1,5 @@
-"""The buckets of a padding runtime (``service.serving.runtime``): for each batch size it pads to, the session that
-runs it, a host staging buffer that a batch's requests are copied into, and with I/O binding its buffers on the
-session's device, bound once.
-
-A batch of ``rows`` rows is copied into the first rows of the staging buffer, one copy per request and no
-concatenation before; the rows beyond ``rows`` that held the previous batch are zeroed (the rest are zero since
-allocation), so that a padded row is always a zero row and no buffer is allocated per call.
-
-With I/O binding the bucket's input and outputs are ``OrtValue`` buffers of its shape on the session's device, bound in
-one ``IOBinding`` at allocation; a call copies the staging buffer into the input (``update_inplace``, complete when it
-returns), runs, and copies the outputs into fresh host arrays (``copy_outputs_to_cpu``) that the caller may keep. Fixed
-buffers are what a CUDA graph needs: onnxruntime replays a captured graph on the addresses it was captured with.
-
-A bucket's buffers belong to the runtime that holds it, whose calls come one at a time, so they need no lock.
+"""The buckets of a padding runtime (``service.serving.runtime``): per batch size its session, a zero-padded host
+staging buffer and, with I/O binding, device buffers bound once (the addresses a CUDA graph replays on).
 """
 
 from __future__ import annotations
@@ -38,10 +26,7 @@ def fixed_shape(dims: Sequence) -> tuple[int, ...] | None:
 
 
 class Bucket:
-    """The batches of at most ``size`` rows (and more than the next smaller bucket's) of a runtime: ``session`` runs
-    them padded to ``size`` rows from ``staging``. ``device`` ("cpu" or "cuda") binds the input and outputs once on
-    that device; None runs ``session.run`` on the staging buffer. ``graph``: the session replays a CUDA graph, so its
-    buffers never move once captured."""
+    """The batches up to ``size`` rows, padded from ``staging``; ``device`` binds the input and outputs once there."""
 
     def __init__(
         self,
@@ -67,9 +52,7 @@ class Bucket:
         return (0 if self.staging is None else self.staging.nbytes) + self.bound_bytes
 
     def allocate(self, row_shape: tuple[int, ...]) -> None:
-        """The staging buffer for rows of ``row_shape``, zeroed, and with a ``device`` the bound buffers. Output shapes
-        are the graph's declared ones, or those of one run when the graph leaves one unnamed (never on a graph
-        session: its first runs capture)."""
+        """The staging buffer for rows of ``row_shape``, zeroed, and with a ``device`` the bound buffers."""
         if self.graph and self.staging is not None:
             raise ValueError(
                 f"rows of shape {row_shape} for a CUDA graph captured on rows of shape {self.staging.shape[1:]}"
@@ -93,7 +76,8 @@ class Bucket:
         self.binding = binding
 
     def _outputs(self) -> list[tuple[tuple[int, ...], type]]:
-        """(shape, numpy type) of each output on a batch of ``size`` rows."""
+        """(shape, numpy type) of each output on ``size`` rows: the graph's declared ones, else one run's (never on a
+        graph session: its first runs capture)."""
         declared = {o.name: o for o in self.session.get_outputs()}
         rows = [fixed_shape(declared[name].shape[1:]) for name in self.output_names]
         if all(shape is not None for shape in rows):
@@ -108,8 +92,7 @@ class Bucket:
         return [(value.shape, value.dtype.type) for value in probe]
 
     def stage(self, parts: Sequence[np.ndarray], rows: int) -> None:
-        """Copy ``parts`` (``rows`` rows in all) into the staging buffer in order and zero what the last batch left
-        beyond them."""
+        """Copy ``parts`` (``rows`` rows) into the staging buffer and zero what the last batch left beyond them."""
         row_shape = parts[0].shape[1:]
         if self.staging is None or self.staging.shape[1:] != row_shape:
             self.allocate(row_shape)
@@ -126,8 +109,7 @@ class Bucket:
         self.filled = rows
 
     def run(self, parts: Sequence[np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Every output on the first ``rows`` rows: ``parts`` staged, the bucket's session run on all ``size`` rows,
-        the outputs cut back to ``rows``. The arrays are the caller's: no later call writes to them."""
+        """Every output on ``parts`` (``rows`` rows), run padded to ``size`` rows; the arrays are the caller's."""
         self.stage(parts, rows)
         if self.binding is None:
             outputs = self.session.run(self.output_names, {self.input_name: self.staging})
@@ -139,10 +121,8 @@ class Bucket:
         return {name: value[:rows] for name, value in zip(self.output_names, outputs)}
 
     def capture(self, plain: ort.InferenceSession, tolerance: float = 1e-3) -> None:
-        """Capture the CUDA graph and check its replays: two runs on zero rows (onnxruntime's regular runs for its
-        allocations and the capture; releases that capture within their first call replay on the second), then two on
-        random rows, each compared with ``plain`` (a session without a graph) on the same rows. A replay that does not
-        follow the rows updated in place raises, as does any error of onnxruntime's."""
+        """Capture the CUDA graph (two runs on zero rows: the allocations and the capture) and check two replays on
+        random rows against ``plain``, a session without a graph; a replay that ignores the updated rows raises."""
         assert self.staging is not None
         zeros = np.zeros_like(self.staging)
         self.run([zeros], self.size)

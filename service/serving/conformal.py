@@ -1,27 +1,15 @@
-"""Prediction sets served per request: a model version's conformal calibrators, its default method and coverage,
-the coverage levels it serves, and the sets (and p-values) of a batch's rows.
-
-A set is computed from the probabilities of the artifact's own calibration (the ONNX graph's ``probabilities``
-output), the ones its conformal scores were fitted on, even after an in-service refit of the temperature: split
-conformal's guarantee holds for scores exchangeable with the calibration split's (Angelopoulos et al. 2021,
-"Uncertainty sets for image classifiers using conformal prediction"; ``calibkit.conformal``).
-
-Two rules per method. By default the **floor sets** (``calibkit.conformal.floor_scores``): a function of the input
-alone, never empty, coverage at least 1 - alpha. On request the **exact sets**: randomized APS and RAPS, whose draw
-per row comes from the row's prediction id (its 52 random bits after the timestamp), so that any replica, the
-prediction log and a later audit recompute the same set from the same row, and LAC without the floor; their
-coverage is 1 - alpha to within 1 / (n + 1), and they may be empty.
-
-The threshold's version names what the sets were computed with: the conformal file's checksum, and the number
-of labels the adaptive threshold has folded in (0: the static split-conformal quantile); the adapted levels come
-from ``service.monitoring.coverage``, which folds the stored labels in order.
+"""Prediction sets served per request, computed from the artifact's own calibrated probabilities even after a refit:
+split conformal's guarantee needs scores exchangeable with the calibration split's (Angelopoulos et al. 2021,
+``calibkit.conformal``). By default the **floor sets**: never empty, coverage at least 1 - alpha. On request the
+**exact sets** (randomized APS and RAPS drawn per prediction id, LAC): coverage 1 - alpha to within 1 / (n + 1).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +18,7 @@ from calibkit.conformal.adaptive import LogQuantileTracker, served_ranked_sets
 from calibkit.manifest import Manifest, load_conformal
 from service.errors import InvalidInput
 
-_ID_DRAW = slice(12, 25)
-"""The 13 hex digits (52 random bits) of a prediction id that give its row's uniform draw: past the 12-digit
-millisecond timestamp (``service.store.rows.prediction_ids``)."""
+_ID_DRAW = slice(12, 25)  # a prediction id's 52 random bits after its millisecond stamp: its row's uniform draw
 
 
 def covered(packed: bytes, label: int) -> bool:
@@ -50,10 +36,19 @@ def row_draws(ids: list[str]) -> np.ndarray:
     return np.array([int(i[_ID_DRAW], 16) for i in ids], dtype=np.float64) / float(16**13)
 
 
+def _draws(calibrator: SplitConformal, ids: list[str], randomized: bool) -> np.ndarray | None:
+    """The rows' draws under an exact rule that randomizes (APS and RAPS; LAC never does)."""
+    return row_draws(ids) if randomized and calibrator.method != "lac" else None
+
+
+def _rule(calibrator: SplitConformal, draws: np.ndarray | None) -> dict[str, Any]:
+    """The keyword arguments of a calibrator's score rule with the rows' draws."""
+    return {"k_reg": calibrator.k_reg, "lam": calibrator.lam, "u": draws, "floor": calibrator.floor}
+
+
 @dataclass(frozen=True)
 class SetChoice:
-    """What a request asks for: the score, the coverage 1 - alpha, whether it wants the p-values, and whether the
-    exact (randomized) sets rather than the floor sets."""
+    """What a request asks for: score, coverage 1 - alpha, p-values, and exact or floor sets."""
 
     method: str
     coverage: float
@@ -66,44 +61,22 @@ class SetChoice:
         return self.method, self.coverage, self.randomized
 
 
+@dataclass(slots=True, eq=False)
 class ServedSets:
-    """The sets of some rows under one choice, as ``calibkit.conformal.ranked_sets`` gives them: each row's labels
-    most probable first (``order``, (N, K)) and its set size (``sizes``, (N,)), so that row i's set is
-    ``order[i, :sizes[i]]``; optional p-values (N, K), the threshold and its version. Once ``listed``, also each
-    row's members as a list, its packed bits and the response's description. ``sets[a:b]`` is a request's share
-    of a batch's sets: taken once per request, so a plain slotted class rather than a frozen dataclass."""
+    """The sets of some rows under one choice: row i's set is ``order[i, :sizes[i]]``, most probable first; slotted and
+    not frozen (a frozen dataclass builds slower)."""
 
-    __slots__ = (
-        "choice",
-        "order",
-        "sizes",
-        "p_values",
-        "threshold",
-        "threshold_version",
-        "randomized",
-        "ranked",
-        "bits",
-        "described",
-        "_flat",
-    )
-
-    def __init__(
-        self,
-        choice: SetChoice,
-        order: np.ndarray,
-        sizes: np.ndarray,
-        p_values: np.ndarray | None,
-        threshold: float,
-        threshold_version: str,
-        randomized: bool,
-        ranked: list[list[int]] | None = None,
-        bits: list[bytes] | None = None,
-        described: dict | None = None,
-    ):
-        self.choice, self.order, self.sizes, self.p_values = choice, order, sizes, p_values
-        self.threshold, self.threshold_version, self.randomized = threshold, threshold_version, randomized
-        self.ranked, self.bits, self.described = ranked, bits, described
-        self._flat: np.ndarray | None = None
+    choice: SetChoice
+    order: np.ndarray
+    sizes: np.ndarray
+    p_values: np.ndarray | None
+    threshold: float
+    threshold_version: str
+    randomized: bool
+    ranked: list[list[int]] | None = None
+    bits: list[bytes] | None = None
+    described: dict | None = None
+    _flat: np.ndarray | None = field(default=None, init=False, repr=False)
 
     def __getitem__(self, rows: slice) -> ServedSets:
         return ServedSets(
@@ -134,9 +107,8 @@ class ServedSets:
         return out
 
     def listed(self) -> ServedSets:
-        """Fill in, for the whole batch at once (on the inference thread, so that a request's share is a slice),
-        what every response and log row needs: each row's members as class indices, most probable first, the
-        packed bits (``packed``) and the description (``info``); returns these sets."""
+        """Fill in for the whole batch (on the inference thread, so a request's share is a slice) the members, packed
+        bits and description every response and log row needs; returns these sets."""
         self.ranked, self.bits, self.described = self.members_ranked(), self.packed(), self.info()
         return self
 
@@ -160,8 +132,7 @@ class ServedSets:
         return [raw[i : i + width] for i in range(0, len(raw), width)]
 
     def info(self) -> dict:
-        """The response's description of the sets (a threshold of +inf, the full set, is null); one dict shared by
-        the requests of a listed batch, which only serialize or copy it."""
+        """The response's description of the sets (a threshold of +inf is null), shared in a batch."""
         if self.described is not None:
             return self.described
         return {
@@ -205,8 +176,7 @@ class ModelSets:
         self._adapted: dict[tuple[str, float, bool], LogQuantileTracker] = {}
 
     def adapt(self, states: dict[tuple[str, float, bool], LogQuantileTracker]) -> None:
-        """Serve these adaptive levels by (method, coverage, randomized) from now on
-        (``service.monitoring.coverage``)."""
+        """Serve these adaptive levels by (method, coverage, randomized) from now on."""
         self._adapted = dict(states)
 
     @classmethod
@@ -219,11 +189,8 @@ class ModelSets:
         levels: tuple[float, ...] = (),
         randomized: bool = False,
     ) -> ModelSets:
-        """The calibrators of an artifact version (checked against the manifest's checksum), with the defaults
-        of the settings (``method``, ``coverage``, ``randomized``) or else the manifest's, serving ``levels`` and
-        the default coverage; an artifact without conformal scores serves no sets and says why. An artifact
-        without floor scores (exported before floor sets) serves floor sets at its exact scores' quantiles, which
-        keeps their guarantee, conservatively. Raises ``ValueError`` when the scores are there but do not match."""
+        """The calibrators of an artifact version (checked against the manifest's checksum), or none and why; raises
+        ``ValueError`` when the scores do not match. Without floor scores floor sets use the exact ones."""
         spec = manifest.conformal
         if spec is None:
             return cls({}, reason="the artifact has no conformal scores (exported before prediction sets existed)")
@@ -287,9 +254,8 @@ class ModelSets:
         field: str = "",
         randomized: bool | None = None,
     ) -> SetChoice | None:
-        """A request's choice, with the defaults for what it leaves out; None when it asks for nothing and the
-        version has no sets. Asking a version without sets for them, or for a coverage it does not serve, is a 422
-        naming the field (and the levels it serves)."""
+        """A request's choice with the defaults for what it leaves out; None when it asks for nothing and the version
+        has no sets. Sets from a version without them, or a coverage it does not serve, is a 422 naming the field."""
         if not self.available:
             asked = [name for name, value in (("coverage", coverage), ("set_method", method)) if value is not None]
             if p_values:
@@ -318,11 +284,9 @@ class ModelSets:
         return SetChoice(chosen, float(level), p_values, exact)
 
     def sets(self, probs: np.ndarray, ids: list[str], choice: SetChoice) -> ServedSets:
-        """The sets (and, when asked, p-values) of rows with probabilities ``probs`` (N, K) and prediction ids
-        ``ids``: at the adapted level of the choice when one is served (``adapt``), else at the static
-        split-conformal threshold. The p-values are the static calibration scores' (Vovk et al. 2005)."""
+        """The sets (and p-values, Vovk et al. 2005) of rows ``probs``, at the adapted level when one is served."""
         calibrator = self.calibrator(choice.method, choice.randomized)
-        draws = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
+        draws = _draws(calibrator, ids, choice.randomized)
         adapted = self._adapted.get(choice.key)
         if adapted is None:
             threshold, version = float(calibrator.quantile(1.0 - choice.coverage)), self.version(0)
@@ -336,32 +300,20 @@ class ModelSets:
     def label_shift_sets(
         self, probs: np.ndarray, ids: list[str], choice: SetChoice, weights: np.ndarray, priors_version: str
     ) -> ServedSets | None:
-        """The sets of rows served adapted to new class priors: the weighted split-conformal quantile of Podkopaev &
-        Ramdas 2021, one threshold per candidate class from the calibration scores of each class weighted by w =
-        pi_t / pi_s, at the choice's static level (the adaptive threshold follows the unweighted sets, and serves
-        them again once adaptation stops). None when the artifact has no per-class scores (exported before them).
-        ``probs`` are the model's own, before adaptation, as the scores were computed; p-values stay the unweighted
-        ones. A set need not be a prefix of the ranking: its members come first in ``order``, most probable first."""
+        """The sets adapted to new class priors: the weighted split-conformal quantile of Podkopaev & Ramdas 2021,
+        w = pi_t / pi_s, per candidate class; None without per-class scores. A set's members lead ``order``."""
         found = self.by_class if choice.randomized else self.floors_by_class
         if found is None:
             return None
         calibrator = found[choice.method]
-        draws = row_draws(ids) if choice.randomized and calibrator.method != "lac" else None
+        draws = _draws(calibrator, ids, choice.randomized)
         thresholds = self._weighted.get((choice.key, priors_version))
         if thresholds is None:  # once per priors version: the weighted quantile sorts and sums every class's scores
             thresholds = calibrator.label_shift_quantiles(weights, 1.0 - choice.coverage)
             if len(self._weighted) >= 64:
                 self._weighted.clear()
             self._weighted[(choice.key, priors_version)] = thresholds
-        members = prediction_sets(
-            probs,
-            thresholds,
-            calibrator.method,
-            k_reg=calibrator.k_reg,
-            lam=calibrator.lam,
-            u=draws,
-            floor=calibrator.floor,
-        )
+        members = prediction_sets(probs, thresholds, calibrator.method, **_rule(calibrator, draws))
         ranked = np.argsort(-probs, axis=1, kind="stable")
         order = np.take_along_axis(
             ranked, np.argsort(~np.take_along_axis(members, ranked, axis=1), axis=1, kind="stable"), axis=1
@@ -380,16 +332,8 @@ class ModelSets:
     def label_scores(
         self, probs: np.ndarray, labels: np.ndarray, ids: list[str], method: str, randomized: bool
     ) -> np.ndarray:
-        """The conformity scores of labelled rows under the rule their sets were served by: the label's floor
-        score, or its exact score with the row's draw (``row_draws``) for randomized APS and RAPS."""
+        """The conformity scores of labelled rows under the rule their sets were served by."""
         calibrator = self.calibrator(method, randomized)
-        draws = row_draws(ids) if randomized and calibrator.method != "lac" else None
         return conformity_scores(
-            probs,
-            labels,
-            calibrator.method,
-            k_reg=calibrator.k_reg,
-            lam=calibrator.lam,
-            u=draws,
-            floor=calibrator.floor,
+            probs, labels, calibrator.method, **_rule(calibrator, _draws(calibrator, ids, randomized))
         )

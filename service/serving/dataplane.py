@@ -1,14 +1,11 @@
-"""What the inference routes do, independent of the protocol: predict, model listing and v2 inference (its
-tensors' conventions and checks: ``service.serving.v2_protocol``).
-
-The handlers in ``service.http`` and the gRPC servicer only translate their protocol to these calls and back.
-"""
+"""What the inference routes do, independent of the protocol: predict, model listing and v2 inference; the handlers
+in ``service.http`` and the gRPC servicer only translate their protocol to these calls and back."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -30,28 +27,20 @@ if TYPE_CHECKING:
     from service.engine.client import EngineClient
 
 
+@dataclass(eq=False)
 class DataPlane:
     """The service's behaviour over a model repository."""
 
-    def __init__(
-        self,
-        repository: ModelRepository,
-        settings: Settings,
-        metrics: ServiceMetrics,
-        monitor=None,
-        prediction_log=None,
-    ):
-        self.repository = repository
-        self.settings = settings
-        self.metrics = metrics
-        self.monitor = monitor
-        self.prediction_log = prediction_log
-        self.engine: EngineClient | None = None
-        self._model_metrics: dict[tuple[str, str], tuple] = {}
+    repository: ModelRepository
+    settings: Settings
+    metrics: ServiceMetrics
+    monitor: Any = None
+    prediction_log: Any = None
+    engine: EngineClient | None = field(default=None, init=False)
+    _model_metrics: dict[tuple[str, str], tuple] = field(default_factory=dict, init=False)
 
     async def start(self) -> None:
-        """Start a batcher for every loaded model version: over its sessions in process, or over the engine
-        process's when ``settings.pod.engine_endpoint`` names one (``service.engine.frontend``)."""
+        """Start a batcher for every loaded model version, over its sessions or the engine's."""
         if self.settings.pod.engine_endpoint is not None:
             await self._connect_engine(self.settings.pod.engine_endpoint)
         for model in self.repository.all():
@@ -87,8 +76,7 @@ class DataPlane:
             self.metrics.model_ready.labels(model.name, model.version).set(1)
 
     async def _connect_engine(self, endpoint: str) -> None:
-        """Connect to the engine and give each version it serves its remote sessions; a version the engine does not
-        serve is refused as a broken artifact would be."""
+        """Connect to the engine and give each version its remote sessions; one the engine lacks is refused."""
         from service.engine.client import EngineClient
         from service.engine.frontend import RemoteRuntime  # no zmq import on the in-process path
 
@@ -143,9 +131,8 @@ class DataPlane:
         return found
 
     def prepare(self, request: PredictRequest) -> tuple[PredictRequest, ServedModel, np.ndarray]:
-        """The request, the model it names and its rows as one float32 batch (422 naming the row). The
-        request's rows are dropped once they are that array: their Python objects are many times its
-        size, so memory then grows with concurrent requests by their arrays only."""
+        """The request, its model and its rows as one float32 batch (422 naming the row); the rows' Python objects,
+        many times the array's size, are dropped."""
         model = self.repository.get(request.model, request.version)
         x = to_batch(
             request.inputs,
@@ -158,9 +145,8 @@ class DataPlane:
         return request, model, x
 
     def prepare_numeric(self, fields: dict, rows: np.ndarray) -> tuple[PredictOptions, ServedModel, np.ndarray] | None:
-        """A /predict body whose rows arrived as one array (``service.http.numeric_json``): its options,
-        model and float32 batch; None where ``prepare`` must answer (invalid options, rows the model does
-        not take, too many rows), so that every error is the one the general path names."""
+        """A /predict body whose rows arrived as one array (``service.http.numeric_json``): its options, model and
+        batch; None where ``prepare`` must answer, so that every error is the general path's."""
         try:
             options = PredictOptions.model_validate(fields)
         except ValidationError:
@@ -185,8 +171,8 @@ class DataPlane:
         return (body if adaptation is None else body | {"priors_version": adaptation.version}), timing
 
     def finish_batch(self, model: ServedModel, outputs: dict[str, np.ndarray]) -> InferenceResult:
-        """On an inference thread, after the session's call: a batch's graph outputs scored under the calibration in
-        force, with its prediction ids and its sets under the model's default choice."""
+        """On an inference thread: a batch's outputs scored under the calibration in force, with its ids and its
+        sets under the model's default choice."""
         names = model.manifest.outputs
         calibration_version, temperature = (
             self.monitor.calibrations.active(model)
@@ -225,8 +211,7 @@ class DataPlane:
     async def answered(
         self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation | None
     ) -> tuple[ScoredBatch, ServedSets | None, list[str]]:
-        """What both protocols answer a request with: its rows (adapted when ``adaptation``), their sets, and their
-        ids once queued for the log, which keeps the model's own probabilities and the priors' version."""
+        """What both protocols answer a request with: its rows, their sets and their ids once logged."""
         if adaptation is None:
             sets, scored = self.sets_for(model, result, choice), result.scored
         else:
@@ -237,8 +222,7 @@ class DataPlane:
     def adapted_for(
         self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation
     ) -> tuple[ServedSets | None, ScoredBatch]:
-        """A request's adapted sets and rows: its share of the batch's when the batch was adapted to the same priors
-        (and, for the sets, under the same choice), else its own."""
+        """A request's adapted sets and rows: its share of the batch's when adapted alike, else its own."""
         same = result.adaptation is adaptation and result.adapted is not None
         scored = result.adapted if same and result.adapted is not None else adapted(result.scored, adaptation)
         if same and result.adapted_sets is not None and result.adapted_sets.choice == choice:
@@ -248,8 +232,7 @@ class DataPlane:
     def adapted_sets(
         self, model: ServedModel, result: InferenceResult, choice: SetChoice | None, adaptation: Adaptation
     ) -> ServedSets | None:
-        """A request's sets when it is served adapted to new class priors: the weighted conformal quantile's
-        (``ModelSets.label_shift_sets``), or the unweighted ones when the artifact has no per-class scores."""
+        """A request's sets under new class priors (``ModelSets.label_shift_sets``), else the unweighted ones."""
         if choice is None:
             return None
         probs = result.outputs[model.manifest.outputs["probabilities"]]
@@ -259,10 +242,8 @@ class DataPlane:
     async def log(
         self, model: ServedModel, scored: ScoredBatch, sets: ServedSets | None = None, priors_version: str | None = None
     ) -> list[str]:
-        """The one logging hook of both protocols: queue a request's scored rows (the model's own probabilities),
-        with the sets served with them and the priors' version when they were served adapted, for the prediction
-        log unless logging is disabled, and under sync durability wait until they are committed; their prediction
-        ids (answered either way)."""
+        """The logging hook of both protocols: queue a request's rows (the model's own probabilities, the sets and
+        priors' version served) unless logging is off, under sync durability until committed; their ids."""
         if self.prediction_log is not None:
             rows = scored.prediction_rows(model.name, model.version, sets=sets, priors_version=priors_version)
             ticket = self.prediction_log.enqueue(rows)
@@ -273,8 +254,7 @@ class DataPlane:
     def respond(
         self, model: ServedModel, request: PredictOptions, s: ScoredBatch, ids: list[str], sets: ServedSets | None
     ) -> dict:
-        """The /predict body (a ``PredictResponse`` as plain data) for the request's scored rows, logged under
-        ``ids``, with their prediction sets (None: none served)."""
+        """The /predict body (a ``PredictResponse`` as plain data) of the request's rows, ids and sets."""
         classes, probs = model.manifest.class_names, s.probabilities
         order = np.argsort(-probs, axis=1, kind="stable")[:, : request.top_k].tolist() if request.top_k else None
         members = None if sets is None else sets.members_ranked()
@@ -341,12 +321,7 @@ class DataPlane:
         values: dict[str, np.ndarray | list],
         phases: Phases,
     ) -> tuple[ServedModel, dict[str, np.ndarray], list[str], dict]:
-        """Run a v2 request and queue its rows for the prediction log as /predict does; the model, the
-        requested outputs (``prediction_id`` as an object array of strings, ``prediction_set`` as booleans), the
-        rows' prediction ids (which the response carries whether or not the tensor was requested) and the
-        response's parameters about the sets (empty without them). ``values`` holds the values of the request's
-        inputs by name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed. The sets'
-        coverage and method are the request parameters ``coverage`` and ``set_method``."""
+        """Run a v2 request (``values``: its inputs by name) and log its rows as /predict does."""
         model = self.repository.get(name, version)
         x = v2_protocol.input_batch(model, request, values, self.settings.limits.max_rows_per_request)
         requested = v2_protocol.requested_outputs(model, request)

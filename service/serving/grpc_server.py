@@ -1,11 +1,5 @@
-"""The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``), served by ``grpc.aio`` on the
-service's own event loop beside the REST routes: the same ``DataPlane`` (batcher, prediction log, prediction
-ids), the same metrics, and gRPC status codes mapped from the same typed errors (``STATUS``).
-
-Inputs come as ``raw_input_contents`` (the fast path: bytes become an array without a copy) or as typed
-``contents``; outputs always go back as ``raw_output_contents``, the probabilities as little-endian FP32 and
-the prediction ids as the BYTES tensor ``prediction_id`` (each element a 4-byte little-endian length, then its
-bytes), and, comma-separated, as the response parameter ``prediction_ids``, as over REST.
+"""The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``) on the service's event loop, with the
+same ``DataPlane``, metrics and typed errors (``STATUS``) as REST; inputs as raw or typed contents, outputs raw.
 """
 
 from __future__ import annotations
@@ -26,21 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from pydantic import ValidationError
 
 from service.auth import ACCESS, Access
-from service.errors import (
-    DeadlineExceeded,
-    EngineUnavailable,
-    Forbidden,
-    InvalidInput,
-    ModelNotFound,
-    NotReady,
-    Overloaded,
-    PayloadTooLarge,
-    ServiceError,
-    StorageUnavailable,
-    Unauthorized,
-    UnsupportedMediaType,
-    field_path,
-)
+from service.errors import InvalidInput, NotReady, ServiceError, field_path
 from service.metrics import Phases
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -59,36 +39,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.serving.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
-STATUS: dict[type[ServiceError], grpc.StatusCode] = {
-    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
-    UnsupportedMediaType: grpc.StatusCode.INVALID_ARGUMENT,
-    ModelNotFound: grpc.StatusCode.NOT_FOUND,
-    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Overloaded: grpc.StatusCode.UNAVAILABLE,
-    NotReady: grpc.StatusCode.UNAVAILABLE,
-    EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded: grpc.StatusCode.UNAVAILABLE,
-    StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
-    Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
-    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+STATUS: dict[int, grpc.StatusCode] = {
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
 }
-"""The gRPC status of each typed error (REST answers the same errors with their HTTP status)."""
-CONTENTS = {
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-}
+"""The gRPC status of each HTTP status the typed errors answer over REST."""
+CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT64": "int64_contents", "UINT8": "uint_contents"}
+CONTENTS |= {"UINT16": "uint_contents"} | dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents")
 """The ``InferTensorContents`` field that carries each input datatype the service takes."""
 
 
 def status_of(exc: ServiceError) -> grpc.StatusCode:
-    """The gRPC status of a typed error: that of its nearest class in ``STATUS``."""
-    return next((STATUS[kind] for kind in type(exc).__mro__ if kind in STATUS), grpc.StatusCode.INTERNAL)
+    """The gRPC status of a typed error: that of its HTTP status in ``STATUS``."""
+    return STATUS.get(exc.status, grpc.StatusCode.INTERNAL)
 
 
 def parameters(message) -> dict:
@@ -102,8 +70,7 @@ def parameters(message) -> dict:
 
 
 def inference_request(request: pb.ModelInferRequest) -> tuple[V2InferenceRequest, dict[str, np.ndarray]]:
-    """The request as the REST path's ``V2InferenceRequest`` and each input's values by name (``InvalidInput``
-    naming the field where it is malformed)."""
+    """The request as a ``V2InferenceRequest`` and each input's values by name (``InvalidInput`` naming the field)."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(f"holds {len(raw)} entries for {len(request.inputs)} inputs", field="raw_input_contents")
@@ -160,10 +127,8 @@ def inference_response(
     ids: list[str],
     info: dict | None = None,
 ) -> pb.ModelInferResponse:
-    """The response: every output as raw contents (FP32; BYTES for ``prediction_id``; BOOL, one byte per value,
-    for ``prediction_set``), the prediction ids also as the string parameter ``prediction_ids``, the sets'
-    method, coverage, threshold and its version as parameters (``info``), and the request's id (a fresh one
-    when it had none)."""
+    """The response: every output as raw contents, the ids also as the parameter ``prediction_ids``, the sets'
+    description (``info``) as parameters, and the request's id (a fresh one when it had none)."""
     response = pb.ModelInferResponse(model_name=name, model_version=version, id=request_id or uuid.uuid4().hex)
     response.parameters["prediction_ids"].string_param = ",".join(ids)
     for key, value in (info or {}).items():
@@ -181,10 +146,7 @@ def inference_response(
 
 
 def rpc(access: Access) -> Callable[[Callable[..., Awaitable]], Callable[..., Awaitable]]:
-    """A servicer method from ``handler(self, request)``, declaring who may call it (``access``, as an HTTP route
-    does in ``service.http.routes``): a token group's method first checks its tokens (metadata ``authorization:
-    Bearer <token>``, UNAUTHENTICATED without one); typed errors end the call with their status (``STATUS``),
-    anything else with INTERNAL (logged); every call is counted and timed by method and status."""
+    """A servicer method that declares who may call it (``access``); typed errors end the call with their status."""
     if access not in ACCESS:
         raise ValueError(f"a gRPC method declares no access group (access={access!r}): give one of {list(ACCESS)}")
 
@@ -217,8 +179,7 @@ def rpc(access: Access) -> Callable[[Callable[..., Awaitable]], Callable[..., Aw
 
 
 def method_access(servicer: object) -> dict[str, Access]:
-    """The access group each method of the inference service declares (``rpc``). A method of the service's
-    descriptor that declares none, or is not implemented, stops the start (fail closed)."""
+    """The access group each method of the inference service declares (``rpc``); one without stops the start."""
     methods = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
     declared = {name: getattr(getattr(servicer, name, None), "access", None) for name in methods}
     missing = sorted(name for name, access in declared.items() if access not in ACCESS)
@@ -285,10 +246,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 
 class Health(health_aio.HealthServicer):
-    """``grpc.health.v1.Health`` (grpcio-health-checking), for Kubernetes' gRPC probes and grpc_health_probe: the
-    server ("") and ``SERVICE`` answer SERVING while the service is ready (``ServiceParts.is_ready``: started, not
-    stopping, a model version ready), NOT_SERVING otherwise. ``Check`` reads readiness when asked; ``Watch``ers
-    hear of a change within ``POLL_SECONDS``. Open to every caller, as ``/v2/health/*`` is."""
+    """``grpc.health.v1.Health`` for Kubernetes' gRPC probes: the server ("") and ``SERVICE`` are SERVING while
+    ``ServiceParts.is_ready``, else NOT_SERVING; ``Watch``ers hear of a change within ``POLL_SECONDS``. Open to all."""
 
     POLL_SECONDS = 1.0
 
@@ -333,9 +292,8 @@ class GrpcServer:
 
 
 async def start(parts: ServiceParts) -> GrpcServer | None:
-    """The gRPC server on ``settings.host:settings.grpc_port`` (0: a free port) with ``Health`` beside the inference
-    service, started, its port recorded on ``parts.grpc_port``; None when ``settings.grpc`` is off. A port that
-    cannot be bound stops the start."""
+    """The gRPC server with ``Health``, started on ``settings.host:settings.grpc_port`` (0: a free port, recorded on
+    ``parts.grpc_port``); None when ``settings.grpc`` is off."""
     settings = parts.settings
     if not settings.grpc:
         return None

@@ -1,15 +1,6 @@
-"""Logging of predictions: /predict and v2 infer append to a bounded in-memory queue (``DataPlane.log``); a
-background task writes batches to the store.
-
-Durability ``async`` (write-behind, the default): the answer does not wait for the write. A full queue drops
-rows (counted, never blocks inference); a failed write keeps the batch for the next attempt while there is
-room, so a short database outage loses nothing and a long one degrades to counted drops. A process killed
-before a write loses the rows queued since the last one (at most ``interval`` seconds of them while the store
-is up): their ids were answered but never become known, and labels sent for them expire as pending.
-
-Durability ``sync``: each answer waits until its rows are committed (rows queued while a write runs go
-together in the next one, a group commit), so every id answered is in the store. A full queue answers 503
-with Retry-After; a failed write answers 503 to the requests waiting on it.
+"""Logging of predictions: a bounded queue that a background task writes to the store in batches. Durability
+``async`` (the default): answers do not wait, a full queue drops rows (counted) and a killed process loses the last
+``interval`` seconds' worth. ``sync``: each answer waits for its rows' group commit; a failed write answers 503.
 """
 
 from __future__ import annotations
@@ -18,6 +9,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -31,28 +23,21 @@ from service.store.rows import PredictionRow
 log = logging.getLogger("service.serving.prediction_log")
 
 
+@dataclass(eq=False)
 class PredictionLog(BackgroundLoop):
     name = "prediction-log"
 
-    def __init__(
-        self,
-        store: Store,
-        metrics: ServiceMetrics,
-        max_pending: int = 100_000,
-        batch_size: int = 2000,
-        interval: float = 0.5,
-        durability: Literal["async", "sync"] = "async",
-        retry_after: int = 1,
-        on_written: Callable[[], None] = lambda: None,
-    ):
-        self.store = store
-        self.metrics = metrics
-        self.max_pending = max_pending
-        self.batch_size = batch_size
-        self.interval = interval
-        self.sync = durability == "sync"
-        self.retry_after = retry_after
-        self.on_written = on_written
+    store: Store
+    metrics: ServiceMetrics
+    max_pending: int = 100_000
+    batch_size: int = 2000
+    interval: float = 0.5
+    durability: Literal["async", "sync"] = "async"
+    retry_after: int = 1
+    on_written: Callable[[], None] = lambda: None
+
+    def __post_init__(self) -> None:
+        self.sync = self.durability == "sync"
         self._pending: deque[PredictionRow] = deque()
         self._lock = asyncio.Lock()
         self._queued = 0  # rows ever queued: the ticket of the last one
@@ -65,8 +50,7 @@ class PredictionLog(BackgroundLoop):
         return len(self._pending)
 
     def enqueue(self, rows: list[PredictionRow]) -> int:
-        """Queue rows for writing; their ticket for ``written``. A full queue drops (and counts) them, or
-        under sync durability refuses them (``Overloaded``)."""
+        """Queue rows; their ticket for ``written``. A full queue drops them, or under sync durability refuses them."""
         room = self.max_pending - len(self._pending)
         if room < len(rows):
             if self.sync:
@@ -80,8 +64,7 @@ class PredictionLog(BackgroundLoop):
         return self._queued
 
     async def written(self, ticket: int) -> None:
-        """Wait until the rows queued up to ``ticket`` are committed; raises ``StorageUnavailable`` when the
-        write that held them failed."""
+        """Wait until the rows queued up to ``ticket`` are committed (``StorageUnavailable`` if their write failed)."""
         if ticket <= self._done:
             return
         future = asyncio.get_running_loop().create_future()
@@ -99,10 +82,8 @@ class PredictionLog(BackgroundLoop):
             log.error("dropped %d prediction log rows at shutdown: the store is unavailable", len(self._pending))
 
     async def flush(self, min_rows: int = 1) -> None:
-        """Write queued rows in batches while at least ``min_rows`` are queued (by default: everything
-        queued now), including a batch another task is writing at this moment (the lock is taken
-        before the queue is looked at); raises ``StorageUnavailable`` when the store is down. Feedback
-        awaits this so every prediction it refers to is stored."""
+        """Write queued rows in batches while at least ``min_rows`` are queued, after any batch being written (the
+        lock comes first); feedback awaits this so every prediction it refers to is stored."""
         while True:
             async with self._lock:
                 if len(self._pending) < max(min_rows, 1):
@@ -110,10 +91,8 @@ class PredictionLog(BackgroundLoop):
                 await self._write_batch()
 
     async def _loop(self) -> None:
-        """Write full batches as soon as they fill, and whatever is queued after ``interval`` without a
-        full batch. Never the remainder right after a full batch: under load, the rows queued while a
-        batch was written would otherwise go out as a stream of small batches, each paying the store's
-        round trips and commit."""
+        """Write full batches as they fill, and whatever is queued after ``interval`` without one (never the rest
+        right after a full batch, which under load would become a stream of small ones)."""
         backoff = self.interval
         while self._running:
             full_only = await self._wait(backoff) and not self.sync
@@ -129,8 +108,7 @@ class PredictionLog(BackgroundLoop):
         try:
             await anyio.to_thread.run_sync(self.store.predictions.insert, batch)
         except StorageUnavailable as exc:
-            # sync durability keeps every row (``enqueue`` refuses more while the queue is over its size), so
-            # that rows leave the queue in ticket order
+            # sync durability keeps every row (``enqueue`` refuses past the size), so rows leave in ticket order
             room = len(batch) if self.sync else self.max_pending - len(self._pending)
             kept = batch[: max(room, 0)]
             self._pending.extendleft(reversed(kept))

@@ -1,10 +1,5 @@
-"""From request rows to the model's float32 batch, (N, C, H, W) or (N, F), with errors that name the row.
-
-Numeric rows must have the model's per-row shape, (C, H, W) or (F,); a single-channel image model also takes
-(H, W), and any image model a flat vector of C*H*W values. Image rows are base64 PNG/JPEG (data URLs
-allowed), decoded with Pillow and preprocessed exactly as the manifest says; a model without preprocessing
-(feature vectors, or images that arrive as numbers only) refuses them.
-"""
+"""From request rows to the model's float32 batch, (N, C, H, W) or (N, F), with errors that name the row: numeric
+rows (``row_shapes``) or base64 PNG/JPEG images preprocessed as the manifest says (refused without preprocessing)."""
 
 from __future__ import annotations
 
@@ -67,8 +62,7 @@ def _numeric_batch(rows: list, shape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def numeric_batch(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
-    """Rows already in one numeric array as the float32 batch, when every row has an accepted shape and
-    only finite values; None for the per-row checks to name what is wrong."""
+    """Rows in one numeric array as the float32 batch; None for the per-row checks to name what is wrong."""
     arr = rows.astype(np.float32, copy=False)
     if arr.shape[1:] in row_shapes(shape) and np.isfinite(arr).all():
         return arr.reshape(len(arr), *shape)

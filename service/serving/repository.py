@@ -1,9 +1,5 @@
-"""The model repository: every ``artifacts/<model>/<version>/`` loaded, checked and warmed up.
-
-A version is refused (logged, listed under ``failed`` in /health) when its manifest is invalid,
-its model file is missing or does not match the manifest's checksum, its ONNX inputs/outputs
-disagree with the manifest, or its warm-up run fails. A refused version never stops the others.
-"""
+"""The model repository: every ``artifacts/<model>/<version>/`` loaded, checked and warmed up; a broken version is
+refused (logged, listed under ``failed`` in /health) without stopping the others."""
 
 from __future__ import annotations
 
@@ -70,9 +66,7 @@ class ModelRepository:
     cuda_libraries: list[str] | None = None
 
     def load(self, sessions: bool = True) -> None:
-        """Load the CUDA libraries when CUDA is wanted, then scan ``settings.artifacts`` and load every
-        version; failures are logged and recorded. ``sessions`` False (a front-end of an engine process) reads
-        and checks the artifacts but opens no onnxruntime session and loads no CUDA library."""
+        """Load every version of ``settings.artifacts`` (without ``sessions``: no onnxruntime session)."""
         if sessions:
             self.cuda_libraries = preload_cuda_libraries(self.settings.device)
         root = self.settings.artifacts
@@ -103,8 +97,7 @@ class ModelRepository:
         self.default = self._choose_default()
 
     def _refuse(self, path: Path, error: str) -> None:
-        """Log the refusal in full; list it (for /health) by its path inside the artifacts directory, with
-        no absolute path of this machine in it."""
+        """Log the refusal in full; list it for /health without this machine's absolute paths."""
         log.error("refused artifact %s: %s", path, error)
         root = self.settings.artifacts
         self.failed.append(
@@ -167,8 +160,7 @@ def _batching_for(model_dir: Path, defaults: BatchingConfig) -> BatchingConfig:
 
 
 def load_version(directory: Path, settings: Settings, batching: BatchingConfig, sessions: bool = True) -> ServedModel:
-    """Load, check and warm up one artifact version (without ``sessions``, its files only: the engine process
-    checks and warms up the graph); raises ``ValueError`` saying what is wrong."""
+    """Load, check and warm up one artifact version; ``ValueError`` says what is wrong."""
     if not directory.name.isdigit():
         raise ValueError(f"version directories must be numbers, got {directory.name!r}")
     manifest = load_manifest(directory / "manifest.json")
@@ -228,8 +220,7 @@ def _check_signature(runtime: ModelRuntime, manifest: Manifest) -> None:
 
 
 def _warm_up(runtime: ModelRuntime, manifest: Manifest, batching: BatchingConfig) -> None:
-    """Run one row and the largest batch, or every bucket of a padding session, once (allocations, kernel and
-    algorithm choice) and check the outputs' shapes; the time it took adds to ``runtime.warmup_seconds``."""
+    """Run one row and the largest batch, or every bucket, once and check the outputs (timed in ``warmup_seconds``)."""
     started = time.perf_counter()
     k = len(manifest.class_names)
     for rows in runtime.buckets or sorted({1, batching.max_batch_size}):

@@ -1,34 +1,9 @@
-"""onnxruntime sessions with explicit providers, threads and graph optimisation.
+"""onnxruntime sessions with explicit providers, threads and graph optimisation; the provider that runs is read back
+from the session, as onnxruntime-gpu advertises CUDA even where it falls back to the CPU.
 
-The provider that really runs is read back from the session after creation: onnxruntime-gpu
-advertises CUDA even on machines without a usable GPU and silently falls back to CPU, so what was
-asked for is not what runs. Asking for CUDA where it cannot run logs a clear warning.
-
-onnxruntime-gpu finds CUDA and cuDNN installed as pip packages (``nvidia-*``, as a CUDA build of torch
-brings them) only after ``onnxruntime.preload_dlls()``; ``preload_cuda_libraries`` calls it once at
-start-up whenever CUDA will be asked for.
-
-Dynamic batching hands a session a new batch size at almost every call; on CUDA each new input shape
-costs cuDNN an algorithm search and an execution plan for every convolution, far longer than the call.
-With ``pad_batches`` a runtime pads each batch to the next of a few bucket sizes (``batch_buckets``: the powers of
-two up to ``bucket_step``, then every ``bucket_step`` rows), all warmed up at load, and slices the outputs back.
-Padding alone is not enough: onnxruntime's CUDA convolution keeps the cuDNN descriptors and plan of the last input
-shape only, so a session that alternates between bucket sizes rebuilds them for every convolution at nearly every
-call. With ``bucket_sessions`` each bucket size gets a session of its own, which meets one shape only; a batch larger
-than every bucket then runs on ``session``, which no bucket uses.
-
-Each bucket (``service.serving.buckets``) stages its batches in a host buffer of its own, which the batch's requests
-are copied into once. With I/O binding (``IO_BINDING``: on CUDA it saves onnxruntime's intermediate copies of the
-batch and the outputs; on the CPU provider it buys nothing, and ``session.run`` is used) the bucket's input and
-outputs are device buffers bound once, updated in place at each call. With ``cuda_graphs`` each bucket session
-captures a CUDA graph on those buffers at load and replays it at every call (onnxruntime's ``enable_cuda_graph``);
-onnxruntime keeps a captured graph in the state of the thread that captured it, so a runtime's graphs are captured
-and replayed on one thread of its own. A capture that fails at load leaves the runtime without graphs
-(``graph_fallback`` says why).
-
-CUDA's TF32 tensor cores round matmul and convolution inputs to a 10-bit mantissa, so probabilities
-drift from the CPU path's by more than float32 rounding; ``cuda_tf32`` is off by default, so that a
-served probability is the exported model's to float32 precision on either device.
+On CUDA each new input shape costs cuDNN an algorithm search, so ``pad_batches`` pads a batch to a bucket size
+(``service.serving.buckets``), on a session of its own with ``bucket_sessions``, replaying a CUDA graph with
+``cuda_graphs``. ``cuda_tf32`` is off by default: TF32 would change a served probability from the exported model's.
 """
 
 from __future__ import annotations
@@ -52,15 +27,11 @@ from service.settings import Settings
 log = logging.getLogger("service.serving.runtime")
 
 CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
-#: Every graph optimisation onnxruntime has, its own default: the investigations of the serving path never turned
-#: one off (decision 0029 made this and the next two constants of what were settings).
+#: Every graph optimisation onnxruntime has, its own default (decision 0029: this and the next two were settings).
 GRAPH_OPTIMIZATION = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-#: Inter-op threads per session: only onnxruntime's parallel execution mode uses them, and the sessions run their
-#: graph in its default sequential mode, so a second one would only wait.
+#: Inter-op threads per session: only the parallel execution mode uses them, and the sessions run sequentially.
 INTER_OP_THREADS = 1
-#: I/O binding, "on", "off" or "auto" (on for sessions that run on CUDA): there it saves the intermediate copies of
-#: the batch and the outputs; on the CPU provider it buys nothing. Turning it off on the GPU changed nothing the
-#: first GPU run could tell (decision 0001); the tests set it to check that both paths answer alike.
+#: I/O binding ("auto": on CUDA, where it saves onnxruntime's copies; decision 0001); the tests set both paths.
 IO_BINDING: Literal["auto", "on", "off"] = "auto"
 
 
@@ -98,9 +69,8 @@ def loaded_cuda_libraries(maps: Path = Path("/proc/self/maps")) -> list[str]:
 
 
 def preload_cuda_libraries(device: str) -> list[str] | None:
-    """Load the CUDA and cuDNN libraries of pip's ``nvidia-*`` packages (``onnxruntime.preload_dlls()``,
-    onnxruntime >= 1.21) when CUDA will be asked for; the libraries then loaded, or None when CUDA is not
-    wanted. Never raises: a failure is logged and the CUDA provider reports later whether it could start."""
+    """Load pip's CUDA and cuDNN libraries (``onnxruntime.preload_dlls()``, onnxruntime >= 1.21) when CUDA will be
+    asked for; the libraries then loaded, or None. Never raises: the CUDA provider reports later whether it started."""
     if not cuda_wanted(device):
         return None
     preload = getattr(ort, "preload_dlls", None)
@@ -130,8 +100,7 @@ def requested_providers(device: str) -> list[str]:
 
 
 def provider_options(settings: Settings) -> list[str | tuple[str, dict[str, str]]]:
-    """``requested_providers`` with the CUDA provider's options from the settings (TF32, cuDNN's
-    convolution algorithm search), as ``InferenceSession(providers=...)`` takes them."""
+    """``requested_providers`` with the CUDA provider's options (TF32, cuDNN's algorithm search) from the settings."""
     options = settings.runtime
     cuda = {"use_tf32": "1" if options.cuda_tf32 else "0", "cudnn_conv_algo_search": options.cuda_conv_algo_search}
     return [(p, cuda) if p == CUDA else p for p in requested_providers(settings.device)]
@@ -163,8 +132,7 @@ def _with_cuda_graphs(providers: list) -> list:
 
 
 class Runtime(Protocol):
-    """What serving shows of a session: ``ModelRuntime``, or a front-end's ``service.engine.frontend.RemoteRuntime``
-    for the engine's."""
+    """What serving shows of a session: ``ModelRuntime``, or a front-end's ``RemoteRuntime``."""
 
     provider: str
     requested: list[str]
@@ -184,15 +152,8 @@ class Runtime(Protocol):
 
 @dataclass
 class ModelRuntime:
-    """One instance of a model in onnxruntime: its input/output names, the provider that actually runs it, and the
-    batch sizes it pads to (``buckets``; none: every batch runs as it comes), each with a session of its own in
-    ``bucket_sessions`` (none: ``session`` runs them all). ``session`` runs every batch larger than the largest bucket.
-
-    A runtime serves one inference thread at a time (each instance of a model has its own runtime and thread), so its
-    buckets' buffers (``bucket_runs``) are reused from call to call without a lock. ``cuda_graphs``: every bucket
-    session replays a CUDA graph, on ``graph_thread``; ``graph_fallback``: why not, when they were asked for.
-    ``warmup_seconds``: the runs at load (graph captures and the repository's warm-up); ``staging_bytes``: the
-    buckets' host and device buffers."""
+    """One instance of a model in onnxruntime: its names, provider and the batch sizes it pads to (``buckets``), each on
+    its own session in ``bucket_sessions`` (none: on ``session``). One inference thread calls it at a time."""
 
     session: ort.InferenceSession
     provider: str
@@ -213,11 +174,8 @@ class ModelRuntime:
         return sum(bucket.nbytes for bucket in self.bucket_runs)
 
     def run(self, x: np.ndarray | Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """All outputs on a float32 batch: one array of rows, or the arrays of a batch's requests, whose rows run in
-        order as if concatenated (blocking; call it off the event loop). A batch is copied into the staging buffer of
-        the smallest bucket that holds it, padded with zero rows, and the outputs cut back to its rows; a batch larger
-        than every bucket, or every batch without buckets, runs as it is on ``session``. The arrays returned are the
-        caller's."""
+        """All outputs on a float32 batch (an array, or a batch's requests' arrays as if concatenated), padded in the
+        smallest bucket that holds it, else run on ``session`` as it is. Blocking; the arrays are the caller's."""
         parts = [x] if isinstance(x, np.ndarray) else list(x)
         if not parts:
             raise ValueError("a batch needs at least one array of rows")
@@ -245,11 +203,7 @@ class ModelRuntime:
 def create_runtime(
     path: Path, settings: Settings, sessions: int = 1, profile: Path | None = None, max_batch_size: int = 0
 ) -> ModelRuntime:
-    """One of ``sessions`` sessions for ``path``, with the configured providers and intra-op threads (unless set,
-    the machine's cores divided among the sessions). With ``max_batch_size`` and ``pad_batches`` on (auto: on CUDA),
-    it pads batches to ``batch_buckets``, each bucket run by a session of its own with ``bucket_sessions`` on (auto:
-    on CUDA), and with ``cuda_graphs`` on CUDA by a CUDA graph. With ``profile``, onnxruntime's profiler traces every
-    run to a JSON file of that prefix (``end_profiling``)."""
+    """One of ``sessions`` sessions for ``path`` as configured (``auto``: on CUDA); ``profile`` traces every run."""
     options = ort.SessionOptions()
     if profile is not None:
         options.enable_profiling = True
@@ -315,9 +269,8 @@ def _graph_obstacle(runtime: ModelRuntime, own: bool) -> str:
 def _buckets(
     runtime: ModelRuntime, path: Path, options: ort.SessionOptions, providers: list, own: bool, graph: bool = False
 ) -> list[Bucket]:
-    """A bucket for each of ``runtime.buckets``: on a session of its own (``own``; with ``graph``, one that captures a
-    CUDA graph), else on ``runtime.session``; its buffers allocated now when the model's rows have a fixed shape, else
-    at its first batch."""
+    """A bucket for each of ``runtime.buckets``, on a session of its own (``own``; capturing a CUDA graph with
+    ``graph``) or on ``runtime.session``; allocated now when the rows have a fixed shape, else at its first batch."""
     device = ortvalue_device(runtime.provider) if runtime.io_binding else None
     row_shape = fixed_shape(runtime.session.get_inputs()[0].shape[1:])
     made = []
@@ -331,8 +284,8 @@ def _buckets(
 
 
 def _capture_graphs(runtime: ModelRuntime, path: Path, options: ort.SessionOptions, providers: list) -> None:
-    """Bucket sessions that capture a CUDA graph each, captured and checked on the runtime's graph thread (the one
-    that replays them); when a session cannot be made or a capture fails, none (``graph_fallback`` says why)."""
+    """Bucket sessions that each capture a CUDA graph, captured and checked on the thread that replays them; none
+    when one fails (``graph_fallback`` says why)."""
     thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuda-graphs")
     started = time.perf_counter()
     size = 0

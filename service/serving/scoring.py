@@ -1,8 +1,5 @@
-"""The scored batch: what both protocols answer and the prediction log stores, built once per batch on
-an inference thread, so each request's share is plain slicing.
-
-A model's probabilities are its ONNX graph's under calibration version 0 (the manifest's temperature
-is baked in) and ``softmax(logits / T)`` under a refitted temperature T (Guo et al. 2017, Sec. 4.2)."""
+"""The scored batch that both protocols answer and the log stores; probabilities are ``softmax(logits / T)`` under a
+refitted temperature T (Guo et al. 2017, Sec. 4.2), else the graph's."""
 
 from __future__ import annotations
 
@@ -20,11 +17,7 @@ from service.store.rows import PredictionRow, encode_rows, prediction_ids
 
 @dataclass(frozen=True)
 class ScoredBatch:
-    """Per row: prediction id, calibrated probabilities, logits, uncalibrated softmax, predicted class,
-    its calibrated and uncalibrated confidence, and the encoded vectors the log stores (None when the
-    log is off; the graph's probabilities, which the sets are computed from, only when a refitted calibration
-    makes them differ from the probabilities); with the calibration version and temperature the rows were scored
-    under."""
+    """Per row: its id, probabilities, logits, class, confidences and the vectors the log stores (None: off)."""
 
     ids: list[str]
     probabilities: np.ndarray
@@ -55,8 +48,7 @@ class ScoredBatch:
         sets: ServedSets | None = None,
         priors_version: str | None = None,
     ) -> list[PredictionRow]:
-        """The rows as the prediction log stores them, with the prediction sets served with them (packed bits) and
-        the version of the class priors they were served adapted to (None: not adapted)."""
+        """The rows as the log stores them, with their sets and the version of the priors served (None: none)."""
         now = time.time() if now is None else now
         if len(self) and self.probability_bytes[0] is None:  # ``score`` encodes every row of a batch or none
             raise ValueError("rows scored without encode=True have no encodings to log")
@@ -92,11 +84,8 @@ class ScoredBatch:
 
 @dataclass(frozen=True)
 class InferenceResult:
-    """One batch's graph outputs by name, its rows scored under the calibration in force and their prediction
-    sets under the model's default choice (None without sets), built once on an inference thread for both
-    protocols and the prediction log; when the service adapts to the traffic's class priors by default, also the
-    ``adaptation`` in force, the rows adapted to it and their weighted default sets (``service.serving.adaptation``).
-    ``result[a:b]`` is one request's share."""
+    """One batch's graph outputs, its scored rows and their default sets; when the service adapts to the class priors
+    by default, also the ``adaptation``, the adapted rows and their sets. ``result[a:b]`` is one request's share."""
 
     outputs: dict[str, np.ndarray]
     scored: ScoredBatch
@@ -130,8 +119,7 @@ def score(
     *,
     encode: bool,
 ) -> ScoredBatch:
-    """Score one batch from the graph's outputs under the calibration in force; ``encode``: also the
-    float32 encodings of probabilities and logits the prediction log stores."""
+    """Score one batch under the calibration in force (``encode``: with the encodings the log stores)."""
     logits = logits.astype(np.float64)
     if calibration_version == 0:
         probs = graph_probabilities.astype(np.float64)

@@ -1,8 +1,4 @@
-"""The Open Inference Protocol v2 (KServe v2, as spoken by Triton and MLServer) as both transports
-(``service.http.v2``, ``service.serving.grpc_server``) speak it: its messages (the ``V2*`` models), the tensors a
-version lists and answers, the checks of a request's input tensor and parameters, and the encoding of its outputs.
-``DataPlane.v2_infer`` runs the request between them.
-"""
+"""The Open Inference Protocol v2 shared by both transports: messages, tensors, request checks, output encoding."""
 
 from __future__ import annotations
 
@@ -124,8 +120,7 @@ def server_metadata() -> dict:
 
 
 def model_metadata(repository: ModelRepository, name: str, version: str | None) -> V2ModelMetadata:
-    """A version's v2 metadata: its input, the outputs it answers (``listed_outputs``), its classes and
-    preprocessing as JSON parameters, and the image polarity it expects."""
+    """A version's v2 metadata, its classes, preprocessing and image polarity as parameters."""
     model = repository.get(name, version)
     pre = model.manifest.preprocessing
     parameters: dict[str, str | int | float | bool] = {
@@ -149,9 +144,8 @@ def model_metadata(repository: ModelRepository, name: str, version: str | None) 
 
 
 def listed_outputs(model: ServedModel) -> list[tuple[str, str, list[int]]]:
-    """The outputs a version's v2 metadata lists, as (name, datatype, shape after the batch axis): the graph's
-    logits and probabilities, the prediction ids, and the sets and p-values when the version serves sets. A v2
-    infer that names no outputs answers all of them."""
+    """The outputs a version's v2 metadata lists (and an infer naming none answers), as (name, datatype, shape after
+    the batch axis)."""
     k = len(model.manifest.class_names)
     listed = [(model.manifest.outputs[o], "FP32", [k]) for o in ("logits", "probabilities")]
     listed.append((PREDICTION_ID, "BYTES", []))
@@ -163,9 +157,8 @@ def listed_outputs(model: ServedModel) -> list[tuple[str, str, list[int]]]:
 def input_batch(
     model: ServedModel, request: V2InferenceRequest, values: dict[str, np.ndarray | list], max_rows: int
 ) -> np.ndarray:
-    """The request's one input tensor as a float32 batch of the model's input shape, at most ``max_rows`` rows
-    of finite values (422 naming the field otherwise). ``values`` holds the values of the request's inputs by
-    name: a flat array from the binary tensor extension, or the JSON ``data`` as parsed."""
+    """The request's one input tensor (its values in ``values``) as a float32 batch of the model's input shape, at
+    most ``max_rows`` rows of finite values (422 naming the field otherwise)."""
     if len(request.inputs) != 1:
         raise InvalidInput(f"expected exactly 1 input tensor, got {len(request.inputs)}", field="inputs")
     tensor = request.inputs[0]
@@ -213,8 +206,7 @@ def _flat_data(data) -> np.ndarray:
 
 
 def requested_outputs(model: ServedModel, request: V2InferenceRequest) -> list[str]:
-    """The outputs a request names, or, without ``outputs``, every output the metadata lists (the protocol's rule),
-    the sets and p-values included (422 naming one the version does not answer)."""
+    """The outputs a request names, else every output the metadata lists (422 naming one it does not answer)."""
     known = [*model.runtime.output_names, PREDICTION_ID, PREDICTION_SET, P_VALUES]
     requested = [o.name for o in request.outputs] if request.outputs else [n for n, _, _ in listed_outputs(model)]
     unknown = [o for o in requested if o not in known]
@@ -232,8 +224,7 @@ def flag(parameters: dict, name: str) -> bool | None:
 
 
 def set_choice(model: ServedModel, parameters: dict, requested: list[str]) -> SetChoice | None:
-    """The sets a v2 request asks for, through its outputs or its ``coverage`` / ``set_method`` / ``randomized``
-    parameters (422 naming the parameter when one is malformed, or when the version serves no sets)."""
+    """The sets a v2 request asks for through its outputs or parameters (422 naming a malformed parameter)."""
     coverage, method = parameters.get("coverage"), parameters.get("set_method")
     if coverage is not None and (
         isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < coverage < 1
@@ -251,8 +242,7 @@ def set_choice(model: ServedModel, parameters: dict, requested: list[str]) -> Se
 
 
 def encoded(values: np.ndarray) -> tuple[str, np.ndarray]:
-    """An output's v2 datatype (BYTES for strings, BOOL for sets, FP32 for every number) and its values in it:
-    contiguous booleans or little-endian float32, strings as they are."""
+    """An output's v2 datatype (BYTES for strings, BOOL for sets, FP32 for numbers) and its values in it."""
     if values.dtype == object:
         return "BYTES", values
     datatype = "BOOL" if values.dtype == bool else "FP32"
@@ -260,8 +250,7 @@ def encoded(values: np.ndarray) -> tuple[str, np.ndarray]:
 
 
 def raw_contents(datatype: str, values: np.ndarray) -> bytes:
-    """An ``encoded`` tensor's bytes as the binary tensor extension and gRPC's raw contents carry them: numbers as
-    they lie in memory, a BYTES element as its 4-byte little-endian length, then its UTF-8 bytes."""
+    """An ``encoded`` tensor's raw bytes: a BYTES element as its 4-byte little-endian length, then its UTF-8 bytes."""
     if datatype != "BYTES":
         return values.tobytes()
     out = bytearray()

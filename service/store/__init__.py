@@ -1,6 +1,4 @@
-"""The shared store: predictions, labels with their block sums, pending labels, calibration versions, alarm and
-label-shift state (SQLAlchemy Core on SQLite or PostgreSQL). ``Store`` gathers one object per table family over one
-``Database``; every method is blocking (call it from a thread)."""
+"""The shared store (SQLAlchemy Core on SQLite or PostgreSQL); every method is blocking."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ class Store:
         self.shift_states = ShiftStates(self.db)
 
     def upkeep(self, retention_seconds: float, now: float | None = None) -> Upkeep | None:
-        """Retention and the prediction log's partitions (``service.store.retention``), when no other replica is
-        doing them (None then)."""
+        """Retention and partitions (``service.store.retention``), unless another replica does them (None)."""
         try:
             with maintenance_turn(self.db.engine) as turn:
                 if not turn:

@@ -1,5 +1,4 @@
-"""The alarm state of every calibration key (detector, state, reasons), shared by all replicas, and the
-log of its transitions."""
+"""The alarm state of every calibration key, shared by all replicas, and the log of its transitions."""
 
 from __future__ import annotations
 
@@ -11,41 +10,20 @@ import sqlalchemy as sa
 
 from calibkit.alarms import OK
 from service.store.database import Database
-from service.store.locks import locked_row
+from service.store.locks import LockedRow
 from service.store.rows import CalibrationKey
 from service.store.schema import alarm_events, monitor_state, scope
 
 
-class LockedAlarmState:
-    """One key's state row, write-locked until the unit of work that produced it ends; reads that must see
-    the same snapshot pass ``connection`` on."""
-
-    def __init__(self, connection: sa.Connection, key: CalibrationKey, row: sa.Row):
-        self.connection, self.key, self.row = connection, key, row
-
-    def save(
-        self, *, last_seq: int, detector: str, estimate_checks: str, state: str, since: float | None, reasons: str
-    ) -> None:
+class LockedAlarmState(LockedRow):
+    def save(self, *, state: str, reasons: str, **values) -> None:
         """Store the assessed state; a change of state is also recorded in ``alarm_events``."""
-        self.connection.execute(
-            monitor_state.update()
-            .where(*scope(monitor_state, self.key))
-            .values(
-                last_seq=last_seq,
-                detector=detector,
-                estimate_checks=estimate_checks,
-                state=state,
-                since=since,
-                reasons=reasons,
-                updated_at=time.time(),
-            )
-        )
-        if state != self.row.state:
-            self.connection.execute(
-                alarm_events.insert().values(
-                    **self.key._asdict(), at=time.time(), from_state=self.row.state, to_state=state, reasons=reasons
-                )
-            )
+        self.update(state=state, reasons=reasons, **values)
+        row = self.row
+        if state != row.state:
+            key = dict(model=row.model, version=row.version, calibration_version=row.calibration_version)
+            event = dict(at=time.time(), from_state=row.state, to_state=state, reasons=reasons)
+            self.connection.execute(alarm_events.insert().values(**key, **event))
 
 
 class AlarmStates:
@@ -54,12 +32,10 @@ class AlarmStates:
 
     @contextmanager
     def locked(self, key: CalibrationKey, new_detector: str) -> Iterator[LockedAlarmState]:
-        """A unit of work holding ``key``'s state row write-locked (created with ``new_detector`` on first
-        use): the lock is taken first by an UPDATE (a row lock on PostgreSQL, the database write lock on
-        SQLite); what is saved commits when the block ends."""
+        """A unit of work holding ``key``'s state row write-locked (created with ``new_detector``)."""
         initial = dict(key._asdict(), last_seq=0, detector=new_detector, state=OK, since=None, reasons="[]")
         with self.db.unit() as c:
-            yield LockedAlarmState(c, key, locked_row(c, monitor_state, scope(monitor_state, key), initial))
+            yield LockedAlarmState(c, monitor_state, scope(monitor_state, key), initial)
 
     def all(self) -> Sequence[sa.Row]:
         return self.db.run(lambda c: c.execute(sa.select(monitor_state)).all(), write=False)

@@ -1,8 +1,5 @@
-"""Block sums: every label is also added, in the transaction that stores it, to the mergeable per-bin sums
-of its *block* (``label_bins``: one row per calibration key, block of ``BLOCK_LABELS`` consecutive label
-sequence numbers and confidence bin). A window is the sum of the blocks it covers entirely plus an SQL
-aggregate of the labels of at most a few boundary blocks, so its cost depends on the number of blocks,
-not on the number of labels."""
+"""Block sums: each label also adds to its block's per-bin sums (``label_bins``) in the same transaction, so a window
+costs per block, not per label."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ def _row_sums(r) -> tuple:
 
 
 def block_sums(*where) -> sa.Select:
-    """The ``label_bins`` rows of the labels matching ``where``: sums per calibration key, block and
-    confidence bin."""
+    """The ``label_bins`` rows of the labels matching ``where``: sums per key, block and confidence bin."""
     keys = (labels.c.model, labels.c.version, labels.c.calibration_version, BLOCK, labels.c.conf_bin)
     return sa.select(*keys, *_row_sums(labels.c)).where(*where).group_by(*keys)
 
@@ -94,8 +90,8 @@ def _block_upsert(dialect: str, sums: sa.Select):
 
 @functools.cache
 def labels_to_blocks(dialect: str):
-    """The upsert adding the labels of the prediction ids ``ids`` (a list given at execution) to their
-    blocks; built once per dialect (building a statement costs more CPU than running it on a few labels)."""
+    """The upsert adding the labels of the prediction ids ``ids`` (given at execution) to their blocks, built once
+    per dialect (building costs more than running it)."""
     return _block_upsert(dialect, block_sums(labels.c.prediction_id.in_(IDS)))
 
 
@@ -120,6 +116,5 @@ def bin_totals(*where) -> sa.Select:
 
 
 def row_totals(rows: sa.Subquery, *by) -> sa.Select:
-    """Per-bin totals of individual label rows (a subquery of ``ROW_COLUMNS``), as ``bin_totals``; with ``by``,
-    per value of those columns too, which lead each row."""
+    """Per-bin totals of label rows (a subquery of ``ROW_COLUMNS``), as ``bin_totals``; per ``by`` too, leading."""
     return sa.select(*by, rows.c.conf_bin, *_row_sums(rows.c)).group_by(*by, rows.c.conf_bin)

@@ -8,9 +8,7 @@ import sqlalchemy as sa
 
 from service.store.schema import PredictionId, id_value
 
-# SQLite inserts: full chunks of _SQLITE_CHUNK rows by one multi-row statement, the rest row by row. Two
-# statement texts per table only: the driver caches prepared statements by text, and a text per batch
-# length would fill that cache with statements of thousands of parameters.
+# SQLite: full chunks by one multi-row statement, the rest row by row: the driver caches statements by text
 _SQLITE_CHUNK = 256
 # binary COPY needs each column's exact wire type
 _BINARY_TYPES = {
@@ -24,11 +22,7 @@ _BINARY_TYPES = {
 
 
 class BulkInsert:
-    """Bulk insert of plain tuples (``columns`` of ``table``, in order) by the driver's fastest path:
-    binary COPY on PostgreSQL (no text formatting in the driver nor parsing in the server, so less CPU per
-    row than text COPY); on SQLite, multi-row INSERT statements. Both skip SQLAlchemy's per-row bind
-    processing, and an executemany would step SQLite once per row, handing the GIL back and forth with the
-    event loop each time."""
+    """Bulk insert of plain tuples: binary COPY on PostgreSQL, multi-row INSERTs on SQLite."""
 
     def __init__(self, table: sa.Table, columns: Sequence[str]):
         names, placeholders = ", ".join(columns), f"({', '.join('?' * len(columns))})"

@@ -1,6 +1,4 @@
-"""Calibration versions: version 0 is the manifest's temperature, refits count up; one is active per
-model version. Every write reads first (is version 0 there, which number is next), so on a shared store the
-writes take turns under one advisory lock: replicas starting together record version 0 once."""
+"""Calibration versions: 0 is the manifest's temperature, refits count up; one is active."""
 
 from __future__ import annotations
 
@@ -17,6 +15,17 @@ from service.store.schema import calibrations
 
 def _of(model: str, version: str) -> list:
     return [calibrations.c.model == model, calibrations.c.version == version]
+
+
+def _first(c: sa.Connection, model: str, version: str, *where) -> int | None:
+    """The first calibration version of a model version matching ``where`` (None: none does)."""
+    return c.execute(sa.select(calibrations.c.calibration_version).where(*_of(model, version), *where)).scalar()
+
+
+def _insert(c: sa.Connection, model: str, version: str, details: dict, **values) -> None:
+    """Record a calibration version of a model version (its ``values``, ``details`` as JSON), made now."""
+    row = dict(model=model, version=version, created_at=time.time(), details=json.dumps(details))
+    c.execute(calibrations.insert().values(**row, **values))
 
 
 class Calibrations:
@@ -36,28 +45,10 @@ class Calibrations:
         """Record calibration version 0 (the one in the manifest) once, active unless another is."""
 
         def work(c):
-            exists = c.execute(
-                sa.select(calibrations.c.calibration_version).where(
-                    *_of(model, version), calibrations.c.calibration_version == 0
-                )
-            ).first()
-            if exists is None:
-                any_active = c.execute(
-                    sa.select(calibrations.c.calibration_version).where(*_of(model, version), calibrations.c.active)
-                ).first()
-                c.execute(
-                    calibrations.insert().values(
-                        model=model,
-                        version=version,
-                        calibration_version=0,
-                        method=method,
-                        temperature=temperature,
-                        source="manifest",
-                        active=any_active is None,
-                        created_at=time.time(),
-                        details="{}",
-                    )
-                )
+            if _first(c, model, version, calibrations.c.calibration_version == 0) is None:
+                active = _first(c, model, version, calibrations.c.active) is None
+                row = dict(method=method, temperature=temperature, source="manifest", active=active)
+                _insert(c, model, version, {}, calibration_version=0, **row)
 
         self._write(work)
 
@@ -65,46 +56,23 @@ class Calibrations:
         """Record a refitted temperature as a new active calibration version; returns its number."""
 
         def work(c):
-            latest = (
-                c.execute(
-                    sa.select(sa.func.max(calibrations.c.calibration_version)).where(*_of(model, version))
-                ).scalar()
-                or 0
-            )
+            latest = c.execute(sa.select(sa.func.max(calibrations.c.calibration_version)).where(*_of(model, version)))
+            new = (latest.scalar() or 0) + 1
             c.execute(calibrations.update().where(*_of(model, version)).values(active=False))
-            c.execute(
-                calibrations.insert().values(
-                    model=model,
-                    version=version,
-                    calibration_version=latest + 1,
-                    method="temperature",
-                    temperature=temperature,
-                    source="refit",
-                    active=True,
-                    created_at=time.time(),
-                    details=json.dumps(details),
-                )
-            )
-            return latest + 1
+            row = dict(method="temperature", temperature=temperature, source="refit", active=True)
+            _insert(c, model, version, details, calibration_version=new, **row)
+            return new
 
         return self._write(work)
 
     def activate(self, model: str, version: str, calibration_version: int) -> bool:
         """Make ``calibration_version`` the active one; False when it does not exist."""
+        chosen = calibrations.c.calibration_version == calibration_version
 
         def work(c):
-            found = c.execute(
-                sa.select(calibrations.c.calibration_version).where(
-                    *_of(model, version), calibrations.c.calibration_version == calibration_version
-                )
-            ).first()
-            if found is None:
+            if _first(c, model, version, chosen) is None:
                 return False
-            c.execute(
-                calibrations.update()
-                .where(*_of(model, version))
-                .values(active=calibrations.c.calibration_version == calibration_version)
-            )
+            c.execute(calibrations.update().where(*_of(model, version)).values(active=chosen))
             return True
 
         return self._write(work)

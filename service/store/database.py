@@ -1,12 +1,5 @@
-"""The engine and its units of work.
-
-SQLite file by default (WAL with synchronous=NORMAL: a committed label is in the write-ahead log
-before the commit returns, so it survives a crash of the process; only a power loss can take the
-last commits, which synchronous=FULL would prevent at the price of an fsync per commit), PostgreSQL by
-URL when several replicas share one store. The schema is created and migrated before the first unit
-of work. Any database failure surfaces as ``StorageUnavailable`` (HTTP 503 + Retry-After) and the
-engine reconnects by itself (pool_pre_ping) when the database is back.
-"""
+"""The engine and its units of work: SQLite (WAL, synchronous=NORMAL) by default, PostgreSQL for shared stores; any
+database failure is ``StorageUnavailable`` (503 + Retry-After)."""
 
 from __future__ import annotations
 
@@ -27,9 +20,8 @@ T = TypeVar("T")
 
 
 def create_engine(url: str, timeout: float) -> sa.Engine:
-    """The engine; a query waits at most ``timeout`` seconds for a lock (SQLite's busy timeout, PostgreSQL's
-    lock_timeout) and runs at most that long (PostgreSQL's statement_timeout), so a stuck store answers
-    503 in bounded time; the pool hands out a connection within it or fails."""
+    """The engine: a query waits at most ``timeout`` seconds for a lock or a connection, and on PostgreSQL runs at
+    most that long, so a stuck store answers 503 in bounded time."""
     if url.startswith("sqlite"):
         # a small statement cache: IN lists of varying length are a new prepared statement each
         engine = sa.create_engine(
@@ -69,8 +61,7 @@ def unbounded(connection: sa.Connection) -> None:
 
 
 class Database:
-    """The engine, the schema check and the units of work every store module runs in. Blocking: call
-    from a thread."""
+    """The engine, the schema check and the units of work every store module runs in (blocking)."""
 
     def __init__(self, url: str, retry_after: int = 1, timeout: float = 5.0):
         self.url = url
@@ -81,8 +72,7 @@ class Database:
 
     @contextmanager
     def unit(self, write: bool = True) -> Iterator[sa.Connection]:
-        """A connection in one transaction (committed on leaving the block when ``write``), the schema
-        created first if needed; a database failure inside becomes ``StorageUnavailable``."""
+        """A connection in one transaction (committed when ``write``); failures: ``StorageUnavailable``."""
         try:
             if not self.schema_ready:
                 self.migrate()
@@ -116,8 +106,7 @@ class Database:
         return True
 
     def unavailable(self, exc: Exception) -> StorageUnavailable:
-        """The 503 for a failed operation. The driver's text (hosts, ports, database names) goes to the log,
-        once per outage, and to ``last_error`` for authenticated views; the client gets none of it."""
+        """The 503 for a failed operation; the driver's text goes to the log, never to the client."""
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
         if self.last_error is None:
             log.warning("database unavailable: %s", error)

@@ -1,8 +1,5 @@
-"""The prediction log's dictionaries: what every row of a batch repeats, stored once and referenced by a small
-integer. ``calibration_keys`` holds each (model, version, calibration_version) with its temperature;
-``served_choices`` each set choice and priors' version served. Both grow with the versions and choices served,
-never with traffic. Entries are added in a transaction of their own (committed before a row refers to them) and
-never change but for a key's temperature, set once; each process caches what it has seen."""
+"""The prediction log's dictionaries, ``calibration_keys`` and ``served_choices``: what rows repeat, stored once and
+referenced by a small integer; committed before use, never changed, cached per process."""
 
 from __future__ import annotations
 
@@ -52,8 +49,7 @@ class Dictionaries:
         self._choice_of: dict[int, Choice] = {}
 
     def key_ids(self, pairs: Iterable[tuple[CalibrationKey, float | None]]) -> dict[CalibrationKey, int]:
-        """The ids of the keys of ``pairs`` (key, temperature or None), added when missing; a temperature given for a
-        key stored without one is recorded."""
+        """The ids of the keys of (key, temperature or None) ``pairs``, added when missing (or without temperature)."""
         wanted: dict[CalibrationKey, float | None] = {}
         for key, temperature in pairs:  # a key's temperature is the first one given
             if wanted.get(key) is None:

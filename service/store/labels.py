@@ -1,6 +1,4 @@
-"""Labels and the windows read from them. A label is added to its block's bin sums in the transaction that
-stores it (``service.store.blocks``); a window's statistics are a ``calibkit.stats.BinStats`` filled from
-block and row totals."""
+"""Labels and the windows read from them, a ``calibkit.stats.BinStats`` from block sums and totals."""
 
 from __future__ import annotations
 
@@ -26,13 +24,8 @@ _LABELLED_AMONG = sa.select(labels.c.prediction_id).where(labels.c.prediction_id
 
 
 def insert_labels(c: sa.Connection, rows: Sequence[LabelRow]) -> set[str]:
-    """Insert label rows (and add them to their blocks' sums) on ``c``, but for the prediction ids that
-    already have a label, which are returned.
-
-    The alarms fold the labels after the last sequence number they folded, so labels must become visible in
-    sequence order: a transaction that drew lower numbers and committed after one that drew higher ones would
-    never be folded. Label writers therefore take turns under ``locks.LABELS`` until they commit (PostgreSQL
-    draws numbers at insert time, concurrently; SQLite has one writer at a time)."""
+    """Insert label rows and their block sums, but for ids already labelled (returned); writers take turns under
+    ``locks.LABELS``, as alarms fold labels in sequence order."""
     if not rows:
         return set()
     locks.advisory_lock(c, locks.LABELS)
@@ -46,8 +39,7 @@ def insert_labels(c: sa.Connection, rows: Sequence[LabelRow]) -> set[str]:
 
 @dataclass
 class WindowSums:
-    """A label window: its bin statistics (top-label bins, NLL and Brier totals), first and last label
-    time and last label sequence number."""
+    """A label window: its bin statistics, first and last label time and last label sequence number."""
 
     stats: BinStats
     first_labelled_at: float | None = None
@@ -59,8 +51,7 @@ class WindowSums:
         return self.stats.n
 
     def add(self, totals) -> None:
-        """Add per-bin totals rows (bin, count, sums of confidence, correct, NLL, Brier, first and last
-        time, last sequence number), from ``bin_totals`` or ``row_totals``."""
+        """Add per-bin totals rows (``bin_totals`` or ``row_totals``)."""
         totals = [tuple(t) for t in totals]
         if not totals:
             return
@@ -84,10 +75,8 @@ class Labels:
         new_predictions: Sequence[PredictionRow] = (),
         pending: Sequence[PendingLabel] = (),
     ) -> tuple[set[str], set[str]]:
-        """Insert labels (and offline predictions) and the labels that wait for their prediction, in one
-        transaction; returns the prediction ids refused as duplicates: (those that already had a label,
-        those that already had a pending one). The first label sent wins. Committed before returning."""
-
+        """Insert labels (and offline predictions) and pending labels in one committed transaction; the prediction
+        ids refused as duplicates (those that had a label, those that had a pending one): the first label wins."""
         compact = self.predictions.compact(new_predictions) if new_predictions else []
 
         def work(c):
@@ -109,8 +98,8 @@ class Labels:
         seconds: float | None = None,
         now: float | None = None,
     ) -> WindowSums:
-        """Sums of the last ``last`` labels, or of the labels of the last ``seconds`` (all labels when
-        neither is given): whole blocks from ``label_bins`` plus the labels of the boundary blocks."""
+        """Sums of the last ``last`` labels, or of the last ``seconds`` (all when neither is given): whole blocks from
+        ``label_bins`` plus the labels of the boundary blocks."""
         if last is not None and seconds is not None:
             raise ValueError("a window is a label count or a duration, not both")
         key_blocks, key_labels = scope(label_bins, key), scope(labels, key)
@@ -181,11 +170,7 @@ class Labels:
         now: float | None = None,
         sources: frozenset[str] | None = None,
     ) -> tuple[NewestRows, int | None]:
-        """The most recent labelled rows with ``seq > after_seq`` (at most ``limit``, newest first; only
-        those labelled in the last ``seconds`` if given, only those sent by ``sources`` if given), and in the
-        same transaction the number of such labels with ``seq >= count_from`` (None unless asked): a caller
-        holding earlier rows checks with it that none of them was deleted since and no label committed late
-        in between."""
+        """At most ``limit`` labelled rows with ``seq > after_seq``, newest first, and how many ``>= count_from``."""
         where = scope(labels, key) + from_sources(labels, sources)
         if seconds is not None:
             where.append(labels.c.labelled_at >= (now or time.time()) - seconds)
@@ -229,8 +214,7 @@ class Labels:
         seconds: float | None = None,
         now: float | None = None,
     ) -> dict[str, BinStats]:
-        """The bin statistics of a window (the last ``last`` labels, those of the last ``seconds``, or all)
-        per source: an aggregate over the window's label rows, so its cost grows with the window."""
+        """The bin statistics of a window per source: an aggregate over its label rows (its cost grows with it)."""
         source_of = sa.func.coalesce(labels.c.source, ANONYMOUS).label("source")
         rows = sa.select(*ROW_COLUMNS, source_of).where(*scope(labels, key))
         if seconds is not None:
@@ -264,9 +248,8 @@ class Labels:
         return self.db.run(lambda c: c.execute(query).all()[::-1], write=False)
 
     def progress(self, key: CalibrationKey, folded_seq: int) -> tuple[int, int, float | None]:
-        """(labels stored for ``key``, those of them after ``folded_seq``, when label ``folded_seq`` was stored):
-        how far the alarm, which has folded the labels up to ``folded_seq``, lags the store. A sum over block
-        sums, an index range of the lag's own rows and one row by its key."""
+        """(labels stored for ``key``, those after ``folded_seq``, when label ``folded_seq`` was stored): how far an
+        alarm that folded up to ``folded_seq`` lags the store."""
         stored = sa.select(sa.func.coalesce(sa.func.sum(label_bins.c.count), 0)).where(*scope(label_bins, key))
         pending = sa.select(sa.func.count()).select_from(labels).where(*scope(labels, key), labels.c.seq > folded_seq)
         folded_at = sa.select(labels.c.labelled_at).where(labels.c.seq == folded_seq)

@@ -1,9 +1,4 @@
-"""The prediction log of schema versions 1 and 2, ``predictions``: one wide row per prediction, its id as text.
-
-An upgraded store keeps it, readable, while its rows move to ``prediction_log`` in background batches, newest first
-(``convert``, run by the replica that does the maintenance), each batch one short transaction that inserts the rows
-in the new form and deletes them here; label joins look here for what they do not find in the new log. Rows older
-than the retention period are never converted: the table is dropped, without a scan, once none newer is left."""
+"""The prediction log of schema versions 1 and 2, ``predictions``, kept readable until maintenance moved its rows."""
 
 from __future__ import annotations
 
@@ -91,9 +86,7 @@ shift_state = _with_text_ids(schema.shift_state, "cursor_id")
 
 
 def create_version_2(c: sa.Connection) -> None:
-    """The schema as version 2 made it, on an empty database: the wide log and its index, and the tables that refer
-    to it by text ids (labels with a foreign key to it), beside today's other tables, at version 2 (what migration
-    tests and the store benchmark upgrade or compare against)."""
+    """The schema at version 2 on an empty database (what migration tests and the store benchmark start from)."""
     legacy_metadata.create_all(c)
     c.exec_driver_sql(
         "CREATE INDEX ix_predictions_model_time ON predictions (model, version, calibration_version, created_at)"

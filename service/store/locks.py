@@ -1,7 +1,5 @@
-"""Transaction-level advisory locks: how replicas sharing one PostgreSQL store take turns at writes that
-read before they write (create-if-missing, next version number) or whose order readers rely on (label sequence
-numbers). Held until the transaction ends. On SQLite
-the lock is a no-op: one file is one replica's store."""
+"""Transaction-level advisory locks: how replicas sharing one PostgreSQL store take turns at writes that read first
+or whose order readers rely on; no-ops on SQLite, one replica's store."""
 
 from __future__ import annotations
 
@@ -33,9 +31,8 @@ def try_advisory_lock(connection: sa.Connection, key: int) -> bool:
 
 
 def locked_row(c: sa.Connection, table: sa.Table, where: Sequence, initial: dict) -> sa.Row:
-    """The state row of ``table`` matching ``where``, write-locked until the transaction ends, created with
-    ``initial`` (and ``updated_at``) on first use. The lock is taken first by an UPDATE (a row lock on PostgreSQL,
-    the database write lock on SQLite); a replica that loses the race to create the row locks the one created."""
+    """The state row of ``table`` matching ``where``, created with ``initial`` on first use (or by the replica that won
+    the race), write-locked by an UPDATE until the transaction ends (a row lock on PostgreSQL, SQLite's write lock)."""
     if not c.execute(table.update().where(*where).values(updated_at=time.time())).rowcount:
         try:
             with c.begin_nested():
@@ -45,11 +42,22 @@ def locked_row(c: sa.Connection, table: sa.Table, where: Sequence, initial: dict
     return c.execute(sa.select(table).where(*where).with_for_update()).one()
 
 
+class LockedRow:
+    """A state row of ``table`` (``row``, matching ``where``), write-locked until the unit of work that produced it
+    ends; reads that must see the same snapshot pass ``connection`` on."""
+
+    def __init__(self, connection: sa.Connection, table: sa.Table, where: Sequence, initial: dict):
+        self.connection, self.table, self.where = connection, table, where
+        self.row = locked_row(connection, table, where, initial)
+
+    def update(self, **values) -> None:
+        self.connection.execute(self.table.update().where(*self.where).values(**values, updated_at=time.time()))
+
+
 @contextmanager
 def maintenance_turn(engine: sa.Engine) -> Iterator[bool]:
-    """Whether this replica has the maintenance turn, held until the block ends: a session-level advisory lock on a
-    connection of its own (the work inside runs in transactions of its own, some outside any transaction), released
-    when the block ends or the session dies. Always True on SQLite."""
+    """Whether this replica has the maintenance turn until the block ends: a session-level advisory lock on a
+    connection of its own (the work runs in transactions of its own). Always True on SQLite."""
     if engine.dialect.name != "postgresql":
         yield True
         return

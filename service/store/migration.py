@@ -1,8 +1,5 @@
-"""Schema creation and upgrade, run by every replica at start (and by its first unit of work after a store
-outage). Replicas that start together take turns: on PostgreSQL the whole migration holds a transaction-level
-advisory lock, so one of them creates or upgrades the schema and the others, waiting on the lock, find it done.
-(An SQLite file is one replica's store; a second process that races it fails its first migration with
-StorageUnavailable and migrates on its next unit of work.)"""
+"""Schema creation and upgrade, run by every replica at start (and after a store outage). On PostgreSQL the
+migration holds a transaction-level advisory lock, so replicas that start together take turns and find it done."""
 
 from __future__ import annotations
 
@@ -29,14 +26,7 @@ log = logging.getLogger("service.store")
 
 
 def migrate(connection: sa.Connection, now: float | None = None) -> None:
-    """Create the schema (idempotent) and record its version; refuse a newer schema. Version 1 had
-    neither block sums nor the served probabilities on labels: the replica that moves the version to 2
-    adds the columns, copies them from the predictions and builds ``label_bins``. Version 3 logs predictions
-    in ``prediction_log``: the replica that moves the version to 3 drops the labels' foreign key to the old log,
-    which stays readable until its rows are moved (``service.store.legacy``), turns the label-shift cursors into
-    ids and keeps every prediction id in 16 bytes. On PostgreSQL the partitions from yesterday to
-    ``partitions.AHEAD`` days ahead are made. Call inside the transaction that commits the migration: the lock is
-    held until it ends."""
+    """Create or upgrade the schema and record its version, refusing a newer one; call inside the transaction."""
     locks.advisory_lock(connection, locks.MIGRATION)
     metadata.create_all(connection)
     found = connection.execute(sa.select(sa.func.max(schema_info.c.version))).scalar()
@@ -57,15 +47,12 @@ def migrate(connection: sa.Connection, now: float | None = None) -> None:
 
 
 def _advance(c: sa.Connection, step: int) -> bool:
-    """Move the recorded version from ``step`` to ``step + 1``; whether this transaction did (another replica may
-    have, while this one waited on the lock)."""
+    """Move the recorded version from ``step`` to ``step + 1``; whether this transaction did."""
     return bool(c.execute(schema_info.update().where(schema_info.c.version == step).values(version=step + 1)).rowcount)
 
 
 def _add_columns(c: sa.Connection) -> None:
-    """Nullable columns added to tables of an existing store (older versions ignore them): the source of
-    labels and pending labels, the prediction sets of predictions and labels, the interval checks of the monitor
-    state; and indexes added since (and the one they replaced)."""
+    """Add the nullable columns and indexes added since (older versions ignore them)."""
     tables = [labels, pending_labels, monitor_state] + ([legacy.predictions] if legacy.present(c) else [])
     for table in tables:
         present = {column["name"] for column in sa.inspect(c).get_columns(table.name)}
@@ -99,10 +86,7 @@ def _labels_to_v2(c: sa.Connection) -> None:
 
 
 def _log_to_v3(c: sa.Connection) -> None:
-    """Schema version 2 -> 3: labels lose their foreign key to ``predictions`` (the old log, now moved in the
-    background and then dropped; SQLite rebuilds the labels table, which cannot drop a constraint), each
-    label-shift cursor (created_at, id) becomes the id it stopped at (``~``, past every id of its time: that
-    time's last id), and the prediction ids of labels, pending labels and cursors take 16 bytes."""
+    """Schema version 2 -> 3: labels lose their foreign key to ``predictions``; ids take 16 bytes."""
     if any(fk["referred_table"] == legacy.predictions.name for fk in sa.inspect(c).get_foreign_keys(labels.name)):
         if c.dialect.name == "postgresql":
             for fk in sa.inspect(c).get_foreign_keys(labels.name):
@@ -123,10 +107,8 @@ def _log_to_v3(c: sa.Connection) -> None:
 
 
 def _ids_to_bytes(c: sa.Connection, table: str, column: str, checked: bool) -> None:
-    """Store the 32-hex-digit ids of ``table.column`` in 16 bytes: PostgreSQL's uuid (a rewrite of the table and its
-    indexes), SQLite's BLOB (values converted in place). Unless the ids are ``checked`` (made by the service), rows
-    whose id is no prediction id go first (pending labels that could never join). A column already converted is
-    left alone."""
+    """Store the 32-hex-digit ids of ``table.column`` in 16 bytes (PostgreSQL's uuid, SQLite's BLOB), unless done;
+    unless ``checked`` (made by the service), rows whose id is no prediction id go first."""
     if c.dialect.name == "postgresql":
         kind = next(col["type"] for col in sa.inspect(c).get_columns(table) if col["name"] == column)
         if isinstance(kind, sa.String):
@@ -146,8 +128,7 @@ def _ids_to_bytes(c: sa.Connection, table: str, column: str, checked: bool) -> N
 
 
 def _rebuild_sqlite_labels(c: sa.Connection) -> None:
-    """SQLite's way to change a table's constraints: a new table, the rows copied, the old one dropped, the new one
-    renamed, its indexes made again (SQLite, "Making Other Kinds Of Table Schema Changes")."""
+    """SQLite's way to change a table's constraints ("Making Other Kinds Of Table Schema Changes"): a new table."""
     ddl = str(sa.schema.CreateTable(labels).compile(dialect=c.dialect))
     c.exec_driver_sql(ddl.replace(f"CREATE TABLE {labels.name} ", "CREATE TABLE labels_v3 ", 1))
     present = {column["name"] for column in sa.inspect(c).get_columns(labels.name)}

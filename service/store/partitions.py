@@ -1,15 +1,5 @@
-"""The prediction log's partitions on PostgreSQL: one per UTC day, a range of ids (an id begins with its
-millisecond time, so an id range is a time range and the id stays the key).
-
-Why a day: retention keeps N to N + 1 days, so a day is the most a prediction outlives its period; a day's
-partition and its primary key are written at their end only; and 30 days of retention plan over about 34 partitions,
-few enough that a query the planner cannot prune stays cheap, where hours would make hundreds (decision 0036).
-
-Partitions are created ``AHEAD`` days ahead, as a standalone table then attached (ATTACH takes a SHARE UPDATE
-EXCLUSIVE lock on the log, which inserts and reads pass; CREATE TABLE ... PARTITION OF would take an exclusive
-one). Expired partitions are detached CONCURRENTLY (PostgreSQL 14 and later) and dropped: no row of the log is
-scanned or deleted. Every DDL statement waits at most ``LOCK_WAIT`` for its lock and is retried later, so no
-statement queues the log's readers and writers behind it for long."""
+"""The prediction log's partitions on PostgreSQL: one per UTC day of ids (decision 0036), made ``AHEAD`` days ahead
+and attached, expired ones detached CONCURRENTLY and dropped. Each DDL waits at most ``LOCK_WAIT`` for its lock."""
 
 from __future__ import annotations
 
@@ -32,8 +22,7 @@ _PREFIX = "prediction_log_p"
 
 
 class Partition(NamedTuple):
-    """One day's partition: its name, the time range [start, end) of its ids and whether a concurrent detach of it
-    was interrupted (it must be finalized)."""
+    """One day's partition: its name, the time range [start, end) of its ids and whether a detach was interrupted."""
 
     name: str
     start: float
@@ -76,14 +65,12 @@ def bound(at: float) -> str:
 
 
 def make_ahead(c: sa.Connection, now: float) -> list[str]:
-    """Create the partitions from yesterday's to the one ``AHEAD`` days after today's (``create``): the upkeep's and
-    the migration's, so that writes never wait for one; the names created."""
+    """Create the partitions from yesterday's to ``AHEAD`` days after today's, so writes never wait for one."""
     return create(c, now - DAY, now + (AHEAD + 1) * DAY)
 
 
 def create(c: sa.Connection, start: float, end: float) -> list[str]:
-    """Create the partitions for the ids of times [start, end) that do not exist yet, in the caller's transaction,
-    under the migration lock (replicas take turns); the names created."""
+    """Create the missing partitions of times [start, end) under the migration lock; the names created."""
     locks.advisory_lock(c, locks.MIGRATION)
     c.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
     have = {p.name for p in existing(c)}
@@ -105,9 +92,8 @@ def create(c: sa.Connection, start: float, end: float) -> list[str]:
 
 
 def detach_and_drop(engine: sa.Engine, part: Partition, attached: bool = True) -> None:
-    """Detach ``part`` without blocking the log (CONCURRENTLY runs outside a transaction; one interrupted before is
-    finalized), then drop it (``attached`` False: only drop it). A lock not had within ``LOCK_WAIT`` raises; the
-    next pass tries again, and finds the table detached or still attached."""
+    """Detach ``part`` without blocking the log (or finalize an interrupted detach), then drop it (``attached``
+    False: only drop it); a lock not had within ``LOCK_WAIT`` raises and the next pass tries again."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.exec_driver_sql(f"SET lock_timeout = '{LOCK_WAIT}'")
         c.exec_driver_sql("SET statement_timeout = 0")

@@ -1,8 +1,5 @@
-"""Labels that arrived before their prediction was in the store (another replica had not written its
-prediction log yet, or a prediction id the store never saw). They are stored as pending, on any replica, and
-end in one of three ways, none silent: joined to their prediction once it is stored (they become rows of
-``labels``, in the order of their arrival, and leave this table), expired after the horizon, or rejected at
-the join (a label that is not a class of the prediction's model, a prediction labelled meanwhile)."""
+"""Labels that arrived before their prediction was stored, kept as pending until they are joined to it (in order
+of arrival, then leaving this table), expire after the horizon or are rejected at the join; none silently."""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ _BY_STATUS = sa.select(pending_labels.c.status, sa.func.count()).group_by(pendin
 
 
 class Joinable(NamedTuple):
-    """A pending label whose prediction is stored: its sequence number, its label as sent (JSON) and source, and
-    the prediction."""
+    """A pending label whose prediction is stored, with the prediction."""
 
     seq: int
     label: str
@@ -57,8 +53,7 @@ class PendingLabel(NamedTuple):
 
 @dataclass
 class JoinPass:
-    """What one pass of ``PendingLabels.join`` did: the label rows it stored (in order), how many pending
-    labels it rejected and expired, and how many still wait."""
+    """What one pass of ``PendingLabels.join`` did: the label rows stored, the labels rejected, expired and waiting."""
 
     joined: list[LabelRow]
     rejected: int
@@ -82,8 +77,7 @@ class PendingLabels:
         self.predictions = predictions
 
     def _joinable(self, c: sa.Connection, limit: int) -> list[Joinable]:
-        """The oldest ``limit`` pending labels whose prediction is stored, read a page of pending labels at a time
-        (those still waiting for their prediction are passed over)."""
+        """The oldest ``limit`` pending labels whose prediction is stored, read a page at a time."""
         found: list[Joinable] = []
         after = 0
         while len(found) < limit:
@@ -106,11 +100,8 @@ class PendingLabels:
         horizon: float,
         limit: int = 5000,
     ) -> JoinPass | None:
-        """One pass, in one transaction: the pending labels whose prediction is stored (at most ``limit``, the
-        oldest first) become label rows by ``resolve`` (``Joinable``s -> label rows by seq, and the reasons of
-        those it refuses), stored by ``insert`` (which returns the ids that already had a label); then those still
-        pending after ``horizon`` seconds expire. None when another replica is running a pass (PostgreSQL): one at
-        a time keeps each label joined once and in arrival order."""
+        """One pass in one transaction: at most ``limit`` joinable pending labels become label rows, those past
+        ``horizon`` seconds expire; None while another replica runs a pass."""
 
         def work(c: sa.Connection) -> JoinPass | None:
             if c.execute(_ANY_PENDING).first() is None:  # the common case: a read, no lock, no write
@@ -150,8 +141,7 @@ class PendingLabels:
         return self.db.run(work)
 
     def unmatched(self, status: str | None, limit: int) -> dict:
-        """Counts of the labels still pending and of those that ended unmatched (expired, rejected), and the
-        ``limit`` most recent of them (of ``status`` only, if given), newest first."""
+        """Counts of the labels pending, expired and rejected, and the ``limit`` newest (of ``status``, if given)."""
         where = [pending_labels.c.status == status] if status else []
         listed = sa.select(pending_labels).where(*where).order_by(pending_labels.c.seq.desc()).limit(limit)
 

@@ -1,9 +1,5 @@
-"""The prediction log: every served prediction, written in bulk by ``service.serving.prediction_log``, in a compact
-row (``schema.prediction_log``). What a row repeats goes to the dictionaries (``service.store.dictionary``); what
-its columns give back is derived on reading: its time from its id, the predicted class and confidence from its
-probabilities, and its logits from the probabilities and the key's temperature where temperature scaling can be
-inverted (z = T log q + c, ``calibkit.temperature.logits_from_probabilities``), else they are stored. Every read is
-bounded by the id, the log's time and partition key."""
+"""The prediction log: every served prediction in a compact row, written in bulk; logits are derived on reading where
+temperature scaling inverts (z = T log q + c). Every read is bounded by the id."""
 
 from __future__ import annotations
 
@@ -57,8 +53,8 @@ class Predictions:
             self.db.run(lambda c: self.write(c, compact))
 
     def compact(self, rows: Sequence[PredictionRow]) -> list[tuple]:
-        """The log rows of ``rows`` (dictionary entries they need are added first, in a transaction of their own).
-        Logits are left out where the key's temperature gives them back."""
+        """The log rows of ``rows`` (their dictionary entries added first, committed apart), without the logits the
+        key's temperature gives back."""
         row_keys = [CalibrationKey(r.model, r.version, r.calibration_version) for r in rows]
         row_choices = [_choice(r) for r in rows]
         keys = self.dictionaries.key_ids(zip(row_keys, (r.temperature for r in rows)))
@@ -83,8 +79,7 @@ class Predictions:
         ]
 
     def _partitions_for(self, rows: Sequence[PredictionRow]) -> None:
-        """Make sure the partitions of ``rows``' times exist: the upkeep makes them days ahead, and this makes a
-        missing one (an upkeep that has not run, rows of another time) rather than fail the insert."""
+        """Make the missing partitions of ``rows``' times (the upkeep makes them ahead) rather than fail the insert."""
         wanted = {partitions.partition_of(id_time(stamp)) for stamp in {r.id[:12] for r in rows}}
         if {p.name for p in wanted} <= self._days:
             return
@@ -103,9 +98,8 @@ class Predictions:
         _insert_log(c, compact)
 
     def fetch(self, ids: Iterable[str], connection: sa.Connection | None = None) -> dict[str, PredictionRow]:
-        """The stored predictions among ``ids``, by id: one probe of the primary key per calibration key, within
-        the partitions of the ids' times; those not found are looked up in the log of schema version 2 while an
-        upgraded store still has one (``service.store.legacy``)."""
+        """The stored predictions among ``ids``, by id (one probe of the primary key per calibration key); those not
+        found, in the log of schema version 2 while one is left (``service.store.legacy``)."""
         ids = sorted({i for i in ids if PREDICTION_ID.fullmatch(i)})  # others were never made: not found
         if not ids:
             return {}
@@ -167,8 +161,7 @@ class Predictions:
         return None if key_id is None else [_LOG.key == key_id, sa.not_(_LOG.offline)]
 
     def _newest(self, c: sa.Connection, key: CalibrationKey, columns: Sequence, limit: int) -> Sequence[sa.Row]:
-        """``columns`` of the ``limit`` newest rows the service served under ``key``, newest first: the end of the
-        key's primary-key range in the newest partitions."""
+        """``columns`` of the ``limit`` newest rows served under ``key``, newest first."""
         served = self._served(c, key)
         if served is None:
             return []
@@ -178,9 +171,8 @@ class Predictions:
     def recent_confidences(
         self, key: CalibrationKey, limit: int, connection: sa.Connection | None = None
     ) -> np.ndarray:
-        """Calibrated confidences of the most recent predictions the service served (labelled or not): probabilities
-        scored elsewhere and sent with their labels (offline) are not its traffic, and coming through a feedback
-        token, even an untrusted one, they must not move the label-free drift check."""
+        """Calibrated confidences of the most recent predictions served (labelled or not); offline rows, sent with
+        their labels through any feedback token, are not traffic and must not move the drift check."""
 
         def work(c):
             rows = self._newest(c, key, [_LOG.probabilities], limit)
@@ -189,10 +181,8 @@ class Predictions:
         return work(connection) if connection is not None else self.db.run(work, write=False)
 
     def recent(self, key: CalibrationKey, limit: int) -> RecentPredictions:
-        """The ``limit`` most recent predictions the service served (as ``recent_confidences`` chooses them), newest
-        first, with the label of each that has one: the rows of the label-free estimates and of their check. Ordered
-        by id (time, then random bits), so every replica reading the same store gets the same rows in the same
-        order."""
+        """The ``limit`` most recent predictions served, newest first by id (every replica reads the same rows),
+        with the label of each that has one: the rows of the label-free estimates and their check."""
 
         def work(c):
             rows = self._newest(c, key, [_LOG.id, _LOG.probabilities], limit)
@@ -221,11 +211,8 @@ class Predictions:
         connection: sa.Connection,
         share: int = SHARES,
     ) -> ServedAfter:
-        """The predictions the service served after the id ``cursor`` and made at or before ``until``, oldest first,
-        at most ``limit``: what the label-shift alarm folds next, in an order every replica sees. With ``share`` <
-        ``SHARES``, only those whose id's first random byte is below it: a share / 256 sample chosen by random bits,
-        whatever the rows hold. ``last`` is where the next call starts: the last row taken when ``limit`` stopped the
-        read, else the last id of ``until`` (every row up to it looked at)."""
+        """At most ``limit`` predictions served after id ``cursor`` up to ``until``, oldest first, and where the next
+        call starts; with ``share`` < ``SHARES`` a sample by the ids' first random byte."""
         served = self._served(connection, key)
         if served is None:
             return ServedAfter(last_id(until), np.zeros((0, 0)))
@@ -243,8 +230,7 @@ class Predictions:
     def count_served(
         self, key: CalibrationKey, cursor: str | None, until: float, connection: sa.Connection, cap: int | None = None
     ) -> int:
-        """How many predictions ``served_after`` would look at (a range of the key's primary key), counted up to
-        ``cap`` at most when given."""
+        """How many predictions ``served_after`` would look at, counted up to ``cap`` at most."""
         served = self._served(connection, key)
         if served is None:
             return 0
@@ -273,9 +259,8 @@ def _choice(row: PredictionRow) -> Choice | None:
 
 
 def _kept_logits(rows: Sequence[PredictionRow], temperatures: Sequence[float | None]) -> list[bytes | None]:
-    """Each row's logits as the log keeps them: None where ``temperatures`` (its key's) gives them back from its
-    stored probabilities (``recovered_by_temperature``), else as given. Rows are checked in groups of one class
-    count."""
+    """Each row's logits as the log keeps them: None where its key's temperature gives them back from its
+    probabilities (``recovered_by_temperature``), checked in groups of one class count."""
     kept: list[bytes | None] = [r.logits for r in rows]
     groups: dict[tuple[float, int], list[int]] = {}
     for i, (r, temperature) in enumerate(zip(rows, temperatures)):

@@ -1,11 +1,5 @@
-"""Retention and the prediction log's upkeep, done by one replica at a time (``locks.maintenance_turn``).
-
-A prediction is kept the retention period N, and on PostgreSQL at most one partition width (a day) longer: a
-partition goes once all of its ids are older than N, so the log holds N to N + 1 days. Its labels go first, by a
-range of the labels' unique index on ``prediction_id``, and the bin sums of the blocks they touched are rebuilt
-from the labels left; then the partition is detached and dropped (``service.store.partitions``). On SQLite the
-log's rows go by a range of its primary key per calibration key. Pending labels go through their index on
-``received_at``. No statement scans the log."""
+"""Retention and the prediction log's upkeep, one replica at a time: whole partitions on PostgreSQL, key ranges on
+SQLite; no statement scans the log."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ CONVERT_BATCH = 5000
 
 @dataclass
 class Upkeep:
-    """What one pass did: partitions created and dropped, log rows deleted (SQLite), labels and pending labels
-    deleted, rows moved from the version-2 log, and when the newest partition ends (None on SQLite)."""
+    """What one pass did; ``partitions_end``: when the newest partition ends (None on SQLite)."""
 
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
@@ -42,9 +35,7 @@ class Upkeep:
 
 
 def upkeep(db: Database, predictions: Predictions, now: float, retention_seconds: float) -> Upkeep:
-    """One pass: create the partitions up to ``partitions.AHEAD`` days ahead, expire what is older than the cutoff
-    (on PostgreSQL the partitions that end before it, and the labels of their ids), and move a batch of the version-2
-    log's rows. Call under the maintenance turn."""
+    """One pass under the maintenance turn: make partitions, expire old rows, move version-2 rows."""
     cutoff = now - retention_seconds
     done = Upkeep()
     postgres = db.engine.dialect.name == "postgresql"
@@ -70,8 +61,8 @@ def upkeep(db: Database, predictions: Predictions, now: float, retention_seconds
 
 
 def _expire_rows(c: sa.Connection, bound: str, cutoff: float) -> tuple[int, int, int]:
-    """Delete the labels of predictions before the id ``bound`` and rebuild the block sums they were in, the pending
-    labels received before ``cutoff`` and, on SQLite, the log's rows before ``bound``: (labels, pending, log rows)."""
+    """Delete the labels before the id ``bound`` (their blocks' sums rebuilt), the pending labels before ``cutoff``
+    and, on SQLite, the log's rows before ``bound``: the rows deleted of each."""
     unbounded(c)
     old = labels.c.prediction_id < bound
     touched = c.execute(
@@ -93,8 +84,8 @@ def _expire_rows(c: sa.Connection, bound: str, cutoff: float) -> tuple[int, int,
 
 
 def convert(db: Database, predictions: Predictions, bound: str, budget_seconds: float = 5.0) -> int:
-    """Move the version-2 log's rows from the id ``bound`` on into the log, newest first, a batch per transaction,
-    for at most about ``budget_seconds``; drop the version-2 log once none of its rows is that new. Rows moved."""
+    """Move the version-2 log's rows from the id ``bound`` on, newest first, a batch per transaction, for about
+    ``budget_seconds``; drop it once none is that new. Rows moved."""
     moved, started = 0, time.monotonic()
     while time.monotonic() - started < budget_seconds:
         batch = db.run(lambda c: legacy.newest(c, bound, CONVERT_BATCH) if legacy.present(c) else None, write=False)
@@ -110,6 +101,6 @@ def convert(db: Database, predictions: Predictions, bound: str, budget_seconds: 
 
 
 def _move(compact: list[tuple], ids: list[str], c: sa.Connection) -> None:
-    """Write the converted rows ``compact`` and delete the version-2 rows ``ids`` they came from, in one transaction."""
+    """Write the converted rows and delete the version-2 rows they came from, in one transaction."""
     Predictions.write(c, compact)
     legacy.forget(c, ids)

@@ -1,5 +1,4 @@
-"""The store's vocabulary: the key every table is scoped by, the rows written and read, prediction ids
-and the compact encoding of probability and logit vectors."""
+"""The store's vocabulary: keys, rows, prediction ids and the encoding of probability and logit vectors."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ PREDICTION_ID = re.compile("[0-9a-f]{32}")  # what ``prediction_ids`` makes
 
 
 class CalibrationKey(NamedTuple):
-    """A served model version under one calibration version (0: the manifest's; refits count up).
-    Labels, bin sums and alarm state are kept per key."""
+    """A served model version under one calibration version (0: the manifest's; refits count up)."""
 
     model: str
     version: str
@@ -26,8 +24,7 @@ class CalibrationKey(NamedTuple):
 
 
 class PredictionRow(NamedTuple):
-    """One logged prediction, its fields in the column order of ``predictions`` (bulk inserts pass
-    these tuples straight to the driver)."""
+    """One logged prediction, its fields in the column order of ``predictions``."""
 
     id: str
     model: str
@@ -76,8 +73,7 @@ class LabelRow:
 
 
 class NewestRows(NamedTuple):
-    """Labelled rows, newest first: sequence numbers, labels, calibrated probabilities as served and raw
-    logits (NaN rows where none were stored)."""
+    """Labelled rows, newest first, with their probabilities as served and logits (NaN where none were stored)."""
 
     seq: np.ndarray
     y: np.ndarray
@@ -102,9 +98,8 @@ class NewestRows(NamedTuple):
 
 
 class RecentPredictions(NamedTuple):
-    """Served predictions, newest first: the newest one's id (None when there are none), their calibrated
-    probabilities as served, and for each its label and whether the prediction was right (-1 for both when it has no
-    label yet)."""
+    """Served predictions, newest first: the newest one's id (None: none), their probabilities as served, and each
+    one's label and whether it was right (-1 for both without a label)."""
 
     newest_id: str | None
     probs: np.ndarray
@@ -122,18 +117,15 @@ class RecentPredictions(NamedTuple):
 
 
 class ServedAfter(NamedTuple):
-    """Served predictions oldest first, their calibrated probabilities as served, and the id a next read starts
-    after."""
+    """Served predictions' probabilities, oldest first, and the id the next read starts after."""
 
     last: str
     probs: np.ndarray
 
 
 def prediction_ids(n: int, at: float | None = None) -> list[str]:
-    """``n`` new prediction ids: 32 hex digits, a millisecond timestamp (now, or ``at`` seconds since the epoch)
-    then 80 random bits, like UUIDv7 (RFC 9562). An id's time is its prediction's time: the log is ordered,
-    partitioned and expired by it, and time-ordered keys are inserted at the end of the indexes instead of at
-    random pages, which keeps inserts fast in a store of millions of rows."""
+    """``n`` new prediction ids: 32 hex digits, a millisecond timestamp (now, or ``at``) then 80 random bits, like
+    UUIDv7 (RFC 9562): the log is ordered, partitioned and expired by them, and inserts append to its indexes."""
     stamp = f"{(time.time_ns() // 1_000_000 if at is None else int(at * 1000)):012x}"
     digits = os.urandom(10 * n).hex()
     return [stamp + digits[20 * i : 20 * (i + 1)] for i in range(n)]

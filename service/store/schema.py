@@ -1,9 +1,5 @@
-"""Tables (SQLAlchemy Core). ``prediction_log`` is the served predictions in a compact row, referring to the
-dictionaries ``calibration_keys`` and ``served_choices`` (``service.store.predictions``); every other table but
-``pending_labels`` is scoped by a ``CalibrationKey``; ``label_bins`` holds the mergeable per-bin sums of each block
-of ``BLOCK_LABELS`` consecutive labels (see ``service.store.labels``); ``pending_labels`` the labels that arrived
-before their prediction (``service.store.pending``). Prediction ids are 16 bytes wherever they are kept
-(``PredictionId``)."""
+"""Tables (SQLAlchemy Core): the compact ``prediction_log`` and its dictionaries, the block sums ``label_bins``,
+``pending_labels`` and tables scoped by a ``CalibrationKey``; prediction ids are 16 bytes everywhere."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ metadata = sa.MetaData()
 
 
 def _calibration_key(primary_key: bool = False) -> list[sa.Column]:
-    """The (model, version, calibration_version) columns every table is scoped by; part of the
-    primary key for tables with one row per model version and calibration version."""
+    """The (model, version, calibration_version) columns a table is scoped by (its primary key's with one row each)."""
     return [
         sa.Column("model", sa.String(128), primary_key=primary_key, nullable=False),
         sa.Column("version", sa.String(32), primary_key=primary_key, nullable=False),
@@ -34,9 +29,8 @@ schema_info = sa.Table("schema_info", metadata, sa.Column("version", sa.Integer,
 
 
 class PredictionId(sa.types.TypeDecorator):
-    """A prediction id, 32 hex digits to the service, 16 bytes in the store: PostgreSQL's ``uuid`` (its
-    byte order is its sort order, so id ranges are time ranges), SQLite's BLOB. Ids are a millisecond time
-    then random bits (``service.store.rows.prediction_ids``)."""
+    """A prediction id, 32 hex digits to the service, 16 bytes in the store: PostgreSQL's ``uuid`` (sorted by its
+    bytes, so id ranges are time ranges), SQLite's BLOB."""
 
     impl = sa.LargeBinary
     cache_ok = True
@@ -65,9 +59,8 @@ def id_hex(value) -> str:
     return value.hex if isinstance(value, uuid.UUID) else bytes(value).hex()
 
 
-# The calibration keys of the prediction log: one small integer per (model, version, calibration_version), with the
-# temperature T of the key's calibration when its probabilities are softmax(z / T) (the log then keeps the logits z
-# only where T * log p does not give them back: ``service.store.predictions``).
+# One small integer per (model, version, calibration_version), with its temperature T when its probabilities are
+# softmax(z / T): the log then keeps the logits z only where T * log p does not give them back.
 calibration_keys = sa.Table(
     "calibration_keys",
     metadata,
@@ -77,9 +70,8 @@ calibration_keys = sa.Table(
     sa.UniqueConstraint("model", "version", "calibration_version", name="uq_calibration_keys"),
 )
 
-# What a batch of predictions was served with, once for many rows: the set choice (coverage, method, randomized;
-# randomized NULL: served before floor sets) and the version of the class priors the rows were adapted to.
-# ``signature`` is the four as one string, unique (NULLs are distinct in a unique constraint).
+# What a batch was served with: the set choice (randomized NULL: before floor sets) and the priors' version;
+# ``signature`` is the four as one unique string, as NULLs are distinct in a unique constraint.
 served_choices = sa.Table(
     "served_choices",
     metadata,
@@ -91,10 +83,8 @@ served_choices = sa.Table(
     sa.Column("priors_version", sa.String(64)),
 )
 
-# The prediction log: one row per served prediction, eight columns so PostgreSQL's row header stays 24 bytes. The
-# primary key (key, id) is its only index: per key it is time order (windows, the label-shift cursor), and a lookup
-# by id alone probes it once per key. On PostgreSQL the table is range-partitioned by id, that is by time
-# (``service.store.partitions``); on SQLite it is a WITHOUT ROWID table, the key's B-tree itself.
+# One row per served prediction, eight columns so PostgreSQL's row header stays 24 bytes; the primary key (key, id),
+# time order per key, is its only index. Range-partitioned by id on PostgreSQL, WITHOUT ROWID on SQLite.
 prediction_log = sa.Table(
     "prediction_log",
     metadata,
@@ -103,9 +93,8 @@ prediction_log = sa.Table(
     sa.Column("offline", sa.Boolean, nullable=False),  # scored elsewhere, sent with its label
     sa.Column("probabilities", sa.LargeBinary, nullable=False),  # float32, as served (before any adaptation)
     sa.Column("logits", sa.LargeBinary),  # float32; NULL where the key's temperature gives them back (offline: none)
-    # the set served with the row (NULL: none), its members as packed bits, what it was served with (the choice, and
-    # the priors' version, which may be set without a set), and the probabilities it was computed from when they are
-    # not ``probabilities`` (under a refitted temperature; NULL otherwise)
+    # the set served (NULL: none) as packed bits, its choice, and the probabilities it was computed from when they
+    # are not ``probabilities`` (under a refitted temperature)
     sa.Column("set_members", sa.LargeBinary),
     sa.Column("choice", sa.Integer),  # served_choices.id
     sa.Column("set_probabilities", sa.LargeBinary),
@@ -133,9 +122,8 @@ labels = sa.Table(
     sa.Column("logits", sa.LargeBinary),  # read one index range of labels, never a join
     sa.Column("source", sa.String(64)),  # the name of the token that sent it; NULL (labels of older versions) and
     # "anonymous" (feedback open) are the same source
-    # whether the set served with the prediction held the label (NULL: no set), its size, coverage and score,
-    # whether it was randomized, and the label's conformity score under that set's rule (NULL: labelled before
-    # scores were kept), which the adaptive threshold and the coverage alarm fold
+    # the served set (NULL: none): whether it held the label, and the label's conformity score under its rule,
+    # which the adaptive threshold and the coverage alarm fold
     sa.Column("covered", sa.Integer),
     sa.Column("set_size", sa.Integer),
     sa.Column("set_coverage", sa.Float),
@@ -218,8 +206,7 @@ shift_state = sa.Table(
     "shift_state",
     metadata,
     *_calibration_key(primary_key=True),
-    # the id of the newest prediction folded, and its time: the label-shift alarm folds the served predictions in
-    # id order (NULL: none yet)
+    # the newest prediction the label-shift alarm folded, in id order (NULL: none yet)
     sa.Column("cursor_at", sa.Float),
     sa.Column("cursor_id", PredictionId),
     sa.Column("state", sa.Text, nullable=False),  # JSON: calibkit.label_shift_alarm.LabelShiftAlarmState

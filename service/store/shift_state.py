@@ -3,47 +3,21 @@ predictions up to a cursor, updated under the row's lock."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
 
 from service.store.database import Database
-from service.store.locks import locked_row
+from service.store.locks import LockedRow
 from service.store.rows import CalibrationKey, id_time
 from service.store.schema import scope, shift_state
 
 
-class LockedShiftState:
-    """One key's row, write-locked until the unit of work ends; reads of the same snapshot pass ``connection``."""
-
-    def __init__(self, connection: sa.Connection, key: CalibrationKey, row: sa.Row):
-        self.connection, self.key, self.row = connection, key, row
-
-    def save(
-        self,
-        *,
-        cursor: str | None,
-        state: str,
-        alarmed: bool,
-        since: float | None,
-        priors: str | None,
-    ) -> None:
+class LockedShiftState(LockedRow):
+    def save(self, *, cursor: str | None, state: str, alarmed: bool, since: float | None, priors: str | None) -> None:
         at = None if cursor is None else id_time(cursor)
-        self.connection.execute(
-            shift_state.update()
-            .where(*scope(shift_state, self.key))
-            .values(
-                cursor_at=at,
-                cursor_id=cursor,
-                state=state,
-                alarmed=alarmed,
-                since=since,
-                priors=priors,
-                updated_at=time.time(),
-            )
-        )
+        self.update(cursor_at=at, cursor_id=cursor, state=state, alarmed=alarmed, since=since, priors=priors)
 
 
 class ShiftStates:
@@ -56,8 +30,7 @@ class ShiftStates:
 
     @contextmanager
     def locked(self, key: CalibrationKey, fresh: str) -> Iterator[LockedShiftState]:
-        """A unit of work holding ``key``'s row write-locked (created with the state ``fresh`` on first use), as
-        ``AlarmStates.locked`` does."""
+        """A unit of work holding ``key``'s row write-locked (created ``fresh`` on first use)."""
         initial = dict(key._asdict(), state=fresh, alarmed=False, since=None)
         with self.db.unit() as c:
-            yield LockedShiftState(c, key, locked_row(c, shift_state, scope(shift_state, key), initial))
+            yield LockedShiftState(c, shift_state, scope(shift_state, key), initial)
