@@ -26,19 +26,21 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 
+from calibkit.synthetic import TrafficShape
 from service.ports import free_port
 from training.machine import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHT, HEAVY = "digits-lenet5", "cifar-resnet56"
+#: The calibrated synthetic traffic of the benchmarks: 10 classes, logits N(0, 2.5^2), confidences over [0.2, 1].
+CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 GPU_MAX_BATCH = 256  # the batcher's largest batch on a GPU (64 on CPUs, where larger batches gain nothing)
 # BENCH_RESULTS_DIR moves the JSON results elsewhere (the tests point it at a temporary directory)
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results")
 
 
 def machine() -> dict:
-    """What the numbers were measured on (``training.machine.hardware``, the GPU, the Python and numpy versions),
-    and at which commit."""
+    """What the numbers were measured on (the machine, its GPU, the Python and numpy versions) and at which commit."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
@@ -74,10 +76,8 @@ def gpu_name() -> str | None:
 
 
 def v2_binary_request(rows: np.ndarray, outputs: tuple[str, ...] = ("probabilities",)) -> tuple[bytes, int]:
-    """The body of a v2 inference with the binary tensor extension, as tritonclient.http builds it (built here so
-    that no client library is needed; tests/bench/test_gpu_run.py holds the two equal): a JSON header naming the
-    float32 input ``input`` and its byte size, then its raw bytes, every output in ``outputs`` asked back as raw
-    bytes. Returns the body and the header's length."""
+    """The body of a binary-tensor v2 inference as tritonclient.http builds it, built here so that no client library
+    is needed (tests/bench/test_gpu_run.py holds the two equal), and the header's length."""
     x = np.ascontiguousarray(rows, dtype=np.float32)
     header = json.dumps(
         {
@@ -102,23 +102,33 @@ PG_ADMIN_URL = os.environ.get("CALIB_BENCH_DATABASE_URL", "postgresql+psycopg://
 
 
 @contextmanager
-def store_url(store: str, work: Path) -> Iterator[str]:
+def store_url(store: str, work: Path | None = None) -> Iterator[str]:
     """The service's database URL: an SQLite file in ``work``, or a fresh PostgreSQL database."""
     if store == "sqlite":
+        assert work is not None, "an SQLite store is a file in work"
         yield f"sqlite:///{work / 'store.db'}"
         return
     if store != "postgresql":
         raise ValueError(f"store is sqlite or postgresql, not {store!r}")
     name = f"calib_bench_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with connection(PG_ADMIN_URL, isolation_level="AUTOCOMMIT") as c:
+        c.exec_driver_sql(f"CREATE DATABASE {name}")
     try:
-        with admin.connect() as c:
-            c.exec_driver_sql(f"CREATE DATABASE {name}")
         yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        with admin.connect() as c:
+        with connection(PG_ADMIN_URL, isolation_level="AUTOCOMMIT") as c:
             c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
+
+
+@contextmanager
+def connection(url: str, begin: bool = False, **options) -> Iterator[sa.Connection]:
+    """A connection to the database at ``url`` (in one transaction with ``begin``), its engine disposed after."""
+    engine = sa.create_engine(url, **options)
+    try:
+        with engine.begin() if begin else engine.connect() as c:
+            yield c
+    finally:
+        engine.dispose()
 
 
 def write_result(name: str, data: dict, smoke: bool = False) -> Path:
@@ -148,6 +158,12 @@ def table(rows: list[dict], columns: str | list[str]) -> str:
     return "\n".join(lines)
 
 
+def progress(row: dict, columns: str | list[str]) -> dict:
+    """``row``, printed as it comes: its line of a markdown ``table`` of ``columns``."""
+    print(table([row], columns).splitlines()[-1], flush=True)
+    return row
+
+
 GOAL_COLUMNS = "goal measured target met note".split()
 """The columns of goal rows that ``judged`` judges."""
 CHECKED_COLUMNS = "goal rows met worst".split()
@@ -157,15 +173,23 @@ Measured = TypeVar("Measured")
 _CHECKS = {">=": lambda v, b: v >= b, "<=": lambda v, b: v <= b, "within": lambda v, b: abs(v) <= b}
 
 
+def clopper_pearson(hits: int, n: int, level: float = 0.95) -> list[float]:
+    """The exact binomial interval of a share ``hits`` / ``n`` (Clopper & Pearson 1934)."""
+    from scipy import stats
+
+    tail = (1 - level) / 2
+    low = float(stats.beta.ppf(tail, hits, n - hits + 1)) if hits > 0 else 0.0
+    high = float(stats.beta.ppf(1 - tail, hits + 1, n - hits)) if hits < n else 1.0
+    return [low, high]
+
+
 def goal(name: str, measured: float, target: str, note: str = "") -> dict:
-    """A goal row: its ``name``, the ``measured`` value and its ``target`` (">= x", "<= x", "within x", or a word
-    such as "reported"), which ``judged`` judges."""
+    """A goal row: its ``name``, the ``measured`` value and its ``target``, which ``judged`` judges."""
     return {"goal": name, "measured": measured, "target": target, "note": note}
 
 
 def many(name: str, rows: int, met: bool | str, worst: str | None) -> dict:
-    """A goal row checked on many ``rows`` at once (``CHECKED_COLUMNS``): whether all of them meet it (or a word
-    such as "reported"), and the worst."""
+    """A goal row checked on many ``rows`` at once (``CHECKED_COLUMNS``)."""
     return {"goal": name, "rows": rows, "met": met, "worst": worst}
 
 
@@ -186,10 +210,10 @@ def checked(
     target: str,
     where: Callable[[dict], str],
     fmt: str = "{:.4f}",
+    more: Callable[[dict], str] = lambda worst: "",
 ) -> dict:
-    """A goal on many ``rows`` at once (``CHECKED_COLUMNS``): every row's ``key`` (a column, or a function of the
-    row) against ``target`` (">= x", "<= x", "within x"); the worst row (``fmt`` of its value, ``where`` it is) and
-    how many met it."""
+    """A goal on many ``rows`` at once: every row's ``key`` (a column, or a function of the row) against ``target``;
+    how many met it, and the worst (``fmt`` of its value, ``where`` it is, and ``more`` of it)."""
     if not rows:
         return many(name, 0, "not measured", "")
     value = key if callable(key) else (lambda r: r[key])
@@ -197,9 +221,8 @@ def checked(
     check = functools.partial(_CHECKS[op], b=float(bound))
     worst = (min if op == ">=" else max)(rows, key=lambda r: abs(value(r)) if op == "within" else value(r))
     met = sum(bool(check(value(r))) for r in rows)
-    return many(
-        name, len(rows), met == len(rows), f"{fmt.format(value(worst))} ({where(worst)}); {met} of {len(rows)} rows met"
-    )
+    shown = f"{fmt.format(value(worst))} ({where(worst)}); {met} of {len(rows)} rows met{more(worst)}"
+    return many(name, len(rows), met == len(rows), shown)
 
 
 def ab_rounds(
@@ -209,10 +232,9 @@ def ab_rounds(
     warm_up: Callable[[Side], object] | None = None,
     rotate: bool = False,
 ) -> list[dict[Side, Measured]]:
-    """Alternating rounds, so that a drift of the machine's speed hits every side alike: ``warm_up(side)`` of each
-    side first (discarded), then ``rounds`` rounds of ``measure(side, round)`` (``round`` from 0) on every side, in
-    the order of ``sides``, reversed every other round (or, with ``rotate``, rotated by one more each round). Per
-    round, a dict of each side's measurement, in the order measured."""
+    """Alternating rounds, so that a drift of the machine's speed hits every side alike: a discarded
+    ``warm_up(side)`` each, then ``rounds`` rounds of ``measure(side, round)``, reversed every other round
+    (``rotate``: rotated)."""
     if warm_up is not None:
         for side in sides:
             warm_up(side)
@@ -225,8 +247,7 @@ def ab_rounds(
 
 
 class Server:
-    """A server process (``argv`` gets ``--port``) with a readiness URL, or a ``probe`` of its port for one that
-    does not speak HTTP; its output goes to the file ``output`` (or nowhere). Stopped at the end of a ``with``."""
+    """A server process (``argv`` gets ``--port``), ready at a URL or a port ``probe``; stopped by ``with``."""
 
     def __init__(
         self,
@@ -283,8 +304,7 @@ class Server:
             self.process.kill()
 
     def interrupt(self) -> None:
-        """Stop a launcher that writes its results on Ctrl-C (py-spy): SIGINT to it, then SIGTERM to the server it
-        started, which outlives it."""
+        """Stop a launcher that writes its results on Ctrl-C (py-spy), then the server it started, which outlives it."""
         children = [
             int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if parent_pid(stat) == self.process.pid
         ]
@@ -306,12 +326,11 @@ def parent_pid(stat: Path) -> int | None:
         return None
 
 
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60_000.0}
 
 
 def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str | None = None, threads: int = 1) -> dict:
-    """Closed-loop load with ``connections`` concurrent clients for ``seconds`` (wrk, ``threads`` threads): POST
-    ``body`` with every request, or run the wrk Lua script ``lua`` (which builds each request itself)."""
+    """Closed-loop load of ``connections`` clients for ``seconds``: POST ``body``, or run the wrk Lua script ``lua``."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
         if lua is None:
@@ -323,30 +342,16 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
                 f'wrk.body = io.open("{body_file}"):read("*a")\n'
             )
         script.write_text(lua)
-        out = subprocess.run(
-            [
-                "wrk",
-                f"-t{threads}",
-                f"-c{connections}",
-                f"-d{max(1, round(seconds))}s",
-                "--timeout",
-                "30s",
-                "--latency",
-                "-s",
-                str(script),
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        load = [f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s"]
+        argv = ["wrk", *load, "--latency", "-s", str(script), url]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
     def latency(pct: str) -> float:
         found = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)
         if found is None:
             return float("nan")
         value, unit = found.groups()
-        return float(value) * (_UNITS[unit] if unit != "m" else 60_000.0)
+        return float(value) * _UNITS[unit]
 
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
@@ -363,9 +368,8 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str |
 
 
 def histogram_totals(url: str) -> dict[str, list[float]]:
-    """(sum, count) of the service's own histograms: the /predict phases, queue and inference time
-    and batch size per model, a pod's front-end messages to its engine (``round``: their round trip, ``message``:
-    their rows) per model, and the total /predict request time."""
+    """(sum, count) of the service's own histograms: the /predict phases and request time, and per model the queue,
+    inference and batch size and a pod's front-end messages to its engine (``round``, ``message``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals: dict[str, list[float]] = {}
@@ -411,8 +415,7 @@ def histogram_means(before: dict, after: dict, keys: list[str]) -> dict:
 
 
 def process_cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """User + system CPU seconds of process ``pid`` and all its threads, or of its thread ``thread`` alone
-    (``/proc/<pid>[/task/<thread>]/stat`` fields 14 and 15, in clock ticks)."""
+    """User + system CPU seconds of process ``pid`` or its thread ``thread`` (/proc stat fields 14, 15)."""
     stat = Path(f"/proc/{pid}" + (f"/task/{thread}" if thread is not None else "") + "/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()  # the fields after the command name, from field 3 on
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -451,10 +454,8 @@ def service(
     argv: Sequence[str] = (PYTHON, "-m", "service"),
     **env: str,
 ) -> Server:
-    """The service (``argv``, ``launcher`` such as a profiler in front) over the model repository ``artifacts`` on
-    ``device``, run from the source tree ``cwd`` (its log to ``output``), its store at ``database_url``, with the
-    settings ``env`` on top; waited for until ``ready_path`` answers 200. On a GPU its batcher may form batches of
-    up to ``GPU_MAX_BATCH`` rows."""
+    """The service (``argv``, behind a ``launcher`` such as a profiler) over ``artifacts`` on ``device``, run from
+    ``cwd`` with its store at ``database_url`` and ``env`` on top, once ``ready_path`` answers 200."""
     env = (
         {
             "CALIB_ARTIFACTS": str(artifacts),
@@ -473,9 +474,8 @@ def service(
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A benchmark's three steps: ``measure(args)`` returns its result (None for a mode that writes its own output
-    elsewhere), ``goals(result)`` judges it (goal rows), ``render(result)`` writes it as markdown (its page, or its
-    section of a shared one); ``arguments(parser)`` adds its own flags to ``--smoke`` and ``--report-only``."""
+    """A benchmark's steps: ``measure(args)`` (None for a mode that writes its own output), ``goals(result)``,
+    ``render(result)`` (markdown), and ``arguments(parser)``, its own flags."""
 
     measure: Callable[[argparse.Namespace], dict | None]
     goals: Callable[[dict], list]
@@ -483,24 +483,38 @@ class Benchmark:
     arguments: Callable[[argparse.ArgumentParser], None] = field(default=lambda parser: None)
 
 
-def digits_model() -> Callable[[np.ndarray], np.ndarray]:
-    """The committed default model's calibrated ``probabilities`` output (onnxruntime on the CPU), in float64."""
+def flags(**defaults: object) -> Callable[[argparse.ArgumentParser], None]:
+    """A benchmark's ``arguments``: a flag ``--name`` per keyword (underscores as dashes), typed as its default, or
+    ``(default, help)``, or ``(default, help, type)``; a default of False makes a switch."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        for name, value in defaults.items():
+            default, text, *parse = value if isinstance(value, tuple) else (value, None)
+            kind: dict = {"type": parse[0] if parse else type(default), "default": default}
+            if default is False:
+                kind = {"action": "store_true"}
+            parser.add_argument(f"--{name.replace('_', '-')}", help=text, **kind)
+
+    return add
+
+
+def digits_model(normalized: bool = False, artifact: Path = ROOT / "artifacts" / LIGHT / "1") -> Callable:
+    """The committed model's (or ``artifact``'s) ``probabilities`` on the CPU in float64, rows ``normalized``."""
     import onnxruntime as ort
 
-    artifact = ROOT / "artifacts" / "digits-lenet5" / "1"
     manifest = json.loads((artifact / "manifest.json").read_text())
     session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
     output, name = manifest["outputs"]["probabilities"], manifest["input"]["name"]
 
     def probs(x: np.ndarray) -> np.ndarray:
-        return session.run([output], {name: x.astype(np.float32)})[0].astype(np.float64)
+        p = session.run([output], {name: x.astype(np.float32)})[0].astype(np.float64)
+        return p / p.sum(axis=1, keepdims=True) if normalized else p
 
     return probs
 
 
 def save_stage(path: Path, result: dict, stage: str, started: float) -> None:
-    """A device run's result written after each stage, so that a run cut short still returns what it measured: the
-    stage appended to ``stages_done``, the minutes since ``started`` (``time.monotonic``), the JSON at ``path``."""
+    """A device run's result written after each stage, so that a run cut short still returns what it measured."""
     result["stages_done"] = [*result.get("stages_done", []), stage]
     result["minutes"] = (time.monotonic() - started) / 60
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,4 @@
-"""The alarm benchmark's goals, judged on the rows of ``measure``: false alarms, delays against the oracles,
-clearing, latching, flapping, the naive window and the label-free warning."""
+"""The alarm benchmark's goals, judged on the rows of ``measure``."""
 
 from __future__ import annotations
 
@@ -17,6 +16,13 @@ def goals(result: dict) -> list[dict]:
     rows = [r for r in result["shifts"] if r["ece"] >= tolerance]  # a shift of ECE below eps is no miscalibration
     steps = [r for r in rows if not r["shift"].startswith("ramp")]
 
+    beyond = [r for r in steps if _interval_low(r["family_blind_ci90"]) > MAX_RATIO]
+    limit = max(steps, key=lambda r: _median(r["family_blind_ratio"]))
+    clear_limit = max(steps, key=lambda r: _median(r.get("clear_family_blind_ratio")))
+    quick = [r for r in rows if r["clear_oracle_p50"] is not None and r["clear_oracle_p50"] < 600]
+    slowest_quick = max(quick, key=lambda r: _median(r["clear_p50"]), default=None)
+    latched, flappy = max(rows, key=lambda r: r["latched"]), max(rows, key=lambda r: r["flaps"])
+    tenth = [r for r in steps if 0.08 <= r["ece"] < 0.13]
     out = [
         many(
             "false alarms <= 1% per null and tolerance-edge row, 95% upper bound <= 2%",
@@ -25,74 +31,31 @@ def goals(result: dict) -> list[dict]:
             "{rate:.2%} (<= {ci95_high:.2%}) {shape} {traffic}".format(
                 **max(fa, key=lambda r: (r["rate"], r["ci95_high"]))
             ),
-        )
-    ]
-    for key, what in (("ratio", "detection"), ("clear_ratio", "clearing")):
-        worst = max(steps, key=lambda r: _median(r[key]))
-        met = sum(r[key] is not None and r[key] <= MAX_RATIO for r in steps)
-        out.append(
-            many(
-                f"{what}: median within {MAX_RATIO}x of the oracle on every row",
-                len(steps),
-                met == len(steps),
-                (f"{_median(worst[key]):.2f} ({worst['shape']} {worst['shift']}); {met} of {len(steps)} rows met"),
-            )
-        )
-    beyond = [r for r in steps if _interval_low(r["family_blind_ci90"]) > MAX_RATIO]
-    limit = max(steps, key=lambda r: _median(r["family_blind_ratio"]))
-    out.append(
+        ),
+        *(_against_oracle(what, steps, key) for key, what in (("ratio", "detection"), ("clear_ratio", "clearing"))),
         many(
             f"information limit: the family-blind oracle itself within {MAX_RATIO}x of the oracle",
             len(steps),
             not beyond and _median(limit["family_blind_ratio"]) <= MAX_RATIO,
             f"{_median(limit['family_blind_ratio']):.2f} ({limit['family_blind_ci90']}, {limit['shape']} "
             f"{limit['shift']}); 90% interval above {MAX_RATIO} on {len(beyond)} rows",
-        )
-    )
-    ours = [_relative(r["delay_p50"], r["family_blind_p50"]) for r in steps]
-    slowest = int(np.argmax(ours))
-    out.append(
-        many(
-            f"detection: median within {MAX_RATIO}x of the family-blind oracle on every row",
-            len(steps),
-            max(ours) <= MAX_RATIO,
-            f"{ours[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
-            f"{sum(r <= MAX_RATIO for r in ours)} of {len(steps)} rows met",
-        )
-    )
-    limit = max(steps, key=lambda r: _median(r.get("clear_family_blind_ratio")))
-    out.append(
+        ),
+        _against_family_blind("detection", "oracle", steps, "delay_p50", "family_blind_p50"),
         many(
             f"information limit (clearing): the family-blind clearing oracle within {MAX_RATIO}x of the "
             "clearing oracle",
             len(steps),
-            _median(limit.get("clear_family_blind_ratio")) <= MAX_RATIO,
-            f"{_median(limit.get('clear_family_blind_ratio')):.2f} ({limit['shape']} {limit['shift']})",
-        )
-    )
-    ours = [_relative(r["clear_p50"], r.get("clear_family_blind_p50")) for r in steps]
-    slowest = int(np.argmax(ours))
-    out.append(
-        many(
-            f"clearing: median within {MAX_RATIO}x of the family-blind clearing oracle on every row",
-            len(steps),
-            max(ours) <= MAX_RATIO,
-            f"{ours[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
-            f"{sum(r <= MAX_RATIO for r in ours)} of {len(steps)} rows met",
-        )
-    )
-    quick = [r for r in rows if r["clear_oracle_p50"] is not None and r["clear_oracle_p50"] < 600]
-    slowest_quick = max(quick, key=lambda r: _median(r["clear_p50"]), default=None)
-    out.append(
+            _median(clear_limit.get("clear_family_blind_ratio")) <= MAX_RATIO,
+            f"{_median(clear_limit.get('clear_family_blind_ratio')):.2f} ({clear_limit['shape']} "
+            f"{clear_limit['shift']})",
+        ),
+        _against_family_blind("clearing", "clearing oracle", steps, "clear_p50", "clear_family_blind_p50"),
         many(
             "clearing: median <= 1000 where the oracle needs under 600",
             len(quick),
             all(r["clear_p50"] is not None and r["clear_p50"] <= 1_000 for r in quick),
             (slowest_quick and f"{slowest_quick['clear_p50']} ({slowest_quick['shape']} {slowest_quick['shift']})"),
-        )
-    )
-    latched = max(rows, key=lambda r: r["latched"])
-    out.append(
+        ),
         many(
             f"none still alarmed {AFTER} calibrated labels after the shift",
             len(rows),
@@ -100,19 +63,13 @@ def goals(result: dict) -> list[dict]:
             f"{latched['latched']:.1%} ({latched['shape']} {latched['shift']}; the clearing oracle "
             f"{latched.get('clear_oracle_latched', float('nan')):.1%}, the family-blind one "
             f"{latched.get('clear_family_blind_latched', float('nan')):.1%})",
-        )
-    )
-    flappy = max(rows, key=lambda r: r["flaps"])
-    out.append(
+        ),
         many(
             "flaps <= 2% on every row",
             len(rows),
             all(r["flaps"] <= 0.02 for r in rows),
             f"{flappy['flaps']:.1%} ({flappy['shape']} {flappy['shift']})",
-        )
-    )
-    tenth = [r for r in steps if 0.08 <= r["ece"] < 0.13]
-    out.append(
+        ),
         many(
             "at ECE ~0.10 faster than the naive 500-label window",
             len(tenth),
@@ -123,8 +80,8 @@ def goals(result: dict) -> list[dict]:
                 if _median(r["naive_delay_p50"]) <= _median(r["delay_p50"])
             )
             or None,
-        )
-    )
+        ),
+    ]
     if result.get("warnings"):
         our_rules = [r for r in result["warnings"] if "D >=" in r["rule"]]
         out.append(
@@ -136,6 +93,31 @@ def goals(result: dict) -> list[dict]:
             )
         )
     return out
+
+
+def _against_oracle(what: str, steps: list[dict], key: str) -> dict:
+    """The detector's median over the oracle's (``key``) on every row, the worst shown."""
+    worst = max(steps, key=lambda r: _median(r[key]))
+    met = sum(r[key] is not None and r[key] <= MAX_RATIO for r in steps)
+    return many(
+        f"{what}: median within {MAX_RATIO}x of the oracle on every row",
+        len(steps),
+        met == len(steps),
+        f"{_median(worst[key]):.2f} ({worst['shape']} {worst['shift']}); {met} of {len(steps)} rows met",
+    )
+
+
+def _against_family_blind(what: str, oracle: str, steps: list[dict], ours: str, theirs: str) -> dict:
+    """The detector's median over the family-blind ``oracle``'s (key ``theirs``) on every row, the slowest shown."""
+    ratios = [_relative(r[ours], r.get(theirs)) for r in steps]
+    slowest = int(np.argmax(ratios))
+    return many(
+        f"{what}: median within {MAX_RATIO}x of the family-blind {oracle} on every row",
+        len(steps),
+        max(ratios) <= MAX_RATIO,
+        f"{ratios[slowest]:.2f} ({steps[slowest]['shape']} {steps[slowest]['shift']}); "
+        f"{sum(r <= MAX_RATIO for r in ratios)} of {len(steps)} rows met",
+    )
 
 
 def _relative(value: float | None, reference: float | None) -> float:

@@ -1,20 +1,20 @@
 """The alarm benchmark's measurements: seeded simulations of the detector, its oracles and the naive window on
-synthetic traffic, the label-free warning on the committed model, and the HTTP runs; rows for ``goals`` and ``render``.
-"""
+synthetic traffic, the label-free warning on the committed model, and the HTTP runs."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from bench.alarm import oracle
 from bench.alarm.simulation import StreamOutcomes, draw, run_detector
-from bench.common import PYTHON, RESULTS, ROOT, table
+from bench.common import CIFAR_LIKE, PYTHON, RESULTS, ROOT, clopper_pearson, digits_model, progress
 from calibkit import binning
 from calibkit.alarms import AlarmPolicy, shift_is_material
 from calibkit.detector import DetectorConfig
@@ -23,7 +23,7 @@ from calibkit.synthetic import Miscalibration, TrafficShape, population_ece
 
 SHAPES = [
     TrafficShape("digits-like", 10, 20.0),
-    TrafficShape("cifar-like", 10, 2.5),
+    CIFAR_LIKE,
     TrafficShape("binary", 2, 3.0),
     TrafficShape("label-shifted", 10, 2.5, class_offset=3.0),
 ]
@@ -46,6 +46,7 @@ WARNING_COLUMNS = ["rule", "recent", "checks", "warned", "rate", "ci95_high"]
 
 
 def shifts(shape: TrafficShape) -> list[tuple[Miscalibration, int]]:
+    """(miscalibration, ramp) of each shift row: logit scales, gaps about the median, one class off, and a ramp."""
     median = float(np.median(shape.sample(np.random.default_rng(99), (50_000,))[0]))
     out = [(Miscalibration(f"logits x{s}", logit_scale=s), 0) for s in (1.25, 1.5, 2.5, 0.5)]
     out += [(Miscalibration(f"mean-preserving {g}", gap=g, mean_preserving=True, pivot=median), 0) for g in (0.1, 0.05)]
@@ -75,19 +76,14 @@ def fit_curve(shape: TrafficShape, mis: Miscalibration, seed: int) -> oracle.Acc
 
 @dataclass(frozen=True)
 class Oracle:
-    """A row's oracle: a(C) of the shift and the tuned levels of its detection and clearing CUSUMs; of the
-    size-blind oracle (told the shape of a(C) - C, not its size: a mixture over ``SIZES`` times it); and of the
-    family-blind oracles (told only that the shift is one of the traffic shape's step shifts at one of
-    ``FAMILY_SIZES`` times its size: the mixture over all of them), raising and clearing."""
+    """A row's oracle: a(C) of the shift and the tuned level of each of ``_statistics``: the CUSUMs told a(C), the
+    size-blind one (told a(C) - C's shape, a mixture over ``SIZES`` times it) and the family-blind ones (told only
+    the traffic shape's step shifts at ``FAMILY_SIZES``), raising and clearing."""
 
     curve: oracle.AccuracyCurve
     family: tuple[oracle.AccuracyCurve, ...]
-    level: float
-    clear_level: float
-    size_blind_level: float
-    family_level: float
-    family_clear_level: float
     tolerance: float
+    levels: dict[str, float]
 
     @classmethod
     def tune(
@@ -100,53 +96,44 @@ class Oracle:
         streams: int,
         seed: int,
     ) -> Oracle:
-        """The levels from ``streams`` streams of ``ORACLE_LABELS`` labels with the shift's confidences: outcomes at
-        the nearest edge of the null to a(C) (detection), and outcomes of the shift itself (clearing), in chunks
-        to bound memory."""
+        """The levels from ``streams`` streams with the shift's confidences: outcomes at the null's nearest edge to
+        a(C) (detection) and of the shift itself (clearing), in chunks to bound memory."""
         rng = np.random.default_rng(seed)
-        null_peaks, blind_peaks, family_peaks, shift_peaks, family_shift_peaks = [], [], [], [], []
+        statistics, peaks = _statistics(curve, family, tolerance), defaultdict(list)
         for chunk in np.array_split(np.arange(streams), max(1, streams // 50)):
             c, _, _ = mis.sample(shape, rng, (len(chunk), ORACLE_LABELS))
             a = curve(c)
             at_edge = (rng.random(c.shape) < oracle.nearest_edge(c, a, tolerance)).astype(np.float64)
-            null_peaks.append(oracle.cusum_paths(oracle.detection_increments(c, at_edge, curve, tolerance)).max(axis=1))
-            blind_peaks.append(_blind_paths(c, at_edge, (curve,), SIZES, tolerance).max(axis=1))
-            family_peaks.append(_blind_paths(c, at_edge, family, FAMILY_SIZES, tolerance).max(axis=1))
             persisting = (rng.random(c.shape) < a).astype(np.float64)
-            shift_peaks.append(oracle.cusum_paths(oracle.clearing_increments(c, persisting, curve)).max(axis=1))
-            family_shift_peaks.append(oracle.blind_clearing_paths(c, persisting, family, FAMILY_SIZES).max(axis=1))
-        level, clear_level, size_blind_level, family_level, family_clear_level = (
-            oracle.tuned_level(np.concatenate(peaks), RATE)
-            for peaks in (null_peaks, shift_peaks, blind_peaks, family_peaks, family_shift_peaks)
-        )
-        return cls(curve, family, level, clear_level, size_blind_level, family_level, family_clear_level, tolerance)
+            for name, paths in statistics.items():
+                outcomes = persisting if name.endswith("clear") else at_edge
+                peaks[name].append(paths(c, outcomes).max(axis=1))
+        return cls(curve, family, tolerance, {k: oracle.tuned_level(np.concatenate(p), RATE) for k, p in peaks.items()})
 
     def delays(self, confidence, correct, before: int, during: int) -> dict[str, np.ndarray]:
-        """Per stream: labels from the shift to the oracle's alarm (``oracle``), from its end to the oracle's clear
-        (``clear``: the clearing CUSUM runs from the shift's start), from the shift to the alarms of the
-        size-blind and family-blind oracles, and from its end to the family-blind clearing oracle's clear
-        (``family_blind_clear``, also from the shift's start), -1 for none."""
-        c, y = confidence[:, : before + during], correct[:, : before + during]
-        detect = oracle.cusum_paths(oracle.detection_increments(c, y, self.curve, self.tolerance))
-        since = confidence[:, before:], correct[:, before:]
-        clear = oracle.cusum_paths(oracle.clearing_increments(*since, self.curve))
-        family_clear = oracle.blind_clearing_paths(*since, self.family, FAMILY_SIZES)
-        return {
-            "oracle": oracle.first_crossing(detect, self.level, before),
-            "clear": oracle.first_crossing(clear, self.clear_level, during),
-            "family_blind_clear": oracle.first_crossing(family_clear, self.family_clear_level, during),
-            "size_blind": oracle.first_crossing(
-                _blind_paths(c, y, (self.curve,), SIZES, self.tolerance), self.size_blind_level, before
-            ),
-            "family_blind": oracle.first_crossing(
-                _blind_paths(c, y, self.family, FAMILY_SIZES, self.tolerance), self.family_level, before
-            ),
-        }
+        """Per stream and statistic (-1: none): labels from the shift to its alarm, or from its end to its clear."""
+        out = {}
+        for name, paths in _statistics(self.curve, self.family, self.tolerance).items():
+            clearing = name.endswith("clear")
+            part = slice(before, None) if clearing else slice(0, before + during)
+            crossed = paths(confidence[:, part], correct[:, part])
+            out[name] = oracle.first_crossing(crossed, self.levels[name], during if clearing else before)
+        return out
+
+
+def _statistics(curve, family, tolerance: float) -> dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
+    """The oracles' statistics as functions of (confidence, outcomes), detecting and clearing."""
+    return {
+        "oracle": lambda c, y: oracle.cusum_paths(oracle.detection_increments(c, y, curve, tolerance)),
+        "size_blind": lambda c, y: _blind_paths(c, y, (curve,), SIZES, tolerance),
+        "family_blind": lambda c, y: _blind_paths(c, y, family, FAMILY_SIZES, tolerance),
+        "clear": lambda c, y: oracle.cusum_paths(oracle.clearing_increments(c, y, curve)),
+        "family_blind_clear": lambda c, y: oracle.blind_clearing_paths(c, y, family, FAMILY_SIZES),
+    }
 
 
 def _blind_paths(confidence, correct, curves, sizes, tolerance: float) -> np.ndarray:
-    """The statistic of an oracle told only that the shift is one of ``curves`` at one of ``sizes`` times its size:
-    the mean of the CUSUMs of all of them."""
+    """The mean CUSUM of ``curves`` at each of ``sizes`` times their size: an oracle told only the family."""
     return oracle.mixture_paths(
         oracle.cusum_paths(oracle.scaled_curve_increments(confidence, correct, accuracy, size, tolerance))
         for accuracy in (curve(confidence) for curve in curves)
@@ -185,10 +172,6 @@ def naive_outcomes(confidence, correct, threshold: float, before: int, during: i
     return StreamOutcomes(false_alarm, first, np.zeros(streams, np.int64), np.where(first >= 0, cleared, -1), latched)
 
 
-def _ci_high(k: int, n: int) -> float:
-    return float(stats.beta.ppf(0.975, k + 1, n - k)) if k < n else 1.0
-
-
 def _percentile(values: np.ndarray, q: float):
     return int(np.percentile(values, q)) if len(values) else None
 
@@ -207,13 +190,12 @@ def false_alarm_rows(args, config: DetectorConfig) -> tuple[list[dict], dict[str
                 "labels": args.labels,
                 "false_alarms": k,
                 "rate": k / args.streams,
-                "ci95_high": _ci_high(k, args.streams),
+                "ci95_high": clopper_pearson(k, args.streams)[1],
             }
             _, ece = window_ece(confidence, correct)
             thresholds[f"{shape.name}: {name}"] = float(np.quantile(ece.max(axis=1), 0.99))
             peaks[f"{shape.name}: {name}"] = ece.max(axis=1)
-            rows.append(row)
-            print(table([row], FA_COLUMNS).splitlines()[-1], flush=True)
+            rows.append(progress(row, FA_COLUMNS))
     for row in rows:
         row["naive_rate"] = float(np.mean(peaks[f"{row['shape']}: {row['traffic']}"] > max(thresholds.values())))
     return rows, thresholds
@@ -273,8 +255,7 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
                 "naive_detected": float(np.mean(naive.delay >= 0)),
                 "naive_delay_p50": _finite(oracle.unconditional_median(naive.delay)),
             }
-            rows.append(row)
-            print(table([row], SHIFT_COLUMNS).splitlines()[-1], flush=True)
+            rows.append(progress(row, SHIFT_COLUMNS))
     return rows
 
 
@@ -305,19 +286,12 @@ def _ratio_interval(delays: np.ndarray, oracle_delays: np.ndarray, seed: int, re
 
 
 def warning_rows(args, policy: AlarmPolicy) -> list[dict]:
-    """False warnings of the label-free drift check on in-distribution traffic: the committed digits model on
-    its test split (the reference is the validation split), resampled into a stream of predictions checked
-    every ``WARNING_EVERY`` predictions on the most recent ones, by the p-value alone and by the p-value
-    with the effect size ``shift_distance``."""
-    import onnxruntime as ort
-
+    """False warnings of the label-free drift check on in-distribution traffic (the digits test split, resampled),
+    checked every ``WARNING_EVERY`` predictions by the p-value alone and with the effect size ``shift_distance``."""
     from training.data import load_digits_splits
 
-    artifact = ROOT / "artifacts" / "digits-lenet5" / "1"
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
-    test = load_digits_splits().test
-    served = session.run(["probabilities"], {"input": test.x})[0].max(axis=1).astype(np.float64)
+    manifest = json.loads((ROOT / "artifacts" / "digits-lenet5" / "1" / "manifest.json").read_text())
+    served = digits_model()(load_digits_splits().test.x).max(axis=1)
     reference = np.asarray(manifest["reference"]["confidences"], dtype=np.float64)
     stream = np.random.default_rng(17).choice(served, size=args.warning_predictions)
     rows = []
@@ -330,41 +304,26 @@ def warning_rows(args, policy: AlarmPolicy) -> list[dict]:
             (f"p < {policy.shift_p_value:g} and D >= {policy.shift_distance:g}", policy),
         ):
             warned = sum(shift_is_material(t, rule) for t in tests)
-            rows.append(
-                {
-                    "rule": name,
-                    "recent": recent,
-                    "checks": len(tests),
-                    "warned": warned,
-                    "rate": warned / len(tests),
-                    "ci95_high": _ci_high(warned, len(tests)),
-                    "ks_d_p99": float(np.quantile([t.statistic for t in tests], 0.99)),
-                }
-            )
-            print(table([rows[-1]], WARNING_COLUMNS).splitlines()[-1], flush=True)
+            row = {
+                "rule": name,
+                "recent": recent,
+                "checks": len(tests),
+                "warned": warned,
+                "rate": warned / len(tests),
+                "ci95_high": clopper_pearson(warned, len(tests))[1],
+                "ks_d_p99": float(np.quantile([t.statistic for t in tests], 0.99)),
+            }
+            rows.append(progress(row, WARNING_COLUMNS))
     return rows
 
 
 def covariate_rows(args) -> dict:
     """The served model through HTTP (scripts/simulate_shift.py), noise and blur at severities 1, 3, 5."""
     out = RESULTS / ("alarm_covariate-smoke.json" if args.smoke else "alarm_covariate.json")
-    command = [
-        PYTHON,
-        str(ROOT / "scripts" / "simulate_shift.py"),
-        "--runs",
-        "1" if args.smoke else "3",
-        "--labels",
-        "300" if args.smoke else "3000",
-        "--max-shifted",
-        "200" if args.smoke else "3000",
-        "--corruptions",
-        "gaussian_noise",
-        "gaussian_blur",
-        "--severities",
-        *(["5"] if args.smoke else ["1", "3", "5"]),
-        "--out",
-        str(out),
-    ]
+    runs, labels, shifted, severities = ("1", "300", "200", "5") if args.smoke else ("3", "3000", "3000", "1 3 5")
+    command = [PYTHON, str(ROOT / "scripts" / "simulate_shift.py"), "--runs", runs, "--labels", labels]
+    command += ["--max-shifted", shifted, "--corruptions", "gaussian_noise", "gaussian_blur"]
+    command += ["--severities", *severities.split(), "--out", str(out)]
     subprocess.run(command, check=True, cwd=ROOT, stdout=sys.stderr)
     return json.loads(out.read_text())
 
@@ -376,37 +335,19 @@ def feedback_rows(args) -> list[dict]:
 
 
 def run(args) -> dict:
-    """Every measurement of the benchmark, with ``args`` of ``python -m bench.alarm``:
+    """Every measurement with ``args`` of ``python -m bench.alarm``:
 
-    1. False alarms: ``--streams`` seeded streams of ``--labels`` labels for each traffic shape (confidences near 1
-       like digits, spread over [0.2, 1] like CIFAR, a binary model, a label mix shifted to one class), each
-       calibrated and at the edge of the tolerance: over-confident by exactly eps everywhere, under-confident by
-       eps everywhere, off by eps in opposite directions on either side of 0.8, and off by eps with a sign that
-       flips every ``FLIP`` labels. The rate with its 95% Clopper-Pearson interval.
-    2. Shifts, after ``BEFORE`` calibrated labels, lasting ``DURING`` labels (longer where the oracle needs it: at
-       least 2.5x its median, so no goal row is censored), then ``AFTER`` calibrated labels: logit scale x1.25,
-       x1.5, x2.5, x0.5; mean-preserving miscalibration (over-confident above the median confidence,
-       under-confident below); over-confidence of one class; a ramp to x2.5 over ``RAMP`` labels. Each row is
-       measured against its oracle (``bench.alarm.oracle``): a CUSUM told a(C) = E[Y | C] of the shift, its level
-       tuned on tolerance-edge traffic of the row's confidences to at most ``RATE`` false alarms per
-       ``ORACLE_LABELS`` labels; for clearing, a CUSUM told that the shift has ended, its level tuned so that at
-       most ``RATE`` of streams would clear within ``ORACLE_LABELS`` labels of a shift that persists. Two oracles
-       that know less measure the information limit: the size-blind one (the shape of a(C) - C, not its size) and
-       the family-blind one (only that the shift is one of the traffic shape's step shifts, at 0.5-2x its size).
-       Medians are unconditional: a stream that never alarms (or never clears) counts as infinitely late. Per
-       row: the oracle's median delay, the detector's, their ratio with a 90% bootstrap interval over streams,
-       the detection rate, flaps (a clear while the shift lasts), the clearing medians and their ratio, and the
-       share still alarmed at the end (latched), beside the share the clearing oracle had not cleared.
-    3. The naive alternative a user would write: plug-in ECE (15 bins) of the last ``WINDOW`` labels, checked
-       every ``EVERY`` labels, above one threshold tuned to at most 1% false alarms on every null row of part 1
-       (the largest over rows of the 99th percentile of a stream's largest window ECE: a user does not know which
-       shape tomorrow's traffic has).
-    4. The label-free warning on in-distribution traffic: the committed digits model's test split, resampled into
-       ``--warning-predictions`` predictions, checked every ``WARNING_EVERY`` predictions on the most recent ones
-       against the manifest's reference confidences.
-    5. Without ``--skip-http``: covariate shift through /predict on the served digits model
-       (``scripts/simulate_shift.py``: gaussian noise and blur), and feedback throughput: single-label /feedback
-       against single-row /predict (``bench.feedback_load``).
+    1. False alarms: ``--streams`` streams of ``--labels`` labels per traffic shape, calibrated and at the
+       tolerance's edge (off by eps either way, either side of 0.8, or with a sign that flips every ``FLIP`` labels):
+       the rate with its 95% Clopper-Pearson upper bound.
+    2. Shifts (``shifts``) after ``BEFORE`` calibrated labels, lasting ``DURING`` (longer where the oracle needs it,
+       so no goal row is censored), then ``AFTER`` calibrated: delays to alarm and to clear against the oracles as
+       unconditional medians (a stream that never crosses counts as infinitely late), with 90% bootstrap intervals
+       of the ratios; detection rate, flaps, latching.
+    3. The naive window: plug-in ECE (15 bins) of the last ``WINDOW`` labels every ``EVERY`` labels, at one
+       threshold that keeps every null row of part 1 at <= 1% false alarms (a user does not know tomorrow's shape).
+    4. The label-free warning (``warning_rows``); without ``--skip-http``, covariate shift through /predict and
+       feedback throughput.
     """
     policy = AlarmPolicy()
     config = policy.detector()

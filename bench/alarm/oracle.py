@@ -81,8 +81,7 @@ def scaled_accuracy(confidence: np.ndarray, accuracy: np.ndarray, size: float) -
 
 
 def scaled_curve_increments(confidence, correct, accuracy: np.ndarray, size: float, tolerance: float) -> np.ndarray:
-    """x_t for the shift of the same shape as a curve, whose ``accuracy`` at these confidences is given, but
-    ``size`` times as large."""
+    """x_t for the shift of the curve's shape (its ``accuracy`` at these confidences given), ``size`` times as large."""
     a = scaled_accuracy(confidence, accuracy, size)
     return log_ratio(correct, a, nearest_edge(confidence, a, tolerance))
 

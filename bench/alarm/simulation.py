@@ -23,10 +23,8 @@ CHUNK_VALUES = 20_000_000  # e-values (streams x detectors x labels) folded per 
 
 @dataclass(frozen=True)
 class StreamOutcomes:
-    """Per stream: an alarm before the shift (a false alarm), labels from the shift to the first alarm
-    (-1: none), clears while the shift lasted (flaps), whether the alarm was on when the shift ended,
-    labels from the end of the shift to the first clear (-1: none) and whether the alarm was still on at
-    the end (latched)."""
+    """Per stream: a false alarm, the delay to the first alarm (-1: none), flaps, whether the alarm was on at the
+    shift's end, the delay from there to the first clear (-1: none), and whether it was on at the end (latched)."""
 
     false_alarm: np.ndarray
     delay: np.ndarray

@@ -1,12 +1,8 @@
 """Token check benchmark (``python -m bench.auth``, part of ``make bench``): single-row POST /predict of the light
-model with predict tokens on, against the open default, in the same run.
-
-Two ``python -m service`` processes (the default artifact, SQLite, the same settings but
-``CALIB_AUTH__PREDICT_TOKENS``) take wrk at 32 connections in turn, ``--rounds`` times each, alternating which goes
-first. Reports each round's requests/s and p99, and the median ratio tokens/open with its range over rounds;
-goal: at least 0.97 (the check costs at most 3%). Rounds on a shared machine drift by more than that, so the
-check itself is also timed in this process (the route group and the constant-time comparison with each token,
-as the middleware runs them), as a share of the open server's time per request.
+model with predict tokens on against the open default, two service processes under wrk in alternating rounds:
+requests/s, p99, and the median ratio tokens/open with its range (goal: at least 0.97). Rounds on a shared machine
+drift by more than that, so the check itself is also timed in process, as a share of the open server's time per
+request.
 
     python -m bench.auth [--seconds 5] [--rounds 7] [--smoke]
 """
@@ -19,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import GOAL_COLUMNS, ROOT, Benchmark, ab_rounds, goal, judged, service, table, wrk
+from bench.common import GOAL_COLUMNS, ROOT, Benchmark, ab_rounds, flags, goal, judged, service, table, wrk
 
 MODEL = "digits-lenet5"
 CONNECTIONS = 32
@@ -72,8 +68,7 @@ def measure_rounds(seconds: float, rounds: int) -> list[dict]:
 
 
 def check_seconds(repeats: int = 200_000) -> float:
-    """Seconds per token check as the middleware runs it on a guarded /predict: the route group, then the
-    header compared with both tokens."""
+    """Seconds per token check as the middleware runs it on a guarded /predict (route group, then both tokens)."""
     from pydantic import SecretStr
 
     from service.app import create_app
@@ -105,11 +100,6 @@ def goals(result: dict) -> list[dict]:
     return judged([goal(name, ratios[len(ratios) // 2], f">= {GOAL_RATIO}", note)])
 
 
-def arguments(parser) -> None:
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=7)
-
-
 def measure(args) -> dict:
     seconds, rounds = (1.0, 1) if args.smoke else (args.seconds, args.rounds)
     rows = measure_rounds(seconds, rounds)
@@ -134,4 +124,4 @@ def render(result: dict) -> str:
     )
 
 
-BENCHMARK = Benchmark(measure, goals, render, arguments)
+BENCHMARK = Benchmark(measure, goals, render, flags(seconds=5.0, rounds=7))

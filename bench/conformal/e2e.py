@@ -1,20 +1,15 @@
-"""The prediction sets end to end, as users meet them: the service (``python -m service``, default settings, a store
-of its own per stream) serving the committed digits model and a CIFAR-like model, HTTP traffic of ``ROWS`` rows a
-request, each label sent ``delay`` predictions after its prediction in batches of ``BATCH``, and coverage, set size
-and empty sets measured from the sets the client received.
+"""The prediction sets end to end, as users meet them: the service serving the digits model and a CIFAR-like model,
+each label sent ``delay`` predictions after its prediction; coverage, set size and empty sets of the sets received.
 
-- **Exchangeable streams**: digits' test split (rows neither the model nor its conformal scores saw) and fresh
-  CIFAR-like traffic, resampled; ``MEASURED`` predictions measured past each stream's delay.
-- **Shift streams**: ``SHIFT_BEFORE`` exchangeable predictions, then a shift (digits: one corruption of the test
-  split; CIFAR-like: served logits at temperature 1 / 2.5, over-confident), measured from the delay's end, when the
-  first shifted labels reach the tracker, over max(20 d, ``SHIFT_MIN``) predictions. The oracle: the floor sets of
-  the served method calibrated on the shifted pool itself, at the coverage the stream reached.
-- **The alarm in process**: ``ALARM_STREAMS`` exchangeable streams of labelled scores folded by the service's own
-  fold (``service.monitoring.coverage``), in batches, with the adaptive threshold on.
+Exchangeable streams resample the digits test split and fresh CIFAR-like traffic. Shift streams then shift (digits: a
+corruption; CIFAR-like: logits times ``OVER_CONFIDENT``), measured from when the first shifted labels reach the
+tracker, against an oracle: the floor sets calibrated on the shifted pool at the coverage reached. ``alarm_streams``:
+the alarm in process.
 """
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -23,16 +18,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.common import ROOT, many, service, table
+from bench.common import CIFAR_LIKE, ROOT, digits_model, many, progress, service, table
 from calibkit.conformal import SplitConformal, conformity_scores
-from calibkit.synthetic import TrafficShape
 
 DELAYS = (0, 100, 1_000, 10_000)
 ROWS, BATCH, WINDOW = 50, 200, 1_000
 #: 20 windows a stream: the 99% share of a data set and delay is judged on 100 windows, where one may fall short.
 MEASURED = 20_000
 SHIFT_BEFORE, SHIFT_MIN = 2_000, 8_000
-CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 CIFAR_NAME, CIFAR_SIDE, CIFAR_SCALE = "cifar-like", 4, 100.0  # logits = 100 (x - 0.5), x the first 10 of 16
 OVER_CONFIDENT = 2.5
 DIGITS_SHIFT = ("contrast", 5)
@@ -44,9 +37,7 @@ STREAM_COLUMNS = (
 
 
 def cifar_artifact(root: Path, seed: int) -> None:
-    """A CIFAR-like model exported as training exports one: its logits are 100 (x - 0.5) of the first 10 of its 16
-    inputs, its temperature and conformal scores (exact and floor) fitted on 2,000 rows of calibrated traffic, split
-    in halves."""
+    """A CIFAR-like model exported as training exports one: logits 100 (x - 0.5) of the first 10 of its 16 inputs."""
     import torch
 
     from calibkit.calibrators import TemperatureScaling
@@ -112,8 +103,7 @@ def pools(seed: int) -> dict:
 
 
 def stream(url: str, model: str, x: np.ndarray, y: np.ndarray, delay: int) -> dict:
-    """Serve the rows in order, ``ROWS`` a request, and send each label ``delay`` predictions later, ``BATCH`` at a
-    time: what the client received (covered, set size, probabilities) per prediction."""
+    """Serve the rows in order, each label sent ``delay`` predictions later: what the client received."""
     hits, sizes, probs = [], [], []
     ids: list[str] = []
     sent = 0
@@ -162,30 +152,6 @@ def floor_calibrator(artifacts: Path, model: str) -> tuple[SplitConformal, float
     return floors[manifest.conformal.default_method], manifest.conformal.default_coverage
 
 
-def summary(data: str, kind: str, delay: int, index: int, got: dict, start: int, target: float, reference) -> dict:
-    """The stream's figures from ``start`` on: coverage, the worst window of ``WINDOW``, the share of windows at the
-    target less 3 points or above, mean set size against the static floor sets' and a reference size."""
-    hits, sizes = got["hits"][start:], got["sizes"][start:]
-    n = len(hits) // WINDOW * WINDOW
-    windows = hits[:n].reshape(-1, WINDOW).mean(axis=1) if n else np.array([hits.mean()])
-    return {
-        "data": data,
-        "kind": kind,
-        "delay": delay,
-        "stream": index,
-        "predictions": len(hits),
-        "coverage": float(hits.mean()),
-        "worst_window": float(windows.min()),
-        "windows_ok": float((windows >= target - 0.03).mean()),
-        "mean_size": float(sizes.mean()),
-        "static_size": float(reference["static"]),
-        "reference_size": float(reference["oracle"]),
-        "empty": int((got["sizes"] == 0).sum()),
-        "alarm": got["alarm"],
-        "folded": got["folded"],
-    }
-
-
 def run(
     seed: int,
     streams: int,
@@ -195,7 +161,8 @@ def run(
     shift_min: int = SHIFT_MIN,
     alarm: int = ALARM_STREAMS,
 ) -> dict:
-    """Every stream over HTTP, and the in-process alarm streams (see the module docstring)."""
+    """Every stream over HTTP, and the alarm streams; per stream from the delay's end, coverage, the worst ``WINDOW``
+    and the share of windows at the target less 3 points or above, and mean set size against the floor sets'."""
     rng = np.random.default_rng(seed)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,45 +174,47 @@ def run(
         for data, (model, (x, y), (xs, ys), shift_name) in pools(seed).items():
             calibrator, coverage = floor_calibrator(artifacts, model)
             q = calibrator.quantile(1 - coverage)
-            for delay in delays:
-                for index in range(streams + shift_streams):
-                    shifted = index >= streams
-                    length = (SHIFT_BEFORE + delay + max(20 * delay, shift_min)) if shifted else delay + measured
-                    pick = rng.integers(0, len(y), length)
-                    sx, sy = x[pick], y[pick]
-                    if shifted:
-                        after = rng.integers(0, len(ys), length - SHIFT_BEFORE)
-                        sx = np.concatenate([sx[:SHIFT_BEFORE], xs[after]])
-                        sy = np.concatenate([sy[:SHIFT_BEFORE], ys[after]])
-                    with service(artifacts, f"sqlite:///{tmp}/{data}-{delay}-{index}.db") as server:
-                        got = stream(server.url, model, sx, sy, delay)
-                    start = SHIFT_BEFORE + delay if shifted else delay
-                    probs = got["probs"][start:]
-                    static = float(calibrator.sets(probs, 1 - coverage).sum(axis=1).mean())
-                    oracle = (
-                        oracle_size(xs_probs(model, artifacts, xs), ys, calibrator, got["hits"][start:].mean())
-                        if shifted
-                        else static
+            for delay, index in itertools.product(delays, range(streams + shift_streams)):
+                shifted = index >= streams
+                length = (SHIFT_BEFORE + delay + max(20 * delay, shift_min)) if shifted else delay + measured
+                pick = rng.integers(0, len(y), length)
+                sx, sy = x[pick], y[pick]
+                if shifted:
+                    after = rng.integers(0, len(ys), length - SHIFT_BEFORE)
+                    sx = np.concatenate([sx[:SHIFT_BEFORE], xs[after]])
+                    sy = np.concatenate([sy[:SHIFT_BEFORE], ys[after]])
+                with service(artifacts, f"sqlite:///{tmp}/{data}-{delay}-{index}.db") as server:
+                    got = stream(server.url, model, sx, sy, delay)
+                start = SHIFT_BEFORE + delay if shifted else delay
+                hits, sizes = got["hits"][start:], got["sizes"][start:]
+                static = float(calibrator.sets(got["probs"][start:], 1 - coverage).sum(axis=1).mean())
+                oracle = static
+                if shifted:  # an oracle calibrated on the served (graph) probabilities of the shifted pool
+                    oracle = oracle_size(
+                        digits_model(artifact=artifacts / model / "1")(xs), ys, calibrator, hits.mean()
                     )
-                    row = summary(
-                        data,
-                        "shift" if shifted else "exchangeable",
-                        delay,
-                        index,
-                        got,
-                        start,
-                        coverage,
-                        {"static": static, "oracle": oracle},
-                    )
-                    row["threshold"], row["shift"] = q, shift_name if shifted else ""
-                    rows.append(row)
-                    print(table([row], STREAM_COLUMNS).splitlines()[-1], flush=True)
-    about = setup(streams, shift_streams, delays, measured) | {"shift_min": shift_min, "alarm_streams": alarm}
-    return {"streams": rows, "alarm": alarm_streams(seed + 1, alarm), "setup": about}
-
-
-def setup(streams: int, shift_streams: int, delays, measured: int) -> dict:
-    return {
+                n = len(hits) // WINDOW * WINDOW
+                windows = hits[:n].reshape(-1, WINDOW).mean(axis=1) if n else np.array([hits.mean()])
+                row = {
+                    "data": data,
+                    "kind": "shift" if shifted else "exchangeable",
+                    "delay": delay,
+                    "stream": index,
+                    "predictions": len(hits),
+                    "coverage": float(hits.mean()),
+                    "worst_window": float(windows.min()),
+                    "windows_ok": float((windows >= coverage - 0.03).mean()),
+                    "mean_size": float(sizes.mean()),
+                    "static_size": static,
+                    "reference_size": float(oracle),
+                    "empty": int((got["sizes"] == 0).sum()),
+                    "alarm": got["alarm"],
+                    "folded": got["folded"],
+                    "threshold": q,
+                    "shift": shift_name if shifted else "",
+                }
+                rows.append(progress(row, STREAM_COLUMNS))
+    about = {
         "delays": list(delays),
         "rows_per_request": ROWS,
         "labels_per_feedback": BATCH,
@@ -254,20 +223,13 @@ def setup(streams: int, shift_streams: int, delays, measured: int) -> dict:
         "streams": streams,
         "shift_streams": shift_streams,
         "shift_before": SHIFT_BEFORE,
-        "shift_min": SHIFT_MIN,
+        "shift_min": shift_min,
         "digits_shift": " ".join(map(str, DIGITS_SHIFT)),
         "cifar_shift": f"logits x {OVER_CONFIDENT}",
-        "alarm_streams": ALARM_STREAMS,
+        "alarm_streams": alarm,
         "alarm_labels": ALARM_LABELS,
     }
-
-
-def xs_probs(model: str, artifacts: Path, xs: np.ndarray) -> np.ndarray:
-    """The served (graph) probabilities of the shifted pool."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(artifacts / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
-    return session.run(["probabilities"], {"input": xs.astype(np.float32)})[0].astype(np.float64)
+    return {"streams": rows, "alarm": alarm_streams(seed + 1, alarm), "setup": about}
 
 
 def oracle_size(probs: np.ndarray, labels: np.ndarray, calibrator: SplitConformal, coverage: float) -> float:
@@ -279,9 +241,7 @@ def oracle_size(probs: np.ndarray, labels: np.ndarray, calibrator: SplitConforma
 
 
 def alarm_streams(seed: int, count: int = ALARM_STREAMS) -> dict:
-    """``ALARM_STREAMS`` exchangeable streams of ``ALARM_LABELS`` labelled CIFAR-like floor-RAPS scores, folded by the
-    service's own fold in batches of ``BATCH``, adaptation on: the streams whose alarm was raised, against the stated
-    bound n / A + 0.01."""
+    """Exchangeable CIFAR-like streams through the service's own fold: those raised, against n / A + 0.01."""
     from calibkit.conformal import pick_k_reg
     from calibkit.conformal.adaptive import DEFAULT_STEP, LogQuantileTracker
     from calibkit.coverage_alarm import (
@@ -333,8 +293,7 @@ def goals(e2e: dict, target: float = 0.9) -> list[dict]:
         groups.setdefault((r["kind"], r["data"], r["delay"]), []).append(r)
 
     def judged(goal: str, kind: str, check, worst, sign: float = 1.0) -> None:
-        """``worst(rows)`` of each group, the lowest shown (times ``sign``: a ratio or count whose highest is worst
-        is passed negated)."""
+        """``worst(rows)`` of each group, the lowest shown (``sign`` -1 where the highest is worst)."""
         mine = {k: v for k, v in groups.items() if k[0] == kind}
         results = {k: check(v) for k, v in mine.items()}
         key = min(results, key=lambda k: worst(mine[k])) if results else None

@@ -1,9 +1,9 @@
-"""The conformal benchmark's goals (issue 43), judged on the rows of ``measure``: coverage on exchangeable data
-and its exact law, set sizes and coverage by set size, the cost per batch, coverage under shift with and without
-adaptation, the coverage alarm, and the serving cost of sets (``bench.conformal.serving``); a goal whose
-measurement is missing from the result is listed as not yet measured, so that the table shows the whole issue."""
+"""The conformal benchmark's goals (issue 43), judged on the rows of ``measure``; a goal whose measurement is missing
+from the result is listed as not yet measured, so that the table shows the whole issue."""
 
 from __future__ import annotations
+
+from operator import itemgetter
 
 from bench.common import many
 
@@ -55,44 +55,12 @@ def _where(row: dict) -> str:
 
 
 def goals(result: dict) -> list[dict]:
-    """The issue's goals, each with the rows it is checked on, whether all of them meet it (or ``reported`` /
-    ``not yet measured``), and the worst row."""
+    """The issue's goals, each on the rows it is checked on."""
     rows = result["exchangeable"]
     exact = [r for r in rows if r["randomized"] or r["method"] == "LAC"]
     conservative = [r for r in rows if r not in exact]
-    out = []
-
-    far = max(exact, key=lambda r: abs(r["excess"]))
-    out.append(
-        many(
-            f"exchangeable: mean coverage within {COVERAGE_TOLERANCE * 100:g} points of 1 - alpha "
-            "(LAC, randomized APS and RAPS)",
-            len(exact),
-            all(abs(r["excess"]) <= COVERAGE_TOLERANCE for r in exact),
-            f"{far['excess'] * 100:+.2f} points (se {far['coverage_se'] * 100:.2f}), {_where(far)}",
-        )
-    )
-    low = min(exact, key=lambda r: r["ks_p"])
-    level = LAW_LEVEL / len(exact)
-    out.append(
-        many(
-            "exchangeable: per-split coverage consistent with its exact law (KS, family-wise level "
-            f"{LAW_LEVEL:g}: each p >= {level:.2g})",
-            len(exact),
-            all(r["ks_p"] >= level for r in exact),
-            f"p = {low['ks_p']:.3g} (D = {low['ks_d']:.3f}), {_where(low)}",
-        )
-    )
-    most = max(conservative, key=lambda r: r["excess"])
-    out.append(
-        many(
-            "exchangeable: non-randomized APS and RAPS are conservative: mean excess over 1 - alpha",
-            len(conservative),
-            "reported",
-            f"{most['excess'] * 100:+.2f} points, {_where(most)}",
-        )
-    )
-
+    far, low = max(exact, key=lambda r: abs(r["excess"])), min(exact, key=lambda r: r["ks_p"])
+    level, most = LAW_LEVEL / len(exact), max(conservative, key=lambda r: r["excess"])
     pairs = []
     for aps in (r for r in exact if r["method"] == "APS randomized"):
         raps = next(
@@ -102,95 +70,99 @@ def goals(result: dict) -> list[dict]:
         )
         pairs.append((raps["size"] / aps["size"], aps, raps))
     ratio, aps, raps = max(pairs, key=lambda t: t[0])
-    out.append(
+    groups = _bin_groups(result["bins"])
+    adaptive = {k: v for k, v in groups.items() if not k[2].startswith("LAC")}
+    key, b = min(((k, _worst_bin(v)) for k, v in adaptive.items()), key=lambda t: t[1]["coverage"] - (1 - t[0][1]))
+    lac = {k: v for k, v in groups.items() if k[2] == "LAC"}
+    lac_key, lac_bin = min(((k, _worst_bin(v)) for k, v in lac.items()), key=lambda t: t[1]["coverage"] - (1 - t[0][1]))
+    best = max(lac[lac_key], key=lambda b: b["coverage"])
+    classes = [r for r in result["classes"] if r["method"] == "LAC" and r["sets"] == "marginal"]
+    weak = min(classes, key=lambda r: r["worst_coverage"] - (1 - r["alpha"]))
+    mondrian = [r for r in result["classes"] if r["sets"] == "mondrian"]
+    weakest = min(mondrian, key=lambda r: r["worst_coverage"] - (1 - r["alpha"]))
+    (big, slow, within), (listed, slow_listed, listed_within), (p_values, slow_p, p_within) = (
+        _big_cost(result, ops) for ops in (("served", "sets"), ("listed",), ("p_values",))
+    )
+    small = [r for r in result["cost"] if r["classes"] == 10]
+    slow_small = max(small, key=lambda r: r["median_ms"])
+    out = [
+        many(
+            f"exchangeable: mean coverage within {COVERAGE_TOLERANCE * 100:g} points of 1 - alpha "
+            "(LAC, randomized APS and RAPS)",
+            len(exact),
+            all(abs(r["excess"]) <= COVERAGE_TOLERANCE for r in exact),
+            f"{far['excess'] * 100:+.2f} points (se {far['coverage_se'] * 100:.2f}), {_where(far)}",
+        ),
+        many(
+            "exchangeable: per-split coverage consistent with its exact law (KS, family-wise level "
+            f"{LAW_LEVEL:g}: each p >= {level:.2g})",
+            len(exact),
+            all(r["ks_p"] >= level for r in exact),
+            f"p = {low['ks_p']:.3g} (D = {low['ks_d']:.3f}), {_where(low)}",
+        ),
+        many(
+            "exchangeable: non-randomized APS and RAPS are conservative: mean excess over 1 - alpha",
+            len(conservative),
+            "reported",
+            f"{most['excess'] * 100:+.2f} points, {_where(most)}",
+        ),
         many(
             "RAPS's mean set size at most APS's at the same coverage (randomized: both exact)",
             len(pairs),
             all(t[0] <= 1.0 for t in pairs),
             (f"{raps['size']:.3f} against {aps['size']:.3f} ({ratio:.3f}x), {aps['data']} alpha {aps['alpha']:g}"),
-        )
-    )
-
-    groups = _bin_groups(result["bins"])
-    adaptive = {k: v for k, v in groups.items() if not k[2].startswith("LAC")}
-    key, b = min(((k, _worst_bin(v)) for k, v in adaptive.items()), key=lambda t: t[1]["coverage"] - (1 - t[0][1]))
-    out.append(
+        ),
         many(
             f"coverage by set size, APS and RAPS (randomized), bins of >= {result['setup']['min_bin_labels']} "
             f"labels: worst bin >= 1 - alpha - {BIN_SLACK:g}",
             len(adaptive),
             all(_worst_bin(v)["coverage"] >= 1 - k[1] - BIN_SLACK - 1e-12 for k, v in adaptive.items()),
             (f"{b['coverage']:.3f} at sizes {b['sizes']} ({b['labels']} labels), {key[0]} alpha {key[1]:g} {key[2]}"),
-        )
-    )
-    lac = {k: v for k, v in groups.items() if k[2] == "LAC"}
-    key, b = min(((k, _worst_bin(v)) for k, v in lac.items()), key=lambda t: t[1]["coverage"] - (1 - t[0][1]))
-    best = max(lac[key], key=lambda b: b["coverage"])
-    classes = [r for r in result["classes"] if r["method"] == "LAC" and r["sets"] == "marginal"]
-    weak = min(classes, key=lambda r: r["worst_coverage"] - (1 - r["alpha"]))
-    out.append(
+        ),
         many(
             "LAC's conditional weakness: its worst set-size bin and worst class",
             len(lac),
             "reported",
-            f"bin {b['coverage']:.3f} at sizes {b['sizes']}, best {best['coverage']:.3f} at "
-            f"{best['sizes']} ({key[0]} alpha {key[1]:g}); class "
+            f"bin {lac_bin['coverage']:.3f} at sizes {lac_bin['sizes']}, best {best['coverage']:.3f} at "
+            f"{best['sizes']} ({lac_key[0]} alpha {lac_key[1]:g}); class "
             f"{weak['worst_class']} {weak['worst_coverage']:.3f} ({weak['data']} alpha {weak['alpha']:g})",
-        )
-    )
-    mondrian = [r for r in result["classes"] if r["sets"] == "mondrian"]
-    weak = min(mondrian, key=lambda r: r["worst_coverage"] - (1 - r["alpha"]))
-    out.append(
+        ),
         many(
             "Mondrian (class-conditional) sets: worst per-class coverage",
             len(mondrian),
             "reported",
-            f"class {weak['worst_class']} {weak['worst_coverage']:.3f} for 1 - alpha = "
-            f"{1 - weak['alpha']:g}, {_where(weak)}",
-        )
-    )
-
-    big, slow, within = _big_cost(result, ("served", "sets"))
-    out.append(
+            f"class {weakest['worst_class']} {weakest['worst_coverage']:.3f} for 1 - alpha = "
+            f"{1 - weakest['alpha']:g}, {_where(weakest)}",
+        ),
         many(
             f"cost: sets of 64 rows at 1,000 classes, median <= {COST_MS:g} ms per method, as the service "
             "computes them for a batch (`served`: draws, ranking, sizes) and as masks (`sets`)",
             len(big),
             within == len(big),
             f"{slow['median_ms']:.3f} ms, {slow['op']} {slow['method']} ({within} of {len(big)} met)",
-        )
-    )
-    big, slow, within = _big_cost(result, ("listed",))
-    out.append(
+        ),
         many(
             "cost: the served sets of 64 rows at 1,000 classes listed for the responses and the log, median "
             "per method (reported: Python lists of every member, as long as the responses that carry them)",
-            len(big),
+            len(listed),
             "reported",
-            f"{slow['median_ms']:.3f} ms, {slow['method']}, mean set size {slow['mean_set_size']:.1f} "
-            f"({within} of {len(big)} within {COST_MS:g} ms)",
-        )
-    )
-    big, slow, within = _big_cost(result, ("p_values",))
-    out.append(
+            f"{slow_listed['median_ms']:.3f} ms, {slow_listed['method']}, mean set size "
+            f"{slow_listed['mean_set_size']:.1f} ({listed_within} of {len(listed)} within {COST_MS:g} ms)",
+        ),
         many(
             "cost: p-values of 64 rows at 1,000 classes, median per method (reported: the issue asks for "
             "p-values on request only, and sets its cost goal on sets)",
-            len(big),
+            len(p_values),
             "reported",
-            f"{slow['median_ms']:.3f} ms, {slow['method']} ({within} of {len(big)} within {COST_MS:g} ms)",
-        )
-    )
-    small = [r for r in result["cost"] if r["classes"] == 10]
-    slow = max(small, key=lambda r: r["median_ms"])
-    out.append(
+            f"{slow_p['median_ms']:.3f} ms, {slow_p['method']} ({p_within} of {len(p_values)} within {COST_MS:g} ms)",
+        ),
         many(
             "cost: sets and p-values of 64 rows at the light model's 10 classes",
             len(small),
             "reported",
-            f"{slow['median_ms']:.3f} ms, {slow['op'].replace('_', '-')} {slow['method']}",
-        )
-    )
+            f"{slow_small['median_ms']:.3f} ms, {slow_small['op'].replace('_', '-')} {slow_small['method']}",
+        ),
+    ]
     pending = [] if "serving" in result else NOT_YET[:1]
     if "serving" in result:
         out.append(serving_goal(result["serving"]))
@@ -213,10 +185,8 @@ def _big_cost(result: dict, ops: tuple[str, ...]) -> tuple[list[dict], dict, int
 
 
 def serving_goal(serving: dict) -> dict:
-    """Sets in /predict on the light model, at each request size (``bench.conformal.serving``): the throughput
-    ratio a CPU-bound server reaches with the sets' own CPU per row, measured in process at the batch size the
-    service formed, against ``SERVING_RATIO``; the rows/s ratio under load, whose rounds swing more than the goal's
-    margin, is shown beside it."""
+    """Sets in /predict, per request size: the throughput ratio a CPU-bound server reaches with the sets' own CPU per
+    row, against ``SERVING_RATIO``; the rows/s ratio under load, which swings more, beside it."""
     summary = serving["summary"]
     low = min(summary, key=lambda s: s["cost_ratio"])
     shown = "; ".join(
@@ -241,24 +211,21 @@ def shift_goals(shift: dict) -> list[dict]:
     rows = [r for r in shift["streams"] if (r["method"], r["step"]) == (chosen["method"], chosen["step"])]
     target = 1 - shift["shift_setup"]["alpha"]
     name = f"{chosen['method']} {chosen['step']:g}"
-    out = []
-    fall = min(rows, key=lambda r: r["static_after"])
+    fall, big = min(rows, key=lambda r: r["static_after"]), max(rows, key=lambda r: r["size_ratio"])
     below = sum(r["static_after"] < target - LONG_RUN_POINTS for r in rows)
-    out.append(
+    fa = [r for r in shift["false_alarms"] if r["case"] == "default"]
+    worst = max(fa, key=lambda r: r["ci95_high"])
+    delays = {r["detector"]: r for r in shift["delays"]}
+    mine, blind = delays["detector (default)"], delays["rate-blind oracle"]
+    return [
         many(
             "under shift: how far static split conformal falls (coverage over the labels after the shift)",
             len(rows),
             "reported",
             f"{fall['static_after']:.3f} for {target:g}, {fall['data']} {fall['shift']}; {below} of "
             f"{len(rows)} shifts more than a point below",
-        )
-    )
-    for key, points, what in (
-        ("long_run", LONG_RUN_POINTS, "long-run coverage over 10,000 labels"),
-        ("window", WINDOW_POINTS, "coverage over the 2,000 labels after the shift"),
-    ):
-        far = min(rows, key=lambda r: r[key])
-        out.append(
+        ),
+        *(
             many(
                 f"under shift, adaptation on ({name}): {what} at least the target less {points * 100:g} "
                 "points, every stream (labels folded one by one, no delay)",
@@ -266,9 +233,12 @@ def shift_goals(shift: dict) -> list[dict]:
                 all(r[key] >= target - points - 1e-12 for r in rows),
                 f"{far[key]:.4f}, {far['data']} {far['shift']}",
             )
-        )
-    big = max(rows, key=lambda r: r["size_ratio"])
-    out.append(
+            for key, points, what in (
+                ("long_run", LONG_RUN_POINTS, "long-run coverage over 10,000 labels"),
+                ("window", WINDOW_POINTS, "coverage over the 2,000 labels after the shift"),
+            )
+            for far in (min(rows, key=itemgetter(key)),)
+        ),
         many(
             f"under shift, adaptation on ({name}): mean set size at most {SIZE_RATIO:g}x an oracle split "
             "conformal calibrated on the shifted data, at the same coverage",
@@ -276,11 +246,7 @@ def shift_goals(shift: dict) -> list[dict]:
             all(r["size_ratio"] <= SIZE_RATIO for r in rows),
             f"{big['size_ratio']:.3f}x ({big['size']:.2f} against {big['oracle_size']:.2f}), {big['data']} "
             f"{big['shift']}; {sum(r['size_ratio'] <= SIZE_RATIO for r in rows)} of {len(rows)} met",
-        )
-    )
-    fa = [r for r in shift["false_alarms"] if r["case"] == "default"]
-    worst = max(fa, key=lambda r: r["ci95_high"])
-    out.append(
+        ),
         many(
             "coverage alarm: at most 1% false alarms per 10,000 labels at target (i.i.d. misses at alpha, "
             "the least favourable null), 95% upper bound",
@@ -288,11 +254,7 @@ def shift_goals(shift: dict) -> list[dict]:
             all(r["ci95_high"] <= ALARM_RATE for r in fa),
             f"{worst['rate']:.2%} (<= {worst['ci95_high']:.2%}) at alpha {worst['alpha']:g}, "
             f"{worst['streams']:,} streams",
-        )
-    )
-    delays = {r["detector"]: r for r in shift["delays"]}
-    mine, blind = delays["detector (default)"], delays["rate-blind oracle"]
-    out.append(
+        ),
         many(
             f"coverage alarm: a drop from 0.90 to 0.85 detected within {DELAY_RATIO:g}x the mean delay of an "
             "oracle CUSUM told the drop, at the same false-alarm rate",
@@ -301,9 +263,8 @@ def shift_goals(shift: dict) -> list[dict]:
             f"{mine['ratio']:.2f}x (90% CI {mine['ratio_ci90'][0]:.2f}-{mine['ratio_ci90'][1]:.2f}; "
             f"{mine['mean_delay']:.0f} against {delays['oracle CUSUM told the drop']['mean_delay']:.0f} labels); "
             f"rate-blind oracle {blind['ratio']:.2f}x",
-        )
-    )
-    return out
+        ),
+    ]
 
 
 def _bin_groups(bins: list[dict]) -> dict[tuple, list[dict]]:

@@ -1,11 +1,11 @@
-"""The conformal benchmark's measurements: split conformal on many seeded calibration/test splits of the committed
-digits model and of calibrated synthetic traffic, and the cost of sets and p-values per batch; rows for ``goals``
-and ``render``. Sets, thresholds and scores all come from ``calibkit.conformal``, so the benchmark measures what
-serving will call."""
+"""The conformal benchmark's measurements: split conformal on many seeded splits of the committed digits model and of
+calibrated synthetic traffic, and the cost of sets and p-values per batch. Everything comes from
+``calibkit.conformal``, so the benchmark measures what serving will call."""
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from bench.common import digits_model, table
+from bench.common import CIFAR_LIKE, digits_model, progress, table
 from calibkit.conformal import (
     SplitConformal,
     classwise_quantiles,
@@ -23,7 +23,6 @@ from calibkit.conformal import (
     prediction_sets,
     quantile_rank,
 )
-from calibkit.synthetic import TrafficShape
 from calibkit.temperature import softmax
 from service.serving.conformal import ModelSets, SetChoice, row_draws
 from service.store.rows import prediction_ids
@@ -37,8 +36,6 @@ LAMBDA = 0.01
 #: Coverage by set size is read in bins of at least this many test labels; sizes 0 and 1 share the first bin, as
 #: in the RAPS paper's table (an empty randomized set covers nothing by definition).
 MIN_BIN_LABELS = 100
-#: The CIFAR-like shape of the alarm benchmark: calibrated logits of top-label confidence spread over [0.2, 1].
-CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 SYNTHETIC_CAL, SYNTHETIC_TEST, SYNTHETIC_TUNING = 1_000, 1_000, 2_000
 #: The cost batches: rows per batch, and the threshold's miscoverage.
 COST_ROWS, COST_ALPHA, COST_CALIBRATION = 64, 0.1, 2_000
@@ -93,15 +90,8 @@ def law_test(covered: np.ndarray, n: int, m: int, alpha: float, rng: np.random.G
 
 
 def size_bins(labels: np.ndarray, covered: np.ndarray, min_labels: int = MIN_BIN_LABELS) -> list[dict]:
-    """Coverage by set size in bins of at least ``min_labels`` labels.
-
-    ``labels[s]`` and ``covered[s]`` count the test labels whose set had size s and those it held. Sizes 0 and 1
-    start the first bin; each bin takes the next sizes until it holds ``min_labels`` labels; a last bin that falls
-    short joins the one before it. Sizes without labels extend a bin without showing in it.
-
-    Returns:
-        [{"sizes": "lo-hi" or "s", "low", "high", "labels", "covered", "coverage"}], in increasing size.
-    """
+    """Coverage by set size in bins of at least ``min_labels`` of the ``labels[s]`` (and ``covered[s]``) at size s:
+    sizes 0 and 1 start the first bin, a last bin that falls short joins the one before."""
     labels, covered = np.asarray(labels), np.asarray(covered)
     present = np.flatnonzero(labels)
     bins: list[list[int]] = []
@@ -115,18 +105,9 @@ def size_bins(labels: np.ndarray, covered: np.ndarray, min_labels: int = MIN_BIN
         bins[-1] += last
     out = []
     for sizes in bins:
-        n, c = int(labels[sizes].sum()), int(covered[sizes].sum())
-        low, high = sizes[0], sizes[-1]
-        out.append(
-            {
-                "sizes": str(low) if low == high else f"{low}-{high}",
-                "low": low,
-                "high": high,
-                "labels": n,
-                "covered": c,
-                "coverage": c / n,
-            }
-        )
+        n, c, low, high = int(labels[sizes].sum()), int(covered[sizes].sum()), sizes[0], sizes[-1]
+        shown = str(low) if low == high else f"{low}-{high}"
+        out.append({"sizes": shown, "low": low, "high": high, "labels": n, "covered": c, "coverage": c / n})
     return out
 
 
@@ -135,8 +116,7 @@ def size_bins(labels: np.ndarray, covered: np.ndarray, min_labels: int = MIN_BIN
 
 @dataclass
 class Source:
-    """Labelled probabilities to split: ``split(rng)`` gives (calibration probs, labels, test probs, labels, test
-    ids); ids name the test rows of a finite pool (to count distinct examples), None for fresh draws."""
+    """Labelled probabilities to split: ``split(rng)``; test ids name a finite pool's rows, None for fresh draws."""
 
     name: str
     n_classes: int
@@ -149,9 +129,8 @@ class Source:
 
 
 def digits_source() -> Source:
-    """The committed default model's calibrated probabilities on the digits test split (359 images the model, its
-    temperature and its reference never saw), split at random into calibration and test halves; ``k_reg`` is
-    tuned on the validation split, which the temperature was fitted on and the splits never use."""
+    """The committed model's calibrated probabilities on the digits test split (359 images it never saw), split at
+    random into halves; ``k_reg`` is tuned on the validation split, which the splits never use."""
     from training.data import load_digits_splits
 
     probs = digits_model()
@@ -185,9 +164,8 @@ def digits_source() -> Source:
 
 
 def synthetic_source(seed: int) -> Source:
-    """Calibrated CIFAR-like traffic (``CIFAR_LIKE``): labels drawn from softmax of the logits, so the probabilities
-    are calibrated by construction. The traffic is unlimited, so each split draws its own calibration and test
-    sets; ``k_reg`` is tuned on a separate sample."""
+    """Calibrated CIFAR-like traffic (``CIFAR_LIKE``), labels drawn from softmax of the logits; the traffic is
+    unlimited, so each split draws its own sets, and ``k_reg`` is tuned on a separate sample."""
 
     def draw(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         z, y = CIFAR_LIKE.logits(rng, (n,))
@@ -220,8 +198,8 @@ def synthetic_source(seed: int) -> Source:
 
 
 class Tally:
-    """What one (alpha, method, sets) accumulates over the splits: covered labels and set sizes per split, labels
-    and covered labels by set size and by class, and for a pool the distinct test examples by set size."""
+    """What one (alpha, method, sets) accumulates over the splits: coverage and sizes per split, by set size and by
+    class, and for a pool the distinct test examples by set size."""
 
     def __init__(self, splits: int, n_classes: int, pool: int | None) -> None:
         self.covered = np.zeros(splits, dtype=np.int64)
@@ -247,13 +225,7 @@ class Tally:
 def run_splits(source: Source, splits: int, seed: int) -> dict:
     """Every variant at every alpha, marginal and (LAC and the randomized scores) Mondrian, on ``splits`` splits."""
     k_regs = {alpha: pick_k_reg(*source.tuning, alpha) for alpha in ALPHAS}
-    tallies: dict[tuple, Tally] = {}
-
-    def tally(*key) -> Tally:
-        if key not in tallies:
-            tallies[key] = Tally(splits, source.n_classes, source.pool)
-        return tallies[key]
-
+    tallies: dict[tuple, Tally] = defaultdict(lambda: Tally(splits, source.n_classes, source.pool))
     rng = np.random.default_rng(seed)
     for i in range(splits):
         p_cal, y_cal, p_test, y_test, ids = source.split(rng)
@@ -269,12 +241,11 @@ def run_splits(source: Source, splits: int, seed: int) -> dict:
                     )
                 scores = scores_by_k[k_reg]
                 sets = prediction_sets(p_test, conformal_quantile(scores, alpha), method, **kw)
-                tally(alpha, method, randomized, "marginal").add(i, sets, y_test, ids)
+                tallies[alpha, method, randomized, "marginal"].add(i, sets, y_test, ids)
                 if randomized or method == "lac":
                     q = classwise_quantiles(scores, y_cal, alpha, source.n_classes)
-                    tally(alpha, method, randomized, "mondrian").add(
-                        i, prediction_sets(p_test, q, method, **kw), y_test, ids
-                    )
+                    mondrian = prediction_sets(p_test, q, method, **kw)
+                    tallies[alpha, method, randomized, "mondrian"].add(i, mondrian, y_test, ids)
     return {"k_regs": k_regs, "tallies": tallies}
 
 
@@ -332,7 +303,7 @@ def source_rows(source: Source, splits: int, seed: int) -> dict:
                 )
                 bins.append({"data": source.name, "alpha": alpha, "method": name, **b, "examples": examples})
     for row in exchangeable:
-        print(table([row], EXCHANGEABLE_COLUMNS).splitlines()[-1], flush=True)
+        progress(row, EXCHANGEABLE_COLUMNS)
     return {"exchangeable": exchangeable, "bins": bins, "classes": classes}
 
 
@@ -340,8 +311,7 @@ def source_rows(source: Source, splits: int, seed: int) -> dict:
 
 
 def mixed_probs(rng: np.random.Generator, n: int, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` rows of the cost mix over ``n_classes`` (``MIX``) and labels drawn from them (calibrated by
-    construction)."""
+    """``n`` rows of the cost mix (``MIX``) over ``n_classes`` and labels drawn from them."""
     z = rng.normal(0.0, 1.0, size=(n, n_classes))
     kind = rng.choice(3, size=n, p=MIX)
     peaked, ambiguous = np.flatnonzero(kind == 0), np.flatnonzero(kind == 1)
@@ -375,11 +345,9 @@ def time_calls(call: Callable[[int], object], n_batches: int, repeats: int):
 
 
 def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
-    """Median and 90th-percentile wall time per batch of 64 rows, per method, at 1,000 classes (``mixed_probs``)
-    and at the light model's 10 (``CIFAR_LIKE``), cycling over 32 batches so that the timings are not those of one
-    cached batch, of: the service's sets of a batch (``ModelSets.sets`` on the float32 rows a graph returns: the
-    draws from the prediction ids, the ranking and the sizes), the same listed for the responses and the log
-    (``ServedSets.listed``), the sets as masks (``SplitConformal.sets``) and the p-values."""
+    """Median and 90th-percentile wall time per batch of 64 rows at 1,000 classes and at 10, cycling over 32 batches
+    so that no batch stays cached: the service's sets (``ModelSets.sets``), listed (``ServedSets.listed``), as masks
+    (``SplitConformal.sets``), and the p-values."""
     rng = np.random.default_rng(seed)
     keys = rng.integers(0, 2**62, (COST_ROWS, 1_000))
     # the machine's own floor for the ranking: numpy's sort of one batch of int64 keys (how fast it is depends on
@@ -419,39 +387,24 @@ def cost_rows(repeats: int, seed: int) -> tuple[list[dict], dict]:
             }
             for op, call in calls.items():
                 times = time_calls(call, len(batches), repeats)
-                rows.append(
-                    {
-                        "classes": n_classes,
-                        "rows": COST_ROWS,
-                        "op": op,
-                        "method": method_name(method, randomized),
-                        "randomized": randomized,
-                        "median_ms": float(np.median(times) * 1e3),
-                        "p90_ms": float(np.quantile(times, 0.9) * 1e3),
-                        "repeats": repeats,
-                        "mean_set_size": float(sizes.mean()),
-                    }
-                )
-                print(table([rows[-1]], COST_COLUMNS).splitlines()[-1], flush=True)
+                row = {
+                    "classes": n_classes,
+                    "rows": COST_ROWS,
+                    "op": op,
+                    "method": method_name(method, randomized),
+                    "randomized": randomized,
+                    "median_ms": float(np.median(times) * 1e3),
+                    "p90_ms": float(np.quantile(times, 0.9) * 1e3),
+                    "repeats": repeats,
+                    "mean_set_size": float(sizes.mean()),
+                }
+                rows.append(progress(row, COST_COLUMNS))
     return rows, about
 
 
 def run(args) -> dict:
-    """Every measurement of the benchmark, with ``args`` of ``python -m bench.conformal``:
-
-    1. Exchangeable data: ``--splits`` seeded calibration/test splits of the digits test split scored by the
-       committed model, and of fresh CIFAR-like synthetic traffic, for each alpha in ``ALPHAS`` and each of
-       ``VARIANTS`` (RAPS with ``k_reg`` from ``pick_k_reg`` on a tuning part and ``LAMBDA``): mean coverage and
-       its standard error over splits, the per-split covered counts against their exact law (``law_test``), mean
-       set size, coverage by set size (``size_bins``) and by class, marginal and Mondrian.
-    2. Cost: ``SplitConformal.sets`` and ``.p_values`` per batch of ``COST_ROWS`` rows at 1,000 and 10 classes,
-       ``--repeats`` times each.
-    3. Under shift, and the coverage alarm: ``bench.conformal.shift.run``.
-    4. Sets in /predict: ``bench.conformal.serving.run``, ``--serving-rounds`` alternating rounds of
-       ``--serving-seconds`` (one round of a second per version and request size with ``--smoke``).
-    5. The sets through the running service, labels late and in batches: ``bench.conformal.e2e.run``,
-       ``--e2e-streams`` exchangeable and ``--e2e-shift-streams`` shifted streams per data set and delay.
-    """
+    """Every measurement of ``python -m bench.conformal``: the splits, the cost per batch, ``shift``, ``serving``,
+    ``e2e``."""
     sources = [digits_source(), synthetic_source(args.seed + 100)]
     out: dict = {"setup": vars(args) | {"alphas": list(ALPHAS), "lambda": LAMBDA, "min_bin_labels": MIN_BIN_LABELS}}
     out["sources"] = {

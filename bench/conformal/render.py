@@ -28,10 +28,7 @@ def shift_section(shift: dict) -> list[str]:
 
     setup, chosen, about = shift["shift_setup"], shift["chosen"], shift["delay_setup"]
     rows = [r for r in shift["streams"] if (r["method"], r["step"]) == (chosen["method"], chosen["step"])]
-    delays = []
-    for r in shift["delays"]:
-        low, high = r["ratio_ci90"]
-        delays.append({**r, "ratio_ci90": f"{low:.2f}-{high:.2f}"})
+    delays = [{**r, "ratio_ci90": "{:.2f}-{:.2f}".format(*r["ratio_ci90"])} for r in shift["delays"]]
     return [
         "## Under shift",
         "",
@@ -195,12 +192,9 @@ def markdown(result: dict) -> str:
         table(result["cost"], [*COST_COLUMNS, "mean_set_size"]),
         "",
     ]
-    if "serving" in result:
-        lines += serving_section(result["serving"])
-    if "shift" in result:
-        lines += shift_section(result["shift"])
-    if "e2e" in result:
-        lines += e2e_section(result["e2e"])
+    for key, section in (("serving", serving_section), ("shift", shift_section), ("e2e", e2e_section)):
+        if key in result:
+            lines += section(result[key])
     return "\n".join(lines)
 
 

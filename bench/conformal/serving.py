@@ -1,21 +1,11 @@
-"""The serving cost of prediction sets: /predict rows/s on the light model with its default sets against the same
-model serving none.
-
-One service process serves the committed light model twice, as two versions of one model repository: version
-``WITH`` as committed (its conformal scores, so every /predict answers the default sets, computed once per batch on
-the inference thread, listed per row and logged), and version ``WITHOUT``, the same files but for the manifest's
-``conformal`` field, removed, so that it serves no sets. Both take the same requests (bodies that differ only in the
-version they name), under closed-loop load of ``CLIENTS`` clients (wrk), prediction logging on (SQLite), as the
-serving benchmark runs the service. Rounds alternate the order (with, without, then without, with, ...), so that the
-machine's drift hits both alike; per row count, reported are each round's ratio of rows/s with sets over without,
-their median and range, and the round-to-round spread: the larger max / min of either version's rows/s over the
-rounds, as ``bench.serving.trees`` judges a serving change. On a machine shared with other load, the service process's
-own CPU time per row (``/proc``) moves less than its rows/s: ``cpu_ratio``, CPU per row without sets over with, is the
-throughput ratio a CPU-bound server would reach.
-"""
+"""The serving cost of prediction sets: /predict rows/s on the light model with its default sets (``WITH``) against
+the same model serving none (``WITHOUT``, its manifest without the ``conformal`` field), in one service process under
+``CLIENTS`` closed-loop clients in alternating rounds; beside them, the service's CPU per row and the sets' own CPU
+in process (``set_cost``)."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import shutil
@@ -37,8 +27,8 @@ from bench.common import (
     histogram_means,
     histogram_totals,
     process_cpu_seconds,
+    progress,
     service,
-    table,
     wrk,
 )
 from bench.serving.measure import SHAPES
@@ -61,8 +51,7 @@ COST_REPEATS = 3000
 
 
 def repository(work: Path, entry: str = "conformal") -> Path:
-    """A model repository under ``work``: the committed light model as version ``WITH`` and, without its manifest's
-    ``entry`` (``conformal``, with its conformal file; or ``label_shift``), as version ``WITHOUT``."""
+    """The light model as version ``WITH`` and, without its manifest's ``entry``, as ``WITHOUT`` (under ``work``)."""
     artifacts = work / "artifacts"
     source = ROOT / "artifacts" / LIGHT / "1"
     shutil.copytree(source, artifacts / LIGHT / WITH)
@@ -85,16 +74,15 @@ def request_body(version: str, rows: int) -> str:
     return json.dumps({"model": LIGHT, "version": version, "inputs": x})
 
 
-def check_sets(url: str, bodies: dict[str, str]) -> dict:
-    """One request to each version: ``WITH`` answers a set per row, ``WITHOUT`` none (else the comparison is
-    void). Returns the sets' description and the first row's set."""
-    answers = {
-        v: httpx.post(f"{url}/predict", content=b, headers={"Content-Type": "application/json"}, timeout=30)
-        for v, b in bodies.items()
-    }
-    for answer in answers.values():
-        answer.raise_for_status()
-    with_sets, without = answers[WITH].json(), answers[WITHOUT].json()
+def answers(url: str) -> dict[str, dict]:
+    """The answer of each version to a single-row /predict."""
+    post = functools.partial(httpx.post, f"{url}/predict", headers={"Content-Type": "application/json"}, timeout=30)
+    return {v: post(content=request_body(v, 1)).raise_for_status().json() for v in (WITH, WITHOUT)}
+
+
+def check_sets(url: str) -> dict:
+    """One request to each version: ``WITH`` must answer a set per row, ``WITHOUT`` none; the sets and the first one."""
+    with_sets, without = answers(url).values()
     if with_sets["conformal"] is None or with_sets["predictions"][0]["prediction_set"] is None:
         raise RuntimeError(f"version {WITH} served no sets")
     if without["conformal"] is not None or without["predictions"][0]["prediction_set"] is not None:
@@ -135,28 +123,36 @@ def summarize(rounds: list[dict]) -> list[dict]:
 
 
 def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_REPEATS) -> dict:
-    """``rounds`` alternating rounds of ``seconds`` per version and row count in ``ROW_COUNTS``, after a
-    one-second warm-up of each, on a service run from the source tree ``cwd``; the rows of every round and their
-    ``summarize``."""
+    """``rounds`` alternating rounds per version and row count, each summary with the sets' own CPU (``set_cost``)."""
+    cost = functools.partial(set_cost, repeats=cost_repeats)
+    checked, rows, summary = compared("conformal", check_sets, cost, "sets_cpu_us_per_row", seconds, rounds, cwd)
+    return {"clients": CLIENTS, "sets": checked, "rounds": rows, "summary": summary, "cost_repeats": cost_repeats}
+
+
+def compared(
+    entry: str, check: Callable, cost: Callable | None, key: str, seconds: float, rounds: int, cwd: Path, **env
+):
+    """(``check(url)``, every round, their ``summarize``) of one service over ``repository(work, entry)``; with
+    ``cost``, each summary gets ``cost_ratio`` = without / (without + its CPU per row): what a CPU-bound server
+    reaches."""
     work = Path(tempfile.mkdtemp(prefix="calib-bench-sets-"))
     try:
-        artifacts = repository(work)
-        with service(artifacts, f"sqlite:///{work / 'bench.db'}", True, "cpu", cwd=cwd) as svc:
-            checked = check_sets(svc.url, {v: request_body(v, 1) for v in (WITH, WITHOUT)})
-            rows_out = alternating_rounds(svc, seconds, rounds)
-        summary = summarize(rows_out)
+        artifacts = repository(work, entry)
+        with service(artifacts, f"sqlite:///{work / 'bench.db'}", cwd=cwd, **env) as svc:
+            checked = check(svc.url)
+            rows = alternating_rounds(svc, seconds, rounds)
+        summary = summarize(rows)
         for s in summary:
-            s |= set_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)
-            s["cost_ratio"] = s["without_cpu_us_per_row"] / (s["without_cpu_us_per_row"] + s["sets_cpu_us_per_row"])
+            if cost is not None:
+                s |= cost(artifacts, s["rows"], s["batch_rows"])
+                s["cost_ratio"] = s["without_cpu_us_per_row"] / (s["without_cpu_us_per_row"] + s[key])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"clients": CLIENTS, "sets": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
+    return checked, rows, summary
 
 
 def alternating_rounds(svc, seconds: float, rounds: int) -> list[dict]:
-    """Per row count of ``ROW_COUNTS``: a one-second warm-up of each version, then ``rounds`` alternating rounds
-    (``ab_rounds``) of ``seconds`` of wrk load on each; each round's rows/s, service CPU per row and mean batch per
-    version and their ratios (``ROUND_COLUMNS``), printed as they come."""
+    """Per row count, a warm-up, then ``rounds`` alternating rounds of wrk load per version, printed as they come."""
     rows_out, url, key = [], f"{svc.url}/predict", f"batch:{LIGHT}"
     for rows in ROW_COUNTS:
         bodies = {v: request_body(v, rows) for v in (WITH, WITHOUT)}
@@ -180,20 +176,17 @@ def alternating_rounds(svc, seconds: float, rounds: int) -> list[dict]:
             sides = {
                 f"{side}_{k}": v for side, ver in (("with", WITH), ("without", WITHOUT)) for k, v in m[ver].items()
             }
-            rows_out.append(
-                {"rows": rows, "round": r + 1, "seconds": seconds, **sides}
-                | {
-                    "ratio": m[WITH]["rows_per_s"] / m[WITHOUT]["rows_per_s"],
-                    "cpu_ratio": m[WITHOUT]["cpu_us_per_row"] / m[WITH]["cpu_us_per_row"],
-                }
-            )
-            print(table([rows_out[-1]], ROUND_COLUMNS).splitlines()[-1], flush=True)
+            row = {"rows": rows, "round": r + 1, "seconds": seconds, **sides} | {
+                "ratio": m[WITH]["rows_per_s"] / m[WITHOUT]["rows_per_s"],
+                "cpu_ratio": m[WITHOUT]["cpu_us_per_row"] / m[WITH]["cpu_us_per_row"],
+            }
+            rows_out.append(progress(row, ROUND_COLUMNS))
     return rows_out
 
 
-def paired_cpu_us(serve: Callable[[bool], None], repeats: int) -> tuple[float, float]:
-    """The median thread CPU time, in microseconds, of ``serve(True)`` and of ``serve(False)``, called alternately
-    ``repeats`` times each, with the garbage collector set as the service sets it (``service.cli``)."""
+def cpu_per_row(serve: Callable[[bool], None], repeats: int, rows: int, key: str) -> dict:
+    """The median thread CPU per row of ``serve(True)`` over ``serve(False)`` (``key``) and of ``serve(False)``
+    (``path_cpu_us_per_row``), alternating, with the garbage collector set as the service sets it."""
 
     def timed(side: bool, _round: int) -> int:
         start = time.thread_time_ns()
@@ -208,13 +201,13 @@ def paired_cpu_us(serve: Callable[[bool], None], repeats: int) -> tuple[float, f
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
-    return tuple(float(np.median([r[side] for r in spent])) / 1e3 for side in (True, False))  # type: ignore[return-value]
+    with_us, without_us = (float(np.median([r[side] for r in spent])) / 1e3 for side in (True, False))
+    return {"cost_batch_rows": rows, key: (with_us - without_us) / rows, "path_cpu_us_per_row": without_us / rows}
 
 
 @dataclass
 class ScoredBatch:
-    """A batch of the light model's version ``WITH``, run and scored once, with its default set choice: what the
-    in-process cost measurements (``set_cost``, ``bench.shift.serving.adaptation_cost``) serve from."""
+    """A batch of version ``WITH``, run and scored once, that the in-process cost measurements serve from."""
 
     model: Any
     outputs: dict[str, np.ndarray]
@@ -225,8 +218,7 @@ class ScoredBatch:
 
 
 def scored_batch(artifacts: Path, rows: int, batch_rows: float) -> ScoredBatch:
-    """``batch_rows`` rows (the mean the service formed, rounded to whole requests of ``rows`` rows) of seeded inputs
-    through version ``WITH`` of ``artifacts``' light model, scored as the service scores a batch."""
+    """``batch_rows`` seeded rows (the service's mean batch) through version ``WITH``, scored as the service scores."""
     from service.serving.repository import ModelRepository
     from service.serving.scoring import score
     from service.settings import Settings
@@ -245,13 +237,9 @@ def scored_batch(artifacts: Path, rows: int, batch_rows: float) -> ScoredBatch:
 
 
 def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:
-    """The CPU that the sets' own code adds per row, measured in process, where nothing else runs: a batch of the
-    light model of ``batch_rows`` rows (the mean the service formed, rounded to whole requests of ``rows`` rows),
-    scored once; then, with sets and without, what the service does with it: with sets, the batch's default sets
-    (``ModelSets.sets``, ``listed``); for each request, its share of the batch, its /predict body
-    (``DataPlane.respond``) encoded as the codec encodes it, and its prediction-log rows. Both sides alternate,
-    thread CPU time per call, median over ``repeats``, with the garbage collector set as the service sets it; the
-    difference per row is the sets' cost, the batch's and its requests' alike."""
+    """The CPU the sets' own code adds per row, measured in process where nothing else runs: on one scored batch,
+    with sets and without, what the service does with it (the batch's sets; per request its /predict body, encoded,
+    and its log rows), alternating, median thread CPU over ``repeats``; the difference per row is the sets' cost."""
     from service.schemas import PredictOptions
     from service.serving.dataplane import DataPlane
     from service.serving.scoring import InferenceResult
@@ -269,9 +257,4 @@ def set_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dic
             orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
             share.scored.prediction_rows(model.name, model.version, sets=share.sets)
 
-    with_us, without_us = paired_cpu_us(serve, repeats)
-    return {
-        "cost_batch_rows": batch.rows,
-        "sets_cpu_us_per_row": (with_us - without_us) / batch.rows,
-        "path_cpu_us_per_row": without_us / batch.rows,
-    }
+    return cpu_per_row(serve, repeats, batch.rows, "sets_cpu_us_per_row")

@@ -1,24 +1,23 @@
 """The conformal benchmark under shift: static split conformal against the adaptive thresholds of
 ``calibkit.conformal.adaptive`` on streams of labels in order, and the coverage alarm of ``calibkit.coverage_alarm``
-against an oracle CUSUM told the drop; rows for ``goals`` and ``render``.
+against an oracle CUSUM told the drop.
 
-A stream is ``BEFORE`` labels of the data the static calibrator was fitted on, then ``AFTER`` labels of a shift:
-the digits model under each corruption and severity of ``training.data.corruptions`` (the digits test split holds
-359 images, so the stream resamples with replacement from the clean split and from ``CORRUPTION_DRAWS`` corrupted
-copies of it), and CIFAR-like synthetic traffic whose served probabilities change temperature or whose label mix
-shifts (``calibkit.synthetic``). Every threshold is LAC's (the smallest sets at a given coverage).
+A stream is ``BEFORE`` labels of the data the static calibrator was fitted on, then ``AFTER`` labels of a shift: the
+digits model under each corruption and severity (resampled with replacement from the test split's 359 images and
+``CORRUPTION_DRAWS`` corrupted copies), and CIFAR-like traffic whose served probabilities change temperature or whose
+label mix shifts. Every threshold is LAC's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
-from scipy import stats
 
 from bench.alarm import oracle
-from bench.common import table
+from bench.common import CIFAR_LIKE, clopper_pearson, progress, table
 from calibkit.conformal import SCORE_ATOL, SplitConformal, conformity_scores
 from calibkit.conformal.adaptive import (
     DEFAULT_SPAN,
@@ -43,7 +42,6 @@ ETAS = (0.002, 0.005, 0.01, 0.02, 0.05)  # the quantile tracker's steps, on LAC'
 LOG_ETAS = (0.02, 0.05, 0.1, 0.2, 0.5)  # the log-scale tracker's steps, on -log(1 - s), at span DEFAULT_SPAN
 CORRUPTION_DRAWS = 4  # corrupted copies of the digits test split per corruption and severity (noise differs)
 REPLICATES = 3  # streams per shift, each with its own resampling
-CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 SYNTHETIC_SHIFTS = (
     ("temperature x2.5 (over-confident)", CIFAR_LIKE, 2.5),
     ("temperature x0.5 (under-confident)", CIFAR_LIKE, 0.5),
@@ -64,8 +62,7 @@ DELAY_COLUMNS = ["detector", "threshold", "streams", "mean_delay", "median_delay
 
 @dataclass(frozen=True)
 class Shift:
-    """One shift: the static calibrator, the clean and shifted pools (probabilities, labels) the stream draws from
-    (uniformly, with replacement), so the oracle's population is the shifted pool itself."""
+    """One shift: the static calibrator, and the clean and shifted pools that streams resample and the oracle uses."""
 
     data: str
     name: str
@@ -75,18 +72,11 @@ class Shift:
 
 
 def digits_shifts(draws: int, kinds: tuple[str, ...] | None = None) -> list[Shift]:
-    """The committed digits model: static LAC calibrator on the validation split (the temperature's, which the
-    conformal benchmark's splits never use), streams from the test split, clean then corrupted."""
+    """The digits model: LAC on the validation split, streams from the test split, then corrupted."""
     from bench.common import digits_model
     from training.data import available_corruptions, corrupt, load_digits_splits
 
-    model = digits_model()
-    splits = load_digits_splits()
-
-    def probs(x: np.ndarray) -> np.ndarray:
-        p = model(x)
-        return p / p.sum(axis=1, keepdims=True)
-
+    probs, splits = digits_model(normalized=True), load_digits_splits()
     calibrator = SplitConformal.fit(probs(splits.val.x), splits.val.y, "lac")
     clean = (probs(splits.test.x), splits.test.y)
     out = []
@@ -100,8 +90,7 @@ def digits_shifts(draws: int, kinds: tuple[str, ...] | None = None) -> list[Shif
 
 
 def synthetic_shifts(seed: int) -> list[Shift]:
-    """CIFAR-like traffic: a static calibrator on ``SYNTHETIC_CAL`` calibrated rows; pools of ``ORACLE_SAMPLE`` rows
-    of the clean traffic and of each shift (served probabilities softmax(s z), or another label mix)."""
+    """CIFAR-like traffic: LAC on ``SYNTHETIC_CAL`` rows; pools of the clean traffic and of each shift."""
     rng = np.random.default_rng(seed)
     z, y = CIFAR_LIKE.logits(rng, (SYNTHETIC_CAL,))
     calibrator = SplitConformal.fit(softmax(z), y, "lac")
@@ -115,8 +104,7 @@ def synthetic_shifts(seed: int) -> list[Shift]:
 
 
 def draw_streams(shift: Shift, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(probabilities (replicates, BEFORE + AFTER, K), labels) of ``replicates`` streams, resampled from the
-    pools."""
+    """(probabilities (replicates, BEFORE + AFTER, K), labels) of ``replicates`` streams resampled from the pools."""
     rng = np.random.default_rng(seed)
     parts = []
     for (p, y), n in ((shift.clean, BEFORE), (shift.shifted, AFTER)):
@@ -128,8 +116,7 @@ def draw_streams(shift: Shift, replicates: int, seed: int) -> tuple[np.ndarray, 
 def run_rule(
     scores: np.ndarray, threshold: Callable[[np.ndarray, np.ndarray], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """An online rule on streams (rows) of true-label scores, label by label: the thresholds served and the
-    misses. ``threshold(labels, misses)`` maps the counts so far, (streams,), to the thresholds."""
+    """An online rule on streams of true-label scores (``threshold(labels, misses)``): thresholds served and misses."""
     streams, total = scores.shape
     misses = np.zeros(streams, np.int64)
     served, errs = np.empty(scores.shape), np.empty(scores.shape, np.int64)
@@ -159,9 +146,7 @@ def quantile_rule(calibrator: SplitConformal, eta: float) -> Callable:
 
 
 def run_log_tracker(scores: np.ndarray, calibrator: SplitConformal, eta: float) -> tuple[np.ndarray, np.ndarray]:
-    """The log-scale tracker on streams (rows) of true-label scores, each label folded before the next is served
-    (no delay), as ``LogQuantileTracker.started(...)`` then ``fold`` computes it: the thresholds served and the
-    misses of the sets served."""
+    """The log-scale tracker on streams of true-label scores, each label folded before the next is served."""
     first = LogQuantileTracker.started(calibrator, ALPHA, eta)
     settings = (ALPHA, eta, first.span, first.score_range, first.release)
     level = np.full(scores.shape[0], first.level)
@@ -179,9 +164,7 @@ def set_sizes(probs: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 
 
 def oracle_size(shift: Shift, coverage: float) -> float:
-    """The mean LAC set size of split conformal calibrated on the shifted pool at ``coverage``: the threshold is the
-    pool's scores' ``coverage`` quantile (the pool is the population the stream resamples), its sizes on the
-    pool."""
+    """The mean LAC set size of split conformal calibrated on the shifted pool itself, at ``coverage``."""
     p, y = shift.shifted
     scores = np.sort(conformity_scores(p, y, "lac"))
     q = scores[min(len(scores) - 1, max(0, int(np.ceil(coverage * len(scores))) - 1))]
@@ -189,9 +172,8 @@ def oracle_size(shift: Shift, coverage: float) -> float:
 
 
 def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[dict], list[dict], dict]:
-    """Per shift, the static threshold and every ACI and tracker step on ``replicates`` streams (the streams of the
-    shifts that share a calibrator run together); per method and step, the worst stream on each goal. Returns
-    (one row per shift, method and step; one row per method and step; the chosen method and step)."""
+    """Per shift, the static threshold and every ACI and tracker step on ``replicates`` streams: rows per shift,
+    method and step; per method and step (its worst stream on each goal); and the chosen one."""
     per_method: dict[tuple[str, float], list[dict]] = {}
     groups: dict[int, list[int]] = {}
     for i, shift in enumerate(shifts):
@@ -203,13 +185,11 @@ def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[di
         labels = np.concatenate([y for _, y in drawn])
         scores = conformity_scores(probs.reshape(-1, probs.shape[-1]), labels.ravel(), "lac").reshape(labels.shape)
         static = misses_of(scores, calibrator.quantile(ALPHA))
-        rules: list[tuple[str, float, Callable]] = [("ACI", g, aci_rule(calibrator, g)) for g in GAMMAS]
-        rules += [("quantile tracker", e, quantile_rule(calibrator, e)) for e in ETAS]
-        for method, step, rule in [*rules, *(("log quantile tracker", e, None) for e in LOG_ETAS)]:
-            if rule is None:
-                served, errs = run_log_tracker(scores, calibrator, step)
-            else:
-                served, errs = run_rule(scores, rule)
+        rules = [("ACI", g, partial(run_rule, threshold=aci_rule(calibrator, g))) for g in GAMMAS]
+        rules += [("quantile tracker", e, partial(run_rule, threshold=quantile_rule(calibrator, e))) for e in ETAS]
+        rules += [("log quantile tracker", e, partial(run_log_tracker, calibrator=calibrator, eta=e)) for e in LOG_ETAS]
+        for method, step, rule in rules:
+            served, errs = rule(scores)
             size = set_sizes(probs[:, BEFORE:], served[:, BEFORE:]).mean(axis=1)
             long_run = 1 - errs.mean(axis=1)
             window = 1 - errs[:, BEFORE : BEFORE + WINDOW].mean(axis=1)
@@ -259,16 +239,14 @@ def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[di
     best = next(s for s in summary if (s["method"], s["step"]) == ("log quantile tracker", DEFAULT_STEP))
     for s in summary:
         s["chosen"] = s is best
-        print(table([s], METHOD_COLUMNS).splitlines()[-1], flush=True)
+        progress(s, METHOD_COLUMNS)
     every = [row for rows in per_method.values() for row in rows]
     return every, summary, {"method": best["method"], "step": best["step"]}
 
 
 def long_run_bound(method: str, step: float, labels: int = BEFORE + AFTER) -> float:
-    """The rule's deterministic bound on |misses / labels - alpha| after ``labels`` labels, for every sequence:
-    (max(alpha, 1 - alpha) + gamma) / (gamma T) for ACI (Gibbs & Candès 2021), (B + eta) / (eta T) for the
-    quantile tracker with LAC's scores in [0, B = 1] (Angelopoulos, Candès & Tibshirani 2023), (U + eta) / (eta T)
-    for the log-scale tracker at span U = ``DEFAULT_SPAN``."""
+    """The rule's deterministic bound on |misses / labels - alpha| after ``labels`` labels (the log-scale tracker's
+    (U + eta) / (eta T), U = ``DEFAULT_SPAN``)."""
     if method == "ACI":
         return (max(ALPHA, 1 - ALPHA) + step) / (step * labels)
     if method == "log quantile tracker":
@@ -280,9 +258,8 @@ def long_run_bound(method: str, step: float, labels: int = BEFORE + AFTER) -> fl
 
 
 def false_alarm_rows(streams: int, seed: int, alphas=(0.05, 0.1, 0.2)) -> list[dict]:
-    """The default alarm (and the union-bound threshold at alpha 0.1) on ``streams`` streams of ``ALARM_LABELS``
-    i.i.d. misses at exactly alpha, the least favourable null: the share of streams that raised, with its 95%
-    Clopper-Pearson upper bound."""
+    """The default alarm (and the union-bound threshold at alpha 0.1) on ``streams`` streams of i.i.d. misses at
+    exactly alpha, the least favourable null: the share raised, with its 95% Clopper-Pearson upper bound."""
     rows = []
     cases = [("default", a, None) for a in alphas] + [("union bound", 0.1, threshold_for(ALARM_LABELS, ALARM_RATE))]
     for i, (case, alpha, threshold) in enumerate(cases):
@@ -293,19 +270,17 @@ def false_alarm_rows(streams: int, seed: int, alphas=(0.05, 0.1, 0.2)) -> list[d
             n = min(2_000, streams - start)
             errs = (rng.random((n, ALARM_LABELS)) < alpha).astype(np.int64)
             raised += int(CoverageAlarmState.fresh(config, n).fold(errs).alarmed.sum())
-        rows.append(
-            {
-                "case": case,
-                "alpha": alpha,
-                "threshold": config.threshold,
-                "streams": streams,
-                "labels": ALARM_LABELS,
-                "false_alarms": raised,
-                "rate": raised / streams,
-                "ci95_high": float(stats.beta.ppf(0.975, raised + 1, streams - raised)) if raised < streams else 1.0,
-            }
-        )
-        print(table([rows[-1]], ALARM_COLUMNS).splitlines()[-1], flush=True)
+        row = {
+            "case": case,
+            "alpha": alpha,
+            "threshold": config.threshold,
+            "streams": streams,
+            "labels": ALARM_LABELS,
+            "false_alarms": raised,
+            "rate": raised / streams,
+            "ci95_high": clopper_pearson(raised, streams)[1],
+        }
+        rows.append(progress(row, ALARM_COLUMNS))
     return rows
 
 
@@ -360,19 +335,17 @@ def delay_rows(streams: int, oracle_streams: int, seed: int) -> tuple[list[dict]
     for name, (threshold, d) in delays.items():
         mine = late(d)
         ratios = mine[picks].mean(axis=1) / reference[picks].mean(axis=1)
-        rows.append(
-            {
-                "detector": name,
-                "threshold": threshold,
-                "streams": int(kept.sum()),
-                "mean_delay": float(mine.mean()),
-                "median_delay": float(np.median(mine)),
-                "ratio": float(mine.mean() / reference.mean()),
-                "ratio_ci90": [float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))],
-                "missed": int((d[kept] < 0).sum()),
-            }
-        )
-        print(table([rows[-1]], DELAY_COLUMNS).splitlines()[-1], flush=True)
+        row = {
+            "detector": name,
+            "threshold": threshold,
+            "streams": int(kept.sum()),
+            "mean_delay": float(mine.mean()),
+            "median_delay": float(np.median(mine)),
+            "ratio": float(mine.mean() / reference.mean()),
+            "ratio_ci90": [float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))],
+            "missed": int((d[kept] < 0).sum()),
+        }
+        rows.append(progress(row, DELAY_COLUMNS))
     return rows, {"early": int(early.sum()), "oracle_level": level, "blind_level": blind_level}
 
 
@@ -384,9 +357,7 @@ def run(args) -> dict:
     replicates = 1 if smoke else REPLICATES
     print(table([], METHOD_COLUMNS), flush=True)
     rows, methods, chosen = shift_rows(shifts, replicates, args.seed + 400)
-    print(table([], STREAM_COLUMNS), flush=True)
-    for row in rows:
-        print(table([row], STREAM_COLUMNS).splitlines()[-1], flush=True)
+    print(table(rows, STREAM_COLUMNS), flush=True)
     print(table([], ALARM_COLUMNS), flush=True)
     false_alarms = false_alarm_rows(200 if smoke else 10_000, args.seed + 500)
     print(table([], DELAY_COLUMNS), flush=True)

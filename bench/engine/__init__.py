@@ -1,14 +1,10 @@
 """The engine's IPC cost (``python -m bench.engine``, docs/engine_benchmark.md).
 
-The same single-row requests to the committed light model go through the in-process dynamic batcher (today's
-path, W = 1) and through an engine process over ZeroMQ (``service.engine``), one at a time and 64 in flight. A
-``null`` model (no inference: zeros back at once) isolates the IPC itself. Reported: the round trip p50 and p99,
-and the CPU per request of each process (this front-end process; the engine's from /proc), summed.
-
-Then the whole service at W = 1 and W = 2 (``CALIB_FRONTENDS``) under wrk: the CPU per request summed over every
-process of the service, the issue's 1.2x goal, judged where each onnxruntime call lasts as long as a batch of the
-heavy model in the recorded GPU run (``bench.engine.fitted``), so that inference costs time but no CPU, as on a
-GPU.
+The same single-row requests to the committed light model through the in-process batcher (W = 1) and through an
+engine process over ZeroMQ, one at a time and 64 in flight, a ``null`` model isolating the IPC: round trip p50 and
+p99, and the CPU per request of each process. Then the whole service at W = 1 and W = 2 under load, the issue's 1.2x
+goal judged where each onnxruntime call lasts as long as the heavy model's batch in the recorded GPU run
+(``bench.engine.fitted``): inference costs time but no CPU, as on a GPU.
 
     python -m bench.engine [--requests 4000] [--seconds 8] [--smoke] [--report-only]
 """
@@ -25,23 +21,25 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from bench.common import (
+    LIGHT,
     ROOT,
     Benchmark,
     ab_rounds,
     children,
-    histogram_totals,
+    flags,
+    histogram_means,
     measured_by,
     process_cpu_seconds,
     service,
     table,
     wrk,
 )
+from bench.serving.harness import SHAPES, grpc_target, summed_totals
 
-MODEL = ROOT / "artifacts" / "digits-lenet5" / "1"
+MODEL = ROOT / "artifacts" / LIGHT / "1"
 #: Rounds of the fitted model's services (in process, a pod of one, a pod of two), the order rotating.
 ROUNDS = 3
 #: The folder whose sitecustomize stretches a service's onnxruntime calls (``bench.engine.fitted``).
@@ -51,10 +49,8 @@ IN_FLIGHT = 64
 CPU_RATIO = 1.2
 SERVICE_COLUMNS = (
     "model frontends round protocol connections requests requests_per_s cpu_us_per_request mean_batch inference_ms"
-).split()
-COLUMNS = (
-    "path model in_flight requests rows_per_s p50_ms p99_ms cpu_us_front cpu_us_engine cpu_us_total mean_batch".split()
 )
+COLUMNS = "path model in_flight requests rows_per_s p50_ms p99_ms cpu_us_front cpu_us_engine cpu_us_total mean_batch"
 
 NULL_ENGINE = """
 import asyncio, signal, sys
@@ -81,12 +77,9 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def service_runs(seconds: float, rounds: int = ROUNDS) -> list[dict]:
-    """``python -m service`` under single-row load at 64 in flight. The light model as it is, at W = 1 (in process)
-    and W = 2 (a pod): JSON ``/predict`` from wrk and gRPC ``ModelInfer`` from h2load on one HTTP/2 connection and on
-    W. Then ``fitted`` (the light model's calls stretched to the recorded GPU batch time, ``bench.engine.fitted``)
-    over JSON, ``rounds`` rounds of in process, a pod of one front-end (``bench.engine.pod_of_one``: the IPC alone)
-    and a pod of two, the order rotating. Rows/s, the CPU per request summed over the service's processes, and the
-    mean batch formed."""
+    """``python -m service`` at 64 single-row requests in flight: the light model at W = 1 and 2 over JSON and gRPC
+    (one connection, and W); then ``fitted`` over JSON, rotating rounds of in process, a pod of one (the IPC alone)
+    and of two. Rows/s, CPU per request over the processes, mean batch."""
     from bench.engine.fitted import fitted_batch_ms
 
     a, c = fitted_batch_ms()
@@ -116,62 +109,39 @@ def service_runs(seconds: float, rounds: int = ROUNDS) -> list[dict]:
 
 
 def service_run(argv: list[str], env: dict, seconds: float, label: dict, grpc: bool) -> list[dict]:
-    """One service of ``service_runs`` (``argv``, which gets ``--port``): its JSON row, and with ``grpc`` its gRPC
-    rows on one HTTP/2 connection and on W; each row starts with ``label``."""
+    """One service of ``service_runs``: its JSON row, and with ``grpc`` its gRPC rows on one connection and on W."""
     from bench.serving.grpc_load import load
     from training.data import load_dataset
 
     body = json.dumps({"inputs": load_dataset("digits").test.x[:1].tolist()})
     rows = []
-    server = service(ROOT / "artifacts", env["CALIB_STORE__URL"], argv=argv, **env)
-    frontends = int(env["CALIB_FRONTENDS"])
-    try:
-        target = f"127.0.0.1:{httpx.get(server.url + '/health').json()['grpc_port']}"
-        runs = [("json", 1, functools.partial(wrk, server.url + "/predict", body, IN_FLIGHT, seconds))]
-        for connections in sorted({1, frontends}) if grpc else ():
-            runs.append(
-                (
-                    "grpc",
-                    connections,
-                    functools.partial(load, target, "digits-lenet5", (1, 8, 8), IN_FLIGHT, seconds, connections),
-                )
-            )
+    with service(ROOT / "artifacts", env["CALIB_STORE__URL"], argv=argv, **env) as server:
+        target = grpc_target(server)
+        runs = [("json", IN_FLIGHT, functools.partial(wrk, server.url + "/predict", body, IN_FLIGHT, seconds))]
+        for connections in sorted({1, int(env["CALIB_FRONTENDS"])}) if grpc else ():
+            load_grpc = functools.partial(load, target, LIGHT, SHAPES[LIGHT], IN_FLIGHT, seconds, connections)
+            runs.append(("grpc", connections, load_grpc))
         wrk(server.url + "/predict", body, IN_FLIGHT, 1.0)  # warm-up
         for protocol, connections, drive_load in runs:
-            cpu, batches = tree_cpu_seconds(server.process.pid), batch_sums(server.url)
+            cpu, before = tree_cpu_seconds(server.process.pid), summed_totals([server])
             got = drive_load()
             used = tree_cpu_seconds(server.process.pid) - cpu
-            rows_, count, seconds_, calls = (a - b for a, b in zip(batch_sums(server.url), batches))
+            means = histogram_means(before, summed_totals([server]), ["batch", "inference"])
+            nan = float("nan")
             rows.append(
                 label
                 | {
                     "protocol": protocol,
-                    "connections": connections if protocol == "grpc" else IN_FLIGHT,
+                    "connections": connections,
                     "requests": got["requests"],
                     "requests_per_s": got["requests_per_s"],
                     "cpu_us_per_request": used / got["requests"] * 1e6,
-                    "mean_batch": rows_ / count if count else float("nan"),
-                    "inference_ms": seconds_ / calls * 1e3 if calls else float("nan"),
+                    "mean_batch": nan if means["batch"] is None else means["batch"],
+                    "inference_ms": nan if means["inference"] is None else means["inference"] * 1e3,
                 }
             )
             print(table(rows[-1:], SERVICE_COLUMNS), flush=True)
-    finally:
-        server.stop()
     return rows
-
-
-def batch_sums(url: str) -> tuple[float, float, float, float]:
-    """Rows and batches the service's batchers have run (its ``calib_batch_size_rows`` histogram, every model), and
-    the seconds and count of its inference histogram."""
-    totals = histogram_totals(url)
-    batch = [v for k, v in totals.items() if k.startswith("batch:")]
-    inference = [v for k, v in totals.items() if k.startswith("inference:")]
-    return (
-        sum(s for s, _ in batch),
-        sum(c for _, c in batch),
-        sum(s for s, _ in inference),
-        sum(c for _, c in inference),
-    )
 
 
 async def drive(submit, x: np.ndarray, requests: int, in_flight: int) -> dict:
@@ -198,6 +168,17 @@ async def drive(submit, x: np.ndarray, requests: int, in_flight: int) -> dict:
     }
 
 
+async def measured(submit, x: np.ndarray, requests: int, in_flight: int, engine: int | None = None) -> dict:
+    """``drive`` after a warm-up, with the CPU per request of this process and of the ``engine`` process (/proc)."""
+    await drive(submit, x, min(requests, 500), in_flight)
+    cpu, engine_cpu = time.process_time(), process_cpu_seconds(engine) if engine else 0.0
+    row = await drive(submit, x, requests, in_flight)
+    front = (time.process_time() - cpu) / row["requests"] * 1e6
+    back = (process_cpu_seconds(engine) - engine_cpu) / row["requests"] * 1e6 if engine else 0.0
+    path = {"path": "engine" if engine else "in-process"}
+    return row | path | {"cpu_us_front": front, "cpu_us_engine": back, "cpu_us_total": front + back}
+
+
 async def in_process(x: np.ndarray, requests: int, in_flight: int) -> dict:
     from service.serving.batching import DynamicBatcher
     from service.serving.runtime import create_runtime
@@ -206,12 +187,9 @@ async def in_process(x: np.ndarray, requests: int, in_flight: int) -> dict:
     runtime = create_runtime(MODEL / "model.onnx", Settings(), 1)
     batcher = DynamicBatcher([runtime.run], BatchingConfig(instances=1), "light:1")
     batcher.start()
-    await drive(batcher.submit, x, min(requests, 500), in_flight)  # warm-up
-    cpu = time.process_time()
-    row = await drive(batcher.submit, x, requests, in_flight)
-    front = (time.process_time() - cpu) / row["requests"] * 1e6
+    row = await measured(batcher.submit, x, requests, in_flight)
     await batcher.stop()
-    return row | {"path": "in-process", "cpu_us_front": front, "cpu_us_engine": 0.0, "cpu_us_total": front}
+    return row
 
 
 async def through_engine(argv: list[str], endpoint: str, model: str, x, requests: int, in_flight: int) -> dict:
@@ -221,54 +199,35 @@ async def through_engine(argv: list[str], endpoint: str, model: str, x, requests
     client = EngineClient(endpoint)
     try:
         await client.start(wait=120)
-
-        def submit(rows):
-            return client.submit(model, "1", rows)
-
-        await drive(submit, x, min(requests, 500), in_flight)
-        cpu, engine_cpu = time.process_time(), process_cpu_seconds(engine.pid)
-        row = await drive(submit, x, requests, in_flight)
-        front = (time.process_time() - cpu) / row["requests"] * 1e6
-        back = (process_cpu_seconds(engine.pid) - engine_cpu) / row["requests"] * 1e6
+        return await measured(functools.partial(client.submit, model, "1"), x, requests, in_flight, engine.pid)
     finally:
         await client.stop()
         engine.terminate()
         engine.wait(30)
-    return row | {"path": "engine", "cpu_us_front": front, "cpu_us_engine": back, "cpu_us_total": front + back}
 
 
 def run(requests: int, seconds: float, rounds: int = ROUNDS) -> dict:
+    from bench.engine.fitted import fitted_batch_ms
     from training.data import load_dataset
 
     x = load_dataset("digits").test.x
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        artifacts = Path(tmp) / "artifacts" / "digits-lenet5"
-        artifacts.mkdir(parents=True)
-        (artifacts / "1").symlink_to(MODEL)
+        artifacts = Path(tmp) / "artifacts"
+        (artifacts / LIGHT).mkdir(parents=True)
+        (artifacts / LIGHT / "1").symlink_to(MODEL)
         (Path(tmp) / "null.py").write_text(NULL_ENGINE)
+        engines = {  # by row label: the model and the engine's command line, but for its endpoint
+            "light": (LIGHT, [sys.executable, "-m", "service.engine", "--artifacts", str(artifacts), "--endpoint"]),
+            "null": ("null", [sys.executable, f"{tmp}/null.py"]),
+        }
         for in_flight in (1, IN_FLIGHT):
             rows.append(asyncio.run(in_process(x, requests, in_flight)) | {"model": "light", "in_flight": in_flight})
-            endpoint = f"ipc://{tmp}/light.sock"
-            argv = [
-                sys.executable,
-                "-m",
-                "service.engine",
-                "--endpoint",
-                endpoint,
-                "--artifacts",
-                str(artifacts.parent),
-            ]
-            got = asyncio.run(through_engine(argv, endpoint, "digits-lenet5", x, requests, in_flight))
-            rows.append(got | {"model": "light", "in_flight": in_flight})
-            endpoint = f"ipc://{tmp}/null.sock"
-            got = asyncio.run(
-                through_engine([sys.executable, f"{tmp}/null.py", endpoint], endpoint, "null", x, requests, in_flight)
-            )
-            rows.append(got | {"model": "null", "in_flight": in_flight})
+            for label, (model, argv) in engines.items():
+                endpoint = f"ipc://{tmp}/{label}.sock"
+                got = asyncio.run(through_engine([*argv, endpoint], endpoint, model, x, requests, in_flight))
+                rows.append(got | {"model": label, "in_flight": in_flight})
             print(table(rows[-3:], COLUMNS), flush=True)
-    from bench.engine.fitted import fitted_batch_ms
-
     a, c = fitted_batch_ms()
     return {
         "rows": rows,
@@ -279,38 +238,36 @@ def run(requests: int, seconds: float, rounds: int = ROUNDS) -> dict:
     }
 
 
+def reported(goal: str, worst: str) -> dict:
+    return {"goal": f"{goal} (reported)", "met": "reported", "worst": worst}
+
+
 def goals(result: dict) -> list[dict]:
-    """Reported figures of the IPC, and the issue's goal (W = 2 front-ends at most 1.2x the CPU per request of W = 1,
-    the whole service summed over its processes) judged on the fitted model's rounds, with the pod of one front-end
-    (the IPC without the split) judged beside it."""
+    """Reported figures of the IPC, and the issue's goal (W = 2 at most 1.2x the CPU per request of W = 1, summed
+    over the service's processes) on the fitted model's rounds, the pod of one judged beside it."""
     by = {(r["path"], r["model"], r["in_flight"]): r for r in result["rows"]}
     out: list[dict] = []
     for in_flight in (1, IN_FLIGHT):
         base, engine = by[("in-process", "light", in_flight)], by[("engine", "light", in_flight)]
-        added = engine["cpu_us_total"] - base["cpu_us_total"]
         out.append(
-            {
-                "goal": f"CPU the IPC adds per request, light model, {in_flight} in flight (reported)",
-                "met": "reported",
-                "worst": f"{added:.0f} us ({engine['cpu_us_front']:.0f} front-end + {engine['cpu_us_engine']:.0f} "
-                f"engine, against {base['cpu_us_total']:.0f} in process); batch {engine['mean_batch']:.1f} against "
-                f"{base['mean_batch']:.1f}",
-            }
+            reported(
+                f"CPU the IPC adds per request, light model, {in_flight} in flight",
+                f"{engine['cpu_us_total'] - base['cpu_us_total']:.0f} us ({engine['cpu_us_front']:.0f} front-end + "
+                f"{engine['cpu_us_engine']:.0f} engine, against {base['cpu_us_total']:.0f} in process); batch "
+                f"{engine['mean_batch']:.1f} against {base['mean_batch']:.1f}",
+            )
         )
     service = [r for r in result.get("service", []) if r["protocol"] == "json"]
     light = {r["frontends"]: r for r in service if r["model"] == "light"}
     if {"1", "2"} <= light.keys():
-        ratio = light["2"]["cpu_us_per_request"] / light["1"]["cpu_us_per_request"]
+        one, two = light["1"], light["2"]
         out.append(
-            {
-                "goal": "the light model as it is: a pod of 2 front-ends against one process, CPU per request "
-                "(reported)",
-                "met": "reported",
-                "worst": f"{ratio:.2f}x ({light['2']['cpu_us_per_request']:.0f} against "
-                f"{light['1']['cpu_us_per_request']:.0f} us); requests/s {light['2']['requests_per_s']:.0f} against "
-                f"{light['1']['requests_per_s']:.0f}; batch {light['2']['mean_batch']:.1f} against "
-                f"{light['1']['mean_batch']:.1f}",
-            }
+            reported(
+                "the light model as it is: a pod of 2 front-ends against one process, CPU per request",
+                f"{two['cpu_us_per_request'] / one['cpu_us_per_request']:.2f}x ({two['cpu_us_per_request']:.0f} "
+                f"against {one['cpu_us_per_request']:.0f} us); requests/s {two['requests_per_s']:.0f} against "
+                f"{one['requests_per_s']:.0f}; batch {two['mean_batch']:.1f} against {one['mean_batch']:.1f}",
+            )
         )
     fitted = [r for r in service if r["model"] == "fitted"]
     for layout, what in (
@@ -340,81 +297,56 @@ def goals(result: dict) -> list[dict]:
                 f"us), if one engine keeps up: {16e6 / cpu:.0f} requests/s",
             }
         )
-    grpc = [r for r in result.get("service", []) if r["protocol"] == "grpc"]
-    if grpc:
+    if grpc := [r for r in result.get("service", []) if r["protocol"] == "grpc"]:
         out.append(
-            {
-                "goal": "gRPC ModelInfer, single rows, 64 in flight: requests/s and the mean batch formed, by "
-                "front-ends and HTTP/2 connections (reported)",
-                "met": "reported",
-                "worst": "; ".join(
+            reported(
+                "gRPC ModelInfer, single rows, 64 in flight: requests/s and the mean batch formed, by front-ends and "
+                "HTTP/2 connections",
+                "; ".join(
                     f"W = {r['frontends']}, {r['connections']} connection{'s' * (r['connections'] > 1)}: "
                     f"{r['requests_per_s']:.0f} requests/s, batch {r['mean_batch']:.1f}"
                     for r in grpc
                 ),
-            }
+            )
         )
     null = by[("engine", "null", 1)]
-    out.append(
-        {
-            "goal": "IPC round trip, null model, one request at a time (reported)",
-            "met": "reported",
-            "worst": f"p50 {null['p50_ms'] * 1e3:.0f} us, p99 {null['p99_ms'] * 1e3:.0f} us",
-        }
-    )
-    return out
+    ipc = f"p50 {null['p50_ms'] * 1e3:.0f} us, p99 {null['p99_ms'] * 1e3:.0f} us"
+    return [*out, reported("IPC round trip, null model, one request at a time", ipc)]
 
 
 def markdown(result: dict) -> str:
-    m = result["machine"]
-    return "\n".join(
-        [
-            "# Engine benchmark",
-            "",
-            measured_by("make bench-engine", m, result.get("wall_seconds"))
-            + f" {result['requests']} single-row requests a row. "
-            "What the engine design (issue 54) costs: the same requests through the in-process "
-            "dynamic batcher and through an engine process over ZeroMQ (`service.engine`); `null` is an engine "
-            "whose model answers zeros at once, the IPC alone. The load generator shares the cores with the "
-            "engine, so throughput here does not show the scaling that front-end processes buy on a many-core "
-            "host; the CPU per request does show what the IPC adds.",
-            "",
-            "## Goals",
-            "",
-            table(result["goals"], ["goal", "met", "worst"]),
-            "",
-            "## Runs",
-            "",
-            "`cpu_us_front`: this process's CPU per request (the client, or the in-process batcher and its inference "
-            "thread); `cpu_us_engine`: the engine process's, from /proc.",
-            "",
-            table(result["rows"], COLUMNS),
-            "",
-            "## The service",
-            "",
-            f"`python -m service` with `CALIB_FRONTENDS` 1 (inference in process) and 2 (a pod: two front-ends and an "
-            "engine on one port), and `pod of 1` (`bench.engine.pod_of_one`: one front-end and the engine, the IPC "
-            f"without splitting the traffic); {result.get('seconds_per_run', 0):g} s of load at {IN_FLIGHT} "
-            "connections each (wrk for JSON `/predict`, h2load for gRPC), single rows; the CPU of every process of "
-            "the service. `light`: the committed light model; `fitted`: the same, each onnxruntime call stretched "
-            "by a sleep to the heavy model's batch time on the recorded H100 run (`bench.engine.fitted`: a "
-            f"least-squares line through its raw single-row and batch times, {result.get('fitted_ms', '')}), so "
-            "that the model costs time but no CPU, in rounds whose order rotates. `inference_ms`: the mean of the "
-            "service's inference histogram.",
-            "",
-            table(result.get("service", []), SERVICE_COLUMNS),
-            "",
-        ]
-    )
-
-
-def arguments(parser) -> None:
-    parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--seconds", type=float, default=8.0, help="wrk seconds per service run")
+    out = [
+        "# Engine benchmark",
+        measured_by("make bench-engine", result["machine"], result.get("wall_seconds"))
+        + f" {result['requests']} single-row requests a row. "
+        "What the engine design (issue 54) costs: the same requests through the in-process "
+        "dynamic batcher and through an engine process over ZeroMQ (`service.engine`); `null` is an engine "
+        "whose model answers zeros at once, the IPC alone. The load generator shares the cores with the "
+        "engine, so throughput here does not show the scaling that front-end processes buy on a many-core "
+        "host; the CPU per request does show what the IPC adds.",
+        "## Goals",
+        table(result["goals"], "goal met worst"),
+        "## Runs",
+        "`cpu_us_front`: this process's CPU per request (the client, or the in-process batcher and its inference "
+        "thread); `cpu_us_engine`: the engine process's, from /proc.",
+        table(result["rows"], COLUMNS),
+        "## The service",
+        f"`python -m service` with `CALIB_FRONTENDS` 1 (inference in process) and 2 (a pod: two front-ends and an "
+        "engine on one port), and `pod of 1` (`bench.engine.pod_of_one`: one front-end and the engine, the IPC "
+        f"without splitting the traffic); {result.get('seconds_per_run', 0):g} s of load at {IN_FLIGHT} "
+        "connections each (wrk for JSON `/predict`, h2load for gRPC), single rows; the CPU of every process of "
+        "the service. `light`: the committed light model; `fitted`: the same, each onnxruntime call stretched "
+        "by a sleep to the heavy model's batch time on the recorded H100 run (`bench.engine.fitted`: a "
+        f"least-squares line through its raw single-row and batch times, {result.get('fitted_ms', '')}), so "
+        "that the model costs time but no CPU, in rounds whose order rotates. `inference_ms`: the mean of the "
+        "service's inference histogram.",
+        table(result.get("service", []), SERVICE_COLUMNS),
+    ]
+    return "\n\n".join(out) + "\n"
 
 
 def measure(args) -> dict:
     return run(*((256, 1.0, 1) if args.smoke else (args.requests, args.seconds, ROUNDS)))
 
 
-BENCHMARK = Benchmark(measure, goals, markdown, arguments)
+BENCHMARK = Benchmark(measure, goals, markdown, flags(requests=4000, seconds=(8.0, "wrk seconds per service run")))

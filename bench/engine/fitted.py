@@ -1,11 +1,10 @@
 """A GPU-like model on the CPU (issue 54's fake engine model): the committed light model's outputs, each call
 stretched by a sleep to the time a batch of the heavy model took in a recorded GPU run.
 
-The recorded run (``RECORDED``, the one decision 0027 names) gives the heavy model's time per onnxruntime
-call at one row (raw single-row p50) and at the batches the service formed (two sessions at ``raw_rows_per_s``:
-``2 * batch / raw_rows_per_s``); a least-squares line through them, ``t(rows) = a + c * rows``, is the batch time.
-``time.sleep`` releases the GIL, as ``InferenceSession.run`` does on CUDA, so the CPU the benchmark measures is the
-front-ends', the batcher's and the IPC's, not the model's.
+The batch time is the least-squares line ``t(rows) = a + c * rows`` through the recorded run's (``RECORDED``,
+decision 0027's) time per call at one row and at each batch formed (``2 * batch / raw_rows_per_s``, two sessions).
+``time.sleep`` releases the GIL, as ``InferenceSession.run`` does on CUDA, so the CPU measured is the front-ends',
+the batcher's and the IPC's, not the model's.
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ def fitted_batch_ms(path: Path = RECORDED) -> tuple[float, float]:
 
 
 def install(spec: str) -> None:
-    """Wrap ``ModelRuntime.run`` so that a call on ``rows`` rows lasts at least ``a + c * rows`` ms (``spec`` is
-    ``"a,c"``): the real outputs, then a sleep for what is left."""
+    """Wrap ``ModelRuntime.run`` so a call on ``rows`` rows lasts at least ``a + c * rows`` ms (``spec``: ``"a,c"``)."""
     from service.serving.runtime import ModelRuntime
 
     a, c = (float(v) / 1e3 for v in spec.split(","))

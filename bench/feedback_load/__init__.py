@@ -1,18 +1,10 @@
 """Feedback load benchmark (``python -m bench.feedback_load``, part of ``make bench``): single-label POST /feedback
-next to single-row POST /predict, on SQLite and on PostgreSQL.
+next to single-row POST /predict, on SQLite and on a fresh PostgreSQL database of ``CALIB_BENCH_DATABASE_URL``.
 
-For each store, one ``python -m service`` process (default artifact digits-lenet5, prediction logging
-on) per round is measured with wrk at 32 connections: (a) single-row /predict; (b) single-label /feedback, each
-request labelling a distinct prediction obtained beforehand from /predict (a wrk Lua script walks a
-file of ids, each used once); (c) the same for ids whose prediction is not in the store, as when a label
-reaches another replica before the prediction log has written it: every label is stored as pending, and the
-pending labels pile up (a worst case for the joiner's passes). Then a second process with
-``CALIB_PREDICTION_LOG__DURABILITY=sync`` serves (d) single-row /predict: the cost of making every answered id
-durable, against (a). Reports requests/s, p50 and p99, the ratio feedback/predict, and
-checks that every acknowledged label is stored: the labels found in the store afterwards against the
-2xx responses wrk received (more are stored: the requests in flight when wrk stops are committed
-and answered, but not read) and exactly the 2xx responses the service counted sending.
-PostgreSQL runs in a fresh database on the server of ``CALIB_BENCH_DATABASE_URL`` (127.0.0.1:5432), dropped afterwards.
+Per store and round, one service under wrk: (a) single-row /predict; (b) single-label /feedback of predictions made
+beforehand; (c) the same for ids whose prediction is not stored yet (every label waits as pending); then under sync
+durability, (d) single-row /predict, the cost of durable ids against (a). Every acknowledged label must be stored:
+the labels found against wrk's 2xx responses and the service's own count.
 
     python -m bench.feedback_load [--seconds 10] [--rounds 3] [--stores sqlite postgresql] [--smoke]
 """
@@ -20,7 +12,6 @@ PostgreSQL runs in a fresh database on the server of ``CALIB_BENCH_DATABASE_URL`
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 import uuid
@@ -28,13 +19,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import sqlalchemy as sa
 
 from bench.common import (
     GOAL_COLUMNS,
     ROOT,
     Benchmark,
     ab_rounds,
+    connection,
     goal,
     judged,
     metric_samples,
@@ -76,12 +67,8 @@ end
 
 
 def count_labels(url: str, table: str = "labels") -> int:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as c:
-            return c.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one()
-    finally:
-        engine.dispose()
+    with connection(url) as c:
+        return c.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one()
 
 
 def unknown_ids(n: int) -> list[tuple[str, int]]:
@@ -92,8 +79,7 @@ def unknown_ids(n: int) -> list[tuple[str, int]]:
 
 
 def predicted_ids(base: str, n: int) -> list[tuple[str, int]]:
-    """``n`` (prediction id, true label) pairs from /predict on the digits test split, once the
-    prediction log has written them to the store."""
+    """``n`` (prediction id, true label) pairs from /predict on the digits test split, once the log has written them."""
     from training.data import load_digits_splits
 
     test = load_digits_splits().test
@@ -128,40 +114,36 @@ def settle(base: str, timeout: float = 30.0) -> None:
 
 
 def feedback_run(base: str, ids: list[tuple[str, int]], seconds: float, tmp: Path) -> dict:
+    """wrk's single-label /feedback of ``ids``, each once, then the wait for what it left in flight (``settle``)."""
     path = tmp / f"ids-{uuid.uuid4().hex[:8]}.txt"
     path.write_text("".join(f"{i} {label}\n" for i, label in ids))
-    return wrk(f"{base}/feedback", None, CONNECTIONS, seconds, lua=_FEEDBACK_LUA.format(ids=path))
+    run = wrk(f"{base}/feedback", None, CONNECTIONS, seconds, lua=_FEEDBACK_LUA.format(ids=path))
+    settle(base)
+    return run
 
 
 def store_round(store: str, seconds: float, smoke: bool) -> dict:
     """Single-row /predict and single-label /feedback at 32 connections on one service process."""
     from training.data import load_digits_splits
 
-    work = Path(tempfile.mkdtemp(prefix="calib-bench-feedback-"))
-    try:
-        with store_url(store, work) as url:
-            with service(ROOT / "artifacts", url) as server:
-                predict_body = json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()})
-                wrk(f"{server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
-                predict = wrk(f"{server.url}/predict", predict_body, CONNECTIONS, seconds)
-                # enough distinct ids for feedback as fast as /predict, twice over, and the warm-up
-                warmup_n = int(max(predict["requests_per_s"], 1000) * WARMUP_SECONDS * 2)
-                main_n = int(max(predict["requests_per_s"], 1000) * (seconds + 1) * 2)
-                ids = predicted_ids(server.url, warmup_n + main_n)
-                feedback_run(server.url, ids[:warmup_n], WARMUP_SECONDS, work)
-                settle(server.url)
-                before, answered_before = count_labels(url), answered(server.url)
-                feedback = feedback_run(server.url, ids[warmup_n:], seconds, work)
-                settle(server.url)
-                stored, served = count_labels(url) - before, answered(server.url) - answered_before
-                pending = feedback_run(server.url, unknown_ids(main_n), seconds, work)
-                settle(server.url)
-                pending_stored = count_labels(url, "pending_labels")
-            with service(ROOT / "artifacts", url, CALIB_PREDICTION_LOG__DURABILITY="sync") as sync_server:
-                wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
-                sync_predict = wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, seconds)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="calib-bench-feedback-") as tmp, store_url(store, Path(tmp)) as url:
+        with service(ROOT / "artifacts", url) as server:
+            predict_body = json.dumps({"inputs": load_digits_splits().test.x[:1].tolist()})
+            wrk(f"{server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
+            predict = wrk(f"{server.url}/predict", predict_body, CONNECTIONS, seconds)
+            # enough distinct ids for feedback as fast as /predict, twice over, and the warm-up
+            warmup_n = int(max(predict["requests_per_s"], 1000) * WARMUP_SECONDS * 2)
+            main_n = int(max(predict["requests_per_s"], 1000) * (seconds + 1) * 2)
+            ids = predicted_ids(server.url, warmup_n + main_n)
+            feedback_run(server.url, ids[:warmup_n], WARMUP_SECONDS, Path(tmp))
+            before, answered_before = count_labels(url), answered(server.url)
+            feedback = feedback_run(server.url, ids[warmup_n:], seconds, Path(tmp))
+            stored, served = count_labels(url) - before, answered(server.url) - answered_before
+            pending = feedback_run(server.url, unknown_ids(main_n), seconds, Path(tmp))
+            pending_stored = count_labels(url, "pending_labels")
+        with service(ROOT / "artifacts", url, CALIB_PREDICTION_LOG__DURABILITY="sync") as sync_server:
+            wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, WARMUP_SECONDS)
+            sync_predict = wrk(f"{sync_server.url}/predict", predict_body, CONNECTIONS, seconds)
     acknowledged = feedback["requests"] - feedback["non_2xx"]
     return {
         "store": store,

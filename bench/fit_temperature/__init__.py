@@ -9,17 +9,11 @@ import time
 
 import numpy as np
 
-from bench.common import Benchmark, table
+from bench.common import Benchmark, flags, table
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import fit_temperature
 
 COLUMNS = "objective n classes fitted_T best_s median_s".split()
-
-
-def arguments(parser) -> None:
-    parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5)
 
 
 def measure(args) -> dict:
@@ -51,4 +45,4 @@ def render(result: dict) -> str:
     return f"## fit_temperature\n\n{table(result['results'], COLUMNS)}\n"
 
 
-BENCHMARK = Benchmark(measure, lambda result: [], render, arguments)
+BENCHMARK = Benchmark(measure, lambda result: [], render, flags(n=100_000, classes=10, repeats=5))

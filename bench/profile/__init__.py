@@ -1,14 +1,9 @@
 """Where the serving process's CPU goes (``python -m bench.profile``, part of ``make bench``): py-spy samples every
-thread of the service (on-CPU samples only) while wrk drives single-row clients at the heavy model, through JSON
-/predict and through v2 infer with binary tensors (tritonclient.http's body), and each sample is put in the stage
-its frames show (the innermost frame that names one). With the process's CPU seconds over the same window, each
-stage's share becomes CPU milliseconds per request; wrk's own CPU is measured too, since on a small machine the
-client takes cores from the server. Just before, the same load runs without the profiler (which takes CPU of its
-own) and the machine's cores are split by thread from /proc: the event loop, each inference thread, the service's
-other threads, wrk, other processes and idle (``cores_by_thread``). The same split is then taken of the batching
-floor (``bench/serving/floor_app.py`` with ``FLOOR_MODEL``: parsing, the service's batcher and sessions, an answer,
-nothing else) under the same load, and the two are set side by side per request (``compared_threads``): what the
-service's own work costs on the event loop, and the idle it adds at the hand-offs.
+thread of the service (on-CPU only) while wrk drives single-row clients at the heavy model through JSON /predict and
+binary v2, each sample put in the stage of its innermost frame that names one; with the process's CPU seconds over
+the window, each stage's share is CPU ms per request. Just before, without the profiler, the cores are split by
+thread from /proc (``cores_by_thread``) for the service and for the batching floor under the same load
+(``compared_threads``): what the service's own work costs on the event loop, and the idle it adds at the hand-offs.
 
     python -m bench.profile [--seconds 10] [--clients 64] [--smoke]
 """
@@ -26,8 +21,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from bench.common import Benchmark, children_cpu_seconds, process_cpu_seconds, table, wrk
-from bench.serving.measure import HEAVY, binary_load, floor_server, heavy_artifact, service, single_row_requests
+from bench.common import HEAVY, Benchmark, children_cpu_seconds, flags, process_cpu_seconds, service, table, wrk
+from bench.serving.harness import floor_server, single_row_requests
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
 # names a frame "function (path/to/file.py:line)"
@@ -97,9 +92,8 @@ def idle_seconds() -> float:
 
 
 def cores_by_thread(pid: int, url: str, payload: str | None, clients: int, seconds: float, lua: str | None) -> dict:
-    """The machine's cores under ``wrk`` load, without the profiler, split by where they went: the service's
-    event loop, each inference thread, its other threads, wrk, other processes and idle; with cores per
-    request as milliseconds per request."""
+    """The machine's cores under ``wrk`` load, without the profiler, by where they went (the event loop, each
+    inference thread, other threads, wrk, other processes, idle), and as milliseconds per request."""
     names = thread_names(pid)
     before, idle, client = thread_cpu_seconds(pid), idle_seconds(), children_cpu_seconds()
     started = time.perf_counter()
@@ -127,38 +121,20 @@ def profile(seconds: float, clients: int, protocol: str, artifacts: Path) -> dic
     work = Path(tempfile.mkdtemp(prefix="calib-profile-"))
     svc = service(artifacts, f"sqlite:///{work / 'profile.db'}", True, "auto", CALIB_DEFAULT_MODEL=HEAVY)
     floor = floor_server(artifacts / HEAVY / "1" / "model.onnx")
-    path, payload, lua = single_row_requests(binary_load(work))[protocol]
+    path, payload, lua = single_row_requests(work)[protocol]
     url = svc.url + path
     try:
         wrk(url, payload, clients, min(seconds, 2.0), lua=lua)  # warm-ups
         wrk(floor.url + path, payload, clients, min(seconds, 2.0), lua=lua)
         unprofiled = cores_by_thread(svc.process.pid, url, payload, clients, seconds, lua)
         batching_floor = cores_by_thread(floor.process.pid, floor.url + path, payload, clients, seconds, lua)
-        spy = subprocess.Popen(
-            [
-                PY_SPY,
-                "record",
-                "--pid",
-                str(svc.process.pid),
-                "--format",
-                "raw",
-                "--rate",
-                "200",
-                "--nonblocking",
-                "--duration",
-                str(round(seconds) + 1),
-                "--output",
-                str(work / "raw.txt"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        cpu = process_cpu_seconds(svc.process.pid)
-        client_cpu = children_cpu_seconds()
+        options = {"--pid": svc.process.pid, "--format": "raw", "--rate": 200, "--duration": round(seconds) + 1}
+        argv = [PY_SPY, "record", "--nonblocking", "--output", str(work / "raw.txt")]
+        argv += [str(part) for option in options.items() for part in option]
+        spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cpu, client_cpu = process_cpu_seconds(svc.process.pid), children_cpu_seconds()
         load = wrk(url, payload, clients, seconds, lua=lua)
-        cpu = process_cpu_seconds(svc.process.pid) - cpu
-        client_cpu = children_cpu_seconds() - client_cpu
+        cpu, client_cpu = process_cpu_seconds(svc.process.pid) - cpu, children_cpu_seconds() - client_cpu
         _, errors = spy.communicate(timeout=120)
         if spy.returncode != 0:
             raise RuntimeError(f"py-spy failed: {errors}")
@@ -194,8 +170,8 @@ INFERENCE_THREADS = "inference threads"
 
 
 def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
-    """The service's and the batching floor's ``cores_by_thread`` side by side, inference threads summed: cores
-    and milliseconds per request of each, and what the service adds per request."""
+    """The service's and the batching floor's ``cores_by_thread`` side by side, and what the service adds per
+    request."""
 
     def by_where(split: dict, key: str) -> Counter:
         summed: Counter = Counter()
@@ -221,35 +197,27 @@ def compared_threads(service_split: dict, floor_split: dict) -> list[dict]:
 
 COLUMNS = ["stage", "share", "cpu_ms_per_request"]
 THREAD_COLUMNS = ["where", "cores", "ms_per_request"]
-COMPARED_COLUMNS = (
-    "where service_cores floor_cores service_ms_per_request floor_ms_per_request added_ms_per_request".split()
-)
-
-
-def arguments(parser) -> None:
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--clients", type=int, default=64)
+COMPARED_COLUMNS = "where service_cores floor_cores service_ms_per_request floor_ms_per_request added_ms_per_request"
 
 
 def measure(args) -> dict:
+    from training.untrained import untrained_artifact
+
     seconds, clients = (1.0, 4) if args.smoke else (args.seconds, args.clients)
     protocols = list(PROTOCOLS)[:1] if args.smoke else PROTOCOLS  # a smoke run checks the path, on one protocol
     with tempfile.TemporaryDirectory(prefix="calib-profile-") as work:
-        heavy_artifact(Path(work) / "artifacts")
+        untrained_artifact(Path(work) / "artifacts", HEAVY)
         return {"runs": [profile(seconds, clients, protocol, Path(work) / "artifacts") for protocol in protocols]}
 
 
 def render(result: dict) -> str:
-    """The page's section: per protocol, the stages, the cores by thread without the profiler, and the service
-    against the batching floor."""
+    """The page's section: per protocol, the stages, the cores by thread, and the service against the batching floor."""
     out = [
         "## Where the server's CPU goes",
-        "",
         "py-spy samples of every thread of a service process (on-CPU samples, 200 per second) while wrk drives "
         "single-row clients at the heavy model (bench/profile), through each protocol on a fresh process. A "
         "sample counts for the stage of its innermost frame that names one. Of the machine's "
         f"{result['machine']['cores']} cores, what the server and wrk leave is idle.",
-        "",
     ]
     for run in result["runs"]:
         out += [
@@ -258,17 +226,13 @@ def render(result: dict) -> str:
             f"{run['server_cpu_ms_per_request']:.2f} server CPU ms per request, "
             f"{run['server_cores_busy']:.2f} cores busy in the server and {run['client_cores_busy']:.2f} "
             "in wrk:",
-            "",
             table(run["stages"], COLUMNS),
-            "",
         ]
         if run.get("unprofiled"):
             out += [
                 f"The same load just before, without the profiler: {run['unprofiled']['requests_per_s']:.0f} "
                 "requests/s; the machine's cores by thread (/proc), and as milliseconds per request:",
-                "",
                 table(run["unprofiled"]["threads"], THREAD_COLUMNS),
-                "",
             ]
         if run.get("compared"):
             out += [
@@ -276,11 +240,9 @@ def render(result: dict) -> str:
                 f"nothing else) under the same load: {run['batching_floor']['requests_per_s']:.0f} requests/s; "
                 "its cores against the service's, inference threads summed, and what the service adds per "
                 "request:",
-                "",
                 table(run["compared"], COMPARED_COLUMNS),
-                "",
             ]
-    return "\n".join(out)
+    return "\n\n".join(out) + "\n"
 
 
-BENCHMARK = Benchmark(measure, lambda result: [], render, arguments)
+BENCHMARK = Benchmark(measure, lambda result: [], render, flags(seconds=10.0, clients=64))

@@ -1,11 +1,9 @@
 """The serving benchmark (``python -m bench.serving``, part of ``make bench``): onnxruntime alone, the service and the
 no-batching baseline side by side, the floor apps, the prediction log's cost, and monitoring latency and a memory
-soak on the same long-lived service process. ``measure`` runs the servers and the load, ``goals`` judges the
-results, ``render`` writes them.
+soak on the same long-lived service process.
 
-Goals are ratios within this one run, and those of the device the heavy model really ran on (``/health``):
-``--device cuda`` on a machine with a GPU and onnxruntime-gpu runs the same benchmark with the GPU goals. The short
-runs of the serving path on a device, the pod's among them, are ``python -m bench.gpu`` (``bench/gpu.py``).
+Goals are ratios within this one run, and those of the device the heavy model really ran on (``/health``); the short
+runs of the serving path on a device are ``python -m bench.gpu``.
 
     python -m bench.serving [--seconds 3] [--soak-minutes 10] [--rows 1000000] [--device cuda] [--smoke]
     python -m bench.serving --heavy-only    # the heavy model's rounds alone
@@ -13,22 +11,21 @@ runs of the serving path on a device, the pod's among them, are ``python -m benc
 
 from __future__ import annotations
 
-from bench.common import GPU_MAX_BATCH, Benchmark, write_result
+from bench.common import GPU_MAX_BATCH, Benchmark, flags, write_result
 from bench.serving import goals, measure, render
 
 
 def arguments(parser) -> None:
-    parser.add_argument("--seconds", type=float, help="measured seconds per load point (3)")
-    parser.add_argument(
-        "--soak-minutes", type=float, default=10.0, help="minutes of load on one process, for the RSS check"
-    )
-    parser.add_argument("--rows", type=int, default=1_000_000, help="labelled predictions stored before the start")
-    parser.add_argument(
-        "--heavy-only",
-        action="store_true",
-        help="only the heavy model's rounds (JSON and binary v2 against onnxruntime alone), a short run "
-        "for iterating on the hot path",
-    )
+    flags(
+        seconds=(None, "measured seconds per load point (3)", float),
+        soak_minutes=(10.0, "minutes of load on one process, for the RSS check"),
+        rows=(1_000_000, "labelled predictions stored before the start"),
+        heavy_only=(
+            False,
+            "only the heavy model's rounds (JSON and binary v2 against onnxruntime alone), a short run "
+            "for iterating on the hot path",
+        ),
+    )(parser)
     parser.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],

@@ -1,19 +1,11 @@
-"""The floor of a single-row request on the service's HTTP stack: a plain ASGI app on the same uvicorn
-(uvloop, httptools) that does only what any server of these requests must do, and no inference. It
-reads the body, turns the row into a checked float32 array with the service's own parsers (JSON
-through ``service.http.numeric_json``, v2 binary tensors through ``numpy.frombuffer`` after the JSON
-header) and answers a fixed small body. Its CPU per request, with the client's, bounds what any
-server on this stack can reach against onnxruntime alone (``bench.serving.measure.ceiling``).
+"""The floor of a single-row request on the service's HTTP stack: a plain ASGI app on the same uvicorn that only
+parses the row with the service's own parsers and answers a fixed body. Its CPU per request, with the client's,
+bounds what any server on this stack can reach (``bench.serving.measure.ceiling``).
 
-With ``FLOOR_MODEL`` set to an ONNX file it is the batching floor: each row then also goes through the
-service's own dynamic batcher (``service.serving.batching``) to onnxruntime sessions made as the service
-makes them (``service.serving.runtime``), and the answer carries the row's probabilities. Parsing, the
-hand-off to the inference threads and back, batched inference and an answer are all it does: no scoring,
-prediction log, metrics, middleware or validation beyond the parsers'. Its rows/s against onnxruntime alone
-is what a batching server on this stack reaches with nothing the service adds (``bench.serving.measure.heavy_rounds``);
-``GET /`` answers the rows and onnxruntime calls it has run.
+With ``FLOOR_MODEL`` (an ONNX file), the batching floor: each row also goes through the service's batcher to sessions
+made as the service makes them, and nothing else (no scoring, log, metrics, middleware); ``GET /`` answers the rows
+and calls it has run.
 
-    python -m uvicorn bench.serving.floor_app:app --port 8001
     FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m uvicorn bench.serving.floor_app:app --port 8001
 """
 

@@ -1,12 +1,11 @@
-"""The serving benchmark's goals, each a ratio or a difference measured within one run, with its target; the
-heavy model's are those of the device it really ran on. Every goal of the serving path is stated here once: those
-of the full benchmark (``goals``), of the short device run (``device_goals``) and of the pod on a device
+"""The serving benchmark's goals, each a ratio or a difference measured within one run; every goal of the serving
+path is stated here once: the full benchmark's (``goals``), the short device run's (``device_goals``) and the pod's
 (``pod_goals``)."""
 
 from __future__ import annotations
 
-from bench.common import goal, judged
-from bench.serving.measure import CUDA, HEAVY, LIGHT
+from bench.common import HEAVY, LIGHT, goal, judged
+from bench.serving.harness import CUDA
 
 VS_RAW = {"cpu": 0.9, "gpu": 0.8}
 """Rows/s at 64 single-row clients over onnxruntime alone at the batch size the batcher formed, by device."""
@@ -32,8 +31,7 @@ def _find(records, **match):
 
 
 def goals(result: dict) -> list[dict]:
-    """Every goal whose measurements this run made (a smoke run makes only some); the heavy model's
-    batching and latency goals are those of the device it ran on."""
+    """Every goal this run measured (a smoke run: some), the heavy model's those of its device."""
     top, monitoring, memory = result["heavy_rounds"]["clients"], result["monitoring"], result["soak"]
     calibration, feedback = monitoring["calibration"], monitoring["feedback"]
     out = []
@@ -42,23 +40,21 @@ def goals(result: dict) -> list[dict]:
             out += measured(result, top)
         except StopIteration:
             continue
-    out.append(goal("feedback labels/s (batches of 1000)", feedback["labels_per_s"], ">= 5000"))
     worst = max(calibration, key=lambda r: r["p99_ms"])
-    out.append(
+    out += [
+        goal("feedback labels/s (batches of 1000)", feedback["labels_per_s"], ">= 5000"),
         goal(
             "GET /calibration p99 ms, worst window (quiet or while labels arrive)",
             worst["p99_ms"],
             "<= 50",
             f"window {worst['window']}, labels arriving: {worst['labels_arriving']}",
-        )
-    )
-    out.append(
+        ),
         goal(
             f"RSS change after {memory['minutes']:.1f} minutes of load, relative to after the warm-up",
             memory["growth"],
             "within 0.05",
-        )
-    )
+        ),
+    ]
     return judged(out)
 
 
@@ -141,19 +137,17 @@ def _queue_delay_goal(result: dict, top: int) -> list[dict]:
 
 
 def _logging_goals(result: dict, top: int) -> list[dict]:
-    out = []
-    for row in result["logging"]:
-        if row["logging"] != "off":
-            out.append(
-                goal(
-                    f"{row['model']}: extra server CPU per request with prediction logging to {row['logging']}",
-                    row["extra_cpu"],
-                    "<= 0.10",
-                    f"ratio of the means of {row['measurements']} measurements each; per measurement "
-                    f"{row['extra_cpu_range'][0]:+.3f} to {row['extra_cpu_range'][1]:+.3f}",
-                )
-            )
-    return out
+    return [
+        goal(
+            f"{row['model']}: extra server CPU per request with prediction logging to {row['logging']}",
+            row["extra_cpu"],
+            "<= 0.10",
+            f"ratio of the means of {row['measurements']} measurements each; per measurement "
+            f"{row['extra_cpu_range'][0]:+.3f} to {row['extra_cpu_range'][1]:+.3f}",
+        )
+        for row in result["logging"]
+        if row["logging"] != "off"
+    ]
 
 
 def device_goals(result: dict) -> list[dict]:
@@ -163,44 +157,39 @@ def device_goals(result: dict) -> list[dict]:
     heavy = {p["protocol"]: p for p in points if p["model"] == HEAVY}
     out = []
     for protocol, point in heavy.items():
-        out.append(
+        out += [
             goal(
                 f"heavy on {provider}, {protocol}: rows/s at {point['clients']} clients / no-batching baseline",
                 point["rows_per_s"] / baseline[HEAVY],
                 f">= {VS_BASELINE_GPU}",
-            )
-        )
-        out.append(
+            ),
             goal(
                 f"heavy on {provider}, {protocol}: rows/s at {point['clients']} clients / onnxruntime alone at "
                 f"the formed batch ({point['batch']:.1f} rows)",
                 point["vs_raw"],
                 f">= {VS_RAW['gpu']}",
-            )
+            ),
+        ]
+    out += [
+        goal(
+            f"{point['model']}, {point['protocol']}: p50 at 1 client minus raw single-row p50 (ms)",
+            point["p50_1_client_ms"] - single[point["model"]]["p50_ms"],
+            f"<= {P50_OVER_RAW_MS[HEAVY]}",
         )
-    for point in points:
-        out.append(
-            goal(
-                f"{point['model']}, {point['protocol']}: p50 at 1 client minus raw single-row p50 (ms)",
-                point["p50_1_client_ms"] - single[point["model"]]["p50_ms"],
-                f"<= {P50_OVER_RAW_MS[HEAVY]}",
-            )
-        )
-    default = [r for r in result["parity"] if r["server"] == "service"]
-    if default:
-        out.append(
-            goal(
-                f"probabilities on {provider} (TF32 off) vs the CPU path: largest absolute difference",
-                max(r["max_abs_diff"] for r in default),
-                f"<= {PARITY}",
-            )
-        )
+        for point in points
+    ]
+    if default := [r["max_abs_diff"] for r in result["parity"] if r["server"] == "service"]:
+        name = f"probabilities on {provider} (TF32 off) vs the CPU path: largest absolute difference"
+        out.append(goal(name, max(default), f"<= {PARITY}"))
     return judged(out)
 
 
 def pod_goals(result: dict) -> list[dict]:
-    """The pod's goals on a device (``bench.gpu.run_pod``), each at the best W for it; the two plain replicas are
-    reported beside it."""
+    """The pod's goals on a device (``bench.gpu.run_pod``), each at its best W (``at``), the replicas beside it."""
+
+    def at(name: str, measured: float, target: str, where: str) -> dict:
+        return {"goal": name, "measured": measured, "target": target, "at": where}
+
     points = [p for p in result["points"] if p.get("vs_raw") is not None]
     out = []
     for clients in (128, 64):
@@ -209,46 +198,33 @@ def pod_goals(result: dict) -> list[dict]:
             best = max((p for p in candidates if p["frontends"] != REPLICAS), key=lambda p: p["vs_raw"])
             pair = next((p for p in candidates if p["frontends"] == REPLICAS), None)
             out.append(
-                {
-                    "goal": f"heavy, {protocol}, {clients} clients: rows/s / onnxruntime alone at the formed batch",
-                    "measured": best["vs_raw"],
-                    "target": f">= {bound}" if clients == 128 else "reported",
-                    "at": f"W = {best['frontends']}, batch {best['batch']:.1f}"
+                at(
+                    f"heavy, {protocol}, {clients} clients: rows/s / onnxruntime alone at the formed batch",
+                    best["vs_raw"],
+                    f">= {bound}" if clients == 128 else "reported",
+                    f"W = {best['frontends']}, batch {best['batch']:.1f}"
                     + (f"; 2 replicas {pair['vs_raw']:.2f} at batch {pair['batch']:.1f}" if pair else ""),
-                }
+                )
             )
     light = [p for p in points if (p["model"], p["protocol"]) == (LIGHT, "binary") and p["frontends"] != REPLICAS]
     best = max(light, key=lambda p: p["requests_per_s"])
-    out.append(
-        {
-            "goal": "light, binary: single-row requests/s",
-            "measured": best["requests_per_s"],
-            "target": f">= {POD_LIGHT_BINARY}",
-            "at": f"W = {best['frontends']}, {best['clients']} clients, batch {best['batch']:.1f}",
-        }
-    )
+    where = f"W = {best['frontends']}, {best['clients']} clients, batch {best['batch']:.1f}"
+    out.append(at("light, binary: single-row requests/s", best["requests_per_s"], f">= {POD_LIGHT_BINARY}", where))
     for model in (HEAVY, LIGHT):
         single = result["single_row"][model]["p50_ms"]
         ones = [p for p in result["points"] if p["model"] == model and p["clients"] == 1]
         pod = [p["frontends"] for p in ones if p["frontends"] not in ("1", REPLICAS)]
         for label, group in (("W = 1", ["1"]), ("W > 1", pod)):
-            chosen = [p for p in ones if p["frontends"] in group]
-            if chosen:
+            if chosen := [p for p in ones if p["frontends"] in group]:
                 worst = max(chosen, key=lambda p: p["p50_ms"])
                 out.append(
-                    {
-                        "goal": f"{model}, {label}: p50 at 1 client minus raw single-row p50 (ms), worst protocol",
-                        "measured": worst["p50_ms"] - single,
-                        "target": f"<= {POD_P50_OVER_RAW_MS}",
-                        "at": f"W = {worst['frontends']}, {worst['protocol']}",
-                    }
+                    at(
+                        f"{model}, {label}: p50 at 1 client minus raw single-row p50 (ms), worst protocol",
+                        worst["p50_ms"] - single,
+                        f"<= {POD_P50_OVER_RAW_MS}",
+                        f"W = {worst['frontends']}, {worst['protocol']}",
+                    )
                 )
-    out.append(
-        {
-            "goal": "probabilities against the CPU path: largest absolute difference, every W",
-            "measured": max(p["max_abs_diff"] for p in result["parity"]),
-            "target": f"<= {PARITY}",
-            "at": "64 rows per model",
-        }
-    )
+    name = "probabilities against the CPU path: largest absolute difference, every W"
+    out.append(at(name, max(p["max_abs_diff"] for p in result["parity"]), f"<= {PARITY}", "64 rows per model"))
     return judged(out)

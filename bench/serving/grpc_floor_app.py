@@ -1,9 +1,5 @@
-"""The batching floor over gRPC: a bare ``grpc.aio`` server answering ``ModelInfer`` with nothing but what any
-batching server of these requests must do. It decodes the message, takes the raw input as a float32 array,
-sends the row through the service's own dynamic batcher to onnxruntime sessions made as the service makes them
-(``bench.serving.floor_app.BatchingFloor``), and answers the row's probabilities as raw contents: no validation beyond
-that, no scoring, prediction log, metrics or ids. Its rows/s against onnxruntime alone is what a batching
-gRPC server reaches on this machine with nothing the service adds (``bench.serving.measure.heavy_rounds``).
+"""The batching floor over gRPC: a bare ``grpc.aio`` server answering ``ModelInfer`` through the batching floor of
+``bench.serving.floor_app`` (the raw input as float32 rows, the probabilities as raw contents), nothing else;
 ``/floor.Floor/Stats`` answers the rows and onnxruntime calls it has run, as JSON bytes.
 
     FLOOR_MODEL=artifacts/cifar-resnet56/1/model.onnx python -m bench.serving.grpc_floor_app --port 8002
@@ -40,22 +36,15 @@ async def serve(port: int, model: Path) -> None:
     async def stats(request: bytes, context) -> bytes:
         return json.dumps({"rows": floor.rows, "calls": floor.calls}).encode()
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        [
-            grpc.method_handlers_generic_handler(
-                "inference.GRPCInferenceService",
-                {
-                    "ModelInfer": grpc.unary_unary_rpc_method_handler(
-                        infer,
-                        request_deserializer=pb.ModelInferRequest.FromString,
-                        response_serializer=pb.ModelInferResponse.SerializeToString,
-                    )
-                },
-            ),
-            grpc.method_handlers_generic_handler("floor.Floor", {"Stats": grpc.unary_unary_rpc_method_handler(stats)}),
-        ]
+    infer_handler = grpc.unary_unary_rpc_method_handler(
+        infer, pb.ModelInferRequest.FromString, pb.ModelInferResponse.SerializeToString
     )
+    services = {
+        "inference.GRPCInferenceService": {"ModelInfer": infer_handler},
+        "floor.Floor": {"Stats": grpc.unary_unary_rpc_method_handler(stats)},
+    }
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(n, m) for n, m in services.items()])
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     try:

@@ -1,8 +1,7 @@
 """Closed-loop gRPC load, the benchmarks' wrk for the Open Inference Protocol over gRPC: nghttp2's h2load (C, like
-wrk, so the client's CPU stays small beside the server's) keeps ``clients`` single-row ``ModelInfer`` calls in
-flight on one HTTP/2 connection (or ``connections``) for ``seconds``, the request serialized and framed once.
-h2load sees HTTP statuses only (a gRPC status travels in trailers): callers check the gRPC outcome apart, from the
-server's own ``calib_grpc_requests_total`` or with one call through a gRPC client.
+wrk, so the client's CPU stays small) keeps single-row ``ModelInfer`` calls in flight, the request framed once.
+h2load sees HTTP statuses only (a gRPC status travels in trailers): callers check the gRPC outcome from the server's
+``calib_grpc_requests_total`` or with a gRPC client.
 
     python -m bench.serving.grpc_load --target 127.0.0.1:8081 --model cifar-resnet56 --shape 3,32,32 --seconds 3
 """
@@ -47,36 +46,21 @@ def load(
     connections: int = 1,
     threads: int = 1,
 ) -> dict:
-    """h2load's requests, requests/s, p50 and p99 latency (ms, from its per-request log) and HTTP-level failures;
-    the ``clients`` calls in flight spread over ``connections`` HTTP/2 connections, driven by ``threads``."""
+    """h2load's requests, requests/s, p50 and p99 (ms) and HTTP-level failures."""
     with tempfile.TemporaryDirectory() as tmp:
         body, log = Path(tmp) / "request.grpc", Path(tmp) / "latency.log"
         body.write_bytes(grpc_frame(request_bytes(model, shape)))
-        out = subprocess.run(
-            [
-                "h2load",
-                "-t",
-                str(min(threads, connections)),
-                "-c",
-                str(connections),
-                "-m",
-                str(max(1, clients // connections)),
-                "-D",
-                str(max(1, round(seconds))),
-                "--log-file",
-                str(log),
-                "-d",
-                str(body),
-                "-H",
-                "content-type: application/grpc",
-                "-H",
-                "te: trailers",
-                f"http://{target}{METHOD}",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        options = {
+            "-t": min(threads, connections),
+            "-c": connections,
+            "-m": max(1, clients // connections),
+            "-D": max(1, round(seconds)),
+            "--log-file": log,
+            "-d": body,
+        }
+        argv = ["h2load", *(str(part) for option in options.items() for part in option)]
+        argv += ["-H", "content-type: application/grpc", "-H", "te: trailers", f"http://{target}{METHOD}"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         micros = np.array([int(line.split()[2]) for line in log.read_text().splitlines() if line.strip()])
     done = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
     rate = re.search(r"([\d.]+) req/s", out)

@@ -1,11 +1,5 @@
-"""The serving benchmark's monitoring measurements, on its soak server: sustained POST /feedback throughput and
-GET /calibration latency with many labelled rows stored.
-
-Feedback: offline items (probabilities + label) in batches through HTTP for a fixed time, after one warm-up request
-(which also folds the directly written rows into the e-detector): labels/s. Calibration: labelled predictions are
-written straight into the store (the same store calls the service makes, ``fill_store``), then GET /calibration is
-timed for windows of 10^3, 10^5 and 10^6 labels (p50, p99).
-"""
+"""The serving benchmark's monitoring measurements on its soak server: POST /feedback throughput and GET /calibration
+latency over many labelled predictions written straight into the store (``fill_store``)."""
 
 from __future__ import annotations
 
@@ -42,18 +36,8 @@ def fill_store(url: str, rows: int, chunk: int = 50_000) -> float:
         brier = ((p - np.eye(p.shape[1])[y]) ** 2).sum(1)
         probs, logits = encode_rows(p), encode_rows(z)
         now = time.time()
-        ids = prediction_ids(n)
-        columns = zip(
-            ids,
-            pred.tolist(),
-            conf.tolist(),
-            y.tolist(),
-            binning.bin_index(conf, edges).tolist(),
-            nll.tolist(),
-            brier.tolist(),
-            probs,
-            logits,
-        )
+        bins = binning.bin_index(conf, edges)
+        columns = zip(prediction_ids(n), *(a.tolist() for a in (pred, conf, y, bins, nll, brier)), probs, logits)
         predictions, labels = [], []
         for id_, k, c, t, b, nl, br, pb, lb in columns:
             predictions.append(PredictionRow(id_, MODEL, "1", 0, now, k, c, c, pb, lb))

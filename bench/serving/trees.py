@@ -1,17 +1,14 @@
 """The service of two source trees in the same run: did a change move the serving ratios of ``make bench``?
 
-A change to the HTTP layer is judged by the goals' own ratios, measured on both trees in turn on the same
-machine, so that the machine's drift hits both alike: light single-row ``/predict`` against the plain FastAPI
-baseline (``bench/serving/baseline_app.py``), and the heavy model's single-row JSON ``/predict`` and binary v2 infer
-against onnxruntime alone at the batch size each formed. Each round measures every server once, the trees'
-order alternating; reported are the per-round ratios, their medians and ranges, and per ratio the median of
-after / before. A change holds when that median lies within the ratio's round-to-round spread (the larger
-max / min over the rounds of either tree).
+Both trees' services are measured in turn each round, the order alternating, on the ratios of ``make bench`` (light
+``/predict`` against the FastAPI baseline, heavy JSON and binary v2 against onnxruntime alone). A change holds when
+the median of after / before lies within the ratio's round-to-round spread (the larger max / min over the rounds of
+either tree).
 
     python -m bench.serving.trees --before <commit> [--after <commit or folder>] [--seconds 5] [--rounds 5] [--smoke]
 
-``--before`` and ``--after`` name commits (checked out into temporary worktrees) or folders; ``--after``
-defaults to this working tree. Both run in this venv. Writes bench/results/trees.json.
+Commits are checked out into temporary worktrees; ``--after`` defaults to this working tree. Writes
+bench/results/trees.json.
 """
 
 from __future__ import annotations
@@ -23,18 +20,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.common import ROOT, Server, ab_rounds, histogram_totals, table, write_result, wrk
-from bench.serving.measure import (
-    HEAVY,
-    LIGHT,
+from bench.common import HEAVY, LIGHT, ROOT, Server, ab_rounds, histogram_totals, service, table, write_result, wrk
+from bench.serving.harness import (
     SHAPES,
     baseline_server,
-    binary_load,
     body,
     both_artifacts,
     formed_batch,
     raw_at,
-    service,
     single_row_requests,
 )
 
@@ -59,7 +52,7 @@ def measure(trees: dict[str, Path], work: Path, seconds: float, rounds: int) -> 
         entries = json.loads(manifest.read_text())
         entries.pop("label_shift", None)
         manifest.write_text(json.dumps(entries, indent=2))
-    requests = single_row_requests(binary_load(work, HEAVY), HEAVY)
+    requests = single_row_requests(work, HEAVY)
     light = body(None, SHAPES[LIGHT], 1)
     # the store under its old name too, for a tree from before the settings' groups (a newer tree warns, ignores it)
     stores = {name: f"sqlite:///{work / (name + '.db')}" for name in trees}

@@ -1,11 +1,6 @@
 """The benchmark of label-free accuracy estimation and label-shift correction (``python -m bench.shift``,
-docs/shift_benchmark.md): on the digits model and synthetic sources of known calibration, windows under no shift,
-label shift (Dirichlet priors), covariate shift and both, measured against their labels, an oracle told the priors,
-and NannyML's CBPE.
-
-``streams`` builds the sources and windows, ``measure`` measures them (with ``alarm``, the label-shift alarm's
-streams, and ``sets``, the prediction sets under label shift), ``goals`` judges, ``render`` writes the page;
-``cbpe.py`` runs CBPE in .venv-cbpe (`make cbpe`).
+docs/shift_benchmark.md): windows of the digits model and synthetic sources under no shift, label shift, covariate
+shift and both, against their labels, an oracle told the priors, and NannyML's CBPE (``cbpe.py``, `make cbpe`).
 
     python -m bench.shift [--streams 200] [--windows 500,2000] [--alarm-length 10000] [--seed 0] [--smoke]
         [--report-only]
@@ -13,27 +8,20 @@ streams, and ``sets``, the prediction sets under label shift), ``goals`` judges,
 
 from __future__ import annotations
 
-from bench.common import Benchmark
+from bench.common import Benchmark, flags
 from bench.shift import goals, measure, render
 from bench.shift.alarm import ALARM_LENGTH
 from bench.shift.streams import POOL_ROWS
 
-
-def arguments(parser) -> None:
-    parser.add_argument("--streams", type=int, default=200, help="seeded windows per row")
-    parser.add_argument(
-        "--windows",
-        type=lambda text: tuple(int(v) for v in text.split(",")),
-        default=measure.WINDOWS,
-        help="window sizes, comma-separated",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pool-rows", type=int, default=POOL_ROWS, help="rows of each synthetic pool")
-    parser.add_argument(
-        "--serving-seconds", type=float, default=4.0, help="seconds of load per version, round and request size"
-    )
-    parser.add_argument("--serving-rounds", type=int, default=5, help="alternating rounds of the /predict cost")
-    parser.add_argument("--alarm-length", type=int, default=ALARM_LENGTH, help="predictions per alarm stream")
+arguments = flags(
+    streams=(200, "seeded windows per row"),
+    windows=(measure.WINDOWS, "window sizes, comma-separated", lambda text: tuple(int(v) for v in text.split(","))),
+    seed=0,
+    pool_rows=(POOL_ROWS, "rows of each synthetic pool"),
+    serving_seconds=(4.0, "seconds of load per version, round and request size"),
+    serving_rounds=(5, "alternating rounds of the /predict cost"),
+    alarm_length=(ALARM_LENGTH, "predictions per alarm stream"),
+)
 
 
 def run(args) -> dict:

@@ -1,32 +1,16 @@
-"""The shift benchmark's label-shift alarm rows (``calibkit.label_shift_alarm``): false alarms on unshifted streams
-against the stated bound, detection delay under label shift against an oracle told the shift, and the firing rate
-under covariate shift.
-
-The alarm of each source is ``LabelShiftAlarmConfig.for_reference`` of its validation reference (the
-``LabelShiftReference`` behind EM's source priors), with its margins for the reference's own error. A stream is
-``ALARM_LENGTH`` predictions drawn with replacement from a pool, as the benchmark's windows are: uniformly (no
-shift, covariate shift), or under label shift with priors pi_t ~ Dirichlet(alpha) from the first prediction on.
-
-- **False alarms.** Under no shift the share of streams raised within n predictions is at most n / A + epsilon
-  (decision 0032: the detector's bound plus the probability that the reference's margins miss). At the default A
-  that bound is about epsilon; a smaller A (``THRESHOLDS``) makes n / A the informative part, and the lowest one
-  makes it vacuous, to show how far the statistic stays below what the bound allows.
-- **Delay** under label shift: predictions to the first raise (the change at prediction 0), median and quantiles
-  among the raised, and the share raised within the horizon. The oracle is told the new priors: the CUSUM of the
-  exact log likelihood ratio of a prediction under the new priors, log sum_y w_y p(y | x_t), w = pi_t / pi_s
-  (Page 1954; Lorden 1971 shows it is the fastest detector at its false-alarm rate), at the same A. It is not told a
-  tolerance, so it also raises on the shifts that the alarm's band holds by design; ``left_band`` is the share of
-  streams whose shift moves some class's mean beyond its band (the means from the pool's class-conditional mean
-  probabilities), the only ones the alarm is built to raise on.
-- **Covariate shift**: the share raised within the horizon on the corrupted pools, which the alarm cannot tell from a
-  label shift without labels.
-"""
+"""The shift benchmark's label-shift alarm rows (``calibkit.label_shift_alarm``,
+``LabelShiftAlarmConfig.for_reference`` of each source's validation reference), on streams of ``ALARM_LENGTH``
+predictions drawn as the windows are, the shift from the first prediction on: false alarms under no shift against n /
+A + epsilon (decision 0032) at each of ``THRESHOLDS``, the delay under label shift against an oracle told the new
+priors (Page 1954; Lorden 1971), and the firing under covariate shift. The page (``render``) says what each figure
+means."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.shift.streams import ALPHAS, Pool, Source, draw_windows
+from bench.common import clopper_pearson
+from bench.shift.streams import ALPHAS, Pool, Source, draw_windows, share
 from calibkit.label_shift_alarm import DEFAULT_THRESHOLD, LabelShiftAlarmConfig, LabelShiftAlarmState
 
 #: Predictions per stream.
@@ -79,9 +63,8 @@ def _quantiles(values: np.ndarray) -> list[float] | None:
     return None if len(values) == 0 else [float(q) for q in np.quantile(values, [0.1, 0.5, 0.9])]
 
 
-def alarm_rows(source: Source, streams: int, length: int, seed: int, clopper_pearson) -> list[dict]:
-    """The source's rows: no shift at each of ``THRESHOLDS``; label shift at each alpha and covariate shift at each
-    severity, at the default threshold."""
+def alarm_rows(source: Source, streams: int, length: int, seed: int) -> list[dict]:
+    """The source's rows: no shift at each of ``THRESHOLDS``; label and covariate shifts at the default threshold."""
     reference = source.reference
     rows = []
     pool = source.pools["clean"]
@@ -96,7 +79,7 @@ def alarm_rows(source: Source, streams: int, length: int, seed: int, clopper_pea
         first = first_raise(config, pool.probs, windows.index)
         raised = first >= 0
         delays = first[raised] + 1.0
-        row = {
+        row: dict = {
             "source": source.name,
             "shift": shift,
             "condition": condition,
@@ -118,7 +101,7 @@ def alarm_rows(source: Source, streams: int, length: int, seed: int, clopper_pea
             row |= {
                 "oracle_share": float((oracle >= 0).mean()),
                 "oracle_delay": _quantiles(oracle[oracle >= 0] + 1.0),
-                "raised_left_band": _share(raised[band].sum(), band.sum()),
+                "raised_left_band": share(raised[band].sum(), band.sum()),
                 "delay_left_band": _quantiles(first[raised & band] + 1.0),
                 "oracle_delay_left_band": _quantiles(oracle[(oracle >= 0) & band] + 1.0),
             }
@@ -129,7 +112,3 @@ def alarm_rows(source: Source, streams: int, length: int, seed: int, clopper_pea
             flush=True,
         )
     return rows
-
-
-def _share(part, whole) -> float | None:
-    return float(part / whole) if whole > 0 else None

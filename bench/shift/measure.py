@@ -1,33 +1,18 @@
-"""The shift benchmark's measurements: for every source, shift and window size, ``streams`` seeded windows, and on each
-the label-free estimates of ``calibkit`` against what the labels show.
+"""The shift benchmark's measurements: for every source, shift and window size, ``streams`` seeded windows, and on
+each the label-free estimates of ``calibkit`` against what the labels show; the page (``render``) says what each
+figure means.
 
-On a window of n served probabilities p (rows x_i, labels y_i, target priors pi_t), with pi_s the reference's mean
-calibrated probabilities (``LabelShiftReference.mean_probabilities``, the priors the posteriors assume):
-
-- ``plain``: ``estimate_accuracy(p)``, the mean confidence and its Poisson-binomial interval (Kivimäki et al. 2024),
-  against the realized accuracy of the served argmax;
-- ``adapted``: EM's priors (``em_priors``, Saerens et al. 2002) give w = pi_em / pi_s and p' = ``adapt_probabilities``
-  (p, w); ``estimate_accuracy(p')`` against the realized accuracy of argmax p', the predictions served with
-  adaptation on; and mean_i p'(argmax p_i | x_i), the adapted estimate of the unadapted predictions' accuracy, the
-  one to set beside NannyML's CBPE, which estimates the served predictions' accuracy;
-- ``carried`` (label-shift rows): ``estimate_adapted_accuracy``'s interval, which mixes the Poisson-binomial laws
-  over EM's bootstrap priors and so carries their error, beside the plain adapted interval, which treats p' as
-  exact; ``carried_error``, on a few windows of n <= ``EXACT_WINDOW``, the most its normal approximation moves an
-  end against the exact laws, in counts;
-- priors: the L1 distance of EM's and BBSE's (``bbse_priors``, Lipton et al. 2018) priors from the window's realized
-  class frequencies;
-- the oracle: p adapted with the true w = pi_t / pi_true (``Source.true_priors``); its accuracy and NLL against the
-  EM-adapted ones (Alexandari et al. 2020's comparison), and its estimate of the served predictions' accuracy, the
-  error no label-free estimate avoids (the realized accuracy's own sampling noise); ``dev_*``: each estimate's mean
-  distance from that expected accuracy instead of the realized one;
-- CBPE (``bench/shift/cbpe.py``, in .venv-cbpe) on the same windows;
-- the label-shift alarm's rows (``bench.shift.alarm``) and the sets under label shift (``bench.shift.sets``).
-
-Coverage is the share of windows whose interval holds the realized accuracy, with its Clopper-Pearson interval.
+On a window of served probabilities p, pi_s the reference's mean calibrated probabilities: ``plain``, the mean
+confidence and its Poisson-binomial interval (Kivimäki et al. 2024); ``adapted``, p' = ``adapt_probabilities`` with w
+= pi_em / pi_s, EM's priors (Saerens et al. 2002); ``carried``, ``estimate_adapted_accuracy``'s interval, which
+carries EM's bootstrap error; EM's and BBSE's (Lipton et al. 2018) priors against the window's class frequencies; the
+oracle, p adapted with the true w = pi_t / pi_true (Alexandari et al. 2020's comparison), the error no label-free
+estimate avoids; CBPE (``cbpe.py``); the rows of ``alarm`` and ``sets``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import tempfile
@@ -35,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
-from bench.common import ROOT
+from bench.common import ROOT, clopper_pearson
 from bench.shift import alarm, sets
-from bench.shift.streams import Scenario, Source, Windows, draw_windows, scenarios, sources
+from bench.shift.streams import Scenario, Source, Windows, draw_windows, scenarios, share, sources
 from calibkit import metrics
 from calibkit.estimated_accuracy import estimate_accuracy, estimate_adapted_accuracy
 from calibkit.label_shift import adapt_probabilities, bbse_priors, em_priors
@@ -56,14 +40,6 @@ EXACT_CHECKS = 3
 EXACT_WINDOW = 500
 CBPE_PYTHON = ROOT / ".venv-cbpe" / "bin" / "python"
 CBPE_SCRIPT = Path(__file__).with_name("cbpe.py")
-
-
-def clopper_pearson(hits: int, n: int, level: float = 0.95) -> list[float]:
-    """The exact binomial interval of a share ``hits`` / ``n`` (Clopper & Pearson 1934)."""
-    tail = (1 - level) / 2
-    low = float(stats.beta.ppf(tail, hits, n - hits + 1)) if hits > 0 else 0.0
-    high = float(stats.beta.ppf(1 - tail, hits + 1, n - hits)) if hits < n else 1.0
-    return [low, high]
 
 
 def reference_error(source: Source, seed: int, resamples: int = REFERENCE_RESAMPLES) -> dict:
@@ -87,8 +63,7 @@ def reference_error(source: Source, seed: int, resamples: int = REFERENCE_RESAMP
 def window_measures(
     p: np.ndarray, y: np.ndarray, priors: np.ndarray, source: Source, pi_s, confusion, carry=False, exact=False
 ) -> dict:
-    """Every per-window figure of the module's docstring, for one window; with ``carry`` the interval that carries
-    EM's error too, and with ``exact`` how far its normal approximation moves its ends (in counts)."""
+    """Every per-window figure of one window; with ``carry`` the carried interval, with ``exact`` its error."""
     n, k = p.shape
     rows = np.arange(n)
     served = p.argmax(axis=1)
@@ -121,9 +96,7 @@ def window_measures(
         "freq_l1": float(np.abs(frequencies - priors).sum()),
         "accuracy_oracle": float(np.mean(oracle.argmax(axis=1) == y)),
         "served_oracle": float(oracle[rows, served].mean()),
-        "nll_plain": metrics.nll(p, y),
-        "nll_adapted": metrics.nll(adapted, y),
-        "nll_oracle": metrics.nll(oracle, y),
+        **{f"nll_{name}": metrics.nll(q, y) for name, q in (("plain", p), ("adapted", adapted), ("oracle", oracle))},
     }
 
 
@@ -136,38 +109,35 @@ def measure_row(
     pi_s, confusion = np.asarray(reference.mean_probabilities), np.asarray(reference.confusion)
     windows = draw_windows(pool, scenario.alpha, streams, n, seed)
     carry = scenario.shift == "label"
+    exact = carry and n <= EXACT_WINDOW
     per = [
-        window_measures(
-            pool.probs[i],
-            pool.labels[i],
-            priors,
-            source,
-            pi_s,
-            confusion,
-            carry,
-            carry and j < EXACT_CHECKS and n <= EXACT_WINDOW,
-        )
-        for j, (i, priors) in enumerate(zip(windows.index, windows.priors))
+        window_measures(pool.probs[i], pool.labels[i], p, source, pi_s, confusion, carry, exact and j < EXACT_CHECKS)
+        for j, (i, p) in enumerate(zip(windows.index, windows.priors))
     ]
     keys = dict.fromkeys(key for w in per for key in w)  # ``carried_error`` is on the first windows only
     v = {key: np.array([w[key] for w in per if key in w]) for key in keys}
     realized, adapted = v["realized"], v["realized_adapted"]
 
-    def covered(lower, upper, truth, widen=0.0) -> np.ndarray:
-        return (lower - widen <= truth + 1e-12) & (truth <= upper + widen + 1e-12)
+    def covered(interval: str, truth: np.ndarray, widen: float = 0.0) -> np.ndarray:
+        lower, upper = v[f"{interval}_lower"] - widen, v[f"{interval}_upper"] + widen
+        return (lower <= truth + 1e-12) & (truth <= upper + 1e-12)
 
-    cover_plain = covered(v["plain_lower"], v["plain_upper"], realized)
-    cover_adapted = covered(v["adapted_lower"], v["adapted_upper"], adapted)
+    def cover(interval: str, truth: np.ndarray) -> dict:
+        """The share of windows whose ``interval`` holds ``truth`` (with its Clopper-Pearson interval), its width."""
+        held = covered(interval, truth)
+        return {
+            f"cover_{interval}": float(held.mean()),
+            f"cover_{interval}_ci": clopper_pearson(int(held.sum()), streams),
+            f"width_{interval}": float((v[f"{interval}_upper"] - v[f"{interval}_lower"]).mean()),
+        }
+
     carried = {}
     if carry:
-        held = covered(v["carried_lower"], v["carried_upper"], adapted)
-        carried = {
-            "cover_carried": float(held.mean()),
-            "cover_carried_ci": clopper_pearson(int(held.sum()), streams),
-            "width_carried": float((v["carried_upper"] - v["carried_lower"]).mean()),
-            "carried_error": float(v["carried_error"].max()) if "carried_error" in v else None,
-        }
-    row = carried | {
+        carried = cover("carried", adapted)
+        carried["carried_error"] = float(v["carried_error"].max()) if "carried_error" in v else None
+    means = ("accuracy_oracle", "em_l1", "bbse_l1", "freq_l1", "nll_plain", "nll_adapted", "nll_oracle")
+    row = carried | {key: float(v[key].mean()) for key in means}
+    row |= {
         "source": source.name,
         "shift": scenario.shift,
         "condition": scenario.condition,
@@ -176,53 +146,35 @@ def measure_row(
         "streams": streams,
         "accuracy": float(realized.mean()),
         "accuracy_adapted": float(adapted.mean()),
-        "accuracy_oracle": float(v["accuracy_oracle"].mean()),
         "accuracy_gap": float((v["accuracy_oracle"] - adapted).mean()),
         "bias_plain": float((v["plain"] - realized).mean()),
         "bias_adapted": float((v["adapted"] - adapted).mean()),
-        "width_adapted": float((v["adapted_upper"] - v["adapted_lower"]).mean()),
         "mae_plain": float(np.abs(v["plain"] - realized).mean()),
         "mae_adapted": float(np.abs(v["adapted"] - adapted).mean()),
         "mae_served_adapted": float(np.abs(v["served_adapted"] - realized).mean()),
         "mae_oracle": float(np.abs(v["served_oracle"] - realized).mean()),
         "dev_plain": float(np.abs(v["plain"] - v["served_oracle"]).mean()),
         "dev_served_adapted": float(np.abs(v["served_adapted"] - v["served_oracle"]).mean()),
-        "cover_plain": float(cover_plain.mean()),
-        "cover_plain_ci": clopper_pearson(int(cover_plain.sum()), streams),
-        "cover_adapted": float(cover_adapted.mean()),
-        "cover_adapted_ci": clopper_pearson(int(cover_adapted.sum()), streams),
-        "width_plain": float((v["plain_upper"] - v["plain_lower"]).mean()),
-        "cover_widened_ece": float(covered(v["plain_lower"], v["plain_upper"], realized, error["ece_upper"]).mean()),
-        "cover_widened_gap": float(covered(v["plain_lower"], v["plain_upper"], realized, error["gap_upper"]).mean()),
-        "cover_adapted_widened_ece": float(
-            covered(v["adapted_lower"], v["adapted_upper"], adapted, error["ece_upper"]).mean()
-        ),
-        "em_l1": float(v["em_l1"].mean()),
+        **cover("plain", realized),
+        **cover("adapted", adapted),
+        "cover_widened_ece": float(covered("plain", realized, error["ece_upper"]).mean()),
+        "cover_widened_gap": float(covered("plain", realized, error["gap_upper"]).mean()),
+        "cover_adapted_widened_ece": float(covered("adapted", adapted, error["ece_upper"]).mean()),
         "em_unconverged": int((~v["em_converged"].astype(bool)).sum()),
-        "bbse_l1": float(v["bbse_l1"].mean()),
-        "freq_l1": float(v["freq_l1"].mean()),
-        "nll_plain": float(v["nll_plain"].mean()),
-        "nll_adapted": float(v["nll_adapted"].mean()),
-        "nll_oracle": float(v["nll_oracle"].mean()),
-        "nll_ratio": float(v["nll_adapted"].mean() / v["nll_oracle"].mean() - 1.0),
+        "nll_ratio": row["nll_adapted"] / row["nll_oracle"] - 1.0,
         "nll_recovered": None
         if scenario.alpha is None  # no gain to recover
-        else _share(v["nll_plain"].mean() - v["nll_adapted"].mean(), v["nll_plain"].mean() - v["nll_oracle"].mean()),
+        else share(row["nll_plain"] - row["nll_adapted"], row["nll_plain"] - row["nll_oracle"]),
         "_realized": realized,
         "_expected": v["served_oracle"],
     }
     return row, windows
 
 
-def _share(part: float, whole: float) -> float | None:
-    return float(part / whole) if whole > 0 else None
-
-
 def cbpe_estimates(
     all_sources: list[Source], cases: list[tuple[int, str, np.ndarray]]
 ) -> tuple[list[np.ndarray] | None, str]:
-    """CBPE's estimated accuracy of each case's windows (case: the source's position, the pool, the rows (windows,
-    n)), run by ``cbpe.py`` in .venv-cbpe; (None, why) when that venv or nannyml is missing or fails."""
+    """CBPE's estimated accuracy of each case's windows, run by ``cbpe.py`` in .venv-cbpe; (None, why) when it fails."""
     if not CBPE_PYTHON.exists():
         return None, f"not run: no {CBPE_PYTHON.relative_to(ROOT)} (make cbpe)"
     pools: dict[tuple[int, str], int] = {}
@@ -256,22 +208,20 @@ def run(args) -> dict:
     seed = args.seed
     for s, source in enumerate(all_sources):
         errors[source.name] = reference_error(source, args.seed)
-        for scenario in scenarios(source):
-            for n in args.windows:
-                seed += 1
-                row, windows = measure_row(source, scenario, n, args.streams, seed, errors[source.name])
-                rows.append(row)
-                cases.append((s, scenario.condition, windows.index))
-                print(
-                    f"{source.name} {scenario.shift} {scenario.condition} {row['alpha']} n={n}: "
-                    f"mae {row['mae_plain']:.4f} / adapted {row['mae_adapted']:.4f}, "
-                    f"cover {row['cover_plain']:.3f}",
-                    flush=True,
-                )
+        for scenario, n in itertools.product(scenarios(source), args.windows):
+            seed += 1
+            row, windows = measure_row(source, scenario, n, args.streams, seed, errors[source.name])
+            rows.append(row)
+            cases.append((s, scenario.condition, windows.index))
+            print(
+                f"{source.name} {scenario.shift} {scenario.condition} {row['alpha']} n={n}: mae {row['mae_plain']:.4f}"
+                f" / adapted {row['mae_adapted']:.4f}, cover {row['cover_plain']:.3f}",
+                flush=True,
+            )
     length = getattr(args, "alarm_length", alarm.ALARM_LENGTH)
     alarm_rows, set_rows = [], []
     for s, source in enumerate(all_sources):
-        alarm_rows += alarm.alarm_rows(source, args.streams, length, args.seed + 1_000 * (s + 1), clopper_pearson)
+        alarm_rows += alarm.alarm_rows(source, args.streams, length, args.seed + 1_000 * (s + 1))
         set_rows += sets.set_rows(source, args.streams, args.seed + 1_000 * (s + 1) + 500)
     from bench.shift import serving  # wrk and a service process: only when the benchmark runs
 
@@ -287,9 +237,9 @@ def run(args) -> dict:
         if estimates is not None:
             row["mae_cbpe"] = float(np.abs(estimates[i] - realized).mean())
             row["dev_cbpe"] = float(np.abs(estimates[i] - expected).mean())
-            row["dev_cbpe_ratio"] = _share(row["dev_served_adapted"], row["dev_cbpe"])
-            row["cbpe_ratio"] = _share(row["mae_served_adapted"], row["mae_cbpe"])
-            row["plain_cbpe_ratio"] = _share(row["mae_plain"], row["mae_cbpe"])
+            row["dev_cbpe_ratio"] = share(row["dev_served_adapted"], row["dev_cbpe"])
+            row["cbpe_ratio"] = share(row["mae_served_adapted"], row["mae_cbpe"])
+            row["plain_cbpe_ratio"] = share(row["mae_plain"], row["mae_cbpe"])
     return {
         "setup": {
             "streams": args.streams,

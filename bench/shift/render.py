@@ -105,52 +105,46 @@ def markdown(result: dict) -> str:
         "~ Multinomial(n, pi_t), rows drawn by class, so only the priors move; `covariate` at severities 1-5; "
         f"`both`: severity {BOTH_SEVERITY} with each alpha.",
         "",
-        "## Goals",
-        "",
-        table(result["goals"], CHECKED_COLUMNS),
-        "",
-        "## Estimated accuracy",
-        "",
-        "`accuracy`: the mean realized accuracy of the served (unadapted) predictions. `mae_plain`, `bias_plain`: "
-        "the mean confidence (`calibkit.estimated_accuracy.estimate_accuracy`) against it; `cover_plain`: the share "
-        "of windows whose 95% Poisson-binomial interval holds it, with its 95% Clopper-Pearson interval; "
-        "`width_plain`: the interval's mean width. With adaptation (EM priors, `adapt_probabilities`, the estimate "
-        "recomputed): `accuracy_adapted`, the realized accuracy of the adapted argmax, `mae_adapted` and "
-        "`cover_adapted` against it. `mae_served_adapted`: the adapted estimate of the unadapted predictions' "
-        "accuracy, mean_i p'(argmax p_i), against `accuracy`; it is what CBPE estimates, so `cbpe_ratio` = "
-        "`mae_served_adapted` / `mae_cbpe` on the same windows. `mae_oracle`: the same estimate from the "
-        "probabilities adapted with the true priors (for the synthetic sources, the true posteriors): the error "
-        "that no label-free estimate avoids, since the realized accuracy is itself a draw around what the "
-        "posteriors expect (about sqrt(a (1 - a) / n)). `dev_served_adapted`, `dev_cbpe`: the mean distance of "
-        "ours and of CBPE's from that expected accuracy instead of the realized one (exact for the synthetic "
-        "sources, whose oracle holds the true posteriors; for digits the oracle holds the model's own "
-        "probabilities adapted), and `dev_cbpe_ratio` their ratio.",
-        "",
-        table(shown, ESTIMATE_COLUMNS),
-        "",
-        "## Priors and adaptation",
-        "",
-        "`em_l1`, `bbse_l1`: the mean L1 distance of EM's and BBSE's priors (source priors: the reference's mean "
-        "calibrated probabilities; BBSE's confusion counts: the reference's) from the window's realized class "
-        "frequencies; `freq_l1`: those frequencies from the priors the window was drawn with (sampling alone). "
-        "`em_unconverged`: windows where EM ran out of iterations. `accuracy_oracle`, `nll_oracle`: the "
-        "probabilities adapted with the true weights pi_t / pi_s (pi_s: the true source priors of the synthetic "
-        "sources, the reference's mean probabilities for digits); `accuracy_gap`: oracle - adapted accuracy; "
-        "`nll_ratio`: adapted NLL / oracle NLL - 1; `nll_recovered`: the share of the oracle's NLL gain over the "
-        "unadapted probabilities that EM's adaptation recovers.",
-        "",
-        table(shown, PRIOR_COLUMNS),
-        "",
+        *_section("Goals", table(result["goals"], CHECKED_COLUMNS)),
+        *_section(
+            "Estimated accuracy",
+            "`accuracy`: the mean realized accuracy of the served (unadapted) predictions. `mae_plain`, `bias_plain`: "
+            "the mean confidence (`calibkit.estimated_accuracy.estimate_accuracy`) against it; `cover_plain`: the "
+            "share of windows whose 95% Poisson-binomial interval holds it, with its 95% Clopper-Pearson interval; "
+            "`width_plain`: the interval's mean width. With adaptation (EM priors, `adapt_probabilities`, the "
+            "estimate recomputed): `accuracy_adapted`, the realized accuracy of the adapted argmax, `mae_adapted` and "
+            "`cover_adapted` against it. `mae_served_adapted`: the adapted estimate of the unadapted predictions' "
+            "accuracy, mean_i p'(argmax p_i), against `accuracy`; it is what CBPE estimates, so `cbpe_ratio` = "
+            "`mae_served_adapted` / `mae_cbpe` on the same windows. `mae_oracle`: the same estimate from the "
+            "probabilities adapted with the true priors (for the synthetic sources, the true posteriors): the error "
+            "that no label-free estimate avoids, since the realized accuracy is itself a draw around what the "
+            "posteriors expect (about sqrt(a (1 - a) / n)). `dev_served_adapted`, `dev_cbpe`: the mean distance of "
+            "ours and of CBPE's from that expected accuracy instead of the realized one (exact for the synthetic "
+            "sources, whose oracle holds the true posteriors; for digits the oracle holds the model's own "
+            "probabilities adapted), and `dev_cbpe_ratio` their ratio.",
+            table(shown, ESTIMATE_COLUMNS),
+        ),
+        *_section(
+            "Priors and adaptation",
+            "`em_l1`, `bbse_l1`: the mean L1 distance of EM's and BBSE's priors (source priors: the reference's mean "
+            "calibrated probabilities; BBSE's confusion counts: the reference's) from the window's realized class "
+            "frequencies; `freq_l1`: those frequencies from the priors the window was drawn with (sampling alone). "
+            "`em_unconverged`: windows where EM ran out of iterations. `accuracy_oracle`, `nll_oracle`: the "
+            "probabilities adapted with the true weights pi_t / pi_s (pi_s: the true source priors of the synthetic "
+            "sources, the reference's mean probabilities for digits); `accuracy_gap`: oracle - adapted accuracy; "
+            "`nll_ratio`: adapted NLL / oracle NLL - 1; `nll_recovered`: the share of the oracle's NLL gain over the "
+            "unadapted probabilities that EM's adaptation recovers.",
+            table(shown, PRIOR_COLUMNS),
+        ),
+        *_carried_section(result, shown),
+        *_alarm_section(result),
+        *_set_section(result),
+        *_serving_section(result),
     ]
-    lines += _carried_section(result, shown)
-    lines += _alarm_section(result)
-    lines += _set_section(result)
-    lines += _serving_section(result)
     if d:
         digits = [r for r in rows if r["source"] == "digits"]
-        lines += [
-            "## The digits intervals and the reference's calibration error",
-            "",
+        lines += _section(
+            "The digits intervals and the reference's calibration error",
             f"The Poisson-binomial interval assumes calibrated confidences; the committed digits model's temperature "
             f"was fitted on part of its validation split, and on the test split (`bias_plain`) and per class its "
             f"confidence is not its accuracy. The "
@@ -162,9 +156,7 @@ def markdown(result: dict) -> str:
             "`cover_widened_ece` are the coverages of the widened intervals, `cover_adapted_widened_ece` that of the "
             "adapted interval widened the same way. The bound does not shrink with the "
             "window: it is the reference's uncertainty, which only more labelled reference rows reduce.",
-            "",
             table([_shown(r) for r in digits], DIGITS_COLUMNS),
-            "",
             "The reference's calibration error of every source: "
             + "; ".join(
                 f"{name} ECE {e['ece']:.4f} (<= {e['ece_upper']:.4f}), gap {e['gap']:+.4f} "
@@ -172,9 +164,13 @@ def markdown(result: dict) -> str:
                 for name, e in error.items()
             )
             + ".",
-            "",
-        ]
+        )
     return "\n".join(lines)
+
+
+def _section(title: str, *parts: str) -> list[str]:
+    """A section of the page: its heading, then each paragraph or table."""
+    return [f"## {title}", ""] + [line for part in parts for line in (part, "")]
 
 
 def _carried_section(result: dict, shown: list[dict]) -> list[str]:
@@ -182,9 +178,8 @@ def _carried_section(result: dict, shown: list[dict]) -> list[str]:
     if not label:
         return []
     resamples = result["setup"].get("carry_resamples", "")
-    return [
-        "## Adapted intervals that carry EM's error",
-        "",
+    return _section(
+        "Adapted intervals that carry EM's error",
         "`cover_adapted`, `width_adapted`: the Poisson-binomial interval of the EM-adapted probabilities, which "
         "treats them as exact. `cover_carried`, `width_carried`: `calibkit.estimated_accuracy."
         f"estimate_adapted_accuracy` ({resamples} bootstrap resamples of the window's rows, EM rerun on each), the "
@@ -193,19 +188,16 @@ def _carried_section(result: dict, shown: list[dict]) -> list[str]:
         "the adapted predictions. `carried_error`: on the first windows of n <= 500, the most the normal "
         "approximation moved an end of the interval against the mixture of exact laws, in counts of n. `em_l1`: "
         "EM's priors from the window's class frequencies.",
-        "",
         table(label, CARRIED_COLUMNS),
-        "",
-    ]
+    )
 
 
 def _alarm_section(result: dict) -> list[str]:
     rows = result.get("alarm", [])
     if not rows:
         return []
-    return [
-        "## Label-shift alarm",
-        "",
+    return _section(
+        "Label-shift alarm",
         "`calibkit.label_shift_alarm` with `LabelShiftAlarmConfig.for_reference` of each source's validation "
         "reference (tolerance 0.02, epsilon 0.01, margins for the reference's rows) and threshold A; streams of "
         "`length` predictions drawn from the pool as the windows are, the shift from the first prediction on. "
@@ -220,19 +212,18 @@ def _alarm_section(result: dict) -> list[str]:
         "without a tolerance. `raised_left_band`, `delay_left_band`, `oracle_delay_left_band`: the same among the "
         "streams that left the band. Covariate rows: no label shift; without labels the alarm cannot always tell "
         "the corrupted inputs' moved means from a label shift.",
-        "",
         table([_alarm_shown(r) for r in rows], ALARM_COLUMNS),
-        "",
-    ]
+    )
 
 
 def _serving_section(result: dict) -> list[str]:
     serving = result.get("serving")
     if not serving:
         return []
-    lines = [
-        "## Cost on /predict",
-        "",
+    columns = ["rows", "rounds", "seconds", "median_ratio", "ratio_range", "spread", "median_cpu_ratio", "batch_rows"]
+    always = ["adaptation_cpu_us_per_row", "path_cpu_us_per_row"]
+    return _section(
+        "Cost on /predict",
         "`bench/shift/serving.py`, measured as the sets' cost is (`bench/conformal/serving.py`): one service process "
         "serves the light model as version 1 (its manifest's `label_shift` entry: the evaluator folds its "
         "predictions into the label-shift alarm and estimates its priors every second) and as version 2 (without "
@@ -242,13 +233,11 @@ def _serving_section(result: dict) -> list[str]:
         "`median_cpu_ratio`: the service's CPU per row without over with. With adaptation always, "
         "`adaptation_cpu_us_per_row` is the request path's own added CPU, measured in process, per request (the "
         "service adapts once per batch, so this is its upper bound), beside the path's.",
-        "",
-    ]
-    columns = ["rows", "rounds", "seconds", "median_ratio", "ratio_range", "spread", "median_cpu_ratio", "batch_rows"]
-    for mode, found in serving.items():
-        extra = ["adaptation_cpu_us_per_row", "path_cpu_us_per_row"] if mode == "always" else []
-        lines += [f"`CALIB_SHIFT__ADAPT={mode}`:", "", table(found["summary"], columns + extra), ""]
-    return lines
+        *(
+            f"`CALIB_SHIFT__ADAPT={mode}`:\n\n" + table(found["summary"], columns + always * (mode == "always"))
+            for mode, found in serving.items()
+        ),
+    )
 
 
 def _set_section(result: dict) -> list[str]:
@@ -257,9 +246,8 @@ def _set_section(result: dict) -> list[str]:
         return []
     setup = result["setup"]
     target = rows[0]["target"]
-    return [
-        "## Sets under label shift",
-        "",
+    return _section(
+        "Sets under label shift",
         f"Split conformal sets at 1 - alpha = {target:g} (`calibkit.conformal`: LAC; APS randomized, one uniform "
         f"draw per row). Per source and Dirichlet concentration, {setup.get('set_shifts', '')} target priors; per "
         f"target, {rows[0]['splits']} random calibration splits of `calibration_rows` rows (digits: random halves of "
@@ -273,9 +261,7 @@ def _set_section(result: dict) -> list[str]:
         "`worst_*`: the lowest shift's coverage, with its 95% t interval over the splits; `mean_*`: the mean over "
         f"the shifts; `missed_*`: shifts whose interval lies below {target - 0.01:g}; `size_*`: mean set size "
         "under the targets.",
-        "",
         table([_set_shown(r) for r in rows], SET_COLUMNS),
-        "",
         "**With the adaptive threshold** (decision 0033). Adaptive conformal inference's level alpha_t (Gibbs & "
         "Candès 2021) feeds the weighted quantile in place of alpha, and the miss it folds is the weighted set's: "
         "its long-run bound holds for any sets nested in the level, so for the weighted sets whatever the weights. "
@@ -283,5 +269,4 @@ def _set_section(result: dict) -> list[str]:
         "labels what is left (EM's error, a shift of p(x | y)). The service serves the weighted sets at the static "
         "level while adapting, and the served log-scale tracker follows the unweighted sets: its bound is about its "
         "own marginal sets, so it would have to fold the weighted sets' misses to steer them.",
-        "",
-    ]
+    )

@@ -1,20 +1,11 @@
-"""The serving cost of label shift's features: /predict rows/s on the light model with them against the same model
-without, measured as the sets' cost is (``bench.conformal.serving``).
-
-One service process serves the committed light model twice: version ``WITH`` as committed (its manifest's
-``label_shift`` entry, so the evaluator folds every prediction into the label-shift alarm and estimates the priors
-of the drift window, and, under ``CALIB_SHIFT__ADAPT=always``, every /predict answers adapted probabilities and
-weighted sets), and version ``WITHOUT``, the same files without that entry (no alarm, no priors, no adaptation). Both
-serve the default sets and log their predictions. Rounds alternate under wrk's closed-loop load; the evaluator runs
-every second in the same process, so its folding and EM count in both the throughput and the process's CPU per row.
-Beside them, the request path's own added CPU, in process (``adaptation_cost``).
-"""
+"""The serving cost of label shift's features: /predict rows/s on the light model with them (version ``WITH``, its
+manifest's ``label_shift`` entry) against the same model without (``WITHOUT``), measured as the sets' cost is
+(``bench.conformal.serving``). The evaluator runs in the same process, so its folding and EM count in both the
+throughput and the CPU per row; beside them, the request path's own added CPU, in process (``adaptation_cost``)."""
 
 from __future__ import annotations
 
 import functools
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,17 +13,16 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.common import LIGHT, ROOT, service
+from bench.common import LIGHT, ROOT
 from bench.conformal.serving import (
     COST_REPEATS,
     WITH,
     WITHOUT,
-    alternating_rounds,
-    paired_cpu_us,
-    repository,
+    answers,
+    compared,
+    cpu_per_row,
     request_body,
     scored_batch,
-    summarize,
 )
 
 #: The settings measured: the default (the alarm and the estimates run, nothing is adapted) and adaptation always.
@@ -53,57 +43,40 @@ def wait_for_priors(url: str, timeout: float = 60.0) -> str:
     raise RuntimeError(f"no priors estimated for version {WITH} within {timeout} s")
 
 
-def check_adapted(url: str) -> dict:
-    """One request to each version: ``WITH`` answers adapted probabilities and weighted sets, ``WITHOUT`` neither."""
-    answers = {
-        v: httpx.post(
-            f"{url}/predict", content=request_body(v, 1), headers={"Content-Type": "application/json"}, timeout=30
-        ).json()
-        for v in (WITH, WITHOUT)
-    }
-    if answers[WITH]["priors_version"] is None or "priors=" not in answers[WITH]["conformal"]["threshold_version"]:
-        raise RuntimeError(f"version {WITH} was not served adapted: {answers[WITH]['conformal']}")
-    if answers[WITHOUT]["priors_version"] is not None:
+def check_adapted(url: str, adapt: str) -> dict:
+    """Once the priors are estimated: with "always", ``WITH`` must answer adapted probabilities and weighted sets."""
+    wait_for_priors(url)
+    if adapt != "always":
+        return {"adapt": adapt}
+    got = answers(url)
+    if got[WITH]["priors_version"] is None or "priors=" not in got[WITH]["conformal"]["threshold_version"]:
+        raise RuntimeError(f"version {WITH} was not served adapted: {got[WITH]['conformal']}")
+    if got[WITHOUT]["priors_version"] is not None:
         raise RuntimeError(f"version {WITHOUT} was served adapted")
-    return {"priors_version": answers[WITH]["priors_version"], "conformal": answers[WITH]["conformal"]}
+    return {"priors_version": got[WITH]["priors_version"], "conformal": got[WITH]["conformal"]}
 
 
 def run(seconds: float, rounds: int, cwd: Path = ROOT, cost_repeats: int = COST_REPEATS, adapt: str = "always") -> dict:
-    """``rounds`` alternating rounds of ``seconds`` per version and row count, on a service run from ``cwd`` with
-    ``CALIB_SHIFT__ADAPT=adapt``; the rows of every round, their ``summarize`` and, when adapting, the request path's
-    added CPU per row. With ``adapt`` "off" (the default setting), what remains is the evaluator's work: the alarm's
-    folding and the estimates."""
-    work = Path(tempfile.mkdtemp(prefix="calib-bench-shift-"))
-    try:
-        artifacts = repository(work, "label_shift")
+    """Alternating rounds per version and row count under ``CALIB_SHIFT__ADAPT=adapt`` ("off": the evaluator's work)."""
+    cost = functools.partial(adaptation_cost, repeats=cost_repeats) if adapt == "always" else None
+    checked, rows, summary = compared(
+        "label_shift",
+        functools.partial(check_adapted, adapt=adapt),
+        cost,
+        "adaptation_cpu_us_per_row",
+        seconds,
+        rounds,
+        cwd,
         # fold predictions at once, evaluate every second, adapt as told
-        with service(
-            artifacts,
-            f"sqlite:///{work / 'bench.db'}",
-            cwd=cwd,
-            CALIB_SHIFT__ADAPT=adapt,
-            CALIB_SHIFT__SETTLE_SECONDS="0",
-            CALIB_MONITORING__EVALUATE_SECONDS="1",
-        ) as svc:
-            wait_for_priors(svc.url)
-            checked = check_adapted(svc.url) if adapt == "always" else {"adapt": adapt}
-            rows_out = alternating_rounds(svc, seconds, rounds)
-        summary = summarize(rows_out)
-        for s in summary if adapt == "always" else []:
-            s |= adaptation_cost(artifacts, s["rows"], s["batch_rows"], cost_repeats)
-            s["cost_ratio"] = s["without_cpu_us_per_row"] / (
-                s["without_cpu_us_per_row"] + s["adaptation_cpu_us_per_row"]
-            )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return {"adapt": adapt, "adapted": checked, "rounds": rows_out, "summary": summary, "cost_repeats": cost_repeats}
+        CALIB_SHIFT__ADAPT=adapt,
+        CALIB_SHIFT__SETTLE_SECONDS="0",
+        CALIB_MONITORING__EVALUATE_SECONDS="1",
+    )
+    return {"adapt": adapt, "adapted": checked, "rounds": rows, "summary": summary, "cost_repeats": cost_repeats}
 
 
 def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int) -> dict:
-    """The CPU the adaptation adds per row on the request path, in process: a batch of ``batch_rows`` rows of the
-    light model scored once with its default sets; then for each request's share, its /predict body and log rows,
-    with adaptation (the adapted probabilities, the weighted sets) and without (the batch's sets). Both sides
-    alternate, thread CPU time, median over ``repeats``, the garbage collector as the service sets it."""
+    """The request path's CPU per row added by adaptation, in process, measured as ``set_cost`` measures the sets'."""
     from service.schemas import PredictOptions
     from service.serving.adaptation import Adaptation, adapted
     from service.serving.dataplane import DataPlane
@@ -136,9 +109,4 @@ def adaptation_cost(artifacts: Path, rows: int, batch_rows: float, repeats: int)
             orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
             del logged
 
-    with_us, without_us = paired_cpu_us(serve, repeats)
-    return {
-        "cost_batch_rows": batch.rows,
-        "adaptation_cpu_us_per_row": (with_us - without_us) / batch.rows,
-        "path_cpu_us_per_row": without_us / batch.rows,
-    }
+    return cpu_per_row(serve, repeats, batch.rows, "adaptation_cpu_us_per_row")

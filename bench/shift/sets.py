@@ -1,30 +1,11 @@
-"""The shift benchmark's rows of prediction sets under label shift: split conformal sets, unadapted and weighted by
-the prior ratios (``calibkit.conformal.label_shift_quantiles``, Podkopaev & Ramdas 2021), over random calibration
-splits of the source's reference rows.
+"""The shift benchmark's prediction sets under label shift: split conformal sets at 1 - ``SET_ALPHA``, unadapted and
+weighted by the prior ratios (``calibkit.conformal.label_shift_quantiles``, Podkopaev & Ramdas 2021); the page
+(``render``) says what each set and figure is.
 
-For each source and Dirichlet concentration alpha, ``SET_SHIFTS`` target priors pi_t ~ Dirichlet(alpha); for each,
-``streams`` random calibration splits of half as many rows as the reference has (``CALIBRATION_SHARE``), and
-``SET_WINDOW`` unlabelled rows drawn from the pool under pi_t (class counts ~ Multinomial, rows by class) give EM's
-priors. Digits: each split is a random half of its validation rows, so its coverage is averaged over the splits but
-conditional on the one validation split there is (and its pool is the 359 test images). The synthetic sources: each
-split is drawn afresh from the source (rows of the clean pool outside those the coverage is computed on), so the
-average is over the calibration draw, which is what split conformal's guarantee is about. Per split and rule (LAC;
-APS randomized, one uniform draw per row), four sets at 1 - ``SET_ALPHA``:
-
-- ``unadapted``: the marginal split conformal threshold (every weight 1);
-- ``em``: weighted by EM's ratios w = pi_em / pi_s (``em_priors``' weights; pi_s the reference's mean probabilities),
-  the realistic one;
-- ``oracle``: weighted by the true ratios pi_t / pi_true (``Source.true_priors``);
-- ``classwise``: Mondrian sets (``classwise_quantiles``), which cover every class at 1 - alpha, so any priors, with
-  no weights, at the price of larger sets.
-
-The coverage of a split's sets under pi_t is computed on the pool, sum_y pi_t(y) cov_y with cov_y the share of the
-pool's rows of class y whose label is in their set (the pool is the target's p(x | y); for the synthetic sources the
-rows not set apart for calibration, ``SPARE_ROWS``): given the split, without the noise of a test window, but with
-that of the pool's finite rows, which the splits share (per class about sqrt(0.09 / rows of the class)). A shift's
-coverage is the mean over its splits, with a 95% t interval across them: split conformal covers on average over the
-calibration draw, so that mean is what the guarantee is about, for each shift. ``set_size``: the mean set size
-under pi_t, from a subsample of the pool (``POOL_LIMIT``).
+A split's coverage under pi_t is sum_y pi_t(y) cov_y over the pool, cov_y the share of the pool's rows of class y
+whose label is in their set: given the split, with the noise of the pool's finite rows (about sqrt(0.09 / rows of the
+class)). The synthetic sources' splits are fresh rows (``SPARE_ROWS``), so their mean is over the calibration draw,
+which split conformal's guarantee is about; set sizes are on a subsample of the pool (``POOL_LIMIT``).
 """
 
 from __future__ import annotations
@@ -51,12 +32,14 @@ RULES = ("lac", "aps")
 VARIANTS = ("unadapted", "em", "oracle", "classwise")
 
 
+def _scores(probs: np.ndarray, labels: np.ndarray, rule: str, u: np.ndarray | None) -> np.ndarray:
+    """``rule``'s conformity scores, the randomized ones (APS) with the uniform draws ``u``."""
+    return conformity_scores(probs, labels, rule, u=u if rule != "lac" else None)
+
+
 def all_scores(probs: np.ndarray, rule: str, u: np.ndarray | None) -> np.ndarray:
     """s(x_i, k) for every row and label (N, K): the set at thresholds q (one per label) is s <= q + SCORE_ATOL."""
-    n, k = probs.shape
-    return np.stack(
-        [conformity_scores(probs, np.full(n, c), rule, u=u if rule != "lac" else None) for c in range(k)], axis=1
-    )
+    return np.stack([_scores(probs, np.full(len(probs), c), rule, u) for c in range(probs.shape[1])], axis=1)
 
 
 def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
@@ -81,17 +64,8 @@ def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
     sized = np.sort(rng.choice(len(labels), min(POOL_LIMIT, len(labels)), replace=False))
     scores = {rule: all_scores(probs[sized], rule, u_pool[sized]) for rule in RULES}
     by_class = [np.flatnonzero(labels == c) for c in range(k)]
-    own = {
-        rule: [
-            np.sort(conformity_scores(probs[i], labels[i], rule, u=u_pool[i] if rule != "lac" else None))
-            for i in by_class
-        ]
-        for rule in RULES
-    }
-    reference = {
-        rule: conformity_scores(calibration_probs, calibration_labels, rule, u=u_calibration if rule != "lac" else None)
-        for rule in RULES
-    }
+    own = {rule: [np.sort(_scores(probs[i], labels[i], rule, u_pool[i])) for i in by_class] for rule in RULES}
+    reference = {rule: _scores(calibration_probs, calibration_labels, rule, u_calibration) for rule in RULES}
     class_rows = np.array([len(i) for i in by_class], dtype=np.float64)
     sized_labels = labels[sized]
     sized_rows = np.bincount(sized_labels, minlength=k).astype(np.float64)
@@ -113,12 +87,10 @@ def set_rows(source: Source, streams: int, seed: int) -> list[dict]:
                 y = calibration_labels[calibration]
                 for r, rule in enumerate(RULES):
                     cal = reference[rule][calibration]
-                    thresholds = (
-                        label_shift_quantiles(cal, y, np.ones(k), SET_ALPHA, k),
-                        label_shift_quantiles(cal, y, em.weights, SET_ALPHA, k),
-                        label_shift_quantiles(cal, y, oracle, SET_ALPHA, k),
-                        classwise_quantiles(cal, y, SET_ALPHA, k),
-                    )
+                    weighted = [
+                        label_shift_quantiles(cal, y, w, SET_ALPHA, k) for w in (np.ones(k), em.weights, oracle)
+                    ]
+                    thresholds = (*weighted, classwise_quantiles(cal, y, SET_ALPHA, k))  # as ``VARIANTS``
                     for v, q in enumerate(thresholds):
                         held = np.array(
                             [np.searchsorted(own[rule][c], q[c] + SCORE_ATOL, side="right") for c in range(k)]

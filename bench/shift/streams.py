@@ -1,22 +1,10 @@
-"""The shift benchmark's sources and streams: pools of served probabilities and labels, and windows drawn from them
-with or without new class priors.
+"""The shift benchmark's sources (the page lists them) and streams: pools of served probabilities and labels per
+input condition, and windows drawn from them with or without new class priors.
 
-A source is a model with its labelled reference rows (``LabelShiftReference``, the validation split) and pools of
-served rows under each input condition:
-
-- ``digits``: the committed default model (``artifacts/digits-lenet5/1``, onnxruntime) on the digits test split
-  (359 images), clean, and under each severity 1-5 with every corruption of ``training.data.corruptions`` pooled
-  (``CORRUPTION_DRAWS`` noisy copies each). Its reference is the validation split.
-- ``cifar-like``: ``calibkit.synthetic``'s CIFAR-like traffic (10 classes, logits N(0, 2.5^2)), labels drawn from
-  softmax(z), so the served softmax(z) is its true posterior. Its covariate shift goes through its generator: the
-  model sees z + e with e ~ N(0, (``NOISE_STEP`` s)^2 I) at severity s while the label still follows z, so its inputs
-  lose information and its probabilities become over-confident, as a corrupted image's do.
-- ``synthetic``: a 5-class source with known true posteriors and source priors other than uniform (class 0's logit
-  raised by ``SYNTHETIC.class_offset``), the case where EM's source priors matter.
-
-A window of n rows is drawn from a pool with replacement: under no shift uniformly; under label shift its target
-priors pi_t ~ Dirichlet(alpha 1_K), its class counts ~ Multinomial(n, pi_t), and each class's rows from that class's
-rows of the pool, so p(x | y) is the pool's and only the priors move.
+A window of n rows is drawn from a pool with replacement: under no shift uniformly; under label shift pi_t ~
+Dirichlet(alpha 1_K), class counts ~ Multinomial(n, pi_t), each class's rows from that class's rows of the pool, so
+p(x | y) is the pool's and only the priors move. ``cifar-like``'s covariate shift goes through its generator: the
+model sees z + e, e ~ N(0, (``NOISE_STEP`` s)^2 I) at severity s, while the label follows z.
 """
 
 from __future__ import annotations
@@ -26,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.common import CIFAR_LIKE
 from calibkit.manifest import LabelShiftReference
 from calibkit.synthetic import TrafficShape
 from calibkit.temperature import softmax
@@ -36,7 +25,6 @@ ALPHAS = (0.1, 1.0, 10.0)
 BOTH_SEVERITY = 3
 #: Corrupted copies of the digits test split per corruption and severity (their noise differs).
 CORRUPTION_DRAWS = 2
-CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 SYNTHETIC = TrafficShape("synthetic", 5, 3.0, class_offset=1.0)
 #: The standard deviation of the CIFAR-like model's input noise per step of severity, in logits.
 NOISE_STEP = 0.3
@@ -59,9 +47,7 @@ class Pool:
 
 @dataclass(frozen=True)
 class Source:
-    """A model: its labelled reference rows, the source priors its posteriors assume (``true_priors``: exact for the
-    synthetic sources, the reference's mean probabilities for digits) and a pool per input condition (``clean``,
-    ``severity 1`` ...)."""
+    """A model: its labelled reference rows, its source priors (``true_priors``) and a pool per input condition."""
 
     name: str
     reference_probs: np.ndarray
@@ -76,8 +62,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A row's shift: the pool's condition and the Dirichlet concentration of the target priors (None: no label
-    shift)."""
+    """A row's shift: the pool's condition and the target priors' Dirichlet concentration (None: no label shift)."""
 
     shift: str
     condition: str = "clean"
@@ -97,8 +82,7 @@ def scenarios(source: Source) -> list[Scenario]:
 
 @dataclass(frozen=True)
 class Windows:
-    """``streams`` windows of n rows: row indices into the pool (streams, n), and each window's target priors
-    (streams, K): the Dirichlet draw under label shift, the pool's label frequencies otherwise."""
+    """``streams`` windows of n rows: row indices into the pool, and each window's target priors."""
 
     index: np.ndarray
     priors: np.ndarray
@@ -120,19 +104,17 @@ def draw_windows(pool: Pool, alpha: float | None, streams: int, n: int, seed: in
     return Windows(index, priors)
 
 
+def share(part: float, whole: float) -> float | None:
+    """``part`` / ``whole``, None where ``whole`` is not positive."""
+    return float(part / whole) if whole > 0 else None
+
+
 def digits_source() -> Source:
-    """The committed default model on the digits splits: the validation split as reference, the test split clean and
-    corrupted as pools."""
+    """The committed default model on the digits splits (the module docstring)."""
     from bench.common import digits_model
     from training.data import available_corruptions, corrupt, load_digits_splits
 
-    model = digits_model()
-    splits = load_digits_splits()
-
-    def probs(x: np.ndarray) -> np.ndarray:
-        p = model(x)
-        return p / p.sum(axis=1, keepdims=True)
-
+    probs, splits = digits_model(normalized=True), load_digits_splits()
     reference = probs(splits.val.x)
     pools = {"clean": Pool(probs(splits.test.x), splits.test.y)}
     copies = CORRUPTION_DRAWS * len(available_corruptions())
@@ -152,8 +134,8 @@ def digits_source() -> Source:
 def synthetic_source(
     shape: TrafficShape, seed: int, noise: Callable[[int], float] | None = None, rows: int = POOL_ROWS
 ) -> Source:
-    """A calibrated synthetic source: reference and clean pool from ``shape``; with ``noise``, a pool per severity
-    whose served probabilities are softmax(z + e), e ~ N(0, noise(s)^2 I), labels still drawn from softmax(z)."""
+    """A calibrated synthetic source from ``shape``; with ``noise``, a pool per severity s whose served probabilities
+    are softmax(z + e), e ~ N(0, noise(s)^2 I), labels still drawn from softmax(z)."""
     rng = np.random.default_rng(seed)
     z, y_reference = shape.logits(rng, (REFERENCE_ROWS,))
     reference = softmax(z)

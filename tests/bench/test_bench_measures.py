@@ -7,9 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from bench.common import process_cpu_seconds
+from bench.common import HEAVY, LIGHT, process_cpu_seconds
 from bench.serving.goals import _batching_goals, _latency_goal
-from bench.serving.measure import CUDA, HEAVY, LIGHT, binary_lua, cpu_summary, v2_binary_body
+from bench.serving.harness import CUDA, binary_lua, v2_binary_body
+from bench.serving.measure import cpu_summary
 from bench.serving.render import gap_decomposition
 
 
@@ -132,7 +133,7 @@ def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
     from starlette.testclient import TestClient
 
     from bench.serving.floor_app import app
-    from bench.serving.measure import body
+    from bench.serving.harness import body
 
     with TestClient(app) as client:
         assert client.post("/predict", content=body(HEAVY, (3, 32, 32), 1)).status_code == 200
@@ -152,8 +153,9 @@ def test_the_floor_app_parses_both_request_bodies_as_the_service_does():
 def test_the_batching_floor_answers_each_row_its_probabilities_through_the_batcher(monkeypatch):
     from starlette.testclient import TestClient
 
+    from bench.common import ROOT
     from bench.serving import floor_app
-    from bench.serving.measure import ROOT, body
+    from bench.serving.harness import body
 
     monkeypatch.setenv("FLOOR_MODEL", str(ROOT / "artifacts" / LIGHT / "1" / "model.onnx"))
     monkeypatch.setattr(floor_app, "floor", None)  # restored to None afterwards, for the floor without a model

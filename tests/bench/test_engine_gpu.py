@@ -1,5 +1,5 @@
-"""The pod on a device (bench/gpu.py, run_pod): its load point splits a pod's CPU and batches by process, and its goals
-are judged at the best number of front-ends, the two plain replicas only reported beside them."""
+"""The pod on a device (bench/gpu/pod.py, run_pod): its load point splits a pod's CPU and batches by process, and its
+goals are judged at the best number of front-ends, the two plain replicas only reported beside them."""
 
 import shutil
 

@@ -1,4 +1,4 @@
-"""The engine at the device's limit (bench/gpu.py, run_limit): the timeline's busy share and idle split, and the
+"""The engine at the device's limit (bench/gpu/limit.py, run_limit): the timeline's busy share and idle split, and the
 issue's goals from one run's points, each pod's ratio taken against the pod of the tree before in the same run."""
 
 import json

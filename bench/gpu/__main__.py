@@ -1,0 +1,3 @@
+from bench.gpu import main
+
+main()
