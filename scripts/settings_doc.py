@@ -20,7 +20,8 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from service.cli import build_parser
-from service.settings import PREFIX, REMOVED, RENAMED, Settings, env_name, replacement
+from service.settings import Settings
+from service.settings_env import PREFIX, REMOVED, RENAMED, env_name, replacement
 
 COMMAND = "python scripts/settings_doc.py > docs/settings.md"
 

@@ -15,7 +15,8 @@ from typing import Literal
 from pydantic import SecretStr
 
 from service.errors import Forbidden, Unauthorized
-from service.settings import GROUPS, Group, Settings, parse_tokens
+from service.settings import GROUPS, Group, Settings
+from service.settings_env import parse_tokens
 from service.store.rows import ANONYMOUS
 
 log = logging.getLogger("service.auth")

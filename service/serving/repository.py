@@ -19,7 +19,8 @@ from service.serving.adaptation import Adaptation
 from service.serving.batching import Batcher
 from service.serving.conformal import ModelSets
 from service.serving.runtime import ModelRuntime, Runtime, create_runtime, preload_cuda_libraries
-from service.settings import BatchingConfig, Settings, conformal_levels
+from service.settings import BatchingConfig, Settings
+from service.settings_env import conformal_levels
 
 log = logging.getLogger("service.serving.repository")
 
