@@ -83,7 +83,9 @@ def main(name: str, argv: list[str] | None = None) -> None:
     and no page), print the rendering and write the page; ``--report-only`` writes the page from the stored result."""
     package = module(name)
     steps: Benchmark = package.BENCHMARK
-    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=(package.__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=f"python -m bench.{name}", description=" ".join((package.__doc__ or "").split("\n\n")[0].split())
+    )
     parser.add_argument("--smoke", action="store_true", help="a short run that checks the benchmark works (no page)")
     parser.add_argument(
         "--report-only", action="store_true", help=f"write the page from bench/results/{name}.json, goals judged again"
