@@ -136,21 +136,18 @@ def _worker_database(url: str) -> str:
 
     base = sa.make_url(url)
     name = f"{base.database}_{worker}"
-    engine = sa.create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        exists = connection.exec_driver_sql("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).first()
-    engine.dispose()
-    if not exists:
-        _create_database(base.set(database="postgres").render_as_string(hide_password=False), name)
+    _create_database(base.set(database="postgres").render_as_string(hide_password=False), name)
     return base.set(database=name).render_as_string(hide_password=False)
 
 
 def _create_database(maintenance_url: str, name: str) -> None:
+    """Database ``name`` on the server of ``maintenance_url``, created unless it exists."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(maintenance_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as connection:
-        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        if not connection.exec_driver_sql("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).first():
+            connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
     engine.dispose()
 
 
