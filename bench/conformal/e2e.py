@@ -174,6 +174,8 @@ def run(
         for data, (model, (x, y), (xs, ys), shift_name) in pools(seed).items():
             calibrator, coverage = floor_calibrator(artifacts, model)
             q = calibrator.quantile(1 - coverage)
+            # the served (graph) probabilities of the shifted pool, for the shifted streams' oracle
+            served_xs = digits_model(artifact=artifacts / model / "1")(xs)
             for delay, index in itertools.product(delays, range(streams + shift_streams)):
                 shifted = index >= streams
                 length = (SHIFT_BEFORE + delay + max(20 * delay, shift_min)) if shifted else delay + measured
@@ -189,10 +191,8 @@ def run(
                 hits, sizes = got["hits"][start:], got["sizes"][start:]
                 static = float(calibrator.sets(got["probs"][start:], 1 - coverage).sum(axis=1).mean())
                 oracle = static
-                if shifted:  # an oracle calibrated on the served (graph) probabilities of the shifted pool
-                    oracle = oracle_size(
-                        digits_model(artifact=artifacts / model / "1")(xs), ys, calibrator, hits.mean()
-                    )
+                if shifted:  # an oracle calibrated on the served probabilities of the shifted pool
+                    oracle = oracle_size(served_xs, ys, calibrator, hits.mean())
                 n = len(hits) // WINDOW * WINDOW
                 windows = hits[:n].reshape(-1, WINDOW).mean(axis=1) if n else np.array([hits.mean()])
                 row = {
