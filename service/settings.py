@@ -10,9 +10,10 @@ from these models (``scripts/settings_doc.py``); the variables' names, value gra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -429,3 +430,21 @@ class Settings(BaseSettings):
 
 
 _one_line(Settings)
+
+
+def setting_path(variable: str) -> str | None:
+    """The setting or group a variable sets (``CALIB_CONFORMAL__METHOD`` -> ``conformal.method``), else None."""
+    if not variable.startswith(PREFIX):
+        return None
+    node: Any = Settings
+    names = variable.removeprefix(PREFIX).lower().split("__")
+    for name in names:
+        if dataclasses.is_dataclass(node):
+            node = get_type_hints(node).get(name)
+        elif isinstance(node, type) and issubclass(node, BaseModel) and name in node.model_fields:
+            node = node.model_fields[name].annotation
+        else:
+            return None
+        if node is None:
+            return None
+    return ".".join(names)

@@ -6,10 +6,9 @@ nothing of ``service``, so that the settings and ``service.auth`` can both use i
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Mapping
-from typing import Any, get_type_hints
+from typing import Any
 
 from pydantic import BaseModel
 from pydantic_settings import EnvSettingsSource
@@ -51,25 +50,6 @@ def conformal_levels(value: str) -> tuple[float, ...]:
             raise ValueError(f"{name}: {entry.strip()!r} is not in (0, 1)")
         levels.append(level)
     return tuple(sorted(set(levels)))
-
-
-def setting_path(variable: str, settings: type[BaseModel]) -> str | None:
-    """The dotted path of the setting (or group) of ``settings`` that an environment variable sets,
-    ``CALIB_CONFORMAL__METHOD`` -> ``conformal.method``; None where it sets none, an old name included."""
-    if not variable.startswith(PREFIX):
-        return None
-    node: Any = settings
-    names = variable.removeprefix(PREFIX).lower().split("__")
-    for name in names:
-        if dataclasses.is_dataclass(node):
-            node = get_type_hints(node).get(name)
-        elif isinstance(node, type) and issubclass(node, BaseModel) and name in node.model_fields:
-            node = node.model_fields[name].annotation
-        else:
-            return None
-        if node is None:
-            return None
-    return ".".join(names)
 
 
 #: Old name -> the dotted path of its setting now (``CALIB_<OLD>`` -> ``CALIB_<GROUP>__<NAME>``).

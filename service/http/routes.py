@@ -196,12 +196,21 @@ ROUTES = [
     ),
     _monitoring("/calibration/timeline", monitoring.timeline, TimelineResponse),
     _monitoring("/calibration/history", monitoring.history, HistoryResponse),
-    *(
-        _monitoring(path, handler, answer, "admin", methods=("POST",), body=body)
-        for path, handler, body, answer in (
-            ("/admin/recalibrate", monitoring.recalibrate, RecalibrateRequest, RecalibrateResponse),
-            ("/admin/calibration/activate", monitoring.activate, ActivateRequest, ActivateResponse),
-        )
+    _monitoring(
+        "/admin/recalibrate",
+        monitoring.recalibrate,
+        RecalibrateResponse,
+        "admin",
+        methods=("POST",),
+        body=RecalibrateRequest,
+    ),
+    _monitoring(
+        "/admin/calibration/activate",
+        monitoring.activate,
+        ActivateResponse,
+        "admin",
+        methods=("POST",),
+        body=ActivateRequest,
     ),
     Route(
         "/dashboard",

@@ -49,8 +49,16 @@ STATUS: dict[int, grpc.StatusCode] = {
     403: grpc.StatusCode.PERMISSION_DENIED,
 }
 """The gRPC status of each HTTP status the typed errors answer over REST."""
-CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT64": "int64_contents", "UINT8": "uint_contents"}
-CONTENTS |= {"UINT16": "uint_contents"} | dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents")
+CONTENTS = {
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+}
 """The ``InferTensorContents`` field that carries each input datatype the service takes."""
 
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from service.metrics import ServiceMetrics
-from service.settings import Settings
-from service.settings_env import RENAMED, replacement, setting_path
+from service.settings import setting_path
+from service.settings_env import RENAMED, replacement
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -118,7 +118,7 @@ def test_dashboard_and_alerts_only_use_metrics_the_service_exports():
 def _names_a_setting(name: str) -> bool:
     """Whether an environment variable name sets a field of ``Settings`` by its current name (``CALIB_<FIELD>``,
     ``CALIB_<GROUP>__<FIELD>``); an old name, still accepted with a warning, does not."""
-    return setting_path(name, Settings) is not None
+    return setting_path(name) is not None
 
 
 def test_the_shipped_files_name_settings_by_their_current_names():
@@ -153,4 +153,4 @@ def test_compose_environment_names_real_settings(service):
 def test_settings_reference_names_real_settings():
     current = (ROOT / "docs" / "settings.md").read_text().split("## Deprecated names")[0]
     documented = re.findall(r"^\| `(CALIB_[A-Z0-9_]+)`", current, re.M)
-    assert len(documented) > 60 and [name for name in documented if setting_path(name, Settings) is None] == []
+    assert len(documented) > 60 and [name for name in documented if setting_path(name) is None] == []

@@ -16,8 +16,7 @@ import yaml
 
 from service.app import create_app
 from service.serving.grpc_server import SERVICE
-from service.settings import Settings
-from service.settings_env import setting_path
+from service.settings import Settings, setting_path
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -257,7 +256,7 @@ def test_deployments_agree_with_the_image_the_settings_and_the_app(kustomization
     )
     assert [p["name"] for p in container["ports"]] == ["http", "grpc"]
     for name in config["data"]:
-        assert name == "MPLCONFIGDIR" or setting_path(name, Settings) is not None, name
+        assert name == "MPLCONFIGDIR" or setting_path(name) is not None, name
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
     assert secrets == {
         "CALIB_STORE__URL": {"name": "calibrated-serving", "key": "database-url"},

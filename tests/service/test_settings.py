@@ -12,8 +12,8 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from service.auth import AccessControl
-from service.settings import Settings
-from service.settings_env import REMOVED, RENAMED, env_name, setting_path
+from service.settings import Settings, setting_path
+from service.settings_env import REMOVED, RENAMED, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,17 +151,11 @@ def test_the_warnings_are_shown_by_default():
 
 
 def test_variables_name_their_setting_and_old_names_none():
-    assert (
-        setting_path("CALIB_PORT", Settings) == "port"
-        and setting_path("CALIB_CONFORMAL__METHOD", Settings) == "conformal.method"
-    )
-    assert (
-        setting_path("CALIB_ALARM__THRESHOLD", Settings) == "alarm.threshold"
-        and setting_path("CALIB_AUTH", Settings) == "auth"
-    )
+    assert setting_path("CALIB_PORT") == "port" and setting_path("CALIB_CONFORMAL__METHOD") == "conformal.method"
+    assert setting_path("CALIB_ALARM__THRESHOLD") == "alarm.threshold" and setting_path("CALIB_AUTH") == "auth"
     for name in ("CALIB_DATABASE_URL", "CALIB_ALARM__NOPE", "CALIB_PORT__X", "MPLCONFIGDIR", "CALIB_GC_THRESHOLD"):
-        assert setting_path(name, Settings) is None, name
-    assert all(setting_path(env_name(path), Settings) == path for path in RENAMED.values())
+        assert setting_path(name) is None, name
+    assert all(setting_path(env_name(path)) == path for path in RENAMED.values())
 
 
 def test_the_settings_page_is_generated_from_the_models():
