@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from calibkit.binning import BinSums
+from calibkit.binning import BinSums, calibration_error
 from calibkit.validation import check_unit
 
 
@@ -38,10 +38,9 @@ def _ece_of_draws(correct_draws: np.ndarray, sums: BinSums) -> np.ndarray:
 
 def _observed(sums: BinSums, what: str) -> tuple[float, np.ndarray]:
     """(the observed ECE, the bin counts as integers); a ValueError names ``what`` when every bin is empty."""
-    n_total = sums.count.sum()
-    if n_total <= 0:
+    if sums.count.sum() <= 0:
         raise ValueError(f"no samples in any bin: {what} is undefined for empty input")
-    return float(np.abs(sums.outcome_sum - sums.confidence_sum).sum() / n_total), sums.count.astype(np.int64)
+    return calibration_error(sums), sums.count.astype(np.int64)
 
 
 def ece_interval(

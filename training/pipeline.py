@@ -116,9 +116,9 @@ def export_step(
     run_dir: Path, artifacts: Path, version: str | None = None, overwrite: bool = False
 ) -> tuple[Path, dict]:
     """Export the calibrated model with its manifest, report and plots to ``artifacts/<name>/<version>/``."""
-    result, config, calibrator, splits, split = _load_run(run_dir)
     if not (run_dir / METRICS).is_file():
         raise FileNotFoundError(f"no {METRICS} in {run_dir}: run `python -m training evaluate` first")
+    result, config, calibrator, splits, split = _load_run(run_dir)
     evaluation = json.loads((run_dir / METRICS).read_text())
     spec = result.spec
     return write_artifact(

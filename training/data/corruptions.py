@@ -20,6 +20,8 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage, special
 
+from calibkit.validation import is_int
+
 Corruption = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
 
 MAX_SEVERITY = 5
@@ -40,7 +42,7 @@ def _corruption(transform: Corruption) -> Corruption:
 
     @wraps(transform)
     def corruption(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
-        if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)):
+        if not is_int(severity):
             raise ValueError(f"severity must be an int in 0..{MAX_SEVERITY}; got {severity!r}")
         if not 0 <= severity <= MAX_SEVERITY:
             raise ValueError(f"severity must be in 0..{MAX_SEVERITY}; got {severity}")

@@ -66,7 +66,9 @@ def load_image_folder(
     class_names = tuple(files)
     mode = "L" if channels == 1 else "RGB"
     labelled = [(label, path) for label, paths in enumerate(files.values()) for path in paths]
-    x = np.stack([_read_image(path, int(image_size), mode) for _, path in labelled])
+    x = np.empty((len(labelled), channels, image_size, image_size), dtype=np.float32)  # one copy of the images
+    for i, (_, path) in enumerate(labelled):
+        x[i] = _read_image(path, int(image_size), mode)
     y = np.array([label for label, _ in labelled], dtype=np.int64)
     full = ImageDataset(x=x, y=y, class_names=class_names)
     fractions = (1.0 - val_fraction - test_fraction, val_fraction, test_fraction)
