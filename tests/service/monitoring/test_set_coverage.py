@@ -116,9 +116,15 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
         assert sum(row["n"] for row in by_class.values()) == 700
         assert sum(row["n"] for row in choice["by_set_size"]) == 700
 
-        # both replicas now serve the adapted threshold, under the same version, and say so in /metrics
+        # both replicas now serve the adapted threshold, under the same version, and say so in /metrics; the replica
+        # that did not fold the labels serves them once its monitoring loop loads the stored state (a bounded wait)
         for url in (a, b):
-            body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
+            deadline = time.monotonic() + 30
+            while True:
+                body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
+                if body["conformal"]["threshold_version"] == choice["threshold_version"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert body["conformal"]["threshold_version"] == choice["threshold_version"]
             assert body["conformal"]["threshold"] == choice["threshold"]
             families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
