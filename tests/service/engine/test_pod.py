@@ -49,6 +49,26 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _listening(pid: int, port: int) -> int:
+    """How many of the pod's front-ends hold a listening socket on the port: a front-end listens only once its app
+    has started, so a pod whose front-end is still starting answers on the others alone."""
+    sockets = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()  # local address as hex ip:port, state 0A is LISTEN, inode tenth
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                sockets.add(f"socket:[{fields[9]}]")
+    count = 0
+    for child, cmd in _children(pid).items():
+        try:
+            count += "service.engine" not in cmd and any(
+                os.readlink(fd) in sockets for fd in Path(f"/proc/{child}/fd").iterdir()
+            )
+        except OSError:  # the child ended meanwhile
+            pass
+    return count
+
+
 def _wait(check, within: float, what: str) -> float:
     started = time.monotonic()
     while not check():
@@ -98,7 +118,7 @@ def pod(tmp_path_factory, linear_artifact):
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    _wait(lambda: _ready(url), 90, "the pod's start")
+    _wait(lambda: _ready(url) and _listening(process.pid, port) == 2, 90, "the pod's start")
     yield url, process, root / "pod.db"
     if process.poll() is None:
         process.kill()
@@ -201,7 +221,9 @@ def test_a_killed_engine_answers_503_and_is_back_within_the_bound(pod):
 
 def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
     url, process, _ = pod
+    port = int(url.rsplit(":", 1)[1])
     x = load_dataset("digits").test.x[:1].tolist()
+    _wait(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "both front-ends listening")
     front = [pid for pid, cmd in _children(process.pid).items() if "service.engine" not in cmd]
     os.kill(front[0], signal.SIGKILL)
     _wait(lambda: _gone(front[0]), 5, "the front-end's end")  # its listening socket closes with it
@@ -210,7 +232,7 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
             assert client.post("/predict", json={"inputs": x}).status_code == 200
     _wait(lambda: len([c for c in _children(process.pid).values() if "service.engine" not in c]) == 2, 10, "a new one")
     assert front[0] not in _children(process.pid)
-    _wait(lambda: _ready(url), BACK_WITHIN, "the new front-end")
+    _wait(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "the new front-end listening")
 
 
 @pytest.mark.parametrize("fault", ["sticky", "stuck"])
