@@ -20,7 +20,7 @@ import numpy as np
 from scipy import special
 
 from calibkit.label_shift import adapt_probabilities, em_bootstrap, em_priors
-from calibkit.validation import check_int, check_level, check_probs, expected
+from calibkit.validation import check_int, check_probs, check_unit, expected
 
 #: EM's stopping rule on the bootstrap resamples of ``estimate_adapted_accuracy``: their spread, of order
 #: 1 / sqrt(n), is far wider, so a looser rule than ``em_priors``' default changes nothing but the time.
@@ -107,7 +107,7 @@ def estimate_accuracy(probs, level: float = 0.95) -> EstimatedAccuracy:
         (0.725, (0.25, 1.0), [1.9, 2.1])
     """
     p = check_probs(probs)
-    check_level(level)
+    check_unit("level", level)
     confidence = p.max(axis=1)
     return _estimated(confidence.mean(), accuracy_interval(confidence, level), level, p)
 
@@ -128,7 +128,7 @@ def accuracy_interval(confidences, level: float = 0.95) -> tuple[float, float]:
         >>> accuracy_interval([0.9, 0.8, 0.6, 0.7], level=0.8)
         (0.5, 1.0)
     """
-    check_level(level)
+    check_unit("level", level)
     return _cdf_interval(np.cumsum(poisson_binomial_pmf(confidences)), level)
 
 
@@ -178,7 +178,7 @@ def estimate_adapted_accuracy(
         (True, True, True)
     """
     p = check_probs(probs)
-    check_level(level)
+    check_unit("level", level)
     point = em_priors(p, source_priors)
     adapted = adapt_probabilities(p, point.weights)
     served = adapted.argmax(axis=1)
@@ -241,7 +241,7 @@ class IntervalChecks:
     @classmethod
     def fresh(cls, block: int, level: float) -> IntervalChecks:
         """No check yet."""
-        return cls(block=check_int("block", block, 1), level=check_level(level))
+        return cls(block=check_int("block", block, 1), level=check_unit("level", level))
 
     def fold(self, confidences, correct) -> IntervalChecks:
         """The state after the labelled rows (their served top-label confidence and whether it was right), in order."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from calibkit.validation import check_int, check_level, check_probs, check_probs_labels, expected, is_number
+from calibkit.validation import check_int, check_probs, check_probs_labels, check_unit, expected, is_number
 
 #: EM's default stopping rule: every prior moves by at most this much in one iteration (Alexandari et al.'s code).
 EM_TOLERANCE = 1e-6
@@ -124,7 +124,7 @@ def em_priors(
     n, k = p.shape
     source = _check_em(source_priors, k, tolerance, max_iterations)
     check_int("resamples", resamples, 0)
-    check_level(level)
+    check_unit("level", level)
     ratios = p / source
     priors, iterations, converged = _em(ratios, source[None, :], None, tolerance, max_iterations)
     lower = upper = None
@@ -240,7 +240,7 @@ def bbse_priors(probs, confusion, level: float = 0.95) -> PriorEstimate:
     p = check_probs(probs)
     n, k = p.shape
     counts = _check_confusion(confusion, k)
-    check_level(level)
+    check_unit("level", level)
     m = counts.sum()
     joint = counts / m
     source = joint.sum(axis=0)

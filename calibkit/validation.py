@@ -134,13 +134,6 @@ def check_n_bins(n_bins: int) -> int:
     return int(n_bins)
 
 
-def check_level(level) -> float:
-    """An interval's probability: a number in (0, 1) (not a bool), as a float."""
-    if not is_number(level) or not 0.0 < level < 1.0:
-        raise ValueError(expected("level", "a number in (0, 1)", level))
-    return float(level)
-
-
 def is_number(value) -> bool:
     """A real number and not a bool."""
     return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
@@ -159,7 +152,7 @@ def check_threshold(name: str, value) -> float:
 
 
 def check_unit(name: str, value) -> float:
-    """A probability strictly between 0 and 1, as a float."""
+    """A probability strictly between 0 and 1 (a number, not a bool), as a float."""
     if not is_number(value) or not 0 < value < 1:
         raise ValueError(expected(name, "in (0, 1)", value))
     return float(value)

@@ -12,7 +12,7 @@ from calibkit.alarms import OK
 from service.store.database import Database
 from service.store.locks import LockedRow
 from service.store.rows import CalibrationKey
-from service.store.schema import alarm_events, monitor_state, scope
+from service.store.schema import alarm_events, monitor_state, of_version, scope
 
 
 class LockedAlarmState(LockedRow):
@@ -48,7 +48,7 @@ class AlarmStates:
         """The newest ``limit`` transitions of a model version, newest first."""
         query = (
             sa.select(alarm_events)
-            .where(alarm_events.c.model == model, alarm_events.c.version == version)
+            .where(*of_version(alarm_events, model, version))
             .order_by(alarm_events.c.id.desc())
             .limit(limit)
         )

@@ -11,17 +11,13 @@ import sqlalchemy as sa
 
 from service.store.database import Database
 from service.store.locks import LockedRow
-from service.store.schema import coverage_state, from_sources, labels
-
-
-def _of(table: sa.Table, model: str, version: str) -> tuple:
-    return table.c.model == model, table.c.version == version
+from service.store.schema import coverage_state, from_sources, labels, of_version
 
 
 def _with_sets(model: str, version: str, *columns: str) -> sa.Select:
     """``columns`` of the version's labels whose prediction had a set."""
     return sa.select(*(labels.c[name] for name in columns)).where(
-        *_of(labels, model, version), labels.c.covered.is_not(None)
+        *of_version(labels, model, version), labels.c.covered.is_not(None)
     )
 
 
@@ -34,14 +30,14 @@ class CoverageStates:
         """A unit of work holding the version's row write-locked (created empty on first use)."""
         initial = dict(model=model, version=version, last_seq=0, states="{}")
         with self.db.unit() as c:
-            yield LockedRow(c, coverage_state, _of(coverage_state, model, version), initial)
+            yield LockedRow(c, coverage_state, of_version(coverage_state, model, version), initial)
 
     def all(self) -> Sequence[sa.Row]:
         return self.db.run(lambda c: c.execute(sa.select(coverage_state)).all(), write=False)
 
     def get(self, model: str, version: str) -> sa.Row | None:
         """The version's state row (None before its first assessment)."""
-        query = sa.select(coverage_state).where(*_of(coverage_state, model, version))
+        query = sa.select(coverage_state).where(*of_version(coverage_state, model, version))
         return self.db.run(lambda c: c.execute(query).first(), write=False)
 
     def labels_after(
@@ -54,7 +50,7 @@ class CoverageStates:
 
     def last_seq(self, model: str, version: str) -> int:
         """The newest label sequence number of the version (0 without labels)."""
-        query = sa.select(sa.func.max(labels.c.seq)).where(*_of(labels, model, version))
+        query = sa.select(sa.func.max(labels.c.seq)).where(*of_version(labels, model, version))
         return self.db.run(lambda c: c.execute(query).scalar() or 0, write=False)
 
     def window(

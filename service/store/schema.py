@@ -246,10 +246,11 @@ def from_sources(table: sa.Table, sources: frozenset[str] | None) -> list:
     return [sa.func.coalesce(table.c.source, ANONYMOUS).in_(sorted(sources))]
 
 
+def of_version(table: sa.Table, model: str, version: str) -> list:
+    """The WHERE terms selecting a model version's rows of ``table``."""
+    return [table.c.model == model, table.c.version == version]
+
+
 def scope(table: sa.Table, key: CalibrationKey) -> list:
     """The WHERE terms selecting ``key``'s rows of ``table``."""
-    return [
-        table.c.model == key.model,
-        table.c.version == key.version,
-        table.c.calibration_version == key.calibration_version,
-    ]
+    return [*of_version(table, key.model, key.version), table.c.calibration_version == key.calibration_version]

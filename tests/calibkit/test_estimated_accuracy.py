@@ -80,7 +80,7 @@ def test_the_interval_holds_the_realized_accuracy_of_calibrated_windows():
 
 @pytest.mark.parametrize("level", [0.0, 1.0, 1.5, -0.1, True, "0.9"])
 def test_a_level_outside_the_unit_interval_is_refused(level):
-    with pytest.raises(ValueError, match=f"Expected `level` to be a number in \\(0, 1\\), but got {level!r}"):
+    with pytest.raises(ValueError, match=f"Expected `level` to be in \\(0, 1\\), but got {level!r}"):
         estimate_accuracy(np.array([[0.6, 0.4]]), level=level)
 
 
