@@ -33,7 +33,13 @@ def module(name: str) -> ModuleType:
 
 
 def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
-    """Write docs/<page> (``text``), then README.md's figures table from the same results (``bench.figures``)."""
+    """Write docs/<page> (``text``), then README.md's figures table from the same results (``bench.figures``). A page
+    that benchmarks share is written only when each of them has a result here (results are not committed): a lone run
+    on a fresh clone would otherwise drop the others' sections, and the README would cite figures the page lacks."""
+    missing = [name for name in PAGES if PAGES[name] == page and not ((fresh or {}).get(name) or load_result(name))]
+    if missing:
+        print(f"docs/{page} and README.md left as they are: no result here for {', '.join(missing)} (make bench)")
+        return
     (ROOT / "docs" / page).write_text(text(page, fresh))
     write_readme(fresh)
 
@@ -41,7 +47,7 @@ def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
 def text(page: str, fresh: dict[str, dict] | None = None) -> str:
     """The page from its benchmarks' stored (or ``fresh``) results; the main page adds the head and the GPU runs."""
     results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
-    sections = [module(name).BENCHMARK.render(result) for name, result in results.items() if result]
+    sections = [module(name).BENCHMARK.render(result) for name, result in results.items()]
     if page == MAIN_PAGE:
         from bench.gpu import recorded_section
 

@@ -147,9 +147,21 @@ def _around_the_table(text: str) -> tuple[str, str]:
     return text.split("| figure", 1)[0], text.split("## Figures", 1)[1].split("\n## ", 1)[1]
 
 
+def _the_page_s_other_results(here) -> None:
+    """Results, here, of the benchmarks that share the serving benchmark's page: none holds a README figure."""
+    from bench.registry import PAGES
+
+    here.results.mkdir(exist_ok=True)
+    for name in PAGES:
+        if PAGES[name] == PAGES["serving"] and name != "serving":
+            (here.results / f"{name}.json").write_text(json.dumps({"machine": {"commit": "stand-in"}}))
+
+
 def test_a_run_writes_its_rows_and_leaves_the_others(bench_here):
     """The serving benchmark's run rewrites the rows that cite its section, with its figures; the rows of the
-    benchmarks whose results are missing here stay as the README had them, and so does the text around the table."""
+    benchmarks whose results hold none of their figures stay as the README had them, and so does the text around the
+    table."""
+    _the_page_s_other_results(bench_here)
     before = bench_here.readme.read_text()
     bench_here.main("serving", [])
     after = bench_here.readme.read_text()
@@ -165,6 +177,19 @@ def test_a_run_writes_its_rows_and_leaves_the_others(bench_here):
         assert shown and all(any(_shown_as(v, f) for v in measured) for f in shown), new[figure][2]
     assert all(new[figure] == old[figure] for figure in old if figure not in serving)
     assert _around_the_table(after) == _around_the_table(before)
+
+
+def test_a_lone_run_leaves_a_shared_page_and_the_readme_whole(bench_here, capsys):
+    """On a fresh clone (no other results here), a lone run of one benchmark of the shared page writes its result but
+    neither a page holding only its section nor README rows that page would not back."""
+    bench_here.page.write_text("the committed page\n")
+    before = bench_here.readme.read_text()
+    bench_here.main("serving", [])
+    assert (bench_here.results / "serving.json").exists()
+    assert bench_here.page.read_text() == "the committed page\n"
+    assert bench_here.readme.read_text() == before
+    said = capsys.readouterr().out
+    assert "left as they are" in said and "feedback_load" in said and "serving," not in said
 
 
 def test_a_smoke_run_writes_no_page_and_no_readme(bench_here):
