@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -12,12 +13,12 @@ from service.store import locks
 from service.store.database import Database
 from service.store.schema import calibrations, of_version
 
+_of = functools.partial(of_version, calibrations)  # a model version's rows of the calibrations table
+
 
 def _first(c: sa.Connection, model: str, version: str, *where) -> int | None:
     """The first calibration version of a model version matching ``where`` (None: none does)."""
-    return c.execute(
-        sa.select(calibrations.c.calibration_version).where(*of_version(calibrations, model, version), *where)
-    ).scalar()
+    return c.execute(sa.select(calibrations.c.calibration_version).where(*_of(model, version), *where)).scalar()
 
 
 def _insert(c: sa.Connection, model: str, version: str, details: dict, **values) -> None:
@@ -32,11 +33,7 @@ class Calibrations:
 
     def of(self, model: str, version: str) -> Sequence[sa.Row]:
         """Every calibration version of a model version, oldest first."""
-        query = (
-            sa.select(calibrations)
-            .where(*of_version(calibrations, model, version))
-            .order_by(calibrations.c.calibration_version)
-        )
+        query = sa.select(calibrations).where(*_of(model, version)).order_by(calibrations.c.calibration_version)
         return self.db.run(lambda c: c.execute(query).all(), write=False)
 
     def active(self) -> Sequence[sa.Row]:
@@ -58,13 +55,9 @@ class Calibrations:
         """Record a refitted temperature as a new active calibration version; returns its number."""
 
         def work(c):
-            latest = c.execute(
-                sa.select(sa.func.max(calibrations.c.calibration_version)).where(
-                    *of_version(calibrations, model, version)
-                )
-            )
+            latest = c.execute(sa.select(sa.func.max(calibrations.c.calibration_version)).where(*_of(model, version)))
             new = (latest.scalar() or 0) + 1
-            c.execute(calibrations.update().where(*of_version(calibrations, model, version)).values(active=False))
+            c.execute(calibrations.update().where(*_of(model, version)).values(active=False))
             row = dict(method="temperature", temperature=temperature, source="refit", active=True)
             _insert(c, model, version, details, calibration_version=new, **row)
             return new
@@ -78,7 +71,7 @@ class Calibrations:
         def work(c):
             if _first(c, model, version, chosen) is None:
                 return False
-            c.execute(calibrations.update().where(*of_version(calibrations, model, version)).values(active=chosen))
+            c.execute(calibrations.update().where(*_of(model, version)).values(active=chosen))
             return True
 
         return self._write(work)
