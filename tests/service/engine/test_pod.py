@@ -49,24 +49,33 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _listeners(port: int) -> set[str]:
+    """The sockets listening on the port (/proc/net/tcp: local address as hex ip:port, state 0A, inode tenth), each
+    named as a process's fd links to it."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def _sockets(pid: int) -> set[str]:
+    """What the process's fds link to (nothing once it has ended)."""
+    try:
+        return {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+    except OSError:
+        return set()
+
+
 def _listening(pid: int, port: int) -> int:
     """How many of the pod's front-ends hold a listening socket on the port: a front-end listens only once its app
     has started, so a pod whose front-end is still starting answers on the others alone."""
-    sockets = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()  # local address as hex ip:port, state 0A is LISTEN, inode tenth
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                sockets.add(f"socket:[{fields[9]}]")
-    count = 0
-    for child, cmd in _children(pid).items():
-        try:
-            count += "service.engine" not in cmd and any(
-                os.readlink(fd) in sockets for fd in Path(f"/proc/{child}/fd").iterdir()
-            )
-        except OSError:  # the child ended meanwhile
-            pass
-    return count
+    listeners = _listeners(port)
+    return sum(
+        bool(_sockets(child) & listeners) for child, cmd in _children(pid).items() if "service.engine" not in cmd
+    )
 
 
 def _wait(check, within: float, what: str) -> float:
@@ -225,8 +234,11 @@ def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
     x = load_dataset("digits").test.x[:1].tolist()
     _wait(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "both front-ends listening")
     front = [pid for pid, cmd in _children(process.pid).items() if "service.engine" not in cmd]
+    killed = _sockets(front[0]) & _listeners(port)
+    assert killed, "the front-end to kill listens"
     os.kill(front[0], signal.SIGKILL)
-    _wait(lambda: _gone(front[0]), 5, "the front-end's end")  # its listening socket closes with it
+    # its listening socket gone, not only the process: a connection queued on a listener as it closes is reset
+    _wait(lambda: _gone(front[0]) and not killed & _listeners(port), 5, "the front-end's listening socket closing")
     for _ in range(20):  # new connections go to the front-end that is left
         with httpx.Client(base_url=url) as client:
             assert client.post("/predict", json={"inputs": x}).status_code == 200
