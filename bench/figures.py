@@ -53,10 +53,10 @@ def gpu_runs() -> list[dict]:
     return [runs[h.group(2)] | {"stem": h.group(2), "anchor": slug(h.group(1))} for h in found if h]
 
 
-def sources(fresh: dict[str, dict] | None = None) -> dict[str, dict | None]:
-    """Every row's source by name (None where missing, ``fresh`` results first); the GPU sources are the latest
-    engine run, the latest with plain replicas, and the latest device run."""
-    out = {name: (fresh or {}).get(name) or load_result(name) for name in BENCH_SOURCES}
+def sources(fresh: dict[str, dict] | None = None, results: bool = True) -> dict[str, dict | None]:
+    """Every row's source by name (None where missing; ``fresh`` results first, no result without ``results``); the
+    GPU sources are the latest engine run, the latest with plain replicas, and the latest device run."""
+    out = {name: ((fresh or {}).get(name) or load_result(name)) if results else None for name in BENCH_SOURCES}
     out |= {name: json.loads(path.read_text()) if path.exists() else None for name, path in FILES.items()}
     runs = gpu_runs()
     engine = [r for r in runs if r["recorded"].get("kind") == "engine"]
@@ -209,9 +209,9 @@ def cells(row: Row, source: dict, current: list[str] | None = None) -> list[str]
     return [row.figure, row.goal, recorded, _page(row, source)]
 
 
-def readme_table(fresh: dict[str, dict] | None = None, text: str | None = None) -> str:
-    """The figures table: each row from its source, or as the README (``text``) has it."""
-    found, current, lines = sources(fresh), current_rows(text or README.read_text()), [HEADER]
+def readme_table(fresh: dict[str, dict] | None = None, text: str | None = None, results: bool = True) -> str:
+    """The figures table: each row from its source (``sources``), or as the README (``text``) has it."""
+    found, current, lines = sources(fresh, results), current_rows(text or README.read_text()), [HEADER]
     for row in ROWS:
         source, old = found[row.source], current.get(row.figure)
         try:
@@ -223,11 +223,11 @@ def readme_table(fresh: dict[str, dict] | None = None, text: str | None = None) 
     return "\n".join(lines)
 
 
-def write_readme(fresh: dict[str, dict] | None = None, readme: Path | None = None) -> None:
+def write_readme(fresh: dict[str, dict] | None = None, readme: Path | None = None, results: bool = True) -> None:
     """Replace the figures table of README.md (or ``readme``) with ``readme_table``; the rest stays as it is."""
     path = readme or README
     text = path.read_text()
     start, end = _span(text)
-    new = text[:start] + readme_table(fresh, text) + text[end:]
+    new = text[:start] + readme_table(fresh, text, results) + text[end:]
     if new != text:
         path.write_text(new)

@@ -10,6 +10,7 @@ from types import ModuleType
 
 from bench.common import RESULTS, ROOT, Benchmark, load_result, machine, measured_by, table, write_result
 from bench.figures import write_readme
+from bench.gpu import HEADING, recorded_section
 
 MAIN_PAGE = "benchmarks.md"
 PAGES = {
@@ -33,15 +34,20 @@ def module(name: str) -> ModuleType:
 
 
 def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
-    """Write docs/<page> (``text``), then README.md's figures table from the same results (``bench.figures``). A page
-    that benchmarks share is written only when each of them has a result here (results are not committed): a lone run
-    on a fresh clone would otherwise drop the others' sections, and the README would cite figures the page lacks."""
+    """Write docs/<page> (``text``), then README.md's figures table from the same results (``bench.figures``). Results
+    are not committed: until each benchmark of the page has one here, its sections stay (a lone run on a fresh clone
+    would drop the others'), and only what committed files give is written, the GPU runs and their README rows."""
+    path = ROOT / "docs" / page
     missing = [name for name in PAGES if PAGES[name] == page and not ((fresh or {}).get(name) or load_result(name))]
-    if missing:
-        print(f"docs/{page} and README.md left as they are: no result here for {', '.join(missing)} (make bench)")
+    if not missing:
+        path.write_text(text(page, fresh))
+        write_readme(fresh)
         return
-    (ROOT / "docs" / page).write_text(text(page, fresh))
-    write_readme(fresh)
+    current = path.read_text() if path.exists() else ""
+    if page == MAIN_PAGE and f"\n{HEADING}" in current:
+        path.write_text(current[: current.index(f"\n{HEADING}") + 1] + recorded_section())
+    write_readme(results=False)
+    print(f"docs/{page}: its sections kept, no result here for {', '.join(missing)} (make bench runs them all)")
 
 
 def text(page: str, fresh: dict[str, dict] | None = None) -> str:
@@ -49,8 +55,6 @@ def text(page: str, fresh: dict[str, dict] | None = None) -> str:
     results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
     sections = [module(name).BENCHMARK.render(result) for name, result in results.items()]
     if page == MAIN_PAGE:
-        from bench.gpu import recorded_section
-
         sections = [head(results.get("serving")), *sections, recorded_section(), ""]
     return "\n".join(sections)
 

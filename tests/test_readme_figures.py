@@ -179,17 +179,20 @@ def test_a_run_writes_its_rows_and_leaves_the_others(bench_here):
     assert _around_the_table(after) == _around_the_table(before)
 
 
-def test_a_lone_run_leaves_a_shared_page_and_the_readme_whole(bench_here, capsys):
-    """On a fresh clone (no other results here), a lone run of one benchmark of the shared page writes its result but
-    neither a page holding only its section nor README rows that page would not back."""
-    bench_here.page.write_text("the committed page\n")
+def test_a_lone_run_keeps_the_sections_of_a_shared_page_and_writes_what_committed_files_give(bench_here, capsys):
+    """On a fresh clone (no other results here), a lone run of one benchmark of the shared page writes its result,
+    but not a page holding only its section: the page's sections stay, its GPU section is written from the recorded
+    runs, and the README's rows from committed files alone, so that none cites a figure the page lacks."""
+    from bench.gpu import HEADING, recorded_section
+
+    bench_here.page.write_text(f"the committed sections\n\n{HEADING}\n\nan older recording\n")
     before = bench_here.readme.read_text()
     bench_here.main("serving", [])
     assert (bench_here.results / "serving.json").exists()
-    assert bench_here.page.read_text() == "the committed page\n"
-    assert bench_here.readme.read_text() == before
+    assert bench_here.page.read_text() == "the committed sections\n\n" + recorded_section()
+    assert bench_here.readme.read_text() == before  # its GPU, report and study rows are those files' already
     said = capsys.readouterr().out
-    assert "left as they are" in said and "feedback_load" in said and "serving," not in said
+    assert "sections kept" in said and "feedback_load" in said and "serving," not in said
 
 
 def test_a_smoke_run_writes_no_page_and_no_readme(bench_here):

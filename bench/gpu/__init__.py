@@ -24,6 +24,7 @@ from bench.serving.harness import both_artifacts
 
 __all__ = ["grpc_connections", "limit_goals", "point", "timeline", "v2_binary_outputs"]  # imported from here
 RECORDED = ROOT / "docs" / "benchmarks" / "gpu"
+HEADING = "## GPU runs (`python -m bench.gpu`)"
 SWEEP_COLUMNS = ["round", "setting", "ready_seconds", "rows_per_s", "batch", "queue_ms", "inference_ms"]
 REPORTS = {"engine": pod_report, "limit": limit_report}
 """The report of each recorded ``kind`` of run beside the device run's (``run_report``)."""
@@ -32,7 +33,7 @@ REPORTS = {"engine": pod_report, "limit": limit_report}
 def recorded_section(folder: Path = RECORDED) -> str:
     """docs/benchmarks.md's GPU section: every recorded run and settings sweep, by session, then by name."""
     out = [
-        "## GPU runs (`python -m bench.gpu`)",
+        HEADING,
         "",
         "Recorded on lent GPU machines (the run is one command, `python -m bench.gpu --device cuda`, and "
         "`--engine` for the pod; docs/decisions/0001-gpu-run.md, 0020-bucket-sessions.md and 0027-engine-process.md "
