@@ -95,10 +95,21 @@ def test_the_gpu_run_smoke_version_runs_on_the_cpu_and_reports_every_measurement
     assert "### Goals" in markdown and markdown in result.stdout
 
 
+LAUNCHER = """
+import signal, subprocess, sys
+from pathlib import Path
+signal.signal(signal.SIGINT, lambda *_: (Path(sys.argv[1]).touch(), sys.exit(0)))
+subprocess.Popen(sys.argv[2:]).wait()
+"""
+"""Starts the command after its first argument, then on SIGINT writes that file and exits 0, as py-spy does."""
+
+
 def test_a_launcher_is_interrupted_and_the_server_it_started_is_stopped(tmp_path):
     done = tmp_path / "written"
     serve = "import sys, http.server as h; h.HTTPServer(('127.0.0.1', int(sys.argv[2])), h.BaseHTTPRequestHandler)"
-    launcher = ["bash", "-c", f'trap "touch {done}; exit 0" INT; "$@" & wait', "launcher"]
+    # a launcher in Python: it takes SIGINT even when started with SIGINT ignored, as a pytest-xdist worker's children
+    # may be, where a shell's trap cannot
+    launcher = [sys.executable, "-c", LAUNCHER, str(done)]
     server = Server([*launcher, sys.executable, "-c", serve + ".serve_forever()"], None, probe=_port_open)
     children = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat") if parent_pid(p) == server.process.pid]
     assert len(children) == 1
