@@ -38,9 +38,10 @@ def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
     are not committed: until each benchmark of the page has one here, its sections stay (a lone run on a fresh clone
     would drop the others'), and only what committed files give is written, the GPU runs and their README rows."""
     path = ROOT / "docs" / page
-    missing = [name for name in PAGES if PAGES[name] == page and not ((fresh or {}).get(name) or load_result(name))]
+    results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
+    missing = [name for name, result in results.items() if not result]
     if not missing:
-        path.write_text(text(page, fresh))
+        path.write_text(text(page, results))
         write_readme(fresh)
         return
     current = path.read_text() if path.exists() else ""
@@ -50,10 +51,9 @@ def write_page(page: str, fresh: dict[str, dict] | None = None) -> None:
     print(f"docs/{page}: its sections kept, no result here for {', '.join(missing)} (make bench runs them all)")
 
 
-def text(page: str, fresh: dict[str, dict] | None = None) -> str:
-    """The page from its benchmarks' stored (or ``fresh``) results; the main page adds the head and the GPU runs."""
-    results = {name: (fresh or {}).get(name) or load_result(name) for name in PAGES if PAGES[name] == page}
-    sections = [module(name).BENCHMARK.render(result) for name, result in results.items()]
+def text(page: str, results: dict[str, dict | None]) -> str:
+    """The page from the ``results`` of its benchmarks; the main page adds the head and the GPU runs."""
+    sections = [module(name).BENCHMARK.render(result) for name, result in results.items() if result]
     if page == MAIN_PAGE:
         sections = [head(results.get("serving")), *sections, recorded_section(), ""]
     return "\n".join(sections)
