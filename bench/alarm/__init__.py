@@ -22,7 +22,7 @@ arguments = flags(
 
 def run(args) -> dict:
     if args.smoke:
-        args.streams, args.shift_streams, args.oracle_streams, args.labels = 10, 10, 20, 1_000
+        args.streams, args.shift_streams, args.oracle_streams, args.labels = 10, 4, 8, 1_000
         args.warning_predictions = 10_000
     return measure.run(args)
 

@@ -27,7 +27,7 @@ def run(args) -> dict:
         if getattr(args, flag) < least:
             raise SystemExit(f"--{flag.replace('_', '-')}: expected at least {least}, got {getattr(args, flag)}")
     if args.smoke:
-        args.splits, args.repeats, args.e2e_streams, args.e2e_shift_streams = 20, 20, 1, 1
+        args.splits, args.repeats, args.e2e_streams, args.e2e_shift_streams = 5, 20, 1, 1
     return measure.run(args)
 
 

@@ -429,8 +429,6 @@ def run(args) -> dict:
     if args.e2e_streams:
         from bench.conformal import e2e
 
-        small: dict[str, Any] = (
-            {"delays": (100,), "measured": 1_000, "shift_min": 1_000, "alarm": 10} if args.smoke else {}
-        )
+        small: dict[str, Any] = {"delays": (100,), "measured": 300, "shift_min": 300, "alarm": 4} if args.smoke else {}
         out["e2e"] = e2e.run(args.seed + 500, args.e2e_streams, args.e2e_shift_streams, **small)
     return out

@@ -28,7 +28,7 @@ def run(args) -> dict:
     if args.streams < 2 or min(args.windows) < 10 or args.alarm_length < 1:
         raise SystemExit(f"--streams: expected at least 2, --windows at least 10, got {args.streams}, {args.windows}")
     if args.smoke:
-        args.streams, args.pool_rows, args.alarm_length = 20, 20_000, 2_000
+        args.streams, args.pool_rows, args.alarm_length = 4, 20_000, 2_000
     return measure.run(args)
 
 

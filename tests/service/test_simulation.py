@@ -21,6 +21,12 @@ def test_simulation_detects_shift_and_stays_quiet_in_distribution(tmp_path):
             "1",
             "--labels",
             "1500",
+            "--batch-in",  # labels arrive in batches: fewer evaluation passes to wait for
+            "500",
+            "--warmup",
+            "200",
+            "--batch",
+            "50",
             "--corruptions",
             "contrast",
             "--severities",
