@@ -24,6 +24,7 @@ import yaml
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
+from tests.waiting import answers, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -40,18 +41,6 @@ PREDICT, FEEDBACK = (
     for name in ("CALIB_AUTH__PREDICT_TOKENS", "CALIB_AUTH__FEEDBACK_TOKENS")
 )
 pytestmark = pytest.mark.e2e  # PostgreSQL, Prometheus and two server processes
-
-
-def _wait(url: str, timeout: float = 40) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +74,7 @@ def stack(postgres):
             )
             urls.append(f"http://127.0.0.1:{port}")
         for url in urls:
-            _wait(f"{url}/v2/health/ready")
+            wait_for(lambda url=url: answers(f"{url}/v2/health/ready"), 40, f"{url} starting", every=0.2)
         prometheus_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -111,7 +100,7 @@ def stack(postgres):
             )
         )
         prometheus = f"http://127.0.0.1:{prometheus_port}"
-        _wait(f"{prometheus}/-/ready")
+        wait_for(lambda: answers(f"{prometheus}/-/ready"), 40, "prometheus starting", every=0.2)
         yield urls, prometheus
     finally:
         for process in processes:
@@ -125,20 +114,15 @@ def _query(prometheus: str, expr: str) -> list:
     return httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}).json()["data"]["result"]
 
 
-def _eventually(check, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.5)
-
-
 def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack):
     urls, prometheus = stack
     a, b = urls[0], urls[-1]
-    _eventually(lambda: len(_query(prometheus, 'up{job="calibrated-serving"} == 1')) == len(urls))
+    wait_for(
+        lambda: len(_query(prometheus, 'up{job="calibrated-serving"} == 1')) == len(urls),
+        30,
+        "prometheus scraping every replica",
+        every=0.5,
+    )
     from training.data import load_digits_splits
 
     test = load_digits_splits().test
@@ -168,7 +152,7 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
         ]
         return reports if all(r["alarm"]["state"] == "alarm" for r in reports) else None
 
-    reports = _eventually(every_report_alarmed)
+    reports = wait_for(every_report_alarmed, 30, "every replica's report alarmed", every=0.5)
     assert {r["version"] for r in reports} == {version}
     assert len({r["ece"] for r in reports}) == 1 and reports[0]["ece"] > 0.05
 
@@ -176,9 +160,11 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
         alarmed = _query(prometheus, f"calib_alarm_state{{{selector}}} == 2")
         return alarmed if len(alarmed) == len(urls) else None
 
-    state = _eventually(every_replica_alarmed)
+    state = wait_for(every_replica_alarmed, 30, "every replica's alarm metric", every=0.5)
     assert {s["metric"]["instance"] for s in state} == {u.removeprefix("http://") for u in urls}
-    alert = _eventually(lambda: _query(prometheus, f'ALERTS{{alertname="ModelMiscalibrated",{selector}}}'))
+    alert = wait_for(
+        lambda: _query(prometheus, f'ALERTS{{alertname="ModelMiscalibrated",{selector}}}'), 30, "the alert", every=0.5
+    )
     assert alert[0]["metric"]["alertstate"] in {"pending", "firing"}
 
     # The bin counters exist from start-up (at 0, so increase() misses no label): the rule reads NaN
@@ -187,4 +173,6 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
         ece = _query(prometheus, f"calib:ece_from_bins:1h{{{selector}}}")
         return ece if ece and float(ece[0]["value"][1]) > 0.05 else None
 
-    assert float(_eventually(rule_sees_the_shift)[0]["value"][1]) > 0.05
+    assert (
+        float(wait_for(rule_sees_the_shift, 30, "the recording rule seeing the shift", every=0.5)[0]["value"][1]) > 0.05
+    )

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.serving.runtime import create_runtime
 from service.settings import Settings
+from tests.waiting import answers, wait_for
 from training.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -78,27 +79,12 @@ def _listening(pid: int, port: int) -> int:
     )
 
 
-def _wait(check, within: float, what: str) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < within, f"{what} took longer than {within} s"
-        time.sleep(0.1)
-    return time.monotonic() - started
-
-
 def _serves(url: str, x: list, times: int) -> bool:
     for _ in range(times):
         with httpx.Client(base_url=url) as client:
             if client.post("/predict", json={"inputs": x}).status_code != 200:
                 return False
     return True
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +113,7 @@ def pod(tmp_path_factory, linear_artifact):
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    _wait(lambda: _ready(url) and _listening(process.pid, port) == 2, 90, "the pod's start")
+    wait_for(lambda: answers(f"{url}/v2/health/ready") and _listening(process.pid, port) == 2, 90, "the pod's start")
     yield url, process, root / "pod.db"
     if process.poll() is None:
         process.kill()
@@ -188,7 +174,7 @@ def test_the_pod_answers_as_one_in_process_service(pod):
         with sqlite3.connect(db) as con:
             return {r[0] for r in con.execute("select lower(hex(id)) from prediction_log")} >= set(ids)
 
-    _wait(stored, 10, "every answered id stored")
+    wait_for(stored, 10, "every answered id stored")
     import tritonclient.http as triton
 
     client = triton.InferenceServerClient(url.removeprefix("http://"))
@@ -220,31 +206,33 @@ def test_a_killed_engine_answers_503_and_is_back_within_the_bound(pod):
     x = load_dataset("digits").test.x[:1].tolist()
     engine = next(pid for pid, cmd in _children(process.pid).items() if "service.engine" in cmd)
     os.kill(engine, signal.SIGKILL)
-    _wait(lambda: _gone(engine), 5, "the engine's end")
+    wait_for(lambda: _gone(engine), 5, "the engine's end")
     refused = httpx.post(f"{url}/predict", json={"inputs": x})
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
     # back: every front-end serves again (each sees the new engine within its reconnect interval), so that 20
     # requests in a row on fresh connections, whichever front-end takes them, are answered
-    _wait(lambda: _serves(url, x, 20), BACK_WITHIN, "the engine's restart")
+    wait_for(lambda: _serves(url, x, 20), BACK_WITHIN, "the engine's restart")
 
 
 def test_a_killed_front_end_is_replaced_while_the_other_serves(pod):
     url, process, _ = pod
     port = int(url.rsplit(":", 1)[1])
     x = load_dataset("digits").test.x[:1].tolist()
-    _wait(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "both front-ends listening")
+    wait_for(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "both front-ends listening")
     front = [pid for pid, cmd in _children(process.pid).items() if "service.engine" not in cmd]
     killed = _sockets(front[0]) & _listeners(port)
     assert killed, "the front-end to kill listens"
     os.kill(front[0], signal.SIGKILL)
     # its listening socket gone, not only the process: a connection queued on a listener as it closes is reset
-    _wait(lambda: _gone(front[0]) and not killed & _listeners(port), 5, "the front-end's listening socket closing")
+    wait_for(lambda: _gone(front[0]) and not killed & _listeners(port), 5, "the front-end's listening socket closing")
     for _ in range(20):  # new connections go to the front-end that is left
         with httpx.Client(base_url=url) as client:
             assert client.post("/predict", json={"inputs": x}).status_code == 200
-    _wait(lambda: len([c for c in _children(process.pid).values() if "service.engine" not in c]) == 2, 10, "a new one")
+    wait_for(
+        lambda: len([c for c in _children(process.pid).values() if "service.engine" not in c]) == 2, 10, "a new one"
+    )
     assert front[0] not in _children(process.pid)
-    _wait(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "the new front-end listening")
+    wait_for(lambda: _listening(process.pid, port) == 2, BACK_WITHIN, "the new front-end listening")
 
 
 @pytest.mark.parametrize("fault", ["sticky", "stuck"])
@@ -259,8 +247,8 @@ def test_an_engine_whose_device_failed_or_whose_session_is_stuck_exits_and_the_p
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
     # a sticky error is answered at once; a stuck call at the deadline, never later
     assert waited < (1.0 if fault == "sticky" else DEADLINE + 1.0), f"the 503 came after {waited:.1f} s"
-    _wait(lambda: _gone(engine), DEADLINE + 5, "the faulty engine's exit")
-    _wait(lambda: _serves(url, x, 20), BACK_WITHIN, "a new engine")
+    wait_for(lambda: _gone(engine), DEADLINE + 5, "the faulty engine's exit")
+    wait_for(lambda: _serves(url, x, 20), BACK_WITHIN, "a new engine")
     assert engine not in _children(process.pid)
 
 

@@ -15,6 +15,7 @@ from calibkit.temperature import softmax
 from service.settings import Settings
 from service.store import Store
 from service.store.rows import LabelRow, PredictionRow, encode_rows, prediction_ids
+from tests.waiting import wait_for
 
 MODEL = "digits-lenet5"
 SERVED = {(MODEL, "1"), ("toy", "1"), ("toy", "2")}
@@ -38,13 +39,6 @@ def _count_assessments(app) -> list:
     return calls
 
 
-def _wait(condition, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(
     repository_dir, server_for, tmp_path, evaluate_now
 ):
@@ -63,7 +57,7 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(
         time.sleep(0.3)
         assert calls == []
         assert httpx.post(f"{base_url}/feedback", json={"items": items[99:]}).json()["accepted"] == 1
-        _wait(lambda: len(calls) >= len(SERVED), what="the evaluation that 100 new labels start")
+        wait_for(lambda: len(calls) >= len(SERVED), 20, "the evaluation that 100 new labels start")
         assert set(calls) == SERVED
         done = len(calls)
         evaluate_now(app)
@@ -123,7 +117,7 @@ def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach
     with server_for(settings) as (base_url, _):
         _store_labels(database_url, softmax(z[:400]), y[:400])
         _store_labels(database_url, softmax(2.5 * z[400:]), y[400:])
-        _wait(lambda: webhook.received, timeout=30, what="an alarm transition at the webhook")  # no request sent
+        wait_for(lambda: webhook.received, 30, "an alarm transition at the webhook")  # no request sent
         assert all(
             e["event"] == "calibration_alarm_transition" and (e["model"], e["version"]) == (MODEL, "1")
             for e in webhook.received
@@ -134,7 +128,7 @@ def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach
             state = httpx.get(f"{base_url}/calibration").json()["alarm"]["state"]
             return state == webhook.received[-1]["to"]
 
-        _wait(report_agrees, what="the report to show the last transition")
+        wait_for(report_agrees, 20, "the report to show the last transition")
 
 
 @pytest.mark.e2e  # needs PostgreSQL
@@ -154,19 +148,19 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(
                 s.value for s in app.state.parts.metrics.evaluation.collect()[0].samples if s.name.endswith("_count")
             )
 
-        _wait(lambda: completed() >= 2, what="evaluation passes")
+        wait_for(lambda: completed() >= 2, 20, "evaluation passes")
         cuttable_proxy.cut()
         time.sleep(2.0)
         messages = [r.getMessage() for r in caplog.records if r.name == "service.monitoring.evaluator"]
         assert sum("alarm evaluation paused" in m for m in messages) == 1, messages
         stalled = completed()
         cuttable_proxy.restore()
-        _wait(
+        wait_for(
             lambda: any("alarm evaluation resumed" in r.getMessage() for r in caplog.records),
-            timeout=30,
-            what="the evaluator to resume",
+            30,
+            "the evaluator to resume",
         )
-        _wait(lambda: completed() >= stalled + 3, what="passes after the outage")
+        wait_for(lambda: completed() >= stalled + 3, 20, "passes after the outage")
         assert httpx.post(f"{base_url}/feedback", json={"items": _offline(5, seed=2)}).json()["accepted"] == 5
 
 
@@ -195,5 +189,5 @@ def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_
             assert httpx.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
             transitions += evaluate_now(app)
         assert transitions and all((t["model"], t["version"]) == (MODEL, "1") for t in transitions)
-        _wait(lambda: len(webhook.received) == len(transitions), what="the webhooks")
+        wait_for(lambda: len(webhook.received) == len(transitions), 20, "the webhooks")
         assert [e["to"] for e in webhook.received] == [t["to"] for t in transitions]

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.settings import Settings
+from tests.waiting import wait_for
 
 CLASSES = ("a", "b", "c", "d", "e")
 
@@ -63,6 +64,12 @@ def coverage_of(base_url: str) -> dict:
 
 def folded(block: dict) -> int:
     return sum(choice["labels_folded"] for choice in block["choices"])
+
+
+def served_under(url: str, version: str) -> dict | None:
+    """A /predict answer of ``url``, if its sets come from the threshold of ``version``."""
+    body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
+    return body if body["conformal"]["threshold_version"] == version else None
 
 
 def settled(urls: list[str], labels: int, timeout: float = 60.0) -> list[dict]:
@@ -118,14 +125,9 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
 
         # both replicas now serve the adapted threshold, under the same version, and say so in /metrics; the replica
         # that did not fold the labels serves them once its monitoring loop loads the stored state (a bounded wait)
+        version = choice["threshold_version"]
         for url in (a, b):
-            deadline = time.monotonic() + 30
-            while True:
-                body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
-                if body["conformal"]["threshold_version"] == choice["threshold_version"] or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            assert body["conformal"]["threshold_version"] == choice["threshold_version"]
+            body = wait_for(lambda url=url: served_under(url, version), 30, f"{url} serving {version}", every=0.2)
             assert body["conformal"]["threshold"] == choice["threshold"]
             families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
             alarms = {
@@ -141,14 +143,12 @@ def test_with_adaptation_off_the_sets_keep_the_static_threshold(artifacts, tmp_p
         served = predict(url, 120, seed=3)
         time.sleep(1.0)
         feedback(url, [{"prediction_id": p["id"], "label": int(np.argmin(p["probabilities"]))} for p in served])
-        deadline = time.monotonic() + 60
-        while True:
-            block = coverage_of(url)
-            choice = next(c for c in block["choices"] if c["method"] == "aps")
-            if choice["labels_folded"] == 120:
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+
+        def aps(block: dict) -> dict:
+            return next(c for c in block["choices"] if c["method"] == "aps")
+
+        block = wait_for(lambda: b if aps(b := coverage_of(url))["labels_folded"] == 120 else None, 60, "120 folds")
+        choice = aps(block)
         assert block["adaptation"] == "off" and choice["threshold"] == choice["static_threshold"]
         assert choice["threshold_version"].endswith(":0") and choice["alarm"]["state"] == "alarm"
         body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
