@@ -10,6 +10,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from calibkit.conformal import METHODS
+from calibkit.validation import is_number
 from service import __version__
 from service.errors import InvalidInput
 from service.serving.conformal import SetChoice
@@ -226,9 +227,7 @@ def flag(parameters: dict, name: str) -> bool | None:
 def set_choice(model: ServedModel, parameters: dict, requested: list[str]) -> SetChoice | None:
     """The sets a v2 request asks for through its outputs or parameters (422 naming a malformed parameter)."""
     coverage, method = parameters.get("coverage"), parameters.get("set_method")
-    if coverage is not None and (
-        isinstance(coverage, bool) or not isinstance(coverage, (int, float)) or not 0 < coverage < 1
-    ):
+    if coverage is not None and (not is_number(coverage) or not 0 < coverage < 1):
         raise InvalidInput(f"must be a number in (0, 1), got {coverage!r}", field="parameters.coverage")
     if method is not None and method not in METHODS:
         raise InvalidInput(f"must be one of {list(METHODS)}, got {method!r}", field="parameters.set_method")

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from calibkit.validation import is_int
+
 from .dataset import DataSplits, ImageDataset
 from .splits import stratified_split
 
@@ -57,7 +59,7 @@ def load_image_folder(
     Every image is converted to greyscale (``channels=1``, Pillow mode L) or RGB (``channels=3``), resized to
     ``image_size`` x ``image_size`` with bilinear interpolation (aspect ratio not kept) and scaled to [0, 1].
     """
-    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < 1:
+    if not is_int(image_size) or image_size < 1:
         raise ValueError(f"image_size must be a positive int; got {image_size!r}")
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 (greyscale) or 3 (RGB); got {channels!r}")
