@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
+import scipy  # its submodules load on first use (scipy.stats): serving starts without them
 
 from calibkit.validation import check_int, check_probs_labels, check_unit, expected
 
@@ -82,7 +82,7 @@ def confidence_intervals(
     def statistic(idx: np.ndarray) -> np.ndarray:
         return np.array([f(p[idx], y[idx]) for f in functions])
 
-    result = stats.bootstrap(
+    result = scipy.stats.bootstrap(
         (np.arange(len(y)),),
         statistic,
         vectorized=False,

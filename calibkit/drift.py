@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
+import scipy  # its submodules load on first use (scipy.stats): serving starts without them
 
 from calibkit.validation import expected
 
@@ -42,7 +42,7 @@ def confidence_shift(recent, reference) -> ShiftTest:
     for name, sample in (("recent", recent), ("reference", reference)):
         if len(sample) == 0:
             raise ValueError(expected(name, "a non-empty array of confidences", sample.tolist()))
-    result = stats.ks_2samp(recent, reference)
+    result = scipy.stats.ks_2samp(recent, reference)
     return ShiftTest(
         float(result.statistic),
         float(result.pvalue),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from calibkit.validation import check_int, check_probs, check_probs_labels, check_unit, expected, is_number
 
@@ -254,7 +254,7 @@ def bbse_priors(probs, confusion, level: float = 0.95) -> PriorEstimate:
     a = source[:, None] * inverse
     covariance = a @ ((np.diag(mu) - np.outer(mu, mu)) / n + np.diag(joint @ w**2) / m) @ a.T
     covariance -= np.diag(source * w**2) / m
-    half = stats.norm.ppf((1 + level) / 2) * np.sqrt(np.clip(np.diag(covariance), 0.0, None))
+    half = special.ndtri((1 + level) / 2) * np.sqrt(np.clip(np.diag(covariance), 0.0, None))
     clipped = np.clip(w, 0.0, None) * source
     return _estimate(
         "bbse", clipped / clipped.sum(), source, np.clip(raw - half, 0, 1), np.clip(raw + half, 0, 1), level, n, 0, True

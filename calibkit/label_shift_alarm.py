@@ -78,7 +78,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import signal
+import scipy  # its submodules load on first use (scipy.stats): serving starts without them
 
 from calibkit import eprocess, label_shift_report
 from calibkit.eprocess import EProcess, EState, Readings, capped_exp
@@ -377,7 +377,8 @@ class LabelShiftAlarmState(Readings):
                 step = eprocess.advance(cfg.process, core, log_up[i:], None if log_down is None else log_down[i:])
                 rows = part[i : i + step.taken]
                 since = np.cumsum(np.concatenate([since[None], rows]), axis=0)[-1]
-                recent = signal.lfilter([1.0], [1.0, -cfg.decay], rows, axis=0, zi=recent[None] * cfg.decay)[0][-1]
+                decayed = scipy.signal.lfilter([1.0], [1.0, -cfg.decay], rows, axis=0, zi=recent[None] * cfg.decay)[0]
+                recent = decayed[-1]
                 for _ in range(step.taken):
                     weight = weight * cfg.decay + 1.0
                 since = np.where((step.raised | step.cleared)[:, None], 0.0, since)

@@ -9,7 +9,7 @@ al. 2020, Sec. 5: "the temperature ... that gives the lowest ECE on the validati
 from __future__ import annotations
 
 import numpy as np
-from scipy import optimize, special
+import scipy  # its submodules load on first use (scipy.optimize): serving never fits
 
 from calibkit import binning
 from calibkit.validation import check_logits, check_logits_labels, expected
@@ -22,7 +22,7 @@ ECE_GRID = np.round(np.arange(1, 201) * 0.05, 10)
 
 def softmax(logits) -> np.ndarray:
     """Softmax over the last axis, softmax(z)_k = exp(z_k) / sum_j exp(z_j), computed stably (scipy.special)."""
-    return special.softmax(np.asarray(logits, dtype=np.float64), axis=-1)
+    return scipy.special.softmax(np.asarray(logits, dtype=np.float64), axis=-1)
 
 
 def apply_temperature(logits, temperature: float) -> np.ndarray:
@@ -41,7 +41,7 @@ def apply_temperature(logits, temperature: float) -> np.ndarray:
     z = check_logits(logits)
     t = _check_temperature(temperature)
     if z.ndim == 1:
-        return special.expit(z / t)
+        return scipy.special.expit(z / t)
     return softmax(z / t)
 
 
@@ -114,7 +114,7 @@ def _fit_nll(d: np.ndarray, y: np.ndarray) -> float:
         beta = np.exp(-log_t)
         return float(np.mean(np.log(np.exp(beta * d).sum(axis=1)))) - beta * d_true_mean
 
-    result = optimize.minimize_scalar(
+    result = scipy.optimize.minimize_scalar(
         nll_of_log_t, bounds=(np.log(T_MIN), np.log(T_MAX)), method="bounded", options={"xatol": 1e-6}
     )
     return float(np.exp(result.x))

@@ -17,7 +17,7 @@ import time
 from dataclasses import KW_ONLY, dataclass, replace
 
 import numpy as np
-from scipy.stats import binomtest
+import scipy  # its submodules load on first use (scipy.stats): serving starts without them
 
 from calibkit.conformal.adaptive import DEFAULT_STEP, LogQuantileTracker, misses_of
 from calibkit.coverage_alarm import CoverageAlarmConfig, CoverageAlarmState, calibration_tolerance
@@ -277,7 +277,7 @@ def _observed(rows: list, coverage: float, classes: list[str]) -> dict:
     covered = np.array([r.covered for r in rows])
     sizes = np.array([r.set_size for r in rows])
     labels = np.array([r.label for r in rows])
-    ci = binomtest(int(covered.sum()), n).proportion_ci(0.95, method="wilson")
+    ci = scipy.stats.binomtest(int(covered.sum()), n).proportion_ci(0.95, method="wilson")
     low, high = float(ci.low), float(ci.high)
     by_class = [
         {"label": classes[k], "n": int(m.sum()), "observed": float(covered[m].mean())}

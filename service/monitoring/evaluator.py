@@ -4,6 +4,7 @@ with transitions to the webhook; ``SetsFolder`` folds the sets' states as labels
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import time
 from dataclasses import KW_ONLY, dataclass
@@ -100,6 +101,7 @@ class Evaluator(BackgroundLoop):
         return transitions, None
 
     async def _loop(self) -> None:
+        await anyio.to_thread.run_sync(importlib.import_module, "scipy.signal")  # calibkit's deferred math, unlocked
         wait = self.seconds
         while self._running:
             await self._wait(wait)

@@ -97,12 +97,6 @@ def create_version_2(c: sa.Connection) -> None:
     c.execute(schema.schema_info.insert().values(version=2))
 
 
-def insert_version_2(c: sa.Connection, rows: Sequence[PredictionRow]) -> None:
-    """Log ``rows`` as version 2 did."""
-    if rows:
-        c.execute(predictions.insert(), [dict(zip(FIELDS, r)) for r in rows])
-
-
 def insert_version_2_labels(c: sa.Connection, rows: Sequence) -> None:
     """Store label rows (``rows.LabelRow``) as version 2 did, and the block sums again from every label."""
     from service.store.blocks import add_to_blocks, block_sums

@@ -32,6 +32,7 @@ from calibkit.temperature import softmax
 from service.ports import free_port
 from service.store import Store, legacy
 from service.store.schema import calibration_keys, label_bins, labels, prediction_log, schema_info, served_choices
+from tests.service.store.v2_store import insert_version_2
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "k8s" / "base"
@@ -217,7 +218,7 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
     store.db.engine.dispose()
     with engine.begin() as c:  # the log as versions 1 and 2 kept it, and no table of version 3
         legacy.predictions.create(c)
-        legacy.insert_version_2(c, list(logged.values()))
+        insert_version_2(c, list(logged.values()))
         for table in (prediction_log, calibration_keys, served_choices):
             table.drop(c)
         for table, column in (

@@ -20,8 +20,14 @@ def version_2_store(
     with engine.begin() as c:
         if not sa.inspect(c).has_table("schema_info"):
             legacy.create_version_2(c)
-        legacy.insert_version_2(c, predictions)
+        insert_version_2(c, predictions)
         legacy.insert_version_2_labels(c, list(labels))
         if pending:
             c.execute(legacy.pending_labels.insert(), [p._asdict() | {"status": PENDING} for p in pending])
     engine.dispose()
+
+
+def insert_version_2(c: sa.Connection, rows: Sequence[PredictionRow]) -> None:
+    """Log ``rows`` as version 2 did."""
+    if rows:
+        c.execute(legacy.predictions.insert(), [dict(zip(legacy.FIELDS, r)) for r in rows])
