@@ -225,6 +225,12 @@ def checked(
     return many(name, len(rows), met == len(rows), shown)
 
 
+def warm(load: Callable[..., object], *args, **kwargs) -> None:
+    """A discarded load to a steady state, skipped in a smoke run (BENCH_SMOKE, from --smoke), which checks paths."""
+    if not os.environ.get("BENCH_SMOKE"):
+        load(*args, **kwargs)
+
+
 def ab_rounds(
     sides: Sequence[Side],
     rounds: int,
@@ -237,7 +243,7 @@ def ab_rounds(
     (``rotate``: rotated)."""
     if warm_up is not None:
         for side in sides:
-            warm_up(side)
+            warm(warm_up, side)
     out = []
     for i in range(rounds):
         turn = i % len(sides)
@@ -329,8 +335,10 @@ def parent_pid(stat: Path) -> int | None:
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60_000.0}
 
 
-def wrk(url: str, body: str | None, connections: int, seconds: float, lua: str | None = None, threads: int = 1) -> dict:
-    """Closed-loop load of ``connections`` clients for ``seconds``: POST ``body``, or run the wrk Lua script ``lua``."""
+def wrk(url: str, body: str | None, connections: int, seconds: float, lua=None, threads=1, warmed=False) -> dict:
+    """``connections`` closed-loop clients for ``seconds``: POST ``body`` or run ``lua`` (``warmed``: after ``warm``)"""
+    if warmed:
+        warm(wrk, url, body, connections, 1.0, lua, threads)
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "post.lua"
         if lua is None:

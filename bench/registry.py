@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import time
 from types import ModuleType
 
@@ -102,6 +103,7 @@ def main(name: str, argv: list[str] | None = None) -> None:
     )
     steps.arguments(parser)
     args = parser.parse_args(argv)
+    os.environ["BENCH_SMOKE"] = "1" if args.smoke else ""
     if args.report_only:
         stored = load_result(name)
         if stored is None:

@@ -35,6 +35,7 @@ from bench.common import (
     process_cpu_seconds,
     service,
     table,
+    warm,
     wrk,
 )
 from bench.serving.harness import SHAPES, grpc_target, summed_totals
@@ -121,7 +122,7 @@ def service_run(argv: list[str], env: dict, seconds: float, label: dict, grpc: b
         for connections in sorted({1, int(env["CALIB_FRONTENDS"])}) if grpc else ():
             load_grpc = functools.partial(load, target, LIGHT, SHAPES[LIGHT], IN_FLIGHT, seconds, connections)
             runs.append(("grpc", connections, load_grpc))
-        wrk(server.url + "/predict", body, IN_FLIGHT, 1.0)  # warm-up
+        warm(wrk, server.url + "/predict", body, IN_FLIGHT, 1.0)
         for protocol, connections, drive_load in runs:
             cpu, before = tree_cpu_seconds(server.process.pid), summed_totals([server])
             got = drive_load()

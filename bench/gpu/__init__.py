@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --prepare)")
-    seconds = 1.0 if args.smoke else args.seconds
+    seconds, os.environ["BENCH_SMOKE"] = (1.0, "1") if args.smoke else (args.seconds, "")
     frontends = tuple(int(w) for w in args.frontends.split(","))
     if args.engine and args.before:
         print(limit_report(run_limit(args.out, args.device, args.artifacts, seconds, args.before, frontends[0])))

@@ -31,6 +31,7 @@ from bench.common import (
     service,
     table,
     v2_binary_request,
+    warm,
     wrk,
 )
 from bench.serving.goals import device_goals
@@ -41,7 +42,6 @@ from bench.serving.harness import (
     baseline_server,
     body,
     both_artifacts,
-    loaded,
     raw_at,
     single_row_requests,
 )
@@ -193,7 +193,7 @@ def service_points(svc: Server, artifacts: Path, device: Device, seconds: float,
     for model in MODELS:
         for protocol, (route, payload, lua) in single_row_requests(work, model).items():
             url = svc.url + route
-            wrk(url, payload, CLIENTS, 1.0, lua=lua)  # warm-up: the batch sizes this load forms
+            warm(wrk, url, payload, CLIENTS, 1.0, lua=lua)  # the batch sizes this load forms
             before = histogram_totals(svc.url)
             load = wrk(url, payload, CLIENTS, seconds, lua=lua)
             means = histogram_means(
@@ -236,9 +236,10 @@ def variant_load(name: str, svc: Server, seconds: float, work: Path) -> dict:
     """The heavy model's rows/s per protocol on a service with other CUDA settings, and its p50 at one client."""
     row = {"variant": name}
     for protocol, (route, payload, lua) in single_row_requests(work, HEAVY).items():
-        row[f"{protocol}_rows_per_s"] = loaded(svc.url + route, payload, CLIENTS, seconds, lua=lua)["requests_per_s"]
+        url = svc.url + route
+        row[f"{protocol}_rows_per_s"] = wrk(url, payload, CLIENTS, seconds, lua, warmed=True)["requests_per_s"]
         if protocol == "json":
-            row["json_p50_1_client_ms"] = wrk(svc.url + route, payload, 1, seconds / 2, lua=lua)["p50_ms"]
+            row["json_p50_1_client_ms"] = wrk(url, payload, 1, seconds / 2, lua=lua)["p50_ms"]
     return row
 
 
@@ -247,7 +248,7 @@ def baseline_points(artifacts: Path, device: str, seconds: float) -> dict[str, f
     out = {}
     for model in MODELS:
         with baseline_server(artifacts / model / "1" / "model.onnx", device) as baseline:
-            out[model] = loaded(f"{baseline.url}/predict", body(None, SHAPES[model], 1), CLIENTS, seconds)[
+            out[model] = wrk(f"{baseline.url}/predict", body(None, SHAPES[model], 1), CLIENTS, seconds, warmed=True)[
                 "requests_per_s"
             ]
     return out

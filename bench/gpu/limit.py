@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
-from bench.common import HEAVY, LIGHT, ROOT, service, table
+from bench.common import HEAVY, LIGHT, ROOT, service, table, warm
 from bench.gpu.device import MODELS, call_ms, device_report, served, single_row_latency
 from bench.gpu.pod import against_cpu, drive, padded_to, point, stages, versus_raw
 from bench.serving.harness import SHAPES, drained_queue
@@ -88,7 +88,7 @@ def measure_pod(label: str, tree: Path, env: dict, artifacts: Path, device: Devi
         probabilities = {m: served(svc.url, m) for m in MODELS}
         points = []
         for model in MODELS:
-            drive([svc], model, "binary", LIMIT_CLIENTS, 1.0, work, w)  # warm-up: the batch sizes this load forms
+            warm(drive, [svc], model, "binary", LIMIT_CLIENTS, 1.0, work, w)  # the batch sizes this load forms
             started = time.perf_counter()
             row = {"pod": label} | point([svc], model, "binary", LIMIT_CLIENTS, seconds, work, w)
             if model == HEAVY:

@@ -21,7 +21,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from bench.common import HEAVY, Benchmark, children_cpu_seconds, flags, process_cpu_seconds, service, table, wrk
+from bench.common import HEAVY, Benchmark, children_cpu_seconds, flags, process_cpu_seconds, service, table, warm, wrk
 from bench.serving.harness import floor_server, single_row_requests
 
 # (stage, pattern): a sample belongs to the stage of its innermost frame that the pattern matches; py-spy
@@ -124,8 +124,8 @@ def profile(seconds: float, clients: int, protocol: str, artifacts: Path) -> dic
     path, payload, lua = single_row_requests(work)[protocol]
     url = svc.url + path
     try:
-        wrk(url, payload, clients, min(seconds, 2.0), lua=lua)  # warm-ups
-        wrk(floor.url + path, payload, clients, min(seconds, 2.0), lua=lua)
+        warm(wrk, url, payload, clients, min(seconds, 2.0), lua=lua)
+        warm(wrk, floor.url + path, payload, clients, min(seconds, 2.0), lua=lua)
         unprofiled = cores_by_thread(svc.process.pid, url, payload, clients, seconds, lua)
         batching_floor = cores_by_thread(floor.process.pid, floor.url + path, payload, clients, seconds, lua)
         options = {"--pid": svc.process.pid, "--format": "raw", "--rate": 200, "--duration": round(seconds) + 1}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import httpx
 import numpy as np
 
-from bench.common import HEAVY, LIGHT, PYTHON, ROOT, Server, histogram_means, histogram_totals, v2_binary_request, wrk
+from bench.common import HEAVY, LIGHT, PYTHON, ROOT, Server, histogram_means, histogram_totals, v2_binary_request
 
 if TYPE_CHECKING:
     from service.settings import Device
@@ -83,15 +83,6 @@ def raw_at(model_path: Path, formed: float | None, seconds: float, device: Devic
 def body(model: str | None, shape: tuple, rows: int) -> str:
     x = np.random.default_rng(1).random((rows, *shape)).round(3).tolist()
     return json.dumps({"inputs": x} | ({"model": model} if model else {}))
-
-
-def loaded(
-    url: str, payload: str | None, clients: int, seconds: float, lua: str | None = None, warm: bool = True
-) -> dict:
-    """wrk's closed-loop load, after (with ``warm``) a second of the same load, discarded."""
-    if warm:
-        wrk(url, payload, clients, 1.0, lua=lua)
-    return wrk(url, payload, clients, seconds, lua=lua)
 
 
 def v2_binary_body(model: str, shape: tuple, rows: int) -> tuple[bytes, int]:

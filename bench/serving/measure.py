@@ -30,6 +30,7 @@ from bench.common import (
     process_cpu_seconds,
     service,
     table,
+    warm,
     wrk,
 )
 from bench.serving import monitoring
@@ -45,7 +46,6 @@ from bench.serving.harness import (
     floor_server,
     formed_batch,
     grpc_target,
-    loaded,
     raw_at,
     raw_onnxruntime,
     single_row_requests,
@@ -143,7 +143,7 @@ def rest_points(server: str, url: str, model: str, concurrency, request_rows, se
         payload = body(model if svc else None, SHAPES[model], rows)
         for c in concurrency:
             before = histogram_totals(svc.url) if svc else {}
-            point = loaded(f"{url}/predict", payload, c, seconds, warm=c == concurrency[0])
+            point = wrk(f"{url}/predict", payload, c, seconds, warmed=c == concurrency[0])
             formed = {"mean_batch_rows": formed_batch(svc, before, model)} if svc else {}
             points.append(
                 {"server": server, "model": model, "rows": rows, "clients": c}
@@ -160,7 +160,7 @@ def sweep(svc: Server, concurrency, request_rows, seconds: float, result: dict) 
         start = histogram_totals(svc.url)
         result["load"] += rest_points("service", svc.url, model, concurrency, request_rows, seconds, svc)
         drained_queue(svc)  # the last REST point's queued rows must not be counted against gRPC
-        grpc_load(grpc_target(svc), model, concurrency[0], 1.0)  # warm-up, discarded
+        warm(grpc_load, grpc_target(svc), model, concurrency[0], 1.0)
         for c in concurrency:  # the same single-row load over gRPC
             before, errors = histogram_totals(svc.url), grpc_errors(svc)
             point = grpc_load(grpc_target(svc), model, c, seconds)
@@ -193,13 +193,13 @@ def heavy_rounds(
     baseline, floor, batching = baseline_server(model_path, device), floor_server(), floor_server(model_path)
     grpc_floor, target = grpc_floor_server(model_path), grpc_target(svc)
     try:
-        grpc_load(target, HEAVY, clients, 1.0)  # warm-ups, discarded
-        grpc_load(f"127.0.0.1:{grpc_floor.port}", HEAVY, clients, 1.0)
+        warm(grpc_load, target, HEAVY, clients, 1.0)
+        warm(grpc_load, f"127.0.0.1:{grpc_floor.port}", HEAVY, clients, 1.0)
         for path, side_payload, side_lua in requests.values():
-            wrk(svc.url + path, side_payload, clients, 1.0, lua=side_lua)
-            wrk(batching.url + path, side_payload, clients, 1.0, lua=side_lua)
-        wrk(f"{baseline.url}/predict", baseline_payload, clients, 1.0)
-        wrk(f"{floor.url}/predict", requests["json"][1], clients, 1.0)
+            warm(wrk, svc.url + path, side_payload, clients, 1.0, lua=side_lua)
+            warm(wrk, batching.url + path, side_payload, clients, 1.0, lua=side_lua)
+        warm(wrk, f"{baseline.url}/predict", baseline_payload, clients, 1.0)
+        warm(wrk, f"{floor.url}/predict", requests["json"][1], clients, 1.0)
 
         def floor_stats(side: str) -> dict:
             return _grpc_floor_stats(grpc_floor.port) if side == "grpc" else httpx.get(batching.url).json()
@@ -344,7 +344,7 @@ async def _queue_delays(url: str, payload: str, clients: int, seconds: float) ->
 def queue_delay_check(artifacts: Path, database_url: str, seconds: float, device: str) -> dict:
     """Queue time per request (Server-Timing) at QUEUE_DELAY_MS, 4 light clients: a machine mostly idle."""
     with service(artifacts, database_url, False, device, CALIB_BATCHING__MAX_QUEUE_DELAY_MS=str(QUEUE_DELAY_MS)) as svc:
-        asyncio.run(_queue_delays(svc.url, body(LIGHT, SHAPES[LIGHT], 1), 4, 1.0))
+        warm(lambda: asyncio.run(_queue_delays(svc.url, body(LIGHT, SHAPES[LIGHT], 1), 4, 1.0)))
         delays = asyncio.run(_queue_delays(svc.url, body(LIGHT, SHAPES[LIGHT], 1), 4, seconds))
     return {
         "max_queue_delay_ms": QUEUE_DELAY_MS,
