@@ -44,7 +44,7 @@ MODEL = "digits-lenet5"
 SYNTHETIC_SCALE = 8.0
 #: Alarm evaluation cadence of the simulated service, short so that each request's labels are assessed before the
 #: next request (``evaluated``).
-EVALUATE_SECONDS = "0.05"
+EVALUATE_SECONDS = "0.1"
 
 
 def prepare_repository(root: Path, versions: int) -> None:
@@ -107,7 +107,7 @@ def evaluated(client: httpx.Client, timeout: float = 120.0) -> None:
     while _evaluation_passes(client) < target:
         if time.monotonic() > deadline:
             raise RuntimeError("the service evaluated no alarm")
-        time.sleep(0.01)
+        time.sleep(0.1)  # each poll renders every metric
 
 
 def _states(client: httpx.Client, version: str) -> list[str]:
