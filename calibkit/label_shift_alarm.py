@@ -78,7 +78,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy  # its submodules load on first use (scipy.stats): serving starts without them
+import scipy  # its submodules load on first use (scipy.signal, which imports .stats): serving starts without them
 
 from calibkit import eprocess, label_shift_report
 from calibkit.eprocess import EProcess, EState, Readings, capped_exp

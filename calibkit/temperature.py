@@ -9,7 +9,7 @@ al. 2020, Sec. 5: "the temperature ... that gives the lowest ECE on the validati
 from __future__ import annotations
 
 import numpy as np
-import scipy  # its submodules load on first use (scipy.optimize): serving never fits
+import scipy  # its submodules load on first use (scipy.optimize): serving starts without it, a refit loads it
 
 from calibkit import binning
 from calibkit.validation import check_logits, check_logits_labels, expected

@@ -101,7 +101,7 @@ class Evaluator(BackgroundLoop):
         return transitions, None
 
     async def _loop(self) -> None:
-        await anyio.to_thread.run_sync(importlib.import_module, "scipy.signal")  # calibkit's deferred math, unlocked
+        await anyio.to_thread.run_sync(importlib.import_module, "scipy.signal")  # scipy, before a pass holds a lock
         wait = self.seconds
         while self._running:
             await self._wait(wait)
