@@ -37,6 +37,7 @@ CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 GPU_MAX_BATCH = 256  # the batcher's largest batch on a GPU (64 on CPUs, where larger batches gain nothing)
 # BENCH_RESULTS_DIR moves the JSON results elsewhere (the tests point it at a temporary directory)
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results")
+loopback = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))  # one TLS context, unlike httpx.get
 
 
 def machine() -> dict:
@@ -283,7 +284,7 @@ class Server:
                     ready = probe(self.port)
                 else:
                     assert ready_path is not None, "a server without a probe has a readiness path"
-                    ready = httpx.get(self.url + ready_path).status_code == 200
+                    ready = self.get(ready_path).status_code == 200
                 if ready:
                     return
             except httpx.TransportError:
@@ -301,6 +302,9 @@ class Server:
 
     def rss_mib(self) -> float:
         return rss_mib(self.process.pid)
+
+    def get(self, path: str) -> httpx.Response:
+        return loopback.get(self.url + path)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -381,7 +385,7 @@ def histogram_totals(url: str) -> dict[str, list[float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     totals: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+    for family in text_string_to_metric_families(loopback.get(f"{url}/metrics").text):
         for sample in family.samples:
             if not sample.name.endswith(("_sum", "_count")):
                 continue
@@ -408,7 +412,7 @@ def metric_samples(url: str, name: str) -> list:
     """The samples named ``name`` in the service's /metrics at ``url`` (prometheus_client's parser)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    families = text_string_to_metric_families(loopback.get(f"{url}/metrics").text)
     return [sample for family in families for sample in family.samples if sample.name == name]
 
 

@@ -6,6 +6,8 @@ from typing import TypeVar
 
 import httpx
 
+from tests import loopback
+
 T = TypeVar("T")
 
 
@@ -21,6 +23,6 @@ def wait_for(check: Callable[[], T], within: float, what: str, every: float = 0.
 def answers(url: str) -> bool:
     """Whether ``url`` answers 200 now; False while nothing listens there yet."""
     try:
-        return httpx.get(url, timeout=5).status_code == 200
+        return loopback.get(url, timeout=5).status_code == 200
     except httpx.TransportError:
         return False

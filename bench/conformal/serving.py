@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 
@@ -26,6 +25,7 @@ from bench.common import (
     ab_rounds,
     histogram_means,
     histogram_totals,
+    loopback,
     process_cpu_seconds,
     progress,
     service,
@@ -76,7 +76,7 @@ def request_body(version: str, rows: int) -> str:
 
 def answers(url: str) -> dict[str, dict]:
     """The answer of each version to a single-row /predict."""
-    post = functools.partial(httpx.post, f"{url}/predict", headers={"Content-Type": "application/json"}, timeout=30)
+    post = functools.partial(loopback.post, f"{url}/predict", headers={"Content-Type": "application/json"}, timeout=30)
     return {v: post(content=request_body(v, 1)).raise_for_status().json() for v in (WITH, WITHOUT)}
 
 

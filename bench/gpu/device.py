@@ -27,6 +27,7 @@ from bench.common import (
     Server,
     histogram_means,
     histogram_totals,
+    loopback,
     machine,
     service,
     table,
@@ -76,7 +77,7 @@ def served(url: str, model: str) -> np.ndarray:
     x = np.random.default_rng(7).random((PARITY_ROWS, *SHAPES[model]), dtype=np.float32)
     payload, header_length = v2_binary_request(x)
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header_length)}
-    response = httpx.post(f"{url}/v2/models/{model}/infer", content=payload, timeout=60, headers=headers)
+    response = loopback.post(f"{url}/v2/models/{model}/infer", content=payload, timeout=60, headers=headers)
     response.raise_for_status()
     return v2_binary_outputs(response)["probabilities"]
 
@@ -256,8 +257,8 @@ def baseline_points(artifacts: Path, device: str, seconds: float) -> dict[str, f
 
 def provider_evidence(svc: Server) -> dict:
     """What ``/health`` and ``/metrics`` say runs each model."""
-    health = httpx.get(f"{svc.url}/health").json()
-    metrics = httpx.get(f"{svc.url}/metrics").text.splitlines()
+    health = svc.get("/health").json()
+    metrics = svc.get("/metrics").text.splitlines()
     return {
         "status": health["status"],
         "device": health["device"],
@@ -303,7 +304,7 @@ def cuda_unavailable(artifacts: Path, work: Path) -> dict:
     with svc:
         evidence = provider_evidence(svc)
         headers = {"Content-Type": "application/json"}
-        answer = httpx.post(f"{svc.url}/predict", content=body(HEAVY, SHAPES[HEAVY], 1), timeout=60, headers=headers)
+        answer = loopback.post(f"{svc.url}/predict", content=body(HEAVY, SHAPES[HEAVY], 1), timeout=60, headers=headers)
     lines = log.read_text(errors="replace").splitlines()
     ok = answer.status_code == 200
     return {

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import numpy as np
 
 from bench.common import HEAVY, LIGHT, ROOT, service, table, warm
@@ -84,7 +83,7 @@ def measure_pod(label: str, tree: Path, env: dict, artifacts: Path, device: Devi
         extra["CALIB_POD__TIMELINE"] = str(line)
     db = f"sqlite:///{work / (label.replace(' ', '-') + '.db')}"
     with service(artifacts, db, True, device, None, "/v2/health/ready", tree, (), **extra) as svc:
-        health = httpx.get(f"{svc.url}/health").json()
+        health = svc.get("/health").json()
         probabilities = {m: served(svc.url, m) for m in MODELS}
         points = []
         for model in MODELS:

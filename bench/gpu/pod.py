@@ -21,7 +21,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import numpy as np
 
 from bench.common import (
@@ -241,7 +240,7 @@ def run_pod(
             db = f"sqlite:///{work / f'w{w}.db'}"
             with service(artifacts, db, True, device, output=work / f"w{w}.log", CALIB_FRONTENDS=str(w)) as svc:
                 result.setdefault("ready_seconds", {})[str(w)] = time.monotonic() - ready
-                result.setdefault("health", {})[str(w)] = httpx.get(f"{svc.url}/health").json().get("pod")
+                result.setdefault("health", {})[str(w)] = svc.get("/health").json().get("pod")
                 probabilities[f"W={w}"] = {m: served(svc.url, m) for m in MODELS}
                 result["points"] += sweep_service([svc], w, seconds, work, str(w))
             save(f"W={w}")

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import numpy as np
 
 from bench.common import HEAVY, LIGHT, PYTHON, ROOT, Server, histogram_means, histogram_totals, v2_binary_request
@@ -127,7 +126,7 @@ def floor_server(model_path: Path | None = None) -> Server:
 
 def grpc_target(svc: Server) -> str:
     """The service's gRPC address (its /health names the port)."""
-    return f"127.0.0.1:{httpx.get(f'{svc.url}/health').json()['grpc_port']}"
+    return f"127.0.0.1:{svc.get('/health').json()['grpc_port']}"
 
 
 def formed_batch(svc: Server, before: dict, model: str) -> float | None:
@@ -151,7 +150,7 @@ def summed_totals(servers: list[Server], model: str | None = None) -> dict[str, 
 def settled(svc: Server, pending: Callable[[dict], object], timeout: float) -> None:
     """Wait until ``pending`` of ``svc``'s /health is false, at most ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while pending(httpx.get(f"{svc.url}/health").json()) and time.monotonic() < deadline:
+    while pending(svc.get("/health").json()) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

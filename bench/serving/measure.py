@@ -202,7 +202,7 @@ def heavy_rounds(
         warm(wrk, f"{floor.url}/predict", requests["json"][1], clients, 1.0)
 
         def floor_stats(side: str) -> dict:
-            return _grpc_floor_stats(grpc_floor.port) if side == "grpc" else httpx.get(batching.url).json()
+            return _grpc_floor_stats(grpc_floor.port) if side == "grpc" else batching.get("").json()
 
         def measure_side(side: str, _round: int) -> dict:
             if side == "baseline":
@@ -384,7 +384,7 @@ def run(
         sqlite_url = f"sqlite:///{work / 'bench.db'}"
         fill_seconds = monitoring.fill_store(sqlite_url, stored_rows)
         with service(artifacts, sqlite_url, True, device) as svc:
-            result["providers"] = {m["name"]: m["provider"] for m in httpx.get(f"{svc.url}/health").json()["models"]}
+            result["providers"] = {m["name"]: m["provider"] for m in svc.get("/health").json()["models"]}
             load_started = time.monotonic()
             # warm-up: every request shape of the sweep and of the heavy rounds (binary v2 too) at its top
             # concurrency, every report window and feedback batches, then one round of the soak's steady

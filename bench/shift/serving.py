@@ -9,11 +9,10 @@ import functools
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import orjson
 
-from bench.common import LIGHT, ROOT
+from bench.common import LIGHT, ROOT, loopback
 from bench.conformal.serving import (
     COST_REPEATS,
     WITH,
@@ -34,8 +33,8 @@ def wait_for_priors(url: str, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     body = request_body(WITH, 8)
     while time.monotonic() < deadline:
-        httpx.post(f"{url}/predict", content=body, headers={"Content-Type": "application/json"}, timeout=30)
-        report = httpx.get(f"{url}/calibration", params={"model": LIGHT, "version": WITH}, timeout=30).json()
+        loopback.post(f"{url}/predict", content=body, headers={"Content-Type": "application/json"}, timeout=30)
+        report = loopback.get(f"{url}/calibration", params={"model": LIGHT, "version": WITH}, timeout=30).json()
         served = report["label_shift"].get("served_priors")
         if served is not None:
             return served["version"]

@@ -32,6 +32,7 @@ from calibkit.temperature import softmax
 from service.ports import free_port
 from service.store import Store, legacy
 from service.store.schema import calibration_keys, label_bins, labels, prediction_log, schema_info, served_choices
+from tests import loopback
 from tests.service.store.v2_store import insert_version_2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ def _probe(url: str, grpc_target: str, container: dict, kind: str) -> bool:
     timeout = probe.get("timeoutSeconds", 1)
     try:
         if "httpGet" in probe:
-            return httpx.get(url + probe["httpGet"]["path"], timeout=timeout).status_code == 200
+            return loopback.get(url + probe["httpGet"]["path"], timeout=timeout).status_code == 200
         assert probe["grpc"]["port"] in {p["containerPort"] for p in container["ports"] if p["name"] in ("grpc", "h2c")}
         with grpc.insecure_channel(grpc_target) as channel:
             request = health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
@@ -144,13 +145,13 @@ def _predict_and_label(url: str, n: int = 20) -> int:
     from training.data import load_digits_splits
 
     test = load_digits_splits().test
-    assert httpx.post(f"{url}/predict", json={"inputs": test.x[:1].tolist()}, timeout=30).status_code == 401
-    served = httpx.post(f"{url}/predict", json={"inputs": test.x[:n].tolist()}, headers=PREDICT, timeout=30)
+    assert loopback.post(f"{url}/predict", json={"inputs": test.x[:1].tolist()}, timeout=30).status_code == 401
+    served = loopback.post(f"{url}/predict", json={"inputs": test.x[:n].tolist()}, headers=PREDICT, timeout=30)
     assert served.status_code == 200, served.text
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served.json()["predictions"], test.y[:n])]
     deadline = time.monotonic() + 20
     while True:
-        answer = httpx.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK, timeout=30)
+        answer = loopback.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK, timeout=30)
         assert answer.status_code == 200, answer.text
         body = answer.json()
         if body["accepted"] == n or time.monotonic() > deadline:
@@ -179,7 +180,7 @@ def test_the_service_runs_as_its_manifest_says(manifest, dockerfile, pg_url, tmp
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert _probe(url, grpc_target, container, kind), kind
         assert _predict_and_label(url) == 20
-        health = httpx.get(f"{url}/health", headers={"Authorization": "Bearer k8s-test-token"}).json()
+        health = loopback.get(f"{url}/health", headers={"Authorization": "Bearer k8s-test-token"}).json()
         assert health["ready"] and health["status"] == "ok"
         process.send_signal(signal.SIGTERM)  # what the kubelet sends after preStop
         # uvicorn drains and runs the shutdown (prediction log and feedback writer flushed); the exit is clean
@@ -205,7 +206,8 @@ def _make_version_1_store(pg_url: str, image_env: dict[str, str], tmp_path: Path
             {"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5"} for p, t in zip(softmax(z), y)
         ]
         assert (
-            httpx.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK, timeout=30).json()["accepted"] == 300
+            loopback.post(f"{url}/feedback", json={"items": items}, headers=FEEDBACK, timeout=30).json()["accepted"]
+            == 300
         )
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)

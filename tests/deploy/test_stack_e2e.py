@@ -17,13 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
+from tests import loopback
 from tests.waiting import answers, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def stack(postgres):
 
 
 def _query(prometheus: str, expr: str) -> list:
-    return httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}).json()["data"]["result"]
+    return loopback.get(f"{prometheus}/api/v1/query", params={"query": expr}).json()["data"]["result"]
 
 
 def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack):
@@ -126,15 +126,15 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
     from training.data import load_digits_splits
 
     test = load_digits_splits().test
-    assert httpx.post(f"{a}/predict", json={"inputs": test.x[:1].tolist()}).status_code == 401  # tokens are on
-    served = httpx.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}, headers=PREDICT).json()
+    assert loopback.post(f"{a}/predict", json={"inputs": test.x[:1].tolist()}).status_code == 401  # tokens are on
+    served = loopback.post(f"{a}/predict", json={"inputs": test.x[:50].tolist()}, headers=PREDICT).json()
     # The latest version answers; `make run` adds versions to artifacts/, so every check below names
     # the version this test drives instead of taking whichever series comes first.
     version = served["version"]
     selector = f'model="digits-lenet5",version="{version}"'
     time.sleep(1.5)  # the replica that served the predictions writes its log every 0.5 s
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served["predictions"], test.y[:50])]
-    answer = httpx.post(f"{b}/feedback", json={"items": items}, headers=FEEDBACK)
+    answer = loopback.post(f"{b}/feedback", json={"items": items}, headers=FEEDBACK)
     assert answer.status_code == 200 and answer.json()["accepted"] == 50, answer.text
 
     z, y = calibrated_logits(1200, n_classes=10, logit_scale=8.0, seed=42)
@@ -144,11 +144,13 @@ def test_shifted_traffic_raises_the_alarm_in_the_service_and_in_prometheus(stack
             {"probabilities": p.tolist(), "label": int(t), "model": "digits-lenet5", "version": version}
             for p, t in zip(softmax(scale * z[start : start + 100]), y[start : start + 100])
         ]
-        assert httpx.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}, headers=FEEDBACK).status_code == 200
+        assert (
+            loopback.post(f"{urls[k % len(urls)]}/feedback", json={"items": items}, headers=FEEDBACK).status_code == 200
+        )
 
     def every_report_alarmed():  # the replicas evaluate the alarm every second, not in the request
         reports = [
-            httpx.get(f"{u}/calibration", params={"model": "digits-lenet5", "version": version}).json() for u in urls
+            loopback.get(f"{u}/calibration", params={"model": "digits-lenet5", "version": version}).json() for u in urls
         ]
         return reports if all(r["alarm"]["state"] == "alarm" for r in reports) else None
 

@@ -16,7 +16,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import numpy as np
 import onnx
 import pytest
@@ -37,6 +36,7 @@ from calibkit.manifest import (
 )
 from service.app import create_app
 from service.settings import Settings
+from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"
@@ -224,7 +224,7 @@ def assert_ids_take_feedback(base_url: str, ids: list[str], timeout: float = 10.
     items = [{"prediction_id": i, "label": 0} for i in ids]
     deadline = time.monotonic() + timeout
     while items:
-        answer = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+        answer = loopback.post(f"{base_url}/feedback", json={"items": items}).json()
         assert all("unknown prediction id" in r["reason"] for r in answer["rejected"]), answer
         items = [items[r["index"]] for r in answer["rejected"]]
         assert time.monotonic() < deadline, f"feedback on {items} not accepted"

@@ -7,7 +7,6 @@ import sys
 import time
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 
@@ -16,6 +15,7 @@ from service.errors import Forbidden, Unauthorized
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.settings import Settings
+from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
@@ -174,27 +174,29 @@ def test_requests_without_their_groups_token_are_refused_in_each_routes_format(g
         "inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": DIGITS.x[0].ravel().tolist()}]
     }
     for headers in ({}, _bearer("nope"), _bearer(TOKENS["feedback"])):
-        r = httpx.post(f"{base_url}/predict", json=rows, headers=headers)
+        r = loopback.post(f"{base_url}/predict", json=rows, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
         assert r.headers["www-authenticate"].startswith('Bearer realm="calibrated-serving"')
-        r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=v2, headers=headers)
+        r = loopback.post(f"{base_url}/v2/models/digits-lenet5/infer", json=v2, headers=headers)
         assert r.status_code == 401 and isinstance(r.json()["error"], str), r.text
     ids = []
     for token in ("predict", "predict-next"):  # two valid at once
-        r = httpx.post(f"{base_url}/predict", json=rows, headers=_bearer(TOKENS[token]))
+        r = loopback.post(f"{base_url}/predict", json=rows, headers=_bearer(TOKENS[token]))
         assert r.status_code == 200, r.text
         ids += [p["id"] for p in r.json()["predictions"]]
     assert (
-        httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=v2, headers=_bearer(TOKENS["predict"])).status_code
+        loopback.post(
+            f"{base_url}/v2/models/digits-lenet5/infer", json=v2, headers=_bearer(TOKENS["predict"])
+        ).status_code
         == 200
     )
     items = {"items": [{"prediction_id": i, "label": 1} for i in ids]}
-    assert httpx.post(f"{base_url}/feedback", json=items, headers=_bearer(TOKENS["predict"])).status_code == 401
-    assert httpx.get(f"{base_url}/feedback/unmatched").status_code == 401
-    r = httpx.post(f"{base_url}/feedback", json=items, headers=_bearer(TOKENS["feedback"]))
+    assert loopback.post(f"{base_url}/feedback", json=items, headers=_bearer(TOKENS["predict"])).status_code == 401
+    assert loopback.get(f"{base_url}/feedback/unmatched").status_code == 401
+    r = loopback.post(f"{base_url}/feedback", json=items, headers=_bearer(TOKENS["feedback"]))
     assert r.status_code == 200 and r.json()["accepted"] == 4, r.text
     assert (
-        httpx.post(
+        loopback.post(
             f"{base_url}/admin/calibration/activate",
             json={"calibration_version": 0},
             headers=_bearer(TOKENS["feedback"]),
@@ -202,13 +204,13 @@ def test_requests_without_their_groups_token_are_refused_in_each_routes_format(g
         == 401
     )
     assert (
-        httpx.post(
+        loopback.post(
             f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=_bearer(TOKENS["admin"])
         ).status_code
         == 200
     )
     for path in ("/health", "/metrics", "/calibration", "/models", "/v2/models/digits-lenet5", "/v2/health/ready"):
-        assert httpx.get(f"{base_url}{path}").status_code == 200, path
+        assert loopback.get(f"{base_url}{path}").status_code == 200, path
 
 
 def test_the_token_is_checked_before_the_body_is_read(guarded):
@@ -226,7 +228,7 @@ def test_the_token_is_checked_before_the_body_is_read(guarded):
 
 def test_grpc_model_infer_takes_the_predict_tokens_in_its_metadata(guarded):
     base_url, _ = guarded
-    port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+    port = loopback.get(f"{base_url}/health").json()["grpc_port"]
     request = pb.ModelInferRequest(model_name="digits-lenet5")
     request.inputs.add(name="input", datatype="FP32", shape=[1, 1, 8, 8])
     request.raw_input_contents.append(np.asarray(DIGITS.x[:1], dtype="<f4").tobytes())
@@ -243,14 +245,14 @@ def test_grpc_model_infer_takes_the_predict_tokens_in_its_metadata(guarded):
 
 def test_no_token_nor_its_name_appears_in_logs_metrics_or_health(guarded, caplog):
     base_url, _ = guarded
-    httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:1].tolist()}, headers=_bearer(TOKENS["predict"]))
-    httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:1].tolist()}, headers=_bearer("wrong-token-text"))
+    loopback.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:1].tolist()}, headers=_bearer(TOKENS["predict"]))
+    loopback.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:1].tolist()}, headers=_bearer("wrong-token-text"))
     logged = "\n".join(r.getMessage() for when in ("setup", "call") for r in caplog.get_records(when))
     exposed = [
         logged,
-        httpx.get(f"{base_url}/metrics").text,
-        httpx.get(f"{base_url}/health", headers=_bearer(TOKENS["admin"])).text,
-        httpx.get(f"{base_url}/openapi.json").text,
+        loopback.get(f"{base_url}/metrics").text,
+        loopback.get(f"{base_url}/health", headers=_bearer(TOKENS["admin"])).text,
+        loopback.get(f"{base_url}/openapi.json").text,
     ]
     assert "tokens required for: predict, feedback, admin" in logged
     for text in exposed:

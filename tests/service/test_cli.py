@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from service.ports import free_port
+from tests import loopback
 
 
 def _start(args, env=None):
@@ -26,7 +27,7 @@ def _start(args, env=None):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health").status_code in (200, 503):
+            if loopback.get(f"{url}/health").status_code in (200, 503):
                 return process, url
         except httpx.TransportError:
             time.sleep(0.1)
@@ -43,7 +44,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, linear_artifact):
     result = {}
 
     def client():
-        result["response"] = httpx.post(f"{url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]}, timeout=30)
+        result["response"] = loopback.post(f"{url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]}, timeout=30)
 
     thread = threading.Thread(target=client)
     thread.start()
@@ -65,8 +66,8 @@ def test_serves_the_committed_default_artifact_with_env_settings(tmp_path):
     env = dict(os.environ, CALIB_DEFAULT_MODEL="digits-lenet5", CALIB_LIMITS__MAX_ROWS_PER_REQUEST="2")
     process, url = _start([], env=env)
     try:
-        health = httpx.get(f"{url}/health").json()
-        too_many = httpx.post(f"{url}/predict", json={"inputs": [[0.0] * 64] * 3})
+        health = loopback.get(f"{url}/health").json()
+        too_many = loopback.post(f"{url}/predict", json={"inputs": [[0.0] * 64] * 3})
     finally:
         process.terminate()
         process.communicate(timeout=30)

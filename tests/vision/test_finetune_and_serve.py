@@ -14,6 +14,7 @@ import pytest
 from calibkit.calibrators import load_calibrator
 from calibkit.manifest import load_manifest
 from service.ports import free_port
+from tests import loopback
 from training import pipeline
 from training.cli import main
 from training.inference import predict_logits
@@ -65,9 +66,9 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(url, server)
-        health = httpx.get(url + "/health").json()
+        health = loopback.get(url + "/health").json()
         assert [(m["name"], m["ready"]) for m in health["models"]] == [("cifar10-torchvision-resnet18", True)]
-        response = httpx.post(url + "/predict", json={"inputs": images.tolist()}, timeout=60)
+        response = loopback.post(url + "/predict", json={"inputs": images.tolist()}, timeout=60)
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["model"] == "cifar10-torchvision-resnet18" and body["temperature"] == pytest.approx(
@@ -75,7 +76,7 @@ def test_a_resnet18_fine_tuned_from_a_local_weights_file_is_exported_and_served(
         )
         served = np.array([p["probabilities"] for p in body["predictions"]])
         np.testing.assert_allclose(served, expected, atol=1e-5)
-        feedback = httpx.post(
+        feedback = loopback.post(
             url + "/feedback",
             json={
                 "items": [
@@ -95,7 +96,7 @@ def _wait_until_up(url: str, server: subprocess.Popen, seconds: float = 90) -> N
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and server.poll() is None:
         try:
-            if httpx.get(url + "/health").status_code == 200:
+            if loopback.get(url + "/health").status_code == 200:
                 return
         except httpx.TransportError:
             pass

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.settings import Settings
+from tests import loopback
 from training.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,7 +59,7 @@ def test_the_front_end_answers_as_the_in_process_service_bit_for_bit(pair):
         {"inputs": x.tolist(), "return_logits": True, "return_p_values": True},
         {"model": "tabular", "inputs": np.random.default_rng(0).normal(0, 1, (3, 5)).tolist()},
     ):
-        got, want = (httpx.post(f"{url}/predict", json=body).raise_for_status().json() for url in (front, alone))
+        got, want = (loopback.post(f"{url}/predict", json=body).raise_for_status().json() for url in (front, alone))
         assert got["provider"] == want["provider"] and got["conformal"] == want["conformal"]
         for mine, theirs in zip(got["predictions"], want["predictions"]):
             assert mine["id"] != theirs["id"]
@@ -67,13 +67,13 @@ def test_the_front_end_answers_as_the_in_process_service_bit_for_bit(pair):
                 assert mine[key] == theirs[key], key
     tensor = {"name": "input", "datatype": "FP32", "shape": [7, 1, 8, 8], "data": x.ravel().tolist()}
     v2 = [
-        httpx.post(f"{url}/v2/models/digits-lenet5/infer", json={"inputs": [tensor]}).raise_for_status().json()
+        loopback.post(f"{url}/v2/models/digits-lenet5/infer", json={"inputs": [tensor]}).raise_for_status().json()
         for url in (front, alone)
     ]
     assert [o["data"] for o in v2[0]["outputs"] if o["name"] != "prediction_id"] == [
         o["data"] for o in v2[1]["outputs"] if o["name"] != "prediction_id"
     ]
-    port = httpx.get(f"{front}/health").json()["grpc_port"]
+    port = loopback.get(f"{front}/health").json()["grpc_port"]
     request = pb.ModelInferRequest(model_name="digits-lenet5")
     request.inputs.add(name="input", datatype="FP32", shape=[7, 1, 8, 8])
     request.raw_input_contents.append(x.tobytes())
@@ -83,10 +83,12 @@ def test_the_front_end_answers_as_the_in_process_service_bit_for_bit(pair):
     names = [o.name for o in answer.outputs]
     probabilities = np.frombuffer(answer.raw_output_contents[names.index("probabilities")], np.float32)
     np.testing.assert_array_equal(probabilities, np.array(v2[1]["outputs"][1]["data"], np.float32))
-    ids = [p["id"] for p in httpx.post(f"{front}/predict", json={"inputs": x[:2].tolist()}).json()["predictions"]]
+    ids = [p["id"] for p in loopback.post(f"{front}/predict", json={"inputs": x[:2].tolist()}).json()["predictions"]]
     deadline = time.monotonic() + 10
     while True:
-        answer = httpx.post(f"{front}/feedback", json={"items": [{"prediction_id": i, "label": 3} for i in ids]}).json()
+        answer = loopback.post(
+            f"{front}/feedback", json={"items": [{"prediction_id": i, "label": 3} for i in ids]}
+        ).json()
         if answer["accepted"] == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -96,19 +98,19 @@ def test_the_front_end_answers_as_the_in_process_service_bit_for_bit(pair):
 def test_a_dead_engine_answers_503_at_once_and_a_restarted_one_is_served_again(pair):
     front, _, endpoint, artifacts, engine = pair
     x = load_dataset("digits").test.x[:1].tolist()
-    assert httpx.get(f"{front}/v2/health/ready").status_code == 200
+    assert loopback.get(f"{front}/v2/health/ready").status_code == 200
     engine[0].send_signal(signal.SIGKILL)
     engine[0].wait(10)
     time.sleep(0.3)
     started = time.monotonic()
-    refused = httpx.post(f"{front}/predict", json={"inputs": x})
+    refused = loopback.post(f"{front}/predict", json={"inputs": x})
     assert time.monotonic() - started < 1.0
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
     assert refused.json()["error"]["code"] == "engine_unavailable"
-    assert httpx.get(f"{front}/v2/health/ready").status_code == 503
+    assert loopback.get(f"{front}/v2/health/ready").status_code == 503
     engine[0] = _engine(endpoint, artifacts)
     deadline = time.monotonic() + 60
-    while httpx.get(f"{front}/v2/health/ready").status_code != 200:
+    while loopback.get(f"{front}/v2/health/ready").status_code != 200:
         assert time.monotonic() < deadline, "the front-end did not see the restarted engine"
         time.sleep(0.1)
-    assert httpx.post(f"{front}/predict", json={"inputs": x}).status_code == 200
+    assert loopback.post(f"{front}/predict", json={"inputs": x}).status_code == 200

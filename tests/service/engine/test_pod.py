@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.serving.runtime import create_runtime
 from service.settings import Settings
+from tests import loopback
 from tests.waiting import answers, wait_for
 from training.data import load_dataset
 
@@ -128,7 +129,7 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     ]
     x = load_dataset("digits").test.x[:64]
     reference = create_runtime(DEFAULT / "model.onnx", Settings(), 1).run(x[:1])["probabilities"]
-    alone = httpx.post(f"{url}/predict", json={"inputs": x[:1].tolist()}).json()["predictions"][0]
+    alone = loopback.post(f"{url}/predict", json={"inputs": x[:1].tolist()}).json()["predictions"][0]
     np.testing.assert_array_equal(np.array(alone["probabilities"], np.float32), reference[0])
 
     def one(i: int) -> list[str]:
@@ -139,7 +140,7 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     with ThreadPoolExecutor(16) as pool:
         ids = [i for found in pool.map(one, range(200)) for i in found]
     assert len(set(ids)) == 200
-    models = {m["name"] for m in httpx.get(f"{url}/models").json()["models"]}
+    models = {m["name"] for m in loopback.get(f"{url}/models").json()["models"]}
     assert models == {"digits-lenet5", "tabular"}, "the --artifacts flag reached the front-ends and the engine"
     seen = {}
     for _ in range(40):  # fresh connections reach both front-ends; each names itself and its loops in /health
@@ -149,7 +150,7 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     assert sorted(seen) == [0, 1] and {p["frontends"] for p in seen.values()} == {2}
     assert seen[0]["loops"] == "every one" and seen[1]["loops"] == "the sets' folder"
     assert all(p["engine"]["answering"] for p in seen.values())
-    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+    families = {f.name: f for f in text_string_to_metric_families(loopback.get(f"{url}/metrics").text)}
     served = sum(
         s.value
         for s in families["calib_http_requests"].samples
@@ -184,7 +185,7 @@ def test_the_pod_answers_as_one_in_process_service(pod):
     np.testing.assert_array_equal(answer.as_numpy("probabilities")[0], reference[0])
     # tritonclient.grpc, unchanged, in a process of its own (tests/conformance/triton_grpc_client.py): its 3 seeded
     # rows answered as the in-process session answers them, with ids of their own, and a bad shape refused
-    port = httpx.get(f"{url}/health").json()["grpc_port"]
+    port = loopback.get(f"{url}/health").json()["grpc_port"]
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "conformance" / "triton_grpc_client.py"), f"127.0.0.1:{port}"]
         + ['{"digits-lenet5": [1, 8, 8]}'],
@@ -207,7 +208,7 @@ def test_a_killed_engine_answers_503_and_is_back_within_the_bound(pod):
     engine = next(pid for pid, cmd in _children(process.pid).items() if "service.engine" in cmd)
     os.kill(engine, signal.SIGKILL)
     wait_for(lambda: _gone(engine), 5, "the engine's end")
-    refused = httpx.post(f"{url}/predict", json={"inputs": x})
+    refused = loopback.post(f"{url}/predict", json={"inputs": x})
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
     # back: every front-end serves again (each sees the new engine within its reconnect interval), so that 20
     # requests in a row on fresh connections, whichever front-end takes them, are answered
@@ -242,7 +243,7 @@ def test_an_engine_whose_device_failed_or_whose_session_is_stuck_exits_and_the_p
     engine = next(pid for pid, cmd in _children(process.pid).items() if "service.engine" in cmd)
     (db.parent / "fault").write_text(fault)
     started = time.monotonic()
-    refused = httpx.post(f"{url}/predict", json={"inputs": x}, timeout=60)
+    refused = loopback.post(f"{url}/predict", json={"inputs": x}, timeout=60)
     waited = time.monotonic() - started
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
     # a sticky error is answered at once; a stuck call at the deadline, never later

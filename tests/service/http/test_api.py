@@ -3,7 +3,6 @@
 import base64
 import io
 
-import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -11,6 +10,7 @@ from PIL import Image
 
 from calibkit.manifest import load_manifest
 from calibkit.temperature import apply_temperature, softmax
+from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
@@ -26,7 +26,7 @@ def _png(array: np.ndarray, fmt: str = "PNG") -> str:
 
 def test_predict_contract(base_url):
     rows = DIGITS.x[:5].tolist()
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/predict", json={"inputs": rows, "top_k": 3, "return_logits": True, "return_uncalibrated": True}
     )
     assert r.status_code == 200, r.text
@@ -55,7 +55,7 @@ def _artifact_dir():
 
 def test_probabilities_are_temperature_scaled_logits_and_match_onnx(base_url):
     x = DIGITS.x[:40]
-    body = httpx.post(f"{base_url}/predict", json={"inputs": x.tolist(), "return_logits": True}).json()
+    body = loopback.post(f"{base_url}/predict", json={"inputs": x.tolist(), "return_logits": True}).json()
     probs = np.array([p["probabilities"] for p in body["predictions"]])
     logits = np.array([p["logits"] for p in body["predictions"]])
     np.testing.assert_allclose(probs, apply_temperature(logits, body["temperature"]), atol=1e-6)
@@ -67,12 +67,12 @@ def test_probabilities_are_temperature_scaled_logits_and_match_onnx(base_url):
 
 def test_row_layouts_and_images_give_the_same_prediction(base_url):
     x = DIGITS.x[:3]
-    as_chw = httpx.post(f"{base_url}/predict", json={"inputs": x.tolist()}).json()
-    as_hw = httpx.post(f"{base_url}/predict", json={"inputs": x[:, 0].tolist()}).json()
-    as_flat = httpx.post(f"{base_url}/predict", json={"inputs": x.reshape(3, -1).tolist()}).json()
-    images = httpx.post(f"{base_url}/predict", json={"inputs": [_png(r) for r in x]}).json()
-    data_url = httpx.post(f"{base_url}/predict", json={"inputs": ["data:image/png;base64," + _png(x[0])]}).json()
-    jpeg = httpx.post(f"{base_url}/predict", json={"inputs": [_png(x[0], "JPEG")]})
+    as_chw = loopback.post(f"{base_url}/predict", json={"inputs": x.tolist()}).json()
+    as_hw = loopback.post(f"{base_url}/predict", json={"inputs": x[:, 0].tolist()}).json()
+    as_flat = loopback.post(f"{base_url}/predict", json={"inputs": x.reshape(3, -1).tolist()}).json()
+    images = loopback.post(f"{base_url}/predict", json={"inputs": [_png(r) for r in x]}).json()
+    data_url = loopback.post(f"{base_url}/predict", json={"inputs": ["data:image/png;base64," + _png(x[0])]}).json()
+    jpeg = loopback.post(f"{base_url}/predict", json={"inputs": [_png(x[0], "JPEG")]})
     assert jpeg.status_code == 200
     reference = np.array([p["probabilities"] for p in as_chw["predictions"]])
     for other in (as_hw, as_flat):
@@ -86,22 +86,22 @@ def test_row_layouts_and_images_give_the_same_prediction(base_url):
 
 def test_model_and_version_selection(base_url):
     row = [[[0.1, 0.2], [0.3, 0.4]]]
-    latest = httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": row}).json()
-    first = httpx.post(f"{base_url}/predict", json={"model": "toy", "version": "1", "inputs": row}).json()
+    latest = loopback.post(f"{base_url}/predict", json={"model": "toy", "inputs": row}).json()
+    first = loopback.post(f"{base_url}/predict", json={"model": "toy", "version": "1", "inputs": row}).json()
     assert (latest["version"], latest["temperature"]) == ("2", 1.5)
     assert (first["version"], first["temperature"]) == ("1", 2.0)
     assert first["predictions"][0]["label"] in {"a", "b", "c"}
 
 
 def test_models_and_health(base_url):
-    models = httpx.get(f"{base_url}/models").json()
+    models = loopback.get(f"{base_url}/models").json()
     assert models["default"] == "digits-lenet5"
     toy = next(m for m in models["models"] if m["name"] == "toy")
     assert [(v["version"], v["latest"]) for v in toy["versions"]] == [("1", False), ("2", True)]
     digits = next(m for m in models["models"] if m["name"] == "digits-lenet5")["versions"][0]
     assert digits["classes"] == [str(i) for i in range(10)] and digits["provider"] == "CPUExecutionProvider"
     assert digits["calibration"]["method"] == "temperature" and digits["preprocessing"]["invert"] is True
-    health = httpx.get(f"{base_url}/health")
+    health = loopback.get(f"{base_url}/health")
     assert health.status_code == 200
     body = health.json()
     assert body["status"] == "ok" and body["ready"] and len(body["models"]) == 3
@@ -109,9 +109,9 @@ def test_models_and_health(base_url):
 
 
 def test_request_id_is_echoed_or_assigned(base_url):
-    echoed = httpx.get(f"{base_url}/health", headers={"X-Request-ID": "abc-123"})
+    echoed = loopback.get(f"{base_url}/health", headers={"X-Request-ID": "abc-123"})
     assert echoed.headers["x-request-id"] == "abc-123"
-    assigned = httpx.get(f"{base_url}/health", headers={"X-Request-ID": "bad id with spaces"})
+    assigned = loopback.get(f"{base_url}/health", headers={"X-Request-ID": "bad id with spaces"})
     assert len(assigned.headers["x-request-id"]) == 32
 
 
@@ -136,7 +136,7 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize("payload, status, field, message", BAD_REQUESTS)
 def test_bad_input_gets_a_4xx_naming_the_field(base_url, payload, status, field, message):
-    r = httpx.post(f"{base_url}/predict", json=payload)
+    r = loopback.post(f"{base_url}/predict", json=payload)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["field"] == field and message in error["message"]
@@ -144,21 +144,21 @@ def test_bad_input_gets_a_4xx_naming_the_field(base_url, payload, status, field,
 
 def test_non_finite_values_gif_and_huge_images_are_refused(base_url):
     row = "[" + ",".join(["[" + ",".join(["NaN"] + ["0"] * 7) + "]"] + ["[" + ",".join(["0"] * 8) + "]"] * 7) + "]"
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/predict", content='{"inputs": [' + row + "]}", headers={"content-type": "application/json"}
     )
     assert r.status_code == 422 and "NaN or infinite" in r.json()["error"]["message"]
     buffer = io.BytesIO()
     Image.new("L", (8, 8)).save(buffer, format="GIF")
-    r = httpx.post(f"{base_url}/predict", json={"inputs": [base64.b64encode(buffer.getvalue()).decode()]})
+    r = loopback.post(f"{base_url}/predict", json={"inputs": [base64.b64encode(buffer.getvalue()).decode()]})
     assert r.status_code == 422 and "GIF image; send PNG or JPEG" in r.json()["error"]["message"]
 
 
 def test_malformed_json_and_oversized_bodies(base_url):
-    r = httpx.post(f"{base_url}/predict", content=b'{"inputs": [', headers={"content-type": "application/json"})
+    r = loopback.post(f"{base_url}/predict", content=b'{"inputs": [', headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     big = b'{"inputs": [' + b"0," * 200_000 + b"0]}"
-    r = httpx.post(f"{base_url}/predict", content=big, headers={"content-type": "application/json"})
+    r = loopback.post(f"{base_url}/predict", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413 and "exceeds the limit" in r.json()["error"]["message"]
 
     def chunks():
@@ -167,12 +167,12 @@ def test_malformed_json_and_oversized_bodies(base_url):
             yield b"0," * 2000
         yield b"0]}"
 
-    r = httpx.post(f"{base_url}/predict", content=chunks(), headers={"content-type": "application/json"})
+    r = loopback.post(f"{base_url}/predict", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
-    assert httpx.get(f"{base_url}/health").status_code == 200  # the server is still fine
+    assert loopback.get(f"{base_url}/health").status_code == 200  # the server is still fine
 
 
 def test_unknown_routes_and_methods_keep_the_error_shape(base_url):
-    assert httpx.get(f"{base_url}/nope").json()["error"]["code"] == "not_found"
-    r = httpx.get(f"{base_url}/predict")
+    assert loopback.get(f"{base_url}/nope").json()["error"]["code"] == "not_found"
+    r = loopback.get(f"{base_url}/predict")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"

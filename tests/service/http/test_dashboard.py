@@ -17,13 +17,13 @@ import colorsys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.settings import Settings
+from tests import loopback
 from training.data import load_digits_splits
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -62,21 +62,21 @@ def _drive_into_alarm(base_url: str, app, evaluate_now) -> dict:
     z, y = calibrated_logits(1000, n_classes=10, logit_scale=8.0, seed=11)
     for start in range(0, 1000, 100):
         scale = 1.0 if start < 400 else 2.5
-        r = httpx.post(
+        r = loopback.post(
             f"{base_url}/feedback",
             json={"items": _offline(z[start : start + 100], y[start : start + 100], scale)},
             timeout=30,
         )
         assert r.status_code == 200 and r.json()["accepted"] == 100, r.text
         evaluate_now(app)
-    report = httpx.get(f"{base_url}/calibration", timeout=30).json()
+    report = loopback.get(f"{base_url}/calibration", timeout=30).json()
     assert report["alarm"]["state"] == "alarm", report["alarm"]
     return report
 
 
 def test_dashboard_is_served_as_one_html_page(repository_dir, server_for, tmp_path):
     with server_for(_settings(repository_dir, tmp_path)) as (base_url, _):
-        r = httpx.get(f"{base_url}/dashboard")
+        r = loopback.get(f"{base_url}/dashboard")
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/html")
         html = r.text
@@ -98,7 +98,7 @@ def test_dashboard_is_served_as_one_html_page(repository_dir, server_for, tmp_pa
             '"http://www.w3.org/2000/svg"', ""
         )
         assert "https://" not in html
-        operation = httpx.get(f"{base_url}/openapi.json").json()["paths"]["/dashboard"]["get"]
+        operation = loopback.get(f"{base_url}/openapi.json").json()["paths"]["/dashboard"]["get"]
         assert "text/html" in operation["responses"]["200"]["content"] and operation["tags"] == ["dashboard"]
 
 
@@ -194,10 +194,10 @@ DIGITS = load_digits_splits().test
 
 def _predict_and_label(base_url: str, x: np.ndarray, y: np.ndarray) -> None:
     """POST /predict the digits, then POST /feedback their true labels by prediction id."""
-    r = httpx.post(f"{base_url}/predict", json={"inputs": x.tolist()}, timeout=30)
+    r = loopback.post(f"{base_url}/predict", json={"inputs": x.tolist()}, timeout=30)
     assert r.status_code == 200, r.text
     items = [{"prediction_id": p["id"], "label": int(label)} for p, label in zip(r.json()["predictions"], y)]
-    r = httpx.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
+    r = loopback.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
     assert r.status_code == 200 and r.json()["accepted"] == len(items), r.text
 
 
@@ -220,11 +220,11 @@ def _drifted_confidences(base_url: str, app, evaluate_now) -> None:
     the reference (the label-free KS test of the warning)."""
     _enough_labels(base_url, app, evaluate_now)
     noisy = np.clip(DIGITS.x[:300] + np.random.default_rng(0).normal(0.0, 0.5, DIGITS.x[:300].shape), 0.0, 1.0)
-    r = httpx.post(f"{base_url}/predict", json={"inputs": noisy.astype(np.float32).tolist()}, timeout=30)
+    r = loopback.post(f"{base_url}/predict", json={"inputs": noisy.astype(np.float32).tolist()}, timeout=30)
     assert r.status_code == 200, r.text
     logged = min(len(DIGITS.y) + 300, app.state.parts.settings.monitoring.drift_rows)
     deadline = time.monotonic() + 30
-    while httpx.get(f"{base_url}/calibration", timeout=30).json()["drift"]["recent_predictions"] < logged:
+    while loopback.get(f"{base_url}/calibration", timeout=30).json()["drift"]["recent_predictions"] < logged:
         assert time.monotonic() < deadline, "the unlabelled predictions were not logged"
         time.sleep(0.2)
     evaluate_now(app)
@@ -273,7 +273,7 @@ def test_dashboard_says_what_the_alarm_state_rests_on(
     drive, api_state, badge_text, headline, tone = STATES[name]
     with server_for(_settings(repository_dir, tmp_path)) as (base_url, app):
         drive(base_url, app, evaluate_now)
-        report = httpx.get(f"{base_url}/calibration", timeout=30).json()
+        report = loopback.get(f"{base_url}/calibration", timeout=30).json()
         assert report["alarm"]["state"] == api_state, report["alarm"]
         assert report["thresholds"]["min_labels"] == 200
         page, console_errors = _open_dashboard(chromium, base_url)
@@ -380,15 +380,15 @@ def test_dashboard_shows_the_prediction_sets_coverage_alarm(
     """Labels outside the served sets (each prediction's least probable digit): the coverage alarm is raised and the
     prediction sets card shows it, with the observed coverage below its target."""
     with server_for(_settings(repository_dir, tmp_path, conformal={"alarm_threshold": 200.0})) as (base_url, app):
-        r = httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x.tolist()}, timeout=30)
+        r = loopback.post(f"{base_url}/predict", json={"inputs": DIGITS.x.tolist()}, timeout=30)
         assert r.status_code == 200, r.text
         items = [
             {"prediction_id": p["id"], "label": int(np.argmin(p["probabilities"]))} for p in r.json()["predictions"]
         ]
-        r = httpx.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
+        r = loopback.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
         assert r.status_code == 200 and r.json()["accepted"] == len(items), r.text
         evaluate_now(app)
-        block = httpx.get(f"{base_url}/calibration", timeout=30).json()["coverage"]
+        block = loopback.get(f"{base_url}/calibration", timeout=30).json()["coverage"]
         (choice,) = block["choices"]
         assert choice["alarm"]["state"] == "alarm" and choice["below_target"], choice
         assert choice["labels_folded"] == len(items) and choice["threshold"] != choice["static_threshold"]

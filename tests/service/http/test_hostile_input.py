@@ -9,7 +9,6 @@ import subprocess
 import threading
 import time
 
-import httpx
 import numpy as np
 import psycopg
 import pytest
@@ -17,6 +16,7 @@ from PIL import Image
 
 from service.settings import Settings
 from service.store.rows import CalibrationKey
+from tests import loopback
 from training.data import load_digits_splits
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -54,16 +54,16 @@ def admin(repository_dir, server_for, tmp_path_factory):
 )
 def test_deeply_nested_json_is_a_400_and_the_server_lives_on(admin, path, headers):
     base_url, _ = admin
-    r = httpx.post(f"{base_url}{path}", content=DEEP, headers={"Content-Type": "application/json", **headers})
+    r = loopback.post(f"{base_url}{path}", content=DEEP, headers={"Content-Type": "application/json", **headers})
     assert r.status_code == 400, r.text
     assert "depth" in r.text
-    assert httpx.get(f"{base_url}/health").status_code == 200
+    assert loopback.get(f"{base_url}/health").status_code == 200
 
 
 def test_booleans_are_not_probabilities(admin):
     """JSON true/false are refused where numbers are required (a lax parser would read them as 1.0 and 0.0)."""
     base_url, _ = admin
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/feedback",
         json={
             "items": [
@@ -79,14 +79,14 @@ def test_booleans_are_not_probabilities(admin):
 def test_a_body_that_is_not_json_or_an_upload_is_a_415_naming_the_supported_types(admin):
     base_url, _ = admin
     for path, body in (("/predict", '{"inputs": [[0]]}'), ("/feedback", '{"items": []}')):
-        r = httpx.post(f"{base_url}{path}", content=body, headers={"Content-Type": "text/plain"})
+        r = loopback.post(f"{base_url}{path}", content=body, headers={"Content-Type": "text/plain"})
         assert r.status_code == 415 and r.json()["error"]["field"] == "headers.content-type"
         assert "application/json" in r.json()["error"]["message"]
-    mixed = httpx.post(
+    mixed = loopback.post(
         f"{base_url}/predict", content=b"--x\r\n\r\n--x--", headers={"Content-Type": "multipart/mixed; boundary=x"}
     )
     assert mixed.status_code == 415 and "multipart/form-data" in mixed.json()["error"]["message"]
-    upload = httpx.post(f"{base_url}/feedback", files={"file": ("a.png", b"x")})
+    upload = loopback.post(f"{base_url}/feedback", files={"file": ("a.png", b"x")})
     assert upload.status_code == 415
 
 
@@ -106,32 +106,32 @@ def test_images_upload_as_multipart_form_data_with_curl(admin, tmp_path):
     predictions = json.loads(body)["predictions"]
     assert [p["class_index"] for p in predictions] == test.y[:4].tolist()
     assert all(len(p["top_k"]) == 2 for p in predictions)
-    empty = httpx.post(f"{base_url}/predict", data={"model": "digits-lenet5"}, files={"note": (None, "no file")})
+    empty = loopback.post(f"{base_url}/predict", data={"model": "digits-lenet5"}, files={"note": (None, "no file")})
     assert empty.status_code == 422 and empty.json()["error"]["field"] == "inputs"
-    broken = httpx.post(f"{base_url}/predict", files={"file": ("x.png", b"not an image", "image/png")})
+    broken = loopback.post(f"{base_url}/predict", files={"file": ("x.png", b"not an image", "image/png")})
     assert broken.status_code == 422 and broken.json()["error"]["field"] == "inputs[0]"
-    malformed = httpx.post(
+    malformed = loopback.post(
         f"{base_url}/predict", content=b"--x\r\nno headers", headers={"Content-Type": "multipart/form-data; boundary=x"}
     )
     assert malformed.status_code == 422 and malformed.json()["error"]["field"] in ("body", "inputs"), malformed.text
-    too_many = httpx.post(f"{base_url}/predict", files=[("file", (f"{i}.png", b"x")) for i in range(1025)])
+    too_many = loopback.post(f"{base_url}/predict", files=[("file", (f"{i}.png", b"x")) for i in range(1025)])
     assert too_many.status_code == 422 and "body" == too_many.json()["error"]["field"], too_many.text
 
 
 def test_admin_checks_the_token_before_the_body_and_the_scheme_in_any_case(admin):
     base_url, _ = admin
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
-        r = httpx.post(f"{base_url}/admin/recalibrate", content=b'{"window": [1, 2]', headers=headers)
+        r = loopback.post(f"{base_url}/admin/recalibrate", content=b'{"window": [1, 2]', headers=headers)
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith('Bearer realm="calibrated-serving"')
         assert "window" not in r.text
     for scheme in ("bearer", "BEARER", "Bearer"):
-        r = httpx.post(
+        r = loopback.post(
             f"{base_url}/admin/calibration/activate",
             json={"calibration_version": 0},
             headers={"Authorization": f"{scheme} s3cret"},
         )
         assert r.status_code == 200, r.text
-    bad = httpx.post(
+    bad = loopback.post(
         f"{base_url}/admin/recalibrate", json={"window": "ten"}, headers={"Authorization": "bearer s3cret"}
     )
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "window"
@@ -146,12 +146,12 @@ def test_health_reports_an_exhausted_pool_as_degraded(repository_dir, server_for
         engine = app.state.parts.store.db.engine
         held = [engine.connect() for _ in range(engine.pool.size() + engine.pool._max_overflow)]
         try:
-            r = httpx.get(f"{base_url}/health", timeout=10)
+            r = loopback.get(f"{base_url}/health", timeout=10)
         finally:
             for connection in held:
                 connection.close()
         assert r.status_code == 200 and r.json()["status"] == "degraded" and not r.json()["storage"]["up"]
-        assert httpx.get(f"{base_url}/health").json()["status"] == "ok"
+        assert loopback.get(f"{base_url}/health").json()["status"] == "ok"
 
 
 @pytest.mark.e2e  # needs PostgreSQL
@@ -161,8 +161,10 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
     )
     x = load_digits_splits().test.x[:20]
     with server_for(settings) as (base_url, app):
-        ids = [p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": x.tolist()}).json()["predictions"]]
-        first = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[:10]]})
+        ids = [p["id"] for p in loopback.post(f"{base_url}/predict", json={"inputs": x.tolist()}).json()["predictions"]]
+        first = loopback.post(
+            f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[:10]]}
+        )
         assert first.status_code == 200 and first.json()["accepted"] == 10
         locker = psycopg.connect(pg_url.replace("+psycopg", ""), autocommit=False)
         locker.execute("LOCK TABLE labels IN ACCESS EXCLUSIVE MODE")
@@ -170,7 +172,7 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
         release.start()
         try:
             started = time.monotonic()
-            blocked = httpx.post(
+            blocked = loopback.post(
                 f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]}, timeout=30
             )
             waited = time.monotonic() - started
@@ -180,7 +182,9 @@ def test_a_locked_store_answers_503_in_bounded_time_and_loses_nothing(repository
             locker.close()
         assert blocked.status_code == 503 and blocked.headers["retry-after"] == "1", blocked.text
         assert waited < 5.0
-        again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]})
+        again = loopback.post(
+            f"{base_url}/feedback", json={"items": [{"prediction_id": i, "label": 0} for i in ids[10:]]}
+        )
         assert again.status_code == 200 and again.json()["accepted"] == 10
         assert len(app.state.parts.store.labels.recent(CalibrationKey("digits-lenet5", "1", 0), 100)) == 20
 
@@ -196,11 +200,13 @@ def test_an_unreachable_store_tells_clients_nothing_of_it_and_logs_once(reposito
     with caplog.at_level(logging.WARNING, logger="service.store"):
         with server_for(settings) as (base_url, _):
             answers = [
-                httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": "0" * 12 + "f" * 20, "label": 0}]})
+                loopback.post(
+                    f"{base_url}/feedback", json={"items": [{"prediction_id": "0" * 12 + "f" * 20, "label": 0}]}
+                )
                 for _ in range(3)
             ]
-            public = httpx.get(f"{base_url}/health").json()
-            private = httpx.get(f"{base_url}/health", headers={"Authorization": "Bearer s3cret"}).json()
+            public = loopback.get(f"{base_url}/health").json()
+            private = loopback.get(f"{base_url}/health", headers={"Authorization": "Bearer s3cret"}).json()
     for r in answers:
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert r.json()["error"] == {

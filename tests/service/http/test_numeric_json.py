@@ -4,7 +4,6 @@ included, is the same with it and without it."""
 
 import json
 
-import httpx
 import numpy as np
 import orjson
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from service.http import inference
 from service.http.numeric_json import numeric_rows
+from tests import loopback
 
 NUMBERS = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False))
 LEAVES = st.one_of(NUMBERS, st.booleans(), st.none(), st.text(alphabet='0123456789.e-[]"\\ ', max_size=4))
@@ -108,7 +108,7 @@ def test_anything_else_is_left_to_the_general_path(raw):
 def _answer(base_url: str, body: bytes) -> tuple[int, dict]:
     """Status and JSON answer of /predict, without what differs between two requests (ids, the randomized sets
     drawn from them, the request id)."""
-    response = httpx.post(f"{base_url}/predict", content=body, headers={"Content-Type": "application/json"})
+    response = loopback.post(f"{base_url}/predict", content=body, headers={"Content-Type": "application/json"})
     answer = response.json()
     for prediction in answer.get("predictions", []):
         for varies in ("id", "prediction_set", "set_size"):

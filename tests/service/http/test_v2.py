@@ -4,13 +4,13 @@ v2 inferences logged for monitoring like /predict."""
 import asyncio
 import json
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
 
 from calibkit.temperature import apply_temperature
 from service.settings import Settings
+from tests import loopback
 from training.data import load_digits_splits
 
 TEST = load_digits_splits().test
@@ -18,17 +18,17 @@ X, Y = TEST.x[:6], TEST.y[:6]
 
 
 def test_server_and_health_endpoints(base_url):
-    meta = httpx.get(f"{base_url}/v2").json()
+    meta = loopback.get(f"{base_url}/v2").json()
     assert meta["name"] == "calibrated-serving" and "binary_tensor_data" in meta["extensions"]
-    assert httpx.get(f"{base_url}/v2/health/live").status_code == 200
-    assert httpx.get(f"{base_url}/v2/health/ready").status_code == 200
-    assert httpx.get(f"{base_url}/v2/models/toy/ready").json()["version"] == "2"
-    assert httpx.get(f"{base_url}/v2/models/toy/versions/1/ready").status_code == 200
-    assert httpx.get(f"{base_url}/v2/models/nope/ready").status_code == 404
+    assert loopback.get(f"{base_url}/v2/health/live").status_code == 200
+    assert loopback.get(f"{base_url}/v2/health/ready").status_code == 200
+    assert loopback.get(f"{base_url}/v2/models/toy/ready").json()["version"] == "2"
+    assert loopback.get(f"{base_url}/v2/models/toy/versions/1/ready").status_code == 200
+    assert loopback.get(f"{base_url}/v2/models/nope/ready").status_code == 404
 
 
 def test_model_metadata(base_url):
-    meta = httpx.get(f"{base_url}/v2/models/digits-lenet5").json()
+    meta = loopback.get(f"{base_url}/v2/models/digits-lenet5").json()
     assert meta["platform"] == "onnxruntime_onnx" and meta["versions"] == ["1"]
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
     assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
@@ -44,7 +44,7 @@ def test_model_metadata(base_url):
     assert json.loads(meta["parameters"]["preprocessing"])["invert"] is True
     assert json.loads(meta["parameters"]["classes"]) == [str(i) for i in range(10)]
     assert meta["parameters"]["image_polarity"].startswith("dark strokes on a light background")
-    assert httpx.get(f"{base_url}/v2/models/toy/versions/1").json()["versions"] == ["1", "2"]
+    assert loopback.get(f"{base_url}/v2/models/toy/versions/1").json()["versions"] == ["1", "2"]
 
 
 def test_json_infer_flat_and_nested(base_url):
@@ -52,7 +52,7 @@ def test_json_infer_flat_and_nested(base_url):
         "id": "req-1",
         "inputs": [{"name": "input", "shape": [6, 1, 8, 8], "datatype": "FP32", "data": X.ravel().tolist()}],
     }
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=flat)
+    r = loopback.post(f"{base_url}/v2/models/digits-lenet5/infer", json=flat)
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["model_name"], body["model_version"], body["id"]) == ("digits-lenet5", "1", "req-1")
@@ -65,19 +65,19 @@ def test_json_infer_flat_and_nested(base_url):
         ("prediction_set", "BOOL", [6, 10]),
         ("conformal_p_values", "FP32", [6, 10]),
     ]
-    meta = httpx.get(f"{base_url}/v2/models/digits-lenet5").json()
+    meta = loopback.get(f"{base_url}/v2/models/digits-lenet5").json()
     assert [o["name"] for o in body["outputs"]] == [o["name"] for o in meta["outputs"]]
     assert outputs["prediction_set"].any(axis=1).all() and outputs["prediction_set"].dtype == bool
     assert ((outputs["conformal_p_values"] > 0) & (outputs["conformal_p_values"] <= 1)).all()
     assert list(outputs["prediction_id"]) == body["parameters"]["prediction_ids"].split(",")
     assert outputs["probabilities"].shape == (6, 10)
-    temperature = httpx.get(f"{base_url}/models").json()["models"][0]["versions"][0]["temperature"]
+    temperature = loopback.get(f"{base_url}/models").json()["models"][0]["versions"][0]["temperature"]
     np.testing.assert_allclose(outputs["probabilities"], apply_temperature(outputs["logits"], temperature), atol=1e-6)
     nested = {
         "inputs": [{"name": "input", "shape": [6, 1, 8, 8], "datatype": "FP64", "data": X.tolist()}],
         "outputs": [{"name": "probabilities"}],
     }
-    body = httpx.post(f"{base_url}/v2/models/digits-lenet5/versions/1/infer", json=nested).json()
+    body = loopback.post(f"{base_url}/v2/models/digits-lenet5/versions/1/infer", json=nested).json()
     assert [o["name"] for o in body["outputs"]] == ["probabilities"]
     assert len(body["id"]) == 32 and body["id"] != _json_infer(base_url, X[:1])["id"]  # none asked: a fresh one each
     np.testing.assert_allclose(np.array(body["outputs"][0]["data"]).reshape(6, 10), outputs["probabilities"], atol=1e-6)
@@ -151,15 +151,15 @@ V2_ERRORS = [
 
 @pytest.mark.parametrize("payload, status, message", V2_ERRORS)
 def test_v2_errors_are_400_with_a_message(base_url, payload, status, message):
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=payload)
+    r = loopback.post(f"{base_url}/v2/models/digits-lenet5/infer", json=payload)
     assert r.status_code == status, r.text
     assert message in r.json()["error"]
 
 
 def test_v2_unknown_model_bad_json_and_bad_binary_sizes(base_url):
     tensor = {"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0] * 64}
-    assert httpx.post(f"{base_url}/v2/models/nope/infer", json={"inputs": [tensor]}).status_code == 404
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=b"{not json")
+    assert loopback.post(f"{base_url}/v2/models/nope/infer", json={"inputs": [tensor]}).status_code == 404
+    r = loopback.post(f"{base_url}/v2/models/digits-lenet5/infer", content=b"{not json")
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
     header = json.dumps(
         {
@@ -169,20 +169,20 @@ def test_v2_unknown_model_bad_json_and_bad_binary_sizes(base_url):
         }
     ).encode()
     short = header + b"\0" * 100
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/v2/models/digits-lenet5/infer",
         content=short,
         headers={"Inference-Header-Content-Length": str(len(header))},
     )
     assert r.status_code == 400 and "does not fit" in r.json()["error"]
     extra = header + b"\0" * 300
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/v2/models/digits-lenet5/infer",
         content=extra,
         headers={"Inference-Header-Content-Length": str(len(header))},
     )
     assert r.status_code == 400 and "44 binary bytes are not claimed" in r.json()["error"]
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/v2/models/digits-lenet5/infer",
         content=header,
         headers={"Inference-Header-Content-Length": "99999"},
@@ -191,7 +191,7 @@ def test_v2_unknown_model_bad_json_and_bad_binary_sizes(base_url):
 
 
 def test_a_body_declared_over_the_limit_is_a_413_in_the_protocols_error_format(base_url):
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", content=b"0" * (300 * 1024))
+    r = loopback.post(f"{base_url}/v2/models/digits-lenet5/infer", content=b"0" * (300 * 1024))
     assert r.status_code == 413 and isinstance(r.json()["error"], str) and "exceeds the limit" in r.json()["error"]
     assert r.headers["connection"] == "close"
 
@@ -201,7 +201,7 @@ def _json_infer(base_url, x, **extra) -> dict:
         "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
         **extra,
     }
-    r = httpx.post(f"{base_url}/v2/models/digits-lenet5/infer", json=payload)
+    r = loopback.post(f"{base_url}/v2/models/digits-lenet5/infer", json=payload)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -221,7 +221,7 @@ def _binary_infer(base_url, x) -> tuple[dict, bytes]:
             ],
         }
     ).encode()
-    r = httpx.post(
+    r = loopback.post(
         f"{base_url}/v2/models/digits-lenet5/infer",
         content=header + x.astype(np.float32).tobytes(),
         headers={"Inference-Header-Content-Length": str(len(header))},
@@ -237,7 +237,7 @@ def _flush(app) -> None:
 
 
 def _labels(base_url) -> int:
-    return httpx.get(f"{base_url}/calibration", params={"model": "digits-lenet5", "window": "1h"}).json()["n"]
+    return loopback.get(f"{base_url}/calibration", params={"model": "digits-lenet5", "window": "1h"}).json()["n"]
 
 
 def _assert_logged_and_labelled(server, ids, probabilities):
@@ -252,7 +252,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     np.testing.assert_allclose([stored[i].confidence for i in ids], probabilities.max(axis=1), atol=1e-6)
     before = _labels(base_url)
     items = [{"prediction_id": i, "label": int(y)} for i, y in zip(ids, Y)]
-    r = httpx.post(f"{base_url}/feedback", json={"items": items})
+    r = loopback.post(f"{base_url}/feedback", json={"items": items})
     assert r.status_code == 200 and r.json() == {"accepted": len(ids), "pending": [], "rejected": []}, r.text
     assert _labels(base_url) == before + len(ids)
 
@@ -314,7 +314,7 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
     )
     with server_for(settings) as (base_url, app):
         predict_ids = [
-            p["id"] for p in httpx.post(f"{base_url}/predict", json={"inputs": X.tolist()}).json()["predictions"]
+            p["id"] for p in loopback.post(f"{base_url}/predict", json={"inputs": X.tolist()}).json()["predictions"]
         ]
         json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"].split(",")
         binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"].split(",")
@@ -331,7 +331,7 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
 
 def _phase_count(base_url: str, route: str, phase: str) -> float:
     pattern = f'calib_request_phase_duration_seconds_count{{phase="{phase}",route="{route}"}}'
-    lines = [line for line in httpx.get(f"{base_url}/metrics").text.splitlines() if line.startswith(pattern)]
+    lines = [line for line in loopback.get(f"{base_url}/metrics").text.splitlines() if line.startswith(pattern)]
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
@@ -343,11 +343,11 @@ def test_infer_runs_on_the_fast_path_and_times_its_phases(base_url, route):
     path = route.format(name="digits-lenet5", version="1")
     before = {phase: _phase_count(base_url, route, phase) for phase in ("parse", "validate", "batch", "encode")}
     body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
-    assert httpx.post(f"{base_url}{path}", json=body).status_code == 200
+    assert loopback.post(f"{base_url}{path}", json=body).status_code == 200
     for phase, count in before.items():
         assert _phase_count(base_url, route, phase) == count + 1, phase
-    assert f'route="{route}"' in httpx.get(f"{base_url}/metrics").text
-    assert httpx.get(f"{base_url}{path}").status_code == 405
+    assert f'route="{route}"' in loopback.get(f"{base_url}/metrics").text
+    assert loopback.get(f"{base_url}{path}").status_code == 405
 
 
 def test_the_fields_the_protocol_allows_are_accepted_and_ignored(base_url):

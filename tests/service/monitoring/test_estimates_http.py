@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import time
 
-import httpx
 import numpy as np
 import pytest
 
@@ -15,6 +14,7 @@ from calibkit.estimated_accuracy import accuracy_interval
 from calibkit.label_shift import em_priors
 from calibkit.manifest import load_manifest
 from service.settings import Settings
+from tests import loopback
 from tests.service.conftest import DEFAULT_ARTIFACT
 from training.data import load_digits_splits
 
@@ -62,7 +62,7 @@ def test_label_shift_is_seen_before_the_labels_and_the_interval_is_checked_with_
     with running_server(settings) as (base_url, app):
         served = []
         for start in range(0, ROWS, 100):  # the application's traffic, 100 rows per request
-            r = httpx.post(
+            r = loopback.post(
                 f"{base_url}/predict", json={"inputs": test.x[rows[start : start + 100]].tolist()}, timeout=30
             )
             assert r.status_code == 200, r.text
@@ -96,14 +96,14 @@ def test_label_shift_is_seen_before_the_labels_and_the_interval_is_checked_with_
         assert all(inside)
         assert em == pytest.approx(em_priors(probs, reference).priors, abs=1e-4)  # float32 as stored
 
-        alarm = httpx.get(f"{base_url}/calibration", timeout=30).json()["label_shift"]
+        alarm = loopback.get(f"{base_url}/calibration", timeout=30).json()["label_shift"]
         assert alarm["available"] and alarm["state"] == "alarm" and alarm["predictions"] == ROWS, alarm
         assert alarm["driver"] == {"class": "0", "side": "up"}  # the class the traffic moved most
         moved = next(c for c in alarm["classes"] if c["class"] == "0")
         assert moved["mean_since"] is not None and moved["reference"] + 0.1 < probs[:, 0].mean()
         assert alarm["raises"] == 1 and alarm["threshold"] == 1e6 and alarm["changed_at"] is not None
 
-        metrics = httpx.get(f"{base_url}/metrics", timeout=30).text
+        metrics = loopback.get(f"{base_url}/metrics", timeout=30).text
         assert f'calib_label_shift_alarm{{model="{MODEL}",version="1"}} 1.0' in metrics
         assert f'calib_estimated_accuracy{{model="{MODEL}",version="1"}}' in metrics
         assert f'calib_accuracy_floor{{model="{MODEL}",version="1"}} 0.99' in metrics
@@ -113,7 +113,7 @@ def test_label_shift_is_seen_before_the_labels_and_the_interval_is_checked_with_
         order = np.arange(ROWS)
         for batch in np.array_split(order, 4):
             items = [{"prediction_id": served[i]["id"], "label": int(labels[i])} for i in batch]
-            r = httpx.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
+            r = loopback.post(f"{base_url}/feedback", json={"items": items}, timeout=30)
             assert r.status_code == 200 and r.json()["accepted"] == len(items), r.text
             evaluate_now(app)
         est = _estimated(base_url)
@@ -131,7 +131,7 @@ def test_label_shift_is_seen_before_the_labels_and_the_interval_is_checked_with_
 
 
 def _estimated(base_url: str) -> dict:
-    r = httpx.get(f"{base_url}/calibration", timeout=30)
+    r = loopback.get(f"{base_url}/calibration", timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["drift"]["estimated"]
 
@@ -156,7 +156,7 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
         )
 
     with running_server(settings()) as (url_a, app_a), running_server(settings()) as (url_b, app_b):
-        r = httpx.post(f"{url_a}/predict", json={"inputs": test.x[rows].tolist()}, timeout=30)
+        r = loopback.post(f"{url_a}/predict", json={"inputs": test.x[rows].tolist()}, timeout=30)
         assert r.status_code == 200, r.text
         served = r.json()["predictions"]
         deadline = time.monotonic() + 30
@@ -164,18 +164,19 @@ def test_two_replicas_report_the_same_estimates_bit_for_bit(shifted_artifact, da
             assert time.monotonic() < deadline, "the predictions were not logged"
             time.sleep(0.2)
         items = [{"prediction_id": p["id"], "label": int(y)} for p, y in zip(served[:300], labels[:300])]
-        assert httpx.post(f"{url_b}/feedback", json={"items": items}, timeout=30).status_code == 200
+        assert loopback.post(f"{url_b}/feedback", json={"items": items}, timeout=30).status_code == 200
         evaluate_now(app_a)
         evaluate_now(app_b)
         a, b = _estimated(url_a), _estimated(url_b)
         assert a == b
         assert a["labelled"]["n"] == 300 and a["interval_checks"]["windows"] == 3
         assert a["priors"]["em"]["lower"] is not None
-        shift_a, shift_b = (httpx.get(f"{u}/calibration", timeout=30).json()["label_shift"] for u in (url_a, url_b))
+        shift_a, shift_b = (loopback.get(f"{u}/calibration", timeout=30).json()["label_shift"] for u in (url_a, url_b))
         assert shift_a == shift_b and shift_a["predictions"] == len(rows)
         # both serve the same adaptation: the same priors' version, the same probabilities and sets, bit for bit
         answers = [
-            httpx.post(f"{u}/predict", json={"inputs": test.x[:20].tolist()}, timeout=30).json() for u in (url_a, url_b)
+            loopback.post(f"{u}/predict", json={"inputs": test.x[:20].tolist()}, timeout=30).json()
+            for u in (url_a, url_b)
         ]
         assert answers[0]["priors_version"] == answers[1]["priors_version"] == shift_a["served_priors"]["version"]
         for key in ("probabilities", "prediction_set", "confidence", "label"):
@@ -200,13 +201,13 @@ def test_unshifted_traffic_raises_no_label_shift_alarm(shifted_artifact, tmp_pat
         shift={"settle_seconds": 0},
     )
     with running_server(settings) as (base_url, app):
-        assert httpx.post(f"{base_url}/predict", json={"inputs": test.x.tolist()}, timeout=30).status_code == 200
+        assert loopback.post(f"{base_url}/predict", json={"inputs": test.x.tolist()}, timeout=30).status_code == 200
         deadline = time.monotonic() + 30
         while _estimated(base_url)["n"] < len(test.y):
             assert time.monotonic() < deadline, "the predictions were not logged"
             time.sleep(0.2)
         evaluate_now(app)
-        report = httpx.get(f"{base_url}/calibration", timeout=30).json()
+        report = loopback.get(f"{base_url}/calibration", timeout=30).json()
         assert report["label_shift"]["state"] == "ok" and report["label_shift"]["predictions"] == len(test.y)
         assert report["label_shift"]["statistic"] < 10
         assert report["drift"]["estimated"]["priors"]["total_variation"] < 0.1
@@ -240,7 +241,7 @@ def test_a_label_shift_is_corrected_once_the_alarm_is_raised(shifted_artifact, t
     def predict(base_url: str, x: np.ndarray, **options) -> list[dict]:
         bodies = []
         for start in range(0, len(x), 100):
-            r = httpx.post(
+            r = loopback.post(
                 f"{base_url}/predict", json={"inputs": x[start : start + 100].tolist(), **options}, timeout=30
             )
             assert r.status_code == 200, r.text
@@ -248,7 +249,7 @@ def test_a_label_shift_is_corrected_once_the_alarm_is_raised(shifted_artifact, t
         return bodies
 
     with running_server(settings) as (base_url, app):
-        r = httpx.post(f"{base_url}/predict", json={"inputs": test.x[:2].tolist(), "adapt_priors": True}, timeout=30)
+        r = loopback.post(f"{base_url}/predict", json={"inputs": test.x[:2].tolist(), "adapt_priors": True}, timeout=30)
         assert r.status_code == 422 and r.json()["error"]["field"] == "adapt_priors", r.text  # no priors yet
 
         x, _ = shifted(ROWS)
@@ -258,7 +259,7 @@ def test_a_label_shift_is_corrected_once_the_alarm_is_raised(shifted_artifact, t
             assert time.monotonic() < deadline, "the predictions were not logged"
             time.sleep(0.2)
         evaluate_now(app)
-        report = httpx.get(f"{base_url}/calibration", timeout=30).json()
+        report = loopback.get(f"{base_url}/calibration", timeout=30).json()
         alarm = report["label_shift"]
         assert alarm["state"] == "alarm" and alarm["served_priors"] is not None
         version = alarm["served_priors"]["version"]
@@ -296,11 +297,11 @@ def test_a_label_shift_is_corrected_once_the_alarm_is_raised(shifted_artifact, t
         # the Open Inference Protocol too, by its request parameter
         tensor = {"name": "input", "shape": [5, 1, 8, 8], "datatype": "FP32", "data": x[:5].ravel().tolist()}
         v2 = f"{base_url}/v2/models/{MODEL}/infer"
-        r = httpx.post(v2, json={"inputs": [tensor], "parameters": {"adapt_priors": True}}, timeout=30)
+        r = loopback.post(v2, json={"inputs": [tensor], "parameters": {"adapt_priors": True}}, timeout=30)
         assert r.status_code == 200 and r.json()["parameters"]["priors_version"] == version, r.text
         answered = next(o for o in r.json()["outputs"] if o["name"] == "probabilities")
         np.testing.assert_allclose(np.reshape(answered["data"], (5, 10)), adapted_probs[:5], atol=1e-6)
-        r = httpx.post(v2, json={"inputs": [tensor], "parameters": {"adapt_priors": "yes"}}, timeout=30)
+        r = loopback.post(v2, json={"inputs": [tensor], "parameters": {"adapt_priors": "yes"}}, timeout=30)
         assert r.status_code == 400 and "parameters.adapt_priors" in r.text, r.text
 
         est = _estimated(base_url)["adapted"]  # the estimate recomputed from the adapted probabilities

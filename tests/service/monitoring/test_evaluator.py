@@ -4,7 +4,6 @@ replicas, and through a store outage."""
 import logging
 import time
 
-import httpx
 import numpy as np
 import pytest
 
@@ -15,6 +14,7 @@ from calibkit.temperature import softmax
 from service.settings import Settings
 from service.store import Store
 from service.store.rows import LabelRow, PredictionRow, encode_rows, prediction_ids
+from tests import loopback
 from tests.waiting import wait_for
 
 MODEL = "digits-lenet5"
@@ -51,12 +51,14 @@ def test_neither_feedback_nor_reports_evaluate_until_enough_labels_arrive(
     with server_for(settings) as (base_url, app):
         calls = _count_assessments(app)
         items = _offline(100, seed=1)
-        assert httpx.post(f"{base_url}/feedback", json={"items": items[:99]}).json()["accepted"] == 99
+        assert loopback.post(f"{base_url}/feedback", json={"items": items[:99]}).json()["accepted"] == 99
         for window in (None, "1000", "1h"):
-            assert httpx.get(f"{base_url}/calibration", params={"window": window} if window else {}).status_code == 200
+            assert (
+                loopback.get(f"{base_url}/calibration", params={"window": window} if window else {}).status_code == 200
+            )
         time.sleep(0.3)
         assert calls == []
-        assert httpx.post(f"{base_url}/feedback", json={"items": items[99:]}).json()["accepted"] == 1
+        assert loopback.post(f"{base_url}/feedback", json={"items": items[99:]}).json()["accepted"] == 1
         wait_for(lambda: len(calls) >= len(SERVED), 20, "the evaluation that 100 new labels start")
         assert set(calls) == SERVED
         done = len(calls)
@@ -125,7 +127,7 @@ def test_labels_stored_by_another_replica_are_evaluated_on_the_cadence_and_reach
         assert webhook.received[0]["from"] == "ok" and webhook.received[0]["to"] in {"warning", "alarm"}
 
         def report_agrees():
-            state = httpx.get(f"{base_url}/calibration").json()["alarm"]["state"]
+            state = loopback.get(f"{base_url}/calibration").json()["alarm"]["state"]
             return state == webhook.received[-1]["to"]
 
         wait_for(report_agrees, 20, "the report to show the last transition")
@@ -161,7 +163,7 @@ def test_a_store_outage_is_logged_once_and_evaluation_resumes(
             "the evaluator to resume",
         )
         wait_for(lambda: completed() >= stalled + 3, 20, "passes after the outage")
-        assert httpx.post(f"{base_url}/feedback", json={"items": _offline(5, seed=2)}).json()["accepted"] == 5
+        assert loopback.post(f"{base_url}/feedback", json={"items": _offline(5, seed=2)}).json()["accepted"] == 5
 
 
 def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_for, tmp_path, evaluate_now, webhook):
@@ -186,7 +188,7 @@ def test_run_once_returns_the_transitions_and_sends_them(repository_dir, server_
                 {"probabilities": p.tolist(), "label": int(t), "model": MODEL}
                 for p, t in zip(softmax(scale * z[start : start + 100]), y[start : start + 100])
             ]
-            assert httpx.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
+            assert loopback.post(f"{base_url}/feedback", json={"items": items}).status_code == 200
             transitions += evaluate_now(app)
         assert transitions and all((t["model"], t["version"]) == (MODEL, "1") for t in transitions)
         wait_for(lambda: len(webhook.received) == len(transitions), 20, "the webhooks")

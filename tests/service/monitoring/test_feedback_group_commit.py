@@ -6,12 +6,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
 from service.settings import Settings
 from service.store.schema import labels
+from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
@@ -73,16 +73,16 @@ def held(repository_dir, server_for, database_url):
 
 
 def _ids(base_url, n):
-    body = httpx.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:n].tolist()}).json()
+    body = loopback.post(f"{base_url}/predict", json={"inputs": DIGITS.x[:n].tolist()}).json()
     return [p["id"] for p in body["predictions"]]
 
 
 def _post(base_url, payload=None, content=None):
     if content is not None:
-        return httpx.post(
+        return loopback.post(
             f"{base_url}/feedback", content=content, headers={"content-type": "application/json"}, timeout=30
         )
-    return httpx.post(f"{base_url}/feedback", json=payload, timeout=30)
+    return loopback.post(f"{base_url}/feedback", json=payload, timeout=30)
 
 
 def _stored_labels(app, ids) -> dict:
@@ -129,7 +129,7 @@ def test_concurrent_requests_are_committed_together_and_answered_each_with_its_o
     assert reasons[3] == [ALREADY]
     assert "must sum to 1" in reasons[4][0]
     assert _stored_labels(app, ids) == {ids[0]: 1, ids[1]: 3, ids[3]: 4, ids[4]: 7}
-    assert httpx.get(f"{base_url}/calibration", params={"window": "1000"}).json()["n"] == 5
+    assert loopback.get(f"{base_url}/calibration", params={"window": "1000"}).json()["n"] == 5
 
 
 def test_the_first_request_of_a_group_wins_a_prediction_labelled_twice(held):

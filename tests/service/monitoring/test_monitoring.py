@@ -2,7 +2,6 @@
 
 import time
 
-import httpx
 import numpy as np
 import pytest
 import sqlalchemy as sa
@@ -17,6 +16,7 @@ from service.settings import Settings
 from service.store import Store
 from service.store.rows import PredictionRow, encode_rows, prediction_ids
 from service.store.schema import labels as label_table
+from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits()
@@ -36,7 +36,7 @@ def monitored(repository_dir, server_for, database_url):
 
 
 def _predict(base_url, x, **extra):
-    r = httpx.post(f"{base_url}/predict", json={"inputs": x.tolist(), **extra})
+    r = loopback.post(f"{base_url}/predict", json={"inputs": x.tolist(), **extra})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -49,9 +49,9 @@ def test_feedback_joins_predictions_and_calibration_equals_the_core(monitored):
     items = [
         {"prediction_id": i, "label": int(label) if k % 2 else str(label)} for k, (i, label) in enumerate(zip(ids, y))
     ]
-    r = httpx.post(f"{base_url}/feedback", json={"items": items})
+    r = loopback.post(f"{base_url}/feedback", json={"items": items})
     assert r.status_code == 200 and r.json() == {"accepted": 120, "pending": [], "rejected": []}
-    report = httpx.get(f"{base_url}/calibration", params={"window": "1000"}).json()
+    report = loopback.get(f"{base_url}/calibration", params={"window": "1000"}).json()
     probs = np.array([p["probabilities"] for p in body["predictions"]])
     assert report["n"] == 120 and report["calibration_version"] == 0
     assert report["ece"] == pytest.approx(metrics.ece(probs, y), abs=1e-6)
@@ -67,9 +67,9 @@ def test_feedback_joins_predictions_and_calibration_equals_the_core(monitored):
     assert [b["count"] for b in report["bins"]] == list(metrics.reliability_bins(probs, y).count)
     assert report["reference"]["n"] == 359 and report["alarm"]["state"] in {"ok", "warning"}
     assert report["recalibration"]["temperature"] > 0 and report["drift"]["recent_predictions"] == 120
-    assert httpx.get(f"{base_url}/calibration", params={"window": "10"}).json()["n"] == 10
-    assert httpx.get(f"{base_url}/calibration", params={"window": "1h"}).json()["n"] == 120
-    assert httpx.get(f"{base_url}/calibration", params={"window": "1s", "model": "toy"}).json()["n"] == 0
+    assert loopback.get(f"{base_url}/calibration", params={"window": "10"}).json()["n"] == 10
+    assert loopback.get(f"{base_url}/calibration", params={"window": "1h"}).json()["n"] == 120
+    assert loopback.get(f"{base_url}/calibration", params={"window": "1s", "model": "toy"}).json()["n"] == 0
 
 
 def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
@@ -87,7 +87,7 @@ def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
         {"probabilities": [0.2] * 10, "label": 1},
         {"probabilities": [-0.5, 1.5] + [0.0] * 8, "label": 1},
     ]
-    r = httpx.post(f"{base_url}/feedback", json={"items": items})
+    r = loopback.post(f"{base_url}/feedback", json={"items": items})
     assert r.status_code == 200
     body = r.json()
     assert body["accepted"] == 3
@@ -99,9 +99,9 @@ def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
     assert "has 2 values; model digits-lenet5 has 10 classes" in reasons[6]
     assert "must sum to 1" in reasons[8] and "sums to 2" in reasons[8]
     assert "must lie in [0, 1]" in reasons[9]
-    again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 3}]}).json()
+    again = loopback.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 3}]}).json()
     assert again["accepted"] == 0 and "already has a label" in again["rejected"][0]["reason"]
-    assert httpx.get(f"{base_url}/calibration").json()["n"] == 2  # the offline item went to 'toy'
+    assert loopback.get(f"{base_url}/calibration").json()["n"] == 2  # the offline item went to 'toy'
     for payload, status, field in [
         ({"items": []}, 422, "items"),
         ({"items": [{"label": 1}]}, 422, "items[0]"),
@@ -109,12 +109,12 @@ def test_bad_feedback_is_rejected_per_item_and_never_corrupts(monitored):
         ({"items": [{"prediction_id": ids[2], "probabilities": [1.0], "label": 1}]}, 422, "items[0]"),
         ({"items": [{"prediction_id": ids[2], "label": 1}] * 10001}, 422, "items"),
     ]:
-        r = httpx.post(f"{base_url}/feedback", json=payload)
+        r = loopback.post(f"{base_url}/feedback", json=payload)
         assert r.status_code == status and r.json()["error"]["field"] == field, r.text
-    r = httpx.post(f"{base_url}/feedback", content=b"{nope", headers={"content-type": "application/json"})
+    r = loopback.post(f"{base_url}/feedback", content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400
-    assert httpx.get(f"{base_url}/calibration").json()["n"] == 2
-    assert httpx.get(f"{base_url}/calibration", params={"window": "soon"}).status_code == 422
+    assert loopback.get(f"{base_url}/calibration").json()["n"] == 2
+    assert loopback.get(f"{base_url}/calibration", params={"window": "soon"}).status_code == 422
 
 
 def _offline(z, y, scale):
@@ -143,45 +143,47 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(
     )
     z, y = calibrated_logits(1400, n_classes=10, logit_scale=8.0, seed=5)
     with server_for(settings) as (base_url, app):
-        calm = httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
+        calm = loopback.post(f"{base_url}/feedback", json={"items": _offline(z[:600], y[:600], 1.0)}).json()
         assert calm["accepted"] == 600
         evaluate_now(app)
-        assert httpx.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
+        assert loopback.get(f"{base_url}/calibration").json()["alarm"]["state"] != "alarm"
         states = []
         for start in range(600, 1400, 100):
-            httpx.post(
+            loopback.post(
                 f"{base_url}/feedback", json={"items": _offline(z[start : start + 100], y[start : start + 100], 2.5)}
             )
             evaluate_now(app)
-            states.append(httpx.get(f"{base_url}/calibration").json()["alarm"]["state"])
-        report = httpx.get(f"{base_url}/calibration").json()
+            states.append(loopback.get(f"{base_url}/calibration").json()["alarm"]["state"])
+        report = loopback.get(f"{base_url}/calibration").json()
         assert report["alarm"]["state"] == "alarm" and states.index("alarm") <= 4, states
         assert any("e-detector" in r for r in report["alarm"]["reasons"])
-        text = httpx.get(f"{base_url}/metrics").text
+        text = loopback.get(f"{base_url}/metrics").text
         assert 'calib_alarm_state{model="digits-lenet5",version="1"} 2.0' in text
         assert 'calib_labeled_total{bin="14",model="digits-lenet5",version="1"}' in text
-        history = httpx.get(f"{base_url}/calibration/history").json()
+        history = loopback.get(f"{base_url}/calibration/history").json()
         assert history["alarm_events"][0]["from"] in ("ok", "warning") and history["alarm_events"][0]["to"] == "alarm"
         assert HistoryResponse.model_validate(history).alarm_events[0].to_state == "alarm"
-        png = httpx.get(f"{base_url}/calibration/reliability.png")
+        png = loopback.get(f"{base_url}/calibration/reliability.png")
         assert png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
 
         # admin: refused without the token, then a refit from online predictions with logits
-        assert httpx.post(f"{base_url}/admin/recalibrate", json={}).status_code == 401
+        assert loopback.post(f"{base_url}/admin/recalibrate", json={}).status_code == 401
         assert (
-            httpx.post(f"{base_url}/admin/recalibrate", json={}, headers={"Authorization": "Bearer nope"}).status_code
+            loopback.post(
+                f"{base_url}/admin/recalibrate", json={}, headers={"Authorization": "Bearer nope"}
+            ).status_code
             == 401
         )
         auth = {"Authorization": "Bearer s3cret"}
-        too_few = httpx.post(f"{base_url}/admin/recalibrate", json={}, headers=auth)
+        too_few = loopback.post(f"{base_url}/admin/recalibrate", json={}, headers=auth)
         assert too_few.status_code == 422 and "need at least 50" in too_few.json()["error"]["message"]
         x, labels = DIGITS.test.x[:200], DIGITS.test.y[:200]
-        hot = httpx.post(f"{base_url}/predict", json={"inputs": (x * 1.0).tolist()}).json()
-        httpx.post(
+        hot = loopback.post(f"{base_url}/predict", json={"inputs": (x * 1.0).tolist()}).json()
+        loopback.post(
             f"{base_url}/feedback",
             json={"items": [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(hot["predictions"], labels)]},
         )
-        refit = httpx.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
+        refit = loopback.post(f"{base_url}/admin/recalibrate", json={"window": "200"}, headers=auth)
         assert refit.status_code == 200, refit.text
         new_t = refit.json()["temperature"]
         assert RecalibrateResponse.model_validate(refit.json()).calibration_version == 1
@@ -191,7 +193,7 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(
         logits = np.array([p["logits"] for p in after["predictions"]])
         probs = np.array([p["probabilities"] for p in after["predictions"]])
         np.testing.assert_allclose(probs, apply_temperature(logits, new_t), atol=1e-6)
-        v2 = httpx.post(
+        v2 = loopback.post(
             f"{base_url}/v2/models/digits-lenet5/infer",
             json={  # the same refit over v2
                 "inputs": [
@@ -206,8 +208,8 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(
             },
         ).json()
         np.testing.assert_allclose(np.reshape(v2["outputs"][0]["data"], probs.shape), probs, atol=1e-6)
-        assert httpx.get(f"{base_url}/calibration").json()["calibration_version"] == 1
-        back = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
+        assert loopback.get(f"{base_url}/calibration").json()["calibration_version"] == 1
+        back = loopback.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 0}, headers=auth)
         assert (
             back.json()
             == ActivateResponse(
@@ -215,12 +217,12 @@ def test_shift_raises_the_alarm_everywhere_and_recalibration_is_reversible(
             ).model_dump()
         )
         assert _predict(base_url, x[:1])["calibration_version"] == 0
-        versions = httpx.get(f"{base_url}/calibration/history").json()["calibrations"]
+        versions = loopback.get(f"{base_url}/calibration/history").json()["calibrations"]
         assert [(v["calibration_version"], v["source"], v["active"]) for v in versions] == [
             (0, "manifest", True),
             (1, "refit", False),
         ]
-        missing = httpx.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
+        missing = loopback.post(f"{base_url}/admin/calibration/activate", json={"calibration_version": 7}, headers=auth)
         assert missing.status_code == 404
     assert any(event["to"] == "alarm" and event["model"] == "digits-lenet5" for event in webhook.received)
 
@@ -237,32 +239,32 @@ def test_calibration_says_how_many_labels_the_alarm_state_rests_on(
     )
     z, y = calibrated_logits(300, n_classes=10, logit_scale=8.0, seed=6)
     with server_for(settings) as (base_url, app):
-        before = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        before = loopback.get(f"{base_url}/calibration").json()["e_detector"]
         assert (before["labels_seen"], before["labels_stored"], before["labels_pending"]) == (0, 0, 0)
         assert before["newest_folded_labelled_at"] is None
-        httpx.post(f"{base_url}/feedback", json={"items": _offline(z[:200], y[:200], 1.0)}).raise_for_status()
-        waiting = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        loopback.post(f"{base_url}/feedback", json={"items": _offline(z[:200], y[:200], 1.0)}).raise_for_status()
+        waiting = loopback.get(f"{base_url}/calibration").json()["e_detector"]
         assert (waiting["labels_seen"], waiting["labels_stored"], waiting["labels_pending"]) == (0, 200, 200)
         evaluate_now(app)
-        httpx.post(f"{base_url}/feedback", json={"items": _offline(z[200:], y[200:], 1.0)}).raise_for_status()
-        behind = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        loopback.post(f"{base_url}/feedback", json={"items": _offline(z[200:], y[200:], 1.0)}).raise_for_status()
+        behind = loopback.get(f"{base_url}/calibration").json()["e_detector"]
         assert (behind["labels_seen"], behind["labels_stored"], behind["labels_pending"]) == (200, 300, 100)
         assert behind["newest_folded_labelled_at"] == pytest.approx(time.time(), abs=60)
         evaluate_now(app)
-        caught_up = httpx.get(f"{base_url}/calibration").json()["e_detector"]
+        caught_up = loopback.get(f"{base_url}/calibration").json()["e_detector"]
         assert (caught_up["labels_seen"], caught_up["labels_stored"], caught_up["labels_pending"]) == (300, 300, 0)
 
 
 def test_admin_is_off_without_a_token(base_url):
-    r = httpx.post(f"{base_url}/admin/recalibrate", json={})
+    r = loopback.post(f"{base_url}/admin/recalibrate", json={})
     assert r.status_code == 403 and "CALIB_AUTH__ADMIN_TOKENS" in r.json()["error"]["message"]
 
 
 def test_timeline_is_the_rolling_window_ece(monitored):
     base_url, _ = monitored
     z, y = calibrated_logits(300, n_classes=10, logit_scale=8.0, seed=9)
-    httpx.post(f"{base_url}/feedback", json={"items": _offline(z, y, 1.0)})
-    body = httpx.get(f"{base_url}/calibration/timeline", params={"window": 100, "step": 50, "points": 4}).json()
+    loopback.post(f"{base_url}/feedback", json={"items": _offline(z, y, 1.0)})
+    body = loopback.get(f"{base_url}/calibration/timeline", params={"window": 100, "step": 50, "points": 4}).json()
     points = body["points"]
     assert TimelineResponse.model_validate(body).window == 100 and set(points[0]) == {
         "seq",
@@ -275,13 +277,13 @@ def test_timeline_is_the_rolling_window_ece(monitored):
     assert points[-1]["ece"] == pytest.approx(metrics.ece(softmax(z[-100:]), y[-100:]), abs=1e-9)
     assert points[0]["ece"] == pytest.approx(metrics.ece(softmax(z[50:150]), y[50:150]), abs=1e-9)
     assert all(p["ece_ci"][0] <= p["ece_ci"][1] for p in points)
-    assert httpx.get(f"{base_url}/calibration/timeline", params={"window": 5}).status_code == 422
+    assert loopback.get(f"{base_url}/calibration/timeline", params={"window": 5}).status_code == 422
 
 
 def _assert_bin_counters_at_zero(base_url):
     from prometheus_client.parser import text_string_to_metric_families
 
-    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    families = {f.name: f for f in text_string_to_metric_families(loopback.get(f"{base_url}/metrics").text)}
     for name in ("calib_labeled", "calib_confidence_sum", "calib_correct"):
         samples = [
             s
@@ -307,7 +309,7 @@ def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(reposito
         store={"url": f"postgresql+psycopg://postgres@127.0.0.1:{port}/test"},
     )
     with server_for(settings) as (base_url, _):
-        assert httpx.get(f"{base_url}/health").json()["storage"]["up"] is False
+        assert loopback.get(f"{base_url}/health").json()["storage"]["up"] is False
         _assert_bin_counters_at_zero(base_url)
 
 
@@ -321,7 +323,7 @@ def test_bin_counters_are_exported_even_when_the_store_is_down_at_start(reposito
     ],
 )
 def test_monitoring_responses_are_typed_in_the_openapi_document(base_url, path, method, model):
-    document = httpx.get(f"{base_url}/openapi.json").json()
+    document = loopback.get(f"{base_url}/openapi.json").json()
     ok = document["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
     assert ok == {"$ref": f"#/components/schemas/{model}"}
     assert document["components"]["schemas"][model]["properties"]
@@ -362,32 +364,32 @@ def _labelled_in_order(database_url: str) -> list[str]:
 def test_a_label_sent_before_its_prediction_is_stored_waits_and_joins_in_arrival_order(monitored, database_url):
     base_url, _ = monitored
     ids = prediction_ids(3)
-    n_before = httpx.get(f"{base_url}/calibration").json()["n"]
+    n_before = loopback.get(f"{base_url}/calibration").json()["n"]
     items = [
         {"prediction_id": ids[0], "label": 3},
         {"prediction_id": ids[1], "label": "7"},
         {"prediction_id": ids[2], "label": 2},
     ]
-    body = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+    body = loopback.post(f"{base_url}/feedback", json={"items": items}).json()
     assert body == {
         "accepted": 0,
         "pending": [{"index": k, "prediction_id": i} for k, i in enumerate(ids)],
         "rejected": [],
     }
-    again = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 5}]}).json()
+    again = loopback.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[0], "label": 5}]}).json()
     assert again["pending"] == [] and "already has a pending label" in again["rejected"][0]["reason"]
-    unmatched = httpx.get(f"{base_url}/feedback/unmatched").json()
+    unmatched = loopback.get(f"{base_url}/feedback/unmatched").json()
     assert unmatched["pending"] == 3 and [i["prediction_id"] for i in unmatched["items"]] == ids[::-1]
-    assert httpx.get(f"{base_url}/calibration").json()["unmatched_labels"] == {
+    assert loopback.get(f"{base_url}/calibration").json()["unmatched_labels"] == {
         "pending": 3,
         "expired": 0,
         "rejected": 0,
     }
     _other_replica_logs(database_url, [ids[1], ids[0]])  # written in another order than the labels came
-    _until(lambda: httpx.get(f"{base_url}/feedback/unmatched").json()["pending"] == 1)
+    _until(lambda: loopback.get(f"{base_url}/feedback/unmatched").json()["pending"] == 1)
     assert _labelled_in_order(database_url)[-2:] == ids[:2]  # joined in the order the labels arrived
-    assert httpx.get(f"{base_url}/calibration").json()["n"] == n_before + 2
-    metrics_text = httpx.get(f"{base_url}/metrics").text
+    assert loopback.get(f"{base_url}/calibration").json()["n"] == n_before + 2
+    metrics_text = loopback.get(f"{base_url}/metrics").text
     assert 'calib_pending_labels_resolved_total{outcome="joined"} 2.0' in metrics_text
     assert 'calib_feedback_items_total{result="pending"} 3.0' in metrics_text
 
@@ -413,7 +415,7 @@ def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_li
             {"prediction_id": ids[1], "label": 9},
             {"prediction_id": ids[2], "label": 4},
         ]
-        body = httpx.post(f"{base_url}/feedback", json={"items": items}).json()
+        body = loopback.post(f"{base_url}/feedback", json={"items": items}).json()
         reasons = {r["index"]: r["reason"] for r in body["rejected"]}
         assert sorted(reasons) == [0, 1, 2, 3] and [p["index"] for p in body["pending"]] == [4, 5, 6]
         assert "not a prediction id" in reasons[0] and "in the future" in reasons[1]
@@ -421,31 +423,31 @@ def test_labels_that_can_never_join_are_rejected_at_once_and_late_ones_expire_li
         assert "'eleven' is not a class of any served model" in reasons[3]
         # ids[1] turns out to be a prediction of 'toy' (classes a, b, c): label 9 is refused at the join
         _other_replica_logs(database_url, [ids[1]], model="toy", version="1", k=3)
-        unmatched = _until(lambda: (u := httpx.get(f"{base_url}/feedback/unmatched").json())["pending"] == 0 and u)
+        unmatched = _until(lambda: (u := loopback.get(f"{base_url}/feedback/unmatched").json())["pending"] == 0 and u)
         by_id = {i["prediction_id"]: i for i in unmatched["items"]}
         assert by_id[ids[1]]["status"] == "rejected" and "not a class index of model toy" in by_id[ids[1]]["reason"]
         assert by_id[ids[0]]["status"] == by_id[ids[2]]["status"] == "expired"
         assert "no prediction with this id within 1 s" in by_id[ids[0]]["reason"]
         assert unmatched["expired"] == 2 and unmatched["rejected"] == 1
-        expired_only = httpx.get(f"{base_url}/feedback/unmatched", params={"status": "expired"}).json()["items"]
+        expired_only = loopback.get(f"{base_url}/feedback/unmatched", params={"status": "expired"}).json()["items"]
         assert {i["prediction_id"] for i in expired_only} == {ids[0], ids[2]}
-        metrics_text = httpx.get(f"{base_url}/metrics").text
+        metrics_text = loopback.get(f"{base_url}/metrics").text
         assert 'calib_pending_labels_resolved_total{outcome="expired"} 2.0' in metrics_text
         assert 'calib_pending_labels_resolved_total{outcome="rejected"} 1.0' in metrics_text
         # the prediction arrives after its label expired: nothing joins by itself, and the label sent again counts
         _other_replica_logs(database_url, [ids[2]])
         assert (
-            httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[2], "label": 4}]}).json()[
+            loopback.post(f"{base_url}/feedback", json={"items": [{"prediction_id": ids[2], "label": 4}]}).json()[
                 "accepted"
             ]
             == 1
         )
-        assert httpx.get(f"{base_url}/feedback/unmatched", params={"limit": 0}).json() == {
+        assert loopback.get(f"{base_url}/feedback/unmatched", params={"limit": 0}).json() == {
             "pending": 0,
             "expired": 2,
             "rejected": 1,
             "items": [],
         }
         for params, field in [({"status": "lost"}, "status"), ({"limit": -1}, "limit")]:
-            r = httpx.get(f"{base_url}/feedback/unmatched", params=params)
+            r = loopback.get(f"{base_url}/feedback/unmatched", params=params)
             assert r.status_code == 422 and field in r.text

@@ -17,6 +17,7 @@ import pytest
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
+from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test
@@ -52,7 +53,7 @@ class Replica:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/v2/health/ready").status_code == 200:
+                if loopback.get(f"{self.url}/v2/health/ready").status_code == 200:
                     return
             except httpx.TransportError:
                 time.sleep(0.1)
@@ -69,7 +70,7 @@ class Replica:
 
 
 def _evaluation_passes(url) -> float:
-    text = httpx.get(f"{url}/metrics").text
+    text = loopback.get(f"{url}/metrics").text
     return next(
         float(line.split()[1])
         for line in text.splitlines()
@@ -96,16 +97,16 @@ def _offline_items(n, seed, scale=1.0):
 def test_two_replicas_sharing_postgresql_report_the_same_calibration(repository_dir, pg_url):
     a, b = Replica(repository_dir, pg_url), Replica(repository_dir, pg_url)
     try:
-        body = httpx.post(f"{a.url}/predict", json={"inputs": DIGITS.x[:60].tolist()}).json()
+        body = loopback.post(f"{a.url}/predict", json={"inputs": DIGITS.x[:60].tolist()}).json()
         time.sleep(1.5)  # replica a writes its prediction log every 0.5 s
         items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(body["predictions"], DIGITS.y[:60])]
-        assert httpx.post(f"{b.url}/feedback", json={"items": items}).json()["accepted"] == 60
-        assert httpx.post(f"{a.url}/feedback", json={"items": _offline_items(300, 1)}).json()["accepted"] == 300
-        assert httpx.post(f"{b.url}/feedback", json={"items": _offline_items(300, 2, 2.5)}).json()["accepted"] == 300
+        assert loopback.post(f"{b.url}/feedback", json={"items": items}).json()["accepted"] == 60
+        assert loopback.post(f"{a.url}/feedback", json={"items": _offline_items(300, 1)}).json()["accepted"] == 300
+        assert loopback.post(f"{b.url}/feedback", json={"items": _offline_items(300, 2, 2.5)}).json()["accepted"] == 300
         _evaluated(a, b)
         for window in ("500", "1000", "1h"):
-            report_a = httpx.get(f"{a.url}/calibration", params={"window": window}).json()
-            report_b = httpx.get(f"{b.url}/calibration", params={"window": window}).json()
+            report_a = loopback.get(f"{a.url}/calibration", params={"window": window}).json()
+            report_b = loopback.get(f"{b.url}/calibration", params={"window": window}).json()
             assert report_a == report_b
         assert report_a["n"] == 660
     finally:
@@ -116,14 +117,14 @@ def test_two_replicas_sharing_postgresql_report_the_same_calibration(repository_
 def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(repository_dir, tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     first = Replica(repository_dir, url)
-    body = httpx.post(f"{first.url}/predict", json={"inputs": DIGITS.x[:40].tolist()}).json()
+    body = loopback.post(f"{first.url}/predict", json={"inputs": DIGITS.x[:40].tolist()}).json()
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(body["predictions"], DIGITS.y[:40])]
-    assert httpx.post(f"{first.url}/feedback", json={"items": items}).json()["accepted"] == 40
+    assert loopback.post(f"{first.url}/feedback", json={"items": items}).json()["accepted"] == 40
     _evaluated(first)
-    before = httpx.get(f"{first.url}/calibration", params={"window": "1000"}).json()
+    before = loopback.get(f"{first.url}/calibration", params={"window": "1000"}).json()
     first.stop()
     second = Replica(repository_dir, url)
-    after = httpx.get(f"{second.url}/calibration", params={"window": "1000"}).json()
+    after = loopback.get(f"{second.url}/calibration", params={"window": "1000"}).json()
     assert after == before and after["n"] == 40
 
     # single-label requests from 32 clients at once (they are group-committed) next to batches of 25
@@ -132,7 +133,7 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
     ids = [
         p["id"]
         for start in range(0, 4000, 1000)
-        for p in httpx.post(
+        for p in loopback.post(
             f"{second.url}/predict", json={"inputs": rows[start : start + 1000].tolist()}, timeout=60
         ).json()["predictions"]
     ]
@@ -144,7 +145,7 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
         batch = _offline_items(25, 100 + seed)
         sent.append(len(batch))
         try:
-            r = httpx.post(f"{second.url}/feedback", json={"items": batch}, timeout=10)
+            r = loopback.post(f"{second.url}/feedback", json={"items": batch}, timeout=10)
             if r.status_code == 200:
                 acknowledged.append(r.json()["accepted"])
         except httpx.TransportError:
@@ -179,7 +180,7 @@ def test_restart_keeps_everything_and_sigkill_loses_no_acknowledged_feedback(rep
     assert 200 <= len(acknowledged_ids) < len(ids)
     third = Replica(repository_dir, url)
     try:
-        stored = httpx.get(f"{third.url}/calibration", params={"window": "100000"}).json()["n"]
+        stored = loopback.get(f"{third.url}/calibration", params={"window": "100000"}).json()["n"]
     finally:
         third.stop()
     assert 40 + sum(acknowledged) + len(acknowledged_ids) <= stored <= 40 + sum(sent) + len(sent_ids)
@@ -192,31 +193,31 @@ def test_database_outage_degrades_and_recovers(repository_dir, pg_url, cuttable_
     proxy = cuttable_proxy
     replica = Replica(repository_dir, proxy.database_url)
     try:
-        assert httpx.post(f"{replica.url}/feedback", json={"items": _offline_items(5, 1)}).json()["accepted"] == 5
+        assert loopback.post(f"{replica.url}/feedback", json={"items": _offline_items(5, 1)}).json()["accepted"] == 5
         proxy.cut()
-        during = httpx.post(f"{replica.url}/predict", json={"inputs": DIGITS.x[:3].tolist()})
+        during = loopback.post(f"{replica.url}/predict", json={"inputs": DIGITS.x[:3].tolist()})
         assert during.status_code == 200
-        refused = httpx.post(f"{replica.url}/feedback", json={"items": _offline_items(5, 2)})
+        refused = loopback.post(f"{replica.url}/feedback", json={"items": _offline_items(5, 2)})
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "storage_unavailable"
-        health = httpx.get(f"{replica.url}/health").json()
+        health = loopback.get(f"{replica.url}/health").json()
         assert health["status"] == "degraded" and health["storage"]["up"] is False and health["ready"]
         assert health["storage"]["prediction_log_pending"] == 3
-        assert "calib_storage_up 0.0" in httpx.get(f"{replica.url}/metrics").text
-        assert httpx.get(f"{replica.url}/calibration").status_code == 503
+        assert "calib_storage_up 0.0" in loopback.get(f"{replica.url}/metrics").text
+        assert loopback.get(f"{replica.url}/calibration").status_code == 503
         proxy.restore()
         deadline = time.monotonic() + 20
-        while httpx.get(f"{replica.url}/health").json()["storage"]["up"] is False:
+        while loopback.get(f"{replica.url}/health").json()["storage"]["up"] is False:
             assert time.monotonic() < deadline, "the service did not recover"
             time.sleep(0.2)
         # predictions made during the outage were kept and written: their feedback is accepted now
         items = [
             {"prediction_id": p["id"], "label": int(t)} for p, t in zip(during.json()["predictions"], DIGITS.y[:3])
         ]
-        recovered = httpx.post(f"{replica.url}/feedback", json={"items": items}).json()
+        recovered = loopback.post(f"{replica.url}/feedback", json={"items": items}).json()
         assert recovered["accepted"] == 3, recovered
-        assert httpx.get(f"{replica.url}/calibration").json()["n"] == 8
-        assert httpx.get(f"{replica.url}/health").json()["status"] == "ok"
+        assert loopback.get(f"{replica.url}/calibration").json()["n"] == 8
+        assert loopback.get(f"{replica.url}/health").json()["status"] == "ok"
     finally:
         replica.stop()
 
@@ -334,7 +335,7 @@ def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(
         clients.stop()
     try:
         deadline = time.monotonic() + 30
-        while (unmatched := httpx.get(f"{started[0].url}/feedback/unmatched", params={"limit": 10000}).json())[
+        while (unmatched := loopback.get(f"{started[0].url}/feedback/unmatched", params={"limit": 10000}).json())[
             "pending"
         ]:
             assert time.monotonic() < deadline, unmatched
@@ -355,7 +356,7 @@ def test_no_label_is_refused_for_timing_nor_lost_under_kill_and_sigterm(
         elif replicas > 1:
             assert "pending" in outcomes.values(), "no label reached another replica before its prediction"
         _evaluated(*started)
-        reports = [httpx.get(f"{r.url}/calibration", params={"window": "100000"}).json() for r in started]
+        reports = [loopback.get(f"{r.url}/calibration", params={"window": "100000"}).json() for r in started]
         assert all(report == reports[0] for report in reports)
         assert reports[0]["n"] == len(labelled) and reports[0]["unmatched_labels"]["expired"] == len(expired)
     finally:
@@ -377,7 +378,7 @@ def _protected(report: dict) -> dict:
 def _label(replica: Replica, rows: np.ndarray, labels, predict: str, feedback: str) -> dict:
     """Predict ``rows`` on ``replica`` and label them on it at once; the feedback answer once every label sent
     is joined (pending ones included)."""
-    served = httpx.post(
+    served = loopback.post(
         f"{replica.url}/predict",
         json={"inputs": rows.tolist()},
         headers={"Authorization": f"Bearer {predict}"},
@@ -385,7 +386,7 @@ def _label(replica: Replica, rows: np.ndarray, labels, predict: str, feedback: s
     )
     assert served.status_code == 200, served.text
     items = [{"prediction_id": p["id"], "label": int(t)} for p, t in zip(served.json()["predictions"], labels)]
-    answer = httpx.post(
+    answer = loopback.post(
         f"{replica.url}/feedback", json={"items": items}, headers={"Authorization": f"Bearer {feedback}"}, timeout=30
     )
     assert answer.status_code == 200 and not answer.json()["rejected"], answer.text
@@ -409,7 +410,7 @@ def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_re
     a, b = Replica(repository_dir, pg_url, **env), Replica(repository_dir, pg_url, **env)
 
     def report(replica: Replica, **params) -> dict:
-        return httpx.get(f"{replica.url}/calibration", params={"window": "1000", **params}).json()
+        return loopback.get(f"{replica.url}/calibration", params={"window": "1000", **params}).json()
 
     try:
         _label(a, DIGITS.x[:200], DIGITS.y[:200], "token-p", "token-a")
@@ -425,16 +426,16 @@ def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_re
         for replica in (a, b):
             for headers in ({}, {"Authorization": "Bearer token-p"}, {"Authorization": "Bearer token-x"}):
                 for _ in range(10):
-                    refused = httpx.post(f"{replica.url}/feedback", json={"items": wrong}, headers=headers)
+                    refused = loopback.post(f"{replica.url}/feedback", json={"items": wrong}, headers=headers)
                     assert refused.status_code == 401, refused.text
         _evaluated(a, b)
         assert [report(a), report(b)] == before  # nothing stored, nothing moved: to the bit
 
         _label(a, DIGITS.x[:150], (DIGITS.y[:150] + 1) % 10, "token-p", "token-i")  # a wrong label for each
         assert (
-            httpx.post(f"{b.url}/feedback", json={"items": wrong}, headers={"Authorization": "Bearer token-i"}).json()[
-                "accepted"
-            ]
+            loopback.post(
+                f"{b.url}/feedback", json={"items": wrong}, headers={"Authorization": "Bearer token-i"}
+            ).json()["accepted"]
             == 100
         )
         _evaluated(a, b)
@@ -445,20 +446,24 @@ def test_labels_from_outside_the_trusted_sources_never_move_the_alarm_nor_the_re
         assert sources["intern"]["n"] == 250 and sources["intern"]["trusted"] is False
         assert sources["labeller"]["n"] == 300 and sources["labeller"]["trusted"] is True
         assert sources["intern"]["accuracy"] < 0.05 < 0.9 < sources["labeller"]["accuracy"]
-        unmatched = httpx.get(f"{a.url}/feedback/unmatched", headers={"Authorization": "Bearer token-i"}).json()
+        unmatched = loopback.get(f"{a.url}/feedback/unmatched", headers={"Authorization": "Bearer token-i"}).json()
         assert unmatched["pending"] == 0
 
         tokens.write_text("labeller:token-b\nintern:token-i\n")  # the labeller's token rotated
         deadline = time.monotonic() + 20
         for replica in (a, b):
             while (
-                httpx.get(f"{replica.url}/feedback/unmatched", headers={"Authorization": "Bearer token-a"}).status_code
+                loopback.get(
+                    f"{replica.url}/feedback/unmatched", headers={"Authorization": "Bearer token-a"}
+                ).status_code
                 != 401
             ):
                 assert time.monotonic() < deadline, "the rotated token file was not re-read"
                 time.sleep(0.1)
             assert (
-                httpx.get(f"{replica.url}/feedback/unmatched", headers={"Authorization": "Bearer token-b"}).status_code
+                loopback.get(
+                    f"{replica.url}/feedback/unmatched", headers={"Authorization": "Bearer token-b"}
+                ).status_code
                 == 200
             )
         _label(b, DIGITS.x[300:350], DIGITS.y[300:350], "token-p", "token-b")

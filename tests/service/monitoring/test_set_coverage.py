@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.settings import Settings
+from tests import loopback
 from tests.waiting import wait_for
 
 CLASSES = ("a", "b", "c", "d", "e")
@@ -39,7 +40,7 @@ def settings_for(artifacts, database_url: str, monitoring: dict | None = None, *
 
 def predict(base_url: str, n: int, seed: int) -> list[dict]:
     x = np.random.default_rng(seed).normal(0, 1.5, (n, 1, 2, 2)).round(4).tolist()
-    body = httpx.post(f"{base_url}/predict", json={"inputs": x}, timeout=30).json()
+    body = loopback.post(f"{base_url}/predict", json={"inputs": x}, timeout=30).json()
     return body["predictions"]
 
 
@@ -53,13 +54,13 @@ def outside(prediction: dict) -> int:
 
 def feedback(base_url: str, items: list[dict]) -> None:
     for start in range(0, len(items), 200):
-        response = httpx.post(f"{base_url}/feedback", json={"items": items[start : start + 200]}, timeout=30)
+        response = loopback.post(f"{base_url}/feedback", json={"items": items[start : start + 200]}, timeout=30)
         assert response.status_code == 200, response.text
         assert response.json()["accepted"] + len(response.json().get("pending", [])) == len(items[start : start + 200])
 
 
 def coverage_of(base_url: str) -> dict:
-    return httpx.get(f"{base_url}/calibration", params={"window": "5000"}, timeout=30).json()["coverage"]
+    return loopback.get(f"{base_url}/calibration", params={"window": "5000"}, timeout=30).json()["coverage"]
 
 
 def folded(block: dict) -> int:
@@ -68,7 +69,7 @@ def folded(block: dict) -> int:
 
 def served_under(url: str, version: str) -> dict | None:
     """A /predict answer of ``url``, if its sets come from the threshold of ``version``."""
-    body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
+    body = loopback.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
     return body if body["conformal"]["threshold_version"] == version else None
 
 
@@ -129,7 +130,7 @@ def test_two_replicas_derive_the_same_coverage_alarm_and_adapted_threshold_under
         for url in (a, b):
             body = wait_for(lambda url=url: served_under(url, version), 30, f"{url} serving {version}", every=0.2)
             assert body["conformal"]["threshold"] == choice["threshold"]
-            families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+            families = {f.name: f for f in text_string_to_metric_families(loopback.get(f"{url}/metrics").text)}
             alarms = {
                 (s.labels["method"], s.labels["coverage"]): s.value
                 for s in families["calib_set_coverage_alarm"].samples
@@ -151,7 +152,7 @@ def test_with_adaptation_off_the_sets_keep_the_static_threshold(artifacts, tmp_p
         choice = aps(block)
         assert block["adaptation"] == "off" and choice["threshold"] == choice["static_threshold"]
         assert choice["threshold_version"].endswith(":0") and choice["alarm"]["state"] == "alarm"
-        body = httpx.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
+        body = loopback.post(f"{url}/predict", json={"inputs": np.zeros((1, 1, 2, 2)).tolist()}).json()
         assert body["conformal"]["threshold_version"].endswith(":0")
 
 
@@ -162,7 +163,7 @@ def test_a_window_past_every_label_reports_them_all(artifacts, tmp_path, server_
         feedback(url, [{"prediction_id": p["id"], "label": 0} for p in served])
         settled([url], 20)
         for window in ("99999999999999999999999", "1000000d"):
-            response = httpx.get(f"{url}/calibration", params={"window": window})
+            response = loopback.get(f"{url}/calibration", params={"window": window})
             assert response.status_code == 200, response.text
             assert sum(c["n"] for c in response.json()["coverage"]["choices"]) == 20
 
@@ -209,7 +210,7 @@ def test_a_thousand_undeclared_levels_are_refused_and_grow_neither_state_nor_ser
     and the stored state and /metrics are as before."""
 
     def series(url: str) -> set:
-        families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        families = text_string_to_metric_families(loopback.get(f"{url}/metrics").text)
         return {
             (s.name, tuple(sorted(s.labels.items())))
             for f in families

@@ -12,6 +12,7 @@ import pytest
 from service.errors import DeadlineExceeded, NotReady, Overloaded
 from service.serving.batching import DynamicBatcher
 from service.settings import BatchingConfig, Settings
+from tests import loopback
 
 
 class CountingModel:
@@ -179,7 +180,7 @@ def _batch_metrics(base_url: str) -> tuple[float, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     count = total = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text):
+    for family in text_string_to_metric_families(loopback.get(f"{base_url}/metrics").text):
         if family.name == "calib_batch_size_rows":
             for sample in family.samples:
                 if sample.labels.get("model") == "toy:2" and sample.name.endswith("_count"):
@@ -194,7 +195,9 @@ def test_concurrent_http_requests_are_batched_with_identical_results(repository_
     rng = np.random.default_rng(1)
     rows = rng.random((48, 1, 2, 2)).tolist()
     with server_for(settings) as (base_url, _):
-        sequential = [httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": [r]}).json() for r in rows[:8]]
+        sequential = [
+            loopback.post(f"{base_url}/predict", json={"model": "toy", "inputs": [r]}).json() for r in rows[:8]
+        ]
         calls_before, rows_before = _batch_metrics(base_url)
 
         async def concurrent():
@@ -230,7 +233,7 @@ def test_http_503_with_retry_after_when_the_queue_is_full(linear_artifact, serve
                 )
 
         responses = asyncio.run(burst())
-        models = httpx.get(f"{base_url}/models").json()
+        models = loopback.get(f"{base_url}/models").json()
     statuses = {r.status_code for r in responses}
     assert statuses <= {200, 503} and 503 in statuses and 200 in statuses
     refused = next(r for r in responses if r.status_code == 503)
@@ -281,7 +284,7 @@ def test_predict_tells_its_queue_and_inference_time(linear_artifact, server_for,
     linear_artifact(tmp_path, "toy", "1")
     (tmp_path / "toy" / "serving.json").write_text(json.dumps({"max_queue_delay_ms": 15}))
     with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
-        r = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1] * 4]})
+        r = loopback.post(f"{base_url}/predict", json={"inputs": [[0.1] * 4]})
     assert r.status_code == 200
     timing = dict(part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))
     assert set(timing) == {"queue", "infer"}
@@ -308,7 +311,7 @@ def test_a_model_is_served_by_the_configured_number_of_sessions(linear_artifact,
     linear_artifact(tmp_path, "toy", "1")
     (tmp_path / "toy" / "serving.json").write_text(json.dumps({"instances": 3}))
     with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
-        health = httpx.get(f"{base_url}/health").json()
+        health = loopback.get(f"{base_url}/health").json()
         rows = np.random.default_rng(0).random((20, 4)).tolist()
 
         async def burst():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 
 import grpc
-import httpx
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +15,7 @@ from calibkit.temperature import softmax
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.settings import Settings
+from tests import loopback
 
 F = 5
 
@@ -40,12 +40,12 @@ def _rows(n: int = 3) -> np.ndarray:
 def test_json_arrays_get_the_calibrated_probabilities(vectors):
     url, w, b, t = vectors
     x = _rows()
-    body = httpx.post(f"{url}/predict", json={"model": "tabular", "inputs": x.tolist()}).raise_for_status().json()
+    body = loopback.post(f"{url}/predict", json={"model": "tabular", "inputs": x.tolist()}).raise_for_status().json()
     got = np.array([p["probabilities"] for p in body["predictions"]])
     np.testing.assert_allclose(got, softmax((x.astype(np.float64) @ w + b) / t), atol=1e-6)
-    models = httpx.get(f"{url}/models").json()["models"][0]["versions"][0]
+    models = loopback.get(f"{url}/models").json()["models"][0]["versions"][0]
     assert models["input"]["shape"] == [None, F] and models["preprocessing"] is None
-    metadata = httpx.get(f"{url}/v2/models/tabular").json()
+    metadata = loopback.get(f"{url}/v2/models/tabular").json()
     assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, F]}]
     assert metadata["parameters"]["preprocessing"] == "null" and "image_polarity" not in metadata["parameters"]
 
@@ -60,7 +60,7 @@ def test_json_arrays_get_the_calibrated_probabilities(vectors):
 )
 def test_predict_refuses_rows_of_another_shape_and_images_with_422(vectors, row, message):
     url = vectors[0]
-    response = httpx.post(f"{url}/predict", json={"model": "tabular", "inputs": [_rows(1)[0].tolist(), row]})
+    response = loopback.post(f"{url}/predict", json={"model": "tabular", "inputs": [_rows(1)[0].tolist(), row]})
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["field"] == "inputs[1]" and error["message"].startswith(message), error
@@ -70,17 +70,17 @@ def test_v2_rest_serves_vectors_and_refuses_another_width_with_400(vectors):
     url = vectors[0]
     x = _rows(2)
     tensor = {"name": "input", "datatype": "FP32", "shape": [2, F], "data": x.ravel().tolist()}
-    ok = httpx.post(f"{url}/v2/models/tabular/infer", json={"inputs": [tensor]})
+    ok = loopback.post(f"{url}/v2/models/tabular/infer", json={"inputs": [tensor]})
     assert ok.status_code == 200 and ok.json()["outputs"][1]["shape"] == [2, 3]
     wrong = tensor | {"shape": [2, F - 1], "data": x[:, 1:].ravel().tolist()}
-    response = httpx.post(f"{url}/v2/models/tabular/infer", json={"inputs": [wrong]})
+    response = loopback.post(f"{url}/v2/models/tabular/infer", json={"inputs": [wrong]})
     assert response.status_code == 400
     assert response.json()["error"] == f"inputs[0].shape: shape [2, {F - 1}] does not match the model input [N, {F}]"
 
 
 def test_grpc_serves_vectors_and_refuses_another_width_with_invalid_argument(vectors):
     url = vectors[0]
-    port = httpx.get(f"{url}/health").json()["grpc_port"]
+    port = loopback.get(f"{url}/health").json()["grpc_port"]
     stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
 
     def request(x: np.ndarray) -> pb.ModelInferRequest:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from google.protobuf import descriptor_pool
@@ -18,13 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.serving.protocol import grpc_predict_v2_pb2 as ours
 from service.settings import Settings
+from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[3]
 LIGHT, LIGHT_SHAPE = "digits-lenet5", [1, 8, 8]
 
 
 def _grpc_client(base_url: str, shapes: dict) -> dict:
-    port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+    port = loopback.get(f"{base_url}/health").json()["grpc_port"]
     done = subprocess.run(
         [
             sys.executable,
@@ -41,7 +41,7 @@ def _grpc_client(base_url: str, shapes: dict) -> dict:
 
 
 def _grpc_calls(base_url: str) -> dict[tuple[str, str], float]:
-    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    families = {f.name: f for f in text_string_to_metric_families(loopback.get(f"{base_url}/metrics").text)}
     return {
         (s.labels["method"], s.labels["code"]): s.value
         for s in families["calib_grpc_requests"].samples
@@ -59,7 +59,7 @@ def check_model(rest_probabilities, ids_take_feedback):
         assert got["ready"] is True
         meta = got["metadata"]
         assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [str(d) for d in [-1, *shape]]}]
-        versions = {m["name"]: m["versions"][0] for m in httpx.get(f"{base_url}/models").json()["models"]}
+        versions = {m["name"]: m["versions"][0] for m in loopback.get(f"{base_url}/models").json()["models"]}
         with_sets = [("prediction_set", "BOOL"), ("conformal_p_values", "FP32")]
         assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [
             ("logits", "FP32"),
@@ -195,7 +195,7 @@ def test_tritonclient_grpc_serves_the_heavy_model_as_rest_does(repository_dir, t
 def test_grpc_can_be_off_and_a_taken_port_stops_the_start(repository_dir, tmp_path, server_for):
     settings = Settings(artifacts=repository_dir, grpc=False, store={"url": f"sqlite:///{tmp_path / 'off.db'}"})
     with server_for(settings) as (base_url, _):
-        assert httpx.get(f"{base_url}/health").json()["grpc_port"] is None
+        assert loopback.get(f"{base_url}/health").json()["grpc_port"] is None
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -213,7 +213,7 @@ def _stub(base_url: str):
 
     from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 
-    port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+    port = loopback.get(f"{base_url}/health").json()["grpc_port"]
     return pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
 
 
@@ -319,7 +319,7 @@ def test_grpc_health_answers_serving_while_ready_open_to_all_and_not_serving_whe
     )
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     with server_for(settings) as (base_url, app):
-        port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+        port = loopback.get(f"{base_url}/health").json()["grpc_port"]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
 
@@ -336,7 +336,7 @@ def test_grpc_health_answers_serving_while_ready_open_to_all_and_not_serving_whe
             parts.ready = False  # what the shutdown sets first, and a service with no model ready
             try:
                 assert status("") == status(SERVICE) == not_serving
-                assert httpx.get(f"{base_url}/v2/health/ready").status_code != 200  # the same readiness as REST
+                assert loopback.get(f"{base_url}/v2/health/ready").status_code != 200  # the same readiness as REST
                 assert next(watch).status == not_serving  # watchers hear of it within Health.POLL_SECONDS
             finally:
                 parts.ready = True

@@ -13,6 +13,7 @@ import pytest
 
 from service.serving.conformal import ServedSets, SetChoice, row_draws
 from service.settings import Settings
+from tests import loopback
 
 CLASSES = ("a", "b", "c", "d", "e")  # the classes of ``add_conformal``'s calibrators
 LEVELS = (0.5, 0.7, 0.75, 0.85, 0.9)  # served besides the artifact's default, 0.8
@@ -50,7 +51,7 @@ def expected_sets(calibrators, body: dict, method: str, coverage: float, randomi
 
 def test_predict_serves_the_default_floor_sets_recomputable_from_the_response(served):
     base_url, calibrators = served
-    body = httpx.post(f"{base_url}/predict", json={"inputs": rows(40)}).json()
+    body = loopback.post(f"{base_url}/predict", json={"inputs": rows(40)}).json()
     assert body["conformal"]["method"] == "aps" and body["conformal"]["coverage"] == 0.8
     assert body["conformal"]["randomized"] is False and body["conformal"]["threshold_version"].endswith(":0")
     assert body["conformal"]["threshold"] == pytest.approx(calibrators["floor"]["aps"].quantile(0.2))
@@ -80,7 +81,7 @@ def test_one_input_sent_a_thousand_times_gets_one_non_empty_set(served):
 def test_a_request_asks_for_the_exact_randomized_sets(served):
     base_url, calibrators = served
     for method in ("lac", "aps", "raps"):
-        body = httpx.post(
+        body = loopback.post(
             f"{base_url}/predict", json={"inputs": rows(60, seed=3), "randomized": True, "set_method": method}
         ).json()
         assert body["conformal"]["randomized"] is True
@@ -103,7 +104,7 @@ def test_a_request_chooses_method_and_coverage_and_higher_coverage_nests_the_set
     base_url, calibrators = served
     x = rows(30, seed=1)
     bodies = {
-        c: httpx.post(f"{base_url}/predict", json={"inputs": x, "coverage": c, "set_method": method}).json()
+        c: loopback.post(f"{base_url}/predict", json={"inputs": x, "coverage": c, "set_method": method}).json()
         for c in (0.5, 0.9)
     }
     for coverage, body in bodies.items():
@@ -117,7 +118,7 @@ def test_a_request_chooses_method_and_coverage_and_higher_coverage_nests_the_set
 
 def test_p_values_are_returned_when_asked_and_their_level_sets_are_the_sets(served):
     base_url, _ = served
-    body = httpx.post(
+    body = loopback.post(
         f"{base_url}/predict", json={"inputs": rows(25, seed=2), "return_p_values": True, "coverage": 0.7}
     ).json()
     for row in body["predictions"]:
@@ -141,28 +142,32 @@ def test_p_values_are_returned_when_asked_and_their_level_sets_are_the_sets(serv
 )
 def test_malformed_set_options_are_a_422_naming_the_field(served, extra, field):
     base_url, _ = served
-    response = httpx.post(f"{base_url}/predict", json={"inputs": rows(1)} | extra)
+    response = loopback.post(f"{base_url}/predict", json={"inputs": rows(1)} | extra)
     assert response.status_code == 422
     assert response.json()["error"]["field"] == field
 
 
 def test_an_undeclared_level_is_refused_listing_the_levels_served(served):
     base_url, _ = served
-    response = httpx.post(f"{base_url}/predict", json={"inputs": rows(1), "coverage": 0.9000001})
+    response = loopback.post(f"{base_url}/predict", json={"inputs": rows(1), "coverage": 0.9000001})
     assert response.status_code == 422 and response.json()["error"]["field"] == "coverage"
     assert "[0.5, 0.7, 0.75, 0.8, 0.85, 0.9]" in response.json()["error"]["message"]
-    models = {m["name"]: m["versions"][0]["prediction_sets"] for m in httpx.get(f"{base_url}/models").json()["models"]}
+    models = {
+        m["name"]: m["versions"][0]["prediction_sets"] for m in loopback.get(f"{base_url}/models").json()["models"]
+    }
     assert models["sets"]["levels"] == [0.5, 0.7, 0.75, 0.8, 0.85, 0.9] and models["sets"]["randomized"] is False
 
 
 def test_a_model_without_conformal_scores_serves_no_sets_and_says_why(served):
     base_url, _ = served
-    body = httpx.post(f"{base_url}/predict", json={"model": "plain", "inputs": rows(2)}).json()
+    body = loopback.post(f"{base_url}/predict", json={"model": "plain", "inputs": rows(2)}).json()
     assert body["conformal"] is None and all(p["prediction_set"] is None for p in body["predictions"])
-    refused = httpx.post(f"{base_url}/predict", json={"model": "plain", "inputs": rows(2), "coverage": 0.9})
+    refused = loopback.post(f"{base_url}/predict", json={"model": "plain", "inputs": rows(2), "coverage": 0.9})
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "coverage"
     assert "no conformal scores" in refused.json()["error"]["message"]
-    models = {m["name"]: m["versions"][0]["prediction_sets"] for m in httpx.get(f"{base_url}/models").json()["models"]}
+    models = {
+        m["name"]: m["versions"][0]["prediction_sets"] for m in loopback.get(f"{base_url}/models").json()["models"]
+    }
     assert models["plain"]["available"] is False and "no conformal scores" in models["plain"]["reason"]
     assert models["sets"]["available"] is True and models["sets"]["methods"] == ["aps", "lac", "raps"]
     assert (models["sets"]["default_method"], models["sets"]["default_coverage"]) == ("aps", 0.8)
@@ -174,7 +179,7 @@ def test_a_tampered_conformal_file_keeps_the_version_from_loading(tmp_path, serv
     (directory / "conformal.json").write_text((directory / "conformal.json").read_text().replace("0.", "0.1", 1))
     settings = Settings(artifacts=tmp_path / "artifacts", store={"url": f"sqlite:///{tmp_path / 'm.db'}"})
     with server_for(settings) as (base_url, _):
-        health = httpx.get(f"{base_url}/health").json()
+        health = loopback.get(f"{base_url}/health").json()
     assert "sha256" in json.dumps(health) and "conformal.json" in json.dumps(health)
 
 
@@ -183,7 +188,7 @@ def v2_infer(base_url: str, x: np.ndarray, outputs: list[str], parameters: dict 
         "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}],
         "outputs": [{"name": o} for o in outputs],
     } | ({"parameters": parameters} if parameters else {})
-    return httpx.post(f"{base_url}/v2/models/{model}/infer", json=body)
+    return loopback.post(f"{base_url}/v2/models/{model}/infer", json=body)
 
 
 def test_v2_returns_the_sets_and_p_values_named_in_outputs_with_the_threshold_version(served):
@@ -259,7 +264,7 @@ def test_grpc_returns_the_prediction_set_as_bool_raw_contents_with_its_parameter
     from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 
     base_url, calibrators = served
-    port = httpx.get(f"{base_url}/health").json()["grpc_port"]
+    port = loopback.get(f"{base_url}/health").json()["grpc_port"]
     x = np.array(rows(6, seed=6), dtype=np.float32)
     request = pb.ModelInferRequest(model_name="sets")
     request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))

@@ -5,7 +5,6 @@ import json
 import logging
 import shutil
 
-import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +14,7 @@ from service.serving.buckets import Bucket
 from service.serving.repository import ModelRepository
 from service.serving.runtime import CPU, CUDA, batch_buckets, create_runtime, requested_providers
 from service.settings import Settings
+from tests import loopback
 
 
 def _broken_repository(root, linear_artifact):
@@ -53,10 +53,10 @@ def test_broken_artifacts_are_refused_and_the_good_one_serves(tmp_path, linear_a
     _broken_repository(tmp_path, linear_artifact)
     with caplog.at_level(logging.ERROR, logger="service.serving.repository"):
         with server_for(Settings(artifacts=tmp_path)) as (base_url, _):
-            health = httpx.get(f"{base_url}/health").json()
-            served = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]})
-            refused = httpx.post(f"{base_url}/predict", json={"model": "badsha", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
-            escaped = httpx.post(f"{base_url}/predict", json={"model": "escape", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
+            health = loopback.get(f"{base_url}/health").json()
+            served = loopback.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]})
+            refused = loopback.post(f"{base_url}/predict", json={"model": "badsha", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
+            escaped = loopback.post(f"{base_url}/predict", json={"model": "escape", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
     assert health["status"] == "degraded" and health["ready"]
     assert [m["name"] for m in health["models"]] == ["good"]
     # listed by their place in the artifacts directory: no absolute path of the machine is published
@@ -79,9 +79,9 @@ def test_broken_artifacts_are_refused_and_the_good_one_serves(tmp_path, linear_a
 
 def test_no_loadable_model_means_not_ready(tmp_path, server_for):
     with server_for(Settings(artifacts=tmp_path / "nothing-here")) as (base_url, _):
-        health = httpx.get(f"{base_url}/health")
-        ready = httpx.get(f"{base_url}/v2/health/ready")
-        predict = httpx.post(f"{base_url}/predict", json={"inputs": [[0.0]]})
+        health = loopback.get(f"{base_url}/health")
+        ready = loopback.get(f"{base_url}/v2/health/ready")
+        predict = loopback.post(f"{base_url}/predict", json={"inputs": [[0.0]]})
     assert health.status_code == 503 and health.json()["status"] == "not_ready"
     assert "artifacts directory does not exist" in health.json()["failed_artifacts"][0]["error"]
     assert ready.status_code == 503
@@ -104,9 +104,9 @@ def test_a_service_asked_for_cuda_without_a_gpu_serves_on_cpu_and_says_so_everyw
     linear_artifact(tmp_path, "toy", "1")
     settings = Settings(artifacts=tmp_path, device="cuda", store={"url": f"sqlite:///{tmp_path / 'm.db'}"})
     with caplog.at_level(logging.INFO, logger="service"), server_for(settings) as (base_url, _):
-        health = httpx.get(f"{base_url}/health").json()
-        predicted = httpx.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]}).json()
-        families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+        health = loopback.get(f"{base_url}/health").json()
+        predicted = loopback.post(f"{base_url}/predict", json={"inputs": [[0.1, 0.2, 0.3, 0.4]]}).json()
+        families = {f.name: f for f in text_string_to_metric_families(loopback.get(f"{base_url}/metrics").text)}
     model = health["models"][0]
     assert (model["provider"], model["requested_providers"], model["io_binding"]) == (CPU, [CUDA, CPU], False)
     assert (model["batch_buckets"], model["bucket_sessions"]) == ([], False)  # CUDA-only defaults, off on the CPU
@@ -152,10 +152,10 @@ def test_default_model_setting(tmp_path, linear_artifact):
 
 
 def test_metrics_exposition_parses_and_counts_by_route_template(base_url):
-    httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
-    httpx.post(f"{base_url}/predict", json={"model": "toy", "inputs": [[0.1]]})
-    httpx.get(f"{base_url}/v2/models/toy/versions/1")
-    text = httpx.get(f"{base_url}/metrics").text
+    loopback.post(f"{base_url}/predict", json={"model": "toy", "inputs": [[0.1, 0.2, 0.3, 0.4]]})
+    loopback.post(f"{base_url}/predict", json={"model": "toy", "inputs": [[0.1]]})
+    loopback.get(f"{base_url}/v2/models/toy/versions/1")
+    text = loopback.get(f"{base_url}/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     requests = {
         (s.labels["route"], s.labels["status"]): s.value

@@ -18,8 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
+
+from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = "digits-lenet5"
@@ -47,12 +48,12 @@ def evaluate(app) -> None:
 
 def send_labels(base: str, batches: list[list[dict]]) -> None:
     for items in batches:
-        body = httpx.post(f"{base}/feedback", json={"items": items}, timeout=60).json()
+        body = loopback.post(f"{base}/feedback", json={"items": items}, timeout=60).json()
         assert body["accepted"] == len(items), body
 
 
 def calibration(base: str) -> dict:
-    return httpx.get(f"{base}/calibration", timeout=60).json()
+    return loopback.get(f"{base}/calibration", timeout=60).json()
 
 
 def record(out: Path) -> None:
@@ -68,7 +69,7 @@ def record(out: Path) -> None:
         ids: list[str] = []
         for start in range(0, ROWS, REQUEST_ROWS):
             body = {"inputs": test.x[rows[start : start + REQUEST_ROWS]].tolist()}
-            ids += [p["id"] for p in httpx.post(f"{base}/predict", json=body, timeout=60).json()["predictions"]]
+            ids += [p["id"] for p in loopback.post(f"{base}/predict", json=body, timeout=60).json()["predictions"]]
         deadline = time.monotonic() + 30
         while calibration(base)["drift"]["recent_predictions"] < ROWS:  # the prediction log has written them all
             assert time.monotonic() < deadline, "the predictions were not logged"

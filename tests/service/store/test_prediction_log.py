@@ -9,7 +9,6 @@ import re
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from service.settings import Settings
 from service.store import Store, locks, partitions
 from service.store.rows import OFFLINE, CalibrationKey, LabelRow, PredictionRow, encode_rows, prediction_ids
 from service.store.schema import labels, prediction_log
+from tests import loopback
 
 DAY = 86400.0
 NOW = 1_790_150_000.0  # 07:53 UTC: its day's partition began about 8 hours before
@@ -183,11 +183,11 @@ def test_a_label_joins_its_prediction_until_the_prediction_partition_expires(rep
         store={"url": pg_url, "retention_days": retention},
     )
     with server_for(settings) as (base_url, _):
-        joined = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": rows[0].id, "label": 3}]})
+        joined = loopback.post(f"{base_url}/feedback", json={"items": [{"prediction_id": rows[0].id, "label": 3}]})
         assert joined.json()["accepted"] == 1, joined.json()
         done = store.upkeep(retention_seconds=retention * DAY, now=oldest.end + retention * DAY)  # a day later
         assert done is not None and oldest.name in done.dropped
-        refused = httpx.post(f"{base_url}/feedback", json={"items": [{"prediction_id": rows[1].id, "label": 3}]})
+        refused = loopback.post(f"{base_url}/feedback", json={"items": [{"prediction_id": rows[1].id, "label": 3}]})
         assert "beyond the retention period" in refused.json()["rejected"][0]["reason"]
     store.db.engine.dispose()
 
