@@ -68,9 +68,9 @@ def null_traffic(tolerance: float) -> list[tuple[str, Miscalibration | None, int
     ]
 
 
-def fit_curve(shape: TrafficShape, mis: Miscalibration, seed: int) -> oracle.AccuracyCurve:
-    """a(C) = E[Y | C] of a shift, from ``ORACLE_SAMPLE`` of its predictions."""
-    confidence, _, accuracy = mis.sample(shape, np.random.default_rng(seed), (ORACLE_SAMPLE,))
+def fit_curve(shape: TrafficShape, mis: Miscalibration, seed: int, n: int = ORACLE_SAMPLE) -> oracle.AccuracyCurve:
+    """a(C) = E[Y | C] of a shift, from ``n`` of its predictions."""
+    confidence, _, accuracy = mis.sample(shape, np.random.default_rng(seed), (n,))
     return oracle.AccuracyCurve.fit(confidence, accuracy)
 
 
@@ -95,13 +95,14 @@ class Oracle:
         tolerance: float,
         streams: int,
         seed: int,
+        labels: int = ORACLE_LABELS,
     ) -> Oracle:
-        """The levels from ``streams`` streams with the shift's confidences: outcomes at the null's nearest edge to
-        a(C) (detection) and of the shift itself (clearing), in chunks to bound memory."""
+        """The levels from ``streams`` streams of ``labels`` with the shift's confidences: outcomes at the null's
+        nearest edge to a(C) (detection) and of the shift itself (clearing), in chunks to bound memory."""
         rng = np.random.default_rng(seed)
         statistics, peaks = _statistics(curve, family, tolerance), defaultdict(list)
         for chunk in np.array_split(np.arange(streams), max(1, streams // 50)):
-            c, _, _ = mis.sample(shape, rng, (len(chunk), ORACLE_LABELS))
+            c, _, _ = mis.sample(shape, rng, (len(chunk), labels))
             a = curve(c)
             at_edge = (rng.random(c.shape) < oracle.nearest_edge(c, a, tolerance)).astype(np.float64)
             persisting = (rng.random(c.shape) < a).astype(np.float64)
@@ -172,10 +173,6 @@ def naive_outcomes(confidence, correct, threshold: float, before: int, during: i
     return StreamOutcomes(false_alarm, first, np.zeros(streams, np.int64), np.where(first >= 0, cleared, -1), latched)
 
 
-def _percentile(values: np.ndarray, q: float):
-    return int(np.percentile(values, q)) if len(values) else None
-
-
 def false_alarm_rows(args, config: DetectorConfig) -> tuple[list[dict], dict[str, float]]:
     rows, thresholds, peaks = [], {}, {}
     for i, shape in enumerate(SHAPES):
@@ -204,13 +201,14 @@ def false_alarm_rows(args, config: DetectorConfig) -> tuple[list[dict], dict[str
 def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> list[dict]:
     rows = []
     before, during, after = (BEFORE, DURING, AFTER) if not args.smoke else (300, 1_500, 1_000)
+    sample, labels = (ORACLE_SAMPLE, ORACLE_LABELS) if not args.smoke else (40_000, 2_000)  # a smoke run's oracles
     for i, shape in enumerate(SHAPES):
-        curves = [fit_curve(shape, mis, seed=_seed(i, j) + 50_000) for j, (mis, _) in enumerate(shifts(shape))]
+        curves = [fit_curve(shape, mis, _seed(i, j) + 50_000, sample) for j, (mis, _) in enumerate(shifts(shape))]
         family = tuple(curve for curve, (_, ramp) in zip(curves, shifts(shape)) if not ramp)
         for j, (mis, ramp) in enumerate(shifts(shape)):
             seed = _seed(i, j)
             truth = Oracle.tune(
-                shape, mis, curves[j], family, config.tolerance, args.oracle_streams, seed=seed + 60_000
+                shape, mis, curves[j], family, config.tolerance, args.oracle_streams, seed + 60_000, labels
             )
             length, rest = during, after
             while True:
@@ -242,7 +240,7 @@ def shift_rows(args, config: DetectorConfig, thresholds: dict[str, float]) -> li
                 "ratio": _ratio(out.delay, delay),
                 "ratio_ci90": _ratio_interval(out.delay, delay, seed),
                 "detected": float(detected.mean()),
-                "delay_p90": _percentile(out.delay[detected], 90),
+                "delay_p90": int(np.percentile(out.delay[detected], 90)) if detected.any() else None,
                 "flaps": float(np.mean(out.flaps[detected] > 0)) if detected.any() else 0.0,
                 "clear_oracle_p50": _finite(oracle.unconditional_median(clear)),
                 "clear_p50": _finite(oracle.unconditional_median(clear_delay)),

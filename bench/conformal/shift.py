@@ -171,9 +171,9 @@ def oracle_size(shift: Shift, coverage: float) -> float:
     return float(set_sizes(p, np.full(len(y), q)).mean())
 
 
-def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[dict], list[dict], dict]:
-    """Per shift, the static threshold and every ACI and tracker step on ``replicates`` streams: rows per shift,
-    method and step; per method and step (its worst stream on each goal); and the chosen one."""
+def shift_rows(shifts: list[Shift], replicates: int, seed: int, smoke=False) -> tuple[list[dict], list[dict], dict]:
+    """Per shift, the static threshold and every ACI and tracker step (``smoke``: one each) on ``replicates`` streams:
+    rows per shift, method and step; per method and step (its worst stream on each goal); and the chosen one."""
     per_method: dict[tuple[str, float], list[dict]] = {}
     groups: dict[int, list[int]] = {}
     for i, shift in enumerate(shifts):
@@ -185,9 +185,10 @@ def shift_rows(shifts: list[Shift], replicates: int, seed: int) -> tuple[list[di
         labels = np.concatenate([y for _, y in drawn])
         scores = conformity_scores(probs.reshape(-1, probs.shape[-1]), labels.ravel(), "lac").reshape(labels.shape)
         static = misses_of(scores, calibrator.quantile(ALPHA))
-        rules = [("ACI", g, partial(run_rule, threshold=aci_rule(calibrator, g))) for g in GAMMAS]
-        rules += [("quantile tracker", e, partial(run_rule, threshold=quantile_rule(calibrator, e))) for e in ETAS]
-        rules += [("log quantile tracker", e, partial(run_log_tracker, calibrator=calibrator, eta=e)) for e in LOG_ETAS]
+        gammas, etas, log_etas = ((GAMMAS[0],), (ETAS[0],), (DEFAULT_STEP,)) if smoke else (GAMMAS, ETAS, LOG_ETAS)
+        rules = [("ACI", g, partial(run_rule, threshold=aci_rule(calibrator, g))) for g in gammas]
+        rules += [("quantile tracker", e, partial(run_rule, threshold=quantile_rule(calibrator, e))) for e in etas]
+        rules += [("log quantile tracker", e, partial(run_log_tracker, calibrator=calibrator, eta=e)) for e in log_etas]
         for method, step, rule in rules:
             served, errs = rule(scores)
             size = set_sizes(probs[:, BEFORE:], served[:, BEFORE:]).mean(axis=1)
@@ -356,7 +357,7 @@ def run(args) -> dict:
     shifts += synthetic_shifts(args.seed + 300)[: 1 if smoke else None]
     replicates = 1 if smoke else REPLICATES
     print(table([], METHOD_COLUMNS), flush=True)
-    rows, methods, chosen = shift_rows(shifts, replicates, args.seed + 400)
+    rows, methods, chosen = shift_rows(shifts, replicates, args.seed + 400, smoke)
     print(table(rows, STREAM_COLUMNS), flush=True)
     print(table([], ALARM_COLUMNS), flush=True)
     false_alarms = false_alarm_rows(200 if smoke else 10_000, args.seed + 500)

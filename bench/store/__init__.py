@@ -250,9 +250,11 @@ def measure(args) -> dict:
     logs = (max(large // 100, 1000), large)
     scale_rows = scale(logs, 1 if smoke else 5, 1 if smoke else 5, 20 if smoke else 100, now, blob)
     retention = retention_rounds(rounds, seconds, 2 if smoke else 8, now, blob)
+    with connection(PG_ADMIN_URL) as c:
+        version = str(c.exec_driver_sql("SHOW server_version").scalar_one())
     return {
         "smoke": smoke,
-        "postgresql": _server_version(),
+        "postgresql": version,
         "labelled": LABELLED,
         "batch": BATCH,
         "expiring_rows": EXPIRING_ROWS,
@@ -263,11 +265,6 @@ def measure(args) -> dict:
         "seconds": seconds,
         "connections": CONNECTIONS,
     }
-
-
-def _server_version() -> str:
-    with connection(PG_ADMIN_URL) as c:
-        return str(c.exec_driver_sql("SHOW server_version").scalar_one())
 
 
 def _median(rows: list[dict], key: str, **where) -> float:
