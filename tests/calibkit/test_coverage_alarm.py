@@ -46,7 +46,7 @@ def test_a_null_below_the_target_raises_less_than_at_the_target():
 
 def test_a_drop_in_coverage_is_detected():
     rng = np.random.default_rng(2)
-    state = CoverageAlarmState.fresh(CoverageAlarmConfig(alpha=0.1), 200).fold(_misses(rng, 0.15, (200, 6_000)))
+    state = CoverageAlarmState.fresh(CoverageAlarmConfig(alpha=0.1), 100).fold(_misses(rng, 0.15, (100, 6_000)))
     assert state.alarmed.mean() > 0.95
     assert 300 < np.median(state.raised_at) < 3_000
 
