@@ -369,7 +369,6 @@ def run(
     onnxruntime alone, then one soak server for the load points, the heavy rounds, monitoring and the soak, then the
     baseline, the log's CPU and the queue delay."""
     top = concurrency[-1]
-    warm_seconds = 1.0 if smoke else 3.0
     work = Path(tempfile.mkdtemp(prefix="calib-bench-"))
     artifacts = both_artifacts(work)
     result: dict[str, Any] = {"seconds_per_point": seconds, "raw": {}, "load": [], "logging": [], "split": {}}
@@ -392,17 +391,17 @@ def run(
             # largest requests (also recorded)
             for model, shape in SHAPES.items():
                 for rows in request_rows:
-                    wrk(f"{svc.url}/predict", body(model, shape, rows), top, warm_seconds)
+                    warm(wrk, f"{svc.url}/predict", body(model, shape, rows), top, 3.0)
             path, payload, script = single_row_requests(work)["binary"]
-            wrk(svc.url + path, payload, top, warm_seconds, lua=script)
+            warm(wrk, svc.url + path, payload, top, 3.0, lua=script)
             shapes_rss = svc.rss_mib()
             windows = [w for w in (1_000, 100_000, 1_000_000) if w <= stored_rows]
             with httpx.Client(base_url=svc.url, timeout=120) as client:
                 for window in windows:
                     client.get("/calibration", params={"window": str(window)}).raise_for_status()
-                monitoring.feedback_throughput(svc.url, warm_seconds, 1000)
-                mixed_load(svc, payloads, 1.0 if smoke else 20.0, client)
-            warm = {"minutes": (time.monotonic() - load_started) / 60, "rss_mib": svc.rss_mib()}
+                warm(monitoring.feedback_throughput, svc.url, 3.0, 1000)
+                warm(mixed_load, svc, payloads, 20.0, client)
+            steady = {"minutes": (time.monotonic() - load_started) / 60, "rss_mib": svc.rss_mib()}
             sweep(svc, concurrency, request_rows, seconds, result)
             result["heavy_rounds"] = heavy_rounds(svc, artifacts, top, seconds, 1 if smoke else 3, device, work)
             result["monitoring"] = {
@@ -412,7 +411,7 @@ def run(
                 "feedback": monitoring.feedback_throughput(svc.url, 2.0 if smoke else 5.0, 1000),
                 "server": "the soak server (prediction logging on)",
             }
-            result["soak"] = soak(svc, soak_minutes, warm, load_started, payloads) | {
+            result["soak"] = soak(svc, soak_minutes, steady, load_started, payloads) | {
                 "after_shapes_rss_mib": shapes_rss
             }
         for model in SHAPES:
