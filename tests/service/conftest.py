@@ -151,6 +151,11 @@ def write_conformal(
     return calibrators | {"floor": floor if floors else {m: replace(c, floor=True) for m, c in calibrators.items()}}
 
 
+def flush_prediction_log(app) -> None:
+    """Write the prediction log's queue now, on the server's event loop (it is written in the background)."""
+    asyncio.run_coroutine_threadsafe(app.state.parts.prediction_log.flush(), app.state.parts.feedback.loop).result(30)
+
+
 @contextmanager
 def running_server(settings: Settings):
     """A real uvicorn server for ``settings`` on a free loopback port; yields its base URL."""

@@ -1,7 +1,6 @@
 """Open Inference Protocol v2: JSON requests, the binary extension, tritonclient.http unchanged, and
 v2 inferences logged for monitoring like /predict."""
 
-import asyncio
 import json
 
 import numpy as np
@@ -11,6 +10,7 @@ import tritonclient.http as triton
 from calibkit.temperature import apply_temperature
 from service.settings import Settings
 from tests import loopback
+from tests.service.conftest import flush_prediction_log
 from training.data import load_digits_splits
 
 TEST = load_digits_splits().test
@@ -231,11 +231,6 @@ def _binary_infer(base_url, x) -> tuple[dict, bytes]:
     return json.loads(r.content[:split]), r.content[split:]
 
 
-def _flush(app) -> None:
-    """Write the prediction log's queue now, on the server's event loop."""
-    asyncio.run_coroutine_threadsafe(app.state.parts.prediction_log.flush(), app.state.parts.feedback.loop).result(30)
-
-
 def _labels(base_url) -> int:
     return loopback.get(f"{base_url}/calibration", params={"model": "digits-lenet5", "window": "1h"}).json()["n"]
 
@@ -244,7 +239,7 @@ def _assert_logged_and_labelled(server, ids, probabilities):
     """The rows of ``ids`` are stored as scored, and feedback on them is accepted and counted by /calibration."""
     base_url, app = server
     assert len(ids) == len(set(ids)) == len(probabilities)
-    _flush(app)
+    flush_prediction_log(app)
     stored = app.state.parts.store.predictions.fetch(ids)
     assert [(stored[i].model, stored[i].version, stored[i].predicted) for i in ids] == [
         ("digits-lenet5", "1", int(k)) for k in probabilities.argmax(axis=1)
@@ -287,7 +282,7 @@ def test_prediction_counter_equals_the_rows_v2_logs(server):
     registry = app.state.parts.metrics.registry
 
     def counts() -> tuple[float, float]:
-        _flush(app)
+        flush_prediction_log(app)
         return (
             registry.get_sample_value("calib_predictions_total", {"model": "digits-lenet5", "version": "1"}) or 0.0,
             registry.get_sample_value("calib_prediction_log_written_total") or 0.0,
@@ -319,7 +314,7 @@ def test_without_prediction_logging_v2_answers_ids_as_predict_does_and_stores_no
         json_ids = _json_infer(base_url, X)["parameters"]["prediction_ids"].split(",")
         binary_ids = _binary_infer(base_url, X[:4])[0]["parameters"]["prediction_ids"].split(",")
         assert (len(predict_ids), len(json_ids), len(binary_ids)) == (6, 6, 4)
-        _flush(app)
+        flush_prediction_log(app)
         assert app.state.parts.store.predictions.fetch(predict_ids + json_ids + binary_ids) == {}
         assert (
             app.state.parts.metrics.registry.get_sample_value(

@@ -15,7 +15,7 @@ from calibkit.label_shift import em_priors
 from calibkit.manifest import load_manifest
 from service.settings import Settings
 from tests import loopback
-from tests.service.conftest import DEFAULT_ARTIFACT
+from tests.service.conftest import DEFAULT_ARTIFACT, flush_prediction_log
 from training.data import load_digits_splits
 
 MODEL = "digits-lenet5"
@@ -288,6 +288,7 @@ def test_a_label_shift_is_corrected_once_the_alarm_is_raised(shifted_artifact, t
 
         # the prediction log keeps the model's own probabilities and the version of the rows served adapted
         store = app.state.parts.monitor.reports.store
+        flush_prediction_log(app)
         logged = store.predictions.fetch([p["id"] for p in adapted_rows[:50]])
         assert {row.priors_version for row in logged.values()} == {version}
         np.testing.assert_allclose(

@@ -246,15 +246,15 @@ def test_without_a_queue_delay_a_lone_request_runs_at_once_and_load_still_batche
         model = CountingModel(delay=0.02)
         batcher = DynamicBatcher(model, BatchingConfig(max_batch_size=64, max_queue_delay_ms=0), "m")
         batcher.start()
-        _, timing = await batcher.submit(np.ones((1, 1, 1), np.float32))
-        lone_queue = timing.queue_seconds
+        lone = [(await batcher.submit(np.ones((1, 1, 1), np.float32)))[1].queue_seconds for _ in range(5)]
         await _submit_all(batcher, [np.ones((1, 1, 1), np.float32) for _ in range(20)])
         await batcher.stop()
-        return lone_queue, model.calls
+        return lone, model.calls
 
-    lone_queue, calls = asyncio.run(scenario())
-    assert lone_queue < 0.005  # no waiting for a batch that cannot fill
-    assert calls[0] == 1 and len(calls) - 1 < 20 / 2  # the 20 concurrent requests shared calls
+    lone, calls = asyncio.run(scenario())
+    # no waiting for a batch that cannot fill: the median, as one thread hand-off may wait for a saturated core
+    assert np.median(lone) < 0.005
+    assert calls[:5] == [1] * 5 and len(calls) - 5 < 20 / 2  # the 20 concurrent requests shared calls
 
 
 def test_a_lone_request_waits_the_configured_queue_delay_and_no_longer():
