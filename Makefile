@@ -112,16 +112,19 @@ lint: $(VENV)/.installed-dev
 
 # The suite's worker processes (pytest-xdist; each gets its own PostgreSQL, tests/conftest.py); 0 runs it in one.
 TEST_WORKERS ?= 2
+# The suite writes bytecode caches (__pycache__, ignored by git) even where the environment turns them off: each
+# worker's collection and each of the many processes its tests start would otherwise compile the sources again.
+SUITE_ENV := PYTHONDONTWRITEBYTECODE=
 
 ## test: install the dev extra, the tools, the conformance venvs and the label-shift references, and run the test suite
 ## on TEST_WORKERS (2) pytest-xdist workers
 test: $(VENV)/.installed-dev tools conformance shift-refs
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --doctest-modules calibkit training tests
+	$(SUITE_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --doctest-modules calibkit training tests
 
 ## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,
 ## docker-compose, promtool/prometheus, hadolint, wrk, server processes, long training and benchmark runs)
 test-fast: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --doctest-modules -m "not e2e" calibkit training tests
+	$(SUITE_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --doctest-modules -m "not e2e" calibkit training tests
 
 $(VISION_VENV)/.installed: pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VISION_VENV)
