@@ -347,7 +347,7 @@ def markdown(result: dict) -> str:
 
 
 def measure(args) -> dict:
-    return run(*((256, 1.0, 1) if args.smoke else (args.requests, args.seconds, ROUNDS)))
+    return run(*((256, 0.25, 1) if args.smoke else (args.requests, args.seconds, ROUNDS)))
 
 
 BENCHMARK = Benchmark(measure, goals, markdown, flags(requests=4000, seconds=(8.0, "wrk seconds per service run")))

@@ -54,7 +54,7 @@ def load(
             "-t": min(threads, connections),
             "-c": connections,
             "-m": max(1, clients // connections),
-            "-D": max(1, round(seconds)),
+            "-D": f"{max(1, round(seconds * 1000))}ms",  # h2load times to the millisecond, wrk to the second
             "--log-file": log,
             "-d": body,
         }
