@@ -37,7 +37,9 @@ CIFAR_LIKE = TrafficShape("cifar-like", 10, 2.5)
 GPU_MAX_BATCH = 256  # the batcher's largest batch on a GPU (64 on CPUs, where larger batches gain nothing)
 # BENCH_RESULTS_DIR moves the JSON results elsewhere (the tests point it at a temporary directory)
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or ROOT / "bench" / "results")
-loopback = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))  # one TLS context, unlike httpx.get
+#: The client of the benchmarks' and the tests' loopback servers: httpx.get builds a TLS context per call. Like it,
+#: it keeps no connection between calls, so a server restarted on a port is met afresh.
+loopback = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def machine() -> dict:

@@ -6,7 +6,7 @@ from typing import TypeVar
 
 import httpx
 
-from tests import loopback
+from bench.common import loopback
 
 T = TypeVar("T")
 

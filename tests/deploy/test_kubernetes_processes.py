@@ -27,12 +27,12 @@ import sqlalchemy as sa
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.common import loopback
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
 from service.store import Store, legacy
 from service.store.schema import calibration_keys, label_bins, labels, prediction_log, schema_info, served_choices
-from tests import loopback
 from tests.service.store.v2_store import insert_version_2
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.common import loopback
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
-from tests import loopback
 from tests.waiting import answers, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

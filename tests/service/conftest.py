@@ -23,6 +23,7 @@ import sqlalchemy as sa
 import uvicorn
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.common import loopback
 from calibkit.conformal import SplitConformal
 from calibkit.manifest import (
     CalibrationSpec,
@@ -36,7 +37,6 @@ from calibkit.manifest import (
 )
 from service.app import create_app
 from service.settings import Settings
-from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ARTIFACT = ROOT / "artifacts" / "digits-lenet5" / "1"

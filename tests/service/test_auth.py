@@ -10,12 +10,12 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from service.auth import ACCESS, ANONYMOUS, AccessControl, parse_tokens
 from service.errors import Forbidden, Unauthorized
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.settings import Settings
-from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
+from bench.common import loopback
 from service.ports import free_port
-from tests import loopback
 
 
 def _start(args, env=None):

@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from calibkit.calibrators import load_calibrator
 from calibkit.manifest import load_manifest
 from service.ports import free_port
-from tests import loopback
 from training import pipeline
 from training.cli import main
 from training.inference import predict_logits

@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.settings import Settings
-from tests import loopback
 from training.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import loopback
 from service.serving.runtime import create_runtime
 from service.settings import Settings
-from tests import loopback
 from tests.waiting import answers, wait_for
 from training.data import load_dataset
 

@@ -8,9 +8,9 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
+from bench.common import loopback
 from calibkit.manifest import load_manifest
 from calibkit.temperature import apply_temperature, softmax
-from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test

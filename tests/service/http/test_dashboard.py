@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.settings import Settings
-from tests import loopback
 from training.data import load_digits_splits
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from PIL import Image
 
+from bench.common import loopback
 from service.settings import Settings
 from service.store.rows import CalibrationKey
-from tests import loopback
 from training.data import load_digits_splits
 
 DEEP = b"[" * 100_000 + b"]" * 100_000

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.common import loopback
 from service.http import inference
 from service.http.numeric_json import numeric_rows
-from tests import loopback
 
 NUMBERS = st.one_of(st.integers(-(2**60), 2**60), st.floats(allow_nan=False, allow_infinity=False))
 LEAVES = st.one_of(NUMBERS, st.booleans(), st.none(), st.text(alphabet='0123456789.e-[]"\\ ', max_size=4))

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from bench.common import loopback
 from calibkit.temperature import apply_temperature
 from service.settings import Settings
-from tests import loopback
 from tests.service.conftest import flush_prediction_log
 from training.data import load_digits_splits
 

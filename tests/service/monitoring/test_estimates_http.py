@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from calibkit.estimated_accuracy import accuracy_interval
 from calibkit.label_shift import em_priors
 from calibkit.manifest import load_manifest
 from service.settings import Settings
-from tests import loopback
 from tests.service.conftest import DEFAULT_ARTIFACT, flush_prediction_log
 from training.data import load_digits_splits
 

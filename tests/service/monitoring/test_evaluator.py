@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from calibkit import binning, metrics
 from calibkit.alarms import AlarmPolicy
 from calibkit.synthetic import calibrated_logits
@@ -14,7 +15,6 @@ from calibkit.temperature import softmax
 from service.settings import Settings
 from service.store import Store
 from service.store.rows import LabelRow, PredictionRow, encode_rows, prediction_ids
-from tests import loopback
 from tests.waiting import wait_for
 
 MODEL = "digits-lenet5"

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 
+from bench.common import loopback
 from service.settings import Settings
 from service.store.schema import labels
-from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test

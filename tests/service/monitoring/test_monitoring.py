@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from bench.common import loopback
 from calibkit import metrics
 from calibkit.alarms import AlarmPolicy
 from calibkit.synthetic import calibrated_logits
@@ -16,7 +17,6 @@ from service.settings import Settings
 from service.store import Store
 from service.store.rows import PredictionRow, encode_rows, prediction_ids
 from service.store.schema import labels as label_table
-from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits()

@@ -14,10 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from calibkit.synthetic import calibrated_logits
 from calibkit.temperature import softmax
 from service.ports import free_port
-from tests import loopback
 from training.data import load_digits_splits
 
 DIGITS = load_digits_splits().test

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import loopback
 from service.settings import Settings
-from tests import loopback
 from tests.waiting import wait_for
 
 CLASSES = ("a", "b", "c", "d", "e")

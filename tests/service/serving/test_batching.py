@@ -9,10 +9,10 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from service.errors import DeadlineExceeded, NotReady, Overloaded
 from service.serving.batching import DynamicBatcher
 from service.settings import BatchingConfig, Settings
-from tests import loopback
 
 
 class CountingModel:

@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from bench.common import loopback
 from calibkit.temperature import softmax
 from service.serving.protocol import grpc_predict_v2_pb2 as pb
 from service.serving.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.settings import Settings
-from tests import loopback
 
 F = 5
 

@@ -15,9 +15,9 @@ import pytest
 from google.protobuf import descriptor_pool
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import loopback
 from service.serving.protocol import grpc_predict_v2_pb2 as ours
 from service.settings import Settings
-from tests import loopback
 
 ROOT = Path(__file__).resolve().parents[3]
 LIGHT, LIGHT_SHAPE = "digits-lenet5", [1, 8, 8]

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.common import loopback
 from service.serving.conformal import ServedSets, SetChoice, row_draws
 from service.settings import Settings
-from tests import loopback
 
 CLASSES = ("a", "b", "c", "d", "e")  # the classes of ``add_conformal``'s calibrators
 LEVELS = (0.5, 0.7, 0.75, 0.85, 0.9)  # served besides the artifact's default, 0.8

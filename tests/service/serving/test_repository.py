@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import loopback
 from service.serving import runtime as runtime_module
 from service.serving.buckets import Bucket
 from service.serving.repository import ModelRepository
 from service.serving.runtime import CPU, CUDA, batch_buckets, create_runtime, requested_providers
 from service.settings import Settings
-from tests import loopback
 
 
 def _broken_repository(root, linear_artifact):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests import loopback
+from bench.common import loopback
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = "digits-lenet5"

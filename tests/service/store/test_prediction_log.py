@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from bench.common import loopback
 from calibkit.temperature import apply_temperature, fit_temperature
 from service.settings import Settings
 from service.store import Store, locks, partitions
 from service.store.rows import OFFLINE, CalibrationKey, LabelRow, PredictionRow, encode_rows, prediction_ids
 from service.store.schema import labels, prediction_log
-from tests import loopback
 
 DAY = 86400.0
 NOW = 1_790_150_000.0  # 07:53 UTC: its day's partition began about 8 hours before
