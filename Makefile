@@ -64,9 +64,12 @@ tools:
 # neither the service's venv nor each other take.
 KSERVE_SPEC ?= kserve==0.21.0
 MLSERVER_SPEC ?= mlserver==1.7.1 httpx
+# Only the suite runs these venvs and the label-shift references', and it writes the bytecode of what it imports
+# (SUITE_ENV): their installs skip compiling every module of every package.
+REF_INSTALL := -m pip --disable-pip-version-check install -q --no-compile
 .venv-%/.installed:
 	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
-	.venv-$*/bin/python -m pip --disable-pip-version-check install -q $($(shell echo $* | tr a-z A-Z)_SPEC)
+	.venv-$*/bin/python $(REF_INSTALL) $($(shell echo $* | tr a-z A-Z)_SPEC)
 	touch $@
 
 # The references of the label-shift parity tests (tests/calibkit/test_label_shift_parity.py), in a venv of their own
@@ -79,8 +82,8 @@ SHIFT_REFS_SPEC ?= abstention==0.1.3.1 cvxpy==1.9.3 scikit-learn pyyaml $(TORCH_
 LABELSHIFT_SPEC ?= labelshift==0.2.11
 .venv-shift-refs/.installed:
 	test -x .venv-shift-refs/bin/python || $(PYTHON) -m venv .venv-shift-refs
-	.venv-shift-refs/bin/python -m pip --disable-pip-version-check install -q $(SHIFT_REFS_SPEC)
-	.venv-shift-refs/bin/python -m pip --disable-pip-version-check install -q --no-deps $(LABELSHIFT_SPEC)
+	.venv-shift-refs/bin/python $(REF_INSTALL) $(SHIFT_REFS_SPEC)
+	.venv-shift-refs/bin/python $(REF_INSTALL) --no-deps $(LABELSHIFT_SPEC)
 	touch $@
 
 ## shift-refs: the venv of the label-shift references (abstention, labelshift) the parity tests run
@@ -116,9 +119,14 @@ TEST_WORKERS ?= 2
 # worker's collection and each of the many processes its tests start would otherwise compile the sources again.
 SUITE_ENV := PYTHONDONTWRITEBYTECODE=
 
-## test: install the dev extra, the tools, the conformance venvs and the label-shift references, and run the test suite
-## on TEST_WORKERS (2) pytest-xdist workers
-test: $(VENV)/.installed-dev tools conformance shift-refs
+# What the suite needs, built side by side (make -j): an install waits on the disk for much of its time, so one at a
+# time leaves cores idle.
+SUITE_NEEDS := $(VENV)/.installed-dev tools conformance shift-refs
+
+## test: install the dev extra, the tools, the conformance venvs and the label-shift references (side by side), and
+## run the test suite on TEST_WORKERS (2) pytest-xdist workers
+test:
+	$(MAKE) --no-print-directory -j 4 --output-sync=target $(SUITE_NEEDS)
 	$(SUITE_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --doctest-modules calibkit training tests
 
 ## test-fast: the fast tier, without the tools: everything but the tests marked e2e (PostgreSQL, Chromium,
