@@ -3,7 +3,7 @@ every recorded run (``recorded_section``, docs/benchmarks.md's GPU section, from
 
     python -m bench.gpu --prepare DIR                    # the two-model repository (needs torch), to carry
     python -m bench.gpu --out DIR --artifacts DIR [--device cuda]
-    python -m bench.gpu --out DIR --device cpu --smoke   # the rehearsal, a few seconds per point
+    python -m bench.gpu --out DIR --device cpu --smoke   # the rehearsal: a quarter second a point (wrk: 1 s)
     python -m bench.gpu --engine --out DIR --artifacts DIR --seconds 2 [--frontends 1,4,12] [--no-replicas]
     python -m bench.gpu --engine --before .before --frontends 12 --out DIR --artifacts DIR   # issue 65's table
 """
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="the directory of the run's results")
     parser.add_argument("--artifacts", type=Path, help="the two-model repository of --prepare (default: built here)")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per load point")
-    parser.add_argument("--smoke", action="store_true", help="a second per point: the rehearsal")
+    parser.add_argument("--smoke", action="store_true", help="a quarter second per point: the rehearsal")
     parser.add_argument("--frontends", default="1,4,12", help="with --engine: the numbers of front-ends, W")
     parser.add_argument("--deadline", type=float, default=3.2, help="with --engine: minutes after which no W starts")
     parser.add_argument("--no-replicas", action="store_true", help="with --engine: skip the two plain replicas")
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --prepare)")
-    seconds, os.environ["BENCH_SMOKE"] = (1.0, "1") if args.smoke else (args.seconds, "")
+    seconds, os.environ["BENCH_SMOKE"] = (0.25, "1") if args.smoke else (args.seconds, "")
     frontends = tuple(int(w) for w in args.frontends.split(","))
     if args.engine and args.before:
         print(limit_report(run_limit(args.out, args.device, args.artifacts, seconds, args.before, frontends[0])))
