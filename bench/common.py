@@ -339,16 +339,8 @@ def parent_pid(stat: Path) -> int | None:
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60_000.0}
-SMOKE_RESPONSES = 100
-"""In a smoke run each wrk thread stops after this many responses (``wrk.thread:stop()``): enough to check the
-load's path and its report. wrk still waits out its duration, but the service idles and the cores go elsewhere."""
-_SMOKE_STOP = """
-local answered = 0
-function response()
-  answered = answered + 1
-  if answered >= {} then wrk.thread:stop() end
-end
-"""
+#: A smoke run's wrk threads stop after 100 responses: its loads check paths; the service idles while wrk waits it out.
+SMOKE_STOP = "\nlocal n = 0\nfunction response() n = n + 1 if n >= 100 then wrk.thread:stop() end end\n"
 
 
 def wrk(url: str, body: str | None, connections: int, seconds: float, lua=None, threads=1, warmed=False) -> dict:
@@ -365,7 +357,7 @@ def wrk(url: str, body: str | None, connections: int, seconds: float, lua=None, 
                 f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                 f'wrk.body = io.open("{body_file}"):read("*a")\n'
             )
-        script.write_text(lua + (_SMOKE_STOP.format(SMOKE_RESPONSES) if os.environ.get("BENCH_SMOKE") else ""))
+        script.write_text(lua + (SMOKE_STOP if os.environ.get("BENCH_SMOKE") else ""))
         load = [f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s"]
         argv = ["wrk", *load, "--latency", "-s", str(script), url]
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout

@@ -69,24 +69,18 @@ def head(serving: dict | None) -> str:
         result = load_result(name) or {}
         at = result.get("machine", {}).get("commit") or ""
         times.append({"benchmark": name, "page": page, "seconds": result.get("wall_seconds", ""), "at": at})
-    return "\n".join(
-        [
-            "# Benchmarks",
-            "",
-            measured_by("make bench", m) + " Client (wrk) and server share "
-            "the machine; absolute numbers drift on shared machines, so goals are stated as ratios measured in one "
-            "run. On a machine with an NVIDIA GPU: `pip install onnxruntime-gpu` (with the CUDA and cuDNN "
-            "libraries it names) and `python -m bench.serving --device cuda`; the goals are then the GPU's.",
-            "",
-            "## Run times",
-            "",
-            "Each benchmark's wall time in its last run (`make bench`, `python -m bench`, runs them all in turn), "
-            "and the commit it ran at:",
-            "",
-            table(times, "benchmark page seconds at"),
-            "",
-        ]
-    )
+    paragraphs = [
+        "# Benchmarks",
+        measured_by("make bench", m) + " Client (wrk) and server share "
+        "the machine; absolute numbers drift on shared machines, so goals are stated as ratios measured in one "
+        "run. On a machine with an NVIDIA GPU: `pip install onnxruntime-gpu` (with the CUDA and cuDNN "
+        "libraries it names) and `python -m bench.serving --device cuda`; the goals are then the GPU's.",
+        "## Run times",
+        "Each benchmark's wall time in its last run (`make bench`, `python -m bench`, runs them all in turn), "
+        "and the commit it ran at:",
+        table(times, "benchmark page seconds at"),
+    ]
+    return "\n\n".join(paragraphs) + "\n"
 
 
 def main(name: str, argv: list[str] | None = None) -> None:

@@ -27,8 +27,6 @@ from calibkit.validation import check_int, check_probs, check_unit, expected
 BOOTSTRAP_TOLERANCE = 1e-4
 #: The bootstrap resamples of ``estimate_adapted_accuracy`` by default.
 ADAPTED_RESAMPLES = 100
-#: Rows per block of ``poisson_binomial_pmf``'s recursion, before the blocks' laws are convolved.
-_BLOCK = 32
 
 
 @dataclass(frozen=True)
@@ -61,12 +59,10 @@ class EstimatedAccuracy:
 def poisson_binomial_pmf(probabilities) -> np.ndarray:
     """The law of S = sum_i B_i, the B_i independent Bernoulli(p_i): P(S = s) for s = 0..n.
 
-    The law of a sum of independent counts is the convolution of their laws. Within blocks of ``_BLOCK`` rows, all
-    blocks at once, the recursion P_i(s) = P_{i-1}(s) (1 - p_i) + P_{i-1}(s - 1) p_i from P_0 = [1]; then the blocks'
-    laws convolved in pairs up a tree (``np.convolve``, direct). Both sum non-negative terms, so the law is exact to
-    rounding (no cancellation, unlike the Fourier inversion of the characteristic function), in O(n^2) operations
-    of which only O(_BLOCK + n / _BLOCK) are steps in Python. ``probabilities`` are the p_i (n,), n >= 1, each in
-    [0, 1].
+    The recursion P_i(s) = P_{i-1}(s) (1 - p_i) + P_{i-1}(s - 1) p_i from P_0 = [1], run on blocks of 32 rows at
+    once, then the blocks' laws convolved in pairs (``np.convolve``, direct): O(n^2) operations, O(32 + n / 32) of them
+    in Python, all on non-negative terms, so exact to rounding (no cancellation, unlike the Fourier inversion of the
+    characteristic function). ``probabilities`` are the p_i (n,), n >= 1, each in [0, 1].
 
     References:
         Hong 2013, "On computing the distribution function for the Poisson binomial distribution" (the recursion
@@ -81,14 +77,11 @@ def poisson_binomial_pmf(probabilities) -> np.ndarray:
     p = np.asarray(probabilities, dtype=np.float64)
     if p.ndim != 1 or len(p) == 0 or not np.all(np.isfinite(p)) or p.min() < 0.0 or p.max() > 1.0:
         raise ValueError(expected("probabilities", "a non-empty 1-D array of values in [0, 1]", _shown(p)))
-    block = min(_BLOCK, len(p))
-    padded = np.zeros(-(-len(p) // block) * block)  # p = 0 rows, whose law [1, 0, ...] changes nothing
-    padded[: len(p)] = p
-    rows = padded.reshape(-1, block)
+    block = min(32, len(p))
+    rows = np.pad(p, (0, -len(p) % block)).reshape(-1, block)  # p = 0 rows, whose law [1, 0, ...] changes nothing
     pmf = np.zeros((len(rows), block + 1))
     pmf[:, 0] = 1.0
-    for i in range(1, block + 1):
-        pi = rows[:, i - 1 : i]
+    for i, pi in enumerate(rows.T[:, :, None], start=1):
         # P_i(s) for s = 1..i from P_{i-1}(s) and P_{i-1}(s - 1); the right-hand side is read before the write
         pmf[:, 1 : i + 1] = pmf[:, 1 : i + 1] * (1.0 - pi) + pmf[:, :i] * pi
         pmf[:, 0] *= 1.0 - pi[:, 0]
