@@ -114,7 +114,8 @@ lint: $(VENV)/.installed-dev
 	$(PY) -m mypy
 
 # The suite's worker processes (pytest-xdist; each gets its own PostgreSQL, tests/conftest.py); 0 runs it in one.
-TEST_WORKERS ?= 2
+# Three on two cores: many tests wait on the processes they start, and a third worker fills those waits.
+TEST_WORKERS ?= 3
 # The suite writes bytecode caches (__pycache__, ignored by git) even where the environment turns them off: each
 # worker's collection and each of the many processes its tests start would otherwise compile the sources again.
 SUITE_ENV := PYTHONDONTWRITEBYTECODE=
@@ -124,7 +125,7 @@ SUITE_ENV := PYTHONDONTWRITEBYTECODE=
 SUITE_NEEDS := $(VENV)/.installed-dev tools conformance shift-refs
 
 ## test: install the dev extra, the tools, the conformance venvs and the label-shift references (side by side), and
-## run the test suite on TEST_WORKERS (2) pytest-xdist workers
+## run the test suite on TEST_WORKERS (3) pytest-xdist workers
 test:
 	$(MAKE) --no-print-directory -j 4 --output-sync=target $(SUITE_NEEDS)
 	$(SUITE_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --doctest-modules calibkit training tests
