@@ -146,8 +146,9 @@ class PendingLabels:
         listed = sa.select(pending_labels).where(*where).order_by(pending_labels.c.seq.desc()).limit(limit)
 
         def work(c: sa.Connection) -> dict:
-            items = [r._asdict() for r in c.execute(listed)] if limit else []
-            return _counts(c) | {"items": items}
+            # counts first: a pass may resolve labels between the reads, and a resolved label never returns to pending
+            counts = _counts(c)
+            return counts | {"items": [r._asdict() for r in c.execute(listed)] if limit else []}
 
         return self.db.run(work, write=False)
 
