@@ -147,8 +147,7 @@ class PendingLabels:
 
         def work(c: sa.Connection) -> dict:
             # counts first: a pass may resolve labels between the reads, and a resolved label never returns to pending
-            counts = _counts(c)
-            return counts | {"items": [r._asdict() for r in c.execute(listed)] if limit else []}
+            return _counts(c) | {"items": [r._asdict() for r in c.execute(listed)] if limit else []}
 
         return self.db.run(work, write=False)
 
