@@ -39,17 +39,11 @@ def create_engine(url: str, timeout: float) -> sa.Engine:
             cursor.close()
 
         return engine
-    milliseconds = max(1, int(timeout * 1000))
-    connect_args = (
-        {
-            "connect_timeout": max(1, round(timeout)),
-            "options": f"-c statement_timeout={milliseconds} -c lock_timeout={milliseconds}",
-        }
-        if url.startswith("postgresql")
-        else {}
-    )
+    ms = max(1, int(timeout * 1000))
+    options = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+    postgres = {"connect_timeout": max(1, round(timeout)), "options": options} if url.startswith("postgresql") else {}
     return sa.create_engine(
-        url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout, connect_args=connect_args
+        url, pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout, connect_args=postgres
     )
 
 
@@ -72,11 +66,17 @@ class Database:
 
     @contextmanager
     def unit(self, write: bool = True) -> Iterator[sa.Connection]:
-        """A connection in one transaction (committed when ``write``); failures: ``StorageUnavailable``."""
+        """A connection in one transaction: committed when ``write``, else one snapshot for all its reads (REPEATABLE
+        READ; a deferred BEGIN on SQLite, whose driver would run each SELECT on its own); failures:
+        ``StorageUnavailable``."""
         try:
             if not self.schema_ready:
                 self.migrate()
             with self.engine.begin() if write else self.engine.connect() as connection:
+                if not write and connection.dialect.name == "postgresql":
+                    connection.execution_options(isolation_level="REPEATABLE READ")  # in psycopg's BEGIN: no round trip
+                elif not write and connection.dialect.name == "sqlite":
+                    connection.exec_driver_sql("BEGIN")  # rolled back when the connection closes
                 yield connection
         except SQLAlchemyError as exc:  # OperationalError, DBAPIError and every other driver failure
             raise self.unavailable(exc) from exc

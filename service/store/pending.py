@@ -145,11 +145,9 @@ class PendingLabels:
         where = [pending_labels.c.status == status] if status else []
         listed = sa.select(pending_labels).where(*where).order_by(pending_labels.c.seq.desc()).limit(limit)
 
-        def work(c: sa.Connection) -> dict:
-            # counts first: a pass may resolve labels between the reads, and a resolved label never returns to pending
-            return _counts(c) | {"items": [r._asdict() for r in c.execute(listed)] if limit else []}
-
-        return self.db.run(work, write=False)
+        return self.db.run(  # one snapshot: the counts and the items agree
+            lambda c: _counts(c) | {"items": [r._asdict() for r in c.execute(listed)] if limit else []}, write=False
+        )
 
     def counts(self) -> dict[str, int]:
         """Labels pending, expired and rejected at the join."""
