@@ -20,7 +20,7 @@ import numpy as np
 from bench.common import HEAVY, LIGHT, ROOT, service, table, warm
 from bench.gpu.device import MODELS, call_ms, device_report, served, single_row_latency
 from bench.gpu.pod import against_cpu, drive, padded_to, point, stages, versus_raw
-from bench.serving.harness import SHAPES, drained_queue
+from bench.serving.harness import SHAPES
 
 if TYPE_CHECKING:
     from service.settings import Device
@@ -95,7 +95,6 @@ def measure_pod(label: str, tree: Path, env: dict, artifacts: Path, device: Devi
                 row |= timeline(line, started, started + seconds)
             points.append(row)
             print(table([row], LIMIT_COLUMNS), flush=True)
-        drained_queue(svc)
         points.append({"pod": label} | point([svc], HEAVY, "binary", 1, 1.0, work, w))
         return points, health, probabilities
 

@@ -37,14 +37,7 @@ from bench.common import (
 from bench.gpu.device import MODELS, device_report, served, single_row_latency
 from bench.serving.goals import REPLICAS, pod_goals
 from bench.serving.grpc_load import load as grpc_load
-from bench.serving.harness import (
-    SHAPES,
-    drained_queue,
-    grpc_target,
-    raw_onnxruntime,
-    single_row_requests,
-    summed_totals,
-)
+from bench.serving.harness import SHAPES, grpc_target, raw_onnxruntime, single_row_requests, summed_totals
 
 if TYPE_CHECKING:
     from service.settings import Device
@@ -137,14 +130,27 @@ def drive(servers: list[Server], model: str, protocol: str, clients: int, second
     }
 
 
+def settled_totals(servers: list[Server], model: str, timeout: float = 10.0) -> dict[str, list[float]]:
+    """``summed_totals`` once a load's requests in flight have ended (wrk counts only those it saw answered): two reads
+    0.1 s apart agree and, in a pod, the engine's batches hold as many rows as the front-ends' messages."""
+    last, deadline = summed_totals(servers, model), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = summed_totals(servers, model)
+        if now == last and ("message" not in now or now["message"][0] == now.get("batch", [0.0])[0]):
+            break
+        last = now
+    return last
+
+
 def point(servers: list[Server], model: str, protocol: str, clients: int, seconds: float, work: Path, w: int) -> dict:
     """One load point: requests/s, the formed batch, CPU per request by role, busy shares, stage means."""
-    before, cpu = summed_totals(servers, model), role_cpu(servers)
+    before, cpu = settled_totals(servers, model), role_cpu(servers)  # a warm-up's or the last point's in flight
     started = time.perf_counter()
     with gpu_utilisation() as gpu:
         got = drive(servers, model, protocol, clients, seconds, work, w)
     wall = time.perf_counter() - started
-    after, used = summed_totals(servers, model), role_cpu(servers)
+    after, used = settled_totals(servers, model), role_cpu(servers)
     means = histogram_means(before, after, ["batch", "message", "round", "queue", "inference"])
     n = max(1, got["requests"])
     return (
@@ -197,8 +203,6 @@ def sweep_service(servers: list[Server], w: int, seconds: float, work: Path, lab
             for clients in POD_CLIENTS:
                 rows.append({"frontends": label} | point(servers, model, protocol, clients, seconds, work, w))
                 print(table(rows[-1:], POD_COLUMNS), flush=True)
-            drained_queue(servers[0])  # the loaded point's last requests would count as the one client's
-            time.sleep(0.2)
             rows.append({"frontends": label} | point(servers[:1], model, protocol, 1, 1.0, work, w))
     return rows
 
