@@ -13,7 +13,6 @@ from pathlib import Path
 import uvicorn
 from pydantic import ValidationError
 
-from service.app import create_app
 from service.settings import Settings
 
 #: Net allocations that start a young-generation pass of the cyclic garbage collector (Python's default is 700):
@@ -49,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if frontend_count(settings) > 1 and settings.pod.index is None:
         return Pod(settings).run()
     try:
+        from service.app import create_app  # not in a pod's supervisor, which only starts and watches processes
+
         app = create_app(settings)
     except ValueError as exc:  # a token file that cannot be read or parsed
         print(f"error: {exc}")
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=settings.graceful_shutdown_seconds,  # type: ignore[arg-type]
         access_log=False,
     )
-    # bound here, listening only once uvicorn has started the app (create_server calls listen), so that no
-    # connection waits in the queue of a front-end that is still starting
+    # bound here, listening once uvicorn has started the app (create_server): none waits on a front-end still starting
     sockets = None
     if reuse_port:
         family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
