@@ -49,7 +49,7 @@ def ece_interval(
     """A binomial (parametric) bootstrap interval of the binned ECE, from bin sums alone.
 
     ECE = sum_m |S_correct,m - S_conf,m| / n. Per bin the number correct is redrawn as Binomial(n_m, acc_m), and
-    the basic interval (2 ECE - q_hi, 2 ECE - q_lo), clipped at 0, corrects the upward bias of the binned ECE on
+    the basic interval (2 ECE - q_hi, 2 ECE - q_lo), cut to [0, 1], corrects the upward bias of the binned ECE on
     small windows.
 
     References:
@@ -62,7 +62,7 @@ def ece_interval(
     accuracy = np.divide(sums.outcome_sum, sums.count, out=np.zeros_like(sums.count), where=sums.count > 0)
     draws = _ece_of_draws(rng.binomial(count, accuracy, size=(n_resamples, len(count))), sums)
     q_low, q_high = np.quantile(draws, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return EceInterval(observed, max(2.0 * observed - q_high, 0.0), max(2.0 * observed - q_low, 0.0), level)
+    return EceInterval(observed, max(2.0 * observed - q_high, 0.0), min(max(2.0 * observed - q_low, 0.0), 1.0), level)
 
 
 def consistency_test(sums: BinSums, n_resamples: int = 1000, seed: int | np.random.Generator | None = 0) -> float:

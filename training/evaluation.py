@@ -1,10 +1,10 @@
 """Evaluation before and after calibration: the test split, every corruption x severity, and OOD.
 
 All numbers come from calibkit (one home of the math). Intervals are 90% *basic* bootstrap intervals over test rows (2
-theta - q_hi, 2 theta - q_lo), clipped at 0: binned ECE is biased upwards on finite samples and its percentile interval
-can exclude the estimate; the basic interval corrects for that bias, and for mean-type metrics (accuracy, NLL, Brier) it
-matches the percentile one. Shift follows Ovadia et al. 2019: calibration is measured on corrupted copies of the test
-split (Hendrycks & Dietterich 2019 corruptions, severities 1..5).
+theta - q_hi, 2 theta - q_lo), cut to the metric's range: binned ECE is biased upwards on finite samples and its
+percentile interval can exclude the estimate; the basic interval corrects for that bias, and for mean-type metrics
+(accuracy, NLL, Brier) it matches the percentile one. Shift follows Ovadia et al. 2019: calibration is measured on
+corrupted copies of the test split (Hendrycks & Dietterich 2019 corruptions, severities 1..5).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def score(probs: np.ndarray, labels: np.ndarray, n_resamples: int, n_bins: int =
     cis = confidence_intervals(
         reported_metrics(n_bins), probs, labels, n_resamples=n_resamples, seed=seed, method="basic"
     )
-    upper = {"accuracy": 1.0}
+    upper = {"nll": np.inf, "brier": 2.0}  # the others are probabilities or gaps between them, in [0, 1]
     return {
-        name: {"value": ci.estimate, "ci": [max(ci.low, 0.0), min(ci.high, upper.get(name, np.inf))]}
+        name: {"value": ci.estimate, "ci": [max(ci.low, 0.0), min(ci.high, upper.get(name, 1.0))]}
         for name, ci in cis.items()
     }
 

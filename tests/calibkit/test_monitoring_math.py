@@ -32,6 +32,12 @@ def test_ece_interval_is_bias_corrected_and_covers_the_truth():
     assert covered >= 30
 
 
+def test_ece_interval_stays_in_the_unit_interval_on_a_tiny_miscalibrated_window():
+    # ECE 0.74 on four rows; resamples with three right (ECE 0.24) reflect the upper bound past 1
+    ci = ece_interval(_sums(np.full(4, 0.99), np.array([1.0, 0.0, 0.0, 0.0])), n_resamples=400)
+    assert ci.ece == pytest.approx(0.74) and 0.0 <= ci.low <= ci.ece <= ci.high == 1.0
+
+
 def test_calibrated_windows_have_low_ece_lower_bounds():
     lows = [ece_interval(_sums(*_stream(500, seed=s)), seed=s).low for s in range(30)]
     assert np.median(lows) < 0.02

@@ -14,6 +14,7 @@ from training import pipeline
 from training.cli import main
 from training.config import ConfigError, load_config
 from training.data import load_dataset, write_cifar_format
+from training.evaluation import score
 from training.export import CalibratedClassifier, ExportError
 from training.trainer import train
 
@@ -249,3 +250,17 @@ def test_cli_run_prints_the_table_and_parity(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "ece" in out and "ONNX parity on 359 validation images" in out
     assert (tmp_path / "artifacts" / "cli-test" / "1" / "model.onnx").is_file()
+
+
+def test_every_interval_lies_in_its_metrics_range():
+    # one confident miss alone in its bin: the MCE is its gap, and the resamples without it pull the basic interval's
+    # reflection (2 theta - q_lo) past 1
+    probs = np.full((20, 2), [0.25, 0.75])
+    probs[0] = [0.05, 0.95]
+    labels = np.r_[0, np.ones(15, int), np.zeros(4, int)]
+    got = score(probs, labels, n_resamples=200)
+    assert got["mce"]["value"] == pytest.approx(0.95)
+    for name, entry in got.items():
+        lo, hi = entry["ci"]
+        assert 0.0 <= lo <= hi <= {"nll": np.inf, "brier": 2.0}.get(name, 1.0), name
+    assert got["mce"]["ci"][1] == 1.0
