@@ -61,8 +61,8 @@ def ece_interval(
     rng = np.random.default_rng(seed)
     accuracy = np.divide(sums.outcome_sum, sums.count, out=np.zeros_like(sums.count), where=sums.count > 0)
     draws = _ece_of_draws(rng.binomial(count, accuracy, size=(n_resamples, len(count))), sums)
-    q_low, q_high = np.quantile(draws, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return EceInterval(observed, max(2.0 * observed - q_high, 0.0), min(max(2.0 * observed - q_low, 0.0), 1.0), level)
+    low, high = np.clip(2.0 * observed - np.quantile(draws, [(1.0 + level) / 2.0, (1.0 - level) / 2.0]), 0.0, 1.0)
+    return EceInterval(observed, float(low), float(high), level)
 
 
 def consistency_test(sums: BinSums, n_resamples: int = 1000, seed: int | np.random.Generator | None = 0) -> float:

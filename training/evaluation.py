@@ -45,7 +45,7 @@ def score(probs: np.ndarray, labels: np.ndarray, n_resamples: int, n_bins: int =
     )
     upper = {"nll": np.inf, "brier": 2.0}  # the others are probabilities or gaps between them, in [0, 1]
     return {
-        name: {"value": ci.estimate, "ci": [max(ci.low, 0.0), min(ci.high, upper.get(name, 1.0))]}
+        name: {"value": ci.estimate, "ci": np.clip([ci.low, ci.high], 0.0, upper.get(name, 1.0)).tolist()}
         for name, ci in cis.items()
     }
 
