@@ -152,14 +152,20 @@ def _create_database(maintenance_url: str, name: str) -> None:
 
 
 def empty_postgres(url: str) -> str:
-    """The PostgreSQL at ``url``, emptied of this service's tables."""
+    """The PostgreSQL at ``url``, emptied of this service's tables. A connection an earlier test left in a reference
+    cycle keeps its transaction, and the locks that would block the drop, until the collector frees it: collected
+    first, and a drop still blocked fails after a minute instead of waiting for ever."""
+    import gc
+
     import sqlalchemy as sa
 
     from service.store.legacy import legacy_metadata
     from service.store.schema import metadata
 
+    gc.collect()
     engine = sa.create_engine(url)
     with engine.begin() as connection:
+        connection.exec_driver_sql("SET LOCAL lock_timeout = '60s'")
         metadata.drop_all(connection)  # the log's partitions go with it
         legacy_metadata.drop_all(connection)  # the log of schema version 2
     engine.dispose()
