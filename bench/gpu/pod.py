@@ -37,7 +37,7 @@ from bench.common import (
 from bench.gpu.device import MODELS, device_report, served, single_row_latency
 from bench.serving.goals import REPLICAS, pod_goals
 from bench.serving.grpc_load import load as grpc_load
-from bench.serving.harness import SHAPES, grpc_target, raw_onnxruntime, single_row_requests, summed_totals
+from bench.serving.harness import SHAPES, grpc_target, raw_onnxruntime, settled_totals, single_row_requests
 
 if TYPE_CHECKING:
     from service.settings import Device
@@ -128,19 +128,6 @@ def drive(servers: list[Server], model: str, protocol: str, clients: int, second
         "p99_ms": float(max(r["p99_ms"] for r in runs)),
         "errors": sum(r["errors"] for r in runs),
     }
-
-
-def settled_totals(servers: list[Server], model: str, timeout: float = 10.0) -> dict[str, list[float]]:
-    """``summed_totals`` once a load's requests in flight have ended (wrk counts only those it saw answered): two reads
-    0.1 s apart agree and, in a pod, the engine's batches hold as many rows as the front-ends' messages."""
-    last, deadline = summed_totals(servers, model), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = summed_totals(servers, model)
-        if now == last and ("message" not in now or now["message"][0] == now.get("batch", [0.0])[0]):
-            break
-        last = now
-    return last
 
 
 def point(servers: list[Server], model: str, protocol: str, clients: int, seconds: float, work: Path, w: int) -> dict:

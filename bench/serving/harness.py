@@ -162,3 +162,16 @@ def drained_queue(svc: Server, timeout: float = 120.0) -> None:
 def drained(svc: Server, timeout: float = 60.0) -> None:
     """Wait until the prediction log of ``svc`` has written every queued row."""
     settled(svc, lambda health: health["storage"]["prediction_log_pending"], timeout)
+
+
+def settled_totals(servers: list[Server], model: str, timeout: float = 10.0) -> dict[str, list[float]]:
+    """``summed_totals`` once a load's requests in flight have ended (wrk counts only those it saw answered): two reads
+    0.1 s apart agree and, in a pod, the engine's batches hold as many rows as the front-ends' messages."""
+    last, deadline = summed_totals(servers, model), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = summed_totals(servers, model)
+        if now == last and ("message" not in now or now["message"][0] == now.get("batch", [0.0])[0]):
+            break
+        last = now
+    return last
