@@ -4,7 +4,9 @@ runs in the torchvision venv (``make test-vision``); the core venv, which has no
 and says so."""
 
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,7 +156,8 @@ def _create_database(maintenance_url: str, name: str) -> None:
 def empty_postgres(url: str) -> str:
     """The PostgreSQL at ``url``, emptied of this service's tables. A connection an earlier test left in a reference
     cycle keeps its transaction, and the locks that would block the drop, until the collector frees it: collected
-    first, and a drop still blocked fails after a minute instead of waiting for ever."""
+    first, and a drop still blocked fails after a minute, naming the sessions it could be waiting on, instead of
+    waiting for ever."""
     import gc
 
     import sqlalchemy as sa
@@ -164,12 +167,37 @@ def empty_postgres(url: str) -> str:
 
     gc.collect()
     engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql("SET LOCAL lock_timeout = '60s'")
-        metadata.drop_all(connection)  # the log's partitions go with it
-        legacy_metadata.drop_all(connection)  # the log of schema version 2
-    engine.dispose()
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("SET LOCAL lock_timeout = '60s'")
+            metadata.drop_all(connection)  # the log's partitions go with it
+            legacy_metadata.drop_all(connection)  # the log of schema version 2
+    except sa.exc.OperationalError as error:
+        if getattr(error.orig, "sqlstate", None) != "55P03":  # lock_not_available: the lock timeout
+            raise
+        pytest.fail(f"an earlier test left a transaction open; the sessions it could be: {_sessions(engine)}", False)
+    finally:
+        engine.dispose()
     return url
+
+
+def _sessions(engine) -> list[str]:
+    """The database's other sessions: state, transaction start, last query and the local process holding the client
+    end of each (``ss``), to name the test that left one open."""
+    with engine.connect() as connection:
+        rows = connection.exec_driver_sql(
+            "SELECT client_port, state, xact_start, left(query, 200) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).all()
+    described = []
+    for port, state, start, query in rows:
+        ss = ["ss", "-tnpH", f"sport = :{port}"]
+        owner = subprocess.run(ss, capture_output=True, text=True).stdout if shutil.which("ss") and port else ""
+        pid = re.search(r"pid=(\d+)", owner)
+        cmdline = Path(f"/proc/{pid[1]}/cmdline") if pid else None
+        command = cmdline.read_bytes().replace(b"\0", b" ").decode() if cmdline and cmdline.exists() else "?"
+        described.append(f"{state} since {start}: {query!r} from pid {pid[1] if pid else '?'} ({command})")
+    return described
 
 
 @pytest.fixture
