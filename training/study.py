@@ -141,10 +141,10 @@ def bootstrap_temperatures(records: Sequence[dict], n_resamples: int, seed: int 
     return hierarchical_bootstrap(statistics, runs, n_resamples=n_resamples, seed=seed)
 
 
-def _summary(boot: RunsBootstrap, contrast, floor: float | None = 0.0) -> dict:
-    """Mean, sd, per-seed values and the 90% basic interval, clipped at ``floor`` (errors cannot be negative)."""
+def _summary(boot: RunsBootstrap, contrast, span: tuple[float, float] | None = (0.0, 1.0)) -> dict:
+    """Mean, sd, per-seed values and the 90% basic interval cut to ``span``, the statistic's range (None: contrasts)."""
     ci = boot.interval(contrast)
-    bounds = [ci.low, ci.high] if floor is None else [max(ci.low, floor), max(ci.high, floor)]
+    bounds = [ci.low, ci.high] if span is None else np.clip([ci.low, ci.high], *span).tolist()
     return {"mean": ci.estimate, "sd": boot.sd(contrast), "ci": bounds, "per_seed": boot.values(contrast).tolist()}
 
 
@@ -167,11 +167,11 @@ def claims(boot: RunsBootstrap, temperatures: RunsBootstrap) -> list[dict]:
     ]
     out = []
     for text, source, contrast, null in rows:
-        entry = _summary(source, contrast, floor=None)
+        entry = _summary(source, contrast, span=None)
         agreeing = int(np.sum(np.asarray(entry["per_seed"]) > null))
         out.append({"claim": text, **entry, "seeds_agreeing": agreeing, "holds": entry["ci"][0] > null})
     for label, _, _ in STUDY_LOSSES[1:]:
-        entry = _summary(boot, {post(label): 1, post(CE): -1}, floor=None)
+        entry = _summary(boot, {post(label): 1, post(CE): -1}, span=None)
         low, high = entry["ci"]
         outcome = "lower" if high < 0 else "higher" if low > 0 else "no difference"
         agreeing = int(np.sum(np.sign(entry["per_seed"]) == np.sign(entry["mean"])))
@@ -200,7 +200,7 @@ def run_study(base: RunConfig, output: Path, seeds: Sequence[int] = DEFAULT_SEED
             "method": label,
             "loss": loss,
             "params": params,
-            "temperature": _summary(temperatures, label),
+            "temperature": _summary(temperatures, label, (0.0, np.inf)),
             "epoch": sorted({r["epoch"] for r in records if r["method"] == label}),
         }
         for name in boot.names:

@@ -172,3 +172,16 @@ def test_study_over_seeds_writes_the_table_claims_and_machine(tmp_path, capsys):
     assert printed.count("\n| Cross-Entropy |") == 2 and "seeds 0, 1" in printed and "Ordering claims" in printed
     assert main(["study", "--seed", "1", "--output", str(tmp_path)]) == 2
     assert "the study takes --seeds" in capsys.readouterr().err
+
+
+def test_the_studys_intervals_lie_in_their_statistics_range():
+    from calibkit.bootstrap import RunsBootstrap
+    from training.study import _summary
+
+    # seeds' ECEs near 1 whose resampled means spread below: the basic interval's reflection (2 theta - q_lo) passes 1
+    boot = RunsBootstrap(("ece",), np.array([[0.93], [0.97]]), np.linspace(0.8, 1.0, 201)[:, None])
+    assert boot.interval("ece").high > 1.0
+    low, high = _summary(boot, "ece")["ci"]
+    assert 0.0 <= low <= high == 1.0
+    assert _summary(boot, "ece", (0.0, np.inf))["ci"][1] == boot.interval("ece").high  # a temperature has no top
+    assert _summary(boot, "ece", None)["ci"] == [boot.interval("ece").low, boot.interval("ece").high]
